@@ -1,0 +1,123 @@
+"""The one catalogue of metrics headroom exports on its own /metrics.
+
+Everything else (the collector, docs/metrics.md, the rules, the dashboards, the Helm chart) takes
+names from here. Add a metric here first; `python -m monitor.catalogue > docs/metrics.md` renders the
+documentation and a test fails when the committed file is not current.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class MetricDef:
+    name: str
+    type: str  # "gauge" or "counter" (counters are declared without _total)
+    help: str
+    labels: tuple[str, ...] = ()
+    group: str = "pipeline"
+
+    @property
+    def exposed_name(self) -> str:
+        return self.name + "_total" if self.type == "counter" else self.name
+
+
+def _m(name, type_, help_, labels=(), group="pipeline") -> MetricDef:
+    return MetricDef(name, type_, help_, tuple(labels), group)
+
+
+CATALOGUE: tuple[MetricDef, ...] = (
+    # --- the live pipeline (issue: live pipeline)
+    _m("headroom_active_requests", "gauge", "Requests in the running batch (vllm num_requests_running), summed over the pool.", ["pool"]),
+    _m("headroom_queued_requests", "gauge", "Requests waiting in the engine queue (vllm num_requests_waiting), summed over the pool.", ["pool"]),
+    _m("headroom_queued_requests_by_reason", "gauge", "Waiting requests by reason (capacity, deferred) where the engine reports it.", ["pool", "reason"]),
+    _m("headroom_kv_tokens", "gauge", "Live KV-cache tokens: KV usage times KV capacity, summed over the pool.", ["pool"]),
+    _m("headroom_kv_capacity_tokens", "gauge", "KV-cache capacity in tokens, summed over the pool.", ["pool"]),
+    _m("headroom_kv_usage_ratio", "gauge", "Live KV tokens over KV capacity tokens (0-1).", ["pool"]),
+    _m("headroom_replicas", "gauge", "Replicas of the pool that answered in the last cycle.", ["pool"]),
+    _m("headroom_replicas_configured", "gauge", "Replicas of the pool headroom knows about (answering or not).", ["pool"]),
+    _m("headroom_replica_active_requests", "gauge", "Running requests of one replica.", ["pool", "replica"]),
+    _m("headroom_replica_queued_requests", "gauge", "Waiting requests of one replica.", ["pool", "replica"]),
+    _m("headroom_replica_kv_tokens", "gauge", "Live KV-cache tokens of one replica.", ["pool", "replica"]),
+    _m("headroom_replica_kv_capacity_tokens", "gauge", "KV-cache capacity in tokens of one replica.", ["pool", "replica"]),
+    _m("headroom_replica_up", "gauge", "1 when the replica answered in the last cycle.", ["pool", "replica"]),
+    _m("headroom_completion_rate", "gauge", "Finished requests per second over the rate window (all finish reasons).", ["pool"]),
+    _m("headroom_prompt_tokens_rate", "gauge", "Prompt tokens per second over the rate window.", ["pool"]),
+    _m("headroom_generation_tokens_rate", "gauge", "Generated tokens per second over the rate window.", ["pool"]),
+    _m("headroom_prefix_cache_hit_ratio", "gauge", "Prefix-cache hit tokens over queried tokens in the rate window.", ["pool"]),
+    _m("headroom_preemption_rate", "gauge", "Preemptions per second over the rate window.", ["pool"]),
+    _m("headroom_latency_seconds", "gauge", "Latency quantile over the latency window from histogram bucket deltas; kind is ttft, itl, e2e or queue; quantile is 0.5, 0.9, 0.95, 0.99 or mean.", ["pool", "kind", "quantile"]),
+    _m("headroom_littles_law_ratio", "gauge", "Completion rate x mean end-to-end latency over mean observed (active + queued): a planning check near 1, not a limit.", ["pool"]),
+    _m("headroom_pool_stale", "gauge", "1 when the pool's values are not from the last cycle (a source failed); values are then withheld.", ["pool"]),
+    _m("headroom_pool_last_fresh_timestamp_seconds", "gauge", "When the pool's values were last fresh (Unix time).", ["pool"]),
+    _m("headroom_source_up", "gauge", "1 when the source target answered and parsed in the last cycle.", ["source", "target"]),
+    _m("headroom_source_errors", "counter", "Source failures by reason (timeout, connect, http, parse, ...).", ["source", "reason"]),
+    _m("headroom_cycle_duration_seconds", "gauge", "Wall time of the last collection cycle."),
+    _m("headroom_last_success_timestamp_seconds", "gauge", "When the last cycle with at least one answering source ended (Unix time)."),
+    _m("headroom_cycles", "counter", "Collection cycles run."),
+    _m("headroom_dropped_series", "counter", "Series dropped by the cardinality caps, by what was capped.", ["what"]),
+    _m("headroom_build_info", "gauge", "Build information, always 1.", ["version"]),
+    # --- capacity model
+    _m("headroom_knee_requests", "gauge", "Concurrent requests (active + queued) per pool at the utilisation knee, where latency turns up; source says learned or prior.", ["pool"], "capacity"),
+    _m("headroom_knee_kv_tokens", "gauge", "Live KV tokens at the utilisation knee.", ["pool"], "capacity"),
+    _m("headroom_knee_info", "gauge", "How the knee was found (source=learned|prior, signal), always 1; confidence in headroom_knee_confidence_ratio.", ["pool", "source", "signal"], "capacity"),
+    _m("headroom_knee_confidence_ratio", "gauge", "Confidence of the learned knee fit (0-1); 0 for a prior.", ["pool"], "capacity"),
+    _m("headroom_utilisation_ratio", "gauge", "Current concurrent requests over concurrent requests at the knee.", ["pool"], "capacity"),
+    _m("headroom_ratio", "gauge", "Headroom: 1 - load / capacity at the knee; scenario current or n_minus_1 (largest replica lost). May go negative.", ["pool", "scenario"], "capacity"),
+    _m("headroom_headroom_requests", "gauge", "Further concurrent requests that fit before the knee; scenario current or n_minus_1.", ["pool", "scenario"], "capacity"),
+    _m("headroom_capacity_requests", "gauge", "Capacity in concurrent requests by limiting factor: slots (max_num_seqs), kv (KV tokens / tokens per request), knee, and effective (the smallest).", ["pool", "limit"], "capacity"),
+    _m("headroom_sessions", "gauge", "Concurrent agent sessions (from gateway or application metrics).", ["pool"], "capacity"),
+    _m("headroom_session_capacity", "gauge", "Agent sessions sustainable within the SLO: knee concurrency / active requests per session.", ["pool"], "capacity"),
+    _m("headroom_power_watts", "gauge", "GPU power of the pool (DCGM_FI_DEV_POWER_USAGE summed, or configured watts per replica).", ["pool"], "capacity"),
+    _m("headroom_sessions_per_megawatt", "gauge", "Sustainable concurrent agent sessions per megawatt of GPU power.", ["pool"], "capacity"),
+    _m("headroom_slo_violation_ratio", "gauge", "Fraction of tasks (or calls) over their latency target in the SLO window.", ["pool", "task_type"], "capacity"),
+    _m("headroom_slo_burn_rate", "gauge", "Error-budget burn rate over a window (1 = spending the budget exactly).", ["pool", "task_type", "window"], "capacity"),
+    _m("headroom_task_arrival_rate", "gauge", "Tasks started per second, by task type.", ["pool", "task_type"], "capacity"),
+    _m("headroom_task_calls_per_task", "gauge", "Model calls per completed task, by task type.", ["pool", "task_type"], "capacity"),
+    _m("headroom_task_latency_seconds", "gauge", "Task completion latency quantile by task type (quantile 0.5, 0.9, 0.95, 0.99).", ["pool", "task_type", "quantile"], "capacity"),
+    _m("headroom_call_latency_seconds", "gauge", "Per-call latency quantile by class (interactive, batch).", ["pool", "class", "quantile"], "capacity"),
+    # --- forecasts
+    _m("headroom_forecast_requests", "gauge", "Forecast mean of concurrent requests at the horizon (1h, 1d, 1w); recomputed on the refit schedule.", ["pool", "horizon"], "forecast"),
+    _m("headroom_forecast_peak_requests", "gauge", "Forecast peak of concurrent requests within the horizon (mean path).", ["pool", "horizon"], "forecast"),
+    _m("headroom_forecast_peak_requests_upper", "gauge", "Upper bound (95%) of the forecast peak of concurrent requests within the horizon.", ["pool", "horizon"], "forecast"),
+    _m("headroom_forecast_peak_timestamp_seconds", "gauge", "When the forecast peak within the horizon falls (Unix time).", ["pool", "horizon"], "forecast"),
+    _m("headroom_exhaustion_seconds", "gauge", "Seconds until the forecast upper bound first crosses capacity at the knee; +Inf when not within the horizon.", ["pool"], "forecast"),
+    _m("headroom_forecast_mase", "gauge", "Rolling-origin backtest MASE of the forecast model (scaled by the one-day seasonal naive); below 1 beats the baseline.", ["pool", "series", "model"], "forecast"),
+    _m("headroom_forecast_coverage_ratio", "gauge", "Backtest share of actual points inside the forecast interval (level 0.8 or 0.95).", ["pool", "series", "model", "level"], "forecast"),
+    _m("headroom_forecast_selected_info", "gauge", "The model selected for the series by backtest, always 1.", ["pool", "series", "model"], "forecast"),
+    _m("headroom_forecast_last_fit_timestamp_seconds", "gauge", "When the forecasts were last refitted (Unix time).", [], "forecast"),
+    _m("headroom_history_points", "gauge", "Points held in the history store per series.", ["pool", "series"], "forecast"),
+    # --- digest
+    _m("headroom_digest_last_success_timestamp_seconds", "gauge", "When the weekly digest was last delivered to every destination (Unix time).", [], "digest"),
+    _m("headroom_digest_pending_deliveries", "gauge", "Digest deliveries waiting in the outbox.", [], "digest"),
+)
+
+BY_NAME = {m.name: m for m in CATALOGUE}
+
+
+def exposed_names() -> set[str]:
+    """Every sample name that can appear on /metrics (counters with _total)."""
+    return {m.exposed_name for m in CATALOGUE}
+
+
+def render_markdown() -> str:
+    lines = [
+        "# Metrics exported by headroom",
+        "",
+        "Generated from `monitor/catalogue.py` by `python -m monitor.catalogue`; do not edit by hand.",
+        "",
+    ]
+    groups: dict[str, list[MetricDef]] = {}
+    for m in CATALOGUE:
+        groups.setdefault(m.group, []).append(m)
+    for group, metrics in groups.items():
+        lines += [f"## {group}", "", "| name | type | labels | meaning |", "| --- | --- | --- | --- |"]
+        for m in metrics:
+            labels = ", ".join(f"`{label}`" for label in m.labels) or "-"
+            lines.append(f"| `{m.exposed_name}` | {m.type} | {labels} | {m.help} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    print(render_markdown(), end="")
