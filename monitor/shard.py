@@ -1,0 +1,107 @@
+"""Split the pools between several headroom instances (`headroom run --shard i/n`).
+
+Each instance owns the pools whose stable hash picks its shard index, so n instances with the
+shards 0/n .. n-1/n together own every pool exactly once. Two instances started with the *same*
+shard own the same pools and export the same series: that is the high-availability pair, deduped
+downstream (see docs/deploy.md).
+
+The owner of a pool is chosen by rendezvous (highest-random-weight) hashing over blake2b digests:
+- stable across processes, hosts and Python versions (never Python's salted `hash()`);
+- going from n to n+1 shards moves only the pools the new shard wins (about 1/(n+1) of them),
+  where `hash % n` would reshuffle most pools and restart their learned state elsewhere.
+
+Shard indices are 0-based, like StatefulSet ordinals: `0/2` and `1/2` are the two halves.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+from collections.abc import Iterable
+
+Shard = tuple[int, int]
+
+#: One instance owning everything; what `--shard` defaults to.
+ALL: Shard = (0, 1)
+
+
+class ShardError(ValueError):
+    """A malformed `--shard` value."""
+
+
+def parse_shard(text: str) -> Shard:
+    """Parse "i/n" (0 <= i < n) into (i, n); raise ShardError with a readable reason."""
+    raw = str(text).strip()
+    index_text, sep, total_text = raw.partition("/")
+    if not sep:
+        raise ShardError(f"shard {text!r} must look like INDEX/TOTAL, e.g. 0/2")
+    try:
+        index, total = int(index_text.strip()), int(total_text.strip())
+    except ValueError:
+        raise ShardError(f"shard {text!r}: INDEX and TOTAL must be whole numbers, e.g. 1/3") from None
+    if total < 1:
+        raise ShardError(f"shard {text!r}: TOTAL must be at least 1")
+    if not 0 <= index < total:
+        raise ShardError(
+            f"shard {text!r}: INDEX must be between 0 and {total - 1} (shard indices are 0-based)"
+        )
+    return index, total
+
+
+def shard_type(text: str) -> Shard:
+    """`argparse` type for `--shard`: the ShardError message becomes the usage error."""
+    try:
+        return parse_shard(text)
+    except ShardError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def format_shard(shard: Shard) -> str:
+    return f"{shard[0]}/{shard[1]}"
+
+
+def _check(shard: Shard) -> Shard:
+    index, total = shard
+    if isinstance(index, bool) or isinstance(total, bool) or not (
+        isinstance(index, int) and isinstance(total, int)
+    ):
+        raise ShardError(f"shard {shard!r} must be a pair of integers")
+    if total < 1 or not 0 <= index < total:
+        raise ShardError(f"shard {shard!r} out of range: need 0 <= index < total")
+    return index, total
+
+
+def _weight(pool: str, index: int) -> int:
+    digest = hashlib.blake2b(f"{index}\x00{pool}".encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+def owner(pool: str, total: int) -> int:
+    """The shard index (0 .. total-1) that owns `pool` when there are `total` shards."""
+    _check((0, total))
+    if total == 1:
+        return 0
+    # Ties between 64-bit weights are practically impossible; max() picks the lowest index then.
+    return max(range(total), key=lambda index: (_weight(pool, index), -index))
+
+
+def owns(pool: str, shard: Shard) -> bool:
+    """True when the instance running `shard` (index, total) is responsible for `pool`."""
+    index, total = _check(shard)
+    return owner(pool, total) == index
+
+
+def filter_pools(pools: Iterable[str], shard: Shard) -> list[str]:
+    """The pools of `pools` this shard owns, in their original order (duplicates kept)."""
+    index, total = _check(shard)
+    if total == 1:
+        return list(pools)
+    return [pool for pool in pools if owner(pool, total) == index]
+
+
+def assignment(pools: Iterable[str], total: int) -> dict[int, list[str]]:
+    """Every shard index mapped to the pools it owns (for docs, `check-config` and tests)."""
+    _check((0, total))
+    out: dict[int, list[str]] = {index: [] for index in range(total)}
+    for pool in pools:
+        out[owner(pool, total)].append(pool)
+    return out
