@@ -1,0 +1,179 @@
+"""Latency SLOs: fraction over target and multi-window error-budget burn rates.
+
+A target is "q of observations at or under `seconds`" (e.g. p95 task completion <= 30 s means
+objective 0.95, error budget 0.05). The violation ratio is the share of observations over
+`seconds`; the burn rate over a window is that share divided by the budget (1 = spending the budget
+exactly as fast as the SLO allows). Bad counts come from the cumulative histograms, so they are
+exact when the target is a bucket bound and interpolated inside the bucket otherwise.
+
+`SloTracker` keeps (timestamp, cumulative total, cumulative bad) per key so several windows can be
+answered from one series of scrapes; it is stateful but does no I/O and reads no clock.
+"""
+from __future__ import annotations
+
+import re
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Optional
+
+from monitor.capacity import histo
+from monitor.model import Histogram
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d|w)$")
+_UNIT = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(value) -> float:
+    """'5m' -> 300.0; numbers are seconds."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if value <= 0:
+            raise ValueError(f"duration must be positive, got {value}")
+        return float(value)
+    m = _DURATION.match(str(value).strip())
+    if not m:
+        raise ValueError(f"duration {value!r} is not like 30s, 5m, 1h, 1d")
+    return float(m.group(1)) * _UNIT[m.group(2)]
+
+
+@dataclass(frozen=True)
+class Target:
+    seconds: float  # latency target
+    objective: float = 0.95  # share of observations that must be at or under it
+    signal: str = "task"  # "task" (task completion), "call", "ttft"
+
+    def __post_init__(self) -> None:
+        if not self.seconds > 0:
+            raise ValueError(f"SLO target seconds must be > 0, got {self.seconds}")
+        if not 0 < self.objective < 1:
+            raise ValueError(f"SLO objective must be within (0, 1), got {self.objective}")
+
+    @property
+    def budget(self) -> float:
+        return 1.0 - self.objective
+
+
+@dataclass
+class SloSettings:
+    """Targets per task type and per pool (see docs/capacity.md, `slo:` section)."""
+
+    task_targets: dict[str, Target] = field(default_factory=dict)  # task type -> target
+    default_task_target: Optional[Target] = None
+    pool_targets: dict[str, list[Target]] = field(default_factory=dict)  # pool -> [ttft/call targets]
+    windows: dict[str, float] = field(default_factory=lambda: {"5m": 300.0, "1h": 3600.0, "6h": 21600.0})
+
+    def task_target(self, task_type: str) -> Optional[Target]:
+        return self.task_targets.get(task_type, self.default_task_target)
+
+    @classmethod
+    def from_dict(cls, d: Optional[dict]) -> "SloSettings":
+        d = dict(d or {})
+        known = {"objective", "windows", "task_types", "default", "pools"}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown slo setting(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        objective = float(d.get("objective", 0.95))
+
+        def target(spec, where: str, signal: str) -> Target:
+            if not isinstance(spec, dict):
+                raise ValueError(f"slo {where}: expected a mapping like {{p95_seconds: 30}}, got {spec!r}")
+            keys = [k for k in spec if str(k).endswith("seconds")]
+            if len(keys) != 1:
+                raise ValueError(f"slo {where}: give exactly one of seconds or pNN_seconds, got {sorted(spec)}")
+            key = keys[0]
+            if key == "seconds":
+                return Target(float(spec[key]), objective, signal)
+            m = re.match(r"^p(\d+(?:\.\d+)?)_seconds$", key)
+            if not m:
+                raise ValueError(f"slo {where}: {key!r} is not like p95_seconds")
+            return Target(float(spec[key]), float(m.group(1)) / 100.0, signal)
+
+        out = cls()
+        if "windows" in d:
+            ws = d["windows"]
+            if not ws:
+                raise ValueError("slo windows: give at least one window like 5m")
+            out.windows = {str(w): parse_duration(w) for w in ws}
+        for tt, spec in (d.get("task_types") or {}).items():
+            out.task_targets[str(tt)] = target(spec, f"task_types.{tt}", "task")
+        if d.get("default") is not None:
+            out.default_task_target = target(d["default"], "default", "task")
+        for pool, specs in (d.get("pools") or {}).items():
+            if not isinstance(specs, dict):
+                raise ValueError(f"slo pools.{pool}: expected a mapping like {{ttft_p95_seconds: 0.5}}")
+            targets = []
+            for k, v in specs.items():
+                m = re.match(r"^(ttft|e2e|queue|itl|call)_p(\d+(?:\.\d+)?)_seconds$", str(k))
+                if not m:
+                    raise ValueError(f"slo pools.{pool}: {k!r} is not like ttft_p95_seconds or e2e_p99_seconds")
+                targets.append(Target(float(v), float(m.group(2)) / 100.0, m.group(1)))
+            out.pool_targets[str(pool)] = targets
+        return out
+
+
+def violation_ratio(h: Optional[Histogram], target: Target) -> Optional[float]:
+    """Share of the histogram's observations over the target (None without observations)."""
+    if h is None:
+        return None
+    return histo.fraction_above(h, target.seconds)
+
+
+def bad_count(h: Optional[Histogram], target: Target) -> Optional[tuple[float, float]]:
+    """(total, over target) counts of a cumulative histogram."""
+    if h is None:
+        return None
+    n = histo.total(h)
+    frac = histo.fraction_above(h, target.seconds)
+    return n, (frac or 0.0) * n
+
+
+class SloTracker:
+    """Cumulative (total, bad) per key over time -> burn rates over several windows."""
+
+    def __init__(self, windows: dict[str, float], keep_seconds: Optional[float] = None) -> None:
+        if not windows:
+            raise ValueError("SloTracker needs at least one window")
+        self.windows = dict(windows)
+        self.keep = keep_seconds or max(self.windows.values()) * 1.1
+        self._series: dict[object, deque] = {}
+        self._offset: dict[object, tuple[float, float]] = {}
+        self._last_raw: dict[object, tuple[float, float]] = {}
+
+    def observe(self, key, timestamp: float, total: float, bad: float) -> None:
+        """Record cumulative counts; a drop (counter reset) is rebased so history stays monotone."""
+        off_t, off_b = self._offset.get(key, (0.0, 0.0))
+        last = self._last_raw.get(key)
+        if last is not None and (total < last[0] or bad < last[1] - 1e-9):
+            prev = self._series[key][-1]
+            off_t, off_b = prev[1], prev[2]
+            self._offset[key] = (off_t, off_b)
+        self._last_raw[key] = (total, bad)
+        series = self._series.setdefault(key, deque())
+        if series and timestamp <= series[-1][0]:
+            raise ValueError(f"SLO observations must move forward in time ({timestamp} <= {series[-1][0]})")
+        series.append((timestamp, total + off_t, bad + off_b))
+        while len(series) > 2 and series[1][0] <= timestamp - self.keep:
+            series.popleft()
+
+    def ratio(self, key, window_seconds: float) -> Optional[float]:
+        """Share of bad observations in the last window_seconds (None without observations)."""
+        series = self._series.get(key)
+        if not series or len(series) < 2:
+            return None
+        now_ts, now_total, now_bad = series[-1]
+        start = series[0]
+        for point in series:  # the newest point at or before the window start
+            if point[0] <= now_ts - window_seconds:
+                start = point
+            else:
+                break
+        d_total = now_total - start[1]
+        if d_total <= 0:
+            return None
+        return (now_bad - start[2]) / d_total
+
+    def burn_rates(self, key, target: Target) -> dict[str, Optional[float]]:
+        out = {}
+        for name, secs in self.windows.items():
+            r = self.ratio(key, secs)
+            out[name] = None if r is None else r / target.budget
+        return out
