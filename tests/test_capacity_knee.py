@@ -1,0 +1,142 @@
+"""KneeEstimator: known knees on synthetic curves, noise robustness, prior fallback."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from monitor.capacity.knee import KneeEstimator, fit_hinge, prior_knee
+
+
+def hinge(x, knee):  # latency flat-ish, then steep past the knee
+    return 0.05 + 0.002 * x + 0.03 * np.maximum(0.0, x - knee)
+
+
+def queueing(x, knee):  # TTFT: batch slots fill at the knee, then requests queue
+    return 0.08 + 0.001 * np.minimum(x, knee) + np.maximum(0.0, x - knee) * 5.0 / knee  # e2e 5 s
+
+
+def mm1(x, knee):  # smooth: the 1/(1-rho) curve, no corner; knee = where it is 10x steeper than at 0
+    rho = x / (knee * 1.5)
+    return 0.1 / (1.0 - np.minimum(rho, 0.97))
+
+
+@pytest.mark.parametrize("knee", [6, 24, 96, 256])
+@pytest.mark.parametrize("curve", [hinge, queueing])
+def test_known_knee_within_10_percent(knee, curve):
+    rng = np.random.default_rng(knee)
+    est = KneeEstimator("ttft", prior_knee(max_num_seqs=knee * 3))
+    x = rng.uniform(0, 2 * knee, 800)
+    y = curve(x, knee) * (1 + rng.normal(0, 0.1, x.size))
+    kv_per_request = 700.0
+    for xi, yi in zip(x, y):
+        est.observe(xi, xi * kv_per_request, yi)
+    for _ in range(3):  # three confirmations by default
+        k = est.estimate()
+    assert k.source == "learned" and k.signal == "ttft"
+    assert k.requests == pytest.approx(knee, rel=0.10)
+    assert k.kv_tokens == pytest.approx(knee * kv_per_request, rel=0.10)
+    assert k.confidence >= 0.6
+
+
+def test_heavy_tailed_noise_and_uneven_sampling():
+    rng = np.random.default_rng(7)
+    x = rng.exponential(10, 1500)  # mostly light load, a thin tail past the knee
+    y = hinge(x, 24) * (1 + rng.normal(0, 0.1, x.size))
+    spikes = rng.random(x.size) < 0.05
+    y[spikes] *= 10  # 5 % of cycles hit a GC pause or a huge prompt
+    fit = fit_hinge(x, y)
+    assert fit.knee == pytest.approx(24, rel=0.10)
+
+
+def test_smooth_curve_gives_a_knee_where_it_bends():
+    rng = np.random.default_rng(3)
+    x = rng.uniform(0, 32 * 1.45, 1000)
+    y = mm1(x, 32) * (1 + rng.normal(0, 0.05, x.size))
+    fit = fit_hinge(x, y)
+    # no corner exists; the hinge must land in the bend, past half the saturation load, before it
+    assert 0.5 * 48 < fit.knee < 0.97 * 48
+    assert fit.slope_after > 5 * fit.slope_before
+
+
+def test_no_knee_in_flat_or_linear_data_keeps_the_prior():
+    rng = np.random.default_rng(11)
+    for curve in (lambda x: 0.1 + 0 * x, lambda x: 0.1 + 0.003 * x):
+        est = KneeEstimator("ttft", prior_knee(max_num_seqs=32))
+        for _ in range(5):
+            x = rng.uniform(0, 30, 100)
+            for xi, yi in zip(x, curve(x) * (1 + rng.normal(0, 0.1, x.size))):
+                est.observe(xi, None, yi)
+            k = est.estimate()
+            assert k.source == "prior" and k.requests == 32 and k.confidence == 0.0
+
+
+def test_prior_until_enough_data_and_says_so():
+    est = KneeEstimator("queue", prior_knee(max_num_seqs=16, kv_capacity_tokens=50_000,
+                                            mean_kv_tokens_per_request=5_000))
+    k = est.estimate()
+    assert k.source == "prior" and k.signal == "limits" and k.confidence == 0.0
+    assert k.requests == 10  # KV: 50 000 / 5 000 = 10 < 16 slots
+    assert k.kv_tokens == 50_000
+    assert "kv limit" in k.detail and "0 of 60 observations" in k.detail
+    for i in range(20):
+        est.observe(i, None, 0.1)
+    assert est.estimate().source == "prior"
+    assert "20 of 60" in est.estimate().detail
+    assert prior_knee(max_num_seqs=16).requests == 16
+    assert prior_knee().requests is None
+
+
+def test_unusable_observations_ignored():
+    est = KneeEstimator()
+    assert not est.observe(float("nan"), None, 0.1)
+    assert not est.observe(3, None, None)
+    assert not est.observe(-1, None, 0.1)
+    assert est.observe(3, float("nan"), 0.1)
+    assert est.observations == 1
+
+
+def test_noise_does_not_move_the_published_knee():
+    rng = np.random.default_rng(5)
+    est = KneeEstimator("ttft", prior_knee(max_num_seqs=100), max_observations=600)
+    published = []
+    for cycle in range(60):  # 60 cycles of 40 noisy observations of the same curve
+        x = rng.uniform(0, 64, 40)
+        y = queueing(x, 32) * (1 + rng.normal(0, 0.15, x.size))
+        for xi, yi in zip(x, y):
+            est.observe(xi, None, yi)
+        published.append(est.estimate())
+    learned = [k.requests for k in published if k.source == "learned"]
+    assert learned, "never learned"
+    assert len(set(learned)) == 1, f"published knee moved on noise: {sorted(set(learned))}"
+    assert learned[0] == pytest.approx(32, rel=0.10)
+    # once learned it is never replaced by the prior again
+    first = next(i for i, k in enumerate(published) if k.source == "learned")
+    assert all(k.source == "learned" for k in published[first:])
+
+
+def test_a_real_change_moves_the_knee_after_confirmation():
+    rng = np.random.default_rng(9)
+    est = KneeEstimator("ttft", prior_knee(max_num_seqs=100), max_observations=400)
+
+    def feed(knee, cycles):
+        out = []
+        for _ in range(cycles):
+            x = rng.uniform(0, 2 * knee, 40)
+            for xi, yi in zip(x, hinge(x, knee) * (1 + rng.normal(0, 0.1, x.size))):
+                est.observe(xi, None, yi)
+            out.append(est.estimate())
+        return out
+
+    before = feed(20, 20)
+    assert before[-1].source == "learned" and before[-1].requests == pytest.approx(20, rel=0.1)
+    after = feed(40, 30)  # a faster engine: the knee doubles
+    assert after[-1].requests == pytest.approx(40, rel=0.1)
+    moves = {round(k.requests, 6) for k in before + after if k.source == "learned"}
+    assert len(moves) <= 4  # it moved a few times at most, not every cycle
+
+
+def test_bad_settings_named():
+    with pytest.raises(ValueError, match="signal 'latency'"):
+        KneeEstimator("latency")
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        prior_knee(max_num_seqs=0)
