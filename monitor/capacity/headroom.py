@@ -1,0 +1,166 @@
+"""Capacity, utilisation and headroom of a pool (pure).
+
+`compute_capacity(pool, knee, settings, power_watts, sessions)` returns a dict whose keys are the
+catalogue's capacity metrics without the `headroom_` prefix; dict values are keyed by the metric's
+extra label:
+
+    knee_requests               headroom_knee_requests{pool}
+    knee_kv_tokens              headroom_knee_kv_tokens{pool}
+    knee_info                   headroom_knee_info{pool, source, signal}   ({"source": .., "signal": ..})
+    knee_confidence_ratio       headroom_knee_confidence_ratio{pool}
+    utilisation_ratio           headroom_utilisation_ratio{pool}
+    ratio                       headroom_ratio{pool, scenario}             ({"current": .., "n_minus_1": ..})
+    headroom_requests           headroom_headroom_requests{pool, scenario}
+    capacity_requests           headroom_capacity_requests{pool, limit}    ({"slots", "kv", "knee", "effective"})
+    sessions                    headroom_sessions{pool}
+    session_capacity            headroom_session_capacity{pool}
+    power_watts                 headroom_power_watts{pool}
+    sessions_per_megawatt       headroom_sessions_per_megawatt{pool}
+
+plus explanatory keys that are not metrics (limiting_factor, load_requests, kv_tokens_per_request,
+kv_tokens_per_request_source, power_source, n_minus_1_share, knee_detail). None means "not known"
+and must not be exported.
+
+Definitions (per pool, N = replicas answering):
+  load              = active + queued requests
+  slots capacity    = max_num_seqs x N
+  kv capacity       = KV capacity tokens / mean KV tokens per request (live KV / running requests,
+                      else the configured kv_tokens_per_request)
+  knee capacity     = knee requests per replica x N
+  effective         = the smallest of those known; its name is the limiting factor
+  utilisation       = load / effective;   headroom ratio = 1 - load / effective (negative when over)
+  N-1               = effective x (1 - largest replica's share), the share from per-replica KV
+                      capacity when every replica reports it, else 1/N
+  session capacity  = effective / (load / sessions) - the active requests one session holds today
+                      (configured active_requests_per_session when there is no load to measure)
+  sessions per MW   = session capacity / (power in MW); power from DCGM (passed in) or
+                      watts_per_replica x N from the configuration
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+from monitor.capacity.knee import Knee
+from monitor.model import PoolSnapshot
+
+
+@dataclass(frozen=True)
+class CapacitySettings:
+    max_num_seqs: Optional[int] = None  # per replica (vLLM --max-num-seqs)
+    kv_tokens_per_request: Optional[float] = None  # fallback for the mean KV tokens per request
+    watts_per_replica: Optional[float] = None  # used when no DCGM power is known
+    active_requests_per_session: Optional[float] = None  # fallback when the pool is idle
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "kv_tokens_per_request", "watts_per_replica", "active_requests_per_session"):
+            v = getattr(self, name)
+            if v is not None and not (isinstance(v, (int, float)) and v > 0):
+                raise ValueError(f"capacity setting {name} must be a number > 0, got {v!r}")
+
+    @classmethod
+    def from_dict(cls, d: Optional[dict]) -> "CapacitySettings":
+        d = dict(d or {})
+        unknown = sorted(set(d) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"unknown capacity setting(s): {', '.join(unknown)}; "
+                             f"known: {', '.join(sorted(cls.__dataclass_fields__))}")
+        return cls(**d)
+
+
+def _ratio(load: float, cap: Optional[float]) -> Optional[float]:
+    if cap is None:
+        return None
+    if cap <= 0:
+        return -math.inf if load > 0 else None
+    return 1.0 - load / cap
+
+
+def largest_replica_share(pool: PoolSnapshot) -> Optional[float]:
+    """Share of the pool's capacity held by its largest answering replica."""
+    n = pool.replicas
+    if n <= 0:
+        return None
+    caps = [r.kv_tokens_capacity for r in pool.replica_detail if r.up]
+    if len(caps) == n and all(c is not None and c > 0 for c in caps):
+        return max(caps) / sum(caps)
+    return 1.0 / n
+
+
+def compute_capacity(pool: PoolSnapshot, knee: Knee, settings: CapacitySettings,
+                     power_watts: Optional[float] = None, sessions: Optional[float] = None) -> dict:
+    if not isinstance(pool, PoolSnapshot):
+        raise TypeError("compute_capacity needs a PoolSnapshot")
+    n = pool.replicas
+    if n < 0:
+        raise ValueError(f"pool {pool.pool}: replicas must be >= 0, got {n}")
+    load = float((pool.active_requests or 0.0) + (pool.queued_requests or 0.0))
+
+    # mean KV tokens per request: measured when requests are running, else configured
+    kv_per_req, kv_src = None, None
+    if pool.kv_tokens_live is not None and pool.active_requests and pool.active_requests > 0 and pool.kv_tokens_live > 0:
+        kv_per_req, kv_src = pool.kv_tokens_live / pool.active_requests, "measured"
+    elif settings.kv_tokens_per_request:
+        kv_per_req, kv_src = float(settings.kv_tokens_per_request), "configured"
+    elif knee.kv_tokens and knee.requests:
+        kv_per_req, kv_src = knee.kv_tokens / knee.requests, "knee"
+
+    caps: dict[str, Optional[float]] = {"slots": None, "kv": None, "knee": None}
+    if settings.max_num_seqs:
+        caps["slots"] = float(settings.max_num_seqs * n)
+    if pool.kv_tokens_capacity and kv_per_req:
+        caps["kv"] = pool.kv_tokens_capacity / kv_per_req
+    if knee.requests is not None:
+        caps["knee"] = float(knee.requests * n)
+    known = {k: v for k, v in caps.items() if v is not None}
+    limiting = min(known, key=known.get) if known else None
+    effective = known[limiting] if known else None
+    caps["effective"] = effective
+
+    share = largest_replica_share(pool)
+    cap_n1 = effective * (1.0 - share) if (effective is not None and share is not None) else None
+
+    # sessions
+    per_session, ps_src = None, None
+    if sessions is not None and sessions > 0 and load > 0:
+        per_session, ps_src = load / sessions, "measured"
+    elif settings.active_requests_per_session:
+        per_session, ps_src = float(settings.active_requests_per_session), "configured"
+    session_capacity = effective / per_session if (effective is not None and per_session) else None
+
+    power, power_src = None, None
+    if power_watts is not None and power_watts > 0:
+        power, power_src = float(power_watts), "dcgm"
+    elif settings.watts_per_replica and n > 0:
+        power, power_src = float(settings.watts_per_replica * n), "configured"
+    spmw = session_capacity / (power / 1e6) if (session_capacity is not None and power) else None
+
+    knee_kv = knee.kv_tokens * n if knee.kv_tokens is not None else None
+    return {
+        "knee_requests": caps["knee"],
+        "knee_kv_tokens": knee_kv,
+        "knee_info": {"source": knee.source, "signal": knee.signal},
+        "knee_confidence_ratio": float(knee.confidence),
+        "utilisation_ratio": (load / effective) if effective else None,
+        "ratio": {"current": _ratio(load, effective), "n_minus_1": _ratio(load, cap_n1)},
+        "headroom_requests": {
+            "current": (effective - load) if effective is not None else None,
+            "n_minus_1": (cap_n1 - load) if cap_n1 is not None else None,
+        },
+        "capacity_requests": caps,
+        "sessions": sessions,
+        "session_capacity": session_capacity,
+        "power_watts": power,
+        "sessions_per_megawatt": spmw,
+        # explanations (not metrics)
+        "limiting_factor": limiting,
+        "load_requests": load,
+        "kv_tokens_per_request": kv_per_req,
+        "kv_tokens_per_request_source": kv_src,
+        "active_requests_per_session": per_session,
+        "active_requests_per_session_source": ps_src,
+        "power_source": power_src,
+        "n_minus_1_share": share,
+        "knee_detail": knee.detail,
+    }
