@@ -1,0 +1,108 @@
+"""SLO settings, violation ratio from histograms, multi-window burn rates, histogram maths."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from monitor.capacity import histo
+from monitor.capacity.slo import SloSettings, SloTracker, Target, bad_count, parse_duration, violation_ratio
+from monitor.model import Histogram
+
+BOUNDS = (0.5, 1.0, 2.0, 5.0, 10.0, math.inf)
+
+
+def hist_of(values, bounds=BOUNDS):
+    counts = tuple(float(sum(1 for v in values if v <= b)) for b in bounds)
+    return Histogram(bounds, counts, float(sum(values)), float(len(values)))
+
+
+def test_quantile_matches_promql_interpolation():
+    h = Histogram((1.0, 2.0, math.inf), (10.0, 30.0, 40.0), 50.0, 40.0)
+    assert histo.quantile(h, 0.5) == pytest.approx(1.5)  # rank 20: halfway through (1, 2]
+    assert histo.quantile(h, 0.25) == pytest.approx(1.0)
+    assert histo.quantile(h, 0.1) == pytest.approx(0.4)  # rank 4 in (0, 1]
+    assert histo.quantile(h, 0.9) == 2.0  # rank in +Inf bucket: the largest finite bound
+    assert histo.quantile(Histogram((1.0, math.inf), (0.0, 0.0)), 0.5) is None
+    with pytest.raises(ValueError, match="within 0..1"):
+        histo.quantile(h, 95)
+
+
+def test_fraction_above_exact_on_bounds_and_interpolated_between():
+    h = hist_of([0.2, 0.7, 0.9, 1.5, 3.0, 4.0, 6.0, 12.0])
+    assert histo.fraction_above(h, 2.0) == pytest.approx(4 / 8)
+    assert histo.fraction_above(h, 10.0) == pytest.approx(1 / 8)
+    assert histo.fraction_above(h, 3.5) == pytest.approx((8 - (4 + 2 * 1.5 / 3)) / 8)
+    assert histo.fraction_above(h, 100.0) == pytest.approx(1 / 8)  # only "above 10" is known
+
+
+def test_estimated_quantile_within_one_bucket_of_exact():
+    rng = np.random.default_rng(0)
+    values = rng.lognormal(0.5, 0.8, 2000)
+    h = hist_of(list(values))
+    for q in (0.5, 0.9, 0.95, 0.99):
+        est, exact = histo.quantile(h, q), float(np.quantile(values, q))
+        assert abs(histo.bucket_index(h.bounds, est) - histo.bucket_index(h.bounds, exact)) <= 1
+
+
+def test_settings_from_dict_and_errors():
+    s = SloSettings.from_dict({
+        "objective": 0.9, "windows": ["5m", "1h", "6h"],
+        "task_types": {"email": {"p95_seconds": 30}, "chat": {"seconds": 5}},
+        "default": {"p99_seconds": 120},
+        "pools": {"chat-8b": {"ttft_p95_seconds": 0.5, "e2e_p99_seconds": 20}},
+    })
+    assert s.windows == {"5m": 300.0, "1h": 3600.0, "6h": 21600.0}
+    assert s.task_target("email") == Target(30.0, 0.95, "task")
+    assert s.task_target("chat") == Target(5.0, 0.9, "task")
+    assert s.task_target("other") == Target(120.0, 0.99, "task")
+    assert s.pool_targets["chat-8b"] == [Target(0.5, 0.95, "ttft"), Target(20.0, 0.99, "e2e")]
+    with pytest.raises(ValueError, match="unknown slo setting"):
+        SloSettings.from_dict({"targets": {}})
+    with pytest.raises(ValueError, match="pNN_seconds"):
+        SloSettings.from_dict({"task_types": {"x": {"p95": 3}}})
+    with pytest.raises(ValueError, match="ttft_p95_seconds"):
+        SloSettings.from_dict({"pools": {"p": {"ttft": 3}}})
+    with pytest.raises(ValueError, match="like 30s"):
+        parse_duration("five minutes")
+    with pytest.raises(ValueError, match="objective"):
+        Target(1.0, 1.0)
+
+
+def test_burn_rates_over_several_windows():
+    target = Target(2.0, 0.95)  # budget 5 %
+    tr = SloTracker({"5m": 300.0, "1h": 3600.0})
+    # 1 hour at 100 tasks / minute with 2 % over target, then 5 minutes with 20 % over target
+    total = bad = 0.0
+    t = 0.0
+    tr.observe("email", t, total, bad)
+    for minute in range(65):
+        t += 60
+        total += 100
+        bad += 2 if minute < 60 else 20
+        tr.observe("email", t, total, bad)
+    rates = tr.burn_rates("email", target)
+    assert rates["5m"] == pytest.approx(0.20 / 0.05)
+    expected_1h = (55 * 2 + 5 * 20) / 6000 / 0.05
+    assert rates["1h"] == pytest.approx(expected_1h)
+
+
+def test_counter_reset_is_rebased():
+    tr = SloTracker({"10m": 600.0})
+    tr.observe("k", 0, 100, 10)
+    tr.observe("k", 60, 200, 20)
+    tr.observe("k", 120, 50, 5)  # the application restarted: counts from zero again
+    tr.observe("k", 180, 150, 15)
+    # rebased: 100 -> 200 -> 250 -> 350 tasks, 10 -> 20 -> 25 -> 35 bad: 25 bad of 250 in the window
+    assert tr.ratio("k", 600) == pytest.approx(25 / 250)
+    with pytest.raises(ValueError, match="forward in time"):
+        tr.observe("k", 180, 160, 15)
+
+
+def test_violation_ratio_and_bad_count_from_histogram():
+    h = hist_of([0.4, 0.6, 1.2, 1.8, 2.5, 7.0, 11.0, 0.3, 0.2, 0.1])
+    t = Target(2.0, 0.9)
+    assert violation_ratio(h, t) == pytest.approx(3 / 10)
+    assert bad_count(h, t) == (10.0, pytest.approx(3.0))
+    assert violation_ratio(None, t) is None
