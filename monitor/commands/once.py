@@ -1,0 +1,61 @@
+"""`headroom once`: one collection cycle, the snapshot as JSON on stdout.
+
+Counter rates and latency windows need two readings: `--interval` seconds apart (default 5). With
+`--interval 0` they are reported as null, never invented.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from ..config import Config, ConfigError, Target, check_url, load
+from ..cycle import Pipeline
+from ..export.snapshot_json import snapshot_to_dict
+from ..wiring import default_enrichers
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--config.file", dest="config_file", help="configuration file (YAML)")
+    p.add_argument("--vllm", action="append", default=[], metavar="URL",
+                   help="a vLLM /metrics URL (repeatable); instead of --config.file")
+    p.add_argument("--interval", type=float, default=5.0,
+                   help="seconds between the two readings used for rates and latency windows (0: one reading)")
+    p.add_argument("--json", action="store_true", help="print the snapshot as JSON (the default output)")
+
+
+def config_from_args(args) -> Config:
+    if args.config_file:
+        return load(args.config_file)
+    if not args.vllm:
+        raise ConfigError("<command line>", "", "give --config.file FILE or at least one --vllm URL")
+    targets = []
+    for url in args.vllm:
+        try:
+            targets.append(Target(check_url(url)))
+        except ValueError as exc:
+            raise ConfigError("<command line>", "--vllm", str(exc)) from None
+    return Config(file="<command line>", vllm_targets=targets)
+
+
+def run(args) -> int:
+    try:
+        cfg = config_from_args(args)
+    except ConfigError as exc:
+        print(f"headroom: {exc}", file=sys.stderr)
+        return 2
+    if args.interval < 0:
+        print("headroom: --interval must not be negative", file=sys.stderr)
+        return 2
+    cfg.latency_window = max(cfg.latency_window, args.interval * 2)
+    pipeline = Pipeline(cfg, enrichers=default_enrichers(cfg))
+    try:
+        snap = pipeline.run_cycle()
+        if args.interval > 0:
+            time.sleep(args.interval)
+            snap = pipeline.run_cycle()
+    finally:
+        pipeline.close()
+    json.dump(snapshot_to_dict(snap), sys.stdout, indent=2, allow_nan=False)
+    sys.stdout.write("\n")
+    return 0 if any(s.up for s in snap.sources) else 1

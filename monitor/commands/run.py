@@ -1,0 +1,90 @@
+"""`headroom run`: the daemon. Collects on a fixed interval, serves /metrics and the landing page."""
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from ..config import ConfigError, load
+from ..cycle import Pipeline
+from ..export.collector import Exposition
+from ..export.landing import Trends
+from ..export.server import WebState, parse_listen_address, serve
+from ..wiring import default_enrichers, extra_samples, web_security
+
+log = logging.getLogger("headroom")
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--config.file", dest="config_file", required=True, help="configuration file (YAML)")
+    p.add_argument("--web.listen-address", dest="listen_address", default=None,
+                   help="address to serve /metrics on (default :9880, or web.listen_address in the file)")
+    p.add_argument("--web.config.file", dest="web_config_file", default=None,
+                   help="TLS and basic-auth settings for headroom's own endpoints (exporter-toolkit style)")
+    p.add_argument("--shard", default=None, metavar="I/N", help="own only the pools of shard I of N")
+    p.add_argument("--duration", type=float, default=None, help="stop after this many seconds (scripts, tests)")
+
+
+class Daemon:
+    def __init__(self, cfg, listen_address: str, web_config_file=None):
+        self.cfg = cfg
+        self.pipeline = Pipeline(cfg, enrichers=default_enrichers(cfg))
+        self.state = WebState(Exposition(extra=lambda: extra_samples(self)), Trends())
+        self.state.authorize, ssl_context = web_security(web_config_file or cfg.web_config_file)
+        self.pipeline.on_snapshot(self.state.publish)
+        self.server, _ = serve(self.state, listen_address, ssl_context)
+        self.scheduler = BackgroundScheduler(timezone="UTC")
+        self.stopped = threading.Event()
+        self.extra_jobs = []
+
+    @property
+    def port(self) -> int:
+        return self.server.server_address[1]
+
+    def start(self) -> None:
+        from datetime import datetime, timezone
+        self.scheduler.add_job(self.pipeline.run_cycle, "interval", seconds=self.cfg.interval,
+                               id="cycle", max_instances=1, coalesce=True,
+                               next_run_time=datetime.now(timezone.utc))
+        for job in self.extra_jobs:
+            job(self)
+        self.scheduler.start()
+
+    def stop(self) -> None:
+        self.scheduler.shutdown(wait=False)
+        self.server.shutdown()
+        self.server.server_close()
+        self.pipeline.close()
+        self.stopped.set()
+
+
+def run(args) -> int:
+    try:
+        cfg = load(args.config_file)
+        if args.shard:
+            from ..shard import parse_shard
+            cfg.shard = parse_shard(args.shard)
+        listen = args.listen_address or cfg.listen_address
+        parse_listen_address(listen)
+    except (ConfigError, ValueError) as exc:
+        print(f"headroom: {exc}", file=sys.stderr)
+        return 2
+    try:
+        daemon = Daemon(cfg, listen, args.web_config_file)
+    except (ConfigError, ValueError) as exc:
+        print(f"headroom: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"headroom: cannot listen on {listen}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: daemon.stopped.set())
+    daemon.start()
+    log.info("headroom listening on %s (%s mode, interval %gs)", listen,
+             "prometheus" if cfg.prometheus else "direct", cfg.interval)
+    daemon.stopped.wait(timeout=args.duration)
+    daemon.stop()
+    return 0

@@ -1,0 +1,171 @@
+"""One collection cycle: sources -> derive -> capacity -> snapshot.
+
+`Pipeline` keeps what must survive between cycles (recent readings per target for counter deltas
+and latency windows, cumulative error counters) and publishes each finished `Snapshot` atomically
+for the exporter. Cycles never overlap: a cycle that finds the previous one still running is
+skipped and counted.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from typing import Callable, Optional
+
+from .config import Config, Target
+from .derive.core import derive_pools, pool_of
+from .model import PoolSnapshot, ReplicaReading, Snapshot, SourceStatus
+from .sources.http import make_session
+from .sources.prometheus import PrometheusSourceReader
+from .sources.scrape import Scraper
+
+log = logging.getLogger(__name__)
+
+# Hooks run on each cycle's pools after derivation: f(pools, pipeline) -> None. The capacity model,
+# gateway/task readers and forecasts register here, so this module stays small.
+Enricher = Callable[[list[PoolSnapshot], "Pipeline"], None]
+
+
+class Pipeline:
+    def __init__(self, config: Config, clock: Callable[[], float] = time.time,
+                 enrichers: Optional[list[Enricher]] = None):
+        self.config = config
+        self.clock = clock
+        self.history: dict[str, deque[ReplicaReading]] = {}
+        self.errors: dict[tuple[str, str], float] = {}
+        self.dropped: dict[str, float] = {}
+        self.cycles = 0
+        self.skipped_cycles = 0
+        self.last_success: Optional[float] = None
+        self.last_fresh: dict[str, float] = {}
+        self.latest: Optional[Snapshot] = None
+        self.enrichers: list[Enricher] = list(enrichers or [])
+        self._lock = threading.Lock()
+        self._listeners: list[Callable[[Snapshot], None]] = []
+        self.scraper: Optional[Scraper] = None
+        self.prom: Optional[PrometheusSourceReader] = None
+        if config.vllm_targets:
+            self.scraper = Scraper(make_session(config.vllm_auth, config.scrape_concurrency),
+                                   config.scrape_timeout, config.scrape_concurrency)
+        if config.prometheus:
+            self.prom = PrometheusSourceReader(config.prometheus)
+
+    def on_snapshot(self, listener: Callable[[Snapshot], None]) -> None:
+        self._listeners.append(listener)
+
+    # --- the cycle ---------------------------------------------------------------------------
+    def run_cycle(self) -> Optional[Snapshot]:
+        if not self._lock.acquire(blocking=False):
+            self.skipped_cycles += 1
+            log.warning("previous cycle still running; this one is skipped")
+            return None
+        try:
+            return self._cycle()
+        finally:
+            self._lock.release()
+
+    def _cycle(self) -> Snapshot:
+        started = time.monotonic()
+        now = self.clock()
+        readings, statuses = self.collect(now)
+        snapshot = self.build(readings, statuses, now)
+        snapshot.cycle_duration_seconds = time.monotonic() - started
+        self.publish(snapshot)
+        return snapshot
+
+    def collect(self, now: float) -> tuple[list[ReplicaReading], list[SourceStatus]]:
+        readings: list[ReplicaReading] = []
+        statuses: list[SourceStatus] = []
+        if self.scraper is not None:
+            for result in self.scraper.scrape(self.config.vllm_targets, clock=self.clock):
+                readings.extend(result.readings)
+                statuses.append(result.status)
+        if self.prom is not None:
+            r, s = self.prom.read(now)
+            readings.extend(r)
+            statuses.extend(s)
+        return readings, statuses
+
+    def build(self, readings: list[ReplicaReading], statuses: list[SourceStatus], now: float) -> Snapshot:
+        cfg = self.config
+        self.cycles += 1
+        for st in statuses:
+            if not st.up:
+                key = (st.source, st.error or "unknown")
+                self.errors[key] = self.errors.get(key, 0.0) + 1
+                log.info("source %s %s down: %s", st.source, st.target, st.error)
+        readings = self._cap(readings)
+        for r in readings:
+            key = f"{r.target}|{r.model}"
+            dq = self.history.get(key)
+            if dq is None:
+                dq = self.history[key] = deque()
+            dq.append(r)
+            while dq and now - dq[0].timestamp > cfg.history_keep:
+                dq.popleft()
+        # forget targets that have been silent for longer than the history we keep
+        for key in [k for k, dq in self.history.items() if not dq or now - dq[-1].timestamp > cfg.history_keep]:
+            del self.history[key]
+        down_targets = {st.target for st in statuses if not st.up}
+        fresh_keys = {f"{r.target}|{r.model}" for r in readings}
+        # a target that answered this cycle is current; one that did not is stale
+        history = {}
+        stale_targets = set(down_targets)
+        for key, dq in self.history.items():
+            history[key] = list(dq)
+            if key not in fresh_keys:
+                stale_targets.add(dq[-1].target)
+        expected: dict[str, set[str]] = {}
+        for key, dq in self.history.items():
+            expected.setdefault(pool_of(dq[-1], cfg.pool_by), set()).add(dq[-1].target)
+        pools = derive_pools(history, now, cfg.latency_window, cfg.pool_by,
+                             down_targets=stale_targets, expected=expected)
+        if cfg.shard is not None:
+            from .shard import owns  # noqa: PLC0415
+            pools = [p for p in pools if owns(p.pool, cfg.shard)]
+        for p in pools:
+            if not p.stale:
+                self.last_fresh[p.pool] = now
+            p.last_fresh_timestamp = self.last_fresh.get(p.pool, p.last_fresh_timestamp)
+        for enrich in self.enrichers:
+            try:
+                enrich(pools, self)
+            except Exception:  # an enricher must never take the cycle down
+                log.exception("enricher %s failed", getattr(enrich, "__name__", enrich))
+                self.errors[("enricher", getattr(enrich, "__name__", "enricher"))] = \
+                    self.errors.get(("enricher", getattr(enrich, "__name__", "enricher")), 0.0) + 1
+        if any(st.up for st in statuses):
+            self.last_success = now
+        return Snapshot(timestamp=now, pools=pools, sources=statuses,
+                        last_success_timestamp=self.last_success,
+                        errors={f"{s}|{r}": v for (s, r), v in self.errors.items()})
+
+    def _cap(self, readings: list[ReplicaReading]) -> list[ReplicaReading]:
+        limit = self.config.max_series
+        if len(readings) + len(self.history) <= limit:
+            return readings
+        known = [r for r in readings if f"{r.target}|{r.model}" in self.history]
+        new = [r for r in readings if f"{r.target}|{r.model}" not in self.history]
+        room = max(0, limit - len(self.history))
+        dropped = len(new) - min(room, len(new))
+        if dropped:
+            self.dropped["replicas"] = self.dropped.get("replicas", 0.0) + dropped
+            log.warning("cardinality cap: %d new replica series dropped (global.max_series=%d)", dropped, limit)
+        return known + new[:room]
+
+    def publish(self, snapshot: Snapshot) -> None:
+        self.latest = snapshot  # a single reference swap: readers never see half a snapshot
+        for listener in self._listeners:
+            try:
+                listener(snapshot)
+            except Exception:
+                log.exception("snapshot listener failed")
+
+    def close(self) -> None:
+        if self.scraper is not None:
+            self.scraper.close()
+
+
+def targets_from_urls(urls: list[str]) -> list[Target]:
+    return [Target(u) for u in urls]

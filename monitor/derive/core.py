@@ -1,0 +1,198 @@
+"""Pure derivations: replica readings over time -> per-replica and per-pool snapshots.
+
+Input is the recent history of readings per target (oldest first). Gauges come from the newest
+reading; rates and latency windows from the oldest reading inside the window against the newest,
+with counter resets handled (a reset drops that replica from the rate, it never goes negative).
+Nothing is invented: a rate needs two readings, a quantile needs observations in the window.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Optional
+
+from ..model import Histogram, PoolSnapshot, Quantiles, ReplicaReading, ReplicaSnapshot
+from .histogram import summarise
+
+LATENCY_KINDS = ("ttft", "itl", "e2e", "queue")
+
+
+def pool_of(reading: ReplicaReading, pool_by: str = "model_name") -> str:
+    if pool_by in ("model_name", "model"):
+        return reading.model
+    return reading.labels.get(pool_by) or reading.model
+
+
+def counter_delta(new: Optional[float], old: Optional[float]) -> Optional[float]:
+    """Increase of a counter between two readings; None across a reset or when missing."""
+    if new is None or old is None:
+        return None
+    if new < old:
+        return None  # reset: the process restarted; this interval is unknown
+    return new - old
+
+
+def window_pair(readings: list[ReplicaReading], now: float, window_seconds: float
+                ) -> Optional[tuple[ReplicaReading, ReplicaReading]]:
+    """(oldest reading inside the window, newest reading), or None with fewer than two."""
+    if len(readings) < 2:
+        return None
+    newest = readings[-1]
+    oldest = None
+    for r in readings[:-1]:
+        if newest.timestamp - r.timestamp <= window_seconds + 1e-9:
+            oldest = r
+            break
+    if oldest is None:
+        oldest = readings[-2]
+    if newest.timestamp <= oldest.timestamp:
+        return None
+    return oldest, newest
+
+
+def derive_pools(history: dict[str, list[ReplicaReading]], now: float, window_seconds: float,
+                 pool_by: str = "model_name", down_targets: Iterable[str] = (),
+                 expected: Optional[dict[str, set[str]]] = None) -> list[PoolSnapshot]:
+    """Per-pool snapshots from readings. `history` maps target -> readings of ONE model, oldest first.
+
+    down_targets: targets that failed this cycle (their old readings are not used as current).
+    expected: pool -> targets known to belong to it (for replicas_configured and staleness).
+    """
+    down = set(down_targets)
+    pools: dict[str, PoolSnapshot] = {}
+    members: dict[str, list[list[ReplicaReading]]] = {}
+    for target, readings in history.items():
+        if not readings:
+            continue
+        newest = readings[-1]
+        pool = pool_of(newest, pool_by)
+        if pool not in pools:
+            pools[pool] = PoolSnapshot(pool=pool, model=newest.model, replicas=0)
+            members[pool] = []
+        members[pool].append(readings)
+    if expected:
+        for pool in expected:
+            if pool not in pools:
+                pools[pool] = PoolSnapshot(pool=pool, model=pool, replicas=0)
+                members[pool] = []
+
+    for pool, snap in pools.items():
+        series = members[pool]
+        configured = {rs[-1].target for rs in series}
+        if expected and pool in expected:
+            configured |= expected[pool]
+        snap.replicas_configured = len(configured)
+        fresh = [rs for rs in series if rs[-1].target not in down]
+        snap.replicas = len(fresh)
+        snap.stale = bool(down & configured) or not fresh
+        if fresh:
+            snap.last_fresh_timestamp = max(rs[-1].timestamp for rs in fresh)
+        _gauges(snap, fresh)
+        for rs in series:
+            r = rs[-1]
+            up = r.target not in down
+            snap.replica_detail.append(ReplicaSnapshot(
+                replica=r.target, pool=pool, up=up,
+                active_requests=r.running if up else None,
+                queued_requests=r.waiting if up else None,
+                kv_tokens_live=r.kv_live_tokens if up else None,
+                kv_tokens_capacity=r.kv_capacity_tokens,
+                kv_usage_ratio=r.kv_usage if up else None,
+            ))
+        _rates(snap, fresh, now, window_seconds)
+    return sorted(pools.values(), key=lambda p: p.pool)
+
+
+def _sum(values: Iterable[Optional[float]]) -> Optional[float]:
+    total = None
+    for v in values:
+        if v is not None:
+            total = (total or 0.0) + v
+    return total
+
+
+def _gauges(snap: PoolSnapshot, fresh: list[list[ReplicaReading]]) -> None:
+    newest = [rs[-1] for rs in fresh]
+    snap.active_requests = _sum(r.running for r in newest) or 0.0
+    snap.queued_requests = _sum(r.waiting for r in newest) or 0.0
+    reasons: dict[str, float] = {}
+    for r in newest:
+        for reason, v in r.waiting_by_reason.items():
+            reasons[reason] = reasons.get(reason, 0.0) + v
+    snap.queued_by_reason = reasons
+    snap.kv_tokens_live = _sum(r.kv_live_tokens for r in newest)
+    snap.kv_tokens_capacity = _sum(r.kv_capacity_tokens for r in newest)
+    if snap.kv_tokens_capacity:
+        snap.kv_usage_ratio = (snap.kv_tokens_live or 0.0) / snap.kv_tokens_capacity
+
+
+def _rates(snap: PoolSnapshot, fresh: list[list[ReplicaReading]], now: float, window: float) -> None:
+    deltas: dict[str, float] = {}
+    seconds: dict[str, float] = {}
+    hists: dict[str, Histogram] = {}
+    conc_sum = 0.0
+    conc_n = 0
+    window_used = None
+    for rs in fresh:
+        pair = window_pair(rs, now, window)
+        if pair is None:
+            continue
+        old, new = pair
+        dt = new.timestamp - old.timestamp
+        window_used = max(window_used or 0.0, dt)
+        for key in ("request_success", "prompt_tokens", "generation_tokens", "preemptions",
+                    "prefix_cache_hits", "prefix_cache_queries"):
+            d = counter_delta(new.counters.get(key), old.counters.get(key))
+            if d is None:
+                continue
+            deltas[key] = deltas.get(key, 0.0) + d
+            seconds[key] = seconds.get(key, 0.0) + dt  # per-replica time, for the per-second sum
+            deltas.setdefault("_rate_" + key, 0.0)
+            deltas["_rate_" + key] += d / dt
+        for kind in LATENCY_KINDS:
+            h_new, h_old = new.histograms.get(kind), old.histograms.get(kind)
+            if h_new is None or h_old is None:
+                continue
+            d = h_new.minus(h_old)
+            if d is None:
+                continue
+            hists[kind] = d if kind not in hists else (hists[kind].plus(d) or hists[kind])
+        # mean observed concurrency over the window for this replica (time-weighted over readings)
+        in_window = [r for r in rs if r.timestamp >= old.timestamp]
+        c = _time_weighted_concurrency(in_window)
+        if c is not None:
+            conc_sum += c
+            conc_n += 1
+    snap.window_seconds = window_used
+    if window_used is None:
+        return
+    snap.completion_rate = deltas.get("_rate_request_success")
+    snap.prompt_tokens_rate = deltas.get("_rate_prompt_tokens")
+    snap.generation_tokens_rate = deltas.get("_rate_generation_tokens")
+    snap.preemption_rate = deltas.get("_rate_preemptions")
+    q = deltas.get("prefix_cache_queries")
+    if q:
+        snap.prefix_cache_hit_ratio = deltas.get("prefix_cache_hits", 0.0) / q
+    for kind in LATENCY_KINDS:
+        snap.latency[kind] = summarise(hists.get(kind)) if kind in hists else Quantiles()
+    if conc_n:
+        snap.mean_concurrency = conc_sum
+    e2e = snap.latency.get("e2e")
+    if (snap.completion_rate is not None and e2e is not None and e2e.mean is not None
+            and snap.mean_concurrency):
+        snap.littles_law_ratio = snap.completion_rate * e2e.mean / snap.mean_concurrency
+
+
+def _time_weighted_concurrency(readings: list[ReplicaReading]) -> Optional[float]:
+    """Mean of running + waiting over the readings, weighting each by the time until the next."""
+    pts = [(r.timestamp, (r.running or 0.0) + (r.waiting or 0.0)) for r in readings
+           if r.running is not None or r.waiting is not None]
+    if not pts:
+        return None
+    if len(pts) == 1:
+        return pts[0][1]
+    total = 0.0
+    span = pts[-1][0] - pts[0][0]
+    if span <= 0:
+        return sum(v for _, v in pts) / len(pts)
+    for (t0, v0), (t1, v1) in zip(pts, pts[1:]):
+        total += (v0 + v1) / 2.0 * (t1 - t0)  # trapezoid: gauges are sampled, not stepped
+    return total / span

@@ -1,0 +1,62 @@
+"""prometheus_client collector over the latest snapshot, and the cached exposition bytes.
+
+The exposition is rendered once per snapshot (not per scrape), so a scrape never queries a source
+and never waits for a cycle in progress.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Callable, Iterable, Optional
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from ..catalogue import CATALOGUE
+from ..model import Snapshot
+from .samples import Samples, snapshot_samples
+
+
+class SnapshotCollector:
+    """Yields fresh metric families from whatever `get_samples()` returns."""
+
+    def __init__(self, get_samples: Callable[[], Samples]):
+        self.get_samples = get_samples
+
+    def collect(self) -> Iterable[Metric]:
+        samples = self.get_samples()
+        for mdef in CATALOGUE:
+            rows = samples.get(mdef.name)
+            if not rows:
+                continue
+            labels = list(mdef.labels)
+            if mdef.type == "counter":
+                fam = CounterMetricFamily(mdef.name, mdef.help, labels=labels)
+            else:
+                fam = GaugeMetricFamily(mdef.name, mdef.help, labels=labels)
+            for lab, value in rows:
+                fam.add_metric([lab[k] for k in labels], value)
+            yield fam
+
+
+class Exposition:
+    """Holds the rendered /metrics body for the latest snapshot."""
+
+    def __init__(self, extra: Optional[Callable[[], list]] = None):
+        self._lock = threading.Lock()
+        self._samples: Samples = snapshot_samples(None)
+        self.extra = extra or (lambda: [])
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(SnapshotCollector(lambda: self._samples))
+        self._body = generate_latest(self.registry)
+
+    def update(self, snapshot: Optional[Snapshot]) -> None:
+        samples = snapshot_samples(snapshot, self.extra())
+        with self._lock:
+            self._samples = samples
+            self._body = generate_latest(self.registry)
+
+    def body(self) -> bytes:
+        return self._body  # bytes are immutable: no lock needed to read the reference
+
+    def samples(self) -> Samples:
+        return self._samples

@@ -1,0 +1,146 @@
+"""The landing page at `/`: each pool's state at a glance, with an inline SVG chart of recent hours.
+
+Every value that comes from a metric label or the configuration is HTML-escaped.
+"""
+from __future__ import annotations
+
+import html
+import time
+from collections import deque
+from typing import Optional
+
+from .. import __version__
+from ..model import PoolSnapshot, Snapshot
+
+
+class Trends:
+    """Recent per-pool points for the chart: (timestamp, active, queued, kv ratio), ~1 per minute."""
+
+    def __init__(self, keep_seconds: float = 6 * 3600, resolution: float = 60.0):
+        self.keep = keep_seconds
+        self.resolution = resolution
+        self.points: dict[str, deque] = {}
+
+    def add(self, snap: Snapshot) -> None:
+        for p in snap.pools:
+            if p.replicas == 0:
+                continue
+            dq = self.points.setdefault(p.pool, deque())
+            point = (snap.timestamp, p.active_requests, p.queued_requests, p.kv_usage_ratio or 0.0)
+            if dq and snap.timestamp - dq[-1][0] < self.resolution and len(dq) > 1 and \
+                    dq[-1][0] - dq[-2][0] < self.resolution:
+                dq[-1] = point  # same minute: keep the latest
+            else:
+                dq.append(point)
+            while dq and snap.timestamp - dq[0][0] > self.keep:
+                dq.popleft()
+
+    def seed(self, pool: str, points: list[tuple[float, float, float, float]]) -> None:
+        dq = self.points.setdefault(pool, deque())
+        for pt in sorted(points):
+            if not dq or pt[0] > dq[-1][0]:
+                dq.append(pt)
+
+
+def _fmt(v: Optional[float], digits: int = 0) -> str:
+    if v is None:
+        return "–"
+    if digits == 0:
+        return f"{v:,.0f}"
+    return f"{v:,.{digits}f}"
+
+
+def _svg(points: list[tuple[float, float, float, float]], knee: Optional[float], width=560, height=150) -> str:
+    if len(points) < 2:
+        return '<p class="muted">The chart fills in as cycles run.</p>'
+    t0, t1 = points[0][0], points[-1][0]
+    top = max(max(p[1] + p[2] for p in points), knee or 0.0, 1.0) * 1.1
+    span = max(t1 - t0, 1.0)
+
+    def xy(t: float, v: float) -> str:
+        return f"{(t - t0) / span * (width - 40) + 35:.1f},{height - 20 - v / top * (height - 30):.1f}"
+
+    active = " ".join(xy(p[0], p[1]) for p in points)
+    total = " ".join(xy(p[0], p[1] + p[2]) for p in points)
+    base = f"{xy(t1, 0)} {xy(t0, 0)}"
+    parts = [f'<svg width="{width}" height="{height}" role="img" aria-label="active and queued requests">',
+             f'<polygon points="{total} {base}" fill="#f4a261" opacity="0.55"/>',
+             f'<polygon points="{active} {base}" fill="#2a9d8f" opacity="0.85"/>']
+    if knee:
+        y = xy(t0, knee).split(",")[1]
+        parts.append(f'<line x1="35" x2="{width - 5}" y1="{y}" y2="{y}" stroke="#e63946" stroke-dasharray="5,4"/>')
+        parts.append(f'<text x="{width - 8}" y="{float(y) - 4:.1f}" text-anchor="end" class="lbl">knee {knee:,.0f}</text>')
+    hours = span / 3600
+    parts.append(f'<text x="35" y="{height - 4}" class="lbl">{hours:.1f} h ago</text>')
+    parts.append(f'<text x="{width - 5}" y="{height - 4}" text-anchor="end" class="lbl">now</text>')
+    parts.append(f'<text x="2" y="14" class="lbl">{top / 1.1:,.0f}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _pool_card(p: PoolSnapshot, trend: list) -> str:
+    e = html.escape
+    cap = p.capacity or {}
+    knee = cap.get("knee_requests")
+    ratio = cap.get("headroom_ratio")
+    ratio_n1 = cap.get("headroom_ratio_n_minus_1")
+    kv_pct = (p.kv_usage_ratio or 0.0) * 100
+    cls = "ok"
+    if ratio is not None and ratio < 0.1:
+        cls = "bad"
+    elif ratio is not None and ratio < 0.25:
+        cls = "warn"
+    stale = ' <span class="badge bad">stale</span>' if p.stale else ""
+    headroom = f"{ratio * 100:.0f}%" if ratio is not None else "–"
+    headroom_n1 = f"{ratio_n1 * 100:.0f}%" if ratio_n1 is not None else "–"
+    return f"""
+<section class="card {cls}">
+  <h2>{e(p.pool)}{stale}</h2>
+  <div class="kpis">
+    <div><b>{_fmt(p.active_requests)}</b><span>active requests</span></div>
+    <div><b>{_fmt(p.queued_requests)}</b><span>queued requests</span></div>
+    <div><b>{_fmt(p.kv_tokens_live)}</b><span>of {_fmt(p.kv_tokens_capacity)} KV tokens ({kv_pct:.0f}%)</span></div>
+    <div><b class="{cls}">{headroom}</b><span>headroom now · N-1: {headroom_n1}</span></div>
+    <div><b>{p.replicas}/{p.replicas_configured}</b><span>replicas up</span></div>
+  </div>
+  <div class="bar"><div style="width:{min(kv_pct, 100):.0f}%"></div></div>
+  {_svg(trend, knee)}
+  <p class="legend"><i style="background:#2a9d8f"></i>active <i style="background:#f4a261"></i>queued
+  <i style="background:#e63946"></i>knee</p>
+</section>"""
+
+
+def render(snapshot: Optional[Snapshot], trends: Trends, title: str = "headroom") -> str:
+    e = html.escape
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(snapshot.timestamp)) if snapshot else "no cycle yet"
+    cards = ""
+    sources = ""
+    if snapshot:
+        cards = "".join(_pool_card(p, list(trends.points.get(p.pool, ()))) for p in snapshot.pools)
+        down = [s for s in snapshot.sources if not s.up]
+        up = len(snapshot.sources) - len(down)
+        rows = "".join(f"<li>{e(s.source)} {e(s.target)}: {e(s.error or '')}</li>" for s in down[:20])
+        sources = f"<p>{up} of {len(snapshot.sources)} sources answered.</p>" + (f"<ul class='down'>{rows}</ul>" if rows else "")
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{e(title)}</title>
+<meta http-equiv="refresh" content="15">
+<style>
+body {{ font-family: system-ui, -apple-system, "DejaVu Sans", sans-serif; margin: 24px; color: #1d3557; background: #f8f9fa; }}
+h1 {{ margin: 0 0 4px 0; }} .muted, .lbl {{ color: #6c757d; font-size: 12px; }}
+.grid {{ display: flex; flex-wrap: wrap; gap: 16px; }}
+.card {{ background: white; border-radius: 8px; padding: 16px; width: 600px; box-shadow: 0 1px 3px #0002; border-top: 6px solid #2a9d8f; }}
+.card.warn {{ border-top-color: #e9c46a; }} .card.bad {{ border-top-color: #e63946; }}
+.kpis {{ display: flex; gap: 18px; flex-wrap: wrap; }} .kpis div {{ display: flex; flex-direction: column; }}
+.kpis b {{ font-size: 24px; }} .kpis span {{ font-size: 12px; color: #6c757d; }}
+b.bad {{ color: #e63946; }} b.warn {{ color: #b08900; }}
+.bar {{ background: #e9ecef; height: 8px; border-radius: 4px; margin: 10px 0; }} .bar div {{ background: #457b9d; height: 8px; border-radius: 4px; }}
+.badge {{ font-size: 12px; padding: 2px 6px; border-radius: 4px; color: white; background: #e63946; }}
+.legend i {{ display: inline-block; width: 10px; height: 10px; margin: 0 4px 0 10px; }}
+ul.down {{ color: #e63946; }}
+</style></head>
+<body>
+<h1>{e(title)}</h1>
+<p class="muted">Capacity of the inference fleet: active vs queued requests, live KV tokens and headroom before the knee. Last cycle: {e(when)}. <a href="/metrics">/metrics</a> · version {e(__version__)}</p>
+<div class="grid">{cards or '<p>No pools yet: the first cycle has not finished.</p>'}</div>
+<h3>Sources</h3>{sources}
+</body></html>"""

@@ -1,0 +1,72 @@
+"""Snapshot -> the JSON document of `headroom once --json` and `/api/v1/snapshot`.
+
+Shape (stable, documented in README):
+    {"timestamp": ..., "pools": [{"pool", "model", "replicas", "active_requests", "queued_requests",
+     "kv_tokens_live", "kv_tokens_capacity", ...}], "sources": [{"source", "target", "up", "error"}]}
+Values that are not known are null; +Inf (e.g. no exhaustion within the horizon) is the string "+Inf".
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..model import PoolSnapshot, Snapshot
+
+
+def clean(v: Any) -> Any:
+    if isinstance(v, float):
+        if math.isnan(v):
+            return None
+        if math.isinf(v):
+            return "+Inf" if v > 0 else "-Inf"
+        return v
+    if isinstance(v, dict):
+        return {str(k): clean(x) for k, x in v.items() if k != "samples"}
+    if isinstance(v, (list, tuple)):
+        return [clean(x) for x in v]
+    return v
+
+
+def pool_to_dict(p: PoolSnapshot) -> dict:
+    return clean({
+        "pool": p.pool,
+        "model": p.model,
+        "replicas": p.replicas,
+        "replicas_configured": p.replicas_configured,
+        "stale": p.stale,
+        "active_requests": p.active_requests if p.replicas else None,
+        "queued_requests": p.queued_requests if p.replicas else None,
+        "queued_by_reason": p.queued_by_reason,
+        "kv_tokens_live": p.kv_tokens_live,
+        "kv_tokens_capacity": p.kv_tokens_capacity,
+        "kv_usage_ratio": p.kv_usage_ratio,
+        "completion_rate": p.completion_rate,
+        "prompt_tokens_rate": p.prompt_tokens_rate,
+        "generation_tokens_rate": p.generation_tokens_rate,
+        "prefix_cache_hit_ratio": p.prefix_cache_hit_ratio,
+        "preemption_rate": p.preemption_rate,
+        "latency_seconds": {k: q.as_dict() for k, q in p.latency.items()},
+        "mean_concurrency": p.mean_concurrency,
+        "littles_law_ratio": p.littles_law_ratio,
+        "window_seconds": p.window_seconds,
+        "last_fresh_timestamp": p.last_fresh_timestamp,
+        "replica_detail": [
+            {"replica": r.replica, "up": r.up, "active_requests": r.active_requests,
+             "queued_requests": r.queued_requests, "kv_tokens_live": r.kv_tokens_live,
+             "kv_tokens_capacity": r.kv_tokens_capacity}
+            for r in p.replica_detail
+        ],
+        "capacity": p.capacity,
+        "tasks": p.tasks,
+        "forecast": p.forecast,
+    })
+
+
+def snapshot_to_dict(s: Snapshot) -> dict:
+    return {
+        "timestamp": s.timestamp,
+        "pools": [pool_to_dict(p) for p in s.pools],
+        "sources": [clean({"source": st.source, "target": st.target, "up": st.up, "error": st.error,
+                           "detail": st.detail}) for st in s.sources],
+        "cycle_duration_seconds": clean(s.cycle_duration_seconds),
+    }

@@ -1,0 +1,262 @@
+"""Fast parser for the Prometheus text format (0.0.4) and OpenMetrics 1.0.
+
+It reads only the sample names it is asked for (everything else is skipped after a prefix check),
+but parses those fully: quoted label values with escapes, +Inf/-Inf/NaN, optional timestamps,
+OpenMetrics exemplars and the `# EOF` terminator. Label order never matters.
+
+Broken input raises `ExpositionError` naming the line and the problem; a body cut short (no final
+newline, or OpenMetrics without `# EOF`) is reported as truncated, so the caller can mark the target
+down instead of deriving from half a scrape.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+_LABEL_RE = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(,|\})')
+_PAIR = r'[a-zA-Z_][a-zA-Z0-9_]*\s*=\s*"(?:[^"\\]|\\.)*"'
+_LABELSET_RE = re.compile(r'\s*(?:' + _PAIR + r'\s*,\s*)*(?:' + _PAIR + r'\s*,?\s*)?\}')
+_PAIRS_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
+_NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
+_FLOATS = {"+Inf": math.inf, "Inf": math.inf, "-Inf": -math.inf, "NaN": math.nan, "+inf": math.inf,
+           "-inf": -math.inf, "nan": math.nan, "inf": math.inf}
+
+
+class ExpositionError(ValueError):
+    """The body is not valid exposition text. `reason` is a short machine label."""
+
+    def __init__(self, message: str, reason: str = "parse", line: Optional[int] = None):
+        super().__init__(message if line is None else f"line {line}: {message}")
+        self.reason = reason
+        self.line = line
+
+
+@dataclass
+class ParsedScrape:
+    """Samples by (normalised) sample name: list of (labels, value)."""
+
+    samples: dict[str, list[tuple[dict[str, str], float]]] = field(default_factory=dict)
+    types: dict[str, str] = field(default_factory=dict)  # family name -> type
+    openmetrics: bool = False
+    lines: int = 0
+    skipped: int = 0  # sample lines not asked for
+
+    def get(self, name: str) -> list[tuple[dict[str, str], float]]:
+        return self.samples.get(name, [])
+
+    def first(self, name: str) -> Optional[float]:
+        s = self.samples.get(name)
+        return s[0][1] if s else None
+
+
+def _unescape(value: str) -> str:
+    if "\\" not in value:
+        return value
+    out = []
+    i = 0
+    n = len(value)
+    while i < n:
+        c = value[i]
+        if c == "\\" and i + 1 < n:
+            nxt = value[i + 1]
+            out.append("\n" if nxt == "n" else nxt)
+            i += 2
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def parse_labels(text: str, lineno: int) -> dict[str, str]:
+    """Parse the inside of `{...}` including the closing brace."""
+    if not _LABELSET_RE.fullmatch(text):
+        raise ExpositionError(f"malformed label set {text[:60]!r}", line=lineno)
+    pairs = _PAIRS_RE.findall(text)
+    labels = {name: (_unescape(value) if "\\" in value else value) for name, value in pairs}
+    if len(labels) != len(pairs):
+        raise ExpositionError("duplicate label name", line=lineno)
+    return labels
+
+
+def parse_float(token: str, lineno: int) -> float:
+    try:
+        return float(token)
+    except ValueError:
+        v = _FLOATS.get(token)
+        if v is None:
+            raise ExpositionError(f"bad sample value {token[:40]!r}", line=lineno) from None
+        return v
+
+
+def normalise_name(name: str) -> str:
+    """vLLM names are `vllm:x`; some scrapers rewrite the colon to `vllm_x`. Use the colon form."""
+    if name.startswith("vllm_"):
+        return "vllm:" + name[5:]
+    return name
+
+
+def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[tuple[str, ...]] = None,
+          strict_end: bool = True) -> ParsedScrape:
+    """Parse exposition text.
+
+    wanted: sample names to keep (normalised spelling, e.g. `vllm:e2e_request_latency_seconds_bucket`);
+        None keeps every sample. With `wanted`, unwanted lines are skipped inside one compiled
+        regular expression, so their cost is close to zero.
+    prefixes: cheap pre-filter on the raw line (e.g. ("vllm",)) when `wanted` is None.
+    strict_end: report a body without its final newline (or OpenMetrics without `# EOF`) as truncated.
+    """
+    out = ParsedScrape()
+    if not text:
+        return out
+    if strict_end and not text.endswith("\n"):
+        raise ExpositionError("body does not end with a newline (truncated?)", reason="truncated",
+                              line=text.count("\n") + 1)
+    eof = text.find("# EOF")
+    if eof != -1:
+        out.openmetrics = True
+        if text[eof:].strip() != "# EOF":
+            raise ExpositionError("content after # EOF", line=text.count("\n", 0, eof) + 2)
+    elif strict_end and ("# UNIT " in text):
+        raise ExpositionError("OpenMetrics body without # EOF (truncated?)", reason="truncated")
+    samples = out.samples
+    if wanted is not None:
+        matcher = _wanted_regex(frozenset(wanted))
+        cache = _LABEL_CACHE
+        if len(cache) > _LABEL_CACHE_MAX:
+            cache.clear()
+        for raw_name, rest in matcher.findall("\n" + text):
+            if "#" in rest:
+                _add_sample(samples, raw_name, rest, None)  # exemplar (or '#' in a label value)
+                continue
+            if rest[0] == "{":
+                close = rest.rfind("}")
+                label_text = rest[:close + 1]
+                tail = rest[close + 1:]
+                labels = cache.get(label_text) if close > 0 else None
+                if labels is None:
+                    if close <= 0:
+                        _add_sample(samples, raw_name, rest, None)  # strict path names the problem
+                        continue
+                    labels = parse_labels(label_text[1:], None)
+                    cache[label_text] = labels
+            else:
+                labels = {}
+                tail = rest
+            tokens = tail.split()
+            if len(tokens) != 1:
+                _add_sample(samples, raw_name, rest, None)  # timestamp, exemplar or malformed
+                continue
+            try:
+                value = float(tokens[0])
+            except ValueError:
+                value = parse_float(tokens[0], None)
+            name = normalise_name(raw_name)
+            bucket = samples.get(name)
+            if bucket is None:
+                samples[name] = [(labels, value)]
+            else:
+                bucket.append((labels, value))
+        return out
+    for m in _TYPE_RE.finditer("\n" + text):
+        out.types[normalise_name(m.group(1))] = m.group(2)
+    lineno = 0
+    for line in text.split("\n"):
+        lineno += 1
+        if not line or line[0] == "#":
+            continue
+        out.lines += 1
+        if prefixes is not None and not line.startswith(prefixes):
+            out.skipped += 1
+            continue
+        brace = line.find("{")
+        space = line.find(" ")
+        if brace != -1 and (space == -1 or brace < space):
+            raw_name, rest = line[:brace], line[brace:]
+        elif space == -1:
+            raise ExpositionError(f"sample line without a value: {line[:60]!r}", line=lineno)
+        else:
+            raw_name, rest = line[:space], line[space:]
+        _add_sample(samples, raw_name, rest, None, lineno)
+    return out
+
+
+_TYPE_RE = re.compile(r"\n# TYPE[ \t]+(\S+)[ \t]+(\S+)")
+_REGEX_CACHE: dict[frozenset, "re.Pattern[str]"] = {}
+
+
+_LABEL_CACHE: dict[str, dict[str, str]] = {}
+_LABEL_CACHE_MAX = 200_000  # label sets repeat from scrape to scrape; bounded so memory is too
+
+
+def _wanted_regex(wanted: frozenset) -> "re.Pattern[str]":
+    """One regex finding every wanted sample line: its name and the rest of the line."""
+    rx = _REGEX_CACHE.get(wanted)
+    if rx is None:
+        alts = set()
+        for name in wanted:
+            alts.add(re.escape(name))
+            if name.startswith("vllm:"):
+                alts.add(re.escape("vllm_" + name[5:]))
+        body = "|".join(sorted(alts, key=len, reverse=True))
+        rx = re.compile(r"\n(" + body + r")([{ \t][^\n]*)")
+        if len(_REGEX_CACHE) > 64:
+            _REGEX_CACHE.clear()
+        _REGEX_CACHE[wanted] = rx
+    return rx
+
+
+def _add_sample(samples, raw_name: str, rest: str, offset: Optional[int], lineno: Optional[int] = None) -> None:
+    """Parse `{labels} value [timestamp] [# exemplar]` (or ` value ...`) for one sample line."""
+    try:
+        if not _NAME_RE.match(raw_name):
+            raise ExpositionError(f"bad metric name {raw_name[:60]!r}")
+        if rest.startswith("{"):
+            close = rest.rfind("}") if " # " not in rest else _find_close(rest, 0, lineno)
+            if close < 0:
+                raise ExpositionError("label set not closed")
+            labels = parse_labels(rest[1:close + 1], lineno)
+            rest = rest[close + 1:]
+        else:
+            labels = {}
+        hash_pos = rest.find(" # ")
+        if hash_pos != -1:
+            rest = rest[:hash_pos]
+        tokens = rest.split()
+        if not tokens or len(tokens) > 2:
+            raise ExpositionError(f"expected 'value [timestamp]' after {raw_name[:60]!r}")
+        value = parse_float(tokens[0], lineno)
+        if len(tokens) == 2:
+            parse_float(tokens[1], lineno)  # timestamp: validated, not kept
+    except ExpositionError as exc:
+        if exc.line is None and (lineno is not None or offset is not None):
+            raise ExpositionError(str(exc), exc.reason, lineno) from None
+        raise
+    name = normalise_name(raw_name)
+    bucket = samples.get(name)
+    if bucket is None:
+        samples[name] = [(labels, value)]
+    else:
+        bucket.append((labels, value))
+
+
+def _find_close(line: str, start: int, lineno: int) -> int:
+    """Index of the `}` closing the label set opened at `start`, skipping quoted values."""
+    i = start + 1
+    n = len(line)
+    in_quote = False
+    while i < n:
+        c = line[i]
+        if in_quote:
+            if c == "\\":
+                i += 2
+                continue
+            if c == '"':
+                in_quote = False
+        elif c == '"':
+            in_quote = True
+        elif c == "}":
+            return i
+        i += 1
+    raise ExpositionError("label set not closed", line=lineno)

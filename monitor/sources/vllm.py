@@ -1,0 +1,220 @@
+"""Turn a vLLM `/metrics` scrape into `ReplicaReading`s, whatever the vLLM version.
+
+Accepted variants (docs: metrics-reference.md §1.5, §6): `vllm:` and `vllm_` spellings; V1 engines
+with an `engine` label (data-parallel engines are summed) and V0 engines without one; current and
+legacy names (`gpu_cache_usage_perc`, `gpu_prefix_cache_*`, `time_per_output_token_seconds`); an open
+label set on `cache_config_info`. KV capacity in tokens is `kv_cache_size_tokens` when present, else
+`num_gpu_blocks x block_size`. Histogram bounds are read from the scrape.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+from ..model import Histogram, ReplicaReading
+from .exposition import ParsedScrape, parse
+
+P = "vllm:"
+
+GAUGES = {
+    "running": P + "num_requests_running",
+    "waiting": P + "num_requests_waiting",
+    "waiting_by_reason": P + "num_requests_waiting_by_reason",
+    "kv_usage": P + "kv_cache_usage_perc",
+    "kv_usage_legacy": P + "gpu_cache_usage_perc",
+    "cache_info": P + "cache_config_info",
+}
+
+# canonical counter key -> candidate sample names, first present wins
+COUNTER_NAMES = {
+    "request_success": (P + "request_success_total",),
+    "prompt_tokens": (P + "prompt_tokens_total",),
+    "generation_tokens": (P + "generation_tokens_total",),
+    "preemptions": (P + "num_preemptions_total",),
+    "prefix_cache_hits": (P + "prefix_cache_hits_total", P + "gpu_prefix_cache_hits_total"),
+    "prefix_cache_queries": (P + "prefix_cache_queries_total", P + "gpu_prefix_cache_queries_total"),
+}
+
+# canonical histogram key -> candidate base names, first present wins
+HISTOGRAM_NAMES = {
+    "ttft": (P + "time_to_first_token_seconds",),
+    "itl": (P + "inter_token_latency_seconds", P + "time_per_output_token_seconds"),
+    "e2e": (P + "e2e_request_latency_seconds",),
+    "queue": (P + "request_queue_time_seconds",),
+    "prefill": (P + "request_prefill_time_seconds",),
+    "decode": (P + "request_decode_time_seconds",),
+    "prompt_len": (P + "request_prompt_tokens",),
+    "generation_len": (P + "request_generation_tokens",),
+}
+
+
+def _wanted() -> frozenset[str]:
+    names = set(GAUGES.values())
+    for cands in COUNTER_NAMES.values():
+        names.update(cands)
+    for cands in HISTOGRAM_NAMES.values():
+        for base in cands:
+            names.update((base + "_bucket", base + "_sum", base + "_count"))
+    return frozenset(names)
+
+
+WANTED = _wanted()
+
+
+def parse_vllm(text: str) -> ParsedScrape:
+    """Parse only the vLLM families headroom reads (fast path)."""
+    return parse(text, wanted=WANTED, prefixes=("vllm",))
+
+
+def _num(value: Optional[str]) -> Optional[float]:
+    if value is None:
+        return None
+    try:
+        v = float(value)
+    except ValueError:
+        return None  # "None" and friends
+    return v if math.isfinite(v) else None
+
+
+def _model_of(labels: dict[str, str]) -> Optional[str]:
+    return labels.get("model_name")
+
+
+def readings_from_scrape(scrape: ParsedScrape, target: str, timestamp: float,
+                         target_labels: Optional[dict[str, str]] = None) -> list[ReplicaReading]:
+    """One ReplicaReading per model served by the target (engines summed)."""
+    by_model: dict[str, ReplicaReading] = {}
+    naming = "v1"
+
+    def reading(model: str) -> ReplicaReading:
+        r = by_model.get(model)
+        if r is None:
+            r = ReplicaReading(target=target, model=model, timestamp=timestamp,
+                               labels=dict(target_labels or {}))
+            r.engines = 0
+            by_model[model] = r
+        return r
+
+    engines: dict[str, set[str]] = {}
+
+    def add(attr: str, labels: dict[str, str], value: float) -> None:
+        model = _model_of(labels)
+        if model is None or math.isnan(value):
+            return
+        r = reading(model)
+        engines.setdefault(model, set()).add(labels.get("engine", ""))
+        setattr(r, attr, (getattr(r, attr) or 0.0) + value)
+
+    for labels, value in scrape.get(GAUGES["running"]):
+        add("running", labels, value)
+    for labels, value in scrape.get(GAUGES["waiting"]):
+        add("waiting", labels, value)
+    for labels, value in scrape.get(GAUGES["waiting_by_reason"]):
+        model = _model_of(labels)
+        reason = labels.get("reason")
+        if model is None or reason is None or math.isnan(value):
+            continue
+        r = reading(model)
+        r.waiting_by_reason[reason] = r.waiting_by_reason.get(reason, 0.0) + value
+
+    # KV capacity per (model, engine) from cache_config_info
+    capacity: dict[tuple[str, str], tuple[Optional[float], Optional[int], Optional[int]]] = {}
+    for labels, _value in scrape.get(GAUGES["cache_info"]):
+        model = labels.get("model_name")
+        engine = labels.get("engine", "")
+        block = _num(labels.get("block_size"))
+        blocks = _num(labels.get("num_gpu_blocks"))
+        tokens = _num(labels.get("kv_cache_size_tokens"))
+        if tokens is None and block is not None and blocks is not None:
+            tokens = block * blocks
+        capacity[(model or "", engine)] = (tokens, int(block) if block else None, int(blocks) if blocks else None)
+
+    usage_samples = scrape.get(GAUGES["kv_usage"])
+    if not usage_samples:
+        usage_samples = scrape.get(GAUGES["kv_usage_legacy"])
+        if usage_samples:
+            naming = "legacy-v1"
+    for labels, value in usage_samples:
+        model = _model_of(labels)
+        if model is None or math.isnan(value):
+            continue
+        engine = labels.get("engine", "")
+        r = reading(model)
+        engines.setdefault(model, set()).add(engine)
+        # cache_config_info has no model_name in most versions: match by engine, then any
+        cap = capacity.get((model, engine)) or capacity.get(("", engine))
+        if cap is None and len(capacity) == 1:
+            cap = next(iter(capacity.values()))
+        usage = max(0.0, value)
+        if cap is not None and cap[0] is not None:
+            r.kv_capacity_tokens = (r.kv_capacity_tokens or 0.0) + cap[0]
+            r.kv_live_tokens = (r.kv_live_tokens or 0.0) + usage * cap[0]
+            r.block_size = cap[1]
+            r.num_gpu_blocks = (r.num_gpu_blocks or 0) + (cap[2] or 0) or None
+        r.kv_usage = usage if r.kv_usage is None else None  # recomputed below for DP engines
+
+    for key, candidates in COUNTER_NAMES.items():
+        for name in candidates:
+            samples = scrape.get(name)
+            if not samples:
+                continue
+            for labels, value in samples:
+                model = _model_of(labels)
+                if model is None or math.isnan(value):
+                    continue
+                r = reading(model)
+                r.counters[key] = r.counters.get(key, 0.0) + value
+            break
+
+    for key, candidates in HISTOGRAM_NAMES.items():
+        for base in candidates:
+            buckets = scrape.get(base + "_bucket")
+            if not buckets:
+                continue
+            for model, hist in _histograms(buckets, scrape.get(base + "_sum"), scrape.get(base + "_count")).items():
+                r = reading(model)
+                old = r.histograms.get(key)
+                r.histograms[key] = hist if old is None else (old.plus(hist) or old)
+            break
+
+    for model, r in by_model.items():
+        engine_ids = engines.get(model, {""})
+        r.engines = max(1, len(engine_ids))
+        if engine_ids == {""}:
+            r.naming = "v0" if naming == "v1" else naming
+        else:
+            r.naming = naming
+        if r.kv_capacity_tokens:
+            r.kv_usage = (r.kv_live_tokens or 0.0) / r.kv_capacity_tokens
+    return list(by_model.values())
+
+
+def _histograms(buckets, sums, counts) -> dict[str, Histogram]:
+    """Group `_bucket` samples by (model, engine) and sum engines per model."""
+    groups: dict[tuple[str, str], dict[float, float]] = {}
+    for labels, value in buckets:
+        model = _model_of(labels)
+        le = labels.get("le")
+        if model is None or le is None:
+            continue
+        try:
+            bound = float(le)
+        except ValueError:
+            continue
+        groups.setdefault((model, labels.get("engine", "")), {})[bound] = value
+    sum_by = {(_model_of(lb), lb.get("engine", "")): v for lb, v in sums}
+    count_by = {(_model_of(lb), lb.get("engine", "")): v for lb, v in counts}
+    per_model: dict[str, Histogram] = {}
+    for (model, engine), by_bound in groups.items():
+        bounds = tuple(sorted(by_bound))
+        cum = tuple(by_bound[b] for b in bounds)
+        count = count_by.get((model, engine), cum[-1] if math.isinf(bounds[-1]) else cum[-1])
+        hist = Histogram(bounds, cum, sum_by.get((model, engine), 0.0), count)
+        old = per_model.get(model)
+        per_model[model] = hist if old is None else (old.plus(hist) or old)
+    return per_model
+
+
+def readings_from_text(text: str, target: str, timestamp: float,
+                       target_labels: Optional[dict[str, str]] = None) -> list[ReplicaReading]:
+    return readings_from_scrape(parse_vllm(text), target, timestamp, target_labels)

@@ -1,0 +1,149 @@
+"""Real servers for tests: a misbehaving-on-demand metrics server, and real Prometheus on loopback."""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable, Optional
+
+import requests
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
+
+
+def fixture(name: str) -> str:
+    with open(os.path.join(FIXTURES, name), encoding="utf-8") as f:
+        return f.read()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, timeout: float = 30.0, ok=(200,)) -> None:
+    end = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < end:
+        try:
+            r = requests.get(url, timeout=1)
+            if r.status_code in ok:
+                return
+            last = r.status_code
+        except requests.RequestException as exc:
+            last = exc
+        time.sleep(0.05)
+    raise TimeoutError(f"{url} not ready within {timeout}s (last: {last})")
+
+
+class MetricsServer:
+    """Serves bodies per path; `mode[path]` makes a path misbehave: 'down' (503), 'slow', 'truncated',
+    'garbage'. Bodies may be callables (called per request)."""
+
+    def __init__(self, content_type: str = "text/plain; version=0.0.4; charset=utf-8"):
+        self.bodies: dict[str, Callable[[], str] | str] = {}
+        self.mode: dict[str, str] = {}
+        self.slow_seconds = 3.0
+        self.hits: dict[str, int] = {}
+        self.accept_headers: list[str] = []
+        outer = self
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                path = self.path.split("?")[0]
+                outer.hits[path] = outer.hits.get(path, 0) + 1
+                outer.accept_headers.append(self.headers.get("Accept", ""))
+                body = outer.bodies.get(path)
+                mode = outer.mode.get(path, "ok")
+                if body is None or mode == "down":
+                    self.send_response(404 if body is None else 503)
+                    self.end_headers()
+                    return
+                text = body() if callable(body) else body
+                data = text.encode()
+                if mode == "slow":
+                    time.sleep(outer.slow_seconds)
+                if mode == "garbage":
+                    data = b"vllm:num_requests_running{engine=\"0\",model_name=\"x\" oops\n"
+                self.send_response(200)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if mode == "truncated":
+                    self.wfile.write(data[: len(data) // 2])
+                    self.wfile.flush()
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Prometheus:
+    """A real Prometheus (Debian 2.42) on loopback, started in a temp dir, readiness polled."""
+
+    def __init__(self, workdir: str, config_text: str, extra_args: tuple[str, ...] = (), data_dir: Optional[str] = None):
+        self.binary = shutil.which("prometheus")
+        if not self.binary:
+            raise FileNotFoundError("prometheus binary not on PATH")
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cfg = os.path.join(workdir, "prometheus.yml")
+        with open(cfg, "w") as f:
+            f.write(config_text)
+        self.log_path = os.path.join(workdir, "prometheus.log")
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            [self.binary, f"--config.file={cfg}", f"--storage.tsdb.path={data_dir or os.path.join(workdir, 'data')}",
+             f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle",
+             "--storage.tsdb.retention.time=60d", *extra_args],
+            stdout=self.log, stderr=subprocess.STDOUT, cwd=workdir)
+        try:
+            wait_http(self.url + "/-/ready", timeout=30)
+        except TimeoutError:
+            self.stop()
+            raise
+
+    def query(self, q: str):
+        r = requests.get(self.url + "/api/v1/query", params={"query": q}, timeout=10)
+        r.raise_for_status()
+        return r.json()["data"]["result"]
+
+    def wait_for(self, q: str, timeout: float = 60.0, predicate=lambda result: bool(result)):
+        end = time.monotonic() + timeout
+        result = None
+        while time.monotonic() < end:
+            result = self.query(q)
+            if predicate(result):
+                return result
+            time.sleep(0.25)
+        raise TimeoutError(f"query {q!r} did not satisfy the condition within {timeout}s; last {result!r}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()

