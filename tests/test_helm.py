@@ -440,7 +440,57 @@ def test_configmap_renders_the_config_value(chart, rendered):
         config = yaml.safe_load(cm["data"]["headroom.yml"])
         assert config == merged(chart, VALUE_SETS[value_set])["config"], value_set
     defaults = yaml.safe_load(one(rendered["chart-defaults"], "ConfigMap")["data"]["headroom.yml"])
-    assert defaults["history"]["path"] == "/var/lib/headroom"
+    assert defaults["store"]["path"] == "/var/lib/headroom"
+
+
+SECRETS_ROOT = "/etc/headroom/secrets/"
+
+
+def _load_with_secrets_under(config_text: str, tmp_path: Path, mounted: dict[str, list[str]]):
+    """Load a rendered headroom.yml with the real loader; the secret files the pod would see are
+    created under tmp_path (one per key of each mounted Secret) and the paths rewritten there."""
+    from monitor.config import from_dict
+
+    for secret, keys in mounted.items():
+        for key in keys:
+            path = tmp_path / secret / key
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("s3cret\n")
+    return from_dict(yaml.safe_load(config_text.replace(SECRETS_ROOT, f"{tmp_path}/")), "headroom.yml")
+
+
+@pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
+def test_rendered_config_passes_the_headroom_config_loader(rendered, value_set, tmp_path):
+    cm = one(rendered[value_set], "ConfigMap", f"{RELEASE}-headroom")
+    cfg = _load_with_secrets_under(cm["data"]["headroom.yml"], tmp_path,
+                                   {"prometheus": ["token", "password"], "smtp": ["password"]})
+    assert cfg.store_path == "/var/lib/headroom"  # where the chart mounts the PVC / emptyDir
+    assert cfg.prometheus is not None or cfg.vllm_targets
+
+
+def test_config_loader_rejects_a_secret_the_pod_would_not_have(rendered, tmp_path):
+    from monitor.config import ConfigError
+
+    cm = one(rendered["existing-secrets-values"], "ConfigMap", f"{RELEASE}-headroom")
+    with pytest.raises(ConfigError, match="bearer_token_file"):
+        _load_with_secrets_under(cm["data"]["headroom.yml"], tmp_path, {"prometheus": ["password"]})
+
+
+def test_basic_auth_password_from_an_existing_secret(chart, tmp_path):
+    values = {"secrets": {"prometheus": {"existingSecret": "prom-basic"}},
+              "config": {"sources": {"prometheus": {
+                  "url": "https://mimir.example.com/prometheus",
+                  "basic_auth": {"username": "headroom",
+                                 "password_file": SECRETS_ROOT + "prometheus/password"}}}}}
+    objs = objects(render(chart, values))
+    workload = one(objs, "Deployment")
+    volumes = {v["name"]: v for v in workload["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["secret-prometheus"]["secret"]["secretName"] == "prom-basic"
+    assert "secret-smtp" not in volumes
+    cfg = _load_with_secrets_under(one(objs, "ConfigMap")["data"]["headroom.yml"], tmp_path,
+                                   {"prometheus": ["password"]})
+    assert cfg.prometheus.auth.username == "headroom"
+    assert cfg.prometheus.auth.password() == "s3cret"
 
 
 def test_config_change_rolls_the_pods(chart):
@@ -724,3 +774,19 @@ def test_docker_build_context_builds_the_package(tmp_path):
         entry_points = tf.extractfile(names["headroom.egg-info/entry_points.txt"]).read().decode()
     assert re.search(r"^headroom = monitor\.cli:main$", entry_points, re.M)
     assert {"monitor/cli.py", "monitor/shard.py", "monitor/catalogue.py"} <= set(names)
+
+
+def test_direct_scrape_mode_replaces_the_default_prometheus_source(chart, tmp_path):
+    # Helm merges `config` into the defaults; `prometheus: null` removes the default source
+    values = {"config": {"sources": {"prometheus": None,
+                                     "vllm": {"targets": ["http://vllm-0.llm.svc:8000/metrics"]}}}}
+    cm = one(objects(render(chart, values)), "ConfigMap")
+    cfg = _load_with_secrets_under(cm["data"]["headroom.yml"], tmp_path, {})
+    assert cfg.prometheus is None
+    assert [t.url for t in cfg.vllm_targets] == ["http://vllm-0.llm.svc:8000/metrics"]
+    from monitor.config import ConfigError
+
+    both = {"config": {"sources": {"vllm": {"targets": ["http://vllm-0.llm.svc:8000/metrics"]}}}}
+    cm = one(objects(render(chart, both)), "ConfigMap")
+    with pytest.raises(ConfigError, match="not both"):
+        _load_with_secrets_under(cm["data"]["headroom.yml"], tmp_path, {})

@@ -27,25 +27,15 @@ assert len(set(POOLS_50)) == 50
 
 
 def _sim_pools() -> list[str]:
-    """Pools of the demo simulated fleet, when monitor/sim ships a default fleet description."""
-    try:
-        import yaml
-    except ImportError:  # pragma: no cover - pyyaml is a runtime dependency
-        return []
-    pools: set[str] = set()
-    for path in sorted((REPO / "monitor" / "sim").glob("*.yaml")):
-        doc = yaml.safe_load(path.read_text()) or {}
-        found = doc.get("pools") if isinstance(doc, dict) else None
-        if isinstance(found, dict):
-            pools.update(str(k) for k in found)
-        elif isinstance(found, list):
-            pools.update(str(p["name"]) if isinstance(p, dict) else str(p) for p in found)
-    return sorted(pools)
+    """Pools of the demo simulated fleet: the pool names and the model names headroom keys them by."""
+    from monitor.sim.fleet import load_config
+
+    fleet = load_config()
+    return sorted({p.name for p in fleet.pools} | {p.model_name for p in fleet.pools})
 
 
-POOL_SETS = {"fifty": POOLS_50}
-if _sim_pools():
-    POOL_SETS["sim-fleet"] = _sim_pools()
+POOL_SETS = {"fifty": POOLS_50, "sim-fleet": _sim_pools()}
+assert len(POOL_SETS["sim-fleet"]) >= 2
 
 
 # ---------------------------------------------------------------- parse_shard
