@@ -16,7 +16,7 @@ from typing import Callable, Optional
 from .config import Config, Target
 from .derive.core import derive_pools, pool_of
 from .model import PoolSnapshot, ReplicaReading, Snapshot, SourceStatus
-from .sources.http import make_session
+from .sources.http import Fetcher
 from .sources.prometheus import PrometheusSourceReader
 from .sources.scrape import Scraper
 
@@ -46,7 +46,7 @@ class Pipeline:
         self.scraper: Optional[Scraper] = None
         self.prom: Optional[PrometheusSourceReader] = None
         if config.vllm_targets:
-            self.scraper = Scraper(make_session(config.vllm_auth, config.scrape_concurrency),
+            self.scraper = Scraper(Fetcher(config.vllm_auth),
                                    config.scrape_timeout, config.scrape_concurrency)
         if config.prometheus:
             self.prom = PrometheusSourceReader(config.prometheus)

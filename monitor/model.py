@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -25,22 +26,18 @@ class Histogram:
 
     def minus(self, older: "Histogram") -> Optional["Histogram"]:
         """Bucket-wise delta against an older observation; None after a reset or a bound change."""
-        if older.bounds != self.bounds:
+        if older.bounds != self.bounds or self.count < older.count:
             return None
-        deltas = tuple(a - b for a, b in zip(self.counts, older.counts))
-        if any(d < 0 for d in deltas) or self.count < older.count:
-            return None
+        if not all(map(operator.ge, self.counts, older.counts)):
+            return None  # a bucket went down: the counters were reset
+        deltas = tuple(map(operator.sub, self.counts, older.counts))
         return Histogram(self.bounds, deltas, self.sum - older.sum, self.count - older.count)
 
     def plus(self, other: "Histogram") -> Optional["Histogram"]:
         if other.bounds != self.bounds:
             return None
-        return Histogram(
-            self.bounds,
-            tuple(a + b for a, b in zip(self.counts, other.counts)),
-            self.sum + other.sum,
-            self.count + other.count,
-        )
+        return Histogram(self.bounds, tuple(map(operator.add, self.counts, other.counts)),
+                         self.sum + other.sum, self.count + other.count)
 
 
 # Counter keys a ReplicaReading may carry (canonical names, independent of vLLM version).

@@ -13,6 +13,9 @@ Fit (segmented regression, "hockey stick"):
      x min(1, rise after the knee / (5 x residual spread)) x coverage (bins on both sides), and
      0 when latency does not get steeper past the knee (b2 <= 0 or slope ratio < 2).
 
+Observations above `fit_range_factor` (4) x the prior's knee are left out of the fit: a queue
+far past every engine limit says nothing about where latency turned up.
+
 Until a fit is confident the estimator answers with the prior from the engine's limits
 (`prior_knee`: max_num_seqs, or KV capacity / mean KV tokens per request, whichever is smaller),
 labelled source="prior". The published knee moves only when `confirmations` consecutive confident
@@ -142,7 +145,7 @@ def fit_hinge(load: np.ndarray, latency: np.ndarray, n_bins: int = 24, min_bin: 
 class KneeEstimator:
     def __init__(self, signal: str = "ttft", prior: Optional[Knee] = None, *, min_observations: int = 60,
                  min_confidence: float = 0.6, min_change: float = 0.10, confirmations: int = 3,
-                 max_observations: int = 5000, n_bins: int = 24) -> None:
+                 max_observations: int = 5000, n_bins: int = 24, fit_range_factor: float = 4.0) -> None:
         if signal not in SIGNALS:
             raise ValueError(f"knee signal {signal!r} is not one of {', '.join(SIGNALS)}")
         if not 0 <= min_confidence <= 1:
@@ -156,6 +159,7 @@ class KneeEstimator:
         self.min_change = min_change
         self.confirmations = confirmations
         self.n_bins = n_bins
+        self.fit_range_factor = fit_range_factor
         self._obs: deque = deque(maxlen=max_observations)
         self._published: Optional[Knee] = None
         self._pending: deque = deque(maxlen=confirmations)
@@ -193,6 +197,13 @@ class KneeEstimator:
         if len(self._obs) < self.min_observations:
             return None
         arr = np.array(self._obs)
+        if self.prior.requests and self.fit_range_factor:
+            # deep overload (a queue far past every engine limit) says nothing about where the knee
+            # is and would stretch the bins: fit on loads up to fit_range_factor x the prior
+            arr = arr[arr[:, 0] <= self.fit_range_factor * self.prior.requests]
+            if len(arr) < self.min_observations:
+                self.last_fit = None
+                return None
         fit = fit_hinge(arr[:, 0], arr[:, 2], n_bins=self.n_bins)
         self.last_fit = fit
         if fit is None or fit.confidence < self.min_confidence:

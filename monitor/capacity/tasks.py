@@ -67,7 +67,13 @@ def derive_tasks(newer: GatewayReading, older: Optional[GatewayReading], config:
         o = older.tasks.get(tt) if older is not None else None
         tasks = _tasks_delta(t, o)
         calls = _delta(t.model_calls, o.model_calls if o else None)
-        if t.app_model_calls is not None and t.tasks_started is not None:
+        per_task_calls, per_task_tasks = calls, tasks
+        if t.app_model_calls is not None and t.task_duration is not None:
+            # the convention: the calls of a task are added to agent_task_model_calls_total when it
+            # completes, and agent_task_duration_seconds observes it then: calls / completed tasks
+            per_task_tasks = _delta(t.task_duration.count, o.task_duration.count if (o and o.task_duration) else None)
+            source = "app"
+        elif t.app_model_calls is not None and t.tasks_started is not None:
             source = "app"
         elif t.tasks_started is not None:
             source = "gateway_calls/app_tasks"
@@ -92,7 +98,8 @@ def derive_tasks(newer: GatewayReading, older: Optional[GatewayReading], config:
             "calls": calls,
             "arrival_rate": (tasks / window) if (window and tasks is not None) else None,
             "call_rate": (calls / window) if (window and calls is not None) else None,
-            "calls_per_task": (calls / tasks) if (tasks and calls is not None) else None,
+            "completed_tasks": per_task_tasks if source == "app" else None,
+            "calls_per_task": (per_task_calls / per_task_tasks) if (per_task_tasks and per_task_calls is not None) else None,
             "calls_per_task_source": source,
             "task_latency": histo.quantiles(duration).as_dict() if duration is not None else None,
             "call_latency": histo.quantiles(call_h).as_dict() if call_h is not None else None,

@@ -84,7 +84,8 @@ class Histo:
             if b < first:
                 n_le = 0
             else:
-                n_le = min(k, int(math.floor((b - first) / step + 1e-9)) + 1)
+                q = (b - first) / step
+                n_le = k if q >= k else min(k, int(math.floor(q + 1e-9)) + 1)
             if n_le > prev:
                 self.counts[i] += (n_le - prev) * weight
                 prev = n_le

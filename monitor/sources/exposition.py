@@ -90,11 +90,17 @@ def parse_float(token: str, lineno: int) -> float:
         return v
 
 
+_NORMALISED: dict[str, str] = {}
+
+
 def normalise_name(name: str) -> str:
     """vLLM names are `vllm:x`; some scrapers rewrite the colon to `vllm_x`. Use the colon form."""
-    if name.startswith("vllm_"):
-        return "vllm:" + name[5:]
-    return name
+    out = _NORMALISED.get(name)
+    if out is None:
+        out = "vllm:" + name[5:] if name.startswith("vllm_") else name
+        if len(_NORMALISED) < 100_000:
+            _NORMALISED[name] = out
+    return out
 
 
 def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[tuple[str, ...]] = None,

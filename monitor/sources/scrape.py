@@ -6,12 +6,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional
 
-import requests
-
 from ..config import Target
 from ..model import ReplicaReading, SourceStatus
 from .exposition import ExpositionError
-from .http import FetchError, get_text, redact
+from .http import FetchError, Fetcher, redact
 from .vllm import readings_from_text
 
 
@@ -22,11 +20,11 @@ class ScrapeResult:
     status: SourceStatus
 
 
-def scrape_one(session: requests.Session, target: Target, timeout: float, clock=time.time) -> ScrapeResult:
+def scrape_one(fetcher: Fetcher, target: Target, timeout: float, clock=time.time) -> ScrapeResult:
     start = time.monotonic()
     name = redact(target.url)
     try:
-        text = get_text(session, target.url, timeout)
+        text = fetcher.get(target.url, timeout)
         readings = readings_from_text(text, name, clock(), target.labels)
         if not readings:
             raise FetchError("no_vllm_metrics", "no vllm:num_requests_running or KV usage series in the body")
@@ -42,25 +40,25 @@ def scrape_one(session: requests.Session, target: Target, timeout: float, clock=
 class Scraper:
     """Holds the session and worker pool across cycles."""
 
-    def __init__(self, session: requests.Session, timeout: float, concurrency: int):
-        self.session = session
+    def __init__(self, fetcher: Fetcher, timeout: float, concurrency: int):
+        self.fetcher = fetcher
         self.timeout = timeout
         self.pool = ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="scrape")
 
     def scrape(self, targets: list[Target], clock=time.time) -> list[ScrapeResult]:
-        return list(self.pool.map(lambda t: scrape_one(self.session, t, self.timeout, clock), targets))
+        return list(self.pool.map(lambda t: scrape_one(self.fetcher, t, self.timeout, clock), targets))
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
-        self.session.close()
+        self.fetcher.close()
 
 
-def fetch_texts(session: requests.Session, urls: list[str], timeout: float,
+def fetch_texts(fetcher: Fetcher, urls: list[str], timeout: float,
                 concurrency: int = 8) -> list[tuple[str, Optional[str], Optional[FetchError]]]:
     """Fetch several bodies (gateways, DCGM): (url, text or None, error or None)."""
     def one(url: str):
         try:
-            return url, get_text(session, url, timeout), None
+            return url, fetcher.get(url, timeout), None
         except FetchError as exc:
             return url, None, exc
     with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(urls) or 1))) as ex:

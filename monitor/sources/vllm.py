@@ -189,27 +189,48 @@ def readings_from_scrape(scrape: ParsedScrape, target: str, timestamp: float,
     return list(by_model.values())
 
 
+_BOUNDS: dict[str, float] = {}
+
+
+def _bound(le: str) -> Optional[float]:
+    b = _BOUNDS.get(le)
+    if b is None:
+        try:
+            b = float(le)
+        except ValueError:
+            return None
+        if len(_BOUNDS) < 10_000:
+            _BOUNDS[le] = b
+    return b
+
+
 def _histograms(buckets, sums, counts) -> dict[str, Histogram]:
     """Group `_bucket` samples by (model, engine) and sum engines per model."""
-    groups: dict[tuple[str, str], dict[float, float]] = {}
+    groups: dict[tuple, list[tuple[float, float]]] = {}
     for labels, value in buckets:
-        model = _model_of(labels)
         le = labels.get("le")
-        if model is None or le is None:
+        if le is None:
             continue
-        try:
-            bound = float(le)
-        except ValueError:
+        bound = _bound(le)
+        if bound is None:
             continue
-        groups.setdefault((model, labels.get("engine", "")), {})[bound] = value
-    sum_by = {(_model_of(lb), lb.get("engine", "")): v for lb, v in sums}
-    count_by = {(_model_of(lb), lb.get("engine", "")): v for lb, v in counts}
+        key = (labels.get("model_name"), labels.get("engine", ""))
+        g = groups.get(key)
+        if g is None:
+            groups[key] = [(bound, value)]
+        else:
+            g.append((bound, value))
+    sum_by = {(lb.get("model_name"), lb.get("engine", "")): v for lb, v in sums}
+    count_by = {(lb.get("model_name"), lb.get("engine", "")): v for lb, v in counts}
     per_model: dict[str, Histogram] = {}
-    for (model, engine), by_bound in groups.items():
-        bounds = tuple(sorted(by_bound))
-        cum = tuple(by_bound[b] for b in bounds)
-        count = count_by.get((model, engine), cum[-1] if math.isinf(bounds[-1]) else cum[-1])
-        hist = Histogram(bounds, cum, sum_by.get((model, engine), 0.0), count)
+    for key, pairs in groups.items():
+        model = key[0]
+        if model is None:
+            continue
+        pairs.sort()
+        bounds = tuple(b for b, _ in pairs)
+        cum = tuple(c for _, c in pairs)
+        hist = Histogram(bounds, cum, sum_by.get(key, 0.0), count_by.get(key, cum[-1]))
         old = per_model.get(model)
         per_model[model] = hist if old is None else (old.plus(hist) or old)
     return per_model

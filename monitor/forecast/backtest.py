@@ -1,0 +1,264 @@
+"""Rolling-origin backtests, skill scores, band calibration and per-series model selection (pure).
+
+`forecast_series(prep, horizon, settings)` is the one entry point the daemon, the CLI and the
+benchmark share:
+1. every candidate model whose minimum history is met is backtested from rolling origins at the end
+   of the history (expanding window, refit at each origin);
+2. the model with the lowest MASE is selected (ties within 0.02 go to the better 95% coverage);
+3. the selected model is fitted on the whole history; if that fit fails or overruns its time box,
+   the next model in the fallback order is used (and the failure reported);
+4. the 80% / 95% bands are replaced by bands calibrated on the selected model's backtest residuals
+   (split-conformal style: empirical quantiles of actual / forecast), when enough residuals exist.
+When the history is too short for every model, the result is undefined with a reason; never raised.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from monitor.forecast.models import FALLBACK_ORDER, LEVELS, Forecast, get_model, TooShort
+from monitor.forecast.series import DAY, Prepared
+from monitor.forecast.timebox import call_with_timebox
+
+
+@dataclass(frozen=True)
+class ForecastSettings:
+    models: tuple[str, ...] = FALLBACK_ORDER  # candidates, in fallback order
+    folds: int = 2  # rolling origins per backtest
+    fold_horizon_seconds: float = DAY  # horizon of each backtest fold (capped at the horizon asked)
+    calibration_seconds: float = DAY  # at least this much forecast time in the calibration folds
+    max_folds: int = 6
+    calibrate: bool = True
+    min_calibration_points: int = 24
+    fit_timeout_seconds: Optional[float] = None  # time box per fit (None: no box, run inline)
+    missing_below_ratio: float = 0.0  # values below this x median are treated as missing
+
+    def __post_init__(self):
+        for name in self.models:
+            get_model(name)  # raises ValueError naming the unknown model
+        if not self.models:
+            raise ValueError("forecast settings need at least one model")
+        if self.folds < 1:
+            raise ValueError(f"folds must be >= 1, got {self.folds}")
+        if self.fold_horizon_seconds <= 0:
+            raise ValueError("fold_horizon_seconds must be positive")
+        if self.fit_timeout_seconds is not None and self.fit_timeout_seconds <= 0:
+            raise ValueError("fit_timeout_seconds must be positive or None")
+
+
+# --- scores -------------------------------------------------------------------------------------
+
+def mase_scale(prep: Prepared) -> float:
+    """In-sample MAE of the one-day seasonal naive (over pairs where both points were observed);
+    the one-step naive when the history is shorter than two days. NaN when it is zero."""
+    m = prep.per_day if prep.n > 2 * prep.per_day else 1
+    y, ok = prep.values, prep.observed
+    if prep.n <= m:
+        return math.nan
+    pair = ok[m:] & ok[:-m]
+    if not pair.any():
+        return math.nan
+    scale = float(np.mean(np.abs(y[m:] - y[:-m])[pair]))
+    return scale if scale > 0 else math.nan
+
+
+def score(actual: np.ndarray, fc: Forecast, observed: np.ndarray, scale: float) -> dict:
+    """MASE, sMAPE (percent), 80%/95% coverage, 95% band width over the mean actual."""
+    ok = observed & np.isfinite(actual)
+    if not ok.any():
+        return {"mase": None, "smape": None, "coverage80": None, "coverage95": None,
+                "width95_ratio": None, "points": 0}
+    a, f = actual[ok], fc.mean[ok]
+    err = np.abs(f - a)
+    denom = np.abs(f) + np.abs(a)
+    smape = float(np.mean(np.where(denom > 0, 2 * err / np.where(denom > 0, denom, 1), 0.0)) * 100)
+    out = {"mase": float(np.mean(err) / scale) if scale and math.isfinite(scale) else None,
+           "smape": smape, "points": int(ok.sum())}
+    for lv in LEVELS:
+        lo, hi = fc.bands[lv]
+        out[f"coverage{int(lv * 100)}"] = float(np.mean((a >= lo[ok]) & (a <= hi[ok])))
+    lo, hi = fc.bands[0.95]
+    mean_a = float(np.mean(a))
+    out["width95_ratio"] = float(np.mean(hi[ok] - lo[ok]) / mean_a) if mean_a > 0 else None
+    return out
+
+
+# --- rolling origin -----------------------------------------------------------------------------
+
+@dataclass
+class Fold:
+    origin: int  # index of the first forecast point
+    forecast: Forecast
+    actual: np.ndarray
+    observed: np.ndarray
+
+
+def _fit_forecast(model_name: str, prep: Prepared, h: int) -> Forecast:
+    return get_model(model_name).fit(prep).forecast(h)
+
+
+def run_fit(model_name: str, prep: Prepared, h: int, timeout: Optional[float]) -> Forecast:
+    return call_with_timebox(_fit_forecast, (model_name, prep, h), timeout)
+
+
+def origins_for(n: int, horizon: int, folds: int) -> list[int]:
+    """Expanding-window origins: the last `folds` windows of `horizon` points, oldest first."""
+    return [n - k * horizon for k in range(folds, 0, -1) if n - k * horizon > 0]
+
+
+def rolling_origin(prep: Prepared, model_name: str, horizon: int, origins: list[int],
+                   timeout: Optional[float] = None) -> tuple[list[Fold], list[str]]:
+    """Refit at every origin on everything before it, forecast `horizon` points (cut at the end)."""
+    model = get_model(model_name)
+    folds, errors = [], []
+    for o in origins:
+        train = prep.head(o)
+        h = min(horizon, prep.n - o)
+        if h <= 0:
+            continue
+        if train.n < model.min_history(train):
+            continue
+        try:
+            fc = run_fit(model_name, train, h, timeout)
+        except Exception as exc:  # a failed fold is reported and skipped, never fatal
+            errors.append(f"origin {o}: {type(exc).__name__}: {exc}")
+            continue
+        folds.append(Fold(o, fc, prep.values[o:o + h], prep.observed[o:o + h]))
+    return folds, errors
+
+
+def pooled_score(folds: list[Fold], scale: float) -> dict:
+    if not folds:
+        return {}
+    actual = np.concatenate([f.actual for f in folds])
+    observed = np.concatenate([f.observed for f in folds])
+    mean = np.concatenate([f.forecast.mean for f in folds])
+    bands = {lv: (np.concatenate([f.forecast.bands[lv][0] for f in folds]),
+                  np.concatenate([f.forecast.bands[lv][1] for f in folds])) for lv in LEVELS}
+    out = score(actual, Forecast(mean, bands), observed, scale)
+    out["folds"] = len(folds)
+    return out
+
+
+# --- calibration --------------------------------------------------------------------------------
+
+@dataclass
+class Calibration:
+    kind: str  # "ratio" (actual / forecast) or "diff" (actual - forecast)
+    quantiles: dict[float, tuple[float, float]]  # level -> (lower, upper) of the ratio / diff
+    points: int
+
+
+def calibrate(folds: list[Fold], min_points: int = 24) -> Optional[Calibration]:
+    actual = np.concatenate([f.actual for f in folds]) if folds else np.array([])
+    mean = np.concatenate([f.forecast.mean for f in folds]) if folds else np.array([])
+    ok = np.concatenate([f.observed for f in folds]) if folds else np.array([], bool)
+    if ok.sum() < min_points:
+        return None
+    a, f = actual[ok], mean[ok]
+    n = len(a)
+    if np.all(f > 0):
+        kind, r = "ratio", a / f
+    else:
+        kind, r = "diff", a - f
+    qs = {}
+    for lv in LEVELS:
+        # split-conformal finite-sample correction on each tail
+        lo_p = max(0.0, math.floor((n + 1) * (1 - lv) / 2) / n)
+        hi_p = min(1.0, math.ceil((n + 1) * (1 - (1 - lv) / 2)) / n)
+        qs[lv] = (float(np.quantile(r, lo_p)), float(np.quantile(r, hi_p)))
+    return Calibration(kind, qs, n)
+
+
+def apply_calibration(fc: Forecast, cal: Calibration) -> Forecast:
+    bands = {}
+    for lv in LEVELS:
+        qlo, qhi = cal.quantiles[lv]
+        if cal.kind == "ratio":
+            lo, hi = fc.mean * qlo, fc.mean * qhi
+        else:
+            lo, hi = fc.mean + qlo, fc.mean + qhi
+        bands[lv] = (np.minimum(np.maximum(lo, 0.0), fc.mean), np.maximum(hi, fc.mean))
+    return Forecast(fc.mean, bands, fc.model)
+
+
+# --- selection + final forecast -----------------------------------------------------------------
+
+@dataclass
+class SeriesForecast:
+    defined: bool
+    reason: str = ""
+    model: str = ""
+    selected_by: str = ""  # "backtest" or "fallback"
+    forecast: Optional[Forecast] = None
+    skill: dict[str, dict] = field(default_factory=dict)  # model -> pooled backtest scores
+    errors: dict[str, list[str]] = field(default_factory=dict)  # model -> failures / time-outs
+    calibration: Optional[Calibration] = None
+    fit_seconds: float = 0.0  # final fit + forecast
+    backtest_seconds: float = 0.0
+    history_points: int = 0
+
+
+def forecast_series(prep: Prepared, horizon: int, settings: ForecastSettings = ForecastSettings()
+                    ) -> SeriesForecast:
+    if horizon < 1:
+        raise ValueError(f"horizon must be at least one point, got {horizon}")
+    eligible = [m for m in settings.models if prep.n >= get_model(m).min_history(prep)]
+    if not eligible:
+        need = min(get_model(m).min_history(prep) for m in settings.models)
+        return SeriesForecast(False, reason=(
+            f"history too short: {prep.n} points ({prep.n * prep.step / 3600:.1f} h), the least "
+            f"demanding model needs {need} ({need * prep.step / 3600:.1f} h)"), history_points=prep.n)
+    fold_h = max(1, min(horizon, int(round(settings.fold_horizon_seconds / prep.step))))
+    n_folds = max(settings.folds, math.ceil(settings.calibration_seconds / (fold_h * prep.step)))
+    n_folds = min(n_folds, settings.max_folds)
+    origins = origins_for(prep.n, fold_h, n_folds)
+    scale = mase_scale(prep.head(origins[0])) if origins else math.nan
+    if not math.isfinite(scale):
+        scale = mase_scale(prep)
+    result = SeriesForecast(True, history_points=prep.n)
+    fold_sets: dict[str, list[Fold]] = {}
+    t0 = time.perf_counter()
+    for name in eligible:
+        folds, errors = rolling_origin(prep, name, fold_h, origins, settings.fit_timeout_seconds)
+        if errors:
+            result.errors.setdefault(name, []).extend(errors)
+        if folds:
+            fold_sets[name] = folds
+            result.skill[name] = pooled_score(folds, scale)
+    result.backtest_seconds = time.perf_counter() - t0
+
+    def rank(name):
+        s = result.skill[name]
+        mase = s.get("mase")
+        return (math.inf if mase is None else round(mase / 0.02),
+                abs((s.get("coverage95") or 0) - 0.95))
+    scored = sorted(fold_sets, key=rank)
+    order = scored + [m for m in eligible if m not in scored]
+    t1 = time.perf_counter()
+    for name in order:
+        try:
+            fc = run_fit(name, prep, horizon, settings.fit_timeout_seconds)
+        except Exception as exc:
+            result.errors.setdefault(name, []).append(f"final fit: {type(exc).__name__}: {exc}")
+            continue
+        result.model = name
+        result.selected_by = "backtest" if name == (scored[0] if scored else None) else "fallback"
+        if settings.calibrate and name in fold_sets:
+            cal = calibrate(fold_sets[name], settings.min_calibration_points)
+            if cal is not None:
+                fc = apply_calibration(fc, cal)
+                result.calibration = cal
+        fc.model = name
+        result.forecast = fc
+        break
+    result.fit_seconds = time.perf_counter() - t1
+    if result.forecast is None:
+        result.defined = False
+        result.reason = "every model failed: " + "; ".join(
+            f"{k}: {v[-1]}" for k, v in result.errors.items())
+    return result
