@@ -1,0 +1,113 @@
+"""Shared pytest fixtures. The real-engine ones (vLLM CPU engine, LiteLLM proxy) are session-scoped:
+one engine per configuration for the whole run, stopped at the end.
+
+Skips: the engine fixtures skip only when the vLLM / LiteLLM venv is absent (see .ci/install-vllm.sh,
+.ci/install-litellm.sh; HEADROOM_VLLM_PYTHON / HEADROOM_LITELLM_BIN point at other installs). With
+CI=true or HEADROOM_REQUIRE_ENGINES=1 an absent venv is an error instead, so nothing skips in CI.
+An engine that is installed but fails to start is always an error, with its log tail.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # `import engine` from any test file
+
+from engine import servers  # noqa: E402
+
+
+def _engines_required() -> bool:
+    return (os.environ.get("CI", "").lower() == "true"
+            or os.environ.get("HEADROOM_REQUIRE_ENGINES", "") not in ("", "0"))
+
+
+def _absent(what: str) -> None:
+    if _engines_required():
+        pytest.fail(f"{what} (required under CI / HEADROOM_REQUIRE_ENGINES)", pytrace=False)
+    pytest.skip(what)
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> str:
+    python = servers.vllm_python()
+    if not python:
+        _absent("vLLM CPU venv absent: run .ci/install-vllm.sh or set HEADROOM_VLLM_PYTHON")
+    return python
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(vllm_python, tmp_path_factory) -> str:
+    """The tiny Llama-shaped model folder (config + tokenizer, dummy weights), built once per session."""
+    return servers.build_tiny_model(str(tmp_path_factory.mktemp("tiny-model")), python=vllm_python)
+
+
+class EngineFactory:
+    """Start (once) and hand out real vLLM engines by configuration; all are stopped at session end.
+
+    `factory(max_num_seqs=4)` -> ServerHandle (url, stop(), info, ready_seconds, log_tail()).
+    `exclusive=True` first stops every other engine this factory started (2 shared cores: keep one
+    engine busy at a time when measuring)."""
+
+    def __init__(self, python: str, model_dir: str, log_root: str) -> None:
+        self.python = python
+        self.model_dir = model_dir
+        self.log_root = log_root
+        self.engines: dict[tuple, servers.ServerHandle] = {}
+
+    def __call__(self, max_num_seqs: int = 8, num_gpu_blocks: int = 24, extra_args: tuple = (),
+                 exclusive: bool = False) -> servers.ServerHandle:
+        key = (int(max_num_seqs), int(num_gpu_blocks), tuple(extra_args))
+        if exclusive:
+            for other in [k for k in self.engines if k != key]:
+                self.engines.pop(other).stop()
+        handle = self.engines.get(key)
+        if handle is not None and handle.alive():
+            return handle
+        log_dir = os.path.join(self.log_root, f"vllm-{key[0]}seqs-{key[1]}blocks-{len(self.engines)}")
+        os.makedirs(log_dir, exist_ok=True)
+        handle = servers.start_vllm(self.model_dir, max_num_seqs=key[0], num_gpu_blocks=key[1],
+                                    extra_args=key[2], python=self.python, log_dir=log_dir)
+        sys.stderr.write(f"\n[engine] vLLM max_num_seqs={key[0]} blocks={key[1]} ready in "
+                         f"{handle.ready_seconds:.1f} s at {handle.url}\n")
+        self.engines[key] = handle
+        return handle
+
+    def stop_all(self) -> None:
+        while self.engines:
+            self.engines.popitem()[1].stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_engine_factory(vllm_python, tiny_model_dir, tmp_path_factory):
+    factory = EngineFactory(vllm_python, tiny_model_dir, str(tmp_path_factory.mktemp("engines")))
+    try:
+        yield factory
+    finally:
+        factory.stop_all()
+
+
+@pytest.fixture(scope="session")
+def vllm_engine(vllm_engine_factory) -> servers.ServerHandle:
+    """The reference engine: max-num-seqs 8, 24 KV blocks of 128 tokens (3,072 tokens)."""
+    handle = vllm_engine_factory(max_num_seqs=8, num_gpu_blocks=24)
+    if not handle.alive():
+        pytest.fail(f"vLLM engine died; log tail:\n{handle.log_tail()}", pytrace=False)
+    return handle
+
+
+@pytest.fixture(scope="session")
+def litellm_gateway(vllm_engine, tmp_path_factory):
+    """LiteLLM proxy (fixture config, Prometheus callback) in front of `vllm_engine`.
+    `info["master_key"]` for the Authorization header, `info["metrics_url"]` for /metrics/."""
+    binary = servers.litellm_bin()
+    if not binary:
+        _absent("LiteLLM venv absent: run .ci/install-litellm.sh or set HEADROOM_LITELLM_BIN")
+    handle = servers.start_litellm(vllm_engine.url, binary=binary,
+                                   log_dir=str(tmp_path_factory.mktemp("litellm")))
+    sys.stderr.write(f"\n[engine] LiteLLM ready in {handle.ready_seconds:.1f} s at {handle.url}\n")
+    try:
+        yield handle
+    finally:
+        handle.stop()

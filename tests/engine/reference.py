@@ -1,0 +1,70 @@
+"""Independent reading of a vLLM /metrics text with prometheus_client's own parser.
+
+This is the yardstick the engine tests hold headroom's parser against: it shares no code with
+monitor/sources/*, and it reads only what vLLM itself reports (gauges and counters, engines summed).
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Optional
+
+from prometheus_client.parser import text_string_to_metric_families
+
+_GAUGES = {
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "waiting",
+}
+
+
+def engine_gauges(text: str) -> dict[str, dict]:
+    """Per model_name: running, waiting, kv_usage (capacity-weighted over engines), kv_capacity_tokens,
+    kv_live_tokens (usage x capacity), num_gpu_blocks, block_size, engines, request_success (all
+    finish reasons), e2e_sum, e2e_count."""
+    out: dict[str, dict] = defaultdict(lambda: {
+        "running": 0.0, "waiting": 0.0, "kv_live_tokens": 0.0, "kv_capacity_tokens": 0.0,
+        "num_gpu_blocks": 0, "block_size": None, "engines": set(), "request_success": 0.0,
+        "e2e_sum": 0.0, "e2e_count": 0.0,
+    })
+    usage: dict[tuple[str, str], float] = {}
+    # cache_config_info carries no model_name label (one model per server): keyed by engine
+    capacity: dict[str, tuple[float, int, Optional[int]]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            engine = s.labels.get("engine", "0")
+            if s.name == "vllm:cache_config_info":
+                tokens = s.labels.get("kv_cache_size_tokens")
+                blocks = int(s.labels.get("num_gpu_blocks") or 0)
+                block_size = int(s.labels.get("block_size") or 0) or None
+                capacity[engine] = (float(tokens) if tokens else float(blocks * (block_size or 0)),
+                                    blocks, block_size)
+                continue
+            model = s.labels.get("model_name")
+            if model is None:
+                continue
+            row = out[model]
+            if s.name in _GAUGES:
+                row[_GAUGES[s.name]] += s.value
+                row["engines"].add(engine)
+            elif s.name == "vllm:kv_cache_usage_perc":
+                usage[(model, engine)] = s.value
+            elif s.name == "vllm:request_success_total":
+                row["request_success"] += s.value
+            elif s.name == "vllm:e2e_request_latency_seconds_sum":
+                row["e2e_sum"] += s.value
+            elif s.name == "vllm:e2e_request_latency_seconds_count":
+                row["e2e_count"] += s.value
+    for (model, engine), u in usage.items():
+        cap = capacity.get(engine)
+        if cap is None:
+            continue  # no capacity known for this engine: no live tokens either (never invented)
+        tokens, blocks, block_size = cap
+        row = out[model]
+        row["kv_capacity_tokens"] += tokens
+        row["kv_live_tokens"] += u * tokens
+        row["num_gpu_blocks"] += blocks
+        row["block_size"] = block_size
+    for row in out.values():
+        cap = row["kv_capacity_tokens"]
+        row["kv_usage"] = row["kv_live_tokens"] / cap if cap else None
+        row["engines"] = len(row["engines"]) or 1
+    return dict(out)
