@@ -790,3 +790,122 @@ def test_direct_scrape_mode_replaces_the_default_prometheus_source(chart, tmp_pa
     cm = one(objects(render(chart, both)), "ConfigMap")
     with pytest.raises(ConfigError, match="not both"):
         _load_with_secrets_under(cm["data"]["headroom.yml"], tmp_path, {})
+
+
+# ------------------------------------------------------------------ the rendered pod spec runs the real daemon
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str, timeout: float = 2.0) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+    except OSError:
+        return 0, ""
+
+
+def _start_sim(tmp_path: Path) -> tuple[subprocess.Popen, dict]:
+    import time
+
+    # the demo fleet, one replica per pool, with model names (headroom's pool key) that two shards
+    # split between them; the demo's own two model names both hash to shard 0 of 2
+    from monitor.shard import owner
+
+    sim_dir = REPO / "monitor" / "sim"
+    fleet = yaml.safe_load((sim_dir / "default_fleet.yaml").read_text())
+    fleet["mix_file"] = str(sim_dir / fleet["mix_file"])
+    candidates = (f"example/model-{k}" for k in range(100))
+    wanted_owner = iter(range(2))
+    for pool, want in zip(fleet["pools"].values(), wanted_owner):
+        pool["replicas"] = 1
+        pool["model_name"] = next(c for c in candidates if owner(c, 2) == want)
+    (tmp_path / "fleet.yaml").write_text(yaml.safe_dump(fleet))
+    out = open(tmp_path / "sim.out", "w+")
+    proc = subprocess.Popen([sys.executable, "-m", "monitor.cli", "sim", "--status-every", "0", "--warmup", "30",
+                             "--config", str(tmp_path / "fleet.yaml")],
+                            cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        out.seek(0)
+        text = out.read()
+        try:
+            return proc, json.loads(text[text.index("{"):])
+        except ValueError:
+            if proc.poll() is not None:
+                raise AssertionError(f"headroom sim exited: {text[-2000:]}") from None
+            time.sleep(0.2)
+    proc.kill()
+    raise AssertionError("headroom sim did not print its replica URLs")
+
+
+def test_rendered_shards_start_the_daemon_and_split_the_pools(chart, tmp_path):
+    """Run each shard's container args (config path and port moved to the test's) against the
+    simulated fleet: the probe paths answer, and the two shards export disjoint pools."""
+    import time
+
+    from monitor.shard import owns, parse_shard
+
+    sim, fleet = _start_sim(tmp_path)
+    daemons = []
+    try:
+        targets = [url for urls in fleet["replicas"].values() for url in urls]
+        values = {"sharding": {"shards": 2}, "replicaCount": 1,
+                  "config": {"global": {"interval": "1s"},
+                             "sources": {"prometheus": None, "vllm": {"targets": targets}},
+                             "store": {"path": str(tmp_path / "store")}}}
+        objs = objects(render(chart, values))
+        config_text = one(objs, "ConfigMap")["data"]["headroom.yml"]
+        (tmp_path / "headroom.yml").write_text(config_text)
+        for workload in of_kind(objs, "Deployment"):
+            container = headroom_container(workload)
+            port = _free_port()
+            args = [a.replace("/etc/headroom/headroom.yml", str(tmp_path / "headroom.yml"))
+                     .replace("--web.listen-address=:9880", f"--web.listen-address=127.0.0.1:{port}")
+                    for a in container["args"]]
+            shard = parse_shard(next(a for a in args if a.startswith("--shard=")).split("=", 1)[1])
+            env = {**os.environ, **{e["name"]: e["value"] for e in container["env"] if "value" in e}}
+            env["MPLCONFIGDIR"] = str(tmp_path / "mpl")
+            log = open(tmp_path / f"daemon-{shard[0]}.log", "w")
+            proc = subprocess.Popen([sys.executable, "-m", "monitor.cli", *args, "--duration", "120"],
+                                    cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+            probes = {k: container[k]["httpGet"]["path"] for k in ("livenessProbe", "readinessProbe")}
+            daemons.append((proc, port, shard, probes))
+
+        owned: dict[int, set[str]] = {}
+        for proc, port, shard, probes in daemons:
+            base = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 90
+            while _get(base + probes["readinessProbe"])[0] != 200:
+                assert proc.poll() is None, (tmp_path / f"daemon-{shard[0]}.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, "daemon never became ready"
+                time.sleep(0.3)
+            assert _get(base + probes["livenessProbe"])[0] == 200
+            status, body = _get(base + "/metrics")
+            assert status == 200
+            owned[shard[0]] = set(re.findall(r'^headroom_replicas\{[^}]*pool="([^"]+)"', body, re.M))
+            for pool in owned[shard[0]]:
+                assert owns(pool, shard)
+        assert owned[0] and owned[1], owned
+        assert not owned[0] & owned[1], owned
+        assert len(owned[0] | owned[1]) == len(fleet["replicas"]) == 2, owned
+    finally:
+        for proc, *_ in daemons:
+            proc.terminate()
+        sim.terminate()
+        for proc in [sim] + [d[0] for d in daemons]:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
