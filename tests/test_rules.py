@@ -1,0 +1,325 @@
+"""The Prometheus rules in rules/: promtool checks and unit tests, plus what promtool cannot check.
+
+- `promtool check rules` on every rule file and `promtool test rules` on every tests/rules/*.test.yaml
+  (skipped only when promtool is not installed);
+- mutation checks: a copy of the rules with one threshold or `for:` nudged must make the promtool
+  tests fail, so the boundary cases really pin each threshold;
+- every alert: `Headroom` CamelCase name, severity critical/warning/info, summary, description and
+  runbook_url pointing at an existing section of docs/runbook.md; every alert rule has a promtool
+  case where it fires and one where it must not;
+- every metric named in a rule expression is in headroom's catalogue, a recording rule, or a known
+  vLLM / gateway / DCGM metric (parsed with promql-parser, holt_winters registered for Prometheus 2).
+"""
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+RULE_TESTS_DIR = ROOT / "tests" / "rules"
+RUNBOOK = ROOT / "docs" / "runbook.md"
+RUNBOOK_BASE = "https://github.com/headroom-dev/headroom/blob/main/docs/runbook.md"
+
+_spec = importlib.util.spec_from_file_location("headroom_promql_names", RULE_TESTS_DIR / "promql_names.py")
+names = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(names)
+
+RULE_FILES = names.RECORDING_FILES + names.ALERT_FILES
+PROMTOOL_TESTS = sorted(RULE_TESTS_DIR.glob("*.test.yaml"))
+PROMTOOL = shutil.which("promtool")
+needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (Debian package prometheus)")
+
+
+def _alert_rules() -> list[dict]:
+    return [r for f in names.ALERT_FILES for g in names.load_groups(f) for r in g["rules"] if "alert" in r]
+
+
+def _all_rules() -> list[tuple[Path, dict]]:
+    return [(f, r) for f in RULE_FILES for g in names.load_groups(f) for r in g["rules"]]
+
+
+def _promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([PROMTOOL, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def test_rule_files_exist_and_are_split_by_kind():
+    assert [f.name for f in names.RECORDING_FILES] == ["headroom.rules.yaml"]
+    assert [f.name for f in names.ALERT_FILES] == ["headroom.alerts.yaml"]
+    for f in names.RECORDING_FILES:
+        assert all("record" in r for g in names.load_groups(f) for r in g["rules"]), f
+    for f in names.ALERT_FILES:
+        assert all("alert" in r for g in names.load_groups(f) for r in g["rules"]), f
+    assert PROMTOOL_TESTS, "no promtool test files in tests/rules"
+
+
+# ------------------------------------------------------------------ promtool
+
+
+@needs_promtool
+@pytest.mark.parametrize("path", RULE_FILES, ids=lambda p: p.name)
+def test_promtool_check_rules(path):
+    res = _promtool("check", "rules", str(path))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "SUCCESS" in res.stdout
+
+
+@needs_promtool
+@pytest.mark.parametrize("path", PROMTOOL_TESTS, ids=lambda p: p.name)
+def test_promtool_unit_tests(path):
+    res = _promtool("test", "rules", path.name, cwd=path.parent)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "SUCCESS" in res.stdout
+
+
+def test_promtool_rejects_a_broken_rule(tmp_path):
+    """The check above can fail: a rule with a PromQL error is refused."""
+    if PROMTOOL is None:
+        pytest.skip("promtool not installed")
+    bad = tmp_path / "bad.rules.yaml"
+    bad.write_text("groups:\n  - name: x\n    rules:\n      - record: a:b:sum\n        expr: sum(rate(x[5m])\n")
+    res = _promtool("check", "rules", str(bad))
+    assert res.returncode != 0
+    assert "unclosed left parenthesis" in (res.stdout + res.stderr)
+
+
+# One textual change to a rule file each, with the promtool cases (by name prefix) that must
+# notice it. Only those cases are run per mutation, to keep the suite fast on a shared machine.
+A, R = "headroom.alerts.yaml", "headroom.rules.yaml"
+MUTATIONS = [
+    (A, 'headroom_ratio{scenario="current"} < 0.2', 'headroom_ratio{scenario="current"} <= 0.2', "HeadroomLow "),
+    (A, "< 0.2  # threshold\n        for: 15m", "< 0.2  # threshold\n        for: 10m", "HeadroomLow "),
+    (A, 'headroom_ratio{scenario="current"} < 0.05', 'headroom_ratio{scenario="current"} < 0.01', "HeadroomCriticallyLow"),
+    (A, 'headroom_ratio{scenario="n_minus_1"} < 0', 'headroom_ratio{scenario="n_minus_1"} <= 0', "HeadroomNMinus1Lost"),
+    (A, "headroom_utilisation_ratio > 1", "headroom_utilisation_ratio >= 1", "HeadroomAboveKnee"),
+    (A, "headroom_exhaustion_seconds < 86400  #", "headroom_exhaustion_seconds <= 86400  #", "HeadroomExhaustionWithinDay"),
+    (A, "headroom_exhaustion_seconds < 604800", "headroom_exhaustion_seconds <= 604800", "HeadroomExhaustionWithinWeek"),
+    (A, "headroom_forecast_mase > 1", "headroom_forecast_mase >= 1", "HeadroomForecastSkillDegraded"),
+    (A, "\n          and on (pool, series, model)\n          headroom_forecast_selected_info == 1", "", "HeadroomForecastSkillDegraded"),
+    (A, 'headroom_slo_burn_rate{window="5m"} > 14.4', 'headroom_slo_burn_rate{window="5m"} >= 14.4', "HeadroomTaskLatencyBudgetBurn"),
+    (A, 'headroom_slo_burn_rate{window="6h"} > 6  #', 'headroom_slo_burn_rate{window="6h"} >= 6  #', "HeadroomTaskLatencyBudgetBurn"),
+    (A, 'headroom_slo_burn_rate{window="2h"} > 3', 'headroom_slo_burn_rate{window="2h"} >= 3', "HeadroomTaskLatencyBudgetBurn"),
+    (A, 'headroom_slo_burn_rate{window="3d"} > 1', 'headroom_slo_burn_rate{window="3d"} >= 1', "HeadroomTaskLatencyBudgetBurn"),
+    (A, "deriv(pool:vllm_num_requests_waiting:sum[10m]) > 0", "deriv(pool:vllm_num_requests_waiting:sum[10m]) >= 0", "HeadroomQueueBuilding"),
+    (A, "pool:vllm_kv_cache_usage:avg > 0.9", "pool:vllm_kv_cache_usage:avg >= 0.9", "HeadroomKVCachePressure"),
+    (A, "pool:vllm_num_preemptions:rate5m > 0", "pool:vllm_num_preemptions:rate5m >= 0", "HeadroomPreemptions"),
+    (A, "headroom_source_up == 0\n        for: 5m", "headroom_source_up == 0\n        for: 3m", "HeadroomSourceDown"),
+    (A, "headroom_last_success_timestamp_seconds > 300", "headroom_last_success_timestamp_seconds > 0", "HeadroomDataStale"),
+    (A, "headroom_pool_stale == 1", "headroom_pool_stale >= 0", "HeadroomPoolStale"),
+    (A, 'absent(up{job="headroom"} == 1)', 'absent(up{job="headroom"})', "HeadroomAbsent"),
+    (A, "#headroomlow", "#headroom-low", "HeadroomLow "),
+    (R, 'sum by (model_name) (vllm:num_requests_waiting{model_name!=""})', "sum by (model_name) (vllm:num_requests_waiting)", "pool request sums"),
+    (R, 'vllm:kv_cache_usage_perc{model_name!=""} or vllm:gpu_cache_usage_perc{model_name!=""}', 'vllm:kv_cache_usage_perc{model_name!=""}', "KV capacity"),
+    (R, '"num_gpu_blocks", "([0-9]+)")', '"block_size", "([0-9]+)")', "KV capacity"),
+    (R, "histogram_quantile(0.95, pool_le:vllm_time_to_first_token_seconds_bucket:rate5m)",
+     "histogram_quantile(0.9, pool_le:vllm_time_to_first_token_seconds_bucket:rate5m)", "latency quantiles"),
+]
+
+
+@needs_promtool
+@pytest.mark.parametrize("mutation", MUTATIONS, ids=lambda m: f"{m[3].strip()}:{m[2][:50]}")
+def test_promtool_tests_catch_a_mutated_rule(tmp_path, mutation):
+    rule_name, old, new, case_prefix = mutation
+    (tmp_path / "rules").mkdir()
+    for f in RULE_FILES:
+        text = f.read_text()
+        if f.name == rule_name:
+            assert text.count(old) == 1, f"mutation target not unique in {f.name}: {old!r}"
+            text = text.replace(old, new)
+        (tmp_path / "rules" / f.name).write_text(text)
+    assert _promtool("check", "rules", str(tmp_path / "rules" / rule_name)).returncode == 0
+    test_dir = tmp_path / "tests" / "rules"
+    test_dir.mkdir(parents=True)
+    selected = []
+    for t in PROMTOOL_TESTS:
+        doc = yaml.safe_load(t.read_text())
+        doc["tests"] = [c for c in doc["tests"] if c["name"].startswith(case_prefix)]
+        if doc["tests"]:
+            (test_dir / t.name).write_text(yaml.safe_dump(doc, sort_keys=False))
+            selected.append(t.name)
+    assert selected, f"no promtool case named {case_prefix!r}"
+    # the unmutated rules pass these cases (so a failure below is the mutation's doing)
+    for f in RULE_FILES:
+        if f.name == rule_name:
+            (tmp_path / "rules" / f.name).write_text(f.read_text())
+    assert all(_promtool("test", "rules", n, cwd=test_dir).returncode == 0 for n in selected)
+    for f in RULE_FILES:
+        if f.name == rule_name:
+            (tmp_path / "rules" / f.name).write_text(f.read_text().replace(old, new))
+    results = [_promtool("test", "rules", n, cwd=test_dir) for n in selected]
+    assert any(r.returncode != 0 for r in results), f"no promtool case noticed {old!r} -> {new!r}"
+
+
+# ------------------------------------------------------------------ alert conventions
+
+
+def _runbook_anchors() -> set[str]:
+    """GitHub-style anchors of the runbook's headings."""
+    anchors = set()
+    for line in RUNBOOK.read_text().splitlines():
+        m = re.match(r"^#{1,6}\s+(.*)$", line)
+        if m:
+            slug = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+            anchors.add(slug)
+    return anchors
+
+
+def test_alerts_follow_the_mixin_conventions():
+    alerts = _alert_rules()
+    assert len(alerts) >= 15
+    for r in alerts:
+        name = r["alert"]
+        assert re.fullmatch(r"Headroom(?:[A-Z][a-z0-9]*|[A-Z]+(?=[A-Z]|$))+", name), name
+        assert r.get("labels", {}).get("severity") in {"critical", "warning", "info"}, name
+        ann = r.get("annotations", {})
+        assert set(ann) >= {"summary", "description", "runbook_url"}, name
+        assert ann["summary"].strip().endswith("."), f"{name}: summary should be a sentence"
+        if not r["expr"].lstrip().startswith("absent("):  # absent() has no labels to show
+            assert "{{" in ann["description"], f"{name}: description should be templated"
+        assert ann["runbook_url"] == f"{RUNBOOK_BASE}#{name.lower()}", name
+        assert "for" in r, f"{name}: every alert debounces with for:"
+
+
+def test_every_runbook_url_anchor_exists():
+    anchors = _runbook_anchors()
+    missing = sorted({r["annotations"]["runbook_url"].split("#", 1)[1] for r in _alert_rules()} - anchors)
+    assert not missing, f"docs/runbook.md has no section for: {missing}"
+
+
+def test_runbook_has_no_section_for_an_alert_that_does_not_exist():
+    alert_anchors = {r["alert"].lower() for r in _alert_rules()}
+    sections = [
+        m.group(1) for m in re.finditer(r"^## (Headroom\w+)\s*$", RUNBOOK.read_text(), flags=re.M)
+    ]
+    assert sections, "runbook has no alert sections"
+    assert {s.lower() for s in sections} == alert_anchors
+    for heading in ("**Meaning.**", "**Impact.**", "**Diagnose.**", "**Act.**"):
+        assert RUNBOOK.read_text().count(heading) >= len(sections), heading
+
+
+def test_the_brief_s_alerts_are_all_there():
+    """The issue lists these conditions; each must have an alert on the named metric."""
+    by_metric = {
+        'headroom_ratio{scenario="current"}': {"HeadroomLow", "HeadroomCriticallyLow"},
+        'headroom_ratio{scenario="n_minus_1"}': {"HeadroomNMinus1Lost"},
+        "headroom_exhaustion_seconds": {"HeadroomExhaustionWithinDay", "HeadroomExhaustionWithinWeek"},
+        "headroom_utilisation_ratio": {"HeadroomAboveKnee"},
+        "headroom_slo_burn_rate": {"HeadroomTaskLatencyBudgetBurn"},
+        "headroom_forecast_mase": {"HeadroomForecastSkillDegraded"},
+        "headroom_source_up": {"HeadroomSourceDown"},
+        "headroom_last_success_timestamp_seconds": {"HeadroomDataStale"},
+        "headroom_pool_stale": {"HeadroomPoolStale"},
+        'up{job="headroom"}': {"HeadroomAbsent"},
+        "pool:vllm_num_requests_waiting:sum": {"HeadroomQueueBuilding"},
+        "pool:vllm_kv_cache_usage:avg": {"HeadroomKVCachePressure"},
+        "pool:vllm_num_preemptions:rate5m": {"HeadroomPreemptions"},
+    }
+    alerts = _alert_rules()
+    for metric, expected in by_metric.items():
+        found = {r["alert"] for r in alerts if metric in r["expr"]}
+        assert found == expected, (metric, found)
+    severities = {r["alert"]: r["labels"]["severity"] for r in alerts if r["alert"] != "HeadroomTaskLatencyBudgetBurn"}
+    assert severities["HeadroomLow"] == "warning" and severities["HeadroomCriticallyLow"] == "critical"
+    burn = sorted((r["labels"]["long_window"], r["labels"]["short_window"], r["labels"]["severity"])
+                  for r in alerts if r["alert"] == "HeadroomTaskLatencyBudgetBurn")
+    assert burn == [("1d", "2h", "warning"), ("1h", "5m", "critical"), ("3d", "6h", "warning"), ("6h", "30m", "critical")]
+
+
+def test_job_selector_is_in_one_documented_place():
+    with_job = [r for r in _alert_rules() if re.search(r"\bjob\s*=", r["expr"])]
+    assert [r["alert"] for r in with_job] == ["HeadroomAbsent"]
+    assert 'up{job="headroom"}' in with_job[0]["expr"]
+    assert 'up{job="headroom"}' in RUNBOOK.read_text(), "runbook must say how to change the job"
+
+
+def _promtool_cases() -> list[dict]:
+    cases = []
+    for t in PROMTOOL_TESTS:
+        for case in yaml.safe_load(t.read_text())["tests"]:
+            cases.append(case)
+    return cases
+
+
+def _rule_key(labels: dict) -> tuple:
+    return tuple(sorted((k, str(v)) for k, v in labels.items()))
+
+
+def test_every_alert_rule_has_a_firing_and_a_quiet_promtool_case():
+    cases = [c for c in _promtool_cases() if "alert_rule_test" in c]
+    assert all(c.get("name") for c in cases), "every promtool case needs a name"
+    fired: set[tuple] = set()
+    quiet: set[str] = set()
+    checked_annotations: set[str] = set()
+    for c in cases:
+        for art in c["alert_rule_test"]:
+            if not art.get("exp_alerts"):
+                quiet.add(art["alertname"])
+            for exp in art.get("exp_alerts") or []:
+                fired.add((art["alertname"], _rule_key(exp["exp_labels"])))
+                ann = exp.get("exp_annotations", {})
+                assert set(ann) == {"summary", "description", "runbook_url"}, (c["name"], ann)
+                checked_annotations.add(art["alertname"])
+    for r in _alert_rules():
+        name = r["alert"]
+        assert name in quiet, f"{name}: no promtool case where it must stay quiet"
+        assert name in checked_annotations, f"{name}: no promtool case asserting its annotations"
+        # each rule (several share a name) must fire in some case with its own static labels
+        static = {k: str(v) for k, v in r["labels"].items()}
+        assert any(n == name and set(static.items()) <= set(key) for n, key in fired), (
+            f"{name} {static}: no promtool case where this rule fires"
+        )
+
+
+# ------------------------------------------------------------------ metric names
+
+
+def test_recording_rule_names_follow_level_metric_operations():
+    for f in names.RECORDING_FILES:
+        for g in names.load_groups(f):
+            for r in g["rules"]:
+                assert re.fullmatch(r"[a-z_]+:[a-zA-Z0-9_]+:[a-z0-9_]+", r["record"]), r["record"]
+                assert not r["record"].startswith("headroom_"), "headroom_ is the daemon's namespace"
+
+
+def test_every_metric_in_a_rule_is_known():
+    allowed = names.allowed_names()
+    catalogue = names.catalogue_names()
+    assert "headroom_ratio" in catalogue and "headroom_source_errors_total" in catalogue
+    unknown = []
+    for f, r in _all_rules():
+        for n in names.selector_names(r["expr"]):
+            if n is None or n not in allowed:
+                unknown.append((f.name, r.get("record") or r.get("alert"), n))
+    assert not unknown, unknown
+
+
+def test_the_name_check_can_fail():
+    allowed = names.allowed_names()
+    got = names.selector_names('sum(rate(vllm:num_requests_runing{model_name!=""}[5m])) + headroom_nonexistent')
+    assert got == ["vllm:num_requests_runing", "headroom_nonexistent"]
+    assert not set(got) & allowed
+    assert names.selector_names("holt_winters(headroom_active_requests[1h], 0.3, 0.3)") == ["headroom_active_requests"]
+    assert names.selector_names('{__name__=~"vllm:.*"}') == [None]
+
+
+def test_recording_rules_only_use_features_of_prometheus_2_42():
+    newer = ("double_exponential_smoothing", "limitk", "limit_ratio", "info(", "sort_by_label", "mad_over_time")
+    for f, r in _all_rules():
+        for word in newer:
+            assert word not in r["expr"], (r.get("record") or r.get("alert"), word)
+
+
+def test_yamllint_passes_on_rules_and_promtool_tests(tmp_path):
+    yamllint = pytest.importorskip("yamllint.cli")
+    conf = tmp_path / "yamllint.yaml"
+    conf.write_text("extends: default\nrules:\n  line-length: {max: 240}\n  document-start: disable\n"
+                    "  braces: {max-spaces-inside: 1}\n  comments: {min-spaces-from-content: 1}\n")
+    files = [str(p) for p in RULE_FILES + PROMTOOL_TESTS]
+    with pytest.raises(SystemExit) as exc:
+        yamllint.run(["-c", str(conf), "-f", "parsable", *files])
+    assert exc.value.code == 0
