@@ -16,9 +16,9 @@ from typing import Callable, Optional
 from .config import Config, Target
 from .derive.core import derive_pools, pool_of
 from .model import PoolSnapshot, ReplicaReading, Snapshot, SourceStatus
-from .sources.http import Fetcher
+from .sources.http import Fetcher, redact
 from .sources.prometheus import PrometheusSourceReader
-from .sources.scrape import Scraper
+from .sources.scrape import Scraper, fetch_texts
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,10 @@ class Pipeline:
                                    config.scrape_timeout, config.scrape_concurrency)
         if config.prometheus:
             self.prom = PrometheusSourceReader(config.prometheus)
+        # bodies of the gateway and DCGM endpoints from the last cycle, for the enrichers
+        self.gateway_texts: list[tuple[object, Optional[str]]] = []
+        self.dcgm_texts: list[tuple[str, Optional[str]]] = []
+        self._aux_fetchers = {}
 
     def on_snapshot(self, listener: Callable[[Snapshot], None]) -> None:
         self._listeners.append(listener)
@@ -85,7 +89,35 @@ class Pipeline:
             r, s = self.prom.read(now)
             readings.extend(r)
             statuses.extend(s)
+        statuses.extend(self._collect_aux())
         return readings, statuses
+
+    def _fetcher_for(self, auth) -> Fetcher:
+        key = id(auth)
+        f = self._aux_fetchers.get(key)
+        if f is None:
+            f = self._aux_fetchers[key] = Fetcher(auth)
+        return f
+
+    def _collect_aux(self) -> list[SourceStatus]:
+        """Gateway and DCGM bodies (I/O only); enrichers parse them."""
+        statuses: list[SourceStatus] = []
+        gateway_texts = []
+        for gw in self.config.gateways:
+            t0 = time.monotonic()
+            [(url, text, err)] = fetch_texts(self._fetcher_for(gw.auth), [gw.url], self.config.scrape_timeout, 1)
+            gateway_texts.append((gw, text))
+            statuses.append(SourceStatus("gateway", redact(url), err is None, err.reason if err else None,
+                                         err.detail if err else None, time.monotonic() - t0))
+        dcgm_texts = []
+        if self.config.dcgm_targets:
+            urls = [t.url for t in self.config.dcgm_targets]
+            for url, text, err in fetch_texts(self._fetcher_for(None), urls, self.config.scrape_timeout):
+                dcgm_texts.append((url, text))
+                statuses.append(SourceStatus("dcgm", redact(url), err is None, err.reason if err else None,
+                                             err.detail if err else None))
+        self.gateway_texts, self.dcgm_texts = gateway_texts, dcgm_texts
+        return statuses
 
     def build(self, readings: list[ReplicaReading], statuses: list[SourceStatus], now: float) -> Snapshot:
         cfg = self.config
@@ -135,7 +167,7 @@ class Pipeline:
                 log.exception("enricher %s failed", getattr(enrich, "__name__", enrich))
                 self.errors[("enricher", getattr(enrich, "__name__", "enricher"))] = \
                     self.errors.get(("enricher", getattr(enrich, "__name__", "enricher")), 0.0) + 1
-        if any(st.up for st in statuses):
+        if any(st.up for st in statuses if st.source in ("vllm", "prometheus")):
             self.last_success = now
         return Snapshot(timestamp=now, pools=pools, sources=statuses,
                         last_success_timestamp=self.last_success,
@@ -165,6 +197,8 @@ class Pipeline:
     def close(self) -> None:
         if self.scraper is not None:
             self.scraper.close()
+        for f in self._aux_fetchers.values():
+            f.close()
 
 
 def targets_from_urls(urls: list[str]) -> list[Target]:
