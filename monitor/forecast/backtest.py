@@ -35,7 +35,9 @@ class ForecastSettings:
     calibrate: bool = True
     min_calibration_points: int = 24
     fit_timeout_seconds: Optional[float] = None  # time box per fit (None: no box, run inline)
-    missing_below_ratio: float = 0.0  # values below this x median are treated as missing
+    # a model later in `models` is selected only when its backtest MASE beats every earlier one by
+    # this factor (two folds are a small sample; the order encodes what usually wins)
+    selection_tolerance: float = 0.10
 
     def __post_init__(self):
         for name in self.models:
@@ -186,6 +188,19 @@ def apply_calibration(fc: Forecast, cal: Calibration) -> Forecast:
     return Forecast(fc.mean, bands, fc.model)
 
 
+def rank_models(skill: dict[str, dict], order: list[str], tolerance: float) -> list[str]:
+    """Models by preference: the earliest in `order` whose MASE is within (1 + tolerance) of the
+    best comes first, then the rest by MASE. Models without a MASE go last, in order."""
+    with_mase = [m for m in order if skill.get(m, {}).get("mase") is not None]
+    without = [m for m in order if m not in with_mase]
+    if not with_mase:
+        return without
+    best = min(skill[m]["mase"] for m in with_mase)
+    first = next(m for m in with_mase if skill[m]["mase"] <= best * (1 + tolerance))
+    rest = sorted((m for m in with_mase if m != first), key=lambda m: skill[m]["mase"])
+    return [first] + rest + without
+
+
 # --- selection + final forecast -----------------------------------------------------------------
 
 @dataclass
@@ -232,12 +247,8 @@ def forecast_series(prep: Prepared, horizon: int, settings: ForecastSettings = F
             result.skill[name] = pooled_score(folds, scale)
     result.backtest_seconds = time.perf_counter() - t0
 
-    def rank(name):
-        s = result.skill[name]
-        mase = s.get("mase")
-        return (math.inf if mase is None else round(mase / 0.02),
-                abs((s.get("coverage95") or 0) - 0.95))
-    scored = sorted(fold_sets, key=rank)
+    scored = rank_models(result.skill, [m for m in settings.models if m in fold_sets],
+                         settings.selection_tolerance)
     order = scored + [m for m in eligible if m not in scored]
     t1 = time.perf_counter()
     for name in order:

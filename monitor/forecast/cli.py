@@ -1,0 +1,236 @@
+"""`headroom backtest`: rolling-origin backtest of every forecast model on a CSV series.
+
+    headroom backtest --csv FILE [--time-column C --value-column V] --horizon 1d --json [--plot F.png]
+
+Every model is refitted at each origin (expanding window) and forecasts `--horizon` ahead; the
+scores are pooled over the origins. MASE is scaled by the in-sample MAE of the one-day seasonal
+naive on the history before the first origin. The selected model is what headroom's automatic
+selection would pick (lowest MASE with a preference for the earlier model in the fallback order).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+
+import numpy as np
+import pandas as pd
+
+from monitor.forecast.backtest import (ForecastSettings, mase_scale, origins_for, pooled_score,
+                                       rank_models, rolling_origin)
+from monitor.forecast.models import FALLBACK_ORDER, LEVELS, get_model
+from monitor.forecast.series import SeriesError, prepare
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+class UsageError(ValueError):
+    pass
+
+
+def parse_duration(text: str) -> float:
+    """'90m', '6h', '1d', '1w', '3600' (seconds) -> seconds."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", str(text))
+    if not m:
+        raise UsageError(f"cannot parse duration {text!r}; use e.g. 30m, 6h, 1d, 1w")
+    value = float(m.group(1)) * _UNITS.get(m.group(2) or "s")
+    if value <= 0:
+        raise UsageError(f"duration must be positive, got {text!r}")
+    return value
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--csv", required=True, help="CSV file (may be .gz) with a time and a value column")
+    p.add_argument("--time-column", default=None,
+                   help="column with times (ISO-8601 or Unix seconds); default: the first column")
+    p.add_argument("--value-column", default=None,
+                   help="column with the values; default: the first numeric column after the time")
+    p.add_argument("--horizon", default="1d", help="forecast horizon per origin (e.g. 6h, 1d)")
+    p.add_argument("--origins", type=int, default=4, help="rolling origins (default 4)")
+    p.add_argument("--step", default=None,
+                   help="resample to this step (e.g. 5m) before fitting; default: inferred")
+    p.add_argument("--models", default=",".join(FALLBACK_ORDER),
+                   help="comma-separated models to backtest (default: all)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    p.add_argument("--plot", default=None, metavar="FILE.png",
+                   help="write a chart of actual vs forecast with 80%%/95%% bands")
+
+
+def load_csv(path: str, time_column: str | None, value_column: str | None) -> pd.Series:
+    try:
+        df = pd.read_csv(path)
+    except FileNotFoundError:
+        raise UsageError(f"CSV file not found: {path}") from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read CSV {path}: {exc}") from None
+    if df.shape[1] < 2:
+        raise UsageError(f"{path}: need a time column and a value column, found columns {list(df.columns)}")
+    tcol = time_column or df.columns[0]
+    if tcol not in df.columns:
+        raise UsageError(f"{path}: no time column {tcol!r}; columns are {list(df.columns)}")
+    if value_column is None:
+        numeric = [c for c in df.columns if c != tcol and pd.api.types.is_numeric_dtype(df[c])]
+        if not numeric:
+            raise UsageError(f"{path}: no numeric value column; columns are {list(df.columns)}")
+        vcol = numeric[0]
+    else:
+        vcol = value_column
+        if vcol not in df.columns:
+            raise UsageError(f"{path}: no value column {vcol!r}; columns are {list(df.columns)}")
+    raw_t = df[tcol]
+    if pd.api.types.is_numeric_dtype(raw_t):
+        times = pd.to_datetime(raw_t.astype(float), unit="s", utc=True, errors="coerce")
+    else:
+        times = pd.to_datetime(raw_t, utc=True, errors="coerce", format="mixed")
+    bad = times.isna() & raw_t.notna()
+    if bad.any() or times.isna().all():
+        first = raw_t[bad].iloc[0] if bad.any() else raw_t.iloc[0]
+        raise UsageError(f"{path}: column {tcol!r} has {int(bad.sum()) or len(raw_t)} unparseable "
+                         f"time(s), e.g. {first!r} (use ISO-8601 or Unix seconds)")
+    values = pd.to_numeric(df[vcol], errors="coerce")
+    if values.notna().sum() == 0:
+        raise UsageError(f"{path}: column {vcol!r} has no numeric values")
+    return pd.Series(values.to_numpy(float), index=pd.DatetimeIndex(times)).sort_index()
+
+
+def backtest(series: pd.Series, horizon_seconds: float, n_origins: int, models: list[str],
+             step: float | None = None, progress=None) -> dict:
+    try:
+        prep = prepare(series, step)
+    except SeriesError as exc:
+        raise UsageError(str(exc)) from None
+    horizon = max(1, int(round(horizon_seconds / prep.step)))
+    origins = origins_for(prep.n, horizon, n_origins)
+    cheapest = min(get_model(m).min_history(prep) for m in models)
+    if not origins or origins[0] < cheapest:
+        need = cheapest + horizon * n_origins
+        raise UsageError(
+            f"series too short: {prep.n} points ({prep.n * prep.step / 3600:.1f} h) at a "
+            f"{prep.step:g} s step; {n_origins} origins with a {horizon_seconds / 3600:g} h horizon "
+            f"need at least {need} points ({need * prep.step / 3600:.1f} h)")
+    scale = mase_scale(prep.head(origins[0]))
+    out_models, folds_by_model, errors = {}, {}, {}
+    for i, name in enumerate(models):
+        if progress:
+            progress(i, len(models), name)
+        folds, errs = rolling_origin(prep, name, horizon, origins)
+        if errs:
+            errors[name] = errs
+        if not folds:
+            reason = errs[-1] if errs else (
+                f"needs {get_model(name).min_history(prep.head(origins[-1]))} points of history")
+            out_models[name] = {"mase": None, "smape": None, "coverage80": None, "coverage95": None,
+                                "folds": 0, "undefined": reason}
+            continue
+        folds_by_model[name] = folds
+        s = pooled_score(folds, scale)
+        out_models[name] = {k: s.get(k) for k in ("mase", "smape", "coverage80", "coverage95",
+                                                  "width95_ratio", "points", "folds")}
+    if progress:
+        progress(len(models), len(models), "done")
+    ranked = rank_models({k: v for k, v in out_models.items() if v.get("folds")},
+                         [m for m in models if out_models[m].get("folds")],
+                         ForecastSettings().selection_tolerance)
+    result = {"selected": ranked[0] if ranked else None, "models": out_models,
+              "horizon_seconds": horizon_seconds, "step_seconds": prep.step,
+              "origins": [prep.start + o * prep.step for o in origins], "points": prep.n,
+              "missing_points": int((~prep.observed).sum()),
+              "mase_scale": scale if math.isfinite(scale) else None}
+    if errors:
+        result["errors"] = errors
+    result["_plot"] = (prep, folds_by_model)
+    return result
+
+
+def plot(result: dict, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    prep, folds_by_model = result["_plot"]
+    name = result["selected"]
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    t = pd.to_datetime(prep.times(), unit="s", utc=True)
+    first = min(f.origin for f in folds_by_model[name]) if name in folds_by_model else 0
+    lo_i = max(0, first - 2 * prep.per_day)
+    actual = np.where(prep.observed, prep.values, np.nan)
+    ax.plot(t[lo_i:], actual[lo_i:], color="black", lw=0.8, label="actual")
+    for k, f in enumerate(folds_by_model.get(name, [])):
+        tt = t[f.origin:f.origin + len(f.forecast.mean)]
+        ax.fill_between(tt, *f.forecast.bands[0.95], color="tab:blue", alpha=0.15,
+                        label="95% band" if k == 0 else None)
+        ax.fill_between(tt, *f.forecast.bands[0.8], color="tab:blue", alpha=0.3,
+                        label="80% band" if k == 0 else None)
+        ax.plot(tt, f.forecast.mean, color="tab:blue", lw=1.2, label=f"{name} forecast" if k == 0 else None)
+        ax.axvline(tt[0], color="grey", lw=0.5, ls="--")
+    m = result["models"].get(name, {})
+    ax.set_title(f"rolling-origin backtest: {name}  MASE {m.get('mase') or float('nan'):.2f}  "
+                 f"coverage 80% {m.get('coverage80') or 0:.0%}  95% {m.get('coverage95') or 0:.0%}")
+    ax.legend(loc="upper left", fontsize=8)
+    fig.autofmt_xdate()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _progress_printer(stream):
+    def show(i, n, name):
+        width = 24
+        done = int(width * i / max(n, 1))
+        stream.write(f"\r[{'#' * done}{'.' * (width - done)}] {i}/{n} {name:<12}")
+        if i >= n:
+            stream.write("\n")
+        stream.flush()
+    return show
+
+
+def run(args) -> int:
+    try:
+        horizon = parse_duration(args.horizon)
+        step = parse_duration(args.step) if args.step else None
+        if args.origins < 1:
+            raise UsageError(f"--origins must be at least 1, got {args.origins}")
+        models = [m.strip() for m in args.models.split(",") if m.strip()]
+        for m in models:
+            try:
+                get_model(m)
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
+        if not models:
+            raise UsageError("--models is empty")
+        series = load_csv(args.csv, args.time_column, args.value_column)
+        progress = _progress_printer(sys.stderr) if sys.stderr.isatty() else None
+        result = backtest(series, horizon, args.origins, models, step, progress)
+    except UsageError as exc:
+        print(f"headroom backtest: error: {exc}", file=sys.stderr)
+        return 2
+    if args.plot:
+        plot(result, args.plot)
+    result.pop("_plot", None)
+    if args.json:
+        json.dump(result, sys.stdout, indent=1, allow_nan=False, default=_json_default)
+        sys.stdout.write("\n")
+    else:
+        print(f"selected: {result['selected']}  (horizon {horizon / 3600:g} h, "
+              f"{len(result['origins'])} origins, step {result['step_seconds']:g} s)")
+        print(f"{'model':<12} {'MASE':>6} {'sMAPE%':>7} {'cov80':>6} {'cov95':>6}")
+        for name, s in result["models"].items():
+            if not s.get("folds"):
+                print(f"{name:<12} undefined: {s.get('undefined')}")
+                continue
+            print(f"{name:<12} {s['mase']:>6.3f} {s['smape']:>7.1f} {s['coverage80']:>6.0%} "
+                  f"{s['coverage95']:>6.0%}")
+    return 0
+
+
+def _json_default(o):
+    if isinstance(o, (np.floating, np.integer)):
+        return o.item()
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    p = argparse.ArgumentParser(prog="headroom backtest")
+    add_arguments(p)
+    sys.exit(run(p.parse_args()))

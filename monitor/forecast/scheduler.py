@@ -1,0 +1,122 @@
+"""Refitting the forecasts on a schedule, off the scrape path.
+
+`ForecastScheduler` owns an APScheduler BackgroundScheduler with one interval job (every N minutes,
+first run at start, never two at once, missed runs coalesced). Each run asks `load_history()` for
+{pool: {series: pandas Series}} and `capacity()` for {pool: concurrent requests at the knee or None},
+calls `forecast_pool` per pool with the given settings (set `fit_timeout_seconds` there to time-box
+every fit: an overrunning fit is killed, reported in the series' `errors`, and the next model in the
+fallback order is used), and publishes the results in a `LatestResult`. Scrapes only ever read
+`latest.get()`: a copy-free snapshot taken under a lock, never a fit.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from monitor.forecast.pool import PoolSettings, forecast_pool
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RefitResult:
+    pools: dict = field(default_factory=dict)  # pool -> forecast_pool(...) output
+    started: float = 0.0  # Unix time the refit began (the `now` given to the models)
+    finished: float = 0.0
+    duration_seconds: float = 0.0
+    errors: dict = field(default_factory=dict)  # pool (or "history") -> error text
+    runs: int = 0
+
+
+class LatestResult:
+    """Thread-safe holder of the latest refit; readers get the published object, never a partial."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._value: Optional[RefitResult] = None
+        self._changed = threading.Condition(self._lock)
+
+    def set(self, value: RefitResult) -> None:
+        with self._changed:
+            self._value = value
+            self._changed.notify_all()
+
+    def get(self) -> Optional[RefitResult]:
+        with self._lock:
+            return self._value
+
+    def wait_for(self, runs: int, timeout: float) -> Optional[RefitResult]:
+        """Block until at least `runs` refits are published (or timeout); returns the latest."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while self._value is None or self._value.runs < runs:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._changed.wait(left)
+            return self._value
+
+
+class ForecastScheduler:
+    def __init__(self, load_history: Callable[[], dict], capacity: Callable[[], dict],
+                 settings: PoolSettings = PoolSettings(), interval_minutes: float = 15.0,
+                 clock: Callable[[], float] = time.time):
+        if not interval_minutes > 0:
+            raise ValueError(f"refit interval must be positive minutes, got {interval_minutes!r}")
+        self.load_history, self.capacity = load_history, capacity
+        self.settings, self.interval_minutes, self.clock = settings, interval_minutes, clock
+        self.latest = LatestResult()
+        self._runs = 0
+        self._run_lock = threading.Lock()
+        self._scheduler = None
+
+    def refit_now(self) -> RefitResult:
+        """One refit of every pool (also what the scheduled job runs). Never raises."""
+        with self._run_lock:
+            started = self.clock()
+            t0 = time.perf_counter()
+            pools, errors = {}, {}
+            try:
+                history = self.load_history() or {}
+                caps = self.capacity() or {}
+            except Exception as exc:  # the previous result stays published
+                log.warning("forecast refit: loading history failed: %s", exc)
+                history, caps = {}, {}
+                errors["history"] = f"{type(exc).__name__}: {exc}"
+            for pool, series in history.items():
+                try:
+                    pools[pool] = forecast_pool(series, caps.get(pool), started, self.settings)
+                except Exception as exc:
+                    log.warning("forecast refit for pool %s failed: %s", pool, exc)
+                    errors[pool] = f"{type(exc).__name__}: {exc}"
+            self._runs += 1
+            prev = self.latest.get()
+            if not pools and prev is not None and errors:
+                pools = prev.pools  # keep serving the last good forecasts, report the failure
+            result = RefitResult(pools, started, self.clock(), time.perf_counter() - t0, errors,
+                                 self._runs)
+            self.latest.set(result)
+            return result
+
+    def start(self) -> None:
+        from apscheduler.schedulers.background import BackgroundScheduler
+        from datetime import datetime, timezone
+        if self._scheduler is not None:
+            raise RuntimeError("forecast scheduler already started")
+        self._scheduler = BackgroundScheduler(timezone="UTC")
+        self._scheduler.add_job(self.refit_now, "interval", minutes=self.interval_minutes,
+                                id="headroom-forecast-refit", max_instances=1, coalesce=True,
+                                next_run_time=datetime.now(timezone.utc))
+        self._scheduler.start()
+
+    def shutdown(self, wait: bool = True) -> None:
+        if self._scheduler is not None:
+            self._scheduler.shutdown(wait=wait)
+            self._scheduler = None
+
+    @property
+    def running(self) -> bool:
+        return self._scheduler is not None and self._scheduler.running

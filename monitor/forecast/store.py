@@ -1,0 +1,220 @@
+"""headroom's embedded history store (direct mode): SQLite in WAL mode.
+
+One table keyed by (pool, series, resolution, ts): appending the same point twice keeps one row
+(the later value wins), so a writer that restarts after a crash can re-append its last batch
+safely. A batch is one transaction: after `append` returns, its points survive a kill -9 of the
+process (WAL + synchronous=FULL by default). Old raw points are downsampled into rollup rows
+(max, sum, count per bucket) so `query(..., agg="max"|"mean")` stays exact across resolutions;
+retention deletes rows older than a cut-off. Timestamps are stored in integer milliseconds.
+No clock is read here: callers pass `now`.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sqlite3
+import threading
+from typing import Iterable, Optional
+
+import pandas as pd
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS points (
+    pool TEXT NOT NULL,
+    series TEXT NOT NULL,
+    res INTEGER NOT NULL,       -- 0 for raw points, else the rollup bucket in seconds
+    ts INTEGER NOT NULL,        -- milliseconds since the epoch (bucket start for rollups)
+    vmax REAL NOT NULL,
+    vsum REAL NOT NULL,
+    cnt INTEGER NOT NULL,
+    PRIMARY KEY (pool, series, res, ts)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS points_ts ON points (ts);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+SCHEMA_VERSION = "1"
+
+
+class StoreError(ValueError):
+    """Bad input to the store; the message names the field."""
+
+
+def _ms(ts: float) -> int:
+    return int(round(ts * 1000.0))
+
+
+class HistoryStore:
+    def __init__(self, path: str, *, retention_seconds: Optional[float] = 35 * 86400.0,
+                 downsample_after_seconds: Optional[float] = 7 * 86400.0,
+                 downsample_step_seconds: int = 3600, synchronous: str = "FULL"):
+        if retention_seconds is not None and retention_seconds <= 0:
+            raise StoreError(f"retention_seconds must be positive, got {retention_seconds!r}")
+        if downsample_after_seconds is not None and downsample_after_seconds <= 0:
+            raise StoreError("downsample_after_seconds must be positive")
+        if int(downsample_step_seconds) <= 0:
+            raise StoreError("downsample_step_seconds must be a positive whole number of seconds")
+        if synchronous.upper() not in ("FULL", "NORMAL", "EXTRA"):
+            raise StoreError("synchronous must be FULL, NORMAL or EXTRA")
+        parent = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(parent):
+            raise StoreError(f"history store directory does not exist: {parent}")
+        self.path = path
+        self.retention_seconds = retention_seconds
+        self.downsample_after_seconds = downsample_after_seconds
+        self.downsample_step = int(downsample_step_seconds)
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(path, timeout=30.0, isolation_level=None,
+                                   check_same_thread=False)
+        mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            raise StoreError(f"could not put {path} in WAL mode (got {mode})")
+        self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
+        self._db.executescript(SCHEMA)
+        self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (SCHEMA_VERSION,))
+        self._closed = False
+
+    # --- lifecycle
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._db.close()
+                self._closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _check_open(self):
+        if self._closed:
+            raise StoreError("history store is closed")
+
+    # --- writing
+    def append(self, points: Iterable[tuple[str, str, float, float]]) -> int:
+        """Insert raw points (pool, series, ts seconds, value) in one transaction; idempotent.
+        Returns the number of points written. Non-finite values are rejected with StoreError."""
+        rows = []
+        for i, p in enumerate(points):
+            try:
+                pool, series, ts, value = p
+            except (TypeError, ValueError):
+                raise StoreError(f"point {i}: expected (pool, series, ts, value), got {p!r}") from None
+            if not isinstance(pool, str) or not pool:
+                raise StoreError(f"point {i}: pool must be a non-empty string, got {pool!r}")
+            if not isinstance(series, str) or not series:
+                raise StoreError(f"point {i}: series must be a non-empty string, got {series!r}")
+            try:
+                ts, value = float(ts), float(value)
+            except (TypeError, ValueError):
+                raise StoreError(f"point {i}: ts and value must be numbers, got {ts!r}, {value!r}") from None
+            if not math.isfinite(ts):
+                raise StoreError(f"point {i}: timestamp is not finite: {ts!r}")
+            if not math.isfinite(value):
+                raise StoreError(f"point {i}: value is not finite: {value!r}")
+            rows.append((pool, series, _ms(ts), value, value))
+        if not rows:
+            return 0
+        with self._lock:
+            self._check_open()
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.executemany(
+                    "INSERT INTO points (pool, series, res, ts, vmax, vsum, cnt) VALUES (?, ?, 0, ?, ?, ?, 1) "
+                    "ON CONFLICT (pool, series, res, ts) DO UPDATE SET vmax = excluded.vmax, "
+                    "vsum = excluded.vsum, cnt = 1", rows)
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return len(rows)
+
+    # --- reading
+    def query(self, pool: str, series: str, start: float, end: float, step: Optional[float] = None,
+              agg: str = "max") -> pd.Series:
+        """Points in [start, end] as a Series indexed by Unix seconds. With `step`, one value per
+        bucket floor(ts / step) * step: the max or the (count-weighted) mean of what fell in it."""
+        if agg not in ("max", "mean"):
+            raise StoreError(f"agg must be 'max' or 'mean', got {agg!r}")
+        if end < start:
+            raise StoreError(f"end ({end}) is before start ({start})")
+        if step is not None and not step > 0:
+            raise StoreError(f"step must be positive seconds, got {step!r}")
+        with self._lock:
+            self._check_open()
+            rows = self._db.execute(
+                "SELECT ts, vmax, vsum, cnt FROM points WHERE pool = ? AND series = ? AND ts >= ? "
+                "AND ts <= ? ORDER BY ts", (pool, series, _ms(start), _ms(end))).fetchall()
+        if not rows:
+            return pd.Series([], dtype=float, index=pd.Index([], dtype=float))
+        df = pd.DataFrame(rows, columns=["ts", "vmax", "vsum", "cnt"])
+        secs = df["ts"] / 1000.0
+        if step is None:
+            key = secs
+        else:
+            key = (secs // step) * step
+        g = df.groupby(key.to_numpy())
+        if agg == "max":
+            out = g["vmax"].max()
+        else:
+            out = g["vsum"].sum() / g["cnt"].sum()
+        out.index = out.index.astype(float)
+        return out.astype(float)
+
+    def count(self, pool: Optional[str] = None, series: Optional[str] = None) -> int:
+        """Rows held (raw points plus rollup buckets) for the pool / series (all when None)."""
+        sql, args = "SELECT COUNT(*) FROM points WHERE 1=1", []
+        if pool is not None:
+            sql, args = sql + " AND pool = ?", args + [pool]
+        if series is not None:
+            sql, args = sql + " AND series = ?", args + [series]
+        with self._lock:
+            self._check_open()
+            return int(self._db.execute(sql, args).fetchone()[0])
+
+    def series_keys(self) -> list[tuple[str, str]]:
+        with self._lock:
+            self._check_open()
+            return [tuple(r) for r in self._db.execute(
+                "SELECT DISTINCT pool, series FROM points ORDER BY pool, series")]
+
+    # --- maintenance
+    def downsample(self, now: float) -> int:
+        """Fold raw points older than now - downsample_after into rollup buckets; returns how
+        many raw points were folded. One transaction: a crash leaves either all or nothing."""
+        if self.downsample_after_seconds is None:
+            return 0
+        cutoff = _ms(now - self.downsample_after_seconds)
+        b = self.downsample_step * 1000
+        with self._lock:
+            self._check_open()
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                n = self._db.execute("SELECT COUNT(*) FROM points WHERE res = 0 AND ts < ?",
+                                     (cutoff,)).fetchone()[0]
+                self._db.execute(
+                    "INSERT INTO points (pool, series, res, ts, vmax, vsum, cnt) "
+                    "SELECT pool, series, ?, (ts / ?) * ?, MAX(vmax), SUM(vsum), SUM(cnt) FROM points "
+                    "WHERE res = 0 AND ts < ? GROUP BY pool, series, (ts / ?) * ? "
+                    "ON CONFLICT (pool, series, res, ts) DO UPDATE SET "
+                    "vmax = MAX(vmax, excluded.vmax), vsum = vsum + excluded.vsum, cnt = cnt + excluded.cnt",
+                    (self.downsample_step, b, b, cutoff, b, b))
+                self._db.execute("DELETE FROM points WHERE res = 0 AND ts < ?", (cutoff,))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return int(n)
+
+    def apply_retention(self, now: float) -> int:
+        """Delete every row older than now - retention; returns rows deleted."""
+        if self.retention_seconds is None:
+            return 0
+        with self._lock:
+            self._check_open()
+            cur = self._db.execute("DELETE FROM points WHERE ts < ?",
+                                   (_ms(now - self.retention_seconds),))
+            return int(cur.rowcount)
+
+    def maintain(self, now: float) -> dict:
+        return {"downsampled": self.downsample(now), "expired": self.apply_retention(now)}
