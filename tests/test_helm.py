@@ -909,3 +909,32 @@ def test_rendered_shards_start_the_daemon_and_split_the_pools(chart, tmp_path):
                 proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+# ------------------------------------------------------------------ documentation of the values
+
+_OPAQUE_VALUES = {"config", "podSecurityContext", "securityContext", "resources", "livenessProbe",
+                  "readinessProbe", "affinity", "commonLabels", "podAnnotations", "podLabels", "nodeSelector"}
+
+
+def _value_keys(node: dict, prefix: str = ""):
+    for key, value in node.items():
+        path = prefix + key
+        if isinstance(value, dict) and value and key not in _OPAQUE_VALUES and key not in ("annotations", "labels"):
+            yield from _value_keys(value, path + ".")
+        else:
+            yield path
+
+
+def test_every_value_is_documented_in_the_chart_readme_and_the_schema(chart):
+    readme = (CHART_DIR / "README.md").read_text()
+    documented = set(re.findall(r"^\| `([^`]+)` \|", readme, re.M))
+    keys = set(_value_keys(chart.values))
+    assert keys - documented == set(), "values missing from helm/headroom/README.md"
+    assert documented - keys == set(), "README documents values that do not exist"
+    schema = chart.schema
+    for key in keys:
+        node = schema
+        for part in key.split("."):
+            assert part in node.get("properties", {}), f"{key} is not in values.schema.json"
+            node = node["properties"][part]
