@@ -850,9 +850,21 @@ def _start_sim(tmp_path: Path) -> tuple[subprocess.Popen, dict]:
     raise AssertionError("headroom sim did not print its replica URLs")
 
 
+def _series(body: str) -> set[tuple[str, str]]:
+    """(name, labels) of every per-pool headroom sample in an exposition, values left out."""
+    return set(re.findall(r'^(headroom_\w+)\{([^}]*pool="[^"]*"[^}]*)\}', body, re.M))
+
+
+def _cycles(body: str) -> float:
+    found = re.search(r"^headroom_cycles_total (\S+)", body, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+@pytest.mark.slow
 def test_rendered_shards_start_the_daemon_and_split_the_pools(chart, tmp_path):
-    """Run each shard's container args (config path and port moved to the test's) against the
-    simulated fleet: the probe paths answer, and the two shards export disjoint pools."""
+    """Run the container args the chart renders (config path and port moved to the test's) against
+    the simulated fleet: two shards, shard 0 as an HA pair. The probe paths answer, the shards export
+    disjoint pools that together are all pools, and the HA twins export the same series."""
     import time
 
     from monitor.shard import owns, parse_shard
@@ -861,45 +873,57 @@ def test_rendered_shards_start_the_daemon_and_split_the_pools(chart, tmp_path):
     daemons = []
     try:
         targets = [url for urls in fleet["replicas"].values() for url in urls]
-        values = {"sharding": {"shards": 2}, "replicaCount": 1,
+        values = {"sharding": {"shards": 2}, "replicaCount": 2,
                   "config": {"global": {"interval": "1s"},
-                             "sources": {"prometheus": None, "vllm": {"targets": targets}},
-                             "store": {"path": str(tmp_path / "store")}}}
+                             "sources": {"prometheus": None, "vllm": {"targets": targets}}}}
         objs = objects(render(chart, values))
-        config_text = one(objs, "ConfigMap")["data"]["headroom.yml"]
-        (tmp_path / "headroom.yml").write_text(config_text)
+        config = yaml.safe_load(one(objs, "ConfigMap")["data"]["headroom.yml"])
         for workload in of_kind(objs, "Deployment"):
             container = headroom_container(workload)
-            port = _free_port()
-            args = [a.replace("/etc/headroom/headroom.yml", str(tmp_path / "headroom.yml"))
-                     .replace("--web.listen-address=:9880", f"--web.listen-address=127.0.0.1:{port}")
-                    for a in container["args"]]
-            shard = parse_shard(next(a for a in args if a.startswith("--shard=")).split("=", 1)[1])
-            env = {**os.environ, **{e["name"]: e["value"] for e in container["env"] if "value" in e}}
-            env["MPLCONFIGDIR"] = str(tmp_path / "mpl")
-            log = open(tmp_path / f"daemon-{shard[0]}.log", "w")
-            proc = subprocess.Popen([sys.executable, "-m", "monitor.cli", *args, "--duration", "120"],
-                                    cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-            probes = {k: container[k]["httpGet"]["path"] for k in ("livenessProbe", "readinessProbe")}
-            daemons.append((proc, port, shard, probes))
+            shard = parse_shard(next(a for a in container["args"] if a.startswith("--shard=")).split("=", 1)[1])
+            assert workload["spec"]["replicas"] == 2
+            for twin in range(2 if shard[0] == 0 else 1):  # the pair for shard 0 only, to spare the CPUs
+                name = f"shard{shard[0]}-{twin}"
+                port = _free_port()
+                # each pod has its own /var/lib/headroom
+                own = {**config, "store": {"path": str(tmp_path / name / "store")}}
+                (tmp_path / f"{name}.yml").write_text(yaml.safe_dump(own))
+                args = [a.replace("/etc/headroom/headroom.yml", str(tmp_path / f"{name}.yml"))
+                         .replace("--web.listen-address=:9880", f"--web.listen-address=127.0.0.1:{port}")
+                        for a in container["args"]]
+                env = {**os.environ, **{e["name"]: e["value"] for e in container["env"] if "value" in e}}
+                env["MPLCONFIGDIR"] = str(tmp_path / name / "mpl")
+                log = open(tmp_path / f"{name}.log", "w")
+                proc = subprocess.Popen([sys.executable, "-m", "monitor.cli", *args, "--duration", "150"],
+                                        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+                probes = {k: container[k]["httpGet"]["path"] for k in ("livenessProbe", "readinessProbe")}
+                daemons.append((proc, port, shard, name, probes))
 
-        owned: dict[int, set[str]] = {}
-        for proc, port, shard, probes in daemons:
+        bodies: dict[str, str] = {}
+        for proc, port, shard, name, probes in daemons:
             base = f"http://127.0.0.1:{port}"
             deadline = time.monotonic() + 90
-            while _get(base + probes["readinessProbe"])[0] != 200:
-                assert proc.poll() is None, (tmp_path / f"daemon-{shard[0]}.log").read_text()[-3000:]
-                assert time.monotonic() < deadline, "daemon never became ready"
+            while True:
+                assert proc.poll() is None, (tmp_path / f"{name}.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, f"{name} never became ready with 3 cycles done"
+                if _get(base + probes["readinessProbe"])[0] == 200:
+                    status, body = _get(base + "/metrics")
+                    if status == 200 and _cycles(body) >= 3:
+                        break
                 time.sleep(0.3)
             assert _get(base + probes["livenessProbe"])[0] == 200
-            status, body = _get(base + "/metrics")
-            assert status == 200
-            owned[shard[0]] = set(re.findall(r'^headroom_replicas\{[^}]*pool="([^"]+)"', body, re.M))
-            for pool in owned[shard[0]]:
-                assert owns(pool, shard)
-        assert owned[0] and owned[1], owned
-        assert not owned[0] & owned[1], owned
-        assert len(owned[0] | owned[1]) == len(fleet["replicas"]) == 2, owned
+            bodies[name] = body
+        owned = {}
+        for proc, port, shard, name, probes in daemons:
+            owned[name] = {dict(re.findall(r'(\w+)="([^"]*)"', labels))["pool"]
+                           for _, labels in _series(bodies[name])}
+            assert all(owns(pool, shard) for pool in owned[name]), (name, owned[name])
+        assert owned["shard0-0"] and owned["shard1-0"], owned
+        assert not owned["shard0-0"] & owned["shard1-0"], owned
+        assert len(owned["shard0-0"] | owned["shard1-0"]) == len(fleet["replicas"]) == 2, owned
+        # the HA twins: same pools, same series (names and labels); dedup happens downstream
+        twin_a, twin_b = _series(bodies["shard0-0"]), _series(bodies["shard0-1"])
+        assert twin_a and twin_a == twin_b, sorted(twin_a ^ twin_b)[:10]
     finally:
         for proc, *_ in daemons:
             proc.terminate()
