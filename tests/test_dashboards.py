@@ -1,0 +1,303 @@
+"""Grafana dashboards in grafana/dashboards/: schema, generation, variables, queries.
+
+- each dashboard validates (jsonschema Draft 7) against grafana/dashboard.schema.json, generated from
+  @grafana/schema 13.2.3, and has the schemaVersion that package expects;
+- the committed JSON is exactly what grafana/build.py generates;
+- uids are unique and stable (the list below is the contract with bookmarks and the Helm chart);
+- a templated prometheus datasource is used by every panel and query, and a `pool` variable exists;
+- every panel query parses (Grafana variables substituted first) and names only metrics from
+  headroom's catalogue, the recording rules, or vLLM / gateway / DCGM metrics; label matchers on
+  headroom metrics use labels the catalogue declares, and headroom metrics with a pool label are
+  filtered by the pool variable;
+- the provisioning files are well-formed and point at what the README says.
+"""
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from monitor.catalogue import BY_NAME, CATALOGUE
+
+ROOT = Path(__file__).resolve().parents[1]
+GRAFANA = ROOT / "grafana"
+DASH_DIR = GRAFANA / "dashboards"
+SCHEMA_PATH = GRAFANA / "dashboard.schema.json"
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+names = _load("headroom_promql_names", ROOT / "tests" / "rules" / "promql_names.py")
+build = _load("headroom_grafana_build", GRAFANA / "build.py")
+
+EXPECTED_UIDS = {
+    "headroom-fleet-capacity.json": "headroom-fleet-capacity",
+    "headroom-tasks-sessions.json": "headroom-tasks-sessions",
+    "headroom-forecast.json": "headroom-forecast",
+    "headroom-efficiency.json": "headroom-efficiency",
+}
+DASHBOARD_FILES = sorted(DASH_DIR.glob("*.json"))
+
+# What Grafana substitutes before the query reaches Prometheus (values typical of a real request).
+GRAFANA_VARS = {
+    "$__rate_interval": "1m",
+    "$__interval": "30s",
+    "$__range": "6h",
+    "${pool}": "llama",
+    "$pool": "llama",
+    "$task_type": "policy_question",
+    "$horizon": "1d",
+}
+
+
+def substitute(expr: str, *, keep_template_vars: bool = False) -> str:
+    """Replace Grafana variables; with keep_template_vars only the built-in $__ durations, so
+    matcher values still read `$pool` (for checking that panels filter by it)."""
+    for k in sorted(GRAFANA_VARS, key=len, reverse=True):
+        if keep_template_vars and not k.startswith("$__"):
+            continue
+        expr = expr.replace(k, GRAFANA_VARS[k])
+    return expr
+
+
+def _dash(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def _panels(d: dict) -> list[dict]:
+    out = []
+    for p in d["panels"]:
+        out.append(p)
+        out.extend(p.get("panels", []))  # collapsed rows
+    return out
+
+
+def _targets(d: dict) -> list[tuple[str, dict]]:
+    return [(p["title"], t) for p in _panels(d) for t in p.get("targets", [])]
+
+
+@pytest.fixture(scope="module")
+def validator():
+    schema = json.loads(SCHEMA_PATH.read_text())
+    jsonschema.Draft7Validator.check_schema(schema)
+    return jsonschema.Draft7Validator(schema)
+
+
+def test_the_expected_dashboards_exist():
+    assert {p.name for p in DASHBOARD_FILES} == set(EXPECTED_UIDS)
+
+
+@pytest.mark.parametrize("path", DASHBOARD_FILES, ids=lambda p: p.name)
+def test_dashboard_validates_against_the_grafana_schema(validator, path):
+    errors = sorted(validator.iter_errors(_dash(path)), key=lambda e: list(e.path))
+    assert not errors, [f"{list(e.path)}: {e.message[:200]}" for e in errors[:10]]
+
+
+def test_the_schema_catches_broken_dashboards(validator):
+    """The validation above can fail: typical mistakes are rejected."""
+    good = _dash(DASHBOARD_FILES[0])
+    assert not list(validator.iter_errors(good))
+    for mutate in (
+        lambda d: d.__setitem__("title", 5),
+        lambda d: d.__setitem__("refresh", 30),
+        lambda d: d["panels"][1]["gridPos"].pop("w"),
+        lambda d: d["panels"][1].__setitem__("bogus", True),
+        lambda d: d["templating"]["list"][1].__setitem__("type", "dropdown"),
+        lambda d: d.__setitem__("schemaVersion", "42"),
+    ):
+        bad = copy.deepcopy(good)
+        mutate(bad)
+        assert list(validator.iter_errors(bad)), "schema accepted a broken dashboard"
+
+
+def test_schema_version_is_what_the_generated_schema_expects():
+    comment = json.loads(SCHEMA_PATH.read_text())["$comment"]
+    assert "@grafana/schema 13.2.3" in comment and "schemaVersion 42" in comment
+    assert build.SCHEMA_VERSION == 42
+    for path in DASHBOARD_FILES:
+        assert _dash(path)["schemaVersion"] == build.SCHEMA_VERSION, path.name
+
+
+def test_committed_json_equals_generated_output():
+    rendered = build.render_all()
+    assert set(rendered) == {p.name for p in DASHBOARD_FILES}
+    for path in DASHBOARD_FILES:
+        assert path.read_text() == rendered[path.name], (
+            f"{path.name} differs from grafana/build.py output; run `python grafana/build.py`"
+        )
+
+
+def test_uids_are_unique_and_stable():
+    uids = {path.name: _dash(path)["uid"] for path in DASHBOARD_FILES}
+    assert uids == EXPECTED_UIDS
+    assert len(set(uids.values())) == len(uids)
+    for uid in uids.values():
+        assert re.fullmatch(r"[a-z0-9-]{1,40}", uid), uid  # Grafana uid limit is 40 characters
+
+
+def test_datasource_is_templated_everywhere():
+    for path in DASHBOARD_FILES:
+        d = _dash(path)
+        variables = {v["name"]: v for v in d["templating"]["list"]}
+        ds = variables["datasource"]
+        assert ds["type"] == "datasource" and ds["query"] == "prometheus"
+        for p in _panels(d):
+            if p["type"] == "row":
+                continue
+            assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, (path.name, p["title"])
+            assert p["targets"], (path.name, p["title"])
+            for t in p["targets"]:
+                assert t["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, (path.name, p["title"])
+        for v in variables.values():
+            if v["type"] == "query":
+                assert v["datasource"]["uid"] == "${datasource}", (path.name, v["name"])
+
+
+def test_pool_variable():
+    for path in DASHBOARD_FILES:
+        variables = {v["name"]: v for v in _dash(path)["templating"]["list"]}
+        pool = variables["pool"]
+        assert pool["type"] == "query"
+        assert pool["query"] == "label_values(headroom_active_requests, pool)"
+        assert pool["includeAll"] and pool["allValue"] == ".*" and pool["multi"]
+        assert "pool" in BY_NAME["headroom_active_requests"].labels
+
+
+def test_panel_ids_unique_and_grid_sane():
+    for path in DASHBOARD_FILES:
+        d = _dash(path)
+        ids = [p["id"] for p in _panels(d)]
+        assert len(ids) == len(set(ids)), path.name
+        cells = set()
+        for p in d["panels"]:
+            g = p["gridPos"]
+            assert 0 <= g["x"] and g["x"] + g["w"] <= 24 and g["h"] > 0, (path.name, p["title"])
+            for x in range(g["x"], g["x"] + g["w"]):
+                for y in range(g["y"], g["y"] + g["h"]):
+                    assert (x, y) not in cells, f"{path.name}: {p['title']} overlaps another panel"
+                    cells.add((x, y))
+        for p in _panels(d):
+            refs = [t["refId"] for t in p.get("targets", [])]
+            assert len(refs) == len(set(refs)), (path.name, p["title"])
+
+
+def test_titles_unique_within_a_dashboard():
+    for path in DASHBOARD_FILES:
+        titles = [p["title"] for p in _panels(_dash(path)) if p["type"] != "row"]
+        assert len(titles) == len(set(titles)), path.name
+
+
+def _selectors(expr: str) -> list:
+    found = []
+
+    def visit(node):
+        if isinstance(node, names.pp.VectorSelector):
+            found.append((node.name, [(m.name, str(m.op), m.value) for m in node.matchers.matchers]))
+
+    names.pp.walk(names.parse(expr), pre_visit=visit)
+    return found
+
+
+def test_every_query_parses_and_names_only_known_metrics():
+    allowed = names.allowed_names()
+    problems = []
+    count = 0
+    for path in DASHBOARD_FILES:
+        for title, t in _targets(_dash(path)):
+            expr = substitute(t["expr"])
+            assert "$" not in expr, (path.name, title, expr)
+            try:
+                found = names.selector_names(expr)
+            except ValueError as e:
+                problems.append((path.name, title, f"parse error: {e}"))
+                continue
+            count += 1
+            for n in found:
+                if n is None or n not in allowed:
+                    problems.append((path.name, title, n))
+    assert not problems, problems
+    assert count >= 60
+
+
+def test_variable_queries_name_known_metrics():
+    allowed = names.allowed_names()
+    for path in DASHBOARD_FILES:
+        for v in _dash(path)["templating"]["list"]:
+            if v["type"] != "query":
+                continue
+            m = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", v["query"])
+            assert m, v["query"]
+            selector, label = m.groups()
+            metric = names.selector_names(substitute(selector))[0]
+            assert metric in allowed
+            assert label in BY_NAME[metric].labels, (metric, label)
+
+
+def test_headroom_metric_matchers_use_declared_labels_and_the_pool_filter():
+    """Catches typos like scenario→senario and panels that ignore the pool selector."""
+    fleet_level = {"headroom_source_up", "headroom_cycle_duration_seconds", "headroom_last_success_timestamp_seconds",
+                   "headroom_forecast_last_fit_timestamp_seconds"}
+    exposed = {m.exposed_name: m for m in CATALOGUE}
+    for path in DASHBOARD_FILES:
+        for title, t in _targets(_dash(path)):
+            for name, matchers in _selectors(substitute(t["expr"], keep_template_vars=True)):
+                m = exposed.get(name)
+                if m is None:
+                    if name and name.startswith("pool") and ":vllm_" in name:
+                        assert ("model_name", "MatchOp.Re", "$pool") in matchers or "sum(" in t["expr"], (
+                            path.name, title, name)
+                    continue
+                for label, _op, _value in matchers:
+                    assert label in m.labels, (path.name, title, name, label)
+                if "pool" in m.labels and name not in fleet_level:
+                    assert ("pool", "MatchOp.Re", "$pool") in matchers, (path.name, title, name)
+
+
+def test_every_headroom_metric_group_is_on_some_dashboard():
+    used = set()
+    for path in DASHBOARD_FILES:
+        for _title, t in _targets(_dash(path)):
+            used.update(n for n in names.selector_names(substitute(t["expr"])) if n)
+    for must in ("headroom_ratio", "headroom_active_requests", "headroom_queued_requests", "headroom_kv_tokens",
+                 "headroom_kv_capacity_tokens", "headroom_knee_requests", "headroom_utilisation_ratio",
+                 "headroom_task_latency_seconds", "headroom_task_calls_per_task", "headroom_slo_burn_rate",
+                 "headroom_sessions", "headroom_forecast_requests", "headroom_forecast_peak_requests",
+                 "headroom_forecast_peak_requests_upper", "headroom_exhaustion_seconds", "headroom_forecast_mase",
+                 "headroom_forecast_coverage_ratio", "headroom_sessions_per_megawatt", "headroom_power_watts",
+                 "DCGM_FI_DEV_POWER_USAGE", "headroom_generation_tokens_rate",
+                 "pool:vllm_num_requests_running:sum", "pool:vllm_kv_cache_tokens:sum",
+                 "pool_quantile:vllm_time_to_first_token_seconds:histogram_quantile5m"):
+        assert must in used, must
+
+
+def test_name_check_rejects_unknown_metrics():
+    allowed = names.allowed_names()
+    expr = substitute('sum(rate(vllm:num_request_running{model_name=~"$pool"}[$__rate_interval]))')
+    assert names.selector_names(expr) == ["vllm:num_request_running"]
+    assert "vllm:num_request_running" not in allowed
+    with pytest.raises(ValueError):
+        names.parse(substitute("sum(rate(headroom_cycles_total[$__rate_interval])"))
+
+
+def test_provisioning_files():
+    ds = yaml.safe_load((GRAFANA / "provisioning" / "datasources" / "headroom.yaml").read_text())
+    assert ds["apiVersion"] == 1
+    (source,) = ds["datasources"]
+    assert source["type"] == "prometheus" and source["access"] == "proxy" and source["url"].startswith("http")
+    prov = yaml.safe_load((GRAFANA / "provisioning" / "dashboards" / "headroom.yaml").read_text())
+    assert prov["apiVersion"] == 1
+    (provider,) = prov["providers"]
+    assert provider["type"] == "file"
+    path = provider["options"]["path"]
+    assert path in (GRAFANA / "README.md").read_text(), "README must say where to put the JSON files"
