@@ -123,7 +123,7 @@ class Pipeline:
         cfg = self.config
         self.cycles += 1
         for st in statuses:
-            if not st.up:
+            if not st.up and st.attempted:
                 key = (st.source, st.error or "unknown")
                 self.errors[key] = self.errors.get(key, 0.0) + 1
                 log.info("source %s %s down: %s", st.source, st.target, st.error)

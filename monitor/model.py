@@ -154,6 +154,7 @@ class SourceStatus:
     error: Optional[str] = None  # reason: "timeout", "connect", "http_5xx", "parse", ...
     detail: Optional[str] = None
     duration_seconds: Optional[float] = None
+    attempted: bool = True  # False while a failing target waits out its backoff (not a new error)
 
 
 @dataclass

@@ -65,7 +65,8 @@ def test_a_broken_replica_is_marked_down_and_the_rest_derived(fleet, mode, reaso
     servers[1].slow_seconds = 2.0
     cfg = Config(vllm_targets=[Target(s.url("/metrics")) for s in servers], scrape_timeout=0.5)
     p = Pipeline(cfg)
-    p.run_cycle()  # all answer? no: replica 1 is broken from the start; still one pool from the others
+    p.scraper.rng = lambda: 0.0  # no backoff wait: every cycle tries the broken replica again
+    p.run_cycle()
     snap = p.run_cycle()
     p.close()
     status = {s.target: s for s in snap.sources}
@@ -75,6 +76,31 @@ def test_a_broken_replica_is_marked_down_and_the_rest_derived(fleet, mode, reaso
     assert pool.replicas == 2
     assert pool.active_requests == 16 and pool.queued_requests == 18
     assert p.errors[("vllm", reason)] == 2
+
+
+def test_failing_target_backs_off_then_recovers(fleet):
+    servers, _ = fleet
+    p = Pipeline(Config(vllm_targets=[Target(s.url("/metrics")) for s in servers]))
+    p.scraper.rng = lambda: 1.0
+    p.scraper.base_backoff = 30.0
+    assert not p.run_cycle().pools[0].stale
+    servers[1].mode["/metrics"] = "down"
+    first = p.run_cycle()
+    assert first.pools[0].stale and first.pools[0].replicas == 2 and first.pools[0].replicas_configured == 3
+    hits = servers[1].hits["/metrics"]
+    second = p.run_cycle()  # inside the backoff: not scraped, still down, not a new error
+    assert servers[1].hits["/metrics"] == hits
+    down = [s for s in second.sources if not s.up]
+    assert len(down) == 1 and down[0].error == "http" and not down[0].attempted and "retry in" in down[0].detail
+    assert p.errors[("vllm", "http")] == 1
+    assert second.pools[0].stale and second.pools[0].replicas == 2
+    servers[1].mode["/metrics"] = "ok"
+    url = servers[1].url("/metrics")
+    n, _, last = p.scraper.failing[url]
+    p.scraper.failing[url] = (n, 0.0, last)  # the backoff has run out
+    third = p.run_cycle()
+    p.close()
+    assert all(s.up for s in third.sources) and not third.pools[0].stale and third.pools[0].replicas == 3
 
 
 def test_refused_connection_is_down(fleet):

@@ -128,7 +128,7 @@ def render(snapshot: Optional[Snapshot], trends: Trends, title: str = "headroom"
 body {{ font-family: system-ui, -apple-system, "DejaVu Sans", sans-serif; margin: 24px; color: #1d3557; background: #f8f9fa; }}
 h1 {{ margin: 0 0 4px 0; }} .muted, .lbl {{ color: #6c757d; font-size: 12px; }}
 .grid {{ display: flex; flex-wrap: wrap; gap: 16px; }}
-.card {{ background: white; border-radius: 8px; padding: 16px; width: 600px; box-shadow: 0 1px 3px #0002; border-top: 6px solid #2a9d8f; }}
+.card {{ box-sizing: border-box; background: white; border-radius: 8px; padding: 16px; width: 600px; box-shadow: 0 1px 3px #0002; border-top: 6px solid #2a9d8f; }}
 .card.warn {{ border-top-color: #e9c46a; }} .card.bad {{ border-top-color: #e63946; }}
 .kpis {{ display: flex; gap: 18px; flex-wrap: wrap; }} .kpis div {{ display: flex; flex-direction: column; }}
 .kpis b {{ font-size: 24px; }} .kpis span {{ font-size: 12px; color: #6c757d; }}

@@ -1,10 +1,11 @@
 """Direct mode: scrape every replica's /metrics, with a timeout and bounded concurrency."""
 from __future__ import annotations
 
+import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 from ..config import Target
 from ..model import ReplicaReading, SourceStatus
@@ -38,15 +39,42 @@ def scrape_one(fetcher: Fetcher, target: Target, timeout: float, clock=time.time
 
 
 class Scraper:
-    """Holds the session and worker pool across cycles."""
+    """Holds the connections and worker pool across cycles.
 
-    def __init__(self, fetcher: Fetcher, timeout: float, concurrency: int):
+    A target that fails is retried on later cycles with exponential backoff and full jitter
+    (capped at `max_backoff` seconds); while it waits it stays reported down with its last error,
+    and recovery is automatic on the first answer.
+    """
+
+    def __init__(self, fetcher: Fetcher, timeout: float, concurrency: int, base_backoff: float = 1.0,
+                 max_backoff: float = 60.0, rng: Callable[[], float] = random.random):
         self.fetcher = fetcher
         self.timeout = timeout
         self.pool = ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="scrape")
+        self.base_backoff = base_backoff
+        self.max_backoff = max_backoff
+        self.rng = rng
+        self.failing: dict[str, tuple[int, float, SourceStatus]] = {}  # url -> (failures, retry at, last)
+
+    def _one(self, target: Target, clock) -> ScrapeResult:
+        state = self.failing.get(target.url)
+        now = time.monotonic()
+        if state is not None and now < state[1]:
+            last = state[2]
+            return ScrapeResult(target, [], SourceStatus(
+                "vllm", last.target, False, last.error, f"{last.detail}; retry in {state[1] - now:.1f}s",
+                0.0, attempted=False))
+        result = scrape_one(self.fetcher, target, self.timeout, clock)
+        if result.status.up:
+            self.failing.pop(target.url, None)
+        else:
+            failures = (state[0] if state else 0) + 1
+            delay = self.rng() * min(self.max_backoff, self.base_backoff * 2 ** (failures - 1))
+            self.failing[target.url] = (failures, time.monotonic() + delay, result.status)
+        return result
 
     def scrape(self, targets: list[Target], clock=time.time) -> list[ScrapeResult]:
-        return list(self.pool.map(lambda t: scrape_one(self.fetcher, t, self.timeout, clock), targets))
+        return list(self.pool.map(lambda t: self._one(t, clock), targets))
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
