@@ -319,13 +319,15 @@ def test_dashboard_template_handles_any_dashboard_file(chart_copy):
         old.unlink()
     first = {"title": "Fleet <capacity> & headroom", "uid": "hr-fleet", "panels": [{"id": 1}]}
     (dash_dir / "Fleet_Overview.json").write_text(json.dumps(first, indent=2) + "\n")
-    (dash_dir / "pools.json").write_text('{"title": "Pools", "uid": "hr-pools", "panels": []}\n')
+    (dash_dir / "pools.json").write_text('{"title": "Pools",\n  "uid": "hr-pools", "panels": []}')  # no final newline
     objs = objects(render(chart_copy, {"dashboards": {"enabled": True, "labelValue": "yes"}}))
     maps = {cm["metadata"]["name"]: cm for cm in of_kind(objs, "ConfigMap")
             if cm["metadata"]["labels"].get("grafana_dashboard") == "yes"}
     assert sorted(maps) == [f"{RELEASE}-headroom-fleet-overview-dashboard", f"{RELEASE}-headroom-pools-dashboard"]
     fleet = maps[f"{RELEASE}-headroom-fleet-overview-dashboard"]["data"]["Fleet_Overview.json"]
     assert json.loads(fleet) == first and fleet == (dash_dir / "Fleet_Overview.json").read_text()
+    pools = maps[f"{RELEASE}-headroom-pools-dashboard"]["data"]["pools.json"]
+    assert pools == (dash_dir / "pools.json").read_text()
     (dash_dir / "broken.json").write_text('{"title": ')
     with pytest.raises(HelmError, match="broken.json"):
         render(chart_copy, {"dashboards": {"enabled": True}})
