@@ -113,6 +113,8 @@ def generate_history(config: Union[FleetConfig, str, None] = None, days: float =
             conc = call_rate * latency(np.minimum(conc / pool.replicas, per_rep_knee))
         cap = per_rep_knee * pool.replicas
         mu_full = cap / latency(per_rep_knee, np.minimum(rho_p, 0.95))
+        # the number in service fluctuates around Little's law (Poisson-like, damped)
+        conc = np.maximum(0.0, conc + rng.normal(0, 1, n) * np.sqrt(np.maximum(conc, 0)) * 0.3)
         running = np.minimum(conc, cap)
         queued = np.zeros(n)
         q = 0.0
@@ -122,8 +124,6 @@ def generate_history(config: Union[FleetConfig, str, None] = None, days: float =
             queued[i] = q
             if q > 0:
                 running[i] = cap
-        running = np.clip(running + rng.normal(0, 1, n) * np.sqrt(np.maximum(running, 0)) * 0.3,
-                          0, cap)
         kv_tokens = np.minimum(running * footprint, pool.kv_capacity_tokens * pool.replicas)
         sessions = np.zeros(n)
         for tt, r in task_rates.values():

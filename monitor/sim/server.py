@@ -186,7 +186,7 @@ def start_fleet(config: Union[FleetConfig, str, None] = None, scenario: str = "s
                 host: str = "127.0.0.1", base_port: int = 0, *, seed: Optional[int] = None,
                 speed: float = 1.0, legacy_names: bool = False, underscore_names: bool = False,
                 scenario_overrides: Optional[dict] = None,
-                record_truth: bool = True, warmup_s: float = 0.0) -> FleetHandle:
+                record_truth: bool = True, warmup_s: float = 30.0) -> FleetHandle:
     """Start the simulated fleet and its HTTP endpoints; returns a :class:`FleetHandle`.
 
     ``config`` is a FleetConfig, a YAML path, or None for the default fleet. ``base_port`` 0

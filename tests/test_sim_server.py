@@ -1,0 +1,123 @@
+"""The fleet over HTTP in real time: endpoints, content type, replica loss, demo busyness."""
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+import requests
+
+from monitor.sim.fleet import load_config
+from monitor.sim.server import start_fleet
+
+RUNNING = re.compile(r'^vllm:num_requests_running\{[^}]*\} (\S+)$', re.M)
+WAITING = re.compile(r'^vllm:num_requests_waiting\{[^}]*\} (\S+)$', re.M)
+
+
+def scrape(url: str, **kw) -> requests.Response:
+    return requests.get(url, timeout=5, **kw)
+
+
+@pytest.fixture()
+def fleet():
+    h = start_fleet(None, "steady", seed=3, warmup_s=20)
+    try:
+        yield h
+    finally:
+        h.stop()
+
+
+def test_endpoints_answer_with_classic_text(fleet):
+    assert set(fleet.replica_urls) == {"chat-8b", "agent-70b"}
+    assert len(fleet.replica_urls["chat-8b"]) == 4 and len(fleet.replica_urls["agent-70b"]) == 2
+    ports = {u.split(":")[2].split("/")[0] for u in fleet.all_urls}
+    assert len(ports) == 9  # one server each, all on distinct free ports
+    for url in fleet.all_urls:
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/metrics")
+        r = scrape(url, headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+        assert r.status_code == 200
+        assert r.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+        assert "# EOF" not in r.text
+    page = scrape(fleet.replica_urls["chat-8b"][0]).text
+    assert 'vllm:cache_config_info{' in page and 'model_name="meta-llama/Llama-3.1-8B-Instruct"' in page
+    assert "gen_ai_server_request_duration_seconds_bucket" in scrape(fleet.gateway_url).text
+    assert "agent_tasks_started_total" in scrape(fleet.app_url).text
+    assert "DCGM_FI_DEV_POWER_USAGE" in scrape(fleet.dcgm_url).text
+    base = fleet.gateway_url.rsplit("/", 1)[0]
+    assert scrape(base + "/health").status_code == 200
+    assert scrape(base + "/nope").status_code == 404
+
+
+def test_scrapes_follow_the_simulated_clock(fleet):
+    url = fleet.replica_urls["chat-8b"][0]
+    gen = re.compile(r'^vllm:generation_tokens_total\{[^}]*\} (\S+)$', re.M)
+    a = float(gen.search(scrape(url).text).group(1))
+    time.sleep(1.5)
+    b = float(gen.search(scrape(url).text).group(1))
+    assert b > a
+    with fleet.lock:
+        lag = abs(fleet.fleet.t - time.time())
+    assert lag < 1.0  # simulated clock tracks wall time
+
+
+def test_replica_loss_stops_answering():
+    h = start_fleet(None, "replica-loss", seed=4, warmup_s=0,
+                    scenario_overrides={"at_s": 1.0, "pool": "agent-70b", "replica": 0})
+    try:
+        victim = h.replica_urls["agent-70b"][0]
+        assert scrape(victim).status_code == 200
+        deadline = time.time() + 10
+        gone = False
+        while time.time() < deadline and not gone:
+            time.sleep(0.2)
+            try:
+                scrape(victim)
+            except requests.ConnectionError:
+                gone = True
+        assert gone, "lost replica still answers"
+        for url in h.replica_urls["chat-8b"] + h.replica_urls["agent-70b"][1:]:
+            assert scrape(url).status_code == 200
+        assert 'Hostname="agent-70b-0"' not in scrape(h.dcgm_url).text
+    finally:
+        h.stop()
+
+
+def test_legacy_and_underscore_names_over_http():
+    h = start_fleet(None, "steady", seed=5, warmup_s=0, legacy_names=True, underscore_names=True)
+    try:
+        page = scrape(h.replica_urls["chat-8b"][0]).text
+        assert "vllm_gpu_cache_usage_perc{" in page and "vllm:" not in page
+        assert 'engine="' not in page
+    finally:
+        h.stop()
+
+
+def test_default_demo_fleet_shows_running_and_waiting_in_both_pools_within_60s():
+    h = start_fleet()  # the defaults the demo uses
+    try:
+        seen = {pool: False for pool in h.replica_urls}
+        deadline = time.time() + 60
+        while time.time() < deadline and not all(seen.values()):
+            for pool, urls in h.replica_urls.items():
+                running = waiting = 0.0
+                for url in urls:
+                    text = scrape(url).text
+                    running += float(RUNNING.search(text).group(1))
+                    waiting += float(WAITING.search(text).group(1))
+                if running > 0 and waiting > 0:
+                    seen[pool] = True
+            time.sleep(0.25)
+        assert all(seen.values()), seen
+        # ...but not permanently saturated: below the KV knee on average
+        with h.lock:
+            state = {p: h.fleet.pool_state(p) for p in h.fleet.pools}
+        assert state["chat-8b"]["kv_usage"] < 0.95
+    finally:
+        h.stop()
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="speed"):
+        start_fleet(None, speed=0)
+    with pytest.raises(ValueError, match="unknown scenario"):
+        start_fleet(load_config(), "nope")
