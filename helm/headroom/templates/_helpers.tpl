@@ -77,6 +77,6 @@ Deployment
 {{/* Object name for a file in files/: lower-case DNS label from the base name without extension. */}}
 {{- define "headroom.fileObjectName" -}}
 {{- $base := base .path | trimSuffix ".json" | trimSuffix ".yaml" | trimSuffix ".yml" -}}
-{{- $clean := regexReplaceAll "[^a-z0-9-]+" (lower $base) "-" | trimAll "-" -}}
+{{- $clean := regexReplaceAll "[^a-z0-9-]+" (lower $base) "-" | trimAll "-" | trimPrefix "headroom-" -}}
 {{- printf "%s-%s" (include "headroom.fullname" .root | trunc 30 | trimSuffix "-") ($clean | trunc 32 | trimSuffix "-") -}}
 {{- end -}}
