@@ -964,3 +964,15 @@ def test_every_value_is_documented_in_the_chart_readme_and_the_schema(chart):
         for part in key.split("."):
             assert part in node.get("properties", {}), f"{key} is not in values.schema.json"
             node = node["properties"][part]
+
+
+def test_scraped_job_label_is_the_one_the_rules_expect(rendered):
+    # the shipped alerts watch `up{job="headroom"}`: the ServiceMonitor takes `job` from a Service label
+    objs = rendered["monitoring-values"]
+    monitor, service = one(objs, "ServiceMonitor"), one(objs, "Service")
+    job = service["metadata"]["labels"][monitor["spec"]["jobLabel"]]
+    assert job == "headroom"
+    exprs = [r.get("expr", "") for rule in of_kind(objs, "PrometheusRule")
+             for g in rule["spec"]["groups"] for r in g["rules"]]
+    jobs_in_rules = {m for e in exprs for m in re.findall(r'\bup\{[^}]*job="([^"]+)"', e)}
+    assert jobs_in_rules <= {job}, jobs_in_rules
