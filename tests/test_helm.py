@@ -31,10 +31,17 @@ MODELS_DIR = REPO / "tests" / "k8s-models"
 KUBE_VERSION = "1.30.0"
 RELEASE, NAMESPACE = "demo", "monitoring"
 
-sys.path.insert(0, str(REPO / "helm"))
-import sync as chart_sync  # noqa: E402  (helm/sync.py)
 
-sys.path.pop(0)
+def _load_sync_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("headroom_helm_sync", REPO / "helm" / "sync.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+chart_sync = _load_sync_module()  # helm/sync.py
 
 VALUE_SETS: dict[str, dict] = {"chart-defaults": {}}
 for _path in sorted((CHART_DIR / "ci").glob("*-values.yaml")):
