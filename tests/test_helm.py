@@ -527,7 +527,7 @@ def test_persistence_gives_every_pod_its_own_claim(rendered):
     assert claim["metadata"]["name"] == "data"
     assert claim["spec"]["resources"]["requests"]["storage"] == "5Gi"
     assert claim["spec"]["storageClassName"] == "standard"
-    assert claim["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    assert claim["metadata"]["annotations"] == {"example.com/backup": "daily"}
     headless = one(objs, "Service", sts["spec"]["serviceName"])
     assert headless["spec"]["clusterIP"] == "None"
     assert "data" not in {v["name"] for v in sts["spec"]["template"]["spec"]["volumes"]}
