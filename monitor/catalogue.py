@@ -56,6 +56,7 @@ CATALOGUE: tuple[MetricDef, ...] = (
     _m("headroom_last_success_timestamp_seconds", "gauge", "When the last cycle with at least one answering source ended (Unix time)."),
     _m("headroom_cycles", "counter", "Collection cycles run."),
     _m("headroom_dropped_series", "counter", "Series dropped by the cardinality caps, by what was capped.", ["what"]),
+    _m("headroom_input_anomalies", "counter", "Malformed but usable input seen in source bodies, by kind (duplicate_series, histogram_without_inf, histogram_not_cumulative, unknown_type); the value is dropped or used as documented, never fatal.", ["kind"]),
     _m("headroom_build_info", "gauge", "Build information, always 1.", ["version"]),
     # --- capacity model
     _m("headroom_knee_requests", "gauge", "Concurrent requests (active + queued) per pool at the utilisation knee, where latency turns up; source says learned or prior.", ["pool"], "capacity"),

@@ -35,6 +35,7 @@ class Pipeline:
         self.history: dict[str, deque[ReplicaReading]] = {}
         self.errors: dict[tuple[str, str], float] = {}
         self.dropped: dict[str, float] = {}
+        self.anomalies: dict[str, float] = {}  # malformed-but-usable input, by kind
         self.cycles = 0
         self.skipped_cycles = 0
         self.last_success: Optional[float] = None
@@ -85,6 +86,8 @@ class Pipeline:
             for result in self.scraper.scrape(self.config.vllm_targets, clock=self.clock):
                 readings.extend(result.readings)
                 statuses.append(result.status)
+                for kind, n in (result.anomalies or {}).items():
+                    self.anomalies[kind] = self.anomalies.get(kind, 0.0) + n
         if self.prom is not None:
             r, s = self.prom.read(now)
             readings.extend(r)

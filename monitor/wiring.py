@@ -34,6 +34,8 @@ def extra_samples(daemon) -> list[tuple[str, dict[str, str], float]]:
     out = [("headroom_cycles", {}, float(p.cycles))]
     for what, v in sorted(p.dropped.items()):
         out.append(("headroom_dropped_series", {"what": what}, v))
+    for kind, v in sorted(p.anomalies.items()):
+        out.append(("headroom_input_anomalies", {"kind": kind}, v))
     for hook in getattr(daemon, "sample_hooks", []):
         out.extend(hook())
     return out

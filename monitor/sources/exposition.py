@@ -42,6 +42,10 @@ class ParsedScrape:
     openmetrics: bool = False
     lines: int = 0
     skipped: int = 0  # sample lines not asked for
+    anomalies: dict[str, int] = field(default_factory=dict)  # kind -> count (duplicate_series, ...)
+
+    def anomaly(self, kind: str, n: int = 1) -> None:
+        self.anomalies[kind] = self.anomalies.get(kind, 0) + n
 
     def get(self, name: str) -> list[tuple[dict[str, str], float]]:
         return self.samples.get(name, [])
@@ -119,12 +123,13 @@ def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[
     if strict_end and not text.endswith("\n"):
         raise ExpositionError("body does not end with a newline (truncated?)", reason="truncated",
                               line=text.count("\n") + 1)
-    eof = text.find("# EOF")
-    if eof != -1:
+    last_line = text.rstrip("\n").rsplit("\n", 1)[-1]
+    if last_line.rstrip() == "# EOF":
         out.openmetrics = True
-        if text[eof:].strip() != "# EOF":
-            raise ExpositionError("content after # EOF", line=text.count("\n", 0, eof) + 2)
-    elif strict_end and ("# UNIT " in text):
+    elif text.startswith("# EOF\n") or "\n# EOF\n" in text:
+        eof = 0 if text.startswith("# EOF\n") else text.index("\n# EOF\n") + 1
+        raise ExpositionError("content after # EOF", line=text.count("\n", 0, eof) + 2)
+    elif strict_end and (text.startswith("# UNIT ") or "\n# UNIT " in text):
         raise ExpositionError("OpenMetrics body without # EOF (truncated?)", reason="truncated")
     samples = out.samples
     if wanted is not None:
@@ -132,7 +137,13 @@ def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[
         cache = _LABEL_CACHE
         if len(cache) > _LABEL_CACHE_MAX:
             cache.clear()
+        seen: set = set()
         for raw_name, rest in matcher.findall("\n" + text):
+            key = (raw_name, rest.rsplit("}", 1)[0] if rest[0] == "{" else "")
+            if key in seen:
+                out.anomaly("duplicate_series")
+                continue
+            seen.add(key)
             if "#" in rest:
                 _add_sample(samples, raw_name, rest, None)  # exemplar (or '#' in a label value)
                 continue
@@ -167,7 +178,10 @@ def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[
         return out
     for m in _TYPE_RE.finditer("\n" + text):
         out.types[normalise_name(m.group(1))] = m.group(2)
+        if m.group(2) not in KNOWN_TYPES:
+            out.anomaly("unknown_type")
     lineno = 0
+    seen_generic: set = set()
     for line in text.split("\n"):
         lineno += 1
         if not line or line[0] == "#":
@@ -184,10 +198,17 @@ def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[
             raise ExpositionError(f"sample line without a value: {line[:60]!r}", line=lineno)
         else:
             raw_name, rest = line[:space], line[space:]
+        key = (raw_name, rest.rsplit("}", 1)[0] if rest.startswith("{") else "")
+        if key in seen_generic:
+            out.anomaly("duplicate_series")
+            continue
+        seen_generic.add(key)
         _add_sample(samples, raw_name, rest, None, lineno)
     return out
 
 
+KNOWN_TYPES = {"counter", "gauge", "histogram", "summary", "untyped", "unknown", "info", "stateset",
+               "gaugehistogram"}
 _TYPE_RE = re.compile(r"\n# TYPE[ \t]+(\S+)[ \t]+(\S+)")
 _REGEX_CACHE: dict[frozenset, "re.Pattern[str]"] = {}
 

@@ -11,7 +11,7 @@ from ..config import Target
 from ..model import ReplicaReading, SourceStatus
 from .exposition import ExpositionError
 from .http import FetchError, Fetcher, redact
-from .vllm import readings_from_text
+from .vllm import parse_vllm, readings_from_scrape
 
 
 @dataclass
@@ -19,6 +19,7 @@ class ScrapeResult:
     target: Target
     readings: list[ReplicaReading]
     status: SourceStatus
+    anomalies: Optional[dict[str, int]] = None
 
 
 def scrape_one(fetcher: Fetcher, target: Target, timeout: float, clock=time.time) -> ScrapeResult:
@@ -26,10 +27,12 @@ def scrape_one(fetcher: Fetcher, target: Target, timeout: float, clock=time.time
     name = redact(target.url)
     try:
         text = fetcher.get(target.url, timeout)
-        readings = readings_from_text(text, name, clock(), target.labels)
+        scrape = parse_vllm(text)
+        readings = readings_from_scrape(scrape, name, clock(), target.labels)
         if not readings:
             raise FetchError("no_vllm_metrics", "no vllm:num_requests_running or KV usage series in the body")
-        return ScrapeResult(target, readings, SourceStatus("vllm", name, True, duration_seconds=time.monotonic() - start))
+        return ScrapeResult(target, readings, SourceStatus("vllm", name, True, duration_seconds=time.monotonic() - start),
+                            scrape.anomalies or None)
     except FetchError as exc:
         return ScrapeResult(target, [], SourceStatus("vllm", name, False, exc.reason, exc.detail,
                                                      time.monotonic() - start))

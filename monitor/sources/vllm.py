@@ -171,7 +171,8 @@ def readings_from_scrape(scrape: ParsedScrape, target: str, timestamp: float,
             buckets = scrape.get(base + "_bucket")
             if not buckets:
                 continue
-            for model, hist in _histograms(buckets, scrape.get(base + "_sum"), scrape.get(base + "_count")).items():
+            for model, hist in _histograms(buckets, scrape.get(base + "_sum"), scrape.get(base + "_count"),
+                                           scrape).items():
                 r = reading(model)
                 old = r.histograms.get(key)
                 r.histograms[key] = hist if old is None else (old.plus(hist) or old)
@@ -204,7 +205,7 @@ def _bound(le: str) -> Optional[float]:
     return b
 
 
-def _histograms(buckets, sums, counts) -> dict[str, Histogram]:
+def _histograms(buckets, sums, counts, scrape: Optional[ParsedScrape] = None) -> dict[str, Histogram]:
     """Group `_bucket` samples by (model, engine) and sum engines per model."""
     groups: dict[tuple, list[tuple[float, float]]] = {}
     for labels, value in buckets:
@@ -228,6 +229,11 @@ def _histograms(buckets, sums, counts) -> dict[str, Histogram]:
         if model is None:
             continue
         pairs.sort()
+        if scrape is not None and not math.isinf(pairs[-1][0]):
+            scrape.anomaly("histogram_without_inf")  # used as is: the count comes from _count
+        if scrape is not None and any(b[1] < a[1] for a, b in zip(pairs, pairs[1:])):
+            scrape.anomaly("histogram_not_cumulative")
+            continue
         bounds = tuple(b for b, _ in pairs)
         cum = tuple(c for _, c in pairs)
         hist = Histogram(bounds, cum, sum_by.get(key, 0.0), count_by.get(key, cum[-1]))
