@@ -254,7 +254,7 @@ class PrometheusRun:
                     t = p.times()
                     for i in range(p.n):
                         if p.observed[i]:
-                            f.write(f'bench_rate{{series="{label}"}} {p.values[i]!r} {t[i]:.0f}\n')
+                            f.write(f'bench_rate{{series="{label}"}} {float(p.values[i])!r} {t[i]:.0f}\n')
             f.write("# EOF\n")
         data = os.path.join(self.dir, "data")
         os.makedirs(data)

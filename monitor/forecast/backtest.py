@@ -30,8 +30,8 @@ class ForecastSettings:
     models: tuple[str, ...] = FALLBACK_ORDER  # candidates, in fallback order
     folds: int = 2  # rolling origins per backtest
     fold_horizon_seconds: float = DAY  # horizon of each backtest fold (capped at the horizon asked)
-    calibration_seconds: float = DAY  # at least this much forecast time in the calibration folds
-    max_folds: int = 6
+    calibration_seconds: float = DAY / 2  # at least this much forecast time in the calibration folds
+    max_folds: int = 4
     calibrate: bool = True
     min_calibration_points: int = 24
     fit_timeout_seconds: Optional[float] = None  # time box per fit (None: no box, run inline)
@@ -65,7 +65,8 @@ def mase_scale(prep: Prepared) -> float:
     if not pair.any():
         return math.nan
     scale = float(np.mean(np.abs(y[m:] - y[:-m])[pair]))
-    return scale if scale > 0 else math.nan
+    tiny = 1e-9 * float(np.mean(np.abs(y[ok]))) if ok.any() else 0.0
+    return scale if scale > tiny else math.nan  # exactly periodic (up to rounding): undefined
 
 
 def score(actual: np.ndarray, fc: Forecast, observed: np.ndarray, scale: float) -> dict:

@@ -278,8 +278,9 @@ class HourlySARIMAX(Model):
         k = self._agg(prep)
         y = prep.values.astype(float)
         usable = (len(y) // k) * k
-        hourly = y[len(y) - usable:].reshape(-1, k).mean(axis=1)  # hours end at the last point
-        hourly = hourly[-21 * 24:]  # three weeks are plenty and keep the fit time bounded
+        blocks = y[len(y) - usable:].reshape(-1, k)  # hours end at the last point
+        hourly = blocks.mean(axis=1)[-21 * 24:]
+        within_var = float(np.mean(blocks.var(axis=1))) if k > 1 else 0.0
         if np.ptp(hourly) == 0:
             return _ConstantFit(self.name, float(y[-1]))
         s = self.season
@@ -292,13 +293,13 @@ class HourlySARIMAX(Model):
             raise FitError(f"sarimax: {exc}") from exc
         finally:
             ctx.__exit__(None, None, None)
-        return _SARIMAXFit(self.name, res, scale, k, hourly, s)
+        return _SARIMAXFit(self.name, res, scale, k, hourly, s, within_var)
 
 
 class _SARIMAXFit(Fitted):
-    def __init__(self, name, res, scale, k, hourly, season):
+    def __init__(self, name, res, scale, k, hourly, season, within_var):
         self.model_name, self.res, self.scale, self.k = name, res, scale, k
-        self.hourly, self.season = hourly, season
+        self.hourly, self.season, self.within_var = hourly, season, within_var
 
     def forecast(self, h: int) -> Forecast:
         s = self.season
@@ -317,8 +318,8 @@ class _SARIMAXFit(Fitted):
         ys = np.concatenate([[self.hourly[-1]], hm])
         t = np.arange(1, h + 1) - 0.5
         mean = np.maximum(np.interp(t, xs, ys), 0.0)
-        # hourly variance is for hourly means; a point inside the hour varies about sqrt(k) more
-        sigma = np.sqrt(np.interp(t, xs[1:], hvar) * self.k)
+        # hourly variance is for hourly means; add the spread of points around their hour's mean
+        sigma = np.sqrt(np.interp(t, xs[1:], hvar) + self.within_var)
         return Forecast(mean, _normal_bands(mean, sigma), self.model_name)
 
 

@@ -1,0 +1,179 @@
+"""Rolling-origin backtest, selection, calibration, time boxes, undefined results."""
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from monitor.forecast import models as models_mod
+from monitor.forecast.backtest import (ForecastSettings, apply_calibration, calibrate, forecast_series,
+                                       mase_scale, origins_for, rank_models, rolling_origin, score)
+from monitor.forecast.models import Forecast, Model, SeasonalNaive
+from monitor.forecast.series import prepare
+
+HOUR = 3600.0
+
+
+def noisy_daily(days, sigma=0.05, seed=0, trend=0.0):
+    rng = np.random.default_rng(seed)
+    i = np.arange(int(days * 24))
+    y = 40 * (1 + trend * i / 24) * (1 + 0.5 * np.sin(2 * np.pi * i / 24)) * rng.normal(1, sigma, len(i))
+    return pd.Series(y, index=1_699_920_000.0 + HOUR * i)
+
+
+def test_scores_on_a_hand_computed_example():
+    actual = np.array([10.0, 20.0, 30.0, 40.0])
+    mean = np.array([12.0, 18.0, 30.0, 50.0])
+    bands = {0.8: (mean - 1, mean + 1), 0.95: (mean - 5, mean + 5)}
+    s = score(actual, Forecast(mean, bands), np.array([True, True, True, False]), scale=2.0)
+    assert s["mase"] == pytest.approx((2 + 2 + 0) / 3 / 2.0)  # the unobserved 4th point is ignored
+    assert s["coverage80"] == pytest.approx(1 / 3)
+    assert s["coverage95"] == pytest.approx(1.0)
+    assert s["smape"] == pytest.approx(100 * np.mean([4 / 22, 4 / 38, 0.0]))
+    assert s["width95_ratio"] == pytest.approx(10 / 20)
+
+
+def test_mase_scale_is_the_in_sample_one_day_seasonal_naive_error():
+    p = prepare(noisy_daily(4, seed=2))
+    y = p.values
+    assert mase_scale(p) == pytest.approx(np.mean(np.abs(y[24:] - y[:-24])))
+    flat = prepare(pd.Series(np.ones(100), index=HOUR * np.arange(100)))
+    assert np.isnan(mase_scale(flat))
+
+
+def test_rolling_origin_refits_on_everything_before_each_origin():
+    p = prepare(noisy_daily(6, seed=1))
+    origins = origins_for(p.n, 24, 3)
+    assert origins == [p.n - 72, p.n - 48, p.n - 24]
+    folds, errors = rolling_origin(p, "snaive_day", 24, origins)
+    assert errors == [] and [f.origin for f in folds] == origins
+    for f in folds:  # the seasonal naive of the day before each origin, never data after it
+        assert f.forecast.mean == pytest.approx(p.values[f.origin - 24:f.origin])
+        assert f.actual == pytest.approx(p.values[f.origin:f.origin + 24])
+
+
+def test_selection_picks_the_model_that_wins_the_backtest_and_bands_are_calibrated():
+    p = prepare(noisy_daily(10, sigma=0.08, seed=4, trend=0.03))  # trending: naive lags
+    r = forecast_series(p, 24, ForecastSettings(models=("ets", "snaive_day")))
+    assert r.defined and r.model == "ets" and r.selected_by == "backtest"
+    assert r.skill["ets"]["mase"] < r.skill["snaive_day"]["mase"]
+    assert r.calibration is not None and r.calibration.kind == "ratio"
+    lo80, hi80 = r.forecast.bands[0.8]
+    lo95, hi95 = r.forecast.bands[0.95]
+    assert np.all(lo95 <= lo80) and np.all(hi80 <= hi95)
+
+
+def test_calibrated_bands_cover_held_out_data_near_their_level():
+    covered80, covered95 = [], []
+    for seed in range(3):
+        s = noisy_daily(12, sigma=0.1, seed=10 + seed)
+        p = prepare(s)
+        train = p.head(p.n - 48)
+        r = forecast_series(train, 48, ForecastSettings(models=("snaive_day",), folds=4,
+                                                          max_folds=4))
+        a = p.values[p.n - 48:]
+        lo, hi = r.forecast.bands[0.8]
+        covered80 += list((a >= lo) & (a <= hi))
+        lo, hi = r.forecast.bands[0.95]
+        covered95 += list((a >= lo) & (a <= hi))
+    assert 0.6 <= np.mean(covered80) <= 0.97
+    assert 0.85 <= np.mean(covered95) <= 1.0
+
+
+def test_calibration_uses_ratio_quantiles():
+    from monitor.forecast.backtest import Fold
+    mean = np.full(100, 10.0)
+    actual = mean * np.linspace(0.5, 1.5, 100)
+    fold = Fold(0, Forecast(mean, {}), actual, np.ones(100, bool))
+    cal = calibrate([fold], min_points=24)
+    assert cal.kind == "ratio"
+    lo, hi = cal.quantiles[0.8]
+    assert 0.55 < lo < 0.65 and 1.35 < hi < 1.45
+    out = apply_calibration(Forecast(np.array([20.0]), {}), cal)
+    assert out.bands[0.8][0][0] == pytest.approx(20 * lo) and out.bands[0.8][1][0] == pytest.approx(20 * hi)
+    assert calibrate([fold], min_points=1000) is None  # too few residuals: keep native bands
+
+
+def test_rank_models_prefers_the_earlier_model_within_the_tolerance():
+    skill = {"ets": {"mase": 0.52}, "mstl": {"mase": 0.50}, "snaive_day": {"mase": 0.9},
+             "sarimax": {"mase": None}}
+    order = ["ets", "mstl", "sarimax", "snaive_day"]
+    assert rank_models(skill, order, 0.10) == ["ets", "mstl", "snaive_day", "sarimax"]
+    assert rank_models(skill, order, 0.0) == ["mstl", "ets", "snaive_day", "sarimax"]
+
+
+def test_too_short_history_is_undefined_with_a_reason_not_an_exception():
+    p = prepare(noisy_daily(0.5))
+    r = forecast_series(p, 24)
+    assert not r.defined and r.forecast is None
+    assert "history too short: 12 points" in r.reason and "needs" in r.reason
+
+
+def test_gaps_and_nan_are_filled_for_fitting_and_never_scored():
+    s = noisy_daily(8, seed=5)
+    s.iloc[50:60] = np.nan
+    s = s.drop(s.index[100:110])  # missing timestamps
+    p = prepare(s)
+    assert (~p.observed).sum() == 20
+    r = forecast_series(p, 24, ForecastSettings(models=("ets", "snaive_day")))
+    assert r.defined and np.all(np.isfinite(r.forecast.mean))
+    assert sum(f["points"] for f in r.skill.values()) == sum(
+        int(p.observed[o:o + 24].sum()) for o in origins_for(p.n, 24, 2)) * len(r.skill)
+
+
+def test_counter_reset_negative_rates_do_not_drag_the_forecast_down():
+    s = noisy_daily(8, sigma=0.02, seed=6)
+    clean = forecast_series(prepare(s), 24, ForecastSettings(models=("snaive_day",)))
+    s.iloc[-5] = -1e6  # rate() over a naive counter delta across a reset
+    reset = forecast_series(prepare(s), 24, ForecastSettings(models=("snaive_day",)))
+    assert reset.forecast.mean.min() >= 0
+    assert np.max(np.abs(reset.forecast.mean - clean.forecast.mean)) < 0.2 * np.mean(clean.forecast.mean)
+
+
+class _SlowModel(Model):
+    name = "slow"
+
+    def min_history(self, prep):
+        return 2
+
+    def fit(self, prep):
+        time.sleep(60)  # far beyond any time box in this test
+        raise AssertionError("not reached")
+
+
+class _BrokenModel(Model):
+    name = "broken"
+
+    def min_history(self, prep):
+        return 2
+
+    def fit(self, prep):
+        raise models_mod.FitError("broken: singular matrix")
+
+
+def test_a_fit_over_its_time_box_is_abandoned_reported_and_the_next_model_used(monkeypatch):
+    monkeypatch.setitem(models_mod.MODELS, "slow", _SlowModel())
+    monkeypatch.setitem(models_mod.MODELS, "broken", _BrokenModel())
+    p = prepare(noisy_daily(3))
+    r = forecast_series(p, 24, ForecastSettings(models=("slow", "broken", "snaive_day"),
+                                                 fit_timeout_seconds=2.0, folds=1, max_folds=1))
+    assert r.defined and r.model == "snaive_day"
+    assert any("abandoned after 2 s" in e for e in r.errors["slow"])
+    assert any("singular matrix" in e for e in r.errors["broken"])
+
+
+def test_every_model_failing_is_undefined_with_the_reasons(monkeypatch):
+    monkeypatch.setitem(models_mod.MODELS, "broken", _BrokenModel())
+    r = forecast_series(prepare(noisy_daily(3)), 24, ForecastSettings(models=("broken",)))
+    assert not r.defined and "every model failed" in r.reason and "singular matrix" in r.reason
+
+
+def test_settings_validate_their_fields():
+    with pytest.raises(ValueError, match="unknown forecast model 'nope'"):
+        ForecastSettings(models=("nope",))
+    with pytest.raises(ValueError, match="folds"):
+        ForecastSettings(folds=0)
+    with pytest.raises(ValueError, match="fit_timeout_seconds"):
+        ForecastSettings(fit_timeout_seconds=0)
+    with pytest.raises(ValueError, match="horizon"):
+        forecast_series(prepare(noisy_daily(3)), 0)

@@ -1,0 +1,69 @@
+"""ForecastScheduler: APScheduler job refits in the background and publishes the latest result."""
+import threading
+
+import numpy as np
+import pandas as pd
+
+from monitor.forecast.backtest import ForecastSettings
+from monitor.forecast.pool import PoolSettings
+from monitor.forecast.scheduler import ForecastScheduler, LatestResult, RefitResult
+
+HOUR = 3600.0
+
+
+def series(days=5, level=20.0):
+    i = np.arange(days * 24)
+    y = level * (1 + 0.5 * np.sin(2 * np.pi * i / 24)) + np.random.default_rng(0).normal(0, 0.5, len(i))
+    return pd.Series(y, index=1_700_000_000.0 + HOUR * i)
+
+
+SETTINGS = PoolSettings(forecast=ForecastSettings(models=("snaive_day",)), horizons=("1h", "1d"))
+
+
+def test_background_job_refits_and_publishes_without_blocking_readers():
+    calls = []
+
+    def load():
+        calls.append(threading.current_thread().name)
+        return {"a": {"active_requests": series()}, "b": {"active_requests": series(level=5)}}
+
+    sched = ForecastScheduler(load, lambda: {"a": 25.0, "b": 1000.0}, SETTINGS,
+                              interval_minutes=60, clock=lambda: 1_700_500_000.0)
+    assert sched.latest.get() is None
+    sched.start()
+    try:
+        res = sched.latest.wait_for(1, timeout=60)
+    finally:
+        sched.shutdown()
+    assert res is not None and res.runs == 1 and res.errors == {}
+    assert set(res.pools) == {"a", "b"}
+    assert res.started == 1_700_500_000.0
+    assert calls and calls[0] != threading.main_thread().name  # ran in the scheduler's worker
+    assert res.pools["a"]["exhaustion_seconds"] < 86400  # 25 is crossed by the daily peak (~30)
+    assert res.pools["b"]["exhaustion_seconds"] == float("inf")
+    assert not sched.running
+
+
+def test_failed_history_load_keeps_the_previous_forecasts_and_reports():
+    state = {"fail": False}
+
+    def load():
+        if state["fail"]:
+            raise ConnectionError("prometheus unreachable")
+        return {"a": {"active_requests": series()}}
+
+    sched = ForecastScheduler(load, lambda: {}, SETTINGS, clock=lambda: 1.0)
+    first = sched.refit_now()
+    assert "a" in first.pools and first.errors == {}
+    state["fail"] = True
+    second = sched.refit_now()
+    assert second.runs == 2
+    assert "prometheus unreachable" in second.errors["history"]
+    assert second.pools is first.pools  # the last good forecasts stay published
+
+
+def test_latest_result_wait_times_out_and_returns_none():
+    latest = LatestResult()
+    assert latest.wait_for(1, timeout=0.05) is None
+    latest.set(RefitResult(runs=1))
+    assert latest.wait_for(1, timeout=0.05).runs == 1
