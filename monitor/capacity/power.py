@@ -37,7 +37,8 @@ def join_keys(target: str, labels: Optional[dict] = None) -> set[str]:
     return keys
 
 
-def power_by_pool(samples: Iterable[tuple[str, dict, float]], key_to_pool: dict[str, str]) -> tuple[dict, int]:
+def power_by_pool(samples: Iterable[tuple[str, dict, float]], key_to_pool: dict[str, Optional[str]],
+                  first_label: Optional[str] = None) -> tuple[dict, int]:
     """Sum GPU watts per pool. Returns ({pool: watts}, unmatched series count).
 
     key_to_pool maps join keys (see key_map) to pool names; a key mapped to None is ambiguous (two
@@ -45,13 +46,14 @@ def power_by_pool(samples: Iterable[tuple[str, dict, float]], key_to_pool: dict[
     """
     out: dict[str, float] = {}
     unmatched = 0
+    order = ((first_label,) if first_label else ()) + tuple(x for x in JOIN_LABELS if x != first_label)
     for name, labels, value in samples:
         if name not in POWER_NAMES:
             continue
         if value is None or math.isnan(value) or value >= SENTINEL or value < 0:
             continue
         pool = None
-        for lab in JOIN_LABELS:
+        for lab in order:
             v = labels.get(lab)
             if not v:
                 continue
