@@ -1,0 +1,126 @@
+"""`headroom loadtest`: closed-loop agent-task load test against an OpenAI-compatible endpoint."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from ..config import parse_duration
+from .analyze import analyze
+from .client import TargetError, api_base
+from .mix import MixError, load_mix
+from .report import write
+from .runner import Runner, detect_model, terminal_progress
+from .schedule import PATTERNS, build_plan
+
+
+def _duration(v: str) -> float:
+    try:
+        d = parse_duration(v if not v.replace(".", "", 1).isdigit() else float(v))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if d <= 0:
+        raise argparse.ArgumentTypeError(f"duration must be > 0, got {v!r}")
+    return d
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", action="append", required=True, metavar="URL",
+                   help="OpenAI-compatible base URL (http://host:port or .../v1); repeat for the replicas of a pool "
+                        "(calls go to the target with the fewest calls in flight)")
+    p.add_argument("--mix", required=True, metavar="FILE", help="task mix YAML (docs/loadtest.md)")
+    p.add_argument("--pattern", choices=PATTERNS, default="sustained", help="arrival pattern (default sustained)")
+    p.add_argument("--duration", type=_duration, required=True, help="load duration: 30s, 5m, or seconds")
+    p.add_argument("--metrics", action="append", default=[], metavar="URL",
+                   help="vLLM /metrics URL read every --scrape-interval while the load runs; repeatable")
+    p.add_argument("--out", default=None, metavar="DIR", help="report directory (default ./loadtest-<time>)")
+    p.add_argument("--api-key-file", default=None, metavar="F", help="file holding the target's API key")
+    p.add_argument("--api-key-env", default=None, metavar="VAR", help="environment variable holding the API key")
+    p.add_argument("--model", default=None, help="model name (default: the first of GET /v1/models)")
+    p.add_argument("--seed", type=int, default=1, help="seed of prompts, lengths, waits and arrivals (default 1)")
+    p.add_argument("--sessions", type=int, default=None, help="burst: sessions per wave (overrides the mix)")
+    p.add_argument("--replicas", type=int, default=None,
+                   help="reduced-capacity: use the first N --target URLs (default: all but one)")
+    p.add_argument("--scrape-interval", type=float, default=1.0, help="seconds between metric reads (default 1)")
+    p.add_argument("--probes", type=int, default=3,
+                   help="unloaded sequential calls before the load, for the unloaded TTFT (default 3)")
+
+
+def _api_key(args) -> tuple[str | None, str]:
+    if args.api_key_file and args.api_key_env:
+        raise ValueError("give one of --api-key-file or --api-key-env, not both")
+    if args.api_key_file:
+        try:
+            with open(args.api_key_file, encoding="utf-8") as f:
+                key = f.read().strip()
+        except OSError as exc:
+            raise ValueError(f"--api-key-file {args.api_key_file}: cannot read ({exc.strerror})") from None
+        if not key:
+            raise ValueError(f"--api-key-file {args.api_key_file}: the file is empty")
+        return key, "from file"
+    if args.api_key_env:
+        key = os.environ.get(args.api_key_env, "").strip()
+        if not key:
+            raise ValueError(f"--api-key-env {args.api_key_env}: the variable is not set or empty")
+        return key, f"from ${args.api_key_env}"
+    return None, "none"
+
+
+def run(args) -> int:
+    err = sys.stderr
+    try:
+        mix = load_mix(args.mix)
+        targets = list(args.target)
+        for t in targets:
+            api_base(t)
+        for m in args.metrics:
+            api_base(m)  # same URL checks (scheme, host, no credentials)
+        key, key_source = _api_key(args)
+        metrics = list(args.metrics)
+        reduced = None
+        if args.pattern == "reduced-capacity":
+            n = len(targets)
+            keep = args.replicas if args.replicas is not None else max(1, n - 1)
+            if not 1 <= keep <= n:
+                raise ValueError(f"--replicas must be within 1..{n} (the --target URLs given), got {keep}")
+            if len(metrics) == n:
+                metrics = metrics[:keep]
+            reduced = {"replicas_given": n, "replicas_used": keep,
+                       "note": ("first %d of %d targets" % (keep, n)) if keep < n else
+                       "one target given: it is taken to be the reduced pool (point --target at it)"}
+            targets = targets[:keep]
+        elif args.replicas is not None:
+            raise ValueError("--replicas applies to --pattern reduced-capacity only")
+        if args.sessions is not None and args.sessions < 1:
+            raise ValueError(f"--sessions must be >= 1, got {args.sessions}")
+        if args.scrape_interval <= 0:
+            raise ValueError("--scrape-interval must be > 0")
+        plan = build_plan(mix, args.pattern, args.duration, args.seed, args.sessions)
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        model = args.model or detect_model(api_base(targets[0]), headers)
+    except (MixError, TargetError, ValueError, ConnectionError) as exc:
+        err.write(f"headroom loadtest: {exc}\n")
+        return 2
+    out = args.out or f"loadtest-{time.strftime('%Y%m%d-%H%M%S')}"
+    runner = Runner(mix, plan, targets, model, args.seed, api_key=key, metrics=metrics,
+                    scrape_interval=args.scrape_interval, probes=args.probes, progress=terminal_progress(err))
+    res = runner.run()
+    meta = {"targets": targets, "metrics": metrics, "seed": args.seed, "mix_file": os.path.basename(args.mix),
+            "api_key": key_source, "reduced_capacity": reduced}
+    rep = analyze(mix, plan, res, meta)
+    paths = write(rep, out)
+    c, k, op, u = rep["counts"], rep["knee"], rep["operating_point"], rep["usable_capacity"]
+    print(f"calls {c['calls']} ok {c['succeeded']} failed {c['failed']} (timed out {c['timed_out']}); "
+          f"tasks {c['tasks']} completed {c['tasks_completed']}")
+    print(f"knee: {'%.1f calls in flight (confidence %.2f)' % (k['concurrency'], k['confidence']) if k else 'not found'}")
+    print(f"usable capacity at the SLO: {u['concurrency']:.1f} calls in flight, {u['calls_per_second']:.2f} calls/s")
+    if op.get("concurrency") is not None:
+        print(f"recommended operating point: {op['concurrency']:.1f} calls in flight ({op['basis']}, "
+              f"margin {op['margin']:.0%})")
+    if rep.get("agreement"):
+        a = rep["agreement"]
+        print(f"client vs server: succeeded {a['succeeded']['client']} vs {a['succeeded']['server']}; mean queue "
+              f"{a['queue_mean_seconds']['client_estimate']} vs {a['queue_mean_seconds']['server']} s")
+    print(f"report: {paths['html']} and {paths['json']}")
+    return 0 if c["succeeded"] > 0 else 1
