@@ -54,7 +54,8 @@ class Daemon:
         self.scheduler.start()
 
     def stop(self) -> None:
-        self.scheduler.shutdown(wait=False)
+        if self.scheduler.running:
+            self.scheduler.shutdown(wait=False)
         self.server.shutdown()
         self.server.server_close()
         self.pipeline.close()

@@ -65,14 +65,15 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self):
         path = self.path.split("?", 1)[0]
+        # probes stay open (kubelet has no credentials); they reveal nothing but up/ready
         if path == "/-/healthy":
             return self._send(200, b"Healthy.\n")
-        if not self.state.authorize(self.headers.get("Authorization")):
-            return self._send(401, b"Unauthorized\n", extra={"WWW-Authenticate": 'Basic realm="headroom"'})
         if path == "/-/ready":
             if self.state.ready:
                 return self._send(200, b"Ready.\n")
             return self._send(503, b"Not ready: the first cycle has not finished.\n")
+        if not self.state.authorize(self.headers.get("Authorization")):
+            return self._send(401, b"Unauthorized\n", extra={"WWW-Authenticate": 'Basic realm="headroom"'})
         if path == "/metrics":
             return self._send(200, self.state.exposition.body(), CONTENT_TYPE_LATEST)
         if path in ("/", "/index.html"):

