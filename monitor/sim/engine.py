@@ -30,6 +30,8 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
+import numpy as np
+
 # vLLM 0.33 default histogram bounds (vllm/v1/metrics/buckets.py, metrics-reference §1.3)
 REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
                            50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
@@ -56,20 +58,72 @@ def request_token_buckets(max_model_len: int) -> tuple[float, ...]:
 
 
 class Histo:
-    """Cumulative-on-render histogram accumulator (per-bucket counts kept non-cumulative)."""
+    """Histogram accumulator. Single observations are buffered and binned in bulk with numpy
+    when the histogram is read (``counts``, ``sum``, ``count``, ``cumulative()``), which keeps
+    the per-request cost of the simulation low."""
 
-    __slots__ = ("bounds", "counts", "sum", "count")
+    __slots__ = ("bounds", "_counts", "_sum", "_count", "_pending", "_np_bounds")
 
     def __init__(self, bounds):
         self.bounds = tuple(float(b) for b in bounds)
-        self.counts = [0] * (len(self.bounds) + 1)  # last = +Inf overflow
-        self.sum = 0.0
-        self.count = 0
+        self._np_bounds = np.asarray(self.bounds, dtype=np.float64)
+        self._counts = [0] * (len(self.bounds) + 1)  # non-cumulative; last = +Inf overflow
+        self._sum = 0.0
+        self._count = 0
+        self._pending: list[float] = []
 
     def observe(self, value: float, times: int = 1) -> None:
-        self.counts[bisect_left(self.bounds, value)] += times
-        self.sum += value * times
-        self.count += times
+        if times == 1:
+            self._pending.append(value)
+            if len(self._pending) >= 4096:
+                self._flush()
+            return
+        self._counts[bisect_left(self.bounds, value)] += times
+        self._sum += value * times
+        self._count += times
+
+    def add_many(self, vals: np.ndarray) -> None:
+        """Observe every value of a float array."""
+        if len(vals) == 0:
+            return
+        idx = np.searchsorted(self._np_bounds, vals, side="left")
+        binned = np.bincount(idx, minlength=len(self._counts))
+        c = self._counts
+        for i, v in enumerate(binned.tolist()):
+            if v:
+                c[i] += v
+        self._sum += float(vals.sum())
+        self._count += len(vals)
+
+    def _flush(self) -> None:
+        pend = self._pending
+        if not pend:
+            return
+        vals = np.asarray(pend, dtype=np.float64)
+        self._pending = []
+        idx = np.searchsorted(self._np_bounds, vals, side="left")
+        binned = np.bincount(idx, minlength=len(self._counts))
+        c = self._counts
+        for i, v in enumerate(binned.tolist()):
+            if v:
+                c[i] += v
+        self._sum += math.fsum(pend)
+        self._count += len(pend)
+
+    @property
+    def counts(self) -> list[int]:
+        self._flush()
+        return self._counts
+
+    @property
+    def sum(self) -> float:
+        self._flush()
+        return self._sum
+
+    @property
+    def count(self) -> int:
+        self._flush()
+        return self._count
 
     def observe_linear(self, first: float, step: float, k: int, weight: int = 1) -> None:
         """Observe first, first+step, ..., first+(k-1)*step (step >= 0), each ``weight`` times."""
@@ -79,6 +133,7 @@ class Histo:
             self.observe(first, k * weight)
             return
         prev = 0
+        c = self._counts
         for i, b in enumerate(self.bounds):
             # values <= b: first + s*step <= b  ->  s <= (b - first)/step
             if b < first:
@@ -87,14 +142,14 @@ class Histo:
                 q = (b - first) / step
                 n_le = k if q >= k else min(k, int(math.floor(q + 1e-9)) + 1)
             if n_le > prev:
-                self.counts[i] += (n_le - prev) * weight
+                c[i] += (n_le - prev) * weight
                 prev = n_le
             if prev >= k:
                 break
         if prev < k:
-            self.counts[-1] += (k - prev) * weight
-        self.sum += weight * (k * first + step * k * (k - 1) / 2.0)
-        self.count += k * weight
+            c[-1] += (k - prev) * weight
+        self._sum += weight * (k * first + step * k * (k - 1) / 2.0)
+        self._count += k * weight
 
     def cumulative(self) -> list[int]:
         out, acc = [], 0
@@ -226,18 +281,33 @@ class Request:
         return "length" if self.output >= self.max_tokens else "stop"
 
 
-@dataclass
 class _Op:
-    kind: str  # "step" or "jump"
-    t0: float
-    t_end: float
-    k: int = 1
-    n: int = 0  # decoding requests during the op
-    a: float = 0.0  # seconds per step independent of KV (jump)
-    kv0: float = 0.0  # KV tokens at the first step (jump)
-    c: float = 0.0  # seconds per KV token (jump)
-    chunks: list = field(default_factory=list)  # (req, tokens) prefill chunks of a step
-    prefill_tokens: int = 0
+    """What the replica is doing until ``t_end``: one step (with prefill chunks) or a jump."""
+
+    __slots__ = ("kind", "t0", "t_end", "k", "n", "a", "kv0", "c", "chunks", "prefill_tokens")
+
+    def __init__(self, kind: str, t0: float, t_end: float, k: int = 1, n: int = 0,
+                 a: float = 0.0, kv0: float = 0.0, c: float = 0.0, chunks: tuple = (),
+                 prefill_tokens: int = 0):
+        self.kind = kind  # "step", "jump" or "idle-wake"
+        self.t0 = t0
+        self.t_end = t_end
+        self.k = k
+        self.n = n  # decoding requests during the op
+        self.a = a  # seconds per step independent of KV (jump)
+        self.kv0 = kv0  # KV tokens at the first step (jump)
+        self.c = c  # seconds per KV token (jump)
+        self.chunks = chunks  # (req, tokens) prefill chunks of a step
+        self.prefill_tokens = prefill_tokens
+
+
+# column order of ReplicaStats.rows -> histogram fed by that column
+ROW_HISTOGRAMS = (
+    "e2e_request_latency_seconds", "request_queue_time_seconds", "request_prefill_time_seconds",
+    "request_decode_time_seconds", "request_inference_time_seconds", "request_prompt_tokens",
+    "request_generation_tokens", "request_params_max_tokens", "request_num_preemptions",
+    "request_prefill_kv_computed_tokens", "request_time_per_output_token_seconds",
+)
 
 
 class ReplicaStats:
@@ -254,7 +324,8 @@ class ReplicaStats:
         self.prefix_queries = 0
         self.prefix_hits = 0
         self.success = {"stop": 0, "length": 0, "abort": 0, "error": 0, "repetition": 0}
-        self.h = {
+        self.rows: list[tuple] = []  # finished requests not yet binned (see ROW_HISTOGRAMS)
+        self._h = {
             "request_prompt_tokens": Histo(tok),
             "request_generation_tokens": Histo(tok),
             "iteration_tokens_total": Histo(ITERATION_TOKENS_BUCKETS),
@@ -272,12 +343,43 @@ class ReplicaStats:
             "request_num_preemptions": Histo(NUM_PREEMPTIONS_BUCKETS),
             "request_prefill_kv_computed_tokens": Histo(tok),
         }
+        self._http_duration_highr = Histo((0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0,
+                                           1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 7.5, 10.0,
+                                           30.0, 60.0))
+        self._http_duration = Histo((0.1, 0.5, 1.0))
         self.http_requests = 0
         self.http_request_bytes = 0
         self.http_response_bytes = 0
-        self.http_duration_highr = Histo((0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5,
-                                          2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 7.5, 10.0, 30.0, 60.0))
-        self.http_duration = Histo((0.1, 0.5, 1.0))
+
+    def flush(self) -> None:
+        """Bin the finished-request rows into the per-request histograms (vectorised)."""
+        rows = self.rows
+        if not rows:
+            return
+        self.rows = []
+        cols = np.asarray(rows, dtype=np.float64).T
+        for i, key in enumerate(ROW_HISTOGRAMS):
+            if key is not None:
+                self._h[key].add_many(cols[i])
+        self._h["request_max_num_generation_tokens"].add_many(cols[6])
+        self._h["request_params_n"].observe(1.0, len(rows))
+        self._http_duration_highr.add_many(cols[0])
+        self._http_duration.add_many(cols[0])
+
+    @property
+    def h(self) -> dict[str, "Histo"]:
+        self.flush()
+        return self._h
+
+    @property
+    def http_duration_highr(self) -> "Histo":
+        self.flush()
+        return self._http_duration_highr
+
+    @property
+    def http_duration(self) -> "Histo":
+        self.flush()
+        return self._http_duration
 
 
 class Replica:
@@ -475,28 +577,16 @@ class Replica:
         r.finished_reason = reason
         st = self.stats
         st.success[reason] += 1
-        h = st.h
         first = r.first_token if r.first_token is not None else t
         sched = r.first_scheduled if r.first_scheduled is not None else t
-        h["e2e_request_latency_seconds"].observe(t - r.arrival)
-        h["request_queue_time_seconds"].observe(sched - r.arrival)
-        h["request_prefill_time_seconds"].observe(first - sched)
-        h["request_decode_time_seconds"].observe(t - first)
-        h["request_inference_time_seconds"].observe(t - sched)
-        h["request_prompt_tokens"].observe(r.prompt)
-        h["request_generation_tokens"].observe(r.generated)
-        h["request_max_num_generation_tokens"].observe(r.generated)
-        h["request_params_n"].observe(1)
-        h["request_params_max_tokens"].observe(r.max_tokens)
-        h["request_num_preemptions"].observe(r.preemptions)
-        h["request_prefill_kv_computed_tokens"].observe(max(0, r.prompt - r.first_cached))
-        h["request_time_per_output_token_seconds"].observe(
-            (t - first) / (r.generated - 1) if r.generated > 1 else 0.0)
+        gen = r.generated
+        st.rows.append((t - r.arrival, sched - r.arrival, first - sched, t - first, t - sched,
+                        r.prompt, gen, r.max_tokens, r.preemptions,
+                        max(0, r.prompt - r.first_cached),
+                        (t - first) / (gen - 1) if gen > 1 else 0.0))
         st.http_requests += 1
         st.http_request_bytes += 200 + 4 * r.prompt
-        st.http_response_bytes += 300 + 4 * r.generated
-        st.http_duration_highr.observe(t - r.arrival)
-        st.http_duration.observe(t - r.arrival)
+        st.http_response_bytes += 300 + 4 * gen
         completed.append(r)
 
     def _preempt(self, r: Request) -> None:
@@ -574,8 +664,8 @@ class Replica:
             st.generation_tokens += n * k
             # each step emits one token per decoding request; step s lasts a + c*(kv0 + n*s)
             first = op.a + op.c * op.kv0
-            st.h["inter_token_latency_seconds"].observe_linear(first, op.c * n, k, n)
-            st.h["iteration_tokens_total"].observe(n, k)
+            st._h["inter_token_latency_seconds"].observe_linear(first, op.c * n, k, n)
+            st._h["iteration_tokens_total"].observe(n, k)
             self._add_energy(op.t0, op.t_end, n)
         else:  # single step with prefill chunks (and maybe decode)
             n = op.n
@@ -583,8 +673,8 @@ class Replica:
             self.g += 1
             st.generation_tokens += n
             if n:
-                st.h["inter_token_latency_seconds"].observe(op.t_end - op.t0, n)
-            st.h["iteration_tokens_total"].observe(n + op.prefill_tokens)
+                st._h["inter_token_latency_seconds"].observe(op.t_end - op.t0, n)
+            st._h["iteration_tokens_total"].observe(n + op.prefill_tokens)
             self._add_energy(op.t0, op.t_end, n + len(op.chunks))
             for r, chunk in op.chunks:
                 if r.state != PREFILL:
@@ -597,7 +687,7 @@ class Replica:
                     self.prefill_tokens_held -= r.cached + r.computed_prefill
                     if r.first_token is None:
                         r.first_token = t
-                        st.h["time_to_first_token_seconds"].observe(t - r.arrival)
+                        st._h["time_to_first_token_seconds"].observe(t - r.arrival)
                         st.prompt_tokens += r.prompt
                         r.first_cached = min(r.cached, r.prompt)
                         st.prompt_local_compute += r.prompt - r.cached
@@ -621,7 +711,8 @@ class Replica:
         bs = self.bs
         # 1. decode tokens of this step need blocks; preempt the newest until they fit
         preempted = False
-        while self.n_decode and self._crossings(1) > self.usable_blocks - self.used_blocks:
+        cnt = self.cnt
+        while self.n_decode and cnt[self.g % bs] > self.usable_blocks - self.used_blocks:
             self._preempt_newest()
             preempted = True
         # 2. prefill work: continue partial prefills, then admit FCFS
@@ -634,7 +725,7 @@ class Replica:
                 c = min(r.todo, budget)
                 chunks.append((r, c))
                 budget -= c
-        free = self.usable_blocks - self.used_blocks - self._crossings(1)
+        free = self.usable_blocks - self.used_blocks - (cnt[self.g % bs] if self.n_decode else 0)
         while (not preempted and budget > 0 and self.waiting
                and self._can_admit(self.waiting[0], free)):
             r = self.waiting.popleft()
