@@ -43,6 +43,8 @@ def test_endpoints_answer_with_classic_text(fleet):
     assert "gen_ai_server_request_duration_seconds_bucket" in scrape(fleet.gateway_url).text
     assert "agent_tasks_started_total" in scrape(fleet.app_url).text
     assert "DCGM_FI_DEV_POWER_USAGE" in scrape(fleet.dcgm_url).text
+    targets = fleet.prometheus_targets()
+    assert len(targets["vllm"]) == 6 and all(x.startswith("127.0.0.1:") for x in targets["vllm"])
     base = fleet.gateway_url.rsplit("/", 1)[0]
     assert scrape(base + "/health").status_code == 200
     assert scrape(base + "/nope").status_code == 404

@@ -82,6 +82,7 @@ def test_task_structure_calls_per_task_and_tool_waits():
             continue
         assert recs, name
         assert {r.model_calls for r in recs} == {tt.calls_per_task}, name
+        assert {r.task_class for r in recs} == {tt.klass}
         assert not any(r.failed for r in recs)
     assert cfg.mix.task_types["search_then_email"].calls_per_task == 4
     assert cfg.mix.task_types["document_summary"].calls_per_task == 2

@@ -184,6 +184,7 @@ class TaskRecord:
     end: float
     model_calls: int
     failed: bool
+    task_class: str = "interactive"
 
     @property
     def duration(self) -> float:
@@ -500,7 +501,7 @@ class Fleet:
             app.calls[name] += task.calls
         if self.record_truth:
             self.truth.append(TaskRecord(name, task.session_id, tt.pool, task.start, t,
-                                         task.calls, task.failed))
+                                         task.calls, task.failed, tt.klass))
 
     def _kill(self, replica: Replica, t: float) -> None:
         if not replica.alive:

@@ -154,6 +154,13 @@ class FleetHandle:
         self._threads.append(th)
         return self
 
+    def prometheus_targets(self) -> dict[str, list[str]]:
+        """``host:port`` scrape targets per job (vllm, gateway, app, dcgm), for static_configs."""
+        hp = lambda url: url.split("//", 1)[1].split("/", 1)[0]  # noqa: E731
+        return {"vllm": [hp(u) for urls in self.replica_urls.values() for u in urls],
+                "gateway": [hp(self.gateway_url)], "app": [hp(self.app_url)],
+                "dcgm": [hp(self.dcgm_url)]}
+
     @property
     def all_urls(self) -> list[str]:
         out = [u for urls in self.replica_urls.values() for u in urls]
