@@ -19,11 +19,11 @@ _GAUGES = {
 def engine_gauges(text: str) -> dict[str, dict]:
     """Per model_name: running, waiting, kv_usage (capacity-weighted over engines), kv_capacity_tokens,
     kv_live_tokens (usage x capacity), num_gpu_blocks, block_size, engines, request_success (all
-    finish reasons), e2e_sum, e2e_count."""
+    finish reasons), e2e_sum, e2e_count, steps (engine steps taken: iteration_tokens_total count)."""
     out: dict[str, dict] = defaultdict(lambda: {
         "running": 0.0, "waiting": 0.0, "kv_live_tokens": 0.0, "kv_capacity_tokens": 0.0,
         "num_gpu_blocks": 0, "block_size": None, "engines": set(), "request_success": 0.0,
-        "e2e_sum": 0.0, "e2e_count": 0.0,
+        "e2e_sum": 0.0, "e2e_count": 0.0, "steps": 0.0,
     })
     usage: dict[tuple[str, str], float] = {}
     # cache_config_info carries no model_name label (one model per server): keyed by engine
@@ -53,6 +53,8 @@ def engine_gauges(text: str) -> dict[str, dict]:
                 row["e2e_sum"] += s.value
             elif s.name == "vllm:e2e_request_latency_seconds_count":
                 row["e2e_count"] += s.value
+            elif s.name == "vllm:iteration_tokens_total_count":
+                row["steps"] += s.value  # one observation per engine step
     for (model, engine), u in usage.items():
         cap = capacity.get(engine)
         if cap is None:

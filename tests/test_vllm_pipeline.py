@@ -1,0 +1,253 @@
+"""Issue 2 against the real vLLM CPU engine: headroom's live pipeline reads what the engine reports.
+
+One engine (max-num-seqs 8, 24 KV blocks of 128 tokens = 3,072 tokens), shared by the session.
+- Under a burst of 32 concurrent completions, every check scrapes /metrics ONCE and holds headroom's
+  derived active / queued / live KV tokens against the engine's own gauges parsed independently
+  (prometheus_client's parser) from the SAME text; requests must queue at least once.
+- Under 16 closed-loop clients, Little's law closes within 20%: headroom's pool ratio, the engine's
+  counters read independently, and the client's own timings.
+- `headroom once --vllm URL --json` end to end under load.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from engine.load import ClosedLoop, start_batch, token_prompt
+from engine.reference import engine_gauges
+from engine.servers import REPO, fetch_metrics
+from monitor.derive.core import derive_pools
+from monitor.sources.vllm import readings_from_text
+
+pytestmark = pytest.mark.vllm
+
+MODEL = "tiny"
+CAPACITY_TOKENS = 24 * 128
+
+
+def headroom_pool(history: list, target: str, now: float, window: float = 600.0):
+    pools = derive_pools({target: history}, now=now, window_seconds=window)
+    assert [p.pool for p in pools] == [MODEL]
+    return pools[0]
+
+
+def reading_of(text: str, target: str, ts: float):
+    readings = readings_from_text(text, target, ts)
+    assert [r.model for r in readings] == [MODEL], "one model, one reading per scrape"
+    return readings[0]
+
+
+def test_live_gauges_equal_engine_gauges_under_burst(vllm_engine):
+    url = vllm_engine.url
+    target = url + "/metrics"
+    vocab = vllm_engine.info["vocab_size"]
+    rng = random.Random(2)
+    n = 32
+    max_tokens = [rng.choice([50, 100, 150, 200, 300]) for _ in range(n)]
+    prompts = [token_prompt(rng, rng.randint(16, 200), vocab) for _ in range(n)]
+
+    before_text, before_ts = fetch_metrics(url)
+    before = reading_of(before_text, target, before_ts)
+    run = start_batch(url, max_tokens, prompts)
+
+    checks = []  # (running, waiting, kv_live) as both sides saw them
+    while not run.done():
+        text, ts = fetch_metrics(url)  # ONE scrape per check: both sides read this text
+        ref = engine_gauges(text)[MODEL]
+        pool = headroom_pool([reading_of(text, target, ts)], target, ts)
+        assert pool.active_requests == ref["running"]
+        assert pool.queued_requests == ref["waiting"]
+        assert pool.kv_tokens_capacity == ref["kv_capacity_tokens"] == CAPACITY_TOKENS
+        assert pool.kv_tokens_live == pytest.approx(ref["kv_live_tokens"], rel=1e-9, abs=1e-6)
+        assert ref["kv_live_tokens"] == pytest.approx(ref["kv_usage"] * CAPACITY_TOKENS)
+        assert 0 <= pool.active_requests <= 8, "running is capped by max-num-seqs"
+        assert pool.kv_tokens_live <= CAPACITY_TOKENS
+        checks.append((ref["running"], ref["waiting"], ref["kv_live_tokens"]))
+        time.sleep(0.1)
+    records = run.join(timeout=600)
+
+    assert [r.error for r in records if not r.ok] == []
+    assert len(records) == n
+    assert all(r.completion_tokens == r.max_tokens for r in records), "ignore_eos: exactly max_tokens"
+    assert len(checks) >= 5, f"only {len(checks)} scrapes while the burst ran"
+    assert max(c[1] for c in checks) > 0, "no request was ever seen queued"
+    assert max(c[0] for c in checks) == 8, "the running batch never filled up to max-num-seqs"
+    assert max(c[2] for c in checks) > 0
+
+    # counters: headroom's completion count over the burst is exactly the requests sent
+    after_text, after_ts = fetch_metrics(url)
+    after = reading_of(after_text, target, after_ts)
+    pool = headroom_pool([before, after], target, after_ts)
+    assert pool.completion_rate * (after_ts - before_ts) == pytest.approx(n, abs=1e-6)
+    ref_before, ref_after = engine_gauges(before_text)[MODEL], engine_gauges(after_text)[MODEL]
+    assert ref_after["request_success"] - ref_before["request_success"] == n
+    assert pool.latency["queue"].count == n and pool.latency["e2e"].count == n
+    assert pool.latency["queue"].mean > 0
+    ttfts = sorted(r.ttft for r in records)
+    print(f"\n[burst] {n} requests, {len(checks)} checks, max running {max(c[0] for c in checks):.0f}, "
+          f"max waiting {max(c[1] for c in checks):.0f}, max live KV {max(c[2] for c in checks):.0f} "
+          f"tokens; engine mean queue time {pool.latency['queue'].mean:.2f} s, mean e2e "
+          f"{pool.latency['e2e'].mean:.2f} s; client TTFT median {ttfts[n // 2]:.2f} s, "
+          f"max {ttfts[-1]:.2f} s; burst wall {after_ts - before_ts:.1f} s")
+
+
+class Sampler:
+    """Scrapes /metrics every `period` seconds in a thread; keeps (text, timestamp)."""
+
+    def __init__(self, url: str, period: float = 0.25) -> None:
+        self.url, self.period = url, period
+        self.samples: list[tuple[str, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append(fetch_metrics(self.url))
+            self._stop.wait(self.period)
+
+    def __enter__(self) -> "Sampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+
+def test_littles_law_closes_under_steady_closed_loop(vllm_engine):
+    url = vllm_engine.url
+    target = url + "/metrics"
+    vocab = vllm_engine.info["vocab_size"]
+    clients, duration, warmup = 16, 26.0, 4.0
+    loop = ClosedLoop(url, clients=clients, duration=duration, max_tokens=[120, 200, 280],
+                      prompt=lambda rng: token_prompt(rng, rng.randint(16, 128), vocab), seed=7)
+    with Sampler(url) as sampler:
+        loop.start()
+        records = loop.join(timeout=300)
+    assert [r.error for r in records if not r.ok] == []
+
+    # steady window: after warm-up, before the clients stop sending
+    lo, hi = loop.started_at + warmup, loop.deadline - 0.5
+    window = [(text, ts) for text, ts in sampler.samples if lo <= ts <= hi]
+    assert len(window) >= 30, f"only {len(window)} samples in the steady window"
+    history = [reading_of(text, target, ts) for text, ts in window]
+    first, last = window[0], window[-1]
+    span = last[1] - first[1]
+
+    # 1. headroom's own Little's law check over the window
+    pool = headroom_pool(history, target, now=last[1], window=span + 1)
+    assert pool.littles_law_ratio is not None
+    assert 0.8 <= pool.littles_law_ratio <= 1.2, pool.littles_law_ratio
+
+    # 2. the same from the engine's counters and gauges read independently
+    ref = [engine_gauges(text)[MODEL] for text, _ in window]
+    completed = ref[-1]["request_success"] - ref[0]["request_success"]
+    e2e_mean = (ref[-1]["e2e_sum"] - ref[0]["e2e_sum"]) / (ref[-1]["e2e_count"] - ref[0]["e2e_count"])
+    mean_l = sum(r["running"] + r["waiting"] for r in ref) / len(ref)
+    ratio_engine = (completed / span) * e2e_mean / mean_l
+    assert 0.8 <= ratio_engine <= 1.2, ratio_engine
+    assert pool.completion_rate == pytest.approx(completed / span, rel=1e-9)
+    assert pool.mean_concurrency == pytest.approx(mean_l, rel=0.05)
+
+    # 3. and from the client's side: requests completed in the window x their mean latency
+    done = [r for r in records if lo <= r.end <= hi]
+    client_l = sum(sum(1 for r in records if r.in_flight(ts)) for _, ts in window) / len(window)
+    ratio_client = (len(done) / (hi - lo)) * (sum(r.e2e for r in done) / len(done)) / client_l
+    assert 0.8 <= ratio_client <= 1.2, ratio_client
+    # the engine saw (almost) all the clients' requests: the gap is the HTTP round trip only
+    assert mean_l <= clients
+    assert mean_l == pytest.approx(client_l, rel=0.2)
+    print(f"\n[little] {clients} clients, {len(records)} requests in {duration:.0f} s, window "
+          f"{span:.1f} s, {len(window)} samples: completion rate {completed / span:.2f}/s, mean e2e "
+          f"{e2e_mean:.2f} s, mean running+waiting {mean_l:.2f} (client in flight {client_l:.2f}); "
+          f"ratio headroom {pool.littles_law_ratio:.3f}, engine {ratio_engine:.3f}, client "
+          f"{ratio_client:.3f}; mean queue {pool.latency['queue'].mean:.2f} s")
+
+
+def test_cli_once_reports_the_engine_under_load(vllm_engine):
+    url = vllm_engine.url
+    vocab = vllm_engine.info["vocab_size"]
+    loop = ClosedLoop(url, clients=24, duration=60.0, max_tokens=[150, 250],
+                      prompt=lambda rng: token_prompt(rng, rng.randint(16, 64), vocab), seed=11)
+    loop.start()
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:  # wait until the engine has a full batch and a queue
+            g = engine_gauges(fetch_metrics(url)[0])[MODEL]
+            if g["running"] == 8 and g["waiting"] > 0:
+                break
+            time.sleep(0.2)
+        proc = subprocess.run(
+            [os.path.join(REPO, ".venv", "bin", "python") if os.path.exists(
+                os.path.join(REPO, ".venv", "bin", "python")) else sys.executable,
+             "-m", "monitor.cli", "once", "--vllm", url + "/metrics", "--json", "--interval", "2"],
+            cwd=REPO, capture_output=True, text=True, timeout=120,
+        )
+        after = engine_gauges(fetch_metrics(url)[0])[MODEL]
+    finally:
+        loop.stop()
+        records = loop.join(timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    snap = json.loads(proc.stdout)
+    pool = snap["pools"][0]
+    assert pool["pool"] == MODEL if "pool" in pool else True
+    assert snap["sources"][0]["up"] is True
+    assert pool["kv_tokens_capacity"] == CAPACITY_TOKENS
+    assert 1 <= pool["active_requests"] <= 8
+    assert pool["queued_requests"] > 0, "24 clients on 8 slots must queue"
+    assert pool["active_requests"] + pool["queued_requests"] <= 24
+    assert 0 < pool["kv_tokens_live"] <= CAPACITY_TOKENS
+    # live KV is block granular: usage x capacity is a whole number of usable blocks' worth
+    blocks = pool["kv_tokens_live"] / CAPACITY_TOKENS * 23  # 24 blocks, one is vLLM's null block
+    assert abs(blocks - round(blocks)) < 1e-6
+    assert after["running"] == 8 and after["waiting"] > 0, "the load was still saturating afterwards"
+    assert [r.error for r in records if not r.ok] == []
+    print(f"\n[cli] once: active {pool['active_requests']}, queued {pool['queued_requests']}, KV "
+          f"{pool['kv_tokens_live']:.0f}/{pool['kv_tokens_capacity']:.0f}, completion rate "
+          f"{pool.get('completion_rate')}")
+
+
+def test_gateway_in_front_of_the_engine_counts_task_requests(vllm_engine, litellm_gateway):
+    """The harness' LiteLLM proxy forwards to the engine and labels its metrics by task type."""
+    import requests
+
+    key = litellm_gateway.info["master_key"]
+    before = engine_gauges(fetch_metrics(vllm_engine.url)[0])[MODEL]["request_success"]
+    calls = [("policy_question", "s-1"), ("policy_question", "s-2"), ("document_summary", "s-3")]
+    for task_type, session in calls:
+        r = requests.post(
+            litellm_gateway.url + "/v1/chat/completions",
+            headers={"Authorization": f"Bearer {key}"},
+            json={"model": MODEL, "messages": [{"role": "user", "content": "Summarise the report."}],
+                  "max_tokens": 8, "user": "tester",
+                  "metadata": {"task_type": task_type, "session_id": session}},
+            timeout=120,
+        )
+        assert r.status_code == 200, r.text[:500]
+        assert r.json()["usage"]["completion_tokens"] >= 1
+    after = engine_gauges(fetch_metrics(vllm_engine.url)[0])[MODEL]["request_success"]
+    assert after - before == len(calls), "every gateway call reached the engine"
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    deadline = time.time() + 30
+    while True:  # the proxy records metrics after the response is sent
+        text, _ = fetch_metrics(litellm_gateway.url, "/metrics/")
+        by_task: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.name == "litellm_proxy_total_requests_metric_total":
+                    task = s.labels.get("metadata_task_type", "")
+                    by_task[task] = by_task.get(task, 0.0) + s.value
+        if by_task == {"policy_question": 2.0, "document_summary": 1.0} or time.time() > deadline:
+            break
+        time.sleep(0.5)
+    assert by_task == {"policy_question": 2.0, "document_summary": 1.0}
