@@ -277,6 +277,8 @@ class Fleet:
         for p in config.pools:
             self.pools[p.name] = [Replica(p, i, self.start) for i in range(p.replicas)]
         self.replicas: list[Replica] = [r for rs in self.pools.values() for r in rs]
+        self._params = {p.name: p for p in config.pools}
+        self._alive = {name: list(rs) for name, rs in self.pools.items()}
         self.heap: list = []
         self.seq = 0
         self.rid = 0
@@ -404,7 +406,7 @@ class Fleet:
     def _run_step(self, task: Task, t: float) -> None:
         tt = task.tt
         step = tt.steps[task.step]
-        pool = self.config.pool(tt.pool)
+        pool = self._params[tt.pool]
         task.pending = step.calls
         for _ in range(step.calls):
             out = min(step.output.sample(self.rng), pool.max_model_len - 1)
@@ -430,17 +432,19 @@ class Fleet:
         self._push(max(t, t_next), "P", nxt, nloop)
 
     def _pick(self, pool: str) -> Optional[Replica]:
-        alive = [r for r in self.pools[pool] if r.alive]
-        if not alive:
-            return None
+        """Least loaded (running + waiting) live replica; ties rotate round-robin."""
+        alive = self._alive[pool]
         n = len(alive)
+        if not n:
+            return None
         start = self.rr[pool] % n
         self.rr[pool] += 1
-        best, best_load = None, None
-        for i in range(n):
+        best = alive[start]
+        best_load = len(best.running) + len(best.waiting)
+        for i in range(1, n):
             r = alive[(start + i) % n]
             load = len(r.running) + len(r.waiting)
-            if best is None or load < best_load:
+            if load < best_load:
                 best, best_load = r, load
         return best
 
@@ -508,6 +512,7 @@ class Fleet:
             return
         lost = replica.kill(t)
         self.lost_replicas.append(replica)
+        self._alive[replica.pool] = [r for r in self.pools[replica.pool] if r.alive]
         for req in lost:
             self._call_failed(req.tag, req.tag.t_sent, t)
 
