@@ -24,6 +24,7 @@ from .schedule import Plan
 
 SCHEMA = "headroom.loadtest/v1"
 QS = (0.5, 0.9, 0.95, 0.99)
+KNEE_MIN_CONFIDENCE = 0.5  # below this the hinge fit is reported (knee_fit) but not used
 
 
 def _f(v) -> Optional[float]:
@@ -233,6 +234,9 @@ def analyze(mix: LoadMix, plan: Plan, res: RunResult, meta: dict) -> dict:
         })
 
     # ---- usable capacity at the SLO ---------------------------------------------------------
+    # ramp: the last step before the first violation (concurrency rises step by step); other
+    # patterns offer a fixed load, so the usable capacity is the best throughput of a window in which
+    # the SLO held
     usable = None
     if plan.pattern == "ramp":
         for w in windows:
@@ -241,7 +245,10 @@ def analyze(mix: LoadMix, plan: Plan, res: RunResult, meta: dict) -> dict:
             usable = w
     else:
         held = [w for w in windows if w["slo_ok"]]
-        usable = max(held, key=lambda w: w["mean_in_flight"]) if held else None
+        usable = max(held, key=lambda w: (w["calls_per_second"], w["mean_in_flight"])) if held else None
+    span = max(1e-9, min(plan.duration, (max((c.end or 0) for c in ok) - t0) if ok else plan.duration))
+    goodput = sum(1 for c in ok if (ttft_limit is None or c.ttft <= ttft_limit)
+                  and (slo.call_seconds is None or c.e2e <= slo.call_seconds)) / span
     usable_out = {
         "slo": {"quantile": q, "ttft_seconds": ttft_limit, "ttft_source": ttft_limit_source,
                 "call_seconds": slo.call_seconds, "task_seconds": slo.task_seconds,
@@ -253,11 +260,13 @@ def analyze(mix: LoadMix, plan: Plan, res: RunResult, meta: dict) -> dict:
         "tasks_per_second": usable["tasks_per_second"] if usable else 0.0,
         "goodput_calls_per_second": usable["goodput_calls_per_second"] if usable else 0.0,
         "window": usable["index"] if usable else None,
+        "run_goodput_calls_per_second": goodput,
         "first_violation": next((w["slo_violations"] for w in windows if not w["slo_ok"]), None),
     }
 
     # ---- knee and operating point -----------------------------------------------------------
-    knee = knee_from(load, mix.margin)
+    knee_fit = knee_from(load, mix.margin)
+    knee = knee_fit if (knee_fit is not None and knee_fit["confidence"] >= KNEE_MIN_CONFIDENCE) else None
     n_targets = max(1, len(meta.get("targets", [])) or 1)
     if knee is not None:
         knee["per_replica"] = knee["concurrency"] / n_targets
@@ -265,7 +274,7 @@ def analyze(mix: LoadMix, plan: Plan, res: RunResult, meta: dict) -> dict:
     if plan.pattern == "ramp":
         ratios = [w["sessions"] / w["mean_in_flight"] for w in windows if w["mean_in_flight"] > 0.5 and w["sessions"]]
         sessions_per_call = float(np.median(ratios)) if ratios else None
-    if knee is not None and knee["confidence"] > 0.3:
+    if knee is not None:
         op = {"basis": "knee", "concurrency": knee["concurrency"] * (1 - mix.margin), "margin": mix.margin}
     elif usable_out["held"]:
         op = {"basis": "usable capacity at the SLO", "concurrency": usable_out["concurrency"] * (1 - mix.margin),
@@ -355,6 +364,7 @@ def analyze(mix: LoadMix, plan: Plan, res: RunResult, meta: dict) -> dict:
                   "server_mean_seconds": server["queue_mean_seconds"] if server else None},
         "windows": windows,
         "knee": knee,
+        "knee_fit": knee_fit,
         "operating_point": op,
         "usable_capacity": usable_out,
         "interactive_protection": protection,

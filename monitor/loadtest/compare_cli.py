@@ -67,6 +67,7 @@ def _metrics(rep: dict) -> dict:
         "calls_per_second_at_slo": u["calls_per_second"],
         "goodput_calls_per_second_at_slo": u["goodput_calls_per_second"],
         "tasks_per_second_at_slo": u["tasks_per_second"],
+        "run_goodput_calls_per_second": u.get("run_goodput_calls_per_second"),
         "knee_concurrency": k.get("concurrency"),
         "operating_point_concurrency": (rep.get("operating_point") or {}).get("concurrency"),
         "ttft_p50": allc["ttft_seconds"]["p50"],
@@ -88,6 +89,7 @@ ROWS = [  # key, label, higher is better (None: not ranked)
     ("calls_per_second_at_slo", "throughput at SLO (calls/s)", True),
     ("goodput_calls_per_second_at_slo", "goodput at SLO (calls/s within SLO)", True),
     ("tasks_per_second_at_slo", "tasks/s at SLO", True),
+    ("run_goodput_calls_per_second", "goodput over the run (calls/s within SLO)", True),
     ("knee_concurrency", "knee (calls in flight)", True),
     ("operating_point_concurrency", "operating point (calls in flight)", True),
     ("ttft_p50", "TTFT p50 (s)", False),
@@ -114,10 +116,14 @@ def compare(a: dict, b: dict) -> dict:
     same = {"seed": ra.get("seed") == rb.get("seed"), "mix": ra.get("mix_digest") == rb.get("mix_digest"),
             "pattern": ra.get("pattern") == rb.get("pattern"),
             "duration": ra.get("duration_seconds") == rb.get("duration_seconds")}
-    # ranking: usable concurrency at the SLO, then throughput at the SLO, then goodput
-    winner = "tie"
-    basis = None
-    for key in ("usable_concurrency_at_slo", "calls_per_second_at_slo", "goodput_calls_per_second_at_slo"):
+    # ranking: usable capacity at the SLO. A ramp measures it as concurrency (the last step that held);
+    # a fixed load (sustained, burst, reduced-capacity) as throughput in the windows that held. Ties
+    # (within 5%) fall through to the next key; the last is the run's goodput.
+    ramp = ra.get("pattern") == "ramp" and rb.get("pattern") == "ramp"
+    keys = (("usable_concurrency_at_slo", "calls_per_second_at_slo") if ramp else
+            ("calls_per_second_at_slo",)) + ("goodput_calls_per_second_at_slo", "run_goodput_calls_per_second")
+    winner, basis = "tie", None
+    for key in keys:
         w = _better(ma[key], mb[key], True)
         if w in ("A", "B"):
             winner, basis = w, key

@@ -1,0 +1,124 @@
+"""`headroom loadtest` and `headroom compare` against the real vLLM CPU engine (tiny model).
+
+One ramp (4, 8, 12, 16, 20 closed-loop sessions, 5 s each) against the reference engine
+(max-num-seqs 8, 24 KV blocks of 128 tokens), with headroom's pipeline reading the engine's /metrics
+every second:
+- queueing shows once the load passes max-num-seqs: no request waits at 4 sessions, requests wait
+  at 12+ (vllm:num_requests_waiting > 0) and the client's TTFT rises;
+- client and server agree: successful calls == delta of vllm:request_success_total exactly, and the
+  client's mean queue estimate (TTFT - unloaded TTFT) is within 20% of the engine's mean
+  vllm:request_queue_time_seconds over the same requests.
+The same mix and seed against an engine with max-num-seqs 4: `headroom compare` ranks the 8-slot
+engine higher on usable capacity at the SLO.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from engine.servers import REPO
+from monitor.cli import main
+
+pytestmark = pytest.mark.vllm
+
+RUNS: dict = {}
+
+
+def write_mix(path: str, vocab: int) -> str:
+    with open(path, "w") as f:
+        f.write(f"""
+margin: 0.2
+slo: {{quantile: 0.95, ttft_seconds: 0.5, max_error_ratio: 0.0}}
+request: {{api: completions, prompt_mode: token_ids, token_id_range: [4, {vocab}], ignore_eos: true,
+          timeout_seconds: 60}}
+load:
+  ramp: {{start: 4, step: 4, max: 20, step_seconds: 5}}
+task_types:
+  ask:
+    class: interactive
+    weight: 3
+    calls_per_task: 2
+    prompt_tokens: {{mean: 48, cv: 0.3, min: 16, max: 100}}
+    output_tokens: {{mean: 40, cv: 0.25, min: 16, max: 60}}
+  classify:
+    class: batch
+    weight: 1
+    calls_per_task: 1
+    prompt_tokens: {{mean: 64, cv: 0.3, min: 16, max: 100}}
+    output_tokens: {{mean: 40, cv: 0.25, min: 16, max: 60}}
+""")
+    return path
+
+
+def ramp(engine, tmp_path_factory, name: str) -> dict:
+    if name in RUNS:
+        return RUNS[name]
+    d = tmp_path_factory.mktemp(f"loadtest-{name}")
+    mix = write_mix(str(d / "mix.yaml"), engine.info["vocab_size"])
+    rc = main(["loadtest", "--target", engine.url, "--metrics", engine.url + "/metrics", "--mix", mix,
+               "--pattern", "ramp", "--duration", "25s", "--seed", "7", "--out", str(d / "out"),
+               "--model", engine.info["served_model"]])
+    assert rc == 0
+    with open(d / "out" / "report.json") as f:
+        rep = json.load(f)
+    rep["_path"] = str(d / "out" / "report.json")
+    RUNS[name] = rep
+    return rep
+
+
+def test_queueing_past_max_num_seqs_and_client_server_agree(vllm_engine, tmp_path_factory):
+    rep = ramp(vllm_engine, tmp_path_factory, "seqs8")
+    w = {x["sessions"]: x for x in rep["windows"]}
+    assert sorted(w) == [4, 8, 12, 16, 20]
+    sys.stderr.write("\n[loadtest] seqs8 windows: " + json.dumps(
+        [(x["sessions"], round(x["mean_in_flight"], 1), x["ttft_seconds"]["p50"], x["server_waiting_max"],
+          x["server_queue_mean"]) for x in rep["windows"]]) + "\n")
+    assert rep["counts"]["failed"] == 0, rep["errors"]
+    # below max-num-seqs nothing waits; past it the engine queues and the client sees TTFT rise
+    assert w[4]["server_waiting_max"] == 0
+    assert w[4]["server_running_max"] <= 8
+    for level in (12, 16, 20):
+        assert w[level]["server_waiting_max"] > 0, f"no request waited at {level} sessions"
+        assert w[level]["server_running_max"] == 8
+    assert w[16]["ttft_seconds"]["p50"] > 2 * w[4]["ttft_seconds"]["p50"]
+    assert w[20]["ttft_seconds"]["p50"] > w[12]["ttft_seconds"]["p50"]
+    assert rep["server"]["waiting_max"] > 0
+    # exact request count: every successful call (probes included) is one engine success
+    a = rep["agreement"]
+    sys.stderr.write(f"[loadtest] agreement: {json.dumps(a)}\n")
+    assert a["succeeded"]["client"] == rep["counts"]["succeeded"] + rep["counts"]["probes"]
+    assert a["succeeded"]["server"] == a["succeeded"]["client"]
+    assert a["succeeded"]["equal"] is True
+    # mean queue time: client estimate (TTFT - unloaded TTFT) vs the engine's histogram mean
+    q = a["queue_mean_seconds"]
+    assert q["server"] > 0.05, "the ramp must queue noticeably for the check to mean anything"
+    assert q["client_estimate"] == pytest.approx(q["server"], rel=0.20)
+    # the knee sits at the engine's slot limit, seen from the client
+    assert rep["knee_fit"] is not None
+
+
+def test_compare_ranks_more_slots_higher(vllm_engine, vllm_engine_factory, tmp_path_factory):
+    b = ramp(vllm_engine, tmp_path_factory, "seqs8")
+    small = vllm_engine_factory(max_num_seqs=4, num_gpu_blocks=24)
+    a = ramp(small, tmp_path_factory, "seqs4")
+    assert a["run"]["mix_digest"] == b["run"]["mix_digest"] and a["run"]["seed"] == b["run"]["seed"]
+    wa = {x["sessions"]: x for x in a["windows"]}
+    assert wa[8]["server_waiting_max"] > 0 and wa[8]["server_running_max"] == 4
+    out = subprocess.run([sys.executable, "-m", "monitor.cli", "compare", a["_path"], b["_path"], "--json",
+                          "--names", "seqs4,seqs8"], capture_output=True, text=True, cwd=REPO, timeout=120,
+                         env={**os.environ, "PYTHONPATH": REPO})
+    assert out.returncode == 0, out.stderr
+    cmp = json.loads(out.stdout)
+    sys.stderr.write("\n[loadtest] compare: " + json.dumps({r["metric"]: (r["a"], r["b"]) for r in cmp["rows"]}) + "\n")
+    assert cmp["same"] == {"seed": True, "mix": True, "pattern": True, "duration": True}
+    assert cmp["better"] == "B", cmp
+    rows = {r["metric"]: r for r in cmp["rows"]}
+    assert rows["usable_concurrency_at_slo"]["b"] > rows["usable_concurrency_at_slo"]["a"]
+    text = subprocess.run([sys.executable, "-m", "monitor.cli", "compare", a["_path"], b["_path"],
+                           "--names", "seqs4,seqs8"], capture_output=True, text=True, cwd=REPO, timeout=120,
+                          env={**os.environ, "PYTHONPATH": REPO})
+    assert "Better: seqs8" in text.stdout
