@@ -295,6 +295,8 @@ class Fleet:
         self.lost_replicas: list[Replica] = []
         for tt in config.mix.task_types.values():
             self._schedule_next_task(tt, self.start)
+            for i in range(tt.sessions):  # closed population: staggered by 10 ms
+                self._push(self.start + 0.01 * i, "T", tt, None)
         if config.replay:
             self._replay_type = TaskType(config.replay.task_type, config.replay.pool, 0.0,
                                          config.mix.profiles.get("flat"), [], "interactive")
@@ -496,6 +498,9 @@ class Fleet:
             self._push(t + wait, "S", task, None)
             return
         name = tt.name
+        if tt.sessions:  # closed population: this session starts its next task
+            think = self.rng.expovariate(1.0 / tt.think_s) if tt.think_s > 0 else 0.0
+            self._push(t + think, "T", tt, None)
         app = self.app
         app.active[name] -= 1
         if task.failed:

@@ -13,6 +13,9 @@ No request is replayed. Per pool and time step:
 - KV tokens = running x KV footprint per call (capped at capacity); sessions = sum over task
   types of task rate x task duration (calls x W + tool waits).
 
+Task types with a closed population (``sessions``) are not part of the history (it models
+arrival rates only).
+
 ``generate_history`` returns a long pandas DataFrame (timestamp, pool, series, value, instance);
 pool rows have instance "" and replica rows carry vLLM gauge names. ``write_openmetrics`` writes
 the replica gauges as OpenMetrics text for ``promtool tsdb create-blocks-from openmetrics``.

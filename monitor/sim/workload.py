@@ -9,6 +9,10 @@ the step has finished plus a tool wait. A failed call (gateway error with probab
 ``error_rate``, or a replica that went away) is retried after ``backoff_s`` up to
 ``max_retries`` times; after that the task fails.
 
+A task type may instead have a closed population (``sessions: N``, ``think_s``): N sessions
+each run the task back to back, pausing ``think_s`` (exponential mean) in between, so at most N
+calls per step are in flight (scenario levels and profiles do not change N).
+
 The open-loop replay (:class:`TraceReplay`) sends one single-call task per row of a real trace
 (Azure LLM inference trace 2023, code; see data/ATTRIBUTION.md) at its recorded offsets.
 """
@@ -175,6 +179,8 @@ class TaskType:
     max_retries: int = 2
     backoff_s: float = 1.0
     max_tokens_factor: float = 2.0
+    sessions: int = 0  # > 0: closed population of sessions running this task back to back
+    think_s: float = 0.0  # closed population: mean pause between a session's tasks
 
     @property
     def calls_per_task(self) -> int:
@@ -198,7 +204,9 @@ class Mix:
         for tt in self.task_types.values():
             if tt.pool != pool:
                 continue
-            task_rate = tt.rate_per_s * tt.profile.mean_value()
+            # closed populations: weight by sessions (one call in flight per session and step)
+            task_rate = tt.rate_per_s * tt.profile.mean_value() if not tt.sessions \
+                else float(tt.sessions) / len(tt.steps)
             for s in tt.steps:
                 w = task_rate * s.calls
                 ps = [s.prompt.sample(rng) for _ in range(samples)]
@@ -218,12 +226,23 @@ def _parse_task_type(name: str, d: Any, profiles: dict[str, Profile]) -> TaskTyp
     where = f"task type {name!r}"
     if not isinstance(d, dict):
         raise _err(where, "expected a mapping")
-    for key in ("pool", "rate_per_s", "steps"):
+    for key in ("pool", "steps"):
         if key not in d:
             raise _err(where, f"missing required key {key!r}")
-    rate = d["rate_per_s"]
+    sessions = d.get("sessions", 0)
+    if not isinstance(sessions, int) or isinstance(sessions, bool) or sessions < 0:
+        raise _err(where, f"sessions must be an integer >= 0, got {sessions!r}")
+    if sessions and "rate_per_s" in d:
+        raise _err(where, "give either rate_per_s (open arrivals) or sessions (closed "
+                          "population), not both")
+    if not sessions and "rate_per_s" not in d:
+        raise _err(where, "missing required key 'rate_per_s' (or 'sessions')")
+    rate = d.get("rate_per_s", 0.0)
     if not isinstance(rate, (int, float)) or rate < 0:
         raise _err(where, f"rate_per_s must be a number >= 0, got {rate!r}")
+    think = d.get("think_s", 0.0)
+    if not isinstance(think, (int, float)) or think < 0:
+        raise _err(where, f"think_s must be a number >= 0, got {think!r}")
     prof_name = d.get("profile", "flat")
     if isinstance(prof_name, dict):
         profile = Profile.parse(f"{name}.profile", prof_name)
@@ -269,6 +288,7 @@ def _parse_task_type(name: str, d: Any, profiles: dict[str, Profile]) -> TaskTyp
         max_retries=int(retries.get("max_retries", 2)),
         backoff_s=float(retries.get("backoff_s", 1.0)),
         max_tokens_factor=float(d.get("max_tokens_factor", 2.0)),
+        sessions=sessions, think_s=float(think),
     )
 
 
