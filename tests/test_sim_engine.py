@@ -261,3 +261,38 @@ def test_histogram_linear_observation_equals_one_by_one(first, step, k, weight):
     if step > 0 and all(abs((bd - first) / step - round((bd - first) / step)) > 1e-6
                         for bd in bounds):
         assert a.counts == b.counts
+
+
+def _closed(n: int):
+    return config_from_dict({
+        "pools": {"p": {"replicas": 1, "enable_prefix_caching": False}},
+        "mix": {"task_types": {"c": {"pool": "p", "sessions": n, "think_s": 0.5, "steps": [
+            {"prompt": {"mean": 2000, "cv": 0.5, "max": 8000},
+             "output": {"mean": 300, "cv": 0.5, "max": 2000}}]}}}})
+
+
+def _window(n: int, warm: float = 60.0, samples: int = 60):
+    f = Fleet(_closed(n), "steady", seed=2, start_time=T0)
+    f.advance(warm)
+    r = f.replicas[0]
+    q0 = (r.stats.h["request_queue_time_seconds"].sum, r.stats.h["request_queue_time_seconds"].count)
+    run = wait = 0
+    for _ in range(samples):
+        f.advance(0.5)
+        run += r.num_running
+        wait += r.num_waiting
+    q = r.stats.h["request_queue_time_seconds"]
+    return run / samples, wait / samples, (q.sum - q0[0]) / max(1, q.count - q0[1])
+
+
+def test_closed_loop_sweep_turns_up_at_the_theoretical_knee():
+    """Concurrency held fixed by N sessions: below the knee almost nothing waits; above it the
+    running set stays at the knee (within 10%) and the excess waits, so queue time turns up."""
+    cfg = _closed(1)
+    knee = theoretical_knee(cfg.pools[0], cfg.mix)["per_replica"]
+    below_run, below_wait, below_q = _window(int(0.8 * knee))
+    above_run, above_wait, above_q = _window(int(1.5 * knee))
+    assert below_wait < 2 and below_q < 0.5
+    assert abs(above_run - knee) / knee < 0.10
+    assert above_wait > 0.3 * knee
+    assert above_q > 5 * max(below_q, 0.05)
