@@ -1,0 +1,338 @@
+"""The whole alert path, live: simulated fleet -> headroom daemon -> real Prometheus with the bundled
+rules -> real Alertmanager -> a webhook receiver in this test.
+
+The simulator runs its `burst` scenario: a steady fleet at 70% of its nominal rate, then three times
+that from about 15 s after the start. headroom sees the chat pool pass its utilisation knee, the
+vLLM recording rules see its queue grow; Prometheus evaluates rules/headroom.alerts.yaml (a test copy
+with every `for:` cut to a few seconds, evaluation every second) and Alertmanager posts to the
+webhook. The test asserts which alerts arrive, with which labels and annotations, and that none of
+the capacity alerts arrived before the burst began.
+
+With the same stack running, every Grafana panel query is sent to that Prometheus: each must be
+accepted by Prometheus 2.42 itself, and each must return data whenever every metric it names has
+data there (metrics this simulated setup does not produce are listed in the assertion message).
+
+Needs the Debian binaries `prometheus` and `prometheus-alertmanager`; skipped without them.
+(The `replica-loss` scenario is not used: the simulator keeps answering a lost replica's scrapes on
+already-open keep-alive connections, so Prometheus and headroom still see it up.)
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+from servers import Prometheus, free_port, wait_http
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = [
+    pytest.mark.live,
+    pytest.mark.slow,
+    pytest.mark.skipif(not (shutil.which("prometheus") and shutil.which("prometheus-alertmanager")),
+                       reason="needs the Debian packages prometheus and prometheus-alertmanager"),
+]
+
+SHORT_FOR = "3s"
+WARMUP_S = 60.0
+BURST_AFTER_S = 15.0  # wall seconds after the fleet starts serving
+SCENARIO = "burst"
+SCENARIO_OVERRIDES = {"at_s": WARMUP_S + BURST_AFTER_S, "duration_s": 300.0, "multiplier": 3.0}
+# what the burst must bring to the webhook for the chat pool (all seen within ~25 s of the burst
+# on a 2-core machine): headroom capacity alerts and the vLLM recording-rule alerts
+EXPECTED_ALERTS = {"HeadroomLow", "HeadroomCriticallyLow", "HeadroomAboveKnee", "HeadroomQueueBuilding",
+                   "HeadroomKVCachePressure"}
+CAPACITY_ALERTS = EXPECTED_ALERTS | {"HeadroomNMinus1Lost", "HeadroomPreemptions"}
+
+
+class Webhook:
+    """Alertmanager webhook receiver on 127.0.0.1:<free port>; keeps every payload."""
+
+    def __init__(self) -> None:
+        self.payloads: list[dict] = []
+        self.received_at: list[float] = []
+        self.lock = threading.Lock()
+        outer = self
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):  # noqa: N802
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                with outer.lock:
+                    outer.payloads.append(json.loads(body))
+                    outer.received_at.append(time.time())
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def alerts(self) -> list[dict]:
+        with self.lock:
+            return [a for p in self.payloads for a in p.get("alerts", [])]
+
+    def first_received(self) -> dict[tuple[str, str], float]:
+        """(alertname, pool) -> when the webhook first got it (wall time)."""
+        out: dict[tuple[str, str], float] = {}
+        with self.lock:
+            for p, t in zip(self.payloads, self.received_at):
+                for a in p.get("alerts", []):
+                    key = (a["labels"].get("alertname", ""), a["labels"].get("pool", ""))
+                    out.setdefault(key, t)
+        return out
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Alertmanager:
+    def __init__(self, workdir: Path, webhook_url: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cfg = workdir / "alertmanager.yml"
+        cfg.write_text(yaml.safe_dump({
+            "route": {"receiver": "hook", "group_by": ["alertname", "pool", "target"], "group_wait": "1s",
+                      "group_interval": "1s", "repeat_interval": "1h"},
+            "receivers": [{"name": "hook", "webhook_configs": [{"url": webhook_url, "send_resolved": False}]}],
+        }))
+        self.log = open(workdir / "alertmanager.log", "w")
+        self.proc = subprocess.Popen(
+            ["prometheus-alertmanager", f"--config.file={cfg}", f"--storage.path={workdir / 'am'}",
+             f"--web.listen-address=127.0.0.1:{self.port}", "--cluster.listen-address="],
+            stdout=self.log, stderr=subprocess.STDOUT, cwd=workdir)
+        try:
+            wait_http(self.url + "/-/ready", timeout=30)
+        except TimeoutError:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def short_for_rules(dst: Path) -> list[str]:
+    """Copies of rules/*.yaml with every alert's `for:` cut to SHORT_FOR (HeadroomAbsent keeps a
+    longer one: headroom is legitimately absent until Prometheus' first scrape)."""
+    out = []
+    for src in sorted((ROOT / "rules").glob("*.yaml")):
+        doc = yaml.safe_load(src.read_text())
+        for g in doc["groups"]:
+            g["interval"] = "1s"
+            for r in g["rules"]:
+                if "alert" in r:
+                    r["for"] = "60s" if r["alert"] == "HeadroomAbsent" else SHORT_FOR
+        path = dst / src.name
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        out.append(str(path))
+    return out
+
+
+def _hostport(url: str) -> str:
+    return url.split("//", 1)[1].split("/", 1)[0]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    from monitor.commands.run import Daemon
+    from monitor.config import from_dict
+    from monitor.sim.fleet import load_config
+    from monitor.sim.server import start_fleet
+
+    work = tmp_path_factory.mktemp("alert-path")
+    stoppers = []
+    try:
+        hook = Webhook()
+        stoppers.append(hook.stop)
+        am = Alertmanager(work, f"http://127.0.0.1:{hook.port}/alert")
+        stoppers.append(am.stop)
+
+        fleet_cfg = load_config(None)
+        fleet = start_fleet(fleet_cfg, scenario=SCENARIO, seed=1, warmup_s=WARMUP_S, record_truth=False,
+                            scenario_overrides=SCENARIO_OVERRIDES)
+        started = time.time()
+        stoppers.append(fleet.stop)
+        replica_urls = {pool: list(urls) for pool, urls in fleet.replica_urls.items()}
+        all_replicas = [u for urls in replica_urls.values() for u in urls]
+        pools = {}
+        for name in replica_urls:
+            p = fleet_cfg.pool(name)
+            pools[p.model_name] = {"max_num_seqs": int(p.max_num_seqs),
+                                   "watts_per_replica": float(p.max_watts * p.gpus_per_replica)}
+        headroom_cfg = {
+            "global": {"interval": "2s", "latency_window": "1m"},
+            "sources": {
+                "vllm": {"targets": all_replicas},
+                "gateways": [{"kind": "envoy", "url": fleet.gateway_url}, {"kind": "app", "url": fleet.app_url}],
+                "dcgm": {"targets": [fleet.dcgm_url], "replica_label": "Hostname"},
+            },
+            "pools": pools,
+        }
+        (work / "headroom.yml").write_text(yaml.safe_dump(headroom_cfg, sort_keys=False))
+        daemon = Daemon(from_dict(headroom_cfg, str(work / "headroom.yml")), "127.0.0.1:0")
+        daemon.start()
+        stoppers.append(daemon.stop)
+        headroom_addr = f"127.0.0.1:{daemon.port}"
+        wait_http(f"http://{headroom_addr}/metrics", timeout=30)
+
+        rules_dir = work / "rules"
+        rules_dir.mkdir()
+        prom_cfg = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": short_for_rules(rules_dir),
+            "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am.port}"]}]}]},
+            "scrape_configs": [
+                {"job_name": "headroom", "static_configs": [{"targets": [headroom_addr]}]},
+                {"job_name": "vllm", "static_configs": [{"targets": [_hostport(u) for u in all_replicas]}]},
+                {"job_name": "gateway", "static_configs": [{"targets": [_hostport(fleet.gateway_url)]}]},
+                {"job_name": "app", "static_configs": [{"targets": [_hostport(fleet.app_url)]}]},
+                {"job_name": "dcgm", "static_configs": [{"targets": [_hostport(fleet.dcgm_url)]}]},
+            ],
+        }
+        prom = Prometheus(str(work), yaml.safe_dump(prom_cfg, sort_keys=False))
+        stoppers.append(prom.stop)
+        yield {"hook": hook, "am": am, "prom": prom, "fleet": fleet, "fleet_cfg": fleet_cfg, "started": started,
+               "replicas": replica_urls, "headroom": headroom_addr, "work": work}
+    finally:
+        for stop in reversed(stoppers):
+            try:
+                stop()
+            except Exception:  # noqa: BLE001 - keep stopping the rest
+                pass
+
+
+def _bundled_alerts() -> dict[str, dict]:
+    return {r["alert"]: r for f in (ROOT / "rules").glob("*.alerts.yaml")
+            for g in yaml.safe_load(f.read_text())["groups"] for r in g["rules"]}
+
+
+def test_a_burst_reaches_the_webhook_as_capacity_alerts(stack):
+    hook, prom = stack["hook"], stack["prom"]
+    chat_pool = stack["fleet_cfg"].pools[0].model_name  # the pool the burst pushes past its knee
+    bundled = _bundled_alerts()
+    # Prometheus loaded the bundled alert rules and none fails to evaluate
+    groups = requests.get(prom.url + "/api/v1/rules", timeout=10).json()["data"]["groups"]
+    assert {r["name"] for g in groups for r in g["rules"] if r["type"] == "alerting"} == set(bundled)
+    assert all(r["health"] != "err" for g in groups for r in g["rules"]), [
+        (r["name"], r.get("lastError")) for g in groups for r in g["rules"] if r["health"] == "err"]
+
+    deadline = time.monotonic() + 180
+    arrived: dict[str, dict] = {}
+    while time.monotonic() < deadline:
+        arrived = {a["labels"]["alertname"]: a for a in hook.alerts()
+                   if a["labels"].get("pool") == chat_pool and a["status"] == "firing"}
+        if EXPECTED_ALERTS <= set(arrived):
+            break
+        time.sleep(0.5)
+    seen = sorted({(a["labels"].get("alertname"), a["labels"].get("pool")) for a in hook.alerts()})
+    assert EXPECTED_ALERTS <= set(arrived), f"missing {sorted(EXPECTED_ALERTS - set(arrived))}; webhook got {seen}"
+
+    for name in EXPECTED_ALERTS:
+        alert, rule = arrived[name], bundled[name]
+        assert alert["labels"]["severity"] == rule["labels"]["severity"], name
+        assert alert["annotations"]["runbook_url"] == rule["annotations"]["runbook_url"], name
+        assert alert["annotations"]["summary"] == rule["annotations"]["summary"], name
+        assert chat_pool in alert["annotations"]["description"], name
+        assert "{{" not in alert["annotations"]["description"], name
+    # headroom's alerts come from the daemon's job; the vLLM ones carry the model as pool
+    assert arrived["HeadroomCriticallyLow"]["labels"]["severity"] == "critical"
+    assert arrived["HeadroomCriticallyLow"]["labels"]["job"] == "headroom"
+    assert arrived["HeadroomQueueBuilding"]["labels"]["model_name"] == chat_pool
+
+    # nothing about capacity arrived before the burst began (the fleet idled at 70% until then)
+    early = {k: round(t - stack["started"], 1) for k, t in hook.first_received().items()
+             if k[0] in CAPACITY_ALERTS and t < stack["started"] + BURST_AFTER_S}
+    assert not early, f"capacity alerts before the burst: {early}"
+
+    # Alertmanager holds them too (the webhook did not invent them)
+    am_alerts = requests.get(stack["am"].url + "/api/v2/alerts", timeout=10).json()
+    in_am = {a["labels"]["alertname"] for a in am_alerts if a["labels"].get("pool") == chat_pool}
+    assert EXPECTED_ALERTS <= in_am
+
+
+def _dashboard_targets():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("headroom_test_dashboards", ROOT / "tests" / "test_dashboards.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = []
+    for path in mod.DASHBOARD_FILES:
+        d = json.loads(path.read_text())
+        for title, t in mod._targets(d):
+            out.append((path.name, title, t["expr"]))
+    return out, mod.names
+
+
+LIVE_VARS = {"$__rate_interval": "1m", "$__interval": "15s", "$__range": "5m", "$pool": ".*", "$task_type": ".*",
+             "$horizon": "1d"}
+
+
+def _live_substitute(expr: str) -> str:
+    for k in sorted(LIVE_VARS, key=len, reverse=True):
+        expr = expr.replace(k, LIVE_VARS[k])
+    return expr
+
+
+def test_every_dashboard_query_runs_on_the_live_prometheus(stack):
+    prom = stack["prom"]
+    # wait until the daemon's series, the vLLM recording rules and a latency quantile are there
+    prom.wait_for('headroom_active_requests', timeout=60)
+    prom.wait_for('pool:vllm_num_requests_running:sum', timeout=60)
+    prom.wait_for('pool_quantile:vllm_time_to_first_token_seconds:histogram_quantile5m', timeout=60)
+    prom.wait_for('pool:vllm_kv_cache_tokens:sum', timeout=60)
+    pools = requests.get(prom.url + "/api/v1/label/pool/values",
+                         params={"match[]": "headroom_active_requests"}, timeout=10).json()["data"]
+    assert pools, "the pool variable would be empty"
+
+    targets, names = _dashboard_targets()
+    present_cache: dict[str, bool] = {}
+
+    def present(name: str) -> bool:
+        if name not in present_cache:
+            present_cache[name] = bool(prom.query(f'count({{__name__="{name}"}})'))
+        return present_cache[name]
+
+    rejected, empty, not_produced = [], [], {}
+    for dash, title, expr in targets:
+        q = _live_substitute(expr)
+        r = requests.get(prom.url + "/api/v1/query", params={"query": q}, timeout=10)
+        if r.status_code != 200 or r.json().get("status") != "success":
+            rejected.append((dash, title, q, r.text[:200]))
+            continue
+        if r.json()["data"]["result"]:
+            continue
+        missing = [n for n in names.selector_names(q) if n and not present(n)]
+        if missing:
+            not_produced[(dash, title)] = missing
+        else:
+            empty.append((dash, title, q))
+    assert not rejected, f"Prometheus rejected dashboard queries: {rejected}"
+    assert not empty, (f"queries returned nothing although all their metrics have data: {empty}; "
+                       f"(for information, metrics this simulated setup does not produce: {not_produced})")
+    print(f"dashboard queries: {len(targets)}, with data: {len(targets) - len(not_produced)}, "
+          f"naming metrics this setup does not produce: {sorted({n for v in not_produced.values() for n in v})}")
+    # most of the dashboards must be exercised for this to mean something
+    answered = len(targets) - len(not_produced)
+    assert answered >= 0.5 * len(targets), (answered, len(targets), not_produced)
