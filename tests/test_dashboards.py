@@ -301,3 +301,12 @@ def test_provisioning_files():
     assert provider["type"] == "file"
     path = provider["options"]["path"]
     assert path in (GRAFANA / "README.md").read_text(), "README must say where to put the JSON files"
+
+
+def test_panels_named_in_the_runbook_exist():
+    """docs/runbook.md points at panels as *Panel title*; each must be a real panel title."""
+    text = re.sub(r"`[^`]*`", "", (ROOT / "docs" / "runbook.md").read_text())
+    refs = {m.replace("\n", " ") for m in re.findall(r"(?<!\*)\*([^*\s][^*]*?)\*(?!\*)", text)}
+    titles = {p["title"] for path in DASHBOARD_FILES for p in _panels(_dash(path))}
+    assert len(refs) >= 15
+    assert not sorted(refs - titles), f"runbook names panels that do not exist: {sorted(refs - titles)}"
