@@ -184,20 +184,22 @@ def run(args) -> int:
 
 
 def seed_history(fleet_cfg, days: float, store_path: str) -> int:
-    """Load simulated history into headroom's own store (when the forecast store is available)."""
-    try:
-        from ..forecast.store import HistoryStore
-        from ..sim.history import generate_history
-    except ImportError:
-        return 0
-    df = generate_history(fleet_cfg, days=days, step_s=300, replica_series=False)
-    pools = df[df["instance"] == ""]
+    """Load simulated history into headroom's own store, under the series names headroom records:
+    active_requests = active + queued (the concurrency the knee is about), arrival_rate, kv_tokens,
+    sessions."""
+    from ..forecast.store import HistoryStore
+    from ..sim.history import generate_history
+    df = generate_history(fleet_cfg, days=days, step_s=300, replica_series=False, end=time.time() // 300 * 300)
+    pools = df[df["instance"] == ""].pivot_table(index=["pool", "timestamp"], columns="series", values="value")
     model_of = {p.name: p.model_name for p in fleet_cfg.pools}
-    points = [(model_of.get(r.pool, r.pool), r.series, float(r.timestamp), float(r.value))
-              for r in pools.itertuples(index=False)]
-    store = HistoryStore(store_path)
-    try:
+    points = []
+    for (pool, ts), row in pools.iterrows():
+        name = model_of.get(pool, pool)
+        points.append((name, "active_requests", float(ts), float(row["active_requests"] + row["queued_requests"])))
+        points.append((name, "queued_requests", float(ts), float(row["queued_requests"])))
+        points.append((name, "arrival_rate", float(ts), float(row["call_arrival_rate"])))
+        points.append((name, "kv_tokens", float(ts), float(row["kv_tokens"])))
+        points.append((name, "sessions", float(ts), float(row["sessions"])))
+    with HistoryStore(store_path) as store:
         store.append(points)
-    finally:
-        store.close()
     return len(points)

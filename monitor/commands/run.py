@@ -13,7 +13,7 @@ from ..cycle import Pipeline
 from ..export.collector import Exposition
 from ..export.landing import Trends
 from ..export.server import WebState, parse_listen_address, serve
-from ..wiring import default_enrichers, extra_samples, web_security
+from ..wiring import attach_history_and_forecasts, default_enrichers, extra_samples, web_security
 
 log = logging.getLogger("headroom")
 
@@ -38,7 +38,12 @@ class Daemon:
         self.server, _ = serve(self.state, listen_address, ssl_context)
         self.scheduler = BackgroundScheduler(timezone="UTC")
         self.stopped = threading.Event()
-        self.extra_jobs = []
+        self.extra_jobs = []  # f(daemon) run at start(): schedule more jobs
+        self.sample_hooks = []  # f() -> [(metric, labels, value)] added to /metrics at each render
+        self.on_stop = []
+        self.store = None
+        self.forecaster = None
+        attach_history_and_forecasts(self)
 
     @property
     def port(self) -> int:
@@ -56,6 +61,11 @@ class Daemon:
     def stop(self) -> None:
         if self.scheduler.running:
             self.scheduler.shutdown(wait=False)
+        for hook in self.on_stop:
+            try:
+                hook()
+            except Exception:
+                log.exception("stop hook failed")
         self.server.shutdown()
         self.server.server_close()
         self.pipeline.close()

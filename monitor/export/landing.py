@@ -82,8 +82,9 @@ def _pool_card(p: PoolSnapshot, trend: list) -> str:
     e = html.escape
     cap = p.capacity or {}
     knee = cap.get("knee_requests")
-    ratio = cap.get("headroom_ratio")
-    ratio_n1 = cap.get("headroom_ratio_n_minus_1")
+    ratios = cap.get("ratio") if isinstance(cap.get("ratio"), dict) else {}
+    ratio = ratios.get("current")
+    ratio_n1 = ratios.get("n_minus_1")
     kv_pct = (p.kv_usage_ratio or 0.0) * 100
     cls = "ok"
     if ratio is not None and ratio < 0.1:
