@@ -50,7 +50,10 @@ SCENARIO_OVERRIDES = {"at_s": WARMUP_S + BURST_AFTER_S, "duration_s": 300.0, "mu
 # on a 2-core machine): headroom capacity alerts and the vLLM recording-rule alerts
 EXPECTED_ALERTS = {"HeadroomLow", "HeadroomCriticallyLow", "HeadroomAboveKnee", "HeadroomQueueBuilding",
                    "HeadroomKVCachePressure"}
-CAPACITY_ALERTS = EXPECTED_ALERTS | {"HeadroomNMinus1Lost", "HeadroomPreemptions"}
+# must not arrive before the burst; HeadroomQueueBuilding and HeadroomPreemptions are left out: with
+# `for:` cut to seconds a momentary queue at 70% load may trip them, their production `for:` does not
+CAPACITY_ALERTS = {"HeadroomLow", "HeadroomCriticallyLow", "HeadroomAboveKnee", "HeadroomNMinus1Lost",
+                   "HeadroomKVCachePressure"}
 
 
 class Webhook:
