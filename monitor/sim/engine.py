@@ -58,11 +58,12 @@ def request_token_buckets(max_model_len: int) -> tuple[float, ...]:
 
 
 class Histo:
-    """Histogram accumulator. Single observations are buffered and binned in bulk with numpy
-    when the histogram is read (``counts``, ``sum``, ``count``, ``cumulative()``), which keeps
-    the per-request cost of the simulation low."""
+    """Histogram accumulator. Observations are buffered and binned in bulk with numpy when the
+    histogram is read (``counts``, ``sum``, ``count``, ``cumulative()``), which keeps the cost
+    per simulated request and per engine step low."""
 
-    __slots__ = ("bounds", "_counts", "_sum", "_count", "_pending", "_np_bounds")
+    __slots__ = ("bounds", "_counts", "_sum", "_count", "_pending", "_pend_w", "_pend_lin",
+                 "_np_bounds")
 
     def __init__(self, bounds):
         self.bounds = tuple(float(b) for b in bounds)
@@ -70,45 +71,77 @@ class Histo:
         self._counts = [0] * (len(self.bounds) + 1)  # non-cumulative; last = +Inf overflow
         self._sum = 0.0
         self._count = 0
-        self._pending: list[float] = []
+        self._pending: list[float] = []  # single observations
+        self._pend_w: list[tuple[float, int]] = []  # (value, times)
+        self._pend_lin: list[tuple[float, float, int, int]] = []  # (first, step, k, weight)
 
     def observe(self, value: float, times: int = 1) -> None:
         if times == 1:
             self._pending.append(value)
-            if len(self._pending) >= 4096:
+            if len(self._pending) >= 8192:
                 self._flush()
+        elif times > 0:
+            self._pend_w.append((value, times))
+            if len(self._pend_w) >= 8192:
+                self._flush()
+
+    def observe_linear(self, first: float, step: float, k: int, weight: int = 1) -> None:
+        """Observe first, first+step, ..., first+(k-1)*step (step >= 0), each ``weight`` times."""
+        if k <= 0 or weight <= 0:
             return
-        self._counts[bisect_left(self.bounds, value)] += times
-        self._sum += value * times
-        self._count += times
+        if step <= 0:
+            self.observe(first, k * weight)
+            return
+        self._pend_lin.append((first, step, k, weight))
+        if len(self._pend_lin) >= 8192:
+            self._flush()
+
+    def _bin(self, vals: np.ndarray, weights: Optional[np.ndarray] = None) -> None:
+        idx = np.searchsorted(self._np_bounds, vals, side="left")
+        binned = np.bincount(idx, weights=weights, minlength=len(self._counts))
+        c = self._counts
+        for i, v in enumerate(binned.tolist()):
+            if v:
+                c[i] += int(round(v))
 
     def add_many(self, vals: np.ndarray) -> None:
         """Observe every value of a float array."""
         if len(vals) == 0:
             return
-        idx = np.searchsorted(self._np_bounds, vals, side="left")
-        binned = np.bincount(idx, minlength=len(self._counts))
-        c = self._counts
-        for i, v in enumerate(binned.tolist()):
-            if v:
-                c[i] += v
+        self._bin(vals)
         self._sum += float(vals.sum())
         self._count += len(vals)
 
     def _flush(self) -> None:
-        pend = self._pending
-        if not pend:
-            return
-        vals = np.asarray(pend, dtype=np.float64)
-        self._pending = []
-        idx = np.searchsorted(self._np_bounds, vals, side="left")
-        binned = np.bincount(idx, minlength=len(self._counts))
-        c = self._counts
-        for i, v in enumerate(binned.tolist()):
-            if v:
-                c[i] += v
-        self._sum += math.fsum(pend)
-        self._count += len(pend)
+        if self._pending:
+            pend = self._pending
+            self._pending = []
+            self._bin(np.asarray(pend, dtype=np.float64))
+            self._sum += math.fsum(pend)
+            self._count += len(pend)
+        if self._pend_w:
+            arr = np.asarray(self._pend_w, dtype=np.float64)
+            self._pend_w = []
+            self._bin(arr[:, 0], arr[:, 1])
+            self._sum += float((arr[:, 0] * arr[:, 1]).sum())
+            self._count += int(arr[:, 1].sum())
+        if self._pend_lin:
+            arr = np.asarray(self._pend_lin, dtype=np.float64)
+            self._pend_lin = []
+            first, step, k, w = arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3]
+            # observations <= bound b per run: clip(floor((b - first)/step + 1e-9) + 1, 0, k)
+            q = (self._np_bounds[None, :] - first[:, None]) / step[:, None]
+            le = np.clip(np.floor(q + 1e-9) + 1.0, 0.0, k[:, None])
+            le[q < 0] = 0.0
+            cum = (le * w[:, None]).sum(axis=0)
+            total = float((k * w).sum())
+            per_bucket = np.diff(np.concatenate(([0.0], cum, [total])))
+            c = self._counts
+            for i, v in enumerate(per_bucket.tolist()):
+                if v:
+                    c[i] += int(round(v))
+            self._sum += float((w * (k * first + step * k * (k - 1) / 2.0)).sum())
+            self._count += int(round(total))
 
     @property
     def counts(self) -> list[int]:
@@ -124,32 +157,6 @@ class Histo:
     def count(self) -> int:
         self._flush()
         return self._count
-
-    def observe_linear(self, first: float, step: float, k: int, weight: int = 1) -> None:
-        """Observe first, first+step, ..., first+(k-1)*step (step >= 0), each ``weight`` times."""
-        if k <= 0 or weight <= 0:
-            return
-        if step <= 0:
-            self.observe(first, k * weight)
-            return
-        prev = 0
-        c = self._counts
-        for i, b in enumerate(self.bounds):
-            # values <= b: first + s*step <= b  ->  s <= (b - first)/step
-            if b < first:
-                n_le = 0
-            else:
-                q = (b - first) / step
-                n_le = k if q >= k else min(k, int(math.floor(q + 1e-9)) + 1)
-            if n_le > prev:
-                c[i] += (n_le - prev) * weight
-                prev = n_le
-            if prev >= k:
-                break
-        if prev < k:
-            c[-1] += (k - prev) * weight
-        self._sum += weight * (k * first + step * k * (k - 1) / 2.0)
-        self._count += k * weight
 
     def cumulative(self) -> list[int]:
         out, acc = [], 0

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+import numpy as np
 import yaml
 
 from .engine import Histo, PoolParams, Replica, Request
@@ -278,6 +279,7 @@ class Fleet:
             self.pools[p.name] = [Replica(p, i, self.start) for i in range(p.replicas)]
         self.replicas: list[Replica] = [r for rs in self.pools.values() for r in rs]
         self._params = {p.name: p for p in config.pools}
+        self._buffers: dict[int, list[int]] = {}
         self._alive = {name: list(rs) for name, rs in self.pools.items()}
         self.heap: list = []
         self.seq = 0
@@ -411,10 +413,25 @@ class Fleet:
         pool = self._params[tt.pool]
         task.pending = step.calls
         for _ in range(step.calls):
-            out = min(step.output.sample(self.rng), pool.max_model_len - 1)
-            prompt = step.prompt.sample(self.rng)
+            out = min(self._draw(step.output), pool.max_model_len - 1)
+            prompt = self._draw(step.prompt)
             prompt = max(1, min(prompt, pool.max_model_len - out))
             self._send(Call(task, prompt, out, tt.pool), t)
+
+    def _draw(self, dist) -> int:
+        """One token count from ``dist``; drawn 512 at a time with numpy (seeded from this
+        fleet's RNG, so runs stay deterministic and fleets sharing a config stay independent)."""
+        buf = self._buffers.get(id(dist))
+        if not buf:
+            g = np.random.default_rng(self.rng.getrandbits(63))
+            if dist.sigma == 0:
+                vals = np.full(512, dist.mean)
+            else:
+                vals = g.lognormal(dist.mu, dist.sigma, 512)
+            buf = np.clip(np.rint(vals), dist.min, dist.max).astype(int).tolist()
+            buf.reverse()
+            self._buffers[id(dist)] = buf
+        return buf.pop()
 
     def _replay(self, idx: int, loop_no: int, t: float) -> None:
         rp = self.config.replay
