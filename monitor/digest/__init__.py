@@ -1,0 +1,15 @@
+"""The weekly forecast digest (issue 7): content, rendering, delivery through a persisted outbox.
+
+    settings.py   the `digest:` configuration section (schedule, destinations, prices, SLO targets)
+    content.py    pure: a week of history + capacity -> the digest dict (peaks, SLO, forecast, cost,
+                  recommendations); forecasts through monitor.forecast
+    demo.py       a simulated fortnight (monitor.sim.history) as digest input
+    sources.py    history from the HistoryStore or Prometheus as digest input
+    charts.py     matplotlib PNGs (actual vs forecast with bands, headroom over the week)
+    render.py     Markdown, self-contained HTML, JSON and the Slack-compatible summary
+    outbox.py     SQLite (WAL) outbox: one row per (ISO week, destination), retried with backoff
+    deliver.py    directory, webhook and SMTP destinations
+    schedule.py   schedule_digest(scheduler, settings, build_fn) for the daemon; run_digest
+    metrics.py    (name, labels, value) triples for the catalogue's digest metrics
+    cli.py        `headroom digest`
+"""

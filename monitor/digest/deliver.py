@@ -1,0 +1,180 @@
+"""Rendering a digest into the payload files, and the three destinations that deliver them.
+
+Payload files (stored once per ISO week in the outbox, so every retry sends the same bytes):
+    digest.md, digest.html (charts as data: URIs), digest.json, slack.json, summary.txt,
+    email.html (charts as cid: references), <chart id>.png
+A sender returns only after its destination acknowledged: the directory after the files were
+written and renamed into place (fsync'd), the webhook on HTTP 2xx, SMTP when the server answered 250
+to the end of DATA (smtplib raises otherwise). Errors raised here never carry a secret.
+"""
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import logging
+import os
+import smtplib
+import ssl as ssl_mod
+import tempfile
+from email.message import EmailMessage
+from email.utils import formatdate, make_msgid
+from typing import Callable
+from urllib.parse import urlsplit
+
+from monitor.digest.charts import charts_for
+from monitor.digest.outbox import DeliveryError
+from monitor.digest.render import (render_html, render_json, render_markdown, render_slack,
+                                   summary_text)
+from monitor.digest.settings import Destination
+
+log = logging.getLogger(__name__)
+
+
+def render_files(digest: dict) -> dict[str, bytes]:
+    charts = charts_for(digest)
+    names = {cid: f"{cid}.png" for cid in charts}
+    files = {f"{cid}.png": png for cid, png in charts.items()}
+    files["digest.md"] = render_markdown(digest, names).encode()
+    files["digest.html"] = render_html(digest, charts).encode()
+    files["email.html"] = render_html(digest, charts, lambda cid, png: f"cid:{cid}@headroom").encode()
+    files["digest.json"] = render_json(digest).encode()
+    files["slack.json"] = json.dumps(render_slack(digest)).encode()
+    files["summary.txt"] = summary_text(digest).encode()
+    files["meta.json"] = json.dumps({"title": digest["title"], "iso_week": digest["iso_week"],
+                                     "charts": sorted(charts)}).encode()
+    return files
+
+
+def write_dir(path: str, files: dict[str, bytes], formats=("md", "html", "json")) -> list[str]:
+    """Write the chosen formats into `path` (each file via a temporary file, fsync and rename)."""
+    os.makedirs(path, exist_ok=True)
+    wanted = []
+    for name in files:
+        if name.endswith(".png") and "md" in formats:
+            wanted.append(name)
+    wanted += [f"digest.{f}" for f in formats if f"digest.{f}" in files]
+    for name in wanted:
+        fd, tmp = tempfile.mkstemp(dir=path, prefix=".tmp-")
+        try:
+            os.fchmod(fd, 0o644)
+            with os.fdopen(fd, "wb") as f:
+                f.write(files[name])
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, os.path.join(path, name))
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+    dfd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+    return wanted
+
+
+def directory_sender(dest: Destination) -> Callable:
+    def send(key: str, week: str, payload: dict) -> None:
+        try:
+            write_dir(os.path.join(dest.path, week), payload, dest.formats)
+        except OSError as exc:
+            raise DeliveryError(f"directory {dest.path}: {exc.strerror or type(exc).__name__}") from None
+    return send
+
+
+def webhook_sender(dest: Destination) -> Callable:
+    """POST slack.json. Plain http.client on purpose: requests/urllib3 log the request line (with
+    the webhook's secret path) at DEBUG, and their exception messages quote the URL."""
+    def send(key: str, week: str, payload: dict) -> None:
+        try:
+            url = dest.webhook_url()
+            token = dest.secret("bearer_token")
+        except (OSError, ValueError) as exc:
+            raise DeliveryError(f"webhook {dest.name}: cannot read its secret: "
+                                f"{getattr(exc, 'strerror', None) or exc}") from None
+        u = urlsplit(url)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise DeliveryError(f"webhook {dest.name}: the configured URL is not http(s)")
+        headers = {"Content-Type": "application/json", "Idempotency-Key": key,
+                   "User-Agent": "headroom-digest"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        if u.scheme == "https":
+            conn = http.client.HTTPSConnection(u.hostname, u.port or 443, timeout=dest.timeout,
+                                               context=ssl_mod.create_default_context())
+        else:
+            conn = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=dest.timeout)
+        path = (u.path or "/") + (f"?{u.query}" if u.query else "")
+        try:
+            conn.request("POST", path, body=payload["slack.json"], headers=headers)
+            resp = conn.getresponse()
+            resp.read()
+            status = resp.status
+        except (OSError, http.client.HTTPException) as exc:  # messages may quote the host: keep the type
+            raise DeliveryError(f"webhook {dest.name}: {type(exc).__name__}") from None
+        finally:
+            conn.close()
+        if not 200 <= status < 300:
+            raise DeliveryError(f"webhook {dest.name}: HTTP {status}")
+    return send
+
+
+def build_email(dest: Destination, key: str, payload: dict) -> EmailMessage:
+    meta = json.loads(payload["meta.json"])
+    msg = EmailMessage()
+    msg["Subject"] = f"{dest.subject_prefix} {meta['title']}: {meta['iso_week']}".strip()
+    msg["From"] = dest.sender
+    msg["To"] = ", ".join(dest.to)
+    msg["Date"] = formatdate(localtime=False)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:24]
+    msg["Message-ID"] = make_msgid(idstring=digest, domain="headroom.digest")
+    msg["X-Headroom-Idempotency-Key"] = key
+    msg.set_content(payload["summary.txt"].decode() + "\n\n" + payload["digest.md"].decode())
+    msg.add_alternative(payload["email.html"].decode(), subtype="html")
+    html_part = msg.get_payload()[1]
+    for cid in meta["charts"]:
+        html_part.add_related(payload[f"{cid}.png"], maintype="image", subtype="png",
+                              cid=f"<{cid}@headroom>", filename=f"{cid}.png")
+    return msg
+
+
+def smtp_sender(dest: Destination) -> Callable:
+    def send(key: str, week: str, payload: dict) -> None:
+        msg = build_email(dest, key, payload)
+        try:
+            password = dest.secret("password")
+        except (OSError, ValueError) as exc:
+            raise DeliveryError(f"smtp {dest.name}: cannot read the password: "
+                                f"{getattr(exc, 'strerror', None) or exc}") from None
+        ctx = ssl_mod.create_default_context()
+        try:
+            if dest.ssl:
+                client = smtplib.SMTP_SSL(dest.host, dest.port, timeout=dest.timeout, context=ctx)
+            else:
+                client = smtplib.SMTP(dest.host, dest.port, timeout=dest.timeout)
+            with client:
+                client.ehlo()
+                if dest.starttls:
+                    client.starttls(context=ctx)
+                    client.ehlo()
+                if dest.username:
+                    client.login(dest.username, password or "")
+                refused = client.send_message(msg)  # raises unless the server said 250 after DATA
+            if refused:
+                raise DeliveryError(f"smtp {dest.name}: {len(refused)} recipient(s) refused")
+        except smtplib.SMTPResponseException as exc:  # server code only; never the AUTH exchange
+            raise DeliveryError(f"smtp {dest.name}: server answered {exc.smtp_code}") from None
+        except smtplib.SMTPRecipientsRefused as exc:
+            raise DeliveryError(f"smtp {dest.name}: all {len(exc.recipients)} recipient(s) refused") from None
+        except (smtplib.SMTPException, OSError) as exc:
+            raise DeliveryError(f"smtp {dest.name}: {type(exc).__name__}") from None
+    return send
+
+
+def senders_for(destinations) -> dict[str, Callable]:
+    out = {}
+    for d in destinations:
+        out[d.name] = {"directory": directory_sender, "webhook": webhook_sender, "smtp": smtp_sender}[d.type](d)
+    return out

@@ -1,0 +1,86 @@
+"""Running the digest: build, render, queue in the outbox, deliver; and the daemon's schedule.
+
+    run_digest(settings, build_fn, now, outbox)      one digest for the week ending at `now`
+    drain(settings, outbox, now)                     (re)try every due delivery
+    schedule_digest(scheduler, settings, build_fn)   cron job (day, hour, minute, time zone) plus a
+                                                     retry job that drains the outbox
+
+`build_fn(week_end) -> DigestInput` loads history (monitor.digest.sources or .demo). A week whose
+payload is already in the outbox is not rebuilt: a restart or a second run in the same week queues
+only destinations that are missing, so nothing is sent twice.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Callable, Optional
+
+from monitor.digest.content import DigestInput, build_digest, digest_week
+from monitor.digest.deliver import render_files, senders_for
+from monitor.digest.outbox import Outbox
+from monitor.digest.settings import DigestSettings
+
+log = logging.getLogger(__name__)
+
+
+def week_end_for(now: float) -> float:
+    """The digest's week ends at the top of the hour it runs in."""
+    return math.floor(now / 3600.0) * 3600.0
+
+
+def open_outbox(settings: DigestSettings) -> Outbox:
+    return Outbox(settings.outbox, settings.retry, lease_seconds=max(
+        [60.0] + [2 * d.timeout + 30.0 for d in settings.destinations]))
+
+
+def drain(settings: DigestSettings, outbox: Outbox, now: Optional[float] = None,
+          clock: Callable[[], float] = time.time) -> dict:
+    return outbox.drain(senders_for(settings.destinations), clock() if now is None else now, clock)
+
+
+def run_digest(settings: DigestSettings, build_fn: Callable[[float], DigestInput], now: float,
+               outbox: Outbox, clock: Callable[[], float] = time.time, deliver: bool = True) -> dict:
+    """Build (unless this week's payload is queued already), queue one delivery per destination,
+    then try every due delivery once. Returns {"week", "queued", "outcomes", "pending"}."""
+    end = week_end_for(now)
+    week = digest_week(end, settings.timezone)
+    dests = [d.name for d in settings.destinations]
+    if outbox.has_week(week):
+        log.info("digest %s is already in the outbox; queueing only missing destinations", week)
+        queued = outbox.enqueue(week, {}, dests, now)
+    else:
+        digest = build_digest(build_fn(end), settings, generated_at=now)
+        queued = outbox.enqueue(digest["iso_week"], render_files(digest), dests, now)
+    outcomes = drain(settings, outbox, now, clock) if deliver else {}
+    return {"week": week, "queued": queued, "outcomes": outcomes, "pending": outbox.pending_count()}
+
+
+def schedule_digest(scheduler, settings: DigestSettings, build_fn: Callable[[float], DigestInput],
+                    outbox: Optional[Outbox] = None, clock: Callable[[], float] = time.time) -> list[str]:
+    """Add the weekly digest to an APScheduler 3.x scheduler (the daemon's). Returns the job ids."""
+    from apscheduler.triggers.cron import CronTrigger
+    from apscheduler.triggers.interval import IntervalTrigger
+    box = outbox or open_outbox(settings)
+    s = settings.schedule
+
+    def weekly():
+        try:
+            r = run_digest(settings, build_fn, clock(), box, clock)
+            log.info("digest %s: queued %d, %d pending", r["week"], len(r["queued"]), r["pending"])
+        except Exception as exc:
+            log.error("digest build failed: %s: %s", type(exc).__name__, exc)
+
+    def retry():
+        try:
+            drain(settings, box, None, clock)
+        except Exception as exc:
+            log.error("digest outbox drain failed: %s", type(exc).__name__)
+
+    scheduler.add_job(weekly, CronTrigger(day_of_week=s.day_of_week, hour=s.hour, minute=s.minute,
+                                          timezone=s.timezone),
+                      id="headroom-digest", max_instances=1, coalesce=True,
+                      misfire_grace_time=6 * 3600, replace_existing=True)
+    scheduler.add_job(retry, IntervalTrigger(seconds=max(10.0, min(settings.retry.initial_seconds, 300.0))),
+                      id="headroom-digest-retry", max_instances=1, coalesce=True, replace_existing=True)
+    return ["headroom-digest", "headroom-digest-retry"]
