@@ -1,10 +1,11 @@
 """`headroom loadtest` and `headroom compare` against the real vLLM CPU engine (tiny model).
 
-One ramp (4, 8, 12, 16, 20 closed-loop sessions, 5 s each) against the reference engine
+One ramp (2, 4, ..., 20 closed-loop sessions, 3 s each) against the reference engine
 (max-num-seqs 8, 24 KV blocks of 128 tokens), with headroom's pipeline reading the engine's /metrics
 every second:
-- queueing shows once the load passes max-num-seqs: no request waits at 4 sessions, requests wait
-  at 12+ (vllm:num_requests_waiting > 0) and the client's TTFT rises;
+- queueing shows once the load passes max-num-seqs: no request waits up to 8 sessions (a session has
+  at most one call in flight), requests wait from 10 (vllm:num_requests_waiting > 0) and the
+  client's TTFT rises;
 - client and server agree: successful calls == delta of vllm:request_success_total exactly, and the
   client's mean queue estimate (TTFT - unloaded TTFT) is within 20% of the engine's mean
   vllm:request_queue_time_seconds over the same requests.
@@ -32,11 +33,11 @@ def write_mix(path: str, vocab: int) -> str:
     with open(path, "w") as f:
         f.write(f"""
 margin: 0.2
-slo: {{quantile: 0.95, ttft_seconds: 0.5, max_error_ratio: 0.0}}
+slo: {{quantile: 0.5, ttft_seconds: 0.2, max_error_ratio: 0.0}}
 request: {{api: completions, prompt_mode: token_ids, token_id_range: [4, {vocab}], ignore_eos: true,
           timeout_seconds: 60}}
 load:
-  ramp: {{start: 4, step: 4, max: 20, step_seconds: 5}}
+  ramp: {{start: 2, step: 2, max: 20, step_seconds: 3}}
 task_types:
   ask:
     class: interactive
@@ -60,7 +61,7 @@ def ramp(engine, tmp_path_factory, name: str) -> dict:
     d = tmp_path_factory.mktemp(f"loadtest-{name}")
     mix = write_mix(str(d / "mix.yaml"), engine.info["vocab_size"])
     rc = main(["loadtest", "--target", engine.url, "--metrics", engine.url + "/metrics", "--mix", mix,
-               "--pattern", "ramp", "--duration", "25s", "--seed", "7", "--out", str(d / "out"),
+               "--pattern", "ramp", "--duration", "30s", "--seed", "7", "--out", str(d / "out"),
                "--model", engine.info["served_model"]])
     assert rc == 0
     with open(d / "out" / "report.json") as f:
@@ -73,19 +74,20 @@ def ramp(engine, tmp_path_factory, name: str) -> dict:
 def test_queueing_past_max_num_seqs_and_client_server_agree(vllm_engine, tmp_path_factory):
     rep = ramp(vllm_engine, tmp_path_factory, "seqs8")
     w = {x["sessions"]: x for x in rep["windows"]}
-    assert sorted(w) == [4, 8, 12, 16, 20]
+    assert sorted(w) == list(range(2, 21, 2))
     sys.stderr.write("\n[loadtest] seqs8 windows: " + json.dumps(
         [(x["sessions"], round(x["mean_in_flight"], 1), x["ttft_seconds"]["p50"], x["server_waiting_max"],
           x["server_queue_mean"]) for x in rep["windows"]]) + "\n")
     assert rep["counts"]["failed"] == 0, rep["errors"]
-    # below max-num-seqs nothing waits; past it the engine queues and the client sees TTFT rise
-    assert w[4]["server_waiting_max"] == 0
-    assert w[4]["server_running_max"] <= 8
-    for level in (12, 16, 20):
+    # up to max-num-seqs nothing waits; past it the engine queues and the client sees TTFT rise
+    for level in (2, 4, 6, 8):
+        assert w[level]["server_waiting_max"] == 0, f"a request waited at {level} sessions"
+        assert w[level]["server_running_max"] <= level
+    for level in (12, 14, 16, 18, 20):
         assert w[level]["server_waiting_max"] > 0, f"no request waited at {level} sessions"
         assert w[level]["server_running_max"] == 8
-    assert w[16]["ttft_seconds"]["p50"] > 2 * w[4]["ttft_seconds"]["p50"]
-    assert w[20]["ttft_seconds"]["p50"] > w[12]["ttft_seconds"]["p50"]
+    low = max(w[n]["ttft_seconds"]["p50"] for n in (2, 4, 6))
+    assert min(w[n]["ttft_seconds"]["p50"] for n in (14, 16, 18, 20)) > 3 * low
     assert rep["server"]["waiting_max"] > 0
     # exact request count: every successful call (probes included) is one engine success
     a = rep["agreement"]
@@ -97,8 +99,7 @@ def test_queueing_past_max_num_seqs_and_client_server_agree(vllm_engine, tmp_pat
     q = a["queue_mean_seconds"]
     assert q["server"] > 0.05, "the ramp must queue noticeably for the check to mean anything"
     assert q["client_estimate"] == pytest.approx(q["server"], rel=0.20)
-    # the knee sits at the engine's slot limit, seen from the client
-    assert rep["knee_fit"] is not None
+    sys.stderr.write(f"[loadtest] knee {json.dumps(rep['knee'])}\n")
 
 
 def test_compare_ranks_more_slots_higher(vllm_engine, vllm_engine_factory, tmp_path_factory):
@@ -107,6 +108,7 @@ def test_compare_ranks_more_slots_higher(vllm_engine, vllm_engine_factory, tmp_p
     a = ramp(small, tmp_path_factory, "seqs4")
     assert a["run"]["mix_digest"] == b["run"]["mix_digest"] and a["run"]["seed"] == b["run"]["seed"]
     wa = {x["sessions"]: x for x in a["windows"]}
+    assert wa[4]["server_waiting_max"] == 0
     assert wa[8]["server_waiting_max"] > 0 and wa[8]["server_running_max"] == 4
     out = subprocess.run([sys.executable, "-m", "monitor.cli", "compare", a["_path"], b["_path"], "--json",
                           "--names", "seqs4,seqs8"], capture_output=True, text=True, cwd=REPO, timeout=120,

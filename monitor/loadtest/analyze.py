@@ -162,8 +162,27 @@ def analyze(mix: LoadMix, plan: Plan, res: RunResult, meta: dict) -> dict:
         ttft_limit = max(5 * baseline, 0.2)
         ttft_limit_source = "derived: 5 x unloaded TTFT (at least 0.2 s); set slo.ttft_seconds"
 
+    # the knee first: its pre-knee line is the client's model of an unqueued call's TTFT
+    knee_fit = knee_from(load, mix.margin)
+    knee = knee_fit if (knee_fit is not None and knee_fit["confidence"] >= KNEE_MIN_CONFIDENCE) else None
+    if knee is not None:
+        a0, b1, k0 = knee["intercept"], knee["slope_before"], knee["concurrency"]
+        queue_method = ("TTFT - unqueued TTFT at the call's concurrency (the hinge fit's pre-knee line "
+                        "a + b x min(in flight, knee); unloaded probes for the probes)")
+
+        def unqueued(c):
+            if c.phase == "probe" or baseline is None:
+                return baseline
+            return max(baseline, a0 + b1 * min(c.in_flight, k0))
+    else:
+        queue_method = "TTFT - unloaded TTFT (median of the probe calls)"
+
+        def unqueued(c):
+            return baseline
+
     def qest(c):
-        return None if (c.ttft is None or baseline is None) else max(0.0, c.ttft - baseline)
+        base = unqueued(c)
+        return None if (c.ttft is None or base is None) else max(0.0, c.ttft - base)
 
     # ---- per call / per task -------------------------------------------------------------
     def call_stats(cs_all):
@@ -265,8 +284,6 @@ def analyze(mix: LoadMix, plan: Plan, res: RunResult, meta: dict) -> dict:
     }
 
     # ---- knee and operating point -----------------------------------------------------------
-    knee_fit = knee_from(load, mix.margin)
-    knee = knee_fit if (knee_fit is not None and knee_fit["confidence"] >= KNEE_MIN_CONFIDENCE) else None
     n_targets = max(1, len(meta.get("targets", [])) or 1)
     if knee is not None:
         knee["per_replica"] = knee["concurrency"] / n_targets
@@ -333,9 +350,9 @@ def analyze(mix: LoadMix, plan: Plan, res: RunResult, meta: dict) -> dict:
                                   "(every finished_reason) over all --metrics targets"},
             "queue_mean_seconds": {"client_estimate": client_q, "server": sq,
                                    "relative_difference": (abs(client_q - sq) / sq) if (client_q is not None and sq) else None,
-                                   "unloaded_ttft_seconds": baseline,
-                                   "note": "client estimate = mean of max(0, TTFT - unloaded TTFT) over successful "
-                                           "calls; server = vllm:request_queue_time_seconds sum/count delta"},
+                                   "unloaded_ttft_seconds": baseline, "method": queue_method,
+                                   "note": "client estimate = mean over successful calls of max(0, TTFT - unqueued "
+                                           "TTFT); server = vllm:request_queue_time_seconds sum/count delta"},
         }
 
     counts = {
@@ -359,7 +376,7 @@ def analyze(mix: LoadMix, plan: Plan, res: RunResult, meta: dict) -> dict:
         "tasks": {"by_task_type": task_types,
                   "all": {"duration_seconds": quantiles(t.duration for t in res.tasks if t.ok),
                           "over_task_slo": over([t.duration for t in res.tasks if t.ok], slo.task_seconds)}},
-        "queue": {"unloaded_ttft_seconds": baseline,
+        "queue": {"unloaded_ttft_seconds": baseline, "client_method": queue_method,
                   "client_estimate_seconds": quantiles(qest(c) for c in ok),
                   "server_mean_seconds": server["queue_mean_seconds"] if server else None},
         "windows": windows,

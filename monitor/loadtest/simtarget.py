@@ -11,7 +11,8 @@ wall clock); a driver thread advances the engine to the current time every `tick
 the requests whose visible output changed, so tokens stream out at the simulated step times and the
 first token leaves when the engine's prefill step ends. Prompt length: the number of token ids, or
 of whitespace-separated words of a text prompt (chat: of all messages, plus 4 per message for the
-template). Every request generates exactly `max_tokens` tokens (the engine has no EOS).
+template). Every request generates exactly `max_tokens` tokens (the engine has no EOS). With
+`error_rate` > 0 that share of requests (seeded) is answered 503 before reaching the engine.
 
     with SimTarget(PoolParams(name="p", model_name="sim", replicas=1, max_num_seqs=8, ...)) as st:
         st.urls          # ["http://127.0.0.1:PORT", ...]   one per replica
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import heapq
+import random
 import json
 import logging
 import threading
@@ -39,6 +41,9 @@ log = logging.getLogger(__name__)
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+
+    def handle_error(self, request, client_address):  # a client closing its keep-alive socket is normal
+        log.debug("connection from %s ended with an error", client_address, exc_info=True)
 
 
 class _Live:
@@ -65,8 +70,13 @@ def visible(rep: Replica, r: Request, t: float) -> tuple[int, bool]:
 
 class SimTarget:
     def __init__(self, pool: PoolParams, host: str = "127.0.0.1", api_key: Optional[str] = None,
-                 tick: float = 0.004):
+                 tick: float = 0.004, error_rate: float = 0.0, seed: int = 1):
         pool.validate()
+        if not 0 <= error_rate < 1:
+            raise ValueError(f"error_rate must be within [0, 1), got {error_rate}")
+        self.error_rate = error_rate  # share of requests answered 503 before they reach the engine
+        self._rng = random.Random(seed)
+        self.rejected = 0
         self.pool = pool
         self.host = host
         self.api_key = api_key
@@ -251,6 +261,13 @@ def _handler(st: SimTarget, rep: Replica):
             except ValueError as exc:
                 self._error(400, str(exc))
                 return
+            if st.error_rate:
+                with st.lock:
+                    fail = st._rng.random() < st.error_rate
+                    st.rejected += fail
+                if fail:
+                    self._error(503, "injected failure (SimTarget error_rate)")
+                    return
             lv = st.submit(rep, prompt, out)
             try:
                 if body.get("stream"):

@@ -1,0 +1,284 @@
+"""`headroom loadtest` through HTTP against simulated vLLM replicas (monitor.loadtest.simtarget drives
+monitor.sim's engine in real time): the ramp finds the simulator's knee by construction
+(monitor.sim.fleet.theoretical_knee) within 10%, burst starts are simultaneous, reduced-capacity sends
+the same arrivals to fewer replicas, and API keys never reach a log or a report."""
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import random
+
+import pytest
+
+from monitor.cli import main
+from monitor.loadtest.mix import load_mix
+from monitor.loadtest.runner import terminal_progress
+from monitor.loadtest.simtarget import SimTarget
+from monitor.sim.engine import PoolParams
+from monitor.sim.fleet import theoretical_knee
+
+
+def pool(max_num_seqs: int, replicas: int = 1, num_gpu_blocks: int = 4096, step_base_ms: float = 15.0) -> PoolParams:
+    return PoolParams(name="p", model_name="sim", replicas=replicas, max_num_seqs=max_num_seqs,
+                      num_gpu_blocks=num_gpu_blocks, block_size=16, max_model_len=2048,
+                      step_base_ms=step_base_ms, enable_prefix_caching=False)
+
+
+def write(tmp_path, name: str, text: str) -> str:
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+def run(args: list[str], out) -> dict:
+    rc = main(["loadtest", *args, "--out", str(out)])
+    with open(os.path.join(out, "report.json")) as f:
+        rep = json.load(f)
+    rep["_rc"] = rc
+    return rep
+
+
+KNEE_MIX = """
+margin: 0.2
+slo: {ttft_seconds: 0.25}
+request: {prompt_mode: token_ids, token_id_range: [4, 500], timeout_seconds: 30}
+load:
+  ramp: {start: 3, step: 1, max: 20, step_seconds: 1.6}
+task_types:
+  q:
+    calls_per_task: 1
+    prompt_tokens: {mean: 200, cv: 0.3, min: 50, max: 500}
+    output_tokens: {mean: 40, cv: 0.3, min: 10, max: 100}
+"""
+
+
+def test_ramp_finds_the_simulators_knee(tmp_path):
+    p = pool(max_num_seqs=12)
+    mix_path = write(tmp_path, "mix.yaml", KNEE_MIX)
+    mix = load_mix(mix_path)
+    rng = random.Random(3)
+    tt = mix.task_types["q"]
+    means = {"prompt": sum(tt.prompt.sample(rng) for _ in range(4000)) / 4000,
+             "output": sum(tt.output.sample(rng) for _ in range(4000)) / 4000}
+    truth = theoretical_knee(p, means)
+    assert truth["bound"] == "max_num_seqs" and truth["per_replica"] == 12
+    with SimTarget(p) as st:
+        rep = run(["--target", st.urls[0], "--metrics", st.metrics_urls[0], "--mix", mix_path, "--pattern", "ramp",
+                   "--duration", "28.8s", "--seed", "3"], tmp_path / "out")
+    assert rep["_rc"] == 0 and rep["counts"]["failed"] == 0
+    knee = rep["knee"]
+    print(f"\n[loadtest-sim] knee {knee['concurrency']:.2f} (confidence {knee['confidence']:.2f}) "
+          f"vs theoretical {truth['per_replica']}; agreement {json.dumps(rep['agreement'])}")
+    assert knee is not None and knee["confidence"] >= 0.5
+    assert knee["concurrency"] == pytest.approx(truth["per_replica"], rel=0.10)
+    assert rep["operating_point"]["basis"] == "knee"
+    assert rep["operating_point"]["concurrency"] == pytest.approx(knee["concurrency"] * 0.8)
+    # the engine's own view: nothing waits below the knee, requests wait past it
+    w = {x["sessions"]: x for x in rep["windows"]}
+    assert all(w[n]["server_waiting_max"] == 0 for n in (3, 4, 5, 6, 7, 8))
+    assert all(w[n]["server_waiting_max"] > 0 and w[n]["server_running_max"] == 12 for n in (16, 18, 20))
+    assert w[20]["ttft_seconds"]["p50"] > 3 * w[6]["ttft_seconds"]["p50"]
+    # client and server agree: exact successes, queue mean within 20%
+    a = rep["agreement"]
+    assert a["succeeded"]["equal"] and a["succeeded"]["server"] == rep["counts"]["succeeded"] + rep["counts"]["probes"]
+    assert a["queue_mean_seconds"]["client_estimate"] == pytest.approx(a["queue_mean_seconds"]["server"], rel=0.2)
+    # usable capacity at the SLO: the queue past 12 breaks a 0.25 s TTFT p95 within a few sessions
+    u = rep["usable_capacity"]
+    assert 10 <= u["sessions"] <= 16 and u["first_violation"]
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == 3 and "knee" in html
+
+
+BURST_MIX = """
+slo: {ttft_seconds: 1.0}
+request: {prompt_mode: text, timeout_seconds: 30}
+load:
+  burst: {sessions: 16, tasks_per_session: 1}
+task_types:
+  agent:
+    calls_per_task: 2
+    prompt_tokens: {mean: 100, cv: 0.2, max: 300}
+    output_tokens: {mean: 30, cv: 0.2, max: 60}
+    tool_wait_seconds: {mean: 0.3, cv: 0}
+"""
+
+
+def test_burst_starts_every_session_at_once(tmp_path):
+    mix_path = write(tmp_path, "mix.yaml", BURST_MIX)
+    with SimTarget(pool(max_num_seqs=8)) as st:
+        rep = run(["--target", st.urls[0], "--metrics", st.metrics_urls[0], "--mix", mix_path, "--pattern", "burst",
+                   "--duration", "8s", "--probes", "0"], tmp_path / "out")
+    calls = rep["timeline"]["calls"]
+    assert rep["counts"]["tasks"] == 16 and rep["counts"]["tasks_completed"] == 16
+    assert rep["counts"]["calls"] == 32 and rep["counts"]["failed"] == 0
+    assert rep["tasks"]["by_task_type"]["agent"]["calls_per_task"] == 2
+    first = sorted(c[0] for c in calls)[:16]
+    assert first[-1] - first[0] < 0.3, "the 16 sessions of a burst start together"
+    assert max(c[3] for c in calls) == 16
+    assert rep["server"]["waiting_max"] > 0 and rep["server"]["running_max"] == 8
+    # a task lasts its two calls plus the fixed 0.3 s tool wait
+    d = rep["tasks"]["by_task_type"]["agent"]["duration_seconds"]
+    assert d["p50"] > 0.3 + 2 * rep["calls"]["all"]["e2e_seconds"]["p50"] * 0.5
+    assert rep["agreement"]["succeeded"]["equal"]
+
+
+SUSTAINED_MIX = """
+slo: {ttft_seconds: 0.3}
+request: {prompt_mode: token_ids, token_id_range: [4, 500], timeout_seconds: 30}
+load: {window_seconds: 3}
+task_types:
+  ask:
+    class: interactive
+    tasks_per_second: 6
+    calls_per_task: 1
+    prompt_tokens: {mean: 150, cv: 0.3, max: 400}
+    output_tokens: {mean: 40, cv: 0.3, max: 80}
+  batch:
+    class: batch
+    tasks_per_second: 2
+    calls_per_task: 1
+    prompt_tokens: {mean: 150, cv: 0.3, max: 400}
+    output_tokens: {mean: 40, cv: 0.3, max: 80}
+"""
+
+
+def test_reduced_capacity_sends_the_same_arrivals_to_fewer_replicas(tmp_path):
+    mix_path = write(tmp_path, "mix.yaml", SUSTAINED_MIX)
+    with SimTarget(pool(max_num_seqs=4, replicas=2)) as st:
+        args = ["--mix", mix_path, "--duration", "12s", "--seed", "11"]
+        for u, m in zip(st.urls, st.metrics_urls):
+            args += ["--target", u, "--metrics", m]
+        full = run(args + ["--pattern", "sustained"], tmp_path / "full")
+        reduced = run(args + ["--pattern", "reduced-capacity"], tmp_path / "reduced")
+    assert full["run"]["sessions_planned"] == reduced["run"]["sessions_planned"] > 60
+    assert len(full["run"]["targets"]) == 2 and len(reduced["run"]["targets"]) == 1
+    assert reduced["run"]["reduced_capacity"]["replicas_used"] == 1
+    assert {c[7] for c in full["timeline"]["calls"]} == {0, 1}
+    assert {c[7] for c in reduced["timeline"]["calls"]} == {0}
+    assert reduced["server"]["targets"] == 1 and full["server"]["targets"] == 2
+    # the same seed sent the same task types in the same order
+    assert [c[5] for c in sorted(full["timeline"]["calls"])][:40] == [c[5] for c in sorted(reduced["timeline"]["calls"])][:40]
+    for rep in (full, reduced):
+        assert rep["agreement"]["succeeded"]["equal"]
+    assert reduced["server"]["waiting_max"] > full["server"]["waiting_max"]
+    assert reduced["calls"]["all"]["ttft_seconds"]["p95"] > full["calls"]["all"]["ttft_seconds"]["p95"]
+    assert full["interactive_protection"]["interactive_calls_with_batch_active"] > 0
+    rc = main(["compare", str(tmp_path / "reduced" / "report.json"), str(tmp_path / "full" / "report.json"),
+               "--json"])
+    assert rc == 0
+
+
+def test_compare_json_on_reduced_vs_full(tmp_path, capsys):
+    mix_path = write(tmp_path, "mix.yaml", SUSTAINED_MIX)
+    with SimTarget(pool(max_num_seqs=4, replicas=2)) as st:
+        args = ["--mix", mix_path, "--duration", "10s", "--seed", "5", "--probes", "1"]
+        for u, m in zip(st.urls, st.metrics_urls):
+            args += ["--target", u, "--metrics", m]
+        run(args + ["--pattern", "sustained"], tmp_path / "full")
+        run(args + ["--pattern", "reduced-capacity"], tmp_path / "reduced")
+    capsys.readouterr()
+    assert main(["compare", str(tmp_path / "reduced" / "report.json"), str(tmp_path / "full" / "report.json"),
+                 "--json"]) == 0
+    cmp = json.loads(capsys.readouterr().out)
+    rows = {r["metric"]: r for r in cmp["rows"]}
+    print("\n[loadtest-sim] reduced vs full:", json.dumps({k: (r["a"], r["b"]) for k, r in rows.items()}))
+    assert cmp["same"]["seed"] and cmp["same"]["mix"]
+    assert cmp["better"] == "B", cmp
+    assert rows["run_goodput_calls_per_second"]["b"] > rows["run_goodput_calls_per_second"]["a"]
+
+
+SECRET = "sk-test-SECRET-4242-do-not-log"
+
+
+def test_api_key_is_used_and_never_logged(tmp_path, capsys, caplog):
+    mix_path = write(tmp_path, "mix.yaml", BURST_MIX.replace("sessions: 16", "sessions: 3"))
+    key_file = write(tmp_path, "key", SECRET + "\n")
+    caplog.set_level(logging.DEBUG)
+    with SimTarget(pool(max_num_seqs=8), api_key=SECRET) as st:
+        ok = run(["--target", st.urls[0], "--mix", mix_path, "--pattern", "burst", "--duration", "4s",
+                  "--api-key-file", key_file, "--probes", "1"], tmp_path / "ok")
+        os.environ["LT_TEST_KEY"] = SECRET
+        try:
+            ok_env = run(["--target", st.urls[0], "--mix", mix_path, "--pattern", "burst", "--duration", "4s",
+                          "--api-key-env", "LT_TEST_KEY", "--probes", "0"], tmp_path / "ok-env")
+        finally:
+            del os.environ["LT_TEST_KEY"]
+        denied = run(["--target", st.urls[0], "--mix", mix_path, "--pattern", "burst", "--duration", "4s",
+                      "--model", "sim", "--probes", "0"], tmp_path / "denied")
+    assert ok["_rc"] == 0 and ok["counts"]["failed"] == 0 and ok["run"]["api_key"] == "from file"
+    assert ok_env["counts"]["failed"] == 0 and ok_env["run"]["api_key"] == "from $LT_TEST_KEY"
+    assert denied["_rc"] == 1 and denied["errors"] == {"http_4xx": 3} and denied["counts"]["succeeded"] == 0
+    out = capsys.readouterr()
+    texts = [out.out, out.err, caplog.text]
+    for d in ("ok", "ok-env", "denied"):
+        texts += [(tmp_path / d / "report.json").read_text(), (tmp_path / d / "report.html").read_text()]
+    assert all(SECRET not in t for t in texts)
+
+
+def test_bad_input_gives_clear_errors(tmp_path, capsys):
+    mix_path = write(tmp_path, "mix.yaml", BURST_MIX)
+    bad_mix = write(tmp_path, "bad.yaml", BURST_MIX.replace("calls_per_task: 2", "calls_per_task: two"))
+    cases = [
+        (["--target", "localhost:8000", "--mix", mix_path], "--target must be an http(s) URL"),
+        (["--target", "http://127.0.0.1:9", "--metrics", "nope", "--mix", mix_path], "http(s) URL"),
+        (["--target", "http://127.0.0.1:9", "--mix", bad_mix], "task_types.agent.calls_per_task"),
+        (["--target", "http://127.0.0.1:9", "--mix", str(tmp_path / "absent.yaml")], "not found"),
+        (["--target", "http://127.0.0.1:9", "--mix", mix_path, "--api-key-env", "LT_ABSENT_VAR"], "LT_ABSENT_VAR"),
+        (["--target", "http://127.0.0.1:9", "--mix", mix_path], "cannot reach"),
+        (["--target", "http://127.0.0.1:9", "--mix", mix_path, "--pattern", "reduced-capacity", "--replicas", "3",
+          "--model", "m"], "--replicas must be within 1..1"),
+    ]
+    for args, msg in cases:
+        rc = main(["loadtest", *args, "--duration", "5s", "--pattern", "burst", "--out", str(tmp_path / "x")]
+                  if "--pattern" not in args else ["loadtest", *args, "--duration", "5s", "--out", str(tmp_path / "x")])
+        err = capsys.readouterr().err
+        assert rc == 2, (args, err)
+        assert msg in err, (msg, err)
+    assert not (tmp_path / "x").exists()
+
+
+def test_progress_bar_only_on_a_terminal():
+    assert terminal_progress(io.StringIO()) is None
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    s = Tty()
+    show = terminal_progress(s)
+    show({"elapsed": 5, "duration": 10, "sessions": 3, "in_flight": 2, "calls": 7, "ok": 7, "failed": 0})
+    show({"final": True})
+    assert s.getvalue().startswith("\r[" + "#" * 15) and "calls     7" in s.getvalue()
+
+
+RETRY_MIX = """
+slo: {ttft_seconds: 1.0}
+request: {api: chat, timeout_seconds: 30}
+load:
+  burst: {sessions: 12, tasks_per_session: 2}
+task_types:
+  agent:
+    calls_per_task: 3
+    prompt_tokens: {mean: 60, cv: 0.2, max: 200}
+    output_tokens: {mean: 12, cv: 0.2, max: 30}
+    retries: {max: 6, backoff_seconds: 0.05}
+"""
+
+
+def test_retries_as_configured_over_chat(tmp_path):
+    """A quarter of the requests are answered 503; the retries (chat API) carry every task through,
+    and the engine counts exactly the calls the client saw succeed."""
+    mix_path = write(tmp_path, "mix.yaml", RETRY_MIX)
+    with SimTarget(pool(max_num_seqs=8), error_rate=0.25, seed=4) as st:
+        rep = run(["--target", st.urls[0], "--metrics", st.metrics_urls[0], "--mix", mix_path, "--pattern", "burst",
+                   "--duration", "10s", "--probes", "0"], tmp_path / "out")
+        rejected = st.rejected
+    c = rep["counts"]
+    assert rejected > 0 and c["retries"] == rejected == rep["errors"]["http_5xx"] == c["failed"]
+    assert c["tasks"] == 24 and c["tasks_completed"] == 24
+    assert c["succeeded"] == 24 * 3
+    assert rep["tasks"]["by_task_type"]["agent"]["calls_per_task"] == pytest.approx((72 + rejected) / 24)
+    assert rep["agreement"]["succeeded"]["equal"] and rep["agreement"]["succeeded"]["server"] == 72
+    assert rep["calls"]["all"]["completion_tokens"]["count"] == 72
