@@ -42,6 +42,7 @@ pytestmark = [
 ]
 
 SHORT_FOR = "3s"
+ABSENT_FOR = "20s"  # headroom is legitimately absent until Prometheus' first scrape (~5 s)
 WARMUP_S = 60.0
 BURST_AFTER_S = 15.0  # wall seconds after the fleet starts serving
 SCENARIO = "burst"
@@ -136,8 +137,8 @@ class Alertmanager:
 
 
 def short_for_rules(dst: Path) -> list[str]:
-    """Copies of rules/*.yaml with every alert's `for:` cut to SHORT_FOR (HeadroomAbsent keeps a
-    longer one: headroom is legitimately absent until Prometheus' first scrape)."""
+    """Copies of rules/*.yaml with every alert's `for:` cut to SHORT_FOR (HeadroomAbsent to
+    ABSENT_FOR)."""
     out = []
     for src in sorted((ROOT / "rules").glob("*.yaml")):
         doc = yaml.safe_load(src.read_text())
@@ -145,7 +146,7 @@ def short_for_rules(dst: Path) -> list[str]:
             g["interval"] = "1s"
             for r in g["rules"]:
                 if "alert" in r:
-                    r["for"] = "60s" if r["alert"] == "HeadroomAbsent" else SHORT_FOR
+                    r["for"] = ABSENT_FOR if r["alert"] == "HeadroomAbsent" else SHORT_FOR
         path = dst / src.name
         path.write_text(yaml.safe_dump(doc, sort_keys=False))
         out.append(str(path))
@@ -216,7 +217,7 @@ def stack(tmp_path_factory):
         prom = Prometheus(str(work), yaml.safe_dump(prom_cfg, sort_keys=False))
         stoppers.append(prom.stop)
         yield {"hook": hook, "am": am, "prom": prom, "fleet": fleet, "fleet_cfg": fleet_cfg, "started": started,
-               "replicas": replica_urls, "headroom": headroom_addr, "work": work}
+               "replicas": replica_urls, "headroom": headroom_addr, "daemon": daemon, "work": work}
     finally:
         for stop in reversed(stoppers):
             try:
@@ -339,3 +340,28 @@ def test_every_dashboard_query_runs_on_the_live_prometheus(stack):
     # most of the dashboards must be exercised for this to mean something
     answered = len(targets) - len(not_produced)
     assert answered >= 0.5 * len(targets), (answered, len(targets), not_produced)
+
+
+def test_without_the_daemon_headroom_absent_fires_and_vllm_panels_keep_data(stack):
+    """Runs last (it stops the daemon): the vLLM recording-rule panels do not need headroom."""
+    hook, prom = stack["hook"], stack["prom"]
+    assert not [a for a in hook.alerts() if a["labels"]["alertname"] == "HeadroomAbsent"], \
+        "HeadroomAbsent fired while headroom was up"
+    stack["daemon"].stop()
+    stopped = time.time()
+    deadline = time.monotonic() + 120
+    absent = []
+    while time.monotonic() < deadline and not absent:
+        absent = [a for a in hook.alerts() if a["labels"]["alertname"] == "HeadroomAbsent"]
+        time.sleep(0.5)
+    assert absent, "HeadroomAbsent never reached the webhook after the daemon stopped"
+    assert absent[0]["labels"]["severity"] == "critical"
+    assert absent[0]["annotations"]["runbook_url"].endswith("#headroomabsent")
+    assert hook.first_received()[("HeadroomAbsent", "")] >= stopped
+    # headroom's own series are gone from the instant query, the vLLM panels still answer
+    prom.wait_for("headroom_active_requests", timeout=60, predicate=lambda r: not r)
+    targets, _names = _dashboard_targets()
+    vllm_only = [(d, t, e) for d, t, e in targets if "headroom_" not in e and ":vllm_" in e]
+    assert len(vllm_only) >= 10
+    for dash, title, expr in vllm_only:
+        assert prom.query(_live_substitute(expr)), (dash, title, expr)
