@@ -1,0 +1,113 @@
+"""The capacity layer against the real vLLM CPU engine and a real LiteLLM proxy in front of it.
+
+- Agent tasks through LiteLLM (metadata task_type / session_id, as in the committed capture): tasks per
+  type and calls per task exact from the proxy's /metrics/, per-call latency quantiles within one
+  bucket of the client's own timings.
+- A stepped closed-loop load sweep on the engine (max-num-seqs 8): the knee headroom learns from the
+  engine's /metrics (queue-time signal, Little's-law load) is within 15 % of the knee of the client-side
+  curve (client concurrency vs client TTFT), fitted the same way.
+"""
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import Counter, defaultdict
+
+import numpy as np
+import pytest
+import requests
+
+from engine.load import ClosedLoop
+from engine.servers import fetch_metrics
+from monitor.capacity import histo
+from monitor.capacity.enrich import interval_observation
+from monitor.capacity.knee import KneeEstimator, fit_hinge, prior_knee
+from monitor.capacity.tasks import derive_tasks
+from monitor.sources.gateway import GatewayConfig, read_gateway
+from monitor.sources.vllm import readings_from_text
+
+pytestmark = pytest.mark.vllm
+
+TASKS = {"policy_question": (1, 24), "document_summary": (2, 48), "search_then_email": (4, 16)}  # calls, tokens
+
+
+def _run_task(gw, task_type: str, session_id: str, user: str, out: list) -> None:
+    calls, tokens = TASKS[task_type]
+    headers = {"Authorization": f"Bearer {gw.info['master_key']}"}
+    with requests.Session() as s:
+        for i in range(calls):
+            body = {"model": gw.info["served_model"], "max_tokens": tokens, "temperature": 0.0,
+                    "messages": [{"role": "user", "content": f"{task_type} step {i} for {session_id}"}],
+                    "user": user, "metadata": {"task_type": task_type, "session_id": session_id}}
+            t0 = time.time()
+            r = s.post(gw.url + "/v1/chat/completions", json=body, headers=headers, timeout=300)
+            out.append((task_type, session_id, time.time() - t0, r.status_code, r.text[:200]))
+
+
+def test_litellm_tasks_exact_and_call_latency_within_a_bucket(litellm_gateway):
+    rng = random.Random(4)
+    plan = [rng.choice(list(TASKS)) for _ in range(18)]
+    calls: list = []
+    threads = []
+    for n, tt in enumerate(plan):  # 6 concurrent clients, 3 tasks each
+        t = threading.Thread(target=_run_task, args=(litellm_gateway, tt, f"v{n}", f"emp-{n % 6}", calls))
+        threads.append(t)
+    for i in range(0, len(threads), 6):
+        batch = threads[i:i + 6]
+        for t in batch:
+            t.start()
+        for t in batch:
+            t.join(600)
+    assert all(c[3] == 200 for c in calls), [c for c in calls if c[3] != 200][:3]
+    text, ts = fetch_metrics(litellm_gateway.info["metrics_url"], path="")
+    reading = read_gateway(text, GatewayConfig(kind="litellm"), ts)
+    derived = derive_tasks(reading, None, GatewayConfig(kind="litellm"))
+    tasks = Counter(plan)
+    for tt, n in tasks.items():
+        assert reading.tasks[tt].tasks == n
+        assert derived[tt]["calls_per_task"] == TASKS[tt][0]
+        client = np.array([c[2] for c in calls if c[0] == tt])
+        h = reading.tasks[tt].call_latency
+        assert histo.total(h) == len(client)
+        for q in (0.5, 0.9):
+            est, exact = histo.quantile(h, q), float(np.quantile(client, q))
+            assert abs(histo.bucket_index(h.bounds, est) - histo.bucket_index(h.bounds, exact)) <= 1, (tt, q, est, exact)
+        assert h.sum / h.count <= client.mean()  # the proxy's view excludes the client's HTTP time
+
+
+def test_stepped_sweep_knee_within_15_percent_of_client_curve(vllm_engine):
+    url = vllm_engine.url
+    target = url + "/metrics"
+    seqs = vllm_engine.info["max_num_seqs"]
+    est = KneeEstimator("queue", prior_knee(max_num_seqs=seqs), min_observations=30)
+    points = []  # client side: (clients in the step, TTFT of each request)
+    prev = None
+    knees = []
+    for step, clients in enumerate((2, 4, 6, 8, 10, 12, 14, 16, 12, 8, 4)):  # up past the knee and back
+        loop = ClosedLoop(url, clients=clients, duration=7.0, max_tokens=[40], seed=step).start()
+        while not loop.done():
+            time.sleep(1.0)
+            text, ts = fetch_metrics(url)
+            rd = readings_from_text(text, target, ts)[0]
+            if prev is not None:
+                obs = interval_observation(rd, prev, "queue")
+                if obs is not None:
+                    est.observe(*obs)
+                knees.append(est.estimate())
+            prev = rd
+        records = loop.join(timeout=300)
+        assert not loop.errors(), loop.errors()[:3]
+        points += [(clients, r.ttft) for r in records if r.ttft is not None]
+    x = np.array([p[0] for p in points], dtype=float)
+    y = np.array([p[1] for p in points], dtype=float)
+    client_fit = fit_hinge(x, y)
+    assert client_fit is not None and client_fit.confidence > 0.5
+    k = knees[-1]
+    assert k.source == "learned", k.detail
+    assert k.requests == pytest.approx(client_fit.knee, rel=0.15)
+    print(f"\n[knee] headroom {k.requests:.2f} (confidence {k.confidence:.2f}) vs client curve "
+          f"{client_fit.knee:.2f} (max_num_seqs {seqs})")
+    # near the engine's running-slot limit; client concurrency also counts requests in HTTP and
+    # (de)tokenisation outside the engine, so the client's knee sits at or above max_num_seqs
+    assert 0.75 * seqs <= client_fit.knee <= 1.75 * seqs
