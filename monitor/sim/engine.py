@@ -25,9 +25,8 @@ from __future__ import annotations
 
 import heapq
 import math
-from bisect import bisect_left
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any, Optional
 
 import numpy as np
@@ -392,6 +391,10 @@ class ReplicaStats:
 class Replica:
     """A simulated vLLM replica (one engine)."""
 
+    # longest run of decode steps taken as one event; 1 = step by step (the reference the jump
+    # logic is tested and benchmarked against)
+    max_jump: int = 1 << 30
+
     def __init__(self, params: PoolParams, index: int, start_time: float = 0.0):
         self.p = params
         self.pool = params.name
@@ -710,9 +713,6 @@ class Replica:
                 continue
             self._finish(r, t, completed, r.natural_reason())
 
-    def request_blocks(self, r: Request) -> int:
-        return -(-self.tokens_held(r) // self.bs) if r.state in (DECODE, PREFILL) else 0
-
     def _plan(self, t: float, completed: list) -> None:
         p = self.p
         bs = self.bs
@@ -782,7 +782,8 @@ class Replica:
         while heap and (heap[0][2].state != DECODE or heap[0][2].finish_g != heap[0][0]):
             heapq.heappop(heap)
         k_done = heap[0][0] - self.g
-        k = self._max_steps_for_blocks(self.usable_blocks - self.used_blocks, k_done)
+        k = self._max_steps_for_blocks(self.usable_blocks - self.used_blocks,
+                                       min(k_done, self.max_jump))
         k = max(1, k)  # step 1 fits (ensured above)
         op = _Op("jump", t, t, k, n, a=self._a0 + self._b * n, kv0=float(kv), c=self._c)
         op.t_end = t + self._jump_time(op, k)

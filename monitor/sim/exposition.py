@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Iterable, Optional
+from typing import Optional
 
 from .engine import Histo, Replica
 
@@ -382,69 +382,6 @@ def _http_families(pg: Page, r: Replica) -> None:
     pg.histogram("http_request_duration_seconds", hm, st.http_duration)
     pg.family("http_request_duration_seconds_created", "gauge", text)
     pg.sample("http_request_duration_seconds_created", hm, created)
-
-
-def render_lines(blocks: Iterable[str]) -> str:
-    return "".join(blocks)
-
-
-def parse_families(text: str) -> dict[str, tuple[str, frozenset]]:
-    """family -> (type, label names seen on its samples). Small helper for consistency checks."""
-    types: dict[str, str] = {}
-    labels: dict[str, set] = {}
-    order: list[str] = []
-    for line in text.splitlines():
-        if line.startswith("# TYPE "):
-            _, _, name, typ = line.split(" ", 3)
-            types[name] = typ
-            labels.setdefault(name, set())
-            order.append(name)
-        elif line and not line.startswith("#"):
-            name = line.split("{", 1)[0].split(" ", 1)[0]
-            fam = _family_of(name, types)
-            names: set = set()
-            if "{" in line:
-                body = line[line.index("{") + 1:line.rindex("}")]
-                for part in _split_labels(body):
-                    names.add(part.split("=", 1)[0])
-            labels.setdefault(fam, set()).update(names - {"le", "quantile"})
-    return {k: (types.get(k, "untyped"), frozenset(labels.get(k, ()))) for k in order}
-
-
-def _family_of(sample: str, types: dict[str, str]) -> str:
-    if sample in types:
-        return sample
-    for suf in ("_bucket", "_count", "_sum", "_total", "_created"):
-        if sample.endswith(suf) and sample[: -len(suf)] in types:
-            return sample[: -len(suf)]
-    return sample
-
-
-def _split_labels(body: str) -> list[str]:
-    out, cur, inq, escp = [], [], False, False
-    for ch in body:
-        if escp:
-            cur.append(ch)
-            escp = False
-            continue
-        if ch == "\\":
-            cur.append(ch)
-            escp = True
-            continue
-        if ch == '"':
-            inq = not inq
-        if ch == "," and not inq:
-            out.append("".join(cur))
-            cur = []
-            continue
-        cur.append(ch)
-    if cur:
-        out.append("".join(cur))
-    return out
-
-
-def optional(v: Optional[float], default: float = 0.0) -> float:
-    return default if v is None else v
 
 
 # ---------------------------------------------------------------------------- gateway
