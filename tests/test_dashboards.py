@@ -310,3 +310,14 @@ def test_panels_named_in_the_runbook_exist():
     titles = {p["title"] for path in DASHBOARD_FILES for p in _panels(_dash(path))}
     assert len(refs) >= 15
     assert not sorted(refs - titles), f"runbook names panels that do not exist: {sorted(refs - titles)}"
+
+
+def test_yamllint_passes_on_provisioning(tmp_path):
+    yamllint = pytest.importorskip("yamllint.cli")
+    conf = tmp_path / "yamllint.yaml"
+    conf.write_text("extends: default\nrules:\n  line-length: {max: 160}\n  document-start: disable\n")
+    files = [str(p) for p in sorted((GRAFANA / "provisioning").rglob("*.yaml"))]
+    assert len(files) == 2
+    with pytest.raises(SystemExit) as exc:
+        yamllint.run(["-c", str(conf), "-f", "parsable", *files])
+    assert exc.value.code == 0
