@@ -1,0 +1,94 @@
+"""The digest from headroom's real HistoryStore, and on a real APScheduler cron schedule."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from datetime import datetime, timezone
+
+import pytest
+
+from monitor.digest.content import build_digest
+from monitor.digest.demo import demo_input
+from monitor.digest.schedule import open_outbox, run_digest, schedule_digest
+from monitor.digest.settings import from_dict
+from monitor.digest.sources import from_store
+from monitor.forecast.store import HistoryStore
+from monitor.sim.history import generate_history
+
+WEEK_END = 1764547200.0  # Mon 2025-12-01 00:00 UTC
+FAST = {"forecast": {"models": ["snaive_day"]}}
+
+
+def test_digest_from_the_history_store_matches_the_history(tmp_path):
+    df = generate_history(None, days=9, step_s=300, end=WEEK_END - 300, replica_series=False)
+    pools = df[df["instance"] == ""]
+    with HistoryStore(str(tmp_path / "h.sqlite"), retention_seconds=None, downsample_after_seconds=None) as st:
+        st.append((r.pool, r.series, float(r.timestamp), float(r.value)) for r in pools.itertuples(index=False))
+        settings = from_dict({**FAST, "pools": {"chat-8b": {"replicas": 4, "knee_requests_per_replica": 86},
+                                                 "agent-70b": {"replicas": 2, "max_num_seqs": 128}}}, "<t>")
+        inp = from_store(st, WEEK_END, settings)
+    d = build_digest(inp, settings)
+    week = pools[(pools["timestamp"] >= WEEK_END - 7 * 86400) & (pools["timestamp"] < WEEK_END)]
+    for p in d["pools"]:
+        for s in ("active_requests", "kv_tokens", "sessions"):
+            rows = week[(week["pool"] == p["name"]) & (week["series"] == s)]
+            assert p["peaks"][s]["value"] == pytest.approx(rows["value"].max())
+    (chat,) = [p for p in d["pools"] if p["name"] == "chat-8b"]
+    (agent,) = [p for p in d["pools"] if p["name"] == "agent-70b"]
+    assert chat["knee"]["requests"] == 344 and chat["knee"]["source"] == "configured"
+    assert agent["knee"]["requests"] == 256 and agent["knee"]["source"] == "prior"  # max_num_seqs x 2
+    assert chat["forecast_next_week"]["defined"]
+
+
+def test_store_without_replicas_is_a_clear_error(tmp_path):
+    from monitor.digest.content import DigestError
+    with HistoryStore(str(tmp_path / "h.sqlite")) as st:
+        st.append([("p", "active_requests", WEEK_END - 600, 3.0)])
+        with pytest.raises(DigestError, match=r"digest.pools.p.replicas"):
+            from_store(st, WEEK_END, from_dict({}, "<t>"))
+
+
+def test_schedule_digest_cron_and_delivery(tmp_path):
+    from apscheduler.schedulers.background import BackgroundScheduler
+    settings = from_dict({**FAST, "outbox": str(tmp_path / "outbox.sqlite"),
+                          "schedule": {"day_of_week": "tue", "hour": 9, "minute": 30, "timezone": "Europe/Berlin"},
+                          "destinations": [{"name": "dir", "type": "directory", "path": str(tmp_path / "out")}]},
+                         "<t>")
+    built = threading.Event()
+    weeks = []
+
+    def build_fn(week_end):
+        weeks.append(week_end)
+        built.set()
+        return demo_input(WEEK_END, days=9)[0]
+
+    sched = BackgroundScheduler(timezone="UTC")
+    box = open_outbox(settings)
+    try:
+        ids = schedule_digest(sched, settings, build_fn, outbox=box, clock=lambda: WEEK_END + 5400)
+        assert ids == ["headroom-digest", "headroom-digest-retry"]
+        job = sched.get_job("headroom-digest")
+        trig = {f.name: str(f) for f in job.trigger.fields}
+        assert trig["day_of_week"] == "tue" and trig["hour"] == "9" and trig["minute"] == "30"
+        assert str(job.trigger.timezone) == "Europe/Berlin"
+        sched.start()
+        nxt = job.next_run_time
+        assert nxt.weekday() == 1 and (nxt.hour, nxt.minute) == (9, 30) and str(nxt.tzinfo) == "Europe/Berlin"
+        # fire it now, as the cron would
+        job.modify(next_run_time=datetime.now(timezone.utc))
+        assert built.wait(600)
+        deadline = time.monotonic() + 600
+        while not box.deliveries("done"):
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+    finally:
+        sched.shutdown(wait=True)
+    assert weeks == [WEEK_END + 3600]  # clock WEEK_END + 1.5 h: the week ends at the top of that hour
+    (d,) = box.deliveries()
+    assert d.key == "2025-W48:dir" and d.state == "done"
+    assert os.path.isfile(tmp_path / "out" / "2025-W48" / "digest.html")
+    # a second run in the same week builds nothing and sends nothing
+    r = run_digest(settings, build_fn, WEEK_END + 7200, box)
+    assert r["queued"] == [] and r["outcomes"] == {} and weeks == [WEEK_END + 3600]
+    box.close()
