@@ -48,32 +48,57 @@ def test_sim_prints_urls_serves_and_stops():
             p.wait()
 
 
-def test_sim_legacy_names_flag():
-    p = run_cli("--duration", "3", "--legacy-names", "--warmup", "0", "--status-every", "0")
+def parse_args(*argv):
+    import argparse
+
+    from monitor.sim import cli
+    p = argparse.ArgumentParser()
+    cli.add_arguments(p)
+    return cli, p.parse_args(list(argv))
+
+
+def test_sim_legacy_names_flag_in_process():
+    import contextlib
+    import io
+    import threading
+    import time
+
+    cli, args = parse_args("--duration", "3", "--legacy-names", "--warmup", "0",
+                           "--status-every", "0")
+    out = io.StringIO()
+    rc = []
+
+    def target():
+        with contextlib.redirect_stdout(out):
+            rc.append(cli.run(args))
+
+    th = threading.Thread(target=target)
+    th.start()
     try:
-        header = []
-        for line in p.stdout:
-            header.append(line)
-            if line.startswith("}"):
-                break
-        info = json.loads("".join(header))
-        text = requests.get(info["replicas"]["agent-70b"][0], timeout=5).text
-        assert "vllm:gpu_cache_usage_perc{" in text and 'engine="' not in text
-        p.communicate(timeout=30)
-        assert p.returncode == 0
+        deadline = time.time() + 20
+        while "\n}\n" not in out.getvalue() and time.time() < deadline:
+            time.sleep(0.05)
+        text = out.getvalue()
+        info = json.loads(text[: text.index("\n}\n") + 3])
+        page = requests.get(info["replicas"]["agent-70b"][0], timeout=5).text
+        assert "vllm:gpu_cache_usage_perc{" in page and 'engine="' not in page
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        th.join(timeout=30)
+    assert rc == [0]
 
 
-def test_sim_bad_config_is_a_clear_error(tmp_path):
+def test_sim_bad_arguments_are_clear_errors(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("pools:\n  p:\n    max_num_seqs: -3\n")
-    p = run_cli("--config", str(bad), "--duration", "1")
-    out, err = p.communicate(timeout=30)
-    assert p.returncode == 2
+    cli, args = parse_args("--config", str(bad), "--duration", "1")
+    assert cli.run(args) == 2
+    err = capsys.readouterr().err
     assert "max_num_seqs must be >= 1" in err and "'p'" in err
-    p = run_cli("--config", str(tmp_path / "missing.yaml"), "--duration", "1")
-    out, err = p.communicate(timeout=30)
-    assert p.returncode == 2 and "not found" in err
+    cli, args = parse_args("--config", str(tmp_path / "missing.yaml"), "--duration", "1")
+    assert cli.run(args) == 2
+    assert "not found" in capsys.readouterr().err
+    cli, args = parse_args("--day-seconds", "60", "--duration", "1")
+    assert cli.run(args) == 2
+    assert "--day-seconds only applies to --scenario diurnal" in capsys.readouterr().err
+    cli, args = parse_args("--duration", "-1")
+    assert cli.run(args) == 2

@@ -77,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
     def on_signal(signum, frame):
         stop.set()
 
-    old = signal.signal(signal.SIGTERM, on_signal)
+    main_thread = threading.current_thread() is threading.main_thread()
+    old = signal.signal(signal.SIGTERM, on_signal) if main_thread else None
     t_end = time.time() + args.duration if args.duration > 0 else None
     next_status = time.time() + args.status_every if args.status_every > 0 else None
     try:
@@ -99,5 +100,6 @@ def run(args: argparse.Namespace) -> int:
         pass
     finally:
         handle.stop()
-        signal.signal(signal.SIGTERM, old)
+        if main_thread:
+            signal.signal(signal.SIGTERM, old)
     return 0
