@@ -265,12 +265,15 @@ class ClosedLoop(_Run):
     `duration` seconds have passed (requests in flight then are let finish) or `max_requests` were
     sent. Constant concurrency: the setting where Little's law is checked.
 
-    `max_tokens` is a list cycled through per client (client c starts at offset c); `prompt` is a
-    callable (rng) -> Prompt, default a random text of 5-60 words."""
+    `max_tokens` is a list cycled through per client (client c starts at offset c), or drawn at
+    random per request with `random_lengths=True`; `prompt` is a callable (rng) -> Prompt, default a
+    random text of 5-60 words. `stagger` delays client c's first request by a random 0..stagger
+    seconds, so the clients do not move in lockstep."""
 
     def __init__(self, base_url: str, clients: int, duration: float, max_tokens: Sequence[int],
                  prompt: Optional[Callable[[random.Random], Prompt]] = None, max_requests: int = 10_000,
-                 seed: int = 0, **send_kwargs) -> None:
+                 seed: int = 0, random_lengths: bool = False, stagger: float = 0.0,
+                 **send_kwargs) -> None:
         super().__init__()
         if clients < 1 or duration <= 0 or not max_tokens:
             raise ValueError("need clients >= 1, duration > 0 and at least one max_tokens")
@@ -281,6 +284,8 @@ class ClosedLoop(_Run):
         self.prompt = prompt or (lambda rng: text_prompt(rng, rng.randint(5, 60)))
         self.max_requests = max_requests
         self.seed = seed
+        self.random_lengths = random_lengths
+        self.stagger = stagger
         self.send_kwargs = send_kwargs
         self._counter = itertools.count()
         self._stop = threading.Event()
@@ -289,14 +294,19 @@ class ClosedLoop(_Run):
     def _worker(self, client: int) -> None:
         rng = random.Random(self.seed * 1000 + client)
         k = client
+        if self.stagger > 0 and self._stop.wait(rng.uniform(0, self.stagger)):
+            return
         with requests.Session() as session:
             while not self._stop.is_set() and time.time() < self.deadline:
                 with self._lock:
                     i = next(self._counter)
                 if i >= self.max_requests:
                     return
-                mt = self.max_tokens[k % len(self.max_tokens)]
-                k += 1
+                if self.random_lengths:
+                    mt = rng.choice(self.max_tokens)
+                else:
+                    mt = self.max_tokens[k % len(self.max_tokens)]
+                    k += 1
                 self._add(send_completion(self.base_url, self.prompt(rng), mt, index=i, client=client,
                                           session=session, **self.send_kwargs))
 
