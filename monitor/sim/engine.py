@@ -594,6 +594,8 @@ class Replica:
                         r.prompt, gen, r.max_tokens, r.preemptions,
                         max(0, r.prompt - r.first_cached),
                         (t - first) / (gen - 1) if gen > 1 else 0.0))
+        if len(st.rows) >= 8192:
+            st.flush()
         st.http_requests += 1
         st.http_request_bytes += 200 + 4 * r.prompt
         st.http_response_bytes += 300 + 4 * gen
