@@ -38,6 +38,11 @@ class ForecastSettings:
     # a model later in `models` is selected only when its backtest MASE beats every earlier one by
     # this factor (two folds are a small sample; the order encodes what usually wins)
     selection_tolerance: float = 0.10
+    # calibrate the bands on the backtest residuals of every model whose MASE is within this factor
+    # of the selected one (1.0: the selected model only). Residuals of the winner alone are
+    # optimistic (it was chosen for small errors on those very folds); the runners-up carry the
+    # model uncertainty the winner's few folds hide.
+    calibration_pool: float = 1.0
 
     def __post_init__(self):
         for name in self.models:
@@ -214,8 +219,10 @@ class SeriesForecast:
     skill: dict[str, dict] = field(default_factory=dict)  # model -> pooled backtest scores
     errors: dict[str, list[str]] = field(default_factory=dict)  # model -> failures / time-outs
     calibration: Optional[Calibration] = None
-    fit_seconds: float = 0.0  # final fit + forecast
+    fit_seconds: float = 0.0  # final fit + forecast, wall time
     backtest_seconds: float = 0.0
+    fit_cpu_seconds: float = 0.0  # the same in process CPU time (inline fits only)
+    backtest_cpu_seconds: float = 0.0
     history_points: int = 0
 
 
@@ -238,7 +245,7 @@ def forecast_series(prep: Prepared, horizon: int, settings: ForecastSettings = F
         scale = mase_scale(prep)
     result = SeriesForecast(True, history_points=prep.n)
     fold_sets: dict[str, list[Fold]] = {}
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for name in eligible:
         folds, errors = rolling_origin(prep, name, fold_h, origins, settings.fit_timeout_seconds)
         if errors:
@@ -247,11 +254,12 @@ def forecast_series(prep: Prepared, horizon: int, settings: ForecastSettings = F
             fold_sets[name] = folds
             result.skill[name] = pooled_score(folds, scale)
     result.backtest_seconds = time.perf_counter() - t0
+    result.backtest_cpu_seconds = time.process_time() - c0
 
     scored = rank_models(result.skill, [m for m in settings.models if m in fold_sets],
                          settings.selection_tolerance)
     order = scored + [m for m in eligible if m not in scored]
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.process_time()
     for name in order:
         try:
             fc = run_fit(name, prep, horizon, settings.fit_timeout_seconds)
@@ -261,7 +269,12 @@ def forecast_series(prep: Prepared, horizon: int, settings: ForecastSettings = F
         result.model = name
         result.selected_by = "backtest" if name == (scored[0] if scored else None) else "fallback"
         if settings.calibrate and name in fold_sets:
-            cal = calibrate(fold_sets[name], settings.min_calibration_points)
+            pool = [name]
+            base = result.skill[name].get("mase")
+            if base is not None and settings.calibration_pool > 1.0:
+                pool += [m for m in fold_sets if m != name and result.skill[m].get("mase") is not None
+                         and result.skill[m]["mase"] <= base * settings.calibration_pool]
+            cal = calibrate([f for m in pool for f in fold_sets[m]], settings.min_calibration_points)
             if cal is not None:
                 fc = apply_calibration(fc, cal)
                 result.calibration = cal
@@ -269,6 +282,7 @@ def forecast_series(prep: Prepared, horizon: int, settings: ForecastSettings = F
         result.forecast = fc
         break
     result.fit_seconds = time.perf_counter() - t1
+    result.fit_cpu_seconds = time.process_time() - c1
     if result.forecast is None:
         result.defined = False
         result.reason = "every model failed: " + "; ".join(
