@@ -48,7 +48,7 @@ CATALOGUE: tuple[MetricDef, ...] = (
     _m("headroom_preemption_rate", "gauge", "Preemptions per second over the rate window.", ["pool"]),
     _m("headroom_latency_seconds", "gauge", "Latency quantile over the latency window from histogram bucket deltas; kind is ttft, itl, e2e or queue; quantile is 0.5, 0.9, 0.95, 0.99 or mean.", ["pool", "kind", "quantile"]),
     _m("headroom_littles_law_ratio", "gauge", "Completion rate x mean end-to-end latency over mean observed (active + queued): a planning check near 1, not a limit.", ["pool"]),
-    _m("headroom_pool_stale", "gauge", "1 when the pool's values are not from the last cycle (a source failed); values are then withheld.", ["pool"]),
+    _m("headroom_pool_stale", "gauge", "1 when no replica of the pool answered in the last cycle; its values are then withheld (a pool with some replicas down is not stale: it has less capacity).", ["pool"]),
     _m("headroom_pool_last_fresh_timestamp_seconds", "gauge", "When the pool's values were last fresh (Unix time).", ["pool"]),
     _m("headroom_source_up", "gauge", "1 when the source target answered and parsed in the last cycle.", ["source", "target"]),
     _m("headroom_source_errors", "counter", "Source failures by reason (timeout, connect, http, parse, ...).", ["source", "reason"]),

@@ -89,13 +89,21 @@ def test_window_uses_oldest_reading_inside_it():
     assert p.window_seconds == 60 and p.completion_rate == pytest.approx((700 - 500) / 60)
 
 
-def test_down_target_is_excluded_and_pool_marked_stale():
+def test_down_target_is_excluded_and_pool_has_less_capacity():
     h0 = hist((0, 0, 0, 0), 0.0)
     hs = {"a": [reading("a", 0, 3, 1, 0, h0)], "b": [reading("b", 0, 5, 5, 0, h0)]}
     [p] = derive_pools(hs, now=0, window_seconds=60, down_targets={"b"})
-    assert p.stale and p.replicas == 1 and p.replicas_configured == 2
+    assert not p.stale and p.replicas == 1 and p.replicas_configured == 2
     assert p.active_requests == 3 and p.queued_requests == 1
+    assert p.kv_tokens_capacity == 1000  # the lost replica's KV is not counted
     assert [r.up for r in p.replica_detail] == [True, False]
+
+
+def test_pool_with_no_answering_replica_is_stale():
+    h0 = hist((0, 0, 0, 0), 0.0)
+    hs = {"a": [reading("a", 0, 3, 1, 0, h0)], "b": [reading("b", 0, 5, 5, 0, h0)]}
+    [p] = derive_pools(hs, now=0, window_seconds=60, down_targets={"a", "b"})
+    assert p.stale and p.replicas == 0
 
 
 def test_pools_by_label():

@@ -140,7 +140,7 @@ def run(args) -> int:
             os.makedirs(data_dir, exist_ok=True)
             print(f"headroom demo: backfilling {args.history_days:g} days of history into Prometheus ...", flush=True)
             backfill(fleet_cfg, args.history_days, data_dir, workdir)
-            rules = sorted(glob.glob(os.path.join(REPO, "rules", "*.yml")))
+            rules = sorted(glob.glob(os.path.join(REPO, "rules", "*.yml")) + glob.glob(os.path.join(REPO, "rules", "*.yaml")))
             with open(os.path.join(workdir, "prometheus.yml"), "w") as f:
                 f.write(prometheus_config(handle, f"{host}:{port}", rules))
             log_file = open(os.path.join(workdir, "prometheus.log"), "w")

@@ -82,7 +82,10 @@ def derive_pools(history: dict[str, list[ReplicaReading]], now: float, window_se
         snap.replicas_configured = len(configured)
         fresh = [rs for rs in series if rs[-1].target not in down]
         snap.replicas = len(fresh)
-        snap.stale = bool(down & configured) or not fresh
+        # stale = nothing current is known about the pool. A pool that lost some replicas is not
+        # stale: its values come from the replicas that answered, and the lost ones show up as lost
+        # capacity (replicas < replicas_configured), which is exactly when headroom matters.
+        snap.stale = not fresh
         if fresh:
             snap.last_fresh_timestamp = max(rs[-1].timestamp for rs in fresh)
         _gauges(snap, fresh)
