@@ -71,7 +71,8 @@ class Receiver:
 # ---- a small SMTP server (RFC 5321 subset: EHLO/HELO, AUTH PLAIN/LOGIN, MAIL, RCPT, DATA) -----
 
 class SmtpServer:
-    def __init__(self, username: str | None = None, password: str | None = None, fail_data: bool = False):
+    def __init__(self, username: str | None = None, password: str | None = None, fail_data: bool = False,
+                 tls=None):
         self.messages: list[dict] = []
         self.auth_ok: list[str] = []
         outer = self
@@ -84,6 +85,7 @@ class SmtpServer:
             def handle(self):
                 self.reply("220 localhost test SMTP")
                 mail_from, rcpts, authed = None, [], username is None
+                secure = False
                 while True:
                     raw = self.rfile.readline()
                     if not raw:
@@ -93,10 +95,20 @@ class SmtpServer:
                     arg = line[len(verb):].strip()
                     if verb == "EHLO":
                         self.reply("250-localhost")
+                        if tls is not None and not secure:
+                            self.reply("250-STARTTLS")
                         self.reply("250-AUTH PLAIN LOGIN")
                         self.reply("250 8BITMIME")
                     elif verb == "HELO":
                         self.reply("250 localhost")
+                    elif verb == "STARTTLS" and tls is not None:
+                        self.reply("220 2.0.0 ready to start TLS")
+                        self.connection = tls.wrap_socket(self.connection, server_side=True)
+                        self.rfile = self.connection.makefile("rb")
+                        self.wfile = self.connection.makefile("wb")
+                        secure, authed = True, username is None
+                    elif verb == "AUTH" and tls is not None and not secure:
+                        self.reply("538 5.7.11 encryption required for requested authentication mechanism")
                     elif verb == "AUTH":
                         parts = arg.split()
                         if parts[0].upper() == "PLAIN":
@@ -136,7 +148,8 @@ class SmtpServer:
                         if fail_data:
                             self.reply("451 4.3.0 try again later")
                             continue
-                        outer.messages.append({"from": mail_from, "to": rcpts, "data": b"".join(lines)})
+                        outer.messages.append({"from": mail_from, "to": rcpts, "data": b"".join(lines),
+                                               "tls": secure})
                         self.reply("250 2.0.0 queued")
                     elif verb == "RSET":
                         mail_from, rcpts = None, []
@@ -259,6 +272,35 @@ def test_smtp_multipart_with_inline_charts_and_auth(files, tmp_path):
             assert f'src="cid:{cid}"' in html  # every inline image is referenced by the HTML
             assert img.get_content()[:8] == b"\x89PNG\r\n\x1a\n"
         assert "data:image/png" not in html  # the e-mail uses cid:, not data: URIs
+    finally:
+        srv.close()
+
+
+def test_smtp_starttls_then_auth(files, tmp_path):
+    import ssl
+    week, payload = files
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
+                    "-out", str(cert), "-days", "2", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"], check=True, capture_output=True)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(str(cert), str(key))
+    pw = tmp_path / "pw"
+    pw.write_text("tls-only-secret")
+    srv = SmtpServer(username="digest", password="tls-only-secret", tls=ctx)
+    try:
+        base = {"type": "smtp", "host": "127.0.0.1", "port": srv.port, "username": "digest",
+                "password_file": str(pw), "from": "h@example.org", "to": ["ops@example.org"]}
+        s = settings_with([{**base, "name": "tls", "starttls": True, "ca_file": str(cert)},
+                           {**base, "name": "plain"}], tmp_path)
+        with Outbox(s.outbox, s.retry) as box:
+            box.enqueue(week, payload, ["tls", "plain"], now=0.0)
+            out = box.drain(senders_for(s.destinations), now=0.0)
+            assert out == {f"{week}:tls": "done", f"{week}:plain": "retry"}
+            plain = [d for d in box.deliveries() if d.destination == "plain"][0]
+            assert "538" in plain.last_error  # the server refuses AUTH before STARTTLS
+        assert len(srv.messages) == 1 and srv.messages[0]["tls"] is True
+        assert srv.auth_ok == ["digest"]
     finally:
         srv.close()
 

@@ -148,7 +148,7 @@ def smtp_sender(dest: Destination) -> Callable:
         except (OSError, ValueError) as exc:
             raise DeliveryError(f"smtp {dest.name}: cannot read the password: "
                                 f"{getattr(exc, 'strerror', None) or exc}") from None
-        ctx = ssl_mod.create_default_context()
+        ctx = ssl_mod.create_default_context(cafile=dest.ca_file)
         try:
             if dest.ssl:
                 client = smtplib.SMTP_SSL(dest.host, dest.port, timeout=dest.timeout, context=ctx)

@@ -91,6 +91,7 @@ class Destination:
     password_env: Optional[str] = None
     sender: Optional[str] = None
     to: tuple[str, ...] = ()
+    ca_file: Optional[str] = None  # CA bundle to verify the SMTP / webhook server (default: system)
     subject_prefix: str = "[headroom]"
 
     def secret(self, kind: str) -> Optional[str]:
@@ -316,7 +317,9 @@ def _destination(r: _R, d: Any, i: int, seen: set) -> Destination:
                            bearer_token_env=r.text(d, "bearer_token_env", k),
                            timeout=r.duration(d, "timeout", k, 10.0))
     d = r.mapping(d, k, common | {"host", "port", "starttls", "ssl", "username", "password_file",
-                                  "password_env", "from", "to", "subject_prefix", "timeout"})
+                                  "password_env", "from", "to", "subject_prefix", "timeout", "ca_file"})
+    if d.get("ca_file") and not os.path.isfile(d["ca_file"]):
+        raise r.fail(f"{k}.ca_file", f"file not found: {d['ca_file']}")
     host = r.text(d, "host", k)
     if not host:
         raise r.fail(f"{k}.host", "required for an smtp destination")
@@ -345,6 +348,7 @@ def _destination(r: _R, d: Any, i: int, seen: set) -> Destination:
                        username=username, password_file=r.text(d, "password_file", k),
                        password_env=r.text(d, "password_env", k), sender=sender, to=tuple(to),
                        subject_prefix=r.text(d, "subject_prefix", k, "[headroom]"),
+                       ca_file=r.text(d, "ca_file", k),
                        timeout=r.duration(d, "timeout", k, 30.0))
 
 
