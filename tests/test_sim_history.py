@@ -109,3 +109,32 @@ def test_openmetrics_loads_with_real_promtool(tmp_path):
         if len(cols) >= 5 and cols[4].isdigit():
             total += int(cols[4])
     assert total == n
+
+
+def test_fluid_model_agrees_with_the_simulator_at_a_flat_load():
+    """Same config, flat profiles, level 1: the history's mean running requests and KV usage
+    are within 25% of what the request-level simulator shows."""
+    from monitor.sim.fleet import Fleet
+    from monitor.sim.workload import Profile
+
+    cfg = load_config()
+    for tt in cfg.mix.task_types.values():
+        tt.profile = Profile("flat")
+    df = generate_history(cfg, days=0.25, step_s=60, end=END, noise=0.0, weekly_growth=0.0)
+    f = Fleet(cfg, "steady", seed=3, start_time=float(END))
+    f.advance(120)
+    run = {p: 0.0 for p in f.pools}
+    kv = {p: 0.0 for p in f.pools}
+    for _ in range(90):
+        f.advance(2)
+        for p in f.pools:
+            s = f.pool_state(p)
+            run[p] += s["running"] / 90
+            kv[p] += s["kv_usage"] / 90
+    for pool in cfg.pools:
+        hist_run = pool_series(df, pool.name, "active_requests").mean()
+        hist_kv = pool_series(df, pool.name, "kv_tokens").mean() / (
+            pool.kv_capacity_tokens * pool.replicas)
+        assert abs(hist_run - run[pool.name]) / run[pool.name] < 0.25, (pool.name, hist_run,
+                                                                        run[pool.name])
+        assert abs(hist_kv - kv[pool.name]) / kv[pool.name] < 0.25
