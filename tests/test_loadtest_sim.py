@@ -282,3 +282,41 @@ def test_retries_as_configured_over_chat(tmp_path):
     assert rep["tasks"]["by_task_type"]["agent"]["calls_per_task"] == pytest.approx((72 + rejected) / 24)
     assert rep["agreement"]["succeeded"]["equal"] and rep["agreement"]["succeeded"]["server"] == 72
     assert rep["calls"]["all"]["completion_tokens"]["count"] == 72
+
+
+KV_MIX = """
+margin: 0.2
+slo: {ttft_seconds: 0.3}
+request: {prompt_mode: token_ids, token_id_range: [4, 500], timeout_seconds: 30}
+load:
+  ramp: {start: 3, step: 1, max: 18, step_seconds: 1.8}
+task_types:
+  q:
+    calls_per_task: 1
+    prompt_tokens: {mean: 400, cv: 0.1, min: 300, max: 500}
+    output_tokens: {mean: 40, cv: 0.2, min: 20, max: 60}
+"""
+
+
+def test_ramp_finds_a_kv_bound_knee(tmp_path):
+    """KV cache, not max-num-seqs, limits the replica: 270 usable blocks of 16 tokens hold about 10 calls."""
+    p = pool(max_num_seqs=64, num_gpu_blocks=271)
+    mix_path = write(tmp_path, "mix.yaml", KV_MIX)
+    tt = load_mix(mix_path).task_types["q"]
+    rng = random.Random(5)
+    ps = [tt.prompt.sample(rng) for _ in range(4000)]
+    os_ = [tt.output.sample(rng) for _ in range(4000)]
+    # residence-weighted KV footprint, as monitor.sim's Mix.pool_token_means computes it
+    footprint = (sum(a * b for a, b in zip(ps, os_)) + sum(b * b for b in os_) / 2) / sum(os_)
+    truth = theoretical_knee(p, {"prompt": sum(ps) / 4000, "output": sum(os_) / 4000, "kv_footprint": footprint})
+    assert truth["bound"] == "kv_cache" and 9 < truth["per_replica"] < 11
+    with SimTarget(p) as st:
+        rep = run(["--target", st.urls[0], "--metrics", st.metrics_urls[0], "--mix", mix_path, "--pattern", "ramp",
+                   "--duration", "28.8s", "--seed", "2"], tmp_path / "out")
+    knee = rep["knee"]
+    print(f"\n[loadtest-sim] KV-bound knee {knee and round(knee['concurrency'], 2)} vs theoretical "
+          f"{truth['per_replica']:.2f}; KV usage max {rep['server']['kv_usage_max']}")
+    assert rep["counts"]["failed"] == 0
+    assert knee is not None and knee["concurrency"] == pytest.approx(truth["per_replica"], rel=0.10)
+    assert rep["server"]["kv_usage_max"] > 0.9
+    assert rep["server"]["running_max"] < 64

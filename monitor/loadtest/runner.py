@@ -344,7 +344,7 @@ class Runner:
         if self.progress:
             self.progress({"final": True})
         calls = sorted(self.calls, key=lambda r: r.start)
-        return RunResult(started, self.t0, max(load_end, self.end_load if calls else load_end), ended, calls,
+        return RunResult(started, self.t0, load_end, ended, calls,
                          sorted(self.tasks, key=lambda t: t.start),
                          monitor.samples if monitor else [], monitor.readings() if monitor else {},
                          self.skipped, self.cap_hit, self.model)
