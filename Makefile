@@ -4,14 +4,23 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
+TSTAMP := $(VENV)/.installed-test
 
-.PHONY: demo test test-fast bench fuzz docs venv clean
+.PHONY: demo test test-fast bench fuzz docs venv clean chart-sync
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e '.[test]'
+	$(PIP) install -q -e .
 	touch $(STAMP)
+
+$(TSTAMP): $(STAMP)
+	$(PIP) install -q -e '.[test]'
+	touch $(TSTAMP)
+
+# npm models of the Prometheus Operator CRDs, for the chart tests (skipped when npm is absent)
+tests/k8s-models/node_modules: tests/k8s-models/package-lock.json
+	-command -v npm >/dev/null && npm ci --prefix tests/k8s-models --no-audit --no-fund --silent
 
 venv: $(STAMP)
 
@@ -20,20 +29,25 @@ demo: $(STAMP)
 	$(VENV)/bin/headroom demo $(DEMO_ARGS)
 
 ## test: the whole suite (real Prometheus, Alertmanager, vLLM CPU engine where installed)
-test: $(STAMP)
+test: $(TSTAMP) tests/k8s-models/node_modules
+	$(PY) helm/sync.py --check
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 ## test-fast: everything but the real-engine tests
-test-fast: $(STAMP)
+test-fast: $(TSTAMP)
 	$(PY) -m pytest -q -m "not vllm" $(PYTEST_ARGS)
 
 ## bench: speed, memory and forecast-skill benchmarks -> benchmarks/results.json
-bench: $(STAMP)
+bench: $(TSTAMP)
 	$(PY) benchmarks/run.py
 
 ## fuzz: the long property-based run of the parsers and the config loader
-fuzz: $(STAMP)
+fuzz: $(TSTAMP)
 	HEADROOM_FUZZ_EXAMPLES=10000 $(PY) -m pytest -q -m fuzz tests
+
+## chart-sync: copy rules/ and grafana/dashboards/ into the Helm chart (commit the result)
+chart-sync: $(STAMP)
+	$(PY) helm/sync.py
 
 ## docs: regenerate docs/metrics.md from the catalogue
 docs: $(STAMP)

@@ -62,8 +62,8 @@ def test_direct_cycle_sums_replicas(fleet):
 def test_a_broken_replica_is_marked_down_and_the_rest_derived(fleet, mode, reason):
     servers, _ = fleet
     servers[1].mode["/metrics"] = mode
-    servers[1].slow_seconds = 2.0
-    cfg = Config(vllm_targets=[Target(s.url("/metrics")) for s in servers], scrape_timeout=0.5)
+    servers[1].slow_seconds = 8.0
+    cfg = Config(vllm_targets=[Target(s.url("/metrics")) for s in servers], scrape_timeout=3.0)
     p = Pipeline(cfg)
     p.scraper.rng = lambda: 0.0  # no backoff wait: every cycle tries the broken replica again
     p.run_cycle()
