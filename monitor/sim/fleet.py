@@ -258,7 +258,8 @@ class AppStats:
 class Fleet:
     def __init__(self, config: FleetConfig, scenario: str = "steady", seed: Optional[int] = None,
                  start_time: Optional[float] = None, record_truth: bool = True,
-                 scenario_overrides: Optional[dict] = None):
+                 scenario_overrides: Optional[dict] = None,
+                 scenario_origin: Optional[float] = None):
         if scenario not in config.scenarios:
             raise ValueError(f"unknown scenario {scenario!r} (choose from "
                              f"{', '.join(sorted(config.scenarios))})")
@@ -274,6 +275,9 @@ class Fleet:
         self.rng = random.Random(self.seed)
         self.start = float(start_time if start_time is not None else time.time())
         self.t = self.start
+        # scenario times (at_s, duration_s) count from here; start_fleet sets it to the moment
+        # serving begins, after the warm-up
+        self.origin = float(scenario_origin) if scenario_origin is not None else self.start
         self.pools: dict[str, list[Replica]] = {}
         for p in config.pools:
             self.pools[p.name] = [Replica(p, i, self.start) for i in range(p.replicas)]
@@ -312,7 +316,7 @@ class Fleet:
             idx = len(self.pools[pool]) - 1 if idx is None else int(idx)
             if not 0 <= idx < len(self.pools[pool]):
                 raise ValueError(f"replica-loss: pool {pool!r} has no replica {idx}")
-            self._push(self.start + float(self.sp["at_s"]), "X", self.pools[pool][idx], None)
+            self._push(self.origin + float(self.sp["at_s"]), "X", self.pools[pool][idx], None)
 
     # ------------------------------------------------------------------ event plumbing
     def _push(self, t: float, kind: str, a: Any, b: Any) -> None:
@@ -359,7 +363,7 @@ class Fleet:
                                    self.config.mix.utc_offset_hours)
             m *= tt.profile.value(wd, hr)
         if self.scenario == "burst":
-            rel = t - self.start
+            rel = t - self.origin
             if sp["at_s"] <= rel < sp["at_s"] + sp["duration_s"]:
                 m *= float(sp["multiplier"])
         return m
@@ -370,7 +374,7 @@ class Fleet:
         end = self.start + (math.floor(rel / 60.0) + 1) * 60.0
         if self.scenario == "burst":
             for edge in (self.sp["at_s"], self.sp["at_s"] + self.sp["duration_s"]):
-                e = self.start + edge
+                e = self.origin + edge
                 if t < e < end:
                     end = e
         if self.sp.get("profile") and float(self.sp.get("day_seconds", 86400.0)) < 86400.0:

@@ -199,8 +199,8 @@ def start_fleet(config: Union[FleetConfig, str, None] = None, scenario: str = "s
     ``config`` is a FleetConfig, a YAML path, or None for the default fleet. ``base_port`` 0
     picks free ports; otherwise ports base_port, base_port+1, ... are used (replicas first, then
     gateway, app, DCGM). ``speed`` is simulated seconds per wall second. ``warmup_s`` > 0
-    fast-forwards that much simulated time before serving (the fleet starts busy, not empty;
-    scenario times such as ``at_s`` count from the start of the warm-up). ``legacy_names`` serves
+    fast-forwards that much simulated time before serving (the fleet starts busy, not empty);
+    scenario times such as ``at_s`` count from the moment serving starts. ``legacy_names`` serves
     the V0-style vLLM naming, ``underscore_names`` spells ``vllm_`` instead of ``vllm:``."""
     if speed <= 0:
         raise ValueError(f"speed must be > 0, got {speed}")
@@ -210,7 +210,8 @@ def start_fleet(config: Union[FleetConfig, str, None] = None, scenario: str = "s
         raise ValueError(f"warmup_s must be >= 0, got {warmup_s}")
     now = time.time()
     fleet = Fleet(config, scenario, seed=seed, start_time=now - warmup_s,
-                  record_truth=record_truth, scenario_overrides=scenario_overrides)
+                  record_truth=record_truth, scenario_overrides=scenario_overrides,
+                  scenario_origin=now)
     if warmup_s:
         fleet.advance_to(now)
     handle = FleetHandle(fleet, host, speed, "v0" if legacy_names else "v1",
