@@ -45,6 +45,11 @@ def test_endpoints_answer_with_classic_text(fleet):
     assert "DCGM_FI_DEV_POWER_USAGE" in scrape(fleet.dcgm_url).text
     targets = fleet.prometheus_targets()
     assert len(targets["vllm"]) == 6 and all(x.startswith("127.0.0.1:") for x in targets["vllm"])
+    rbase = fleet.replica_urls["agent-70b"][1].rsplit("/", 1)[0]
+    models = scrape(rbase + "/v1/models").json()
+    assert models["data"][0]["id"] == "meta-llama/Llama-3.3-70B-Instruct"
+    assert models["data"][0]["max_model_len"] == 32768
+    assert scrape(rbase + "/load").json()["server_load"] >= 0
     base = fleet.gateway_url.rsplit("/", 1)[0]
     assert scrape(base + "/health").status_code == 200
     assert scrape(base + "/nope").status_code == 404

@@ -7,11 +7,13 @@ A background thread advances the simulated clock to wall time (x ``speed``); eve
 brings the simulation up to the current time, so values are never stale. When the scenario removes
 a replica, its server is shut down and its port stops answering (connection refused).
 
-Every server also answers ``GET /health`` (200 ``OK``). Pages are Prometheus text 0.0.4 whatever
+Every server also answers ``GET /health`` (200 ``OK``); replicas also answer ``/v1/models``
+(with ``max_model_len``) and ``/load`` (``{"server_load": running + waiting}``) like vLLM. Pages are Prometheus text 0.0.4 whatever
 the ``Accept`` header says (as vLLM's instrumentator route does).
 """
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -29,7 +31,9 @@ class _Server(ThreadingHTTPServer):
     allow_reuse_address = True
 
 
-def _handler(render: Callable[[], str]):
+def _handler(render: Callable[[], str], extra: Optional[dict] = None):
+    extra = extra or {}
+
     class H(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -45,6 +49,8 @@ def _handler(render: Callable[[], str]):
                 self._send(200, body, CONTENT_TYPE)
             elif path == "/health":
                 self._send(200, b"OK\n", "text/plain")
+            elif path in extra:
+                self._send(200, extra[path]().encode("utf-8"), "application/json")
             else:
                 self._send(404, b"not found: try /metrics\n", "text/plain")
 
@@ -115,13 +121,14 @@ class FleetHandle:
                 return
 
     # ------------------------------------------------------------------ serving
-    def _serve(self, key: str, render: Callable[[float], str], port: int) -> str:
+    def _serve(self, key: str, render: Callable[[float], str], port: int,
+               extra: Optional[dict] = None) -> str:
         def page() -> str:
             with self.lock:
                 now = self.sync()
                 return render(now)
 
-        srv = _Server((self.host, port), _handler(page))
+        srv = _Server((self.host, port), _handler(page, extra))
         self._servers[key] = srv
         th = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.1},
                               name=f"sim-http-{key}", daemon=True)
@@ -138,7 +145,8 @@ class FleetHandle:
             urls = []
             for r in reps:
                 url = self._serve(r.name, (lambda now, r=r: render_vllm(r, now, self.naming,
-                                                                        self.colon)), port(i))
+                                                                        self.colon)), port(i),
+                                  self._replica_routes(r))
                 i += 1
                 urls.append(url)
                 self.replica_by_url[url] = r.name
@@ -160,6 +168,21 @@ class FleetHandle:
         return {"vllm": [hp(u) for urls in self.replica_urls.values() for u in urls],
                 "gateway": [hp(self.gateway_url)], "app": [hp(self.app_url)],
                 "dcgm": [hp(self.dcgm_url)]}
+
+    def _replica_routes(self, r) -> dict:
+        """vLLM's /v1/models (with max_model_len) and /load (in-flight requests)."""
+        def models() -> str:
+            return json.dumps({"object": "list", "data": [{
+                "id": r.p.model_name, "object": "model", "created": int(r.started),
+                "owned_by": "vllm", "root": r.p.model_name, "parent": None,
+                "max_model_len": r.p.max_model_len}]})
+
+        def load() -> str:
+            with self.lock:
+                self.sync()
+                return json.dumps({"server_load": r.num_running + r.num_waiting})
+
+        return {"/v1/models": models, "/load": load}
 
     @property
     def all_urls(self) -> list[str]:
