@@ -115,7 +115,7 @@ def simulate(reqs: list[tuple[int, int]], period: float = 0.02) -> list[dict]:
         samples.append({"t": t, "running": reading.running, "waiting": reading.waiting,
                         "kv_usage": reading.kv_usage, "expected_usage": blocks / USABLE_BLOCKS,
                         "kv_capacity_tokens": reading.kv_capacity_tokens,
-                        "steps": engine_gauges(text)["tiny"]["steps"]})
+                        "steps": replica.stats.h["iteration_tokens_total"].count + steps})
 
     grid = t0 + period
     while events:
