@@ -31,6 +31,9 @@ pytestmark = pytest.mark.vllm
 
 MODEL = "tiny"
 CAPACITY_TOKENS = 24 * 128
+# the CLI runs under headroom's own venv (the one running these tests, normally <repo>/.venv)
+HEADROOM_PYTHON = (os.path.join(REPO, ".venv", "bin", "python")
+                   if os.path.exists(os.path.join(REPO, ".venv", "bin", "python")) else sys.executable)
 
 
 def headroom_pool(history: list, target: str, now: float, window: float = 600.0):
@@ -205,9 +208,8 @@ def test_cli_once_reports_the_engine_under_load(vllm_engine):
                 break
             time.sleep(0.2)
         proc = subprocess.run(
-            [os.path.join(REPO, ".venv", "bin", "python") if os.path.exists(
-                os.path.join(REPO, ".venv", "bin", "python")) else sys.executable,
-             "-m", "monitor.cli", "once", "--vllm", url + "/metrics", "--json", "--interval", "2"],
+            [HEADROOM_PYTHON, "-m", "monitor.cli", "once", "--vllm", url + "/metrics", "--json",
+             "--interval", "2"],
             cwd=REPO, capture_output=True, text=True, timeout=120,
         )
         after = engine_gauges(fetch_metrics(url)[0])[MODEL]
@@ -216,18 +218,22 @@ def test_cli_once_reports_the_engine_under_load(vllm_engine):
         records = loop.join(timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     snap = json.loads(proc.stdout)
+    assert len(snap["pools"]) == 1
     pool = snap["pools"][0]
-    assert pool["pool"] == MODEL if "pool" in pool else True
+    assert pool["pool"] == MODEL and pool["replicas"] == 1 and pool["stale"] is False
     assert snap["sources"][0]["up"] is True
+    assert snap["sources"][0]["target"] == url + "/metrics"
     assert pool["kv_tokens_capacity"] == CAPACITY_TOKENS
     assert 1 <= pool["active_requests"] <= 8
     assert pool["queued_requests"] > 0, "24 clients on 8 slots must queue"
     assert pool["active_requests"] + pool["queued_requests"] <= 24
     assert 0 < pool["kv_tokens_live"] <= CAPACITY_TOKENS
+    assert pool["kv_usage_ratio"] == pytest.approx(pool["kv_tokens_live"] / CAPACITY_TOKENS)
+    assert pool["completion_rate"] is not None, "two readings 2 s apart give a rate"
     # live KV is block granular: usage x capacity is a whole number of usable blocks' worth
     blocks = pool["kv_tokens_live"] / CAPACITY_TOKENS * 23  # 24 blocks, one is vLLM's null block
     assert abs(blocks - round(blocks)) < 1e-6
-    assert after["running"] == 8 and after["waiting"] > 0, "the load was still saturating afterwards"
+    assert after["waiting"] > 0, "the load was still saturating the engine after the CLI ran"
     assert [r.error for r in records if not r.ok] == []
     print(f"\n[cli] once: active {pool['active_requests']}, queued {pool['queued_requests']}, KV "
           f"{pool['kv_tokens_live']:.0f}/{pool['kv_tokens_capacity']:.0f}, completion rate "
