@@ -23,17 +23,28 @@ FAST = {"forecast": {"models": ["snaive_day"]}}
 def test_digest_from_the_history_store_matches_the_history(tmp_path):
     df = generate_history(None, days=9, step_s=300, end=WEEK_END - 300, replica_series=False)
     pools = df[df["instance"] == ""]
+    # stored the way the daemon stores it (monitor/wiring.py): active_requests = active + queued
+    wide = pools.pivot_table(index=["pool", "timestamp"], columns="series", values="value").reset_index()
+    points = []
+    for r in wide.itertuples(index=False):
+        points.append((r.pool, "active_requests", float(r.timestamp), float(r.active_requests + r.queued_requests)))
+        points.append((r.pool, "queued_requests", float(r.timestamp), float(r.queued_requests)))
+        points.append((r.pool, "kv_tokens", float(r.timestamp), float(r.kv_tokens)))
+        points.append((r.pool, "sessions", float(r.timestamp), float(r.sessions)))
     with HistoryStore(str(tmp_path / "h.sqlite"), retention_seconds=None, downsample_after_seconds=None) as st:
-        st.append((r.pool, r.series, float(r.timestamp), float(r.value)) for r in pools.itertuples(index=False))
+        st.append(points)
         settings = from_dict({**FAST, "pools": {"chat-8b": {"replicas": 4, "knee_requests_per_replica": 86},
                                                  "agent-70b": {"replicas": 2, "max_num_seqs": 128}}}, "<t>")
         inp = from_store(st, WEEK_END, settings)
     d = build_digest(inp, settings)
     week = pools[(pools["timestamp"] >= WEEK_END - 7 * 86400) & (pools["timestamp"] < WEEK_END)]
     for p in d["pools"]:
-        for s in ("active_requests", "kv_tokens", "sessions"):
+        for s in ("active_requests", "queued_requests", "kv_tokens", "sessions"):
             rows = week[(week["pool"] == p["name"]) & (week["series"] == s)]
-            assert p["peaks"][s]["value"] == pytest.approx(rows["value"].max())
+            assert p["peaks"][s]["value"] == pytest.approx(rows["value"].max(), abs=1e-6)
+        a = week[(week["pool"] == p["name"]) & (week["series"] == "active_requests")].set_index("timestamp")["value"]
+        q = week[(week["pool"] == p["name"]) & (week["series"] == "queued_requests")].set_index("timestamp")["value"]
+        assert p["peaks"]["load"]["value"] == pytest.approx((a + q).max())
     (chat,) = [p for p in d["pools"] if p["name"] == "chat-8b"]
     (agent,) = [p for p in d["pools"] if p["name"] == "agent-70b"]
     assert chat["knee"]["requests"] == 344 and chat["knee"]["source"] == "configured"
@@ -92,3 +103,37 @@ def test_schedule_digest_cron_and_delivery(tmp_path):
     r = run_digest(settings, build_fn, WEEK_END + 7200, box)
     assert r["queued"] == [] and r["outcomes"] == {} and weeks == [WEEK_END + 3600]
     box.close()
+
+
+def test_attach_to_the_real_daemon_schedules_and_exports(tmp_path):
+    import urllib.request
+    from monitor import config
+    from monitor.commands.run import Daemon
+    from monitor.digest.schedule import attach_to_daemon
+    cfg = config.from_dict({
+        "sources": {"prometheus": {"url": "http://127.0.0.1:9"}}, "store": {"path": str(tmp_path / "h.sqlite")},
+        "digest": {"outbox": str(tmp_path / "o.sqlite"),
+                   "schedule": {"day_of_week": "wed", "hour": 7, "timezone": "Asia/Tokyo"},
+                   # nothing listens on port 9: the delivery stays pending even if the retry job runs
+                   "destinations": [{"name": "hook", "type": "webhook", "url": "http://127.0.0.1:9/x"}]}},
+        "t.yaml")
+    daemon = Daemon(cfg, "127.0.0.1:0")
+    try:
+        box = attach_to_daemon(daemon)
+        box.enqueue("2025-W48", {"slack.json": b"{}"}, ["hook"], now=0.0)  # one pending delivery
+        daemon.start()
+        job = daemon.scheduler.get_job("headroom-digest")
+        assert job is not None and daemon.scheduler.get_job("headroom-digest-retry") is not None
+        nxt = job.next_run_time
+        assert nxt.weekday() == 2 and nxt.hour == 7 and str(nxt.tzinfo) == "Asia/Tokyo"
+        deadline = time.monotonic() + 300
+        while True:
+            body = urllib.request.urlopen(f"http://127.0.0.1:{daemon.port}/metrics", timeout=30).read().decode()
+            if "headroom_digest_pending_deliveries" in body:
+                break
+            assert time.monotonic() < deadline
+            time.sleep(0.3)
+        assert "headroom_digest_pending_deliveries 1.0" in body
+        assert "headroom_digest_last_success_timestamp_seconds" not in body  # nothing delivered yet
+    finally:
+        daemon.stop()

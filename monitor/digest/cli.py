@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 import time
 from datetime import datetime, timezone
@@ -83,30 +82,8 @@ def _build_fn(args, cfg, settings):
         def build(week_end):
             return demo_input(week_end, days=args.days, seed=args.seed, level=args.level)[0]
         return build
-    from monitor.digest import sources
-    src = settings.history_source
-    if src == "auto":
-        src = "store" if cfg.store_path else ("prometheus" if cfg.prometheus else "")
-    if src == "store":
-        if not cfg.store_path:
-            raise ConfigError(cfg.file, "store.path", "digest.history.source is store but no store is configured")
-
-        def build(week_end):
-            from monitor.forecast.store import HistoryStore
-            if not os.path.isfile(cfg.store_path):
-                raise ValueError(f"history store {cfg.store_path} does not exist (has the daemon run?)")
-            with HistoryStore(cfg.store_path, retention_seconds=None, downsample_after_seconds=None) as store:
-                return sources.from_store(store, week_end, settings)
-        return build
-    if src == "prometheus":
-        if cfg.prometheus is None:
-            raise ConfigError(cfg.file, "sources.prometheus", "digest.history.source is prometheus but none is configured")
-
-        def build(week_end):
-            from monitor.sources.prometheus import PrometheusClient
-            return sources.from_prometheus(PrometheusClient.from_config(cfg.prometheus), week_end, settings)
-        return build
-    raise ConfigError(cfg.file, "digest.history", "no history: configure store.path or sources.prometheus")
+    from monitor.digest.schedule import history_build_fn
+    return history_build_fn(cfg, settings)
 
 
 def run(args) -> int:

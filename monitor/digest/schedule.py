@@ -56,6 +56,58 @@ def run_digest(settings: DigestSettings, build_fn: Callable[[float], DigestInput
     return {"week": week, "queued": queued, "outcomes": outcomes, "pending": outbox.pending_count()}
 
 
+def history_build_fn(cfg, settings: DigestSettings, store=None) -> Callable[[float], DigestInput]:
+    """`build_fn(week_end)` reading headroom's history: the HistoryStore (`store`, else one opened
+    on `store.path` per run) or Prometheus, as `digest.history.source` says (auto: store first)."""
+    from monitor.config import ConfigError
+    from monitor.digest import sources
+    src = settings.history_source
+    if src == "auto":
+        src = "store" if (store is not None or cfg.store_path) else ("prometheus" if cfg.prometheus else "")
+    if src == "store":
+        if store is None and not cfg.store_path:
+            raise ConfigError(cfg.file, "store.path", "digest.history.source is store but no store is configured")
+
+        def build(week_end: float) -> DigestInput:
+            if store is not None:
+                return sources.from_store(store, week_end, settings)
+            import os
+            from monitor.forecast.store import HistoryStore
+            if not os.path.isfile(cfg.store_path):
+                raise ValueError(f"history store {cfg.store_path} does not exist (has the daemon run?)")
+            with HistoryStore(cfg.store_path, retention_seconds=None, downsample_after_seconds=None) as st:
+                return sources.from_store(st, week_end, settings)
+        return build
+    if src == "prometheus":
+        if cfg.prometheus is None:
+            raise ConfigError(cfg.file, "sources.prometheus",
+                              "digest.history.source is prometheus but none is configured")
+
+        def build(week_end: float) -> DigestInput:
+            from monitor.sources.prometheus import PrometheusClient
+            return sources.from_prometheus(PrometheusClient.from_config(cfg.prometheus), week_end, settings)
+        return build
+    raise ConfigError(cfg.file, "digest.history", "no history: configure store.path or sources.prometheus")
+
+
+def attach_to_daemon(daemon) -> Optional[Outbox]:
+    """One call for the daemon (monitor/commands/run.py Daemon.__init__): when the configuration
+    has a `digest:` section, schedule the weekly digest and its retries on the daemon's scheduler at
+    start, and add the digest metrics to /metrics. Reuses the daemon's history store if it has one."""
+    from monitor.digest.metrics import metric_samples
+    from monitor.digest.settings import from_dict
+    cfg = daemon.cfg
+    if not cfg.digest:
+        return None
+    settings = from_dict(cfg.digest, cfg.file, cfg.slos)  # ConfigError before anything starts
+    build_fn = history_build_fn(cfg, settings, getattr(daemon, "store", None))
+    outbox = open_outbox(settings)
+    daemon.sample_hooks.append(lambda: metric_samples(outbox))
+    daemon.extra_jobs.append(lambda d: schedule_digest(d.scheduler, settings, build_fn, outbox))
+    daemon.on_stop.append(outbox.close)
+    return outbox
+
+
 def schedule_digest(scheduler, settings: DigestSettings, build_fn: Callable[[float], DigestInput],
                     outbox: Optional[Outbox] = None, clock: Callable[[], float] = time.time) -> list[str]:
     """Add the weekly digest to an APScheduler 3.x scheduler (the daemon's). Returns the job ids."""

@@ -38,7 +38,11 @@ def _pool_input(name: str, series: dict[str, pd.Series], settings: DigestSetting
 
 
 def from_store(store, week_end: float, settings: DigestSettings, pools: Optional[list[str]] = None) -> DigestInput:
-    """Every pool of the store (or `pools`), its known series over the last HISTORY_WEEKS weeks."""
+    """Every pool of the store (or `pools`), its known series over the last HISTORY_WEEKS weeks.
+
+    The daemon stores "active_requests" as active + queued (monitor/wiring.py history_points, the
+    concurrency the knee is about) and "queued_requests" beside it; active alone is their difference.
+    """
     start = week_end - HISTORY_WEEKS * WEEK
     keys = store.series_keys()
     names = sorted({p for p, _ in keys}) if pools is None else pools
@@ -51,6 +55,9 @@ def from_store(store, week_end: float, settings: DigestSettings, pools: Optional
             q = store.query(pool, s, start, week_end - 1e-3, step=settings.history_step, agg="max")
             if len(q):
                 series[s] = q
+        if "active_requests" in series and "queued_requests" in series:
+            load, queued = series["active_requests"], series["queued_requests"]
+            series["active_requests"] = (load - queued.reindex(load.index).fillna(0.0)).clip(lower=0.0)
         if series:
             out.append(_pool_input(pool, series, settings))
     if not out:
