@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
             if next_status is not None and now >= next_status:
                 with handle.lock:
                     state = {p: handle.fleet.pool_state(p) for p in handle.fleet.pools}
-                print(json.dumps({"t": round(handle.fleet.t - handle.fleet.start, 1),
+                print(json.dumps({"t": round(handle.fleet.t - handle.fleet.origin, 1),
                                   "pools": state}), flush=True)
                 next_status = now + args.status_every
             stop.wait(0.2)
