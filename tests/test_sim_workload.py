@@ -104,7 +104,12 @@ def test_app_metrics_match_truth():
     for r in f.truth:
         done[r.task_type].append(r)
     assert done
+    summary = f.truth_summary()
     for name, recs in done.items():
+        assert summary[name]["tasks"] == len(recs)
+        assert summary[name]["mean_duration_s"] == pytest.approx(
+            sum(r.duration for r in recs) / len(recs))
+        assert summary[name]["p50_duration_s"] <= summary[name]["p95_duration_s"]
         key = (("task_type", name),)
         assert count[key] == len(recs)
         assert total[key] == pytest.approx(sum(r.duration for r in recs))

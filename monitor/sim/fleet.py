@@ -553,6 +553,31 @@ class Fleet:
             if rs else 0.0,
         }
 
+    def truth_summary(self, since: Optional[float] = None,
+                      until: Optional[float] = None) -> dict[str, dict[str, float]]:
+        """Per task type, over tasks that finished in [since, until]: tasks, failed, mean and
+        p50/p95 duration (s, tool waits included) of the successful ones, mean model calls."""
+        groups: dict[str, list[TaskRecord]] = {}
+        for rec in self.truth:
+            if (since is None or rec.end >= since) and (until is None or rec.end <= until):
+                groups.setdefault(rec.task_type, []).append(rec)
+        out = {}
+        for name, recs in sorted(groups.items()):
+            ok = sorted(r.duration for r in recs if not r.failed)
+
+            def q(p, ok=ok):
+                return ok[min(len(ok) - 1, int(p * len(ok)))] if ok else float("nan")
+
+            out[name] = {
+                "tasks": float(len(recs)),
+                "failed": float(sum(r.failed for r in recs)),
+                "mean_duration_s": sum(ok) / len(ok) if ok else float("nan"),
+                "p50_duration_s": q(0.5),
+                "p95_duration_s": q(0.95),
+                "mean_model_calls": sum(r.model_calls for r in recs) / len(recs),
+            }
+        return out
+
     def replica(self, name: str) -> Replica:
         for r in self.replicas:
             if r.name == name:
