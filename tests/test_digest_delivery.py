@@ -38,14 +38,22 @@ if not os.path.exists(PY):
 class Receiver:
     """Slack-like webhook endpoint; answers `status` and records what it acknowledged."""
 
-    def __init__(self, port: int = 0, status: int = 200):
+    def __init__(self, port: int = 0, status: int = 200, hold_first: bool = False):
         self.status = status
         self.received: list[dict] = []
+        self.arrived = threading.Event()  # a request came in (acknowledged or not)
+        self.release = threading.Event()
+        self.hold_first = hold_first
         outer = self
 
         class H(BaseHTTPRequestHandler):
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                outer.arrived.set()
+                if outer.hold_first:  # never answer the first request: it is not acknowledged
+                    outer.hold_first = False
+                    outer.release.wait(900)
+                    return
                 code = outer.status
                 self.send_response(code)
                 self.send_header("Content-Length", "2")
@@ -64,6 +72,7 @@ class Receiver:
         self.thread.start()
 
     def close(self):
+        self.release.set()
         self.server.shutdown()
         self.server.server_close()
 
@@ -440,6 +449,54 @@ digest:
         assert result["pending"] == 0
         third = subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=600)
         assert third.returncode == 0
+        assert len(rx.received) == 1
+        assert rx.received[0]["headers"]["Idempotency-Key"] == "2025-W48:hook"
+    finally:
+        rx.close()
+
+
+def test_sigkill_while_the_request_is_in_flight_resends_once_after_the_lease(tmp_path):
+    """The receiver holds the first POST without answering; the sender is killed mid-request. The
+    delivery was never acknowledged, so a new process sends it again, once, after the lease."""
+    rx = Receiver(hold_first=True)
+    outbox = tmp_path / "outbox.sqlite"
+    cfg = tmp_path / "headroom.yaml"
+    cfg.write_text(f"""
+sources:
+  prometheus: {{url: "http://127.0.0.1:9"}}
+digest:
+  outbox: {outbox}
+  forecast: {{models: [snaive_day]}}
+  retry: {{initial: 1s}}
+  destinations:
+    - {{name: hook, type: webhook, url: "http://127.0.0.1:{rx.port}/hook", timeout: 10m}}
+""")
+    cmd = [PY, "-m", "monitor.cli", "digest", "--demo", "--config.file", str(cfg), "--days", "9",
+           "--week-end", "2025-12-01T00:00:00"]
+    try:
+        child = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 start_new_session=True)
+        try:
+            assert rx.arrived.wait(600), "the child never sent the webhook"
+            os.kill(child.pid, signal.SIGKILL)
+            child.wait(30)
+        finally:
+            if child.poll() is None:
+                os.kill(child.pid, signal.SIGKILL)
+                child.wait(30)
+        assert rx.received == []
+        con = sqlite3.connect(str(outbox))
+        state, lease = con.execute("SELECT state, lease_until FROM deliveries").fetchone()
+        con.close()
+        assert state == "pending" and lease is not None  # the killed sender's lease is left behind
+        # a lease of 2 x 10 min + 30 s is long: make the restart use a short timeout (and lease)
+        cfg.write_text(cfg.read_text().replace("timeout: 10m", "timeout: 5s"))
+        con = sqlite3.connect(str(outbox))
+        con.execute("UPDATE deliveries SET lease_until = ?", (time.time() + 20,))
+        con.commit()
+        con.close()
+        again = subprocess.run(cmd + ["--wait", "5m"], cwd=ROOT, capture_output=True, timeout=600)
+        assert again.returncode == 0, again.stderr.decode()[-2000:]
         assert len(rx.received) == 1
         assert rx.received[0]["headers"]["Idempotency-Key"] == "2025-W48:hook"
     finally:

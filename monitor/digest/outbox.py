@@ -147,8 +147,10 @@ class Outbox:
         return float(row[0]) if row and row[0] is not None else None
 
     def next_due(self) -> Optional[float]:
+        """When the next pending delivery may be tried (its backoff and any lease both over)."""
         with self._lock:
-            row = self._db.execute("SELECT min(next_attempt) FROM deliveries WHERE state = 'pending'").fetchone()
+            row = self._db.execute("SELECT min(max(next_attempt, coalesce(lease_until, 0))) FROM deliveries "
+                                   "WHERE state = 'pending'").fetchone()
         return float(row[0]) if row and row[0] is not None else None
 
     # --- sending
