@@ -128,3 +128,17 @@ def test_bad_arguments():
         start_fleet(None, speed=0)
     with pytest.raises(ValueError, match="unknown scenario"):
         start_fleet(load_config(), "nope")
+
+
+def test_scenario_times_from_warmup_or_from_serving():
+    a = start_fleet(None, "replica-loss", seed=6, warmup_s=20,
+                    scenario_overrides={"at_s": 10.0})  # inside the warm-up: already gone
+    b = start_fleet(None, "replica-loss", seed=6, warmup_s=20, scenario_from_serving=True,
+                    scenario_overrides={"at_s": 10.0})  # 10 s after serving starts
+    try:
+        assert [r.name for r in a.fleet.lost_replicas] == ["chat-8b-3"]
+        assert b.fleet.lost_replicas == []
+        assert scrape(b.replica_urls["chat-8b"][3]).status_code == 200
+    finally:
+        a.stop()
+        b.stop()

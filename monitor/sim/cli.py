@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
                              seed=args.seed, speed=args.speed, legacy_names=args.legacy_names,
                              underscore_names=args.underscore_names,
                              scenario_overrides=overrides or None, record_truth=False,
-                             warmup_s=max(0.0, args.warmup))
+                             warmup_s=max(0.0, args.warmup), scenario_from_serving=True)
     except (ValueError, OSError) as exc:
         print(f"headroom sim: {exc}", file=sys.stderr)
         return 2

@@ -216,14 +216,16 @@ def start_fleet(config: Union[FleetConfig, str, None] = None, scenario: str = "s
                 host: str = "127.0.0.1", base_port: int = 0, *, seed: Optional[int] = None,
                 speed: float = 1.0, legacy_names: bool = False, underscore_names: bool = False,
                 scenario_overrides: Optional[dict] = None,
-                record_truth: bool = True, warmup_s: float = 30.0) -> FleetHandle:
+                record_truth: bool = True, warmup_s: float = 30.0,
+                scenario_from_serving: bool = False) -> FleetHandle:
     """Start the simulated fleet and its HTTP endpoints; returns a :class:`FleetHandle`.
 
     ``config`` is a FleetConfig, a YAML path, or None for the default fleet. ``base_port`` 0
     picks free ports; otherwise ports base_port, base_port+1, ... are used (replicas first, then
     gateway, app, DCGM). ``speed`` is simulated seconds per wall second. ``warmup_s`` > 0
-    fast-forwards that much simulated time before serving (the fleet starts busy, not empty);
-    scenario times such as ``at_s`` count from the moment serving starts. ``legacy_names`` serves
+    fast-forwards that much simulated time before serving (the fleet starts busy, not empty).
+    Scenario times such as ``at_s`` count from the start of the warm-up, or from the moment
+    serving starts when ``scenario_from_serving`` is true (what `headroom sim` does). ``legacy_names`` serves
     the V0-style vLLM naming, ``underscore_names`` spells ``vllm_`` instead of ``vllm:``."""
     if speed <= 0:
         raise ValueError(f"speed must be > 0, got {speed}")
@@ -234,7 +236,7 @@ def start_fleet(config: Union[FleetConfig, str, None] = None, scenario: str = "s
     now = time.time()
     fleet = Fleet(config, scenario, seed=seed, start_time=now - warmup_s,
                   record_truth=record_truth, scenario_overrides=scenario_overrides,
-                  scenario_origin=now)
+                  scenario_origin=now if scenario_from_serving else None)
     if warmup_s:
         fleet.advance_to(now)
     handle = FleetHandle(fleet, host, speed, "v0" if legacy_names else "v1",
