@@ -2,17 +2,19 @@
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import time
 from datetime import datetime, timezone
 
+import numpy as np
 import pytest
 
 from monitor.digest.content import build_digest
 from monitor.digest.demo import demo_input
 from monitor.digest.schedule import open_outbox, run_digest, schedule_digest
 from monitor.digest.settings import from_dict
-from monitor.digest.sources import from_store
+from monitor.digest.sources import from_prometheus, from_store
 from monitor.forecast.store import HistoryStore
 from monitor.sim.history import generate_history
 
@@ -137,3 +139,65 @@ def test_attach_to_the_real_daemon_schedules_and_exports(tmp_path):
         assert "headroom_digest_last_success_timestamp_seconds" not in body  # nothing delivered yet
     finally:
         daemon.stop()
+
+
+@pytest.mark.skipif(not (shutil.which("prometheus") and shutil.which("promtool")),
+                    reason="needs the prometheus and promtool binaries")
+def test_digest_from_a_real_backfilled_prometheus(tmp_path):
+    import socket
+    import subprocess
+    import requests
+    from monitor.digest.demo import last_monday
+    from monitor.sources.prometheus import PrometheusClient
+    week_end = last_monday(time.time())  # recent: inside Prometheus' default retention
+    df = generate_history(None, days=9, step_s=300, end=week_end - 300, replica_series=False)
+    pools = df[df["instance"] == ""]
+    names = {"active_requests": "headroom_active_requests", "queued_requests": "headroom_queued_requests",
+             "kv_tokens": "headroom_kv_tokens", "sessions": "headroom_sessions"}
+    lines = []
+    for series, metric in names.items():
+        for r in pools[pools["series"] == series].itertuples(index=False):
+            lines.append(f'{metric}{{pool="{r.pool}"}} {r.value!r} {int(r.timestamp)}')
+    for r in pools[pools["series"].str.startswith("task_arrivals:")].itertuples(index=False):
+        task = r.series.split(":", 1)[1]
+        lines.append(f'headroom_task_arrival_rate{{pool="{r.pool}",task_type="{task}"}} {r.value / 300!r} {int(r.timestamp)}')
+    lines.sort(key=lambda s: s.split("{")[0])  # OpenMetrics: one family's samples together
+    (tmp_path / "h.om").write_text("\n".join(lines) + "\n# EOF\n")
+    data = tmp_path / "data"
+    data.mkdir()
+    subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(tmp_path / "h.om"), str(data)],
+                   check=True, capture_output=True)
+    (tmp_path / "p.yml").write_text("global:\n  scrape_interval: 1h\nscrape_configs: []\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(["prometheus", f"--config.file={tmp_path / 'p.yml'}", f"--storage.tsdb.path={data}",
+                             f"--web.listen-address=127.0.0.1:{port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if requests.get(f"http://127.0.0.1:{port}/-/ready", timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        settings = from_dict({**FAST, "pools": {"chat-8b": {"replicas": 4, "knee_requests_per_replica": 86},
+                                                 "agent-70b": {"replicas": 2, "knee_requests_per_replica": 52}}},
+                             "<t>")
+        inp = from_prometheus(PrometheusClient(f"http://127.0.0.1:{port}"), week_end, settings)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    d = build_digest(inp, settings)
+    week = pools[(pools["timestamp"] >= week_end - 7 * 86400) & (pools["timestamp"] < week_end)]
+    assert sorted(p["name"] for p in d["pools"]) == ["agent-70b", "chat-8b"]
+    for p in d["pools"]:
+        for s in names:
+            rows = week[(week["pool"] == p["name"]) & (week["series"] == s)]
+            i = int(np.argmax(rows["value"].to_numpy()))
+            assert p["peaks"][s]["value"] == pytest.approx(rows["value"].iloc[i], rel=1e-9, abs=1e-9)
+            assert abs(p["peaks"][s]["timestamp"] - rows["timestamp"].iloc[i]) <= 300  # 5 min windows
+        assert {t["name"] for t in p["tasks"]} and p["forecast_next_week"]["defined"]
