@@ -161,7 +161,7 @@ def test_reduced_capacity_sends_the_same_arrivals_to_fewer_replicas(tmp_path):
     # the same seed sent the same task types in the same order
     assert [c[5] for c in sorted(full["timeline"]["calls"])][:40] == [c[5] for c in sorted(reduced["timeline"]["calls"])][:40]
     for rep in (full, reduced):
-        assert rep["agreement"]["succeeded"]["equal"]
+        assert rep["agreement"]["succeeded"]["equal"], (rep["run"]["pattern"], rep["agreement"], rep["counts"])
     assert reduced["server"]["waiting_max"] > full["server"]["waiting_max"]
     assert reduced["calls"]["all"]["ttft_seconds"]["p95"] > full["calls"]["all"]["ttft_seconds"]["p95"]
     assert full["interactive_protection"]["interactive_calls_with_batch_active"] > 0

@@ -84,14 +84,17 @@ def _reading_at(readings: list, t: float, before: bool):
     return cand[0] if cand else None
 
 
-def server_between(readings: dict, t0: float, t1: float, before_first: bool = True) -> dict:
-    """Counter and histogram deltas summed over targets between the reading at/before t0 and at/after t1."""
+def server_between(readings: dict, t0: Optional[float], t1: Optional[float], before_first: bool = True) -> dict:
+    """Counter and histogram deltas summed over targets between the reading at/before t0 and at/after t1
+    (t0 / t1 None: each target's first / last reading)."""
     succ = 0.0
     qsum = qcount = 0.0
     have = False
     for rs in readings.values():
-        a = _reading_at(rs, t0, before=True) if before_first else _reading_at(rs, t0, before=False)
-        b = _reading_at(rs, t1, before=False) or (rs[-1] if rs else None)
+        if not rs:
+            continue
+        a = rs[0] if t0 is None else _reading_at(rs, t0, before=before_first)
+        b = rs[-1] if t1 is None else (_reading_at(rs, t1, before=False) or rs[-1])
         if a is None or b is None or b is a:
             continue
         have = True
@@ -324,8 +327,7 @@ def analyze(mix: LoadMix, plan: Plan, res: RunResult, meta: dict) -> dict:
     agreement = None
     if res.readings:
         # the first reading (before any call) to the last (after the settle)
-        tot = server_between(res.readings, min(r.timestamp for rs in res.readings.values() for r in rs),
-                             res.ended + 1e9)
+        tot = server_between(res.readings, None, None)
         samples = res.server
         server = {
             "targets": len(res.readings),
