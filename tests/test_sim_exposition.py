@@ -172,6 +172,10 @@ def test_gateway_page_shape_and_buckets(busy_fleet):
     first = les[: les.index("+Inf") + 1]
     assert first == [fmt(b) for b in (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12,
                                       10.24, 20.48, 40.96, 81.92)] + ["+Inf"]
+    les = re.findall(r'gen_ai_server_time_to_first_token_seconds_bucket\{[^}]*le="([^"]+)"', page)
+    assert les[: les.index("+Inf") + 1] == [fmt(b) for b in (
+        0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+        15.0, 20.0, 30.0, 45.0, 60.0)] + ["+Inf"]
 
 
 def test_dcgm_page_power_rises_with_load():

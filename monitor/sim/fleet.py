@@ -28,7 +28,7 @@ from .workload import (Mix, TaskType, TraceReplay, load_mix, parse_mix, profile_
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_FLEET = os.path.join(HERE, "default_fleet.yaml")
 
-# Envoy AI Gateway bucket bounds (internal/metrics/genai.go, metrics-reference §4.2)
+# Envoy AI Gateway bucket bounds (internal/metrics/genai.go at d55d3206, metrics-reference §4.2)
 GW_DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48,
                        40.96, 81.92)
 GW_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
