@@ -187,6 +187,9 @@ def test_compare_json_on_reduced_vs_full(tmp_path, capsys):
     assert cmp["same"]["seed"] and cmp["same"]["mix"]
     assert cmp["better"] == "B", cmp
     assert rows["run_goodput_calls_per_second"]["b"] > rows["run_goodput_calls_per_second"]["a"]
+    # interactive calls sent while batch calls were in flight fare better on the full pool
+    assert rows["interactive_ttft_with_batch"]["b"] < rows["interactive_ttft_with_batch"]["a"]
+    assert rows["interactive_ttft_with_batch"]["better"] == "B"
 
 
 SECRET = "sk-test-SECRET-4242-do-not-log"

@@ -282,3 +282,22 @@ def test_compare_ranks_by_usable_capacity_not_completed_calls(tmp_path):
     p.write_text(json.dumps({"schema": "other"}))
     with pytest.raises(ValueError, match="schema"):
         load_report(str(p))
+
+
+def test_interactive_protection_rule():
+    """Interactive TTFT while batch calls are in flight vs without: protected only when within the SLO
+    (0.3 s here) and within 1.5 x (+50 ms) of the batch-free TTFT."""
+    def rep_with(slow_when_batch: float):
+        mix, plan, res = synthetic_run(knee=100)  # no queueing from the ramp itself
+        for i, c in enumerate(c for c in res.calls if c.klass == "interactive"):
+            c.batch_active = i % 2 == 0
+            if c.batch_active:
+                c.first_token = c.start + slow_when_batch
+        return analyze(mix, plan, res, {"targets": ["http://h:1"], "seed": 1, "api_key": "none"})
+
+    calm = rep_with(0.08)["interactive_protection"]
+    assert calm["protected"] is True
+    assert calm["interactive_calls_with_batch_active"] == pytest.approx(calm["interactive_calls_without_batch"], abs=12)
+    hurt = rep_with(0.25)["interactive_protection"]  # within the SLO, but 0.25 > 1.5 x ~0.09 + 0.05
+    assert hurt["protected"] is False
+    assert hurt["ttft_with_batch"] == pytest.approx(0.25)
