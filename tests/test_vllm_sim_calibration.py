@@ -225,7 +225,9 @@ def test_simulated_replica_matches_the_real_engine(vllm_engine):
     # same FCFS admission, same request sizes: the KV peaks agree
     assert abs(sim_stats["peak_kv"] - real_stats["peak_kv"]) <= TOLERANCE, (sim_stats, real_stats)
     assert sim_stats["max_waiting"] == N - MAX_NUM_SEQS
-    assert real_stats["max_waiting"] >= (N - MAX_NUM_SEQS) // 2, real_stats
+    # the client's burst reaches the engine over a few hundred ms, while it already serves: the
+    # queue must still grow well past a full batch
+    assert real_stats["max_waiting"] >= 2 * MAX_NUM_SEQS, real_stats
     wall = max(r.end for r in records) - min(r.start for r in records)
     print(f"\n[calibration] sim {sim_stats}\n[calibration] vLLM {real_stats}; {N} requests in "
           f"{wall:.1f} s, {len(scrapes)} scrapes")

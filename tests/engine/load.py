@@ -229,8 +229,10 @@ class BatchRun(_Run):
         self.concurrency = concurrency or len(self.max_tokens)
         self.send_kwargs = send_kwargs
         self._next = itertools.count()
+        self._go = threading.Event()
 
     def _worker(self, client: int) -> None:
+        self._go.wait()  # every thread is up before the first request goes out: a real burst
         with requests.Session() as session:
             while True:
                 with self._lock:
@@ -241,11 +243,12 @@ class BatchRun(_Run):
                                           client=client, session=session, **self.send_kwargs))
 
     def start(self) -> "BatchRun":
-        self.started_at = time.time()
         for c in range(min(self.concurrency, len(self.max_tokens))):
             t = threading.Thread(target=self._worker, args=(c,), daemon=True, name=f"load-{c}")
             self._threads.append(t)
             t.start()
+        self.started_at = time.time()
+        self._go.set()
         return self
 
 
