@@ -5,7 +5,7 @@
   bucket of the client's own timings.
 - A stepped closed-loop load sweep on the engine (max-num-seqs 8): the knee headroom learns from the
   engine's /metrics (queue-time signal, Little's-law load) is within 15 % of the knee of the client-side
-  curve (client concurrency vs client TTFT), fitted the same way.
+  curve (client concurrency vs the median client TTFT at that concurrency), fitted the same way.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import requests
 from engine.load import ClosedLoop
 from engine.servers import fetch_metrics
 from monitor.capacity import histo
-from monitor.capacity.enrich import interval_observation
+from monitor.capacity.enrich import interval_observation, older_reading
 from monitor.capacity.knee import KneeEstimator, fit_hinge, prior_knee
 from monitor.capacity.tasks import derive_tasks
 from monitor.sources.gateway import GatewayConfig, read_gateway
@@ -82,26 +82,27 @@ def test_stepped_sweep_knee_within_15_percent_of_client_curve(vllm_engine):
     seqs = vllm_engine.info["max_num_seqs"]
     est = KneeEstimator("queue", prior_knee(max_num_seqs=seqs), min_observations=30)
     points = []  # client side: (clients in the step, TTFT of each request)
-    prev = None
+    scrapes = []
     knees = []
     for step, clients in enumerate((2, 4, 6, 8, 10, 12, 14, 16, 12, 8, 4)):  # up past the knee and back
         loop = ClosedLoop(url, clients=clients, duration=7.0, max_tokens=[40], seed=step).start()
         while not loop.done():
             time.sleep(1.0)
             text, ts = fetch_metrics(url)
-            rd = readings_from_text(text, target, ts)[0]
-            if prev is not None:
-                obs = interval_observation(rd, prev, "queue")
+            scrapes.append(readings_from_text(text, target, ts)[0])
+            if len(scrapes) > 1:  # Little's law over >= 4 s: batches finish in lumps
+                obs = interval_observation(scrapes[-1], older_reading(scrapes, 4.0), "queue")
                 if obs is not None:
                     est.observe(*obs)
                 knees.append(est.estimate())
-            prev = rd
         records = loop.join(timeout=300)
         assert not loop.errors(), loop.errors()[:3]
         points += [(clients, r.ttft) for r in records if r.ttft is not None]
-    x = np.array([p[0] for p in points], dtype=float)
-    y = np.array([p[1] for p in points], dtype=float)
-    client_fit = fit_hinge(x, y)
+    # the client-side curve: median TTFT per client count (closed loop: concurrency = clients)
+    levels = sorted({p[0] for p in points})
+    x = np.array(levels, dtype=float)
+    y = np.array([np.median([p[1] for p in points if p[0] == c]) for c in levels])
+    client_fit = fit_hinge(x, y, n_bins=len(levels), min_bin=1)
     assert client_fit is not None and client_fit.confidence > 0.5
     k = knees[-1]
     assert k.source == "learned", k.detail

@@ -1,8 +1,9 @@
 """The capacity enricher: runs after derivation in every cycle (monitor/wiring.py picks it up).
 
 For each pool it
-  1. feeds the pool's `KneeEstimator` one observation per replica and cycle, from the replica's two
-     newest readings: load = e2e seconds finished in the interval / interval (Little's law: the
+  1. feeds the pool's `KneeEstimator` one observation per replica and cycle, from the replica's
+     newest reading and the newest one at least `knee_min_span_seconds` (30) older:
+     load = e2e seconds finished in the interval / interval (Little's law: the
      time-averaged active + queued requests), latency = the interval's mean of the knee signal's
      histogram (queue time by default), KV = live KV tokens;
   2. keeps the prior up to date from the engine's limits (pools.<name>.max_num_seqs, KV capacity
@@ -15,6 +16,7 @@ For each pool it
 
 Configuration (`capacity:` section; every key optional):
     knee_signal: queue            # queue | ttft | e2e_per_token | e2e | itl
+    knee_min_span_seconds: 30     # Little's-law window of one observation (successive ones overlap)
     min_confidence: 0.6
     min_change: 0.10
     confirmations: 3
@@ -43,7 +45,7 @@ from monitor.sources.gateway import GatewayConfig, GatewayReading, iter_samples,
 
 log = logging.getLogger(__name__)
 
-CAPACITY_KEYS = {"knee_signal", "min_confidence", "min_change", "confirmations", "min_observations",
+CAPACITY_KEYS = {"knee_signal", "knee_min_span_seconds", "min_confidence", "min_change", "confirmations", "min_observations",
                  "kv_tokens_per_request", "active_requests_per_session", "task_pools", "task_classes"}
 SIGNAL_HIST = {"queue": "queue", "ttft": "ttft", "e2e": "e2e", "itl": "itl", "e2e_per_token": "e2e"}
 QUANTILES = (("0.5", "p50"), ("0.9", "p90"), ("0.95", "p95"), ("0.99", "p99"))
@@ -121,6 +123,18 @@ def interval_observation(newer, older, signal: str) -> Optional[tuple[float, Opt
     return e2e.sum / dt, newer.kv_live_tokens, latency
 
 
+def older_reading(readings, min_span: float):
+    """The newest reading at least `min_span` seconds before the last one (else the oldest).
+
+    Little's law needs a window several times the requests' time in system: requests finishing in
+    lumps (a batch ends together) make short intervals noisy. Successive observations then overlap."""
+    newer = readings[-1]
+    for r in reversed(list(readings)[:-1]):
+        if newer.timestamp - r.timestamp >= min_span:
+            return r
+    return readings[0]
+
+
 def _sum_hist(hs: list[Histogram]) -> Optional[Histogram]:
     try:
         return histo.merge(hs)
@@ -142,6 +156,7 @@ class CapacityEnricher:
             raise ValueError(f"capacity.knee_signal must be one of {', '.join(SIGNAL_HIST)}, got {self.signal!r}")
         self.knee_opts = {k: section[k] for k in ("min_confidence", "min_change", "confirmations", "min_observations")
                           if k in section}
+        self.min_span = float(section.get("knee_min_span_seconds", 30.0))
         self.kv_per_request = section.get("kv_tokens_per_request")
         self.per_session = section.get("active_requests_per_session")
         self.task_pools: dict = dict(section.get("task_pools") or {})
@@ -179,10 +194,11 @@ class CapacityEnricher:
         for key, dq in getattr(pipeline, "history", {}).items():
             if len(dq) < 2 or pool_of(dq[-1], self.cfg.pool_by) != p.pool:
                 continue
-            newer, older = dq[-1], dq[-2]
+            newer = dq[-1]
             if self.seen.get(key) == newer.timestamp:
                 continue  # this interval was observed already (a replica that did not answer)
             self.seen[key] = newer.timestamp
+            older = older_reading(dq, self.min_span)
             obs = interval_observation(newer, older, self.signal)
             if obs is not None:
                 est.observe(*obs)
