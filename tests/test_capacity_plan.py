@@ -137,6 +137,9 @@ def test_cli_errors(tmp_path, capsys):
     bad.write_text(yaml.safe_dump({**HAND, "margin": -1}))
     assert cli.main(["plan", "--mix", str(bad)]) == 2
     assert "margin must be >= 0" in capsys.readouterr().err
+    from servers import free_port  # a port nobody listens on
+    assert cli.main(["plan", "--from-prometheus", f"http://127.0.0.1:{free_port()}"]) == 1
+    assert "cannot measure the mix" in capsys.readouterr().err
 
 
 # --- the mix measured in a real Prometheus (backfilled with promtool, queried at a fixed time)

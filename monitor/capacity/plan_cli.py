@@ -171,8 +171,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"headroom plan: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # Prometheus unreachable etc.
-        reason = getattr(exc, "reason", type(exc).__name__)
-        print(f"headroom plan: cannot measure the mix from {args.from_prometheus}: {reason}: {exc}", file=sys.stderr)
+        text = str(exc) if getattr(exc, "reason", None) else f"{type(exc).__name__}: {exc}"
+        print(f"headroom plan: cannot measure the mix from {args.from_prometheus}: {text}", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(_clean(result), indent=2, allow_nan=False))
