@@ -142,3 +142,27 @@ def test_scenario_times_from_warmup_or_from_serving():
     finally:
         a.stop()
         b.stop()
+
+
+def test_live_diurnal_has_a_floor_so_the_demo_is_busy_at_night():
+    """The demo's default scenario is diurnal on the real clock: at 03:00 a live fleet still
+    shows running and waiting requests in both pools within 60 s (fast-forwarded here)."""
+    from monitor.sim.fleet import Fleet
+    h = start_fleet(None, "diurnal", seed=7, warmup_s=0)
+    try:
+        assert h.fleet.sp["min_level"] == 0.4
+    finally:
+        h.stop()
+    three_am = 1_789_960_000 // 86400 * 86400 + 3 * 3600
+    f = Fleet(load_config(), "diurnal", seed=7, start_time=three_am - 30,
+              scenario_overrides={"min_level": 0.4})
+    f.advance(30)
+    seen = {p: False for p in f.pools}
+    for _ in range(60):
+        f.advance(1)
+        for p in f.pools:
+            s = f.pool_state(p)
+            seen[p] |= s["running"] > 0 and s["waiting"] > 0
+    assert all(seen.values()), seen
+    bare = Fleet(load_config(), "diurnal", seed=7, start_time=three_am)
+    assert bare.rate_multiplier(three_am, load_config().mix.task_types["policy_question"]) < 0.1

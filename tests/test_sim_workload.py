@@ -311,3 +311,16 @@ def test_sessions_and_rate_are_exclusive():
     with pytest.raises(ValueError, match="sessions must be an integer"):
         parse_mix({"task_types": {"a": {"pool": "p", "sessions": -1,
                                         "steps": [{"prompt": 5, "output": 5}]}}})
+
+
+def test_diurnal_start_hour_pins_the_profile_clock():
+    cfg = load_config()
+    night = Fleet(cfg, "diurnal", seed=32, start_time=MONDAY_9AM - 6 * 3600,
+                  scenario_overrides={"start_hour": 3.0})
+    day = Fleet(cfg, "diurnal", seed=32, start_time=MONDAY_9AM - 6 * 3600,
+                scenario_overrides={"start_hour": 10.0})
+    assert day.profile_time(day.start) == (0, 10.0)
+    assert night.profile_time(night.start + 1800) == (0, 3.5)
+    night.advance(120)
+    day.advance(120)
+    assert sum(day.app.started.values()) > 5 * max(1, sum(night.app.started.values()))

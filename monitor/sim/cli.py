@@ -29,6 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="diurnal scenario: length of a simulated day in seconds (compresses days)")
     p.add_argument("--warmup", type=float, default=60.0,
                    help="simulated seconds to fast-forward before serving (default 60)")
+    p.add_argument("--start-hour", type=float, default=None,
+                   help="diurnal scenario: profile hour of day (weekday) when serving starts, "
+                        "instead of the real clock")
     p.add_argument("--legacy-names", action="store_true",
                    help="serve V0-style vLLM names (no engine label, gpu_cache_usage_perc, ...)")
     p.add_argument("--underscore-names", action="store_true",
@@ -59,6 +62,14 @@ def run(args: argparse.Namespace) -> int:
             print("headroom sim: --day-seconds must be > 0", file=sys.stderr)
             return 2
         overrides["day_seconds"] = args.day_seconds
+    if args.start_hour is not None:
+        if args.scenario != "diurnal":
+            print("headroom sim: --start-hour only applies to --scenario diurnal", file=sys.stderr)
+            return 2
+        if not 0 <= args.start_hour < 24:
+            print("headroom sim: --start-hour must be in [0, 24)", file=sys.stderr)
+            return 2
+        overrides["start_hour"] = args.start_hour
     try:
         handle = start_fleet(cfg, args.scenario, host=args.host, base_port=args.base_port,
                              seed=args.seed, speed=args.speed, legacy_names=args.legacy_names,

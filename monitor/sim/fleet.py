@@ -72,8 +72,11 @@ SCENARIO_DEFAULTS: dict[str, dict[str, Any]] = {
     "steady": {"level": 1.0, "profile": False},
     # flat at `level`, then x`multiplier` from `at_s` for `duration_s` (seconds after start)
     "burst": {"level": 0.7, "profile": False, "at_s": 10.0, "duration_s": 40.0, "multiplier": 3.0},
-    # the mix profiles (hour-of-day, weekday, bursts); `day_seconds` < 86400 compresses a day
-    "diurnal": {"level": 1.0, "profile": True, "day_seconds": 86400.0},
+    # the mix profiles (hour-of-day, weekday, bursts); `day_seconds` < 86400 compresses a day;
+    # `start_hour` (with `start_weekday`, 0 = Monday) pins the profile clock at the scenario
+    # origin instead of following the real clock; `min_level` floors the profile value
+    "diurnal": {"level": 1.0, "profile": True, "day_seconds": 86400.0, "start_hour": None,
+                "start_weekday": 0, "min_level": 0.0},
     # steady, then replica `replica` (default: the last of the first pool) stops at `at_s`
     "replica-loss": {"level": 0.8, "profile": False, "at_s": 30.0, "pool": None, "replica": None},
 }
@@ -359,14 +362,27 @@ class Fleet:
         sp = self.sp
         m = float(sp.get("level", 1.0))
         if sp.get("profile"):
-            wd, hr = profile_clock(t, self.start, float(sp.get("day_seconds", 86400.0)),
-                                   self.config.mix.utc_offset_hours)
-            m *= tt.profile.value(wd, hr)
+            wd, hr = self.profile_time(t)
+            m *= max(float(sp.get("min_level", 0.0)), tt.profile.value(wd, hr))
         if self.scenario == "burst":
             rel = t - self.origin
             if sp["at_s"] <= rel < sp["at_s"] + sp["duration_s"]:
                 m *= float(sp["multiplier"])
         return m
+
+    def profile_time(self, t: float) -> tuple[int, float]:
+        """(weekday 0=Mon, hour of day) the mix profiles see at simulated time t: the real
+        clock (plus the mix's utc_offset_hours), or, with the scenario knob ``start_hour``, a
+        clock that reads ``start_weekday`` (default Monday) ``start_hour`` at the scenario
+        origin. ``day_seconds`` < 86400 makes it run faster."""
+        sp = self.sp
+        day = float(sp.get("day_seconds", 86400.0))
+        if sp.get("start_hour") is None:
+            return profile_clock(t, self.start, day, self.config.mix.utc_offset_hours)
+        monday = 345600.0  # 1970-01-05 00:00 UTC, a Monday
+        pc = (monday + float(sp.get("start_weekday", 0)) * 86400.0
+              + float(sp["start_hour"]) * 3600.0 + (t - self.origin) * (86400.0 / day))
+        return profile_clock(pc, pc, 86400.0)
 
     def _segment_end(self, t: float) -> float:
         """Rates are piecewise constant over 60 s segments (and scenario edges)."""

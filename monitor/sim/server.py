@@ -231,6 +231,10 @@ def start_fleet(config: Union[FleetConfig, str, None] = None, scenario: str = "s
         raise ValueError(f"speed must be > 0, got {speed}")
     if not isinstance(config, FleetConfig):
         config = load_config(config)
+    if scenario == "diurnal":
+        # live fleets must look busy whatever the hour: unless told otherwise, the night and
+        # the weekend run at least at 40 % of the weekday peak (fast-forward keeps the full shape)
+        scenario_overrides = {"min_level": 0.4, **(scenario_overrides or {})}
     if warmup_s < 0:
         raise ValueError(f"warmup_s must be >= 0, got {warmup_s}")
     now = time.time()
