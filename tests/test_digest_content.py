@@ -272,3 +272,12 @@ def test_metric_triples_track_the_outbox(tmp_path):
     from monitor.catalogue import BY_NAME
     for name, labels, _ in metric_samples(Outbox(str(tmp_path / "o.sqlite"))):
         assert name in BY_NAME and tuple(labels) == BY_NAME[name].labels
+
+
+def test_slack_message_stays_within_slack_limits(built):
+    d, _, _ = built
+    many = {**d, "pools": [dict(p, name=f"pool-{i}") for i in range(60) for p in d["pools"][:1]]}
+    body = render_slack(many)
+    assert len(body["blocks"]) <= 50
+    assert "15 more pools" in json.dumps(body["blocks"][-1])
+    assert all(len(f["text"]) <= 2000 for b in body["blocks"] for f in b.get("fields", []))

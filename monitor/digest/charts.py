@@ -87,8 +87,9 @@ def headroom_chart(pool: dict, tz: str) -> bytes:
         d = _dates(h["times"], tz)
         cur = np.asarray(h["current"]) * 100
         ax.plot(d, cur, color=NEXT, linewidth=1.2, label="headroom")
-        ax.fill_between(d, 0, cur, where=cur < 0, color=KNEE, alpha=0.3, linewidth=0,
-                        label="over the knee")
+        if np.nanmin(cur) < 0:
+            ax.fill_between(d, 0, cur, where=cur < 0, color=KNEE, alpha=0.3, linewidth=0,
+                            label="over the knee")
         if h.get("n_minus_1") is not None:
             ax.plot(d, np.asarray(h["n_minus_1"]) * 100, color=N1, linewidth=1.0, linestyle=":",
                     label="headroom at N-1")

@@ -164,7 +164,12 @@ def forecast_week(history: pd.Series, origin: float, settings: DigestSettings, t
     horizon = int(round((origin + WEEK - first) / step))
     if horizon < 1:
         return {"defined": False, "reason": "history reaches past the forecast week"}
-    res = forecast_series(prep, horizon, ForecastSettings(models=settings.forecast_models))
+    # backtest and calibrate on week-ahead folds: a digest forecasts a whole week, and folds of the
+    # last day alone (a weekend, for a Monday digest) would calibrate the bands on quiet hours
+    fold = min(WEEK, horizon * step)
+    res = forecast_series(prep, horizon, ForecastSettings(
+        models=settings.forecast_models, folds=2, fold_horizon_seconds=fold,
+        calibration_seconds=fold, max_folds=2))
     if not res.defined:
         return {"defined": False, "reason": res.reason}
     fc = res.forecast

@@ -262,6 +262,9 @@ def render_json(d: dict) -> str:
     return json.dumps(public(d), indent=2, sort_keys=False, allow_nan=False)
 
 
+SLACK_MAX_POOLS = 45
+
+
 def slack_escape(text) -> str:
     return str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
@@ -279,7 +282,8 @@ def render_slack(d: dict) -> dict:
     blocks = [{"type": "header", "text": {"type": "plain_text", "text": f"{d['title']}: {d['iso_week']}"[:150]}},
               {"type": "section", "text": {"type": "mrkdwn", "text": "*Recommendations*\n" + "\n".join(
                   f"• {slack_escape(r)}" for r in d["recommendations"])[:3000]}}]
-    for p in d["pools"]:
+    shown = d["pools"][:SLACK_MAX_POOLS]  # Slack takes at most 50 blocks per message
+    for p in shown:
         pk = p["peaks"].get("load") or {}
         fn = p.get("forecast_next_week") or {}
         slo = p.get("slo_violation_ratio")
@@ -294,4 +298,7 @@ def render_slack(d: dict) -> dict:
                   f"*Sessions per MW*\n{num(p.get('sessions_per_megawatt'))}"]
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": f"*Pool {slack_escape(p['name'])}*"[:3000]},
                        "fields": [{"type": "mrkdwn", "text": f[:2000]} for f in fields]})
+    if len(d["pools"]) > len(shown):
+        blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text":
+                       f"and {len(d['pools']) - len(shown)} more pools: see the e-mail or the HTML digest"}]})
     return {"text": text, "blocks": blocks}
