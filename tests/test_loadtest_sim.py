@@ -75,9 +75,11 @@ def test_ramp_finds_the_simulators_knee(tmp_path):
     assert knee["concurrency"] == pytest.approx(truth["per_replica"], rel=0.10)
     assert rep["operating_point"]["basis"] == "knee"
     assert rep["operating_point"]["concurrency"] == pytest.approx(knee["concurrency"] * 0.8)
-    # the engine's own view: nothing waits below the knee, requests wait past it
+    # the engine's own view: below the knee a request waits at most for the step in progress (the
+    # simulator counts it as waiting until the step boundary), past it requests queue
     w = {x["sessions"]: x for x in rep["windows"]}
-    assert all(w[n]["server_waiting_max"] == 0 for n in (3, 4, 5, 6, 7, 8))
+    assert all(w[n]["server_queue_mean"] < 0.03 for n in (3, 4, 5, 6, 7, 8)), [w[n]["server_queue_mean"] for n in w]
+    assert all(w[n]["server_queue_mean"] > 0.1 for n in (16, 18, 20))
     assert all(w[n]["server_waiting_max"] > 0 and w[n]["server_running_max"] == 12 for n in (16, 18, 20))
     assert w[20]["ttft_seconds"]["p50"] > 3 * w[6]["ttft_seconds"]["p50"]
     # client and server agree: exact successes, queue mean within 20%
