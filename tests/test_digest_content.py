@@ -6,7 +6,6 @@ import json
 import math
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from monitor.config import ConfigError

@@ -24,7 +24,7 @@ from monitor.digest.deliver import render_files, senders_for
 from monitor.digest.demo import demo_input, demo_settings
 from monitor.digest.metrics import metric_samples
 from monitor.digest.outbox import Outbox
-from monitor.digest.settings import DigestSettings, Retry, from_dict
+from monitor.digest.settings import DigestSettings, from_dict
 
 WEEK_END = 1764547200.0  # Mon 2025-12-01 00:00 UTC
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -60,7 +60,7 @@ def parse_when(text: str) -> float:
 
 def _settings(args):
     from monitor.digest.demo import demo_settings
-    from monitor.digest.settings import DigestSettings, from_dict
+    from monitor.digest.settings import from_dict
     cfg = None
     if args.config_file:
         from monitor import config as config_mod

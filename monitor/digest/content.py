@@ -110,13 +110,6 @@ def digest_week(week_end: float, tz: str = "UTC") -> str:
     return iso_week(week_end - WEEK / 2, tz)
 
 
-def _f(x) -> Optional[float]:
-    if x is None:
-        return None
-    x = float(x)
-    return x if math.isfinite(x) else None
-
-
 def peak_of(s: Optional[pd.Series], start: float, end: float, tz: str) -> Optional[dict]:
     """Largest value in [start, end) and the first time it was reached."""
     if s is None:

@@ -15,8 +15,8 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from monitor.digest.content import WEEK, DigestInput, PoolInput
-from monitor.digest.settings import DigestSettings, Prices, TaskFacts
+from monitor.digest.content import DigestInput, PoolInput
+from monitor.digest.settings import DigestSettings, TaskFacts
 from monitor.sim.fleet import FleetConfig, load_config, theoretical_knee
 from monitor.sim.history import generate_history
 
@@ -105,4 +105,4 @@ def demo_input(week_end: float, days: float = 14.0, step_s: int = 300, seed: int
                        source=f"simulated fleet, {days:g} days at {step_s} s (monitor.sim.history, seed {seed})"), df
 
 
-__all__ = ["demo_input", "demo_settings", "last_monday", "DEMO_SLOS", "WEEK", "Prices"]
+__all__ = ["demo_input", "demo_settings", "last_monday", "DEMO_SLOS"]
