@@ -1,14 +1,17 @@
 """From a finished run to the report dictionary (pure: plain data in, plain data out).
 
 Client-side queue estimate. The client cannot see the engine's queue; what it sees is the time to the
-first token (TTFT). TTFT = (HTTP + tokenisation + scheduling overhead) + queue wait + prefill step.
-Unloaded, the queue wait is zero, so the unloaded TTFT (median of a few sequential probe calls sent
-before the load, prompts of the mix's mean length) is the overhead + prefill. The estimate per call
-is  max(0, TTFT - unloaded TTFT),  and its mean over the run's successful calls is held against the
-engine's mean of vllm:request_queue_time_seconds over the same requests (histogram sum / count
-delta between the scrape before the first and after the last call). Under load a prefill step also
-carries the batch's decode work, so the estimate leans high by about one step time per call; it is
-close when queue waits are much longer than a step (load well past max-num-seqs).
+first token (TTFT) = overhead (HTTP, tokenisation, engine hand-off, streaming back) + queue wait +
+prefill step. The estimate per call is  max(0, TTFT - unqueued TTFT), where the unqueued TTFT is
+- with a confident knee: the hinge fit's pre-knee line at the call's concurrency,
+  a + b x min(calls in flight, knee): below the knee nothing waits, so that line IS the unqueued TTFT
+  (it grows with concurrency because the prefill step carries the batch's decodes and the API server
+  is busier); past the knee the running batch is capped, so the line's value at the knee stands;
+- otherwise: the unloaded TTFT, the median of a few sequential probe calls sent before the load
+  (prompts of the mix's mean length); the estimate then leans high by the loaded step time.
+Its mean over the run's successful calls is held against the engine's mean of
+vllm:request_queue_time_seconds over the same requests (histogram sum / count delta between each
+target's scrape before the first call and after the last).
 """
 from __future__ import annotations
 
