@@ -157,9 +157,13 @@ def forecast_week(history: pd.Series, origin: float, settings: DigestSettings, t
     horizon = int(round((origin + WEEK - first) / step))
     if horizon < 1:
         return {"defined": False, "reason": "history reaches past the forecast week"}
-    # backtest and calibrate on week-ahead folds: a digest forecasts a whole week, and folds of the
-    # last day alone (a weekend, for a Monday digest) would calibrate the bands on quiet hours
-    fold = min(WEEK, horizon * step)
+    # backtest and calibrate on folds as long as the history allows (up to a week): a digest
+    # forecasts a whole week, and folds of the last day alone (a weekend, for a Monday digest) would
+    # calibrate the bands on quiet hours. Two folds, each leaving 7.5 days of training before it, so
+    # the weekly seasonal naive can take part in the backtest.
+    span = prep.n * step
+    fold = min(WEEK, horizon * step, max(86400.0, (span - 7.5 * 86400.0) / 2))
+    fold = math.floor(fold / step) * step
     res = forecast_series(prep, horizon, ForecastSettings(
         models=settings.forecast_models, folds=2, fold_horizon_seconds=fold,
         calibration_seconds=fold, max_folds=2))
