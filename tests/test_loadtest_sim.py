@@ -215,6 +215,7 @@ def test_api_key_is_used_and_never_logged(tmp_path, capsys, caplog):
     assert ok["_rc"] == 0 and ok["counts"]["failed"] == 0 and ok["run"]["api_key"] == "from file"
     assert ok_env["counts"]["failed"] == 0 and ok_env["run"]["api_key"] == "from $LT_TEST_KEY"
     assert denied["_rc"] == 1 and denied["errors"] == {"http_4xx": 3} and denied["counts"]["succeeded"] == 0
+    assert denied["error_examples"]["http_4xx"].startswith("HTTP 401")
     out = capsys.readouterr()
     texts = [out.out, out.err, caplog.text]
     for d in ("ok", "ok-env", "denied"):

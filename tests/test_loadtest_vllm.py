@@ -124,3 +124,43 @@ def test_compare_ranks_more_slots_higher(vllm_engine, vllm_engine_factory, tmp_p
                            "--names", "seqs4,seqs8"], capture_output=True, text=True, cwd=REPO, timeout=120,
                           env={**os.environ, "PYTHONPATH": REPO})
     assert "Better: seqs8" in text.stdout
+
+
+def test_through_the_litellm_gateway_with_an_api_key(litellm_gateway, vllm_engine, tmp_path):
+    """The real LiteLLM proxy in front of the engine: chat API, the master key from a file; every
+    successful call reaches the engine once and the key appears in no output."""
+    key = litellm_gateway.info["master_key"]
+    key_file = tmp_path / "key"
+    key_file.write_text(key + "\n")
+    mix = tmp_path / "mix.yaml"
+    mix.write_text("""
+slo: {ttft_seconds: 2.0}
+request: {api: chat, timeout_seconds: 60}
+load:
+  burst: {sessions: 6, tasks_per_session: 1}
+task_types:
+  ask:
+    calls_per_task: 2
+    prompt_tokens: {mean: 20, cv: 0.2, max: 40}
+    output_tokens: {mean: 16, cv: 0.2, max: 24}
+    tool_wait_seconds: 0.2
+""")
+    out = tmp_path / "out"
+    rc = main(["loadtest", "--target", litellm_gateway.url, "--metrics", vllm_engine.url + "/metrics",
+               "--mix", str(mix), "--pattern", "burst", "--duration", "10s", "--api-key-file", str(key_file),
+               "--model", litellm_gateway.info["served_model"], "--probes", "1", "--out", str(out)])
+    assert rc == 0
+    text = (out / "report.json").read_text()
+    rep = json.loads(text)
+    assert rep["counts"]["succeeded"] == 12 and rep["counts"]["tasks_completed"] == 6, rep["errors"]
+    assert rep["agreement"]["succeeded"]["equal"], rep["agreement"]
+    assert rep["calls"]["all"]["ttft_seconds"]["count"] == 12
+    assert rep["run"]["api_key"] == "from file"
+    assert key not in text and key not in (out / "report.html").read_text()
+    # without the key the gateway refuses every call
+    rc = main(["loadtest", "--target", litellm_gateway.url, "--mix", str(mix), "--pattern", "burst",
+               "--duration", "5s", "--model", "tiny", "--probes", "0", "--out", str(tmp_path / "denied")])
+    denied = json.loads((tmp_path / "denied" / "report.json").read_text())
+    assert rc == 1 and denied["counts"]["succeeded"] == 0
+    sys.stderr.write(f"[loadtest] without the key: {denied['errors']} {denied['error_examples']}\n")
+    assert set(denied["errors"]) <= {"http_4xx", "http_5xx"} and sum(denied["errors"].values()) == 6

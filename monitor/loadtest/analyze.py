@@ -220,9 +220,11 @@ def analyze(mix: LoadMix, plan: Plan, res: RunResult, meta: dict) -> dict:
             "calls_per_task": (sum(tk.calls for tk in done) / len(done)) if done else None,
         }
     errors: dict[str, int] = {}
+    error_examples: dict[str, str] = {}  # first detail per reason (already scrubbed of the API key)
     for c in load:
         if not c.ok:
             errors[c.error or "unknown"] = errors.get(c.error or "unknown", 0) + 1
+            error_examples.setdefault(c.error or "unknown", c.detail or "")
 
     # ---- windows (ramp steps, or fixed windows) --------------------------------------------
     t0 = res.load_started
@@ -377,6 +379,7 @@ def analyze(mix: LoadMix, plan: Plan, res: RunResult, meta: dict) -> dict:
                 "sessions_planned": len(plan.sessions)},
         "counts": counts,
         "errors": errors,
+        "error_examples": error_examples,
         "calls": {"all": call_stats(load), "by_task_type": per_type, "by_class": per_class},
         "tasks": {"by_task_type": task_types,
                   "all": {"duration_seconds": quantiles(t.duration for t in res.tasks if t.ok),

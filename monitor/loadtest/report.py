@@ -127,7 +127,9 @@ def render_html(rep: dict, pngs: dict[str, str]) -> str:
     parts.append("<h2>Requests</h2>")
     parts.append(_table(list(c.keys()), [list(c.values())]))
     if rep["errors"]:
-        parts.append(_table(["error", "count"], sorted(rep["errors"].items())))
+        ex = rep.get("error_examples", {})
+        parts.append(_table(["error", "count", "first detail"],
+                            [[k, v, ex.get(k, "")] for k, v in sorted(rep["errors"].items())]))
     parts.append("<h2>Per task type (calls)</h2>")
     rows = []
     for t, s in rep["calls"]["by_task_type"].items():

@@ -39,7 +39,7 @@ REPORT_SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "headroom load-test report",
     "type": "object",
-    "required": ["schema", "run", "counts", "errors", "calls", "tasks", "queue", "windows", "knee", "knee_fit",
+    "required": ["schema", "run", "counts", "errors", "error_examples", "calls", "tasks", "queue", "windows", "knee", "knee_fit",
                  "operating_point", "usable_capacity", "interactive_protection", "server", "agreement", "timeline"],
     "properties": {
         "schema": {"const": "headroom.loadtest/v1"},
@@ -55,6 +55,7 @@ REPORT_SCHEMA = {
                                 "tasks_failed", "tasks_cut_at_end", "probes", "skipped_arrivals"],
                    "additionalProperties": {"type": ["integer", "boolean"]}},
         "errors": {"type": "object", "additionalProperties": INT},
+        "error_examples": {"type": "object", "additionalProperties": {"type": "string"}},
         "calls": {"type": "object", "required": ["all", "by_task_type", "by_class"],
                   "properties": {"all": CALLS, "by_task_type": {"type": "object", "additionalProperties": CALLS},
                                  "by_class": {"type": "object", "propertyNames": {"enum": ["interactive", "batch"]},
