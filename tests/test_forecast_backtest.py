@@ -57,7 +57,7 @@ def test_selection_picks_the_model_that_wins_the_backtest_and_bands_are_calibrat
     r = forecast_series(p, 24, ForecastSettings(models=("ets", "snaive_day")))
     assert r.defined and r.model == "ets" and r.selected_by == "backtest"
     assert r.skill["ets"]["mase"] < r.skill["snaive_day"]["mase"]
-    assert r.calibration is not None and r.calibration.kind == "ratio"
+    assert r.calibration is not None and r.calibration.kind == "sqrt"
     lo80, hi80 = r.forecast.bands[0.8]
     lo95, hi95 = r.forecast.bands[0.95]
     assert np.all(lo95 <= lo80) and np.all(hi80 <= hi95)
@@ -85,13 +85,31 @@ def test_calibration_uses_ratio_quantiles():
     mean = np.full(100, 10.0)
     actual = mean * np.linspace(0.5, 1.5, 100)
     fold = Fold(0, Forecast(mean, {}), actual, np.ones(100, bool))
-    cal = calibrate([fold], min_points=24)
+    cal = calibrate([fold], min_points=24, kind="ratio")
     assert cal.kind == "ratio"
     lo, hi = cal.quantiles[0.8]
     assert 0.55 < lo < 0.65 and 1.35 < hi < 1.45
     out = apply_calibration(Forecast(np.array([20.0]), {}), cal)
     assert out.bands[0.8][0][0] == pytest.approx(20 * lo) and out.bands[0.8][1][0] == pytest.approx(20 * hi)
     assert calibrate([fold], min_points=1000) is None  # too few residuals: keep native bands
+
+
+def test_sqrt_calibration_scales_bands_with_the_square_root_of_the_level():
+    from monitor.forecast.backtest import Fold
+    mean = np.full(200, 100.0)
+    actual = mean + np.linspace(-20, 20, 200)  # residuals up to +-2 sqrt(100)
+    cal = calibrate([Fold(0, Forecast(mean, {}), actual, np.ones(200, bool))], kind="sqrt")
+    lo, hi = cal.quantiles[0.95]
+    assert -2.0 <= lo < -1.8 and 1.8 < hi <= 2.0
+    out = apply_calibration(Forecast(np.array([400.0, 25.0]), {}), cal)
+    lo_b, hi_b = out.bands[0.95]
+    assert hi_b == pytest.approx([400 + hi * 20, 25 + hi * 5])  # sqrt(400) = 20, sqrt(25) = 5
+    assert lo_b == pytest.approx([400 + lo * 20, 25 + lo * 5])
+    with pytest.raises(ValueError, match="calibration kind"):
+        calibrate([], kind="log")
+    # a forecast touching zero cannot be scaled: plain differences are used
+    zero = Fold(0, Forecast(np.zeros(50), {}), np.linspace(0, 1, 50), np.ones(50, bool))
+    assert calibrate([zero]).kind == "diff"
 
 
 def test_rank_models_prefers_the_earlier_model_within_the_tolerance():

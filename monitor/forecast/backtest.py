@@ -7,8 +7,9 @@ benchmark share:
 2. the model with the lowest MASE is selected (ties within 0.02 go to the better 95% coverage);
 3. the selected model is fitted on the whole history; if that fit fails or overruns its time box,
    the next model in the fallback order is used (and the failure reported);
-4. the 80% / 95% bands are replaced by bands calibrated on the selected model's backtest residuals
-   (split-conformal style: empirical quantiles of actual / forecast), when enough residuals exist.
+4. the 80% / 95% bands are replaced by bands calibrated on backtest residuals (split-conformal
+   style: empirical quantiles of (actual - forecast) / sqrt(forecast)), pooled over the selected
+   model and every model within 1.5x of its MASE, when enough residuals exist.
 When the history is too short for every model, the result is undefined with a reason; never raised.
 """
 from __future__ import annotations
@@ -42,7 +43,8 @@ class ForecastSettings:
     # of the selected one (1.0: the selected model only). Residuals of the winner alone are
     # optimistic (it was chosen for small errors on those very folds); the runners-up carry the
     # model uncertainty the winner's few folds hide.
-    calibration_pool: float = 1.0
+    calibration_pool: float = 1.5
+    calibration_kind: str = "sqrt"  # how residuals are scaled across levels: sqrt, ratio or diff
 
     def __post_init__(self):
         for name in self.models:
@@ -53,6 +55,9 @@ class ForecastSettings:
             raise ValueError(f"folds must be >= 1, got {self.folds}")
         if self.fold_horizon_seconds <= 0:
             raise ValueError("fold_horizon_seconds must be positive")
+        if self.calibration_kind not in CALIBRATION_KINDS:
+            raise ValueError(f"calibration_kind must be one of {CALIBRATION_KINDS}, "
+                             f"got {self.calibration_kind!r}")
         if self.fit_timeout_seconds is not None and self.fit_timeout_seconds <= 0:
             raise ValueError("fit_timeout_seconds must be positive or None")
 
@@ -156,12 +161,28 @@ def pooled_score(folds: list[Fold], scale: float) -> dict:
 
 @dataclass
 class Calibration:
-    kind: str  # "ratio" (actual / forecast) or "diff" (actual - forecast)
-    quantiles: dict[float, tuple[float, float]]  # level -> (lower, upper) of the ratio / diff
+    kind: str  # "ratio" (a / f), "sqrt" ((a - f) / sqrt(f)) or "diff" (a - f)
+    quantiles: dict[float, tuple[float, float]]  # level -> (lower, upper) of the scaled residual
     points: int
 
 
-def calibrate(folds: list[Fold], min_points: int = 24) -> Optional[Calibration]:
+CALIBRATION_KINDS = ("sqrt", "ratio", "diff")
+
+
+def _scale(mean: np.ndarray, kind: str) -> np.ndarray:
+    if kind == "ratio":
+        return mean
+    if kind == "sqrt":
+        return np.sqrt(mean)
+    return np.ones_like(mean)
+
+
+def calibrate(folds: list[Fold], min_points: int = 24, kind: str = "sqrt") -> Optional[Calibration]:
+    """Empirical quantiles of backtest residuals, scaled so they transfer across levels:
+    `sqrt` divides a - f by sqrt(f) (variance proportional to the level, as for counts), `ratio`
+    divides by f, `diff` does not scale. Falls back to `diff` when a forecast is not positive."""
+    if kind not in CALIBRATION_KINDS:
+        raise ValueError(f"calibration kind must be one of {CALIBRATION_KINDS}, got {kind!r}")
     actual = np.concatenate([f.actual for f in folds]) if folds else np.array([])
     mean = np.concatenate([f.forecast.mean for f in folds]) if folds else np.array([])
     ok = np.concatenate([f.observed for f in folds]) if folds else np.array([], bool)
@@ -169,10 +190,9 @@ def calibrate(folds: list[Fold], min_points: int = 24) -> Optional[Calibration]:
         return None
     a, f = actual[ok], mean[ok]
     n = len(a)
-    if np.all(f > 0):
-        kind, r = "ratio", a / f
-    else:
-        kind, r = "diff", a - f
+    if not np.all(f > 0):
+        kind = "diff"
+    r = (a / f) if kind == "ratio" else (a - f) / _scale(f, kind)
     qs = {}
     for lv in LEVELS:
         # split-conformal finite-sample correction on each tail
@@ -184,12 +204,14 @@ def calibrate(folds: list[Fold], min_points: int = 24) -> Optional[Calibration]:
 
 def apply_calibration(fc: Forecast, cal: Calibration) -> Forecast:
     bands = {}
+    m = np.maximum(fc.mean, 0.0)
     for lv in LEVELS:
         qlo, qhi = cal.quantiles[lv]
         if cal.kind == "ratio":
-            lo, hi = fc.mean * qlo, fc.mean * qhi
+            lo, hi = m * qlo, m * qhi
         else:
-            lo, hi = fc.mean + qlo, fc.mean + qhi
+            sc = _scale(m, cal.kind)
+            lo, hi = m + qlo * sc, m + qhi * sc
         bands[lv] = (np.minimum(np.maximum(lo, 0.0), fc.mean), np.maximum(hi, fc.mean))
     return Forecast(fc.mean, bands, fc.model)
 
@@ -274,7 +296,8 @@ def forecast_series(prep: Prepared, horizon: int, settings: ForecastSettings = F
             if base is not None and settings.calibration_pool > 1.0:
                 pool += [m for m in fold_sets if m != name and result.skill[m].get("mase") is not None
                          and result.skill[m]["mase"] <= base * settings.calibration_pool]
-            cal = calibrate([f for m in pool for f in fold_sets[m]], settings.min_calibration_points)
+            cal = calibrate([f for m in pool for f in fold_sets[m]], settings.min_calibration_points,
+                            settings.calibration_kind)
             if cal is not None:
                 fc = apply_calibration(fc, cal)
                 result.calibration = cal

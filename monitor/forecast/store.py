@@ -14,9 +14,10 @@ import math
 import os
 import sqlite3
 import threading
-from typing import Iterable, Optional
+from typing import TYPE_CHECKING, Iterable, Optional
 
-import pandas as pd
+if TYPE_CHECKING:  # pandas is imported when querying only: writers start fast
+    import pandas as pd
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS points (
@@ -131,9 +132,10 @@ class HistoryStore:
 
     # --- reading
     def query(self, pool: str, series: str, start: float, end: float, step: Optional[float] = None,
-              agg: str = "max") -> pd.Series:
+              agg: str = "max") -> "pd.Series":
         """Points in [start, end] as a Series indexed by Unix seconds. With `step`, one value per
         bucket floor(ts / step) * step: the max or the (count-weighted) mean of what fell in it."""
+        import pandas as pd
         if agg not in ("max", "mean"):
             raise StoreError(f"agg must be 'max' or 'mean', got {agg!r}")
         if end < start:
