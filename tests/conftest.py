@@ -9,7 +9,9 @@ An engine that is installed but fails to start is always an error, with its log 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 
 import pytest
 
@@ -38,9 +40,21 @@ def vllm_python() -> str:
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(vllm_python, tmp_path_factory) -> str:
+def engine_workdir():
+    """A private temp dir for the model folder, configs and server logs. Not tmp_path_factory: pytest
+    prunes basetemp dirs beyond the last 3 runs of the user, and other pytest runs on the same
+    machine (same user) would delete the model folder under a starting engine."""
+    path = tempfile.mkdtemp(prefix="headroom-engines-")
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(vllm_python, engine_workdir) -> str:
     """The tiny Llama-shaped model folder (config + tokenizer, dummy weights), built once per session."""
-    return servers.build_tiny_model(str(tmp_path_factory.mktemp("tiny-model")), python=vllm_python)
+    return servers.build_tiny_model(os.path.join(engine_workdir, "tiny-model"), python=vllm_python)
 
 
 class EngineFactory:
@@ -80,8 +94,8 @@ class EngineFactory:
 
 
 @pytest.fixture(scope="session")
-def vllm_engine_factory(vllm_python, tiny_model_dir, tmp_path_factory):
-    factory = EngineFactory(vllm_python, tiny_model_dir, str(tmp_path_factory.mktemp("engines")))
+def vllm_engine_factory(vllm_python, tiny_model_dir, engine_workdir):
+    factory = EngineFactory(vllm_python, tiny_model_dir, os.path.join(engine_workdir, "engines"))
     try:
         yield factory
     finally:
@@ -98,14 +112,15 @@ def vllm_engine(vllm_engine_factory) -> servers.ServerHandle:
 
 
 @pytest.fixture(scope="session")
-def litellm_gateway(vllm_engine, tmp_path_factory):
+def litellm_gateway(vllm_engine, engine_workdir):
     """LiteLLM proxy (fixture config, Prometheus callback) in front of `vllm_engine`.
     `info["master_key"]` for the Authorization header, `info["metrics_url"]` for /metrics/."""
     binary = servers.litellm_bin()
     if not binary:
         _absent("LiteLLM venv absent: run .ci/install-litellm.sh or set HEADROOM_LITELLM_BIN")
-    handle = servers.start_litellm(vllm_engine.url, binary=binary,
-                                   log_dir=str(tmp_path_factory.mktemp("litellm")))
+    log_dir = os.path.join(engine_workdir, "litellm")
+    os.makedirs(log_dir, exist_ok=True)
+    handle = servers.start_litellm(vllm_engine.url, binary=binary, log_dir=log_dir)
     sys.stderr.write(f"\n[engine] LiteLLM ready in {handle.ready_seconds:.1f} s at {handle.url}\n")
     try:
         yield handle

@@ -171,6 +171,10 @@ def _spawn(name: str, argv: Sequence[str], env: dict, log_dir: Optional[str], cw
     return proc, log_path
 
 
+# log lines after which a starting vLLM server never gets ready (its API process may linger)
+FATAL_MARKERS = ("initialization failed", "EngineDeadError", "Engine core initialization failed")
+
+
 def _wait_ready(handle: ServerHandle, path: str, timeout: float, started: float) -> None:
     deadline = started + timeout
     last_error = "no answer yet"
@@ -179,6 +183,10 @@ def _wait_ready(handle: ServerHandle, path: str, timeout: float, started: float)
             rc = handle.process.returncode
             raise ServerStartError(
                 f"{handle.name} exited with rc {rc} before getting ready; log tail:\n{handle.log_tail()}")
+        tail = handle.log_tail(200)
+        if any(marker in tail for marker in FATAL_MARKERS):
+            handle.stop()
+            raise ServerStartError(f"{handle.name} failed to start; log tail:\n{tail}")
         try:
             r = requests.get(handle.url + path, timeout=2)
             if r.status_code == 200:
