@@ -11,11 +11,17 @@ generates, so edit here and re-run. Conventions (monitoring-mixin style):
   headroom daemon is down;
 - queries name only metrics from monitor/catalogue.py, the recording rules, or vLLM / gateway / DCGM
   metrics (checked by the test);
+- HA pairs: with Helm `replicaCount: 2` two pods export the same headroom_* series, stored twice
+  under different `instance` / `pod`. `target()` therefore wraps every instant headroom_* selector in
+  `max without (instance, pod) (...)` (`min` for the metrics in DEDUP_MIN, where lower is worse, as the
+  alerts do), so no panel shows a pool twice or sums a pool twice; range selectors (`rate(...)`) are
+  wrapped by hand (`dedup=False`). docs/runbook.md, "Adapting the rules", explains the min/max choice;
 - schemaVersion 42, what @grafana/schema 13.2.3 (grafana/dashboard.schema.json) expects.
 """
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -36,7 +42,30 @@ DASHBOARD_UIDS = {
 # ------------------------------------------------------------------ building blocks
 
 
-def target(expr: str, legend: str = "", *, instant: bool = False, table: bool = False) -> dict:
+HA_LABELS = "instance, pod"  # the target labels in which the two pods of an HA pair differ
+# Lower is worse (or, for headroom_pool_stale, stale only when both pods withhold the pool): the
+# pessimistic copy is the smaller one. The alerts in rules/headroom.alerts.yaml use the same choice.
+DEDUP_MIN = {"headroom_ratio", "headroom_headroom_requests", "headroom_exhaustion_seconds", "headroom_knee_requests",
+             "headroom_knee_kv_tokens", "headroom_capacity_requests", "headroom_session_capacity",
+             "headroom_pool_stale"}
+# an instant headroom_* selector (not part of a longer name, not followed by a range `[...]`)
+_HEADROOM_SELECTOR = re.compile(r"(?<![\w:])(headroom_\w+)(\{[^}]*\})?(?![\w\[{])")
+
+
+def ha(name: str, matchers: str = "") -> str:
+    """One copy of an HA pair's duplicated series: `max|min without (instance, pod) (name{matchers})`."""
+    agg = "min" if name in DEDUP_MIN else "max"
+    return f"{agg} without ({HA_LABELS}) ({name}{matchers})"
+
+
+def dedup(expr: str) -> str:
+    """Wrap every instant headroom_* selector of `expr` with ha()."""
+    return _HEADROOM_SELECTOR.sub(lambda m: ha(m.group(1), m.group(2) or ""), expr)
+
+
+def target(expr: str, legend: str = "", *, instant: bool = False, table: bool = False, dedup_ha: bool = True) -> dict:
+    if dedup_ha:
+        expr = dedup(expr)
     t = {"datasource": DS, "expr": expr, "legendFormat": legend or "__auto", "range": not instant, "instant": instant}
     if table:
         t["format"] = "table"
@@ -288,8 +317,12 @@ def fleet_capacity() -> dict:
             target(f"pool:vllm_request_success:rate5m{{{M}}}", "{{model_name}} (vLLM)"),
         ], unit="reqps"),
         row("headroom itself"),
-        timeseries("Sources up", [target("headroom_source_up", "{{source}} {{target}}")], min_=0,
-                   description="1 when the source answered and parsed in the last cycle (HeadroomSourceDown).", w=8),
+        timeseries("Sources up", [
+            # every pod of every shard reads every source: one line per source target, up if any pod reaches it
+            target(f"max without ({HA_LABELS}, headroom_shard) (headroom_source_up)", "{{source}} {{target}}",
+                   dedup_ha=False),
+        ], min_=0, description="1 when some headroom pod reached and parsed the source in the last cycle "
+                               "(HeadroomSourceDown).", w=8),
         stat("Seconds since the last successful cycle",
              [target("time() - headroom_last_success_timestamp_seconds", "since last success")], unit="s",
              thresholds=[(None, "green"), (120, "orange"), (300, "red")], w=4, h=8,
@@ -298,9 +331,11 @@ def fleet_capacity() -> dict:
                    description="1 while a pool's values are withheld (HeadroomPoolStale)."),
         timeseries("Cycle duration and source errors", [
             target("headroom_cycle_duration_seconds", "cycle duration (s)"),
-            target("sum by (source, reason) (rate(headroom_source_errors_total[$__rate_interval]))",
-                   "{{source}} {{reason}} errors/s"),
-            target("sum by (what) (rate(headroom_dropped_series_total[$__rate_interval]))", "dropped {{what}}/s"),
+            target(f"sum by (source, reason) (max without ({HA_LABELS}) "
+                   "(rate(headroom_source_errors_total[$__rate_interval])))",
+                   "{{source}} {{reason}} errors/s", dedup_ha=False),
+            target(f"sum by (what) (max without ({HA_LABELS}) (rate(headroom_dropped_series_total[$__rate_interval])))",
+                   "dropped {{what}}/s", dedup_ha=False),
         ], w=6),
     ]
     return dashboard("fleet-capacity", "headroom / Fleet capacity",

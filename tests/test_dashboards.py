@@ -264,6 +264,81 @@ def test_headroom_metric_matchers_use_declared_labels_and_the_pool_filter():
                     assert ("pool", "MatchOp.Re", "$pool") in matchers, (path.name, title, name)
 
 
+def test_headroom_queries_deduplicate_the_ha_pair():
+    """With Helm `replicaCount: 2` the two pods of a shard export the same headroom_* series (stored
+    twice, differing in `instance` / `pod`): every headroom selector must go through min/max/avg
+    without those labels before anything else, so no pool is drawn twice and no sum counts it twice."""
+    checked = 0
+    for path in DASHBOARD_FILES:
+        for title, t in _targets(_dash(path)):
+            expr = substitute(t["expr"])
+            if not any(n and n.startswith("headroom_") for n in names.selector_names(expr)):
+                continue
+            checked += 1
+            assert names.undeduplicated_selectors(expr) == [], (path.name, title, t["expr"])
+    assert checked >= 60
+    # the generator's rewrite, and that the check notices what it fixes
+    assert build.dedup('headroom_ratio{scenario="current"}') == 'min without (instance, pod) (headroom_ratio{scenario="current"})'
+    assert build.dedup("headroom_sessions / headroom_session_capacity") == (
+        "max without (instance, pod) (headroom_sessions) / min without (instance, pod) (headroom_session_capacity)")
+    assert build.dedup("rate(headroom_cycles_total[5m])") == "rate(headroom_cycles_total[5m])"
+    assert build.dedup("pool:vllm_num_requests_running:sum") == "pool:vllm_num_requests_running:sum"
+    assert names.undeduplicated_selectors("sum by (source) (rate(headroom_source_errors_total[1m]))") == [
+        "headroom_source_errors_total"]
+    assert names.undeduplicated_selectors("headroom_active_requests + headroom_queued_requests") == [
+        "headroom_active_requests", "headroom_queued_requests"]
+
+
+def test_ha_pair_panels_show_one_copy_in_prometheus(tmp_path):
+    """Evaluate real dashboard queries with promtool on an HA pair's duplicated series: one result per
+    pool, with the pessimistic copy where the pods disagree, and no doubled sums."""
+    import shutil
+    import subprocess
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed")
+    wanted = {
+        ("headroom-fleet-capacity.json", "Headroom now"): [({"pool": "llama", "scenario": "current", "job": "headroom"}, 0.15)],
+        ("headroom-fleet-capacity.json", "Load vs knee"): [({"pool": "llama", "job": "headroom"}, 12)],
+        ("headroom-fleet-capacity.json", "Cycle duration and source errors"):
+            [({"job": "headroom"}, 0.5), ({"source": "vllm", "reason": "timeout"}, 0.1)],
+    }
+    pods = [("a", "headroom-0"), ("b", "headroom-1")]
+    series = []
+    for inst, pod in pods:
+        ha = f'job="headroom",instance="{inst}",pod="{pod}"'
+        ratio = "0.15" if inst == "a" else "0.18"
+        series += [
+            {"series": f'headroom_ratio{{{ha},pool="llama",scenario="current"}}', "values": f"{ratio}x10"},
+            {"series": f'headroom_active_requests{{{ha},pool="llama"}}', "values": "10x10"},
+            {"series": f'headroom_queued_requests{{{ha},pool="llama"}}', "values": "2x10"},
+            {"series": f'headroom_cycle_duration_seconds{{{ha}}}', "values": "0.5x10"},
+            {"series": f'headroom_source_errors_total{{{ha},source="vllm",reason="timeout"}}', "values": "0+6x10"},
+        ]
+    dashboards = {p.name: _dash(p) for p in DASHBOARD_FILES}
+    tests = []
+    for (file, title), exp in wanted.items():
+        (panel,) = [p for p in _panels(dashboards[file]) if p["title"] == title]
+        for t, (labels, value) in zip(panel["targets"], exp):
+            expr = substitute(t["expr"]).replace("[1m]", "[5m]")
+            lbl = "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+            tests.append({"expr": expr, "eval_time": "8m", "exp_samples": [{"labels": lbl, "value": value}]})
+    (tmp_path / "empty.rules.yaml").write_text("groups: []\n")
+    doc = {"rule_files": ["empty.rules.yaml"], "evaluation_interval": "1m",
+           "tests": [{"name": "HA pair", "interval": "1m", "input_series": series, "promql_expr_test": tests}]}
+    (tmp_path / "ha.test.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    res = subprocess.run([promtool, "test", "rules", "ha.test.yaml"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    # without the dedup the same queries would return both pods (the check above can fail)
+    for case in doc["tests"][0]["promql_expr_test"]:
+        case["expr"] = re.sub(r"(?:max|min) without \(instance, pod\) ", "", case["expr"])
+    (tmp_path / "ha.test.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    res = subprocess.run([promtool, "test", "rules", "ha.test.yaml"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode != 0
+
+
 def test_every_headroom_metric_group_is_on_some_dashboard():
     used = set()
     for path in DASHBOARD_FILES:

@@ -92,27 +92,58 @@ def test_promtool_rejects_a_broken_rule(tmp_path):
 # notice it. Only those cases are run per mutation, to keep the suite fast on a shared machine.
 A, R = "headroom.alerts.yaml", "headroom.rules.yaml"
 MUTATIONS = [
-    (A, 'headroom_ratio{scenario="current"} < 0.2', 'headroom_ratio{scenario="current"} <= 0.2', "HeadroomLow "),
+    (A, 'headroom_ratio{scenario="current"}) < 0.2', 'headroom_ratio{scenario="current"}) <= 0.2', "HeadroomLow "),
     (A, "< 0.2  # threshold\n        for: 15m", "< 0.2  # threshold\n        for: 10m", "HeadroomLow "),
-    (A, 'headroom_ratio{scenario="current"} < 0.05', 'headroom_ratio{scenario="current"} < 0.01', "HeadroomCriticallyLow"),
-    (A, 'headroom_ratio{scenario="n_minus_1"} < 0', 'headroom_ratio{scenario="n_minus_1"} <= 0', "HeadroomNMinus1Lost"),
-    (A, "headroom_utilisation_ratio > 1", "headroom_utilisation_ratio >= 1", "HeadroomAboveKnee"),
-    (A, "headroom_exhaustion_seconds < 86400  #", "headroom_exhaustion_seconds <= 86400  #", "HeadroomExhaustionWithinDay"),
-    (A, "headroom_exhaustion_seconds < 604800", "headroom_exhaustion_seconds <= 604800", "HeadroomExhaustionWithinWeek"),
-    (A, "headroom_forecast_mase > 1", "headroom_forecast_mase >= 1", "HeadroomForecastSkillDegraded"),
-    (A, "\n          and on (pool, series, model)\n          headroom_forecast_selected_info == 1", "", "HeadroomForecastSkillDegraded"),
-    (A, 'headroom_slo_burn_rate{window="5m"} > 14.4', 'headroom_slo_burn_rate{window="5m"} >= 14.4', "HeadroomTaskLatencyBudgetBurn"),
-    (A, 'headroom_slo_burn_rate{window="6h"} > 6  #', 'headroom_slo_burn_rate{window="6h"} >= 6  #', "HeadroomTaskLatencyBudgetBurn"),
-    (A, 'headroom_slo_burn_rate{window="2h"} > 3', 'headroom_slo_burn_rate{window="2h"} >= 3', "HeadroomTaskLatencyBudgetBurn"),
-    (A, 'headroom_slo_burn_rate{window="3d"} > 1', 'headroom_slo_burn_rate{window="3d"} >= 1', "HeadroomTaskLatencyBudgetBurn"),
+    (A, 'headroom_ratio{scenario="current"}) < 0.05', 'headroom_ratio{scenario="current"}) < 0.01', "HeadroomCriticallyLow"),
+    (A, 'headroom_ratio{scenario="n_minus_1"}) < 0', 'headroom_ratio{scenario="n_minus_1"}) <= 0', "HeadroomNMinus1Lost"),
+    (A, "headroom_utilisation_ratio) > 1", "headroom_utilisation_ratio) >= 1", "HeadroomAboveKnee"),
+    (A, "headroom_exhaustion_seconds) < 86400  #", "headroom_exhaustion_seconds) <= 86400  #", "HeadroomExhaustionWithinDay"),
+    (A, "headroom_exhaustion_seconds) < 604800", "headroom_exhaustion_seconds) <= 604800", "HeadroomExhaustionWithinWeek"),
+    (A, "headroom_forecast_mase) > 1", "headroom_forecast_mase) >= 1", "HeadroomForecastSkillDegraded"),
+    (A, "\n          and on (pool, series, model)\n          max without (instance, pod) (headroom_forecast_selected_info) == 1", "",
+     "HeadroomForecastSkillDegraded"),
+    (A, 'headroom_slo_burn_rate{window="5m"}) > 14.4', 'headroom_slo_burn_rate{window="5m"}) >= 14.4', "HeadroomTaskLatencyBudgetBurn"),
+    (A, 'headroom_slo_burn_rate{window="6h"}) > 6  #', 'headroom_slo_burn_rate{window="6h"}) >= 6  #', "HeadroomTaskLatencyBudgetBurn"),
+    (A, 'headroom_slo_burn_rate{window="2h"}) > 3', 'headroom_slo_burn_rate{window="2h"}) >= 3', "HeadroomTaskLatencyBudgetBurn"),
+    (A, 'headroom_slo_burn_rate{window="3d"}) > 1', 'headroom_slo_burn_rate{window="3d"}) >= 1', "HeadroomTaskLatencyBudgetBurn"),
     (A, "deriv(pool:vllm_num_requests_waiting:sum[10m]) > 0", "deriv(pool:vllm_num_requests_waiting:sum[10m]) >= 0", "HeadroomQueueBuilding"),
     (A, "pool:vllm_kv_cache_usage:avg > 0.9", "pool:vllm_kv_cache_usage:avg >= 0.9", "HeadroomKVCachePressure"),
     (A, "pool:vllm_num_preemptions:rate5m > 0", "pool:vllm_num_preemptions:rate5m >= 0", "HeadroomPreemptions"),
-    (A, "headroom_source_up == 0\n        for: 5m", "headroom_source_up == 0\n        for: 3m", "HeadroomSourceDown"),
-    (A, "headroom_last_success_timestamp_seconds > 300", "headroom_last_success_timestamp_seconds > 0", "HeadroomDataStale"),
-    (A, "headroom_pool_stale == 1", "headroom_pool_stale >= 0", "HeadroomPoolStale"),
+    (A, "headroom_source_up) == 0\n        for: 5m", "headroom_source_up) == 0\n        for: 3m", "HeadroomSourceDown"),
+    (A, "headroom_last_success_timestamp_seconds) > 300", "headroom_last_success_timestamp_seconds) > 0", "HeadroomDataStale"),
+    (A, "headroom_pool_stale) == 1", "headroom_pool_stale) >= 0", "HeadroomPoolStale"),
     (A, 'absent(up{job="headroom"} == 1)', 'absent(up{job="headroom"})', "HeadroomAbsent"),
     (A, "#headroomlow", "#headroom-low", "HeadroomLow "),
+    # HA pairs: dropping the dedup (or aggregating the wrong way) must be noticed by the HA cases
+    (A, 'min without (instance, pod) (headroom_ratio{scenario="current"}) < 0.2', 'headroom_ratio{scenario="current"} < 0.2',
+     "HeadroomLow "),
+    (A, 'min without (instance, pod) (headroom_ratio{scenario="current"}) < 0.2',
+     'max without (instance, pod) (headroom_ratio{scenario="current"}) < 0.2', "HeadroomLow "),
+    (A, 'min without (instance, pod) (headroom_ratio{scenario="current"}) < 0.05',
+     'min without (pod) (headroom_ratio{scenario="current"}) < 0.05', "HeadroomCriticallyLow"),
+    (A, 'min without (instance, pod) (headroom_ratio{scenario="n_minus_1"})', 'headroom_ratio{scenario="n_minus_1"}',
+     "HeadroomNMinus1Lost"),
+    (A, "max without (instance, pod) (headroom_utilisation_ratio)", "min without (instance, pod) (headroom_utilisation_ratio)",
+     "HeadroomAboveKnee"),
+    (A, "min without (instance, pod) (headroom_exhaustion_seconds) < 86400", "headroom_exhaustion_seconds < 86400",
+     "HeadroomExhaustionWithinDay"),
+    (A, "min without (instance, pod) (headroom_exhaustion_seconds) >= 86400",
+     "max without (instance, pod) (headroom_exhaustion_seconds) >= 86400", "HeadroomExhaustionWithinWeek"),
+    (A, "min without (instance, pod) (headroom_exhaustion_seconds) < 604800", "headroom_exhaustion_seconds < 604800",
+     "HeadroomExhaustionWithinWeek"),
+    (A, "max without (instance, pod) (headroom_forecast_mase)", "headroom_forecast_mase", "HeadroomForecastSkillDegraded"),
+    (A, 'max without (window) (\n              max without (instance, pod) (headroom_slo_burn_rate{window="1h"})',
+     'max without (window) (\n              min without (instance, pod) (headroom_slo_burn_rate{window="1h"})',
+     "HeadroomTaskLatencyBudgetBurn"),
+    (A, 'max without (instance, pod) (headroom_slo_burn_rate{window="30m"})', 'headroom_slo_burn_rate{window="30m"}',
+     "HeadroomTaskLatencyBudgetBurn"),
+    (A, "max without (instance, pod, headroom_shard) (headroom_source_up)", "max without (instance, pod) (headroom_source_up)",
+     "HeadroomSourceDown"),
+    (A, "max without (instance, pod, headroom_shard) (headroom_source_up)",
+     "min without (instance, pod, headroom_shard) (headroom_source_up)", "HeadroomSourceDown"),
+    (A, "max without (instance, pod) (headroom_last_success_timestamp_seconds)",
+     "min without (instance, pod) (headroom_last_success_timestamp_seconds)", "HeadroomDataStale"),
+    (A, "min without (instance, pod) (headroom_pool_stale)", "max without (instance, pod) (headroom_pool_stale)", "HeadroomPoolStale"),
     (R, 'sum by (model_name) (vllm:num_requests_waiting{model_name!=""})', "sum by (model_name) (vllm:num_requests_waiting)", "pool request sums"),
     (R, 'vllm:kv_cache_usage_perc{model_name!=""} or vllm:gpu_cache_usage_perc{model_name!=""}', 'vllm:kv_cache_usage_perc{model_name!=""}', "KV capacity"),
     (R, '"num_gpu_blocks", "([0-9]+)")', '"block_size", "([0-9]+)")', "KV capacity"),
@@ -273,6 +304,86 @@ def test_every_alert_rule_has_a_firing_and_a_quiet_promtool_case():
         assert any(n == name and set(static.items()) <= set(key) for n, key in fired), (
             f"{name} {static}: no promtool case where this rule fires"
         )
+
+
+# ------------------------------------------------------------------ HA pairs
+
+# The Helm chart runs headroom as HA pairs (two pods per shard exporting the same headroom_* series,
+# stored twice under different `instance` / `pod`): every alert on headroom_* metrics must fire once
+# per pool, not once per pod.
+
+
+def _headroom_alert_rules() -> list[dict]:
+    return [r for r in _alert_rules() if any(n and n.startswith("headroom_") for n in names.selector_names(r["expr"]))]
+
+
+def test_alerts_on_headroom_metrics_deduplicate_the_ha_pair_first():
+    rules = _headroom_alert_rules()
+    assert len(rules) >= 14  # all but the three vLLM alerts and HeadroomAbsent
+    for r in rules:
+        assert names.undeduplicated_selectors(r["expr"]) == [], (r["alert"], r["expr"])
+    # the check can fail: a bare selector, a sum (doubles), and a grouping that keeps `instance`
+    assert names.undeduplicated_selectors('headroom_ratio{scenario="current"} < 0.2') == ["headroom_ratio"]
+    assert names.undeduplicated_selectors("sum by (pool) (headroom_active_requests)") == ["headroom_active_requests"]
+    assert names.undeduplicated_selectors("max without (pod) (headroom_utilisation_ratio) > 1") == ["headroom_utilisation_ratio"]
+    assert names.undeduplicated_selectors(
+        'max without (window) (max without (instance, pod) (headroom_slo_burn_rate{window="1h"}) > 1'
+        ' and ignoring (window) headroom_slo_burn_rate{window="5m"} > 1)') == ["headroom_slo_burn_rate"]
+
+
+def _series_labels(series: str) -> tuple[str, dict]:
+    m = re.fullmatch(r"\s*([A-Za-z_:][\w:]*)\{(.*)\}\s*", series)
+    assert m, series
+    return m.group(1), dict(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
+
+
+def _has_ha_pair(input_series: list[dict], metric: str) -> bool:
+    """Two or more series of `metric` that differ only in the HA target labels, with distinct instances."""
+    groups: dict[tuple, set] = {}
+    for s in input_series:
+        name, labels = _series_labels(s["series"])
+        if name != metric:
+            continue
+        key = _rule_key({k: v for k, v in labels.items() if k not in names.HA_LABELS})
+        groups.setdefault(key, set()).add(labels.get("instance"))
+    return any(len(instances - {None}) >= 2 for instances in groups.values())
+
+
+def test_every_headroom_alert_fires_once_per_pool_in_an_ha_pair_case():
+    cases = [c for c in _promtool_cases() if "alert_rule_test" in c]
+    for r in _headroom_alert_rules():
+        name = r["alert"]
+        static = {k: str(v) for k, v in r["labels"].items()}
+        metrics = {n for n in names.selector_names(r["expr"]) if n.startswith("headroom_")}
+        found = False
+        for c in cases:
+            if not all(_has_ha_pair(c["input_series"], m) for m in metrics):
+                continue
+            for art in c["alert_rule_test"]:
+                exps = art.get("exp_alerts") or []
+                if art["alertname"] != name or not exps:
+                    continue
+                if not any(set(static.items()) <= set((k, str(v)) for k, v in e["exp_labels"].items()) for e in exps):
+                    continue
+                for e in exps:
+                    assert not set(e["exp_labels"]) & set(names.HA_LABELS), (c["name"], e["exp_labels"])
+                # one alert per pool (or per source target for pool-less alerts), not one per pod
+                keys = [_rule_key(e["exp_labels"]) for e in exps]
+                assert len(keys) == len(set(keys)), c["name"]
+                if all("pool" in e["exp_labels"] for e in exps):
+                    assert len({e["exp_labels"]["pool"] for e in exps}) == len(exps), c["name"]
+                found = True
+        assert found, f"{name} {static}: no promtool case with an HA pair (instance a and b) in which it fires"
+
+
+def test_the_ha_pair_detection_can_fail():
+    pair = [{"series": 'headroom_ratio{instance="a",pod="p0",pool="llama"}', "values": "1"},
+            {"series": 'headroom_ratio{instance="b",pod="p1",pool="llama"}', "values": "1"}]
+    assert _has_ha_pair(pair, "headroom_ratio")
+    assert not _has_ha_pair(pair[:1], "headroom_ratio")
+    assert not _has_ha_pair(pair, "headroom_utilisation_ratio")
+    two_pools = [pair[0], {"series": 'headroom_ratio{instance="b",pod="p1",pool="qwen"}', "values": "1"}]
+    assert not _has_ha_pair(two_pools, "headroom_ratio")
 
 
 # ------------------------------------------------------------------ metric names

@@ -74,3 +74,52 @@ def catalogue_names() -> set[str]:
 
 def allowed_names() -> set[str]:
     return catalogue_names() | recording_rule_names() | external_names()
+
+
+# ------------------------------------------------------------------ HA pairs
+# Two headroom pods of a shard (Helm `replicaCount: 2`) export the same headroom_* series, stored
+# twice under different target labels. Every selector of a headroom_* metric in a rule or dashboard
+# must first go through a deduplicating aggregation: min, max or avg (never sum or count, which
+# would double) whose grouping drops these labels.
+HA_LABELS = ("instance", "pod")
+DEDUP_OPS = {"min", "max", "avg"}
+
+
+def _agg_drops(node, labels) -> bool:
+    m = node.modifier
+    if m is None:
+        return True  # max(x): every label goes
+    kind = str(m.type).rsplit(".", 1)[-1].lower()
+    if kind == "without":
+        return set(labels) <= set(m.labels)
+    return not set(labels) & set(m.labels)
+
+
+def undeduplicated_selectors(expr: str, prefix: str = "headroom_", labels=HA_LABELS) -> list[str]:
+    """Names of `prefix*` metric selectors whose nearest enclosing aggregation is not min/max/avg
+    dropping every label in `labels` (empty: the expression is HA-safe)."""
+    bad: list[str] = []
+
+    def visit(node, agg):
+        if isinstance(node, pp.VectorSelector):
+            if node.name and node.name.startswith(prefix):
+                ok = agg is not None and str(agg.op) in DEDUP_OPS and _agg_drops(agg, labels)
+                if not ok:
+                    bad.append(node.name)
+        elif isinstance(node, pp.MatrixSelector):
+            visit(node.vector_selector, agg)
+        elif isinstance(node, pp.AggregateExpr):
+            if node.param is not None:
+                visit(node.param, agg)
+            visit(node.expr, node)
+        elif isinstance(node, pp.BinaryExpr):
+            visit(node.lhs, agg)
+            visit(node.rhs, agg)
+        elif isinstance(node, pp.Call):
+            for a in node.args:
+                visit(a, agg)
+        elif isinstance(node, (pp.ParenExpr, pp.UnaryExpr, pp.SubqueryExpr)):
+            visit(node.expr, agg)
+
+    visit(parse(expr), None)
+    return bad
