@@ -85,7 +85,8 @@ def test_stepped_sweep_knee_within_15_percent_of_client_curve(vllm_engine):
     scrapes = []
     knees = []
     for step, clients in enumerate((2, 4, 6, 8, 10, 12, 14, 16, 12, 8, 4)):  # up past the knee and back
-        loop = ClosedLoop(url, clients=clients, duration=7.0, max_tokens=[40], seed=step).start()
+        # mixed lengths so the batch does not finish in lockstep
+        loop = ClosedLoop(url, clients=clients, duration=10.0, max_tokens=[24, 40, 56, 72], seed=step).start()
         while not loop.done():
             time.sleep(1.0)
             text, ts = fetch_metrics(url)
