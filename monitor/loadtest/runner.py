@@ -327,7 +327,7 @@ class Runner:
                 th.start()
                 threads.append(th)
             while time.time() < self.end_load and not self._stop.is_set():
-                if self.progress is None and all(not t.is_alive() for t in threads):
+                if all(not t.is_alive() for t in threads):  # every session is done (burst)
                     break
                 self._stop.wait(0.1)
             load_end = time.time()
