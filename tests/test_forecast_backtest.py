@@ -8,7 +8,7 @@ import pytest
 from monitor.forecast import models as models_mod
 from monitor.forecast.backtest import (ForecastSettings, apply_calibration, calibrate, forecast_series,
                                        mase_scale, origins_for, rank_models, rolling_origin, score)
-from monitor.forecast.models import Forecast, Model, SeasonalNaive
+from monitor.forecast.models import Forecast, Model
 from monitor.forecast.series import prepare
 
 HOUR = 3600.0

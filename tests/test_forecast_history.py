@@ -1,6 +1,5 @@
 """Prometheus-mode history: fetch_history against a real Prometheus 2.42 backfilled with promtool."""
 import math
-import os
 import shutil
 import socket
 import subprocess

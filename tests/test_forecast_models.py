@@ -3,8 +3,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from monitor.forecast.models import (LEVELS, MODELS, FitError, TooShort, get_model, mstl_periods)
-from monitor.forecast.series import Prepared, SeriesError, prepare
+from monitor.forecast.models import LEVELS, MODELS, TooShort, get_model, mstl_periods
+from monitor.forecast.series import SeriesError, prepare
 
 HOUR = 3600.0
 

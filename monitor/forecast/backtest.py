@@ -21,7 +21,7 @@ from typing import Optional
 
 import numpy as np
 
-from monitor.forecast.models import FALLBACK_ORDER, LEVELS, Forecast, get_model, TooShort
+from monitor.forecast.models import FALLBACK_ORDER, LEVELS, Forecast, get_model
 from monitor.forecast.series import DAY, Prepared
 from monitor.forecast.timebox import call_with_timebox
 

@@ -20,7 +20,7 @@ import pandas as pd
 
 from monitor.forecast.backtest import (ForecastSettings, mase_scale, origins_for, pooled_score,
                                        rank_models, rolling_origin)
-from monitor.forecast.models import FALLBACK_ORDER, LEVELS, get_model
+from monitor.forecast.models import FALLBACK_ORDER, get_model
 from monitor.forecast.series import SeriesError, prepare
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
