@@ -406,7 +406,9 @@ def markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> dict:
+    """Run the benchmark; returns the compact result `benchmarks/run.py` stores under "forecast".
+    `argv` defaults to no options (not sys.argv), so the runner can call `main()`."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--traces", default=TRACES)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
@@ -415,7 +417,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tasks", default="")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="override a ForecastSettings field (for experiments; the reported run uses none)")
-    args = ap.parse_args(argv)
+    args = ap.parse_args(argv or [])
 
     def log(msg):
         print(msg, file=sys.stderr, flush=True)
@@ -490,9 +492,13 @@ def main(argv=None) -> int:
     md = markdown(results)
     with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
         f.write(md)
-    print(md)
-    return 0
+    print(md, file=sys.stderr)
+    return {"summary": results["summary"], "targets": results["targets"], "cost": results["cost"],
+            "headroom": {t: r["headroom"] for t, r in results["tasks"].items()},
+            "selected": selected, "json": args.out,
+            "markdown": os.path.splitext(args.out)[0] + ".md"}
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main(sys.argv[1:])
+    sys.exit(0)
