@@ -223,9 +223,13 @@ class Runner:
                 return False
 
     # ---- a session -----------------------------------------------------------------------
-    def _session(self, sp) -> None:
+    def _session(self, sp, at: float) -> None:
         http = requests.Session()
         try:
+            # threads start a little early and wait here, so sessions planned for the same instant
+            # (a burst, a ramp step) send their first calls together
+            if self._stop.wait(max(0.0, at - time.time())):
+                return
             number = 0
             while not self._stop.is_set() and time.time() < self.end_load:
                 if sp.max_tasks is not None and number >= sp.max_tasks:
@@ -306,7 +310,8 @@ class Runner:
         try:
             self.hard_end = time.time() + 600 + self.plan.duration + drain
             self._probe()
-            self.t0 = time.time()
+            lead = 0.5  # seconds a session thread is started before its planned start
+            self.t0 = time.time() + lead
             self.end_load = self.t0 + self.plan.duration
             self.hard_end = self.end_load + drain
             prog = threading.Thread(target=self._progress_loop, daemon=True) if self.progress else None
@@ -314,16 +319,16 @@ class Runner:
                 prog.start()
             for sp in self.plan.sessions:
                 at = self.t0 + sp.start
-                while not self._stop.is_set() and time.time() < at:
-                    self._stop.wait(min(0.05, max(0.0, at - time.time())))
-                if self._stop.is_set() or time.time() >= self.end_load:
+                while not self._stop.is_set() and time.time() < at - lead:
+                    self._stop.wait(min(0.05, max(0.0, at - lead - time.time())))
+                if self._stop.is_set() or at >= self.end_load:
                     break
                 with self._lock:
                     if self.live_sessions >= self.mix.load.max_sessions:
                         self.skipped += 1
                         continue
                     self.live_sessions += 1
-                th = threading.Thread(target=self._session, args=(sp,), name=f"session-{sp.index}", daemon=True)
+                th = threading.Thread(target=self._session, args=(sp, at), name=f"session-{sp.index}", daemon=True)
                 th.start()
                 threads.append(th)
             while time.time() < self.end_load and not self._stop.is_set():
@@ -353,7 +358,7 @@ class Runner:
         while not self._stop.wait(0.5):
             with self._lock:
                 ok = sum(1 for r in self.calls if r.ok)
-                state = {"elapsed": time.time() - self.t0, "duration": self.plan.duration, "in_flight": self._in_flight,
+                state = {"elapsed": max(0.0, time.time() - self.t0), "duration": self.plan.duration, "in_flight": self._in_flight,
                          "sessions": self.live_sessions, "calls": len(self.calls), "ok": ok,
                          "failed": len(self.calls) - ok}
             self.progress(state)
