@@ -22,6 +22,7 @@ BENCHES = {
     "forecast": "forecast_bench",
     "memory": "memory_bench",
     "load": "load_bench",
+    "sim": "sim_bench",
 }
 
 

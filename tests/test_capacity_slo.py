@@ -106,3 +106,20 @@ def test_violation_ratio_and_bad_count_from_histogram():
     assert violation_ratio(h, t) == pytest.approx(3 / 10)
     assert bad_count(h, t) == (10.0, pytest.approx(3.0))
     assert violation_ratio(None, t) is None
+
+
+def test_default_windows_cover_the_bundled_burn_alerts():
+    from monitor.capacity.slo import SloSettings
+    assert set(SloSettings().windows) == {"5m", "30m", "1h", "2h", "6h", "1d", "3d"}
+
+
+def test_tracker_thins_old_points_but_keeps_counts():
+    from monitor.capacity.slo import SloTracker
+    tr = SloTracker({"5m": 300.0, "3d": 259200.0})
+    t = 0.0
+    for i in range(20000):  # ~3.5 days at 15 s
+        t += 15.0
+        tr.observe("k", t, total=float(i * 10), bad=float(i))
+    n = len(tr._series["k"])
+    assert n < 2000  # not one point per cycle (would be ~17,000 for 3 days)
+    assert abs(tr.ratio("k", 259200.0) - 0.1) < 1e-6 and abs(tr.ratio("k", 300.0) - 0.1) < 1e-6

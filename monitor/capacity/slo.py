@@ -59,7 +59,9 @@ class SloSettings:
     task_targets: dict[str, Target] = field(default_factory=dict)  # task type -> target
     default_task_target: Optional[Target] = None
     pool_targets: dict[str, list[Target]] = field(default_factory=dict)  # pool -> [ttft/call targets]
-    windows: dict[str, float] = field(default_factory=lambda: {"5m": 300.0, "1h": 3600.0, "6h": 21600.0})
+    # the SRE-workbook multi-window pairs the bundled burn-rate alerts use (1h/5m, 6h/30m, 1d/2h, 3d/6h)
+    windows: dict[str, float] = field(default_factory=lambda: {
+        "5m": 300.0, "30m": 1800.0, "1h": 3600.0, "2h": 7200.0, "6h": 21600.0, "1d": 86400.0, "3d": 259200.0})
 
     def task_target(self, task_type: str) -> Optional[Target]:
         return self.task_targets.get(task_type, self.default_task_target)
@@ -137,6 +139,11 @@ class SloTracker:
         self._series: dict[object, deque] = {}
         self._offset: dict[object, tuple[float, float]] = {}
         self._last_raw: dict[object, tuple[float, float]] = {}
+        self._since_thin: dict[object, int] = {}
+        # resolution kept: every point for the last `dense_seconds`, then one per `sparse_step`, so a
+        # 3-day window costs ~1,000 points per key, not one per cycle
+        self.dense_seconds = min(3600.0, min(self.windows.values()) * 12)
+        self.sparse_step = max(30.0, min(self.windows.values()) / 2, max(self.windows.values()) / 1000)
 
     def observe(self, key, timestamp: float, total: float, bad: float) -> None:
         """Record cumulative counts; a drop (counter reset) is rebased so history stays monotone."""
@@ -153,6 +160,22 @@ class SloTracker:
         series.append((timestamp, total + off_t, bad + off_b))
         while len(series) > 2 and series[1][0] <= timestamp - self.keep:
             series.popleft()
+        n = self._since_thin.get(key, 0) + 1
+        self._since_thin[key] = n
+        if n >= 100:
+            self._since_thin[key] = 0
+            self._thin(series, timestamp)
+
+    def _thin(self, series: deque, now: float) -> None:
+        """Drop intermediate old points (cumulative counts: only resolution is lost, never counts)."""
+        kept: list = []
+        for point in series:
+            if kept and now - point[0] > self.dense_seconds and point[0] - kept[-1][0] < self.sparse_step:
+                continue
+            kept.append(point)
+        if len(kept) < len(series):
+            series.clear()
+            series.extend(kept)
 
     def ratio(self, key, window_seconds: float) -> Optional[float]:
         """Share of bad observations in the last window_seconds (None without observations)."""

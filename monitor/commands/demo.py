@@ -124,7 +124,8 @@ def run(args) -> int:
     try:
         fleet_cfg = load_config(None)
         print(f"headroom demo: starting a simulated fleet ({args.scenario}) ...", flush=True)
-        handle = start_fleet(fleet_cfg, scenario=args.scenario, seed=args.seed, warmup_s=120.0)
+        handle = start_fleet(fleet_cfg, scenario=args.scenario, seed=args.seed, warmup_s=120.0,
+                             scenario_from_serving=True)
         store_path = os.path.join(workdir, "history.sqlite")
         seed_history(fleet_cfg, args.history_days, store_path)
         cfg = from_dict(headroom_config(handle, fleet_cfg, store_path), os.path.join(workdir, "headroom.yml"))

@@ -44,6 +44,8 @@ class Daemon:
         self.store = None
         self.forecaster = None
         attach_history_and_forecasts(self)
+        from ..digest.schedule import attach_to_daemon  # noqa: PLC0415
+        self.digest_outbox = attach_to_daemon(self)  # weekly digest: cron + outbox retries + metrics
 
     @property
     def port(self) -> int:

@@ -1,0 +1,6 @@
+"""Simulator speed: simulated seconds per CPU second for the busy default fleet (see monitor/sim/bench.py)."""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from monitor.sim.bench import main  # noqa: E402,F401
