@@ -38,6 +38,20 @@ def test_holt_winters_learns_trend_and_multiplicative_season():
     assert np.mean(np.abs(fc.mean - test)) < np.mean(np.abs(naive.mean - test))  # trend beats naive
 
 
+def test_ets_on_30_minute_means_follows_a_noisy_5_minute_series():
+    t = 1_700_000_000.0 + 300.0 * np.arange(4 * 288)
+    i = np.arange(len(t))
+    truth = 20 * (1 + 0.5 * np.sin(2 * np.pi * (i % 288) / 288))
+    y = truth + np.random.default_rng(0).normal(0, 2, len(t))
+    p = prepare(pd.Series(y, index=t))
+    fc = MODELS["ets_30m"].fit(p.head(3 * 288)).forecast(288)
+    # closer to the noise-free truth than the seasonal naive, which copies yesterday's noise
+    naive = MODELS["snaive_day"].fit(p.head(3 * 288)).forecast(288)
+    err = np.mean(np.abs(fc.mean - truth[3 * 288:]))
+    assert err < 0.6 * np.mean(np.abs(naive.mean - truth[3 * 288:]))
+    assert err < 1.0
+
+
 def test_mstl_keeps_only_periods_with_more_than_two_cycles():
     p10 = prepare(hourly(10, lambda i, t: daily_shape(i)))
     p15 = prepare(hourly(15, lambda i, t: daily_shape(i)))
@@ -76,7 +90,7 @@ def test_too_short_history_raises_tooshort_with_the_need(name):
         MODELS[name].fit(p)
 
 
-@pytest.mark.parametrize("name", ["snaive_day", "ets", "mstl", "sarimax"])
+@pytest.mark.parametrize("name", ["snaive_day", "ets", "ets_30m", "mstl", "sarimax"])
 def test_flat_series_gives_the_constant_with_zero_width_bands(name):
     t = 1_700_000_000.0 + 300.0 * np.arange(4 * 288)
     p = prepare(pd.Series(np.full(len(t), 7.0), index=t))
@@ -87,7 +101,7 @@ def test_flat_series_gives_the_constant_with_zero_width_bands(name):
         assert lo == pytest.approx(fc.mean) and hi == pytest.approx(fc.mean)
 
 
-@pytest.mark.parametrize("name", ["snaive_day", "ets", "mstl", "sarimax"])
+@pytest.mark.parametrize("name", ["snaive_day", "ets", "ets_30m", "mstl", "sarimax"])
 def test_bands_are_nested_and_contain_the_mean(name):
     rng = np.random.default_rng(7)
     p = prepare(hourly(8, lambda i, t: 30 * daily_shape(i) + rng.normal(0, 2, len(i))))

@@ -5,7 +5,7 @@
     fc = fitted.forecast(h)                    # Forecast: mean, bands {0.8: (lo, hi), 0.95: ...}
 
 Models: seasonal naive (one day, one week) as baselines; Holt-Winters with a multiplicative daily
-season and damped trend (statsmodels ExponentialSmoothing, initial states optimised); MSTL with daily
+season and damped trend (statsmodels ExponentialSmoothing, initial states optimised), also fitted on 30-minute means (`ets_30m`); MSTL with daily
 and weekly seasons (each period kept only when the history holds more than two full periods, because
 statsmodels' MSTL silently drops a period of half the series length or more); SARIMAX on hourly
 aggregates (seasonal MA at 24 h) for sub-hourly series.
@@ -196,6 +196,72 @@ class _ConstantFit(Fitted):
         return Forecast(mean, {lv: (mean.copy(), mean.copy()) for lv in LEVELS}, self.model_name)
 
 
+# --- Holt-Winters on 30-minute means ------------------------------------------------------------
+
+def _interp_blocks(block_means: np.ndarray, last_block: float, k: int, h: int) -> np.ndarray:
+    """Spread block-mean forecasts back to points: block centres at (j + 0.5) k after the end."""
+    xs = np.concatenate([[-0.5 * k], (np.arange(len(block_means)) + 0.5) * k])
+    ys = np.concatenate([[last_block], block_means])
+    return np.interp(np.arange(1, h + 1) - 0.5, xs, ys)
+
+
+class AggregatedHoltWinters(Model):
+    """The `ets` model fitted on 30-minute means (less noise in the seasonal states of a noisy
+    series), spread back to the native step by interpolation."""
+
+    name = "ets_30m"
+    block_seconds = 1800.0
+
+    def _k(self, prep: Prepared) -> int:
+        k = max(1, int(round(self.block_seconds / prep.step)))
+        while k > 1 and prep.per_day % k:
+            k -= 1
+        return k
+
+    def min_history(self, prep: Prepared) -> int:
+        return 2 * prep.per_day + max(10, prep.per_day // 4)
+
+    def fit(self, prep: Prepared) -> Fitted:
+        from statsmodels.tsa.holtwinters import ExponentialSmoothing
+        self.check(prep)
+        k = self._k(prep)
+        y = prep.values.astype(float)
+        usable = (len(y) // k) * k
+        blocks = y[len(y) - usable:].reshape(-1, k)
+        means = blocks.mean(axis=1)
+        if np.ptp(means) == 0:
+            return _ConstantFit(self.name, float(y[-1]))
+        seasonal = "mul" if np.min(means) > 0 else "add"
+        ctx = _quiet()
+        try:
+            res = ExponentialSmoothing(means, trend="add", damped_trend=True, seasonal=seasonal,
+                                       seasonal_periods=prep.per_day // k,
+                                       initialization_method="estimated").fit()
+        except (ValueError, np.linalg.LinAlgError) as exc:
+            raise FitError(f"ets_30m: {exc}") from exc
+        finally:
+            ctx.__exit__(None, None, None)
+        fitted = np.asarray(res.fittedvalues)
+        if not np.all(np.isfinite(fitted)):
+            raise FitError("ets_30m: non-finite fitted values")
+        sigma = float(np.sqrt(np.var(means - fitted) + (np.mean(blocks.var(axis=1)) if k > 1 else 0)))
+        return _AggFit(self.name, res, k, float(means[-1]), sigma,
+                       float(res.params.get("smoothing_level", 0.5)))
+
+
+class _AggFit(Fitted):
+    def __init__(self, name, res, k, last_block, sigma, alpha):
+        self.model_name, self.res, self.k, self.last_block = name, res, k, last_block
+        self.sigma, self.alpha = sigma, alpha
+
+    def forecast(self, h: int) -> Forecast:
+        nb = int(math.ceil(h / self.k)) + 1
+        bm = np.asarray(self.res.forecast(nb), dtype=float)
+        mean = np.maximum(_interp_blocks(bm, self.last_block, self.k, h), 0.0)
+        sigma = self.sigma * np.sqrt(1.0 + self.alpha ** 2 * np.arange(h) / self.k)
+        return Forecast(mean, _normal_bands(mean, sigma), self.model_name)
+
+
 # --- MSTL ---------------------------------------------------------------------------------------
 
 def mstl_periods(prep: Prepared) -> list[int]:
@@ -327,12 +393,13 @@ MODELS: dict[str, Model] = {
     "snaive_day": SeasonalNaive("day"),
     "snaive_week": SeasonalNaive("week"),
     "ets": HoltWinters(),
+    "ets_30m": AggregatedHoltWinters(),
     "mstl": MSTLModel(),
     "sarimax": HourlySARIMAX(),
 }
 
 # the order tried when the preferred model cannot be fitted (best first, baselines last)
-FALLBACK_ORDER = ("ets", "mstl", "sarimax", "snaive_week", "snaive_day")
+FALLBACK_ORDER = ("ets", "ets_30m", "mstl", "sarimax", "snaive_week", "snaive_day")
 
 
 def get_model(name: str) -> Model:
