@@ -33,7 +33,7 @@ def write_mix(path: str, vocab: int) -> str:
     with open(path, "w") as f:
         f.write(f"""
 margin: 0.2
-slo: {{quantile: 0.5, ttft_seconds: 0.2, max_error_ratio: 0.0}}
+slo: {{quantile: 0.5, ttft_seconds: 0.5, max_error_ratio: 0.0}}
 request: {{api: completions, prompt_mode: token_ids, token_id_range: [4, {vocab}], ignore_eos: true,
           timeout_seconds: 60}}
 load:
@@ -44,13 +44,13 @@ task_types:
     weight: 3
     calls_per_task: 2
     prompt_tokens: {{mean: 48, cv: 0.3, min: 16, max: 100}}
-    output_tokens: {{mean: 40, cv: 0.25, min: 16, max: 60}}
+    output_tokens: {{mean: 80, cv: 0.25, min: 40, max: 120}}
   classify:
     class: batch
     weight: 1
     calls_per_task: 1
     prompt_tokens: {{mean: 64, cv: 0.3, min: 16, max: 100}}
-    output_tokens: {{mean: 40, cv: 0.25, min: 16, max: 60}}
+    output_tokens: {{mean: 80, cv: 0.25, min: 40, max: 120}}
 """)
     return path
 

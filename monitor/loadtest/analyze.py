@@ -1,17 +1,15 @@
 """From a finished run to the report dictionary (pure: plain data in, plain data out).
 
 Client-side queue estimate. The client cannot see the engine's queue; what it sees is the time to the
-first token (TTFT) = overhead (HTTP, tokenisation, engine hand-off, streaming back) + queue wait +
-prefill step. The estimate per call is  max(0, TTFT - unqueued TTFT), where the unqueued TTFT is
-- with a confident knee: the hinge fit's pre-knee line at the call's concurrency,
-  a + b x min(calls in flight, knee): below the knee nothing waits, so that line IS the unqueued TTFT
-  (it grows with concurrency because the prefill step carries the batch's decodes and the API server
-  is busier); past the knee the running batch is capped, so the line's value at the knee stands;
-- otherwise: the unloaded TTFT, the median of a few sequential probe calls sent before the load
-  (prompts of the mix's mean length); the estimate then leans high by the loaded step time.
-Its mean over the run's successful calls is held against the engine's mean of
-vllm:request_queue_time_seconds over the same requests (histogram sum / count delta between each
-target's scrape before the first call and after the last).
+first token (TTFT) = overhead (HTTP, tokenisation, hand-off to the engine, streaming back) + queue wait
++ prefill step. Unloaded, the queue wait is zero, so the unloaded TTFT (the median of a few sequential
+probe calls sent before the load, prompts of the mix's mean length) is overhead + prefill, and the
+estimate per call is  max(0, TTFT - unloaded TTFT).  Its mean over the run's successful calls (probes
+included) is held against the engine's mean of vllm:request_queue_time_seconds over the same requests
+(histogram sum / count delta between each target's scrape before the first call and after the last).
+It leans high by what load adds to the overhead: the prefill step then carries the batch's decodes
+(about one step per call), and an API server starved of CPU holds requests before they reach the
+engine core, where vLLM's queue clock starts.
 """
 from __future__ import annotations
 
@@ -168,23 +166,12 @@ def analyze(mix: LoadMix, plan: Plan, res: RunResult, meta: dict) -> dict:
         ttft_limit = max(5 * baseline, 0.2)
         ttft_limit_source = "derived: 5 x unloaded TTFT (at least 0.2 s); set slo.ttft_seconds"
 
-    # the knee first: its pre-knee line is the client's model of an unqueued call's TTFT
     knee_fit = knee_from(load, mix.margin)
     knee = knee_fit if (knee_fit is not None and knee_fit["confidence"] >= KNEE_MIN_CONFIDENCE) else None
-    if knee is not None:
-        a0, b1, k0 = knee["intercept"], knee["slope_before"], knee["concurrency"]
-        queue_method = ("TTFT - unqueued TTFT at the call's concurrency (the hinge fit's pre-knee line "
-                        "a + b x min(in flight, knee); unloaded probes for the probes)")
+    queue_method = "TTFT - unloaded TTFT (median of the probe calls)"
 
-        def unqueued(c):
-            if c.phase == "probe" or baseline is None:
-                return baseline
-            return max(baseline, a0 + b1 * min(c.in_flight, k0))
-    else:
-        queue_method = "TTFT - unloaded TTFT (median of the probe calls)"
-
-        def unqueued(c):
-            return baseline
+    def unqueued(c):
+        return baseline
 
     def qest(c):
         base = unqueued(c)
