@@ -196,8 +196,16 @@ def attach_history_and_forecasts(daemon, history_days: float = 35.0, step: float
                                                            step=step, agg="max")
         return out
 
-    interval = float((cfg.forecast or {}).get("refit_minutes", 15.0))
-    forecaster = ForecastScheduler(load_history, lambda: capacity_at_knee(daemon.pipeline.latest),
+    from .forecast.backtest import ForecastSettings  # noqa: PLC0415
+    from .forecast.pool import PoolSettings  # noqa: PLC0415
+    fc = cfg.forecast or {}
+    unknown = set(fc) - {"refit_minutes", "fit_timeout_seconds"}
+    if unknown:
+        from .config import ConfigError  # noqa: PLC0415
+        raise ConfigError(cfg.file, "forecast." + sorted(unknown)[0], "unknown key (allowed: fit_timeout_seconds, refit_minutes)")
+    interval = float(fc.get("refit_minutes", 15.0))
+    settings = PoolSettings(forecast=ForecastSettings(fit_timeout_seconds=float(fc.get("fit_timeout_seconds", 30.0))))
+    forecaster = ForecastScheduler(load_history, lambda: capacity_at_knee(daemon.pipeline.latest), settings,
                                    interval_minutes=interval, clock=daemon.pipeline.clock)
     daemon.forecaster = forecaster
 
