@@ -43,14 +43,22 @@ def add_arguments(p) -> None:
 
 
 def headroom_config(handle, fleet_cfg, store_path: Optional[str]) -> dict:
-    targets = [u for urls in handle.replica_urls.values() for u in urls]
+    # each replica carries its pod name, as Kubernetes service discovery would give it, so DCGM power
+    # (labelled by Hostname/pod) joins the right replica
+    targets = [{"url": u, "labels": {"pod": handle.replica_by_url[u]}}
+               for urls in handle.replica_urls.values() for u in urls]
     pools = {}
     for name in handle.replica_urls:
         pp = fleet_cfg.pool(name)
         pools[pp.model_name] = {"max_num_seqs": int(pp.max_num_seqs),
                                 "watts_per_replica": float(pp.max_watts * pp.gpus_per_replica)}
+    model_of = {p.name: p.model_name for p in fleet_cfg.pools}
+    task_types = fleet_cfg.mix.task_types.values()
     cfg = {
         "global": {"interval": "5s", "latency_window": "2m"},
+        # the application's agent_* metrics carry no model: say which pool serves each task type
+        "capacity": {"task_pools": {t.name: model_of[t.pool] for t in task_types if t.pool in model_of},
+                     "task_classes": {t.name: t.klass for t in task_types}},
         "sources": {
             "vllm": {"targets": targets},
             "gateways": [{"kind": "envoy", "url": handle.gateway_url}, {"kind": "app", "url": handle.app_url}],

@@ -92,6 +92,7 @@ def _pool_card(p: PoolSnapshot, trend: list) -> str:
     elif ratio is not None and ratio < 0.25:
         cls = "warn"
     stale = ' <span class="badge bad">stale</span>' if p.stale else ""
+    sessions, session_cap, spmw = cap.get("sessions"), cap.get("session_capacity"), cap.get("sessions_per_megawatt")
     headroom = f"{ratio * 100:.0f}%" if ratio is not None else "–"
     headroom_n1 = f"{ratio_n1 * 100:.0f}%" if ratio_n1 is not None else "–"
     return f"""
@@ -102,6 +103,8 @@ def _pool_card(p: PoolSnapshot, trend: list) -> str:
     <div><b>{_fmt(p.queued_requests)}</b><span>queued requests</span></div>
     <div><b>{_fmt(p.kv_tokens_live)}</b><span>of {_fmt(p.kv_tokens_capacity)} KV tokens ({kv_pct:.0f}%)</span></div>
     <div><b class="{cls}">{headroom}</b><span>headroom now · N-1: {headroom_n1}</span></div>
+    <div><b>{_fmt(sessions)}</b><span>agent sessions of {_fmt(session_cap)} sustainable</span></div>
+    <div><b>{_fmt(spmw)}</b><span>sessions per MW</span></div>
     <div><b>{p.replicas}/{p.replicas_configured}</b><span>replicas up</span></div>
   </div>
   <div class="bar"><div style="width:{min(kv_pct, 100):.0f}%"></div></div>
