@@ -114,3 +114,16 @@ def test_pools_by_label():
     b.labels = {"pool": "silver"}
     pools = derive_pools({"a": [a], "b": [b]}, now=0, window_seconds=60, pool_by="pool")
     assert [(p.pool, p.active_requests) for p in pools] == [("gold", 1), ("silver", 2)]
+
+
+def test_exported_series_per_metric_are_capped_and_counted():
+    from monitor.export import samples as S
+    from monitor.model import PoolSnapshot, Snapshot
+    pools = [PoolSnapshot(pool="p", model="m", replicas=1)]
+    pools[0].tasks = {"samples": [("headroom_task_arrival_rate", {"task_type": f"session-{i}"}, 1.0)
+                                  for i in range(S.MAX_SERIES_PER_METRIC + 25)]}
+    before = S.DROPPED.get("headroom_task_arrival_rate", 0.0)
+    out = S.snapshot_samples(Snapshot(timestamp=0.0, pools=pools))
+    assert len(out["headroom_task_arrival_rate"]) == S.MAX_SERIES_PER_METRIC
+    assert S.DROPPED["headroom_task_arrival_rate"] - before == 25
+    assert ({"what": "headroom_task_arrival_rate"}, S.DROPPED["headroom_task_arrival_rate"]) in out["headroom_dropped_series"]

@@ -15,6 +15,11 @@ from ..model import PoolSnapshot, Snapshot
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 
+# Cardinality cap per exported metric: a misconfigured label (a session id used as the task type)
+# must not flood Prometheus. What is cut is counted in headroom_dropped_series{what="<metric>"}.
+MAX_SERIES_PER_METRIC = 10_000
+DROPPED: dict[str, float] = {}
+
 QUANTILE_FIELDS = (("0.5", "p50"), ("0.9", "p90"), ("0.95", "p95"), ("0.99", "p99"), ("mean", "mean"))
 
 
@@ -30,7 +35,11 @@ def _add(out: Samples, name: str, labels: dict[str, str], value: Optional[float]
         raise UnknownMetric(f"{name} is not in monitor/catalogue.py")
     if set(labels) != set(mdef.labels):
         raise UnknownMetric(f"{name} takes labels {mdef.labels}, got {tuple(labels)}")
-    out.setdefault(name, []).append((labels, float(value)))
+    rows = out.setdefault(name, [])
+    if len(rows) >= MAX_SERIES_PER_METRIC and name != "headroom_dropped_series":
+        DROPPED[name] = DROPPED.get(name, 0.0) + 1
+        return
+    rows.append((labels, float(value)))
 
 
 def pool_samples(out: Samples, p: PoolSnapshot) -> None:
@@ -94,6 +103,8 @@ def snapshot_samples(snap: Optional[Snapshot], extra: Iterable[tuple[str, dict[s
     _add(out, "headroom_last_success_timestamp_seconds", {}, snap.last_success_timestamp)
     for name, labels, value in extra:
         _add(out, name, labels, value)
+    for what, v in sorted(DROPPED.items()):
+        _add(out, "headroom_dropped_series", {"what": what}, v)
     return out
 
 
