@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 256  # listen backlog: a burst opens many connections at the same instant
 
     def handle_error(self, request, client_address):  # a client closing its keep-alive socket is normal
         log.debug("connection from %s ended with an error", client_address, exc_info=True)
