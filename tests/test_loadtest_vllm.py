@@ -7,8 +7,9 @@ every second:
   at most one call in flight), requests wait from 10 (vllm:num_requests_waiting > 0) and the
   client's TTFT rises;
 - client and server agree: successful calls == delta of vllm:request_success_total exactly, and the
-  client's mean queue estimate (TTFT - unloaded TTFT) is within 20% of the engine's mean
-  vllm:request_queue_time_seconds over the same requests.
+  client's mean queue estimate (TTFT - unloaded TTFT) is within 20% of the server's mean wait before
+  scheduling (e2e - prefill - decode histogram means: API-server intake + engine queue; the engine
+  queue alone, vllm:request_queue_time_seconds, is reported beside it).
 The same mix and seed against an engine with max-num-seqs 4: `headroom compare` ranks the 8-slot
 engine higher on usable capacity at the SLO.
 """
@@ -96,9 +97,14 @@ def test_queueing_past_max_num_seqs_and_client_server_agree(vllm_engine, tmp_pat
     assert a["succeeded"]["server"] == a["succeeded"]["client"]
     assert a["succeeded"]["equal"] is True
     # mean queue time: client estimate (TTFT - unloaded TTFT) vs the engine's histogram mean
+    # the engine's queue clock starts when the engine core takes the request; the client's wait also
+    # covers the API server's intake, which the engine reports too: e2e - prefill - decode is arrival
+    # at the API server -> first scheduled (means of vllm:e2e_request_latency_seconds,
+    # vllm:request_prefill_time_seconds, vllm:request_decode_time_seconds over the same requests)
     q = a["queue_mean_seconds"]
     assert q["server"] > 0.05, "the ramp must queue noticeably for the check to mean anything"
-    assert q["client_estimate"] == pytest.approx(q["server"], rel=0.20)
+    assert q["server_including_intake"] >= q["server"] - 1e-6
+    assert q["client_estimate"] == pytest.approx(q["server_including_intake"], rel=0.20)
     sys.stderr.write(f"[loadtest] knee {json.dumps(rep['knee'])}\n")
 
 

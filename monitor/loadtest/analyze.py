@@ -90,6 +90,7 @@ def server_between(readings: dict, t0: Optional[float], t1: Optional[float], bef
     (t0 / t1 None: each target's first / last reading)."""
     succ = 0.0
     qsum = qcount = 0.0
+    wsum = wcount = 0.0  # arrival at the API server -> first scheduled: e2e - prefill - decode
     have = False
     for rs in readings.values():
         if not rs:
@@ -106,10 +107,14 @@ def server_between(readings: dict, t0: Optional[float], t1: Optional[float], bef
         if h is not None:
             qsum += h.sum
             qcount += h.count
+        e, p, d = (_hist_delta(a, b, k) for k in ("e2e", "prefill", "decode"))
+        if e is not None and p is not None and d is not None and e.count == p.count == d.count:
+            wsum += e.sum - p.sum - d.sum
+            wcount += e.count
     if not have:
-        return {"requests_succeeded": None, "queue_mean": None, "queue_count": None}
+        return {"requests_succeeded": None, "queue_mean": None, "queue_count": None, "wait_mean": None}
     return {"requests_succeeded": succ, "queue_mean": (qsum / qcount) if qcount else None,
-            "queue_count": qcount}
+            "queue_count": qcount, "wait_mean": (wsum / wcount) if wcount else None}
 
 
 def _window_slo(calls_ok, calls_all, tasks_done, mix: LoadMix, ttft_limit: Optional[float]) -> tuple[bool, list]:
@@ -325,6 +330,7 @@ def analyze(mix: LoadMix, plan: Plan, res: RunResult, meta: dict) -> dict:
             "targets": len(res.readings),
             "requests_succeeded_delta": tot["requests_succeeded"],
             "queue_mean_seconds": tot["queue_mean"], "queue_count": tot["queue_count"],
+            "wait_before_scheduling_mean_seconds": tot["wait_mean"],
             "waiting_max": max((s.waiting for s in samples), default=None),
             "running_max": max((s.running for s in samples), default=None),
             "kv_usage_max": max((s.kv_usage for s in samples if s.kv_usage is not None), default=None),
@@ -344,6 +350,10 @@ def analyze(mix: LoadMix, plan: Plan, res: RunResult, meta: dict) -> dict:
                                   "(every finished_reason) over all --metrics targets"},
             "queue_mean_seconds": {"client_estimate": client_q, "server": sq,
                                    "relative_difference": (abs(client_q - sq) / sq) if (client_q is not None and sq) else None,
+                                   "server_including_intake": tot["wait_mean"],
+                                   "relative_difference_including_intake":
+                                       (abs(client_q - tot["wait_mean"]) / tot["wait_mean"])
+                                       if (client_q is not None and tot["wait_mean"]) else None,
                                    "unloaded_ttft_seconds": baseline, "method": queue_method,
                                    "note": "client estimate = mean over successful calls of max(0, TTFT - unqueued "
                                            "TTFT); server = vllm:request_queue_time_seconds sum/count delta"},
