@@ -51,7 +51,10 @@ def apply_env_defaults(parser: argparse.ArgumentParser, environ=os.environ) -> N
         elif isinstance(action, argparse._AppendAction):
             action.default = [v for v in value.split(",") if v]
         else:
-            action.default = action.type(value) if action.type else value
+            try:
+                action.default = action.type(value) if action.type else value
+            except (ValueError, TypeError, argparse.ArgumentTypeError):
+                continue  # not valid for this subcommand's flag; argparse reports it if the flag is used
         action.required = False
 
 

@@ -27,9 +27,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+# a load-test mix (docs/loadtest.md) is also a plan mix: the plan ignores the load-test-only keys
 MIX_KEYS = {"pool", "replicas", "knee_requests_per_replica", "kv_capacity_tokens_per_replica", "margin",
-            "busy_period", "task_types", "what_if"}
-TASK_KEYS = {"tasks_per_second", "tasks_per_hour", "calls_per_task", "seconds_per_call", "kv_tokens_per_call"}
+            "busy_period", "task_types", "what_if", "slo", "request", "load"}
+TASK_KEYS = {"tasks_per_second", "tasks_per_hour", "calls_per_task", "seconds_per_call", "kv_tokens_per_call",
+             "weight", "class", "prompt_tokens", "output_tokens", "tool_wait_seconds", "retries", "api"}
 
 
 def _err(where: str, msg: str) -> ValueError:
