@@ -103,7 +103,21 @@ class MetricsServer:
         self.server.server_close()
 
 
-class Prometheus:
+class ManagedProcess:
+    """A server process started by a test (`self.proc`, `self.log`): terminate, then kill."""
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+class Prometheus(ManagedProcess):
     """A real Prometheus (Debian 2.42) on loopback, started in a temp dir, readiness polled."""
 
     def __init__(self, workdir: str, config_text: str, extra_args: tuple[str, ...] = (), data_dir: Optional[str] = None):
@@ -143,12 +157,3 @@ class Prometheus:
             time.sleep(0.25)
         raise TimeoutError(f"query {q!r} did not satisfy the condition within {timeout}s; last {result!r}")
 
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()

@@ -31,7 +31,7 @@ import pytest
 import requests
 import yaml
 
-from servers import Prometheus, free_port, wait_http
+from servers import ManagedProcess, Prometheus, free_port, wait_http
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [
@@ -104,7 +104,7 @@ class Webhook:
         self.server.server_close()
 
 
-class Alertmanager:
+class Alertmanager(ManagedProcess):
     def __init__(self, workdir: Path, webhook_url: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -125,15 +125,6 @@ class Alertmanager:
             self.stop()
             raise
 
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
 
 
 def short_for_rules(dst: Path) -> list[str]:
