@@ -50,7 +50,7 @@ bench: $(TSTAMP)
 
 ## fuzz: the long property-based run of the parsers and the config loader
 fuzz: $(TSTAMP)
-	HEADROOM_FUZZ_EXAMPLES=10000 $(PY) -m pytest -q -m fuzz tests
+	HEADROOM_FUZZ_EXAMPLES=10000 HEADROOM_FUZZ_RANDOM=1 $(PY) -m pytest -q -m fuzz tests
 
 ## chart-sync: copy rules/ and grafana/dashboards/ into the Helm chart (commit the result)
 chart-sync: $(STAMP)

