@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from monitor.capacity import histo
+from monitor.derive import histogram as histo
 from monitor.capacity.headroom import CapacitySettings, compute_capacity
 from monitor.capacity.knee import KneeEstimator, prior_knee
 from monitor.capacity.power import key_map, power_by_pool

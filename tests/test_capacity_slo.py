@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from monitor.capacity import histo
+from monitor.derive import histogram as histo
 from monitor.capacity.slo import SloSettings, SloTracker, Target, bad_count, parse_duration, violation_ratio
 from monitor.model import Histogram
 

@@ -20,7 +20,7 @@ import requests
 
 from engine.load import ClosedLoop
 from engine.servers import fetch_metrics
-from monitor.capacity import histo
+from monitor.derive import histogram as histo
 from monitor.capacity.enrich import interval_observation, older_reading
 from monitor.capacity.knee import KneeEstimator, fit_hinge, prior_knee
 from monitor.capacity.tasks import derive_tasks

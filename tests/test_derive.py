@@ -4,7 +4,7 @@ import math
 import pytest
 
 from monitor.derive.core import counter_delta, derive_pools
-from monitor.derive.histogram import fraction_over, quantile, summarise
+from monitor.derive.histogram import fraction_above, quantile, quantiles
 from monitor.model import Histogram, ReplicaReading
 
 B = (0.5, 1.0, 2.0, math.inf)
@@ -25,22 +25,22 @@ def reading(target, t, running, waiting, success, e2e, model="m", kv=(0.5, 1000.
 def test_quantile_interpolates_inside_bucket_like_promql():
     h = Histogram(B, (10, 30, 40, 40), 30.0, 40)
     # rank 20 of 40: in (0.5, 1.0], 10 below, 20 inside -> 0.5 + 0.5 * (10/20)
-    assert quantile(0.5, h) == pytest.approx(0.75)
-    assert quantile(0.25, h) == pytest.approx(0.5)
-    assert quantile(1.0, h) == pytest.approx(2.0)
-    assert quantile(0.5, Histogram(B, (0, 0, 0, 0), 0, 0)) is None
+    assert quantile(h, 0.5) == pytest.approx(0.75)
+    assert quantile(h, 0.25) == pytest.approx(0.5)
+    assert quantile(h, 1.0) == pytest.approx(2.0)
+    assert quantile(Histogram(B, (0, 0, 0, 0), 0, 0), 0.5) is None
 
 
 def test_quantile_in_inf_bucket_returns_last_finite_bound():
-    assert quantile(0.99, Histogram(B, (0, 0, 1, 10), 50.0, 10)) == 2.0
+    assert quantile(Histogram(B, (0, 0, 1, 10), 50.0, 10), 0.99) == 2.0
 
 
 def test_summary_mean_and_fraction_over():
     h = Histogram(B, (10, 30, 40, 40), 30.0, 40)
-    q = summarise(h)
+    q = quantiles(h)
     assert q.mean == pytest.approx(0.75) and q.count == 40
-    assert fraction_over(1.0, h) == pytest.approx(0.25)
-    assert fraction_over(1.5, h) == pytest.approx(0.125)
+    assert fraction_above(h, 1.0) == pytest.approx(0.25)
+    assert fraction_above(h, 1.5) == pytest.approx(0.125)
 
 
 def test_counter_delta_handles_reset():

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from monitor.capacity import histo
+from monitor.derive import histogram as histo
 from monitor.capacity.slo import SloSettings
 from monitor.capacity.tasks import call_latency_by_class, derive_tasks
 from monitor.sources.gateway import UNATTRIBUTED, GatewayConfig, read_gateway

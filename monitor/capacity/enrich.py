@@ -34,7 +34,7 @@ import logging
 import math
 from typing import Any, Optional
 
-from monitor.capacity import histo
+from monitor.derive import histogram as histo
 from monitor.capacity.headroom import CapacitySettings, compute_capacity
 from monitor.capacity.knee import KneeEstimator, prior_knee
 from monitor.capacity.power import key_map, power_by_pool

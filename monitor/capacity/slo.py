@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional
 
-from monitor.capacity import histo
+from monitor.derive import histogram as histo
 from monitor.model import Histogram
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d|w)$")

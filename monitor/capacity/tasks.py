@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from monitor.capacity import histo
+from monitor.derive import histogram as histo
 from monitor.capacity.slo import SloSettings, violation_ratio
 from monitor.model import Histogram
 from monitor.sources.gateway import GatewayConfig, GatewayReading, TaskCumulative

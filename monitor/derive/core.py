@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Iterable, Optional
 
 from ..model import Histogram, PoolSnapshot, Quantiles, ReplicaReading, ReplicaSnapshot
-from .histogram import summarise
+from .histogram import quantiles
 
 LATENCY_KINDS = ("ttft", "itl", "e2e", "queue")
 
@@ -175,7 +175,7 @@ def _rates(snap: PoolSnapshot, fresh: list[list[ReplicaReading]], now: float, wi
     if q:
         snap.prefix_cache_hit_ratio = deltas.get("prefix_cache_hits", 0.0) / q
     for kind in LATENCY_KINDS:
-        snap.latency[kind] = summarise(hists.get(kind)) if kind in hists else Quantiles()
+        snap.latency[kind] = quantiles(hists.get(kind)) if kind in hists else Quantiles()
     if conc_n:
         snap.mean_concurrency = conc_sum
     e2e = snap.latency.get("e2e")

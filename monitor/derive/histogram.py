@@ -1,69 +1,113 @@
-"""Quantiles from cumulative histogram buckets (pure)."""
+"""Quantiles and threshold fractions from cumulative Prometheus histograms (pure). The one
+implementation: the derive layer (pool latency quantiles) and the capacity layer (SLOs, tasks, the
+knee) both use it.
+
+Same interpolation as PromQL's histogram_quantile: linear within the bucket that holds the rank,
+the lowest bucket starts at 0 (or at its upper bound when that is <= 0), and a rank in the +Inf
+bucket answers with the largest finite bound.
+"""
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Iterable, Optional
 
-from ..model import Histogram, Quantiles
+from monitor.model import Histogram, Quantiles
 
 
-def quantile(q: float, hist: Histogram) -> Optional[float]:
-    """Quantile by linear interpolation inside the bucket, as PromQL's histogram_quantile does.
+def _check(h: Histogram) -> None:
+    if not h.bounds:
+        raise ValueError("histogram has no buckets")
+    if list(h.bounds) != sorted(h.bounds):
+        raise ValueError(f"histogram bounds are not ascending: {h.bounds}")
 
-    Returns None for an empty histogram. When the quantile falls in the +Inf bucket, the upper
-    bound of the last finite bucket is returned (nothing better is known).
-    """
+
+def total(h: Histogram) -> float:
+    """Observations in the histogram (the +Inf bucket, or the count when there is none)."""
+    if h.has_inf:
+        return float(h.counts[-1])
+    return float(h.count)
+
+
+def quantile(h: Histogram, q: float) -> Optional[float]:
+    """The q-quantile (0 <= q <= 1) of a cumulative histogram; None when it holds no observation."""
     if not 0.0 <= q <= 1.0:
         raise ValueError(f"quantile must be within 0..1, got {q}")
-    bounds, counts = hist.bounds, hist.counts
-    if not bounds:
+    _check(h)
+    n = total(h)
+    if n <= 0:
         return None
-    total = counts[-1] if math.isinf(bounds[-1]) else max(counts[-1], hist.count)
-    if total <= 0:
+    rank = q * n
+    idx = next(i for i, c in enumerate(h.counts) if c >= rank or i == len(h.counts) - 1)
+    bound = h.bounds[idx]
+    if math.isinf(bound):
+        finite = [b for b in h.bounds if not math.isinf(b)]
+        return finite[-1] if finite else None
+    if idx == 0:
+        lower, below = (0.0 if bound > 0 else bound), 0.0
+    else:
+        lower, below = h.bounds[idx - 1], h.counts[idx - 1]
+    in_bucket = h.counts[idx] - below
+    if in_bucket <= 0:
+        return bound
+    return lower + (bound - lower) * (rank - below) / in_bucket
+
+
+def fraction_above(h: Histogram, threshold: float) -> Optional[float]:
+    """Share of observations above `threshold`, interpolating linearly inside the bucket holding it.
+
+    Exact when the threshold is a bucket bound; configure SLO targets on bucket bounds for exact
+    answers. None when the histogram holds no observation.
+    """
+    _check(h)
+    n = total(h)
+    if n <= 0:
         return None
-    rank = q * total
-    prev_bound = 0.0
-    prev_count = 0.0
-    for bound, count in zip(bounds, counts):
-        if count >= rank and count > prev_count:
+    prev_bound, prev_count = 0.0, 0.0
+    for bound, count in zip(h.bounds, h.counts):
+        if threshold <= bound:
             if math.isinf(bound):
-                return prev_bound
-            if bound <= 0:
-                return bound
-            return prev_bound + (bound - prev_bound) * (rank - prev_count) / (count - prev_count)
-        prev_bound = bound if not math.isinf(bound) else prev_bound
-        prev_count = count
-    return prev_bound
+                below = prev_count  # every finite bound is below the threshold: assume all above
+            else:
+                lower = min(prev_bound, bound)
+                if threshold <= lower:
+                    below = prev_count
+                else:
+                    below = prev_count + (count - prev_count) * (threshold - lower) / (bound - lower)
+            return max(0.0, min(1.0, 1.0 - below / n))
+        prev_bound, prev_count = bound, count
+    return max(0.0, min(1.0, 1.0 - prev_count / n))
 
 
-def summarise(hist: Optional[Histogram]) -> Quantiles:
-    if hist is None or hist.count <= 0:
-        return Quantiles(count=0.0 if hist is None else max(hist.count, 0.0))
+def quantiles(h: Optional[Histogram]) -> Quantiles:
+    """p50/p90/p95/p99 and the mean of a histogram (all None when empty)."""
+    if h is None:
+        return Quantiles()
+    n = total(h)
+    if n <= 0:
+        return Quantiles(count=0.0)
     return Quantiles(
-        p50=quantile(0.5, hist),
-        p90=quantile(0.9, hist),
-        p95=quantile(0.95, hist),
-        p99=quantile(0.99, hist),
-        mean=hist.sum / hist.count if hist.count else None,
-        count=hist.count,
+        p50=quantile(h, 0.5), p90=quantile(h, 0.9), p95=quantile(h, 0.95), p99=quantile(h, 0.99),
+        mean=(h.sum / h.count) if h.count else None, count=n,
     )
 
 
-def fraction_over(threshold: float, hist: Histogram) -> Optional[float]:
-    """Share of observations above `threshold`, interpolating inside the bucket that holds it."""
-    bounds, counts = hist.bounds, hist.counts
-    total = counts[-1] if bounds and math.isinf(bounds[-1]) else hist.count
-    if not bounds or total <= 0:
-        return None
-    prev_bound, prev_count = 0.0, 0.0
-    for bound, count in zip(bounds, counts):
-        if threshold <= bound:
-            if math.isinf(bound):
-                below = prev_count
-            else:
-                width = bound - prev_bound
-                frac = (threshold - prev_bound) / width if width > 0 else 1.0
-                below = prev_count + (count - prev_count) * max(0.0, min(1.0, frac))
-            return max(0.0, min(1.0, 1.0 - below / total))
-        prev_bound, prev_count = bound, count
-    return max(0.0, 1.0 - prev_count / total)
+def merge(histograms: Iterable[Histogram]) -> Optional[Histogram]:
+    """Bucket-wise sum of histograms with identical bounds; ValueError when the bounds differ."""
+    out: Optional[Histogram] = None
+    for h in histograms:
+        if out is None:
+            out = h
+            continue
+        merged = out.plus(h)
+        if merged is None:
+            raise ValueError(f"cannot merge histograms with different bounds: {out.bounds} vs {h.bounds}")
+        out = merged
+    return out
+
+
+def bucket_index(bounds: tuple[float, ...], value: float) -> int:
+    """Index of the bucket (le bound) that holds `value`."""
+    for i, b in enumerate(bounds):
+        if value <= b:
+            return i
+    return len(bounds) - 1
