@@ -64,8 +64,14 @@ def test_settings_from_dict_and_errors():
         SloSettings.from_dict({"task_types": {"x": {"p95": 3}}})
     with pytest.raises(ValueError, match="ttft_p95_seconds"):
         SloSettings.from_dict({"pools": {"p": {"ttft": 3}}})
-    with pytest.raises(ValueError, match="like 30s"):
+    with pytest.raises(ValueError, match="like 15s"):
         parse_duration("five minutes")
+    with pytest.raises(ValueError, match="positive"):
+        parse_duration("0s")
+    with pytest.raises(ValueError, match=r"slos\.windows\[1\]: .*'5 minutes'"):
+        SloSettings.from_dict({"windows": ["1h", "5 minutes"]})
+    with pytest.raises(ValueError, match=r"slos\.objective"):
+        SloSettings.from_dict({"objective": "high"})
     with pytest.raises(ValueError, match="objective"):
         Target(1.0, 1.0)
 

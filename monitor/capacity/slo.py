@@ -17,22 +17,17 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from monitor.derive import histogram as histo
+from monitor.config import parse_duration as _parse_duration
 from monitor.model import Histogram
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d|w)$")
-_UNIT = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
 def parse_duration(value) -> float:
-    """'5m' -> 300.0; numbers are seconds."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if value <= 0:
-            raise ValueError(f"duration must be positive, got {value}")
-        return float(value)
-    m = _DURATION.match(str(value).strip())
-    if not m:
-        raise ValueError(f"duration {value!r} is not like 30s, 5m, 1h, 1d")
-    return float(m.group(1)) * _UNIT[m.group(2)]
+    """'5m' -> 300.0 (config.parse_duration), and positive."""
+    secs = _parse_duration(value)
+    if secs <= 0:
+        raise ValueError(f"duration must be positive, got {value!r}")
+    return secs
 
 
 @dataclass(frozen=True)
@@ -72,41 +67,51 @@ class SloSettings:
         known = {"objective", "windows", "task_types", "default", "pools"}
         unknown = sorted(set(d) - known)
         if unknown:
-            raise ValueError(f"unknown slo setting(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        objective = float(d.get("objective", 0.95))
+            raise ValueError(f"slos: unknown slo setting(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        try:
+            objective = float(d.get("objective", 0.95))
+        except (TypeError, ValueError):
+            raise ValueError(f"slos.objective: expected a number like 0.95, got {d.get('objective')!r}") from None
 
         def target(spec, where: str, signal: str) -> Target:
             if not isinstance(spec, dict):
-                raise ValueError(f"slo {where}: expected a mapping like {{p95_seconds: 30}}, got {spec!r}")
+                raise ValueError(f"slos.{where}: expected a mapping like {{p95_seconds: 30}}, got {spec!r}")
             keys = [k for k in spec if str(k).endswith("seconds")]
             if len(keys) != 1:
-                raise ValueError(f"slo {where}: give exactly one of seconds or pNN_seconds, got {sorted(spec)}")
+                raise ValueError(f"slos.{where}: give exactly one of seconds or pNN_seconds, got {sorted(spec)}")
             key = keys[0]
             if key == "seconds":
                 return Target(float(spec[key]), objective, signal)
             m = re.match(r"^p(\d+(?:\.\d+)?)_seconds$", key)
             if not m:
-                raise ValueError(f"slo {where}: {key!r} is not like p95_seconds")
+                raise ValueError(f"slos.{where}: {key!r} is not like p95_seconds")
             return Target(float(spec[key]), float(m.group(1)) / 100.0, signal)
 
         out = cls()
         if "windows" in d:
             ws = d["windows"]
             if not ws:
-                raise ValueError("slo windows: give at least one window like 5m")
-            out.windows = {str(w): parse_duration(w) for w in ws}
+                raise ValueError("slos.windows: give at least one window like 5m")
+            if not isinstance(ws, list):
+                raise ValueError(f"slos.windows: expected a list like [5m, 1h], got {ws!r}")
+            out.windows = {}
+            for i, w in enumerate(ws):
+                try:
+                    out.windows[str(w)] = parse_duration(w)
+                except ValueError as exc:
+                    raise ValueError(f"slos.windows[{i}]: {exc}") from None
         for tt, spec in (d.get("task_types") or {}).items():
             out.task_targets[str(tt)] = target(spec, f"task_types.{tt}", "task")
         if d.get("default") is not None:
             out.default_task_target = target(d["default"], "default", "task")
         for pool, specs in (d.get("pools") or {}).items():
             if not isinstance(specs, dict):
-                raise ValueError(f"slo pools.{pool}: expected a mapping like {{ttft_p95_seconds: 0.5}}")
+                raise ValueError(f"slos.pools.{pool}: expected a mapping like {{ttft_p95_seconds: 0.5}}")
             targets = []
             for k, v in specs.items():
                 m = re.match(r"^(ttft|e2e|queue|itl|call)_p(\d+(?:\.\d+)?)_seconds$", str(k))
                 if not m:
-                    raise ValueError(f"slo pools.{pool}: {k!r} is not like ttft_p95_seconds or e2e_p99_seconds")
+                    raise ValueError(f"slos.pools.{pool}: {k!r} is not like ttft_p95_seconds or e2e_p99_seconds")
                 targets.append(Target(float(v), float(m.group(2)) / 100.0, m.group(1)))
             out.pool_targets[str(pool)] = targets
         return out
