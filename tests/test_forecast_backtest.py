@@ -148,6 +148,40 @@ def test_counter_reset_negative_rates_do_not_drag_the_forecast_down():
     assert np.max(np.abs(reset.forecast.mean - clean.forecast.mean)) < 0.2 * np.mean(clean.forecast.mean)
 
 
+class _CountingModel(Model):
+    """snaive_day under another name, counting its fits."""
+
+    def __init__(self, name):
+        self.name, self.fits = name, 0
+
+    def min_history(self, prep):
+        return models_mod.MODELS["snaive_day"].min_history(prep)
+
+    def fit(self, prep):
+        self.fits += 1
+        return models_mod.MODELS["snaive_day"].fit(prep)
+
+
+def test_a_combination_is_backtested_from_its_members_folds_without_refits(monkeypatch):
+    a, b = _CountingModel("count_a"), _CountingModel("count_b")
+    monkeypatch.setitem(models_mod.MODELS, "count_a", a)
+    monkeypatch.setitem(models_mod.MODELS, "count_b", b)
+    monkeypatch.setitem(models_mod.MODELS, "combo", models_mod.Combination("combo", ("count_a", "ets")))
+    p = prepare(noisy_daily(8, seed=6))
+    r = forecast_series(p, 24, ForecastSettings(models=("combo", "count_a", "ets", "count_b"),
+                                                 selection_tolerance=10.0))
+    assert r.defined and r.model == "combo"  # first in order, within the (huge) tolerance
+    # members backtested once per origin, the combination's folds averaged from theirs; the final
+    # fit of the combination fits its members again
+    assert b.fits == r.skill["count_b"]["folds"] and a.fits == r.skill["count_a"]["folds"] + 1
+    folds, _ = rolling_origin(p, "ets", 24, origins_for(p.n, 24, r.skill["ets"]["folds"]))
+    naive, _ = rolling_origin(p, "snaive_day", 24, origins_for(p.n, 24, r.skill["ets"]["folds"]))
+    scale = mase_scale(p.head(folds[0].origin))
+    err = np.concatenate([np.abs((f.forecast.mean + g.forecast.mean) / 2 - f.actual)
+                          for f, g in zip(folds, naive)])
+    assert r.skill["combo"]["mase"] == pytest.approx(np.mean(err) / scale)
+
+
 class _SlowModel(Model):
     name = "slow"
 

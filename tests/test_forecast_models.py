@@ -52,6 +52,37 @@ def test_ets_on_30_minute_means_follows_a_noisy_5_minute_series():
     assert err < 1.0
 
 
+def test_ets_on_hourly_means_follows_a_noisy_10_minute_series():
+    t = 1_700_000_000.0 + 600.0 * np.arange(5 * 144)
+    i = np.arange(len(t))
+    truth = 50 * (1 + 0.5 * np.sin(2 * np.pi * (i % 144) / 144))
+    y = truth * np.random.default_rng(1).normal(1, 0.1, len(t))
+    p = prepare(pd.Series(y, index=t))
+    assert MODELS["ets_1h"]._k(p) == 6
+    fc = MODELS["ets_1h"].fit(p.head(4 * 144)).forecast(144)
+    naive = MODELS["snaive_day"].fit(p.head(4 * 144)).forecast(144)
+    err = np.mean(np.abs(fc.mean - truth[4 * 144:]))
+    assert err < 0.5 * np.mean(np.abs(naive.mean - truth[4 * 144:]))
+
+
+def test_ets_week_is_the_average_of_holt_winters_and_the_weekly_naive():
+    rng = np.random.default_rng(5)
+    weekday = np.array([1.0, 1.0, 1.0, 1.0, 1.0, 0.5, 0.5])  # quiet weekends
+    s = hourly(15, lambda i, t: 40 * weekday[(i // 24) % 7] * daily_shape(i) * rng.normal(1, 0.03, len(i)))
+    p = prepare(s)
+    train = p.head(14 * 24)
+    fc = MODELS["ets_week"].fit(train).forecast(24)
+    ets = MODELS["ets"].fit(train).forecast(24)
+    week = MODELS["snaive_week"].fit(train).forecast(24)
+    assert fc.model == "ets_week"
+    assert fc.mean == pytest.approx((ets.mean + week.mean) / 2)
+    for lv in LEVELS:
+        assert fc.lower(lv) == pytest.approx(np.minimum((ets.lower(lv) + week.lower(lv)) / 2, fc.mean))
+    # under a week of history (plus the naive's residual margin) it is not available
+    with pytest.raises(TooShort, match="ets_week needs at least"):
+        MODELS["ets_week"].fit(p.head(7 * 24))
+
+
 def test_mstl_keeps_only_periods_with_more_than_two_cycles():
     p10 = prepare(hourly(10, lambda i, t: daily_shape(i)))
     p15 = prepare(hourly(15, lambda i, t: daily_shape(i)))
@@ -90,7 +121,7 @@ def test_too_short_history_raises_tooshort_with_the_need(name):
         MODELS[name].fit(p)
 
 
-@pytest.mark.parametrize("name", ["snaive_day", "ets", "ets_30m", "mstl", "sarimax"])
+@pytest.mark.parametrize("name", ["snaive_day", "ets", "ets_30m", "ets_1h", "mstl", "sarimax"])
 def test_flat_series_gives_the_constant_with_zero_width_bands(name):
     t = 1_700_000_000.0 + 300.0 * np.arange(4 * 288)
     p = prepare(pd.Series(np.full(len(t), 7.0), index=t))
@@ -101,7 +132,8 @@ def test_flat_series_gives_the_constant_with_zero_width_bands(name):
         assert lo == pytest.approx(fc.mean) and hi == pytest.approx(fc.mean)
 
 
-@pytest.mark.parametrize("name", ["snaive_day", "ets", "ets_30m", "mstl", "sarimax"])
+@pytest.mark.parametrize("name", ["snaive_day", "ets", "ets_30m", "ets_1h", "ets_week", "mstl",
+                                  "sarimax"])
 def test_bands_are_nested_and_contain_the_mean(name):
     rng = np.random.default_rng(7)
     p = prepare(hourly(8, lambda i, t: 30 * daily_shape(i) + rng.normal(0, 2, len(i))))

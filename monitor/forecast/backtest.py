@@ -21,14 +21,14 @@ from typing import Optional
 
 import numpy as np
 
-from monitor.forecast.models import FALLBACK_ORDER, LEVELS, Forecast, get_model
+from monitor.forecast.models import DEFAULT_MODELS, LEVELS, Forecast, combine, get_model
 from monitor.forecast.series import DAY, Prepared
 from monitor.forecast.timebox import call_with_timebox
 
 
 @dataclass(frozen=True)
 class ForecastSettings:
-    models: tuple[str, ...] = FALLBACK_ORDER  # candidates, in fallback order
+    models: tuple[str, ...] = DEFAULT_MODELS  # candidates, in fallback order
     folds: int = 2  # rolling origins per backtest
     fold_horizon_seconds: float = DAY  # horizon of each backtest fold (capped at the horizon asked)
     calibration_seconds: float = DAY / 2  # at least this much forecast time in the calibration folds
@@ -248,6 +248,20 @@ class SeriesForecast:
     history_points: int = 0
 
 
+def combined_folds(name: str, fold_sets: dict[str, list[Fold]]) -> Optional[list[Fold]]:
+    """A combination's backtest folds averaged from its members' folds (no refits), when every
+    member was backtested at the same origins; None otherwise (then it is backtested itself)."""
+    model = get_model(name)
+    members = getattr(model, "members", None)
+    if not members or any(m not in fold_sets for m in members):
+        return None
+    sets = [fold_sets[m] for m in members]
+    if len({tuple(f.origin for f in fs) for fs in sets}) != 1:
+        return None
+    return [Fold(group[0].origin, combine([f.forecast for f in group], name), group[0].actual,
+                 group[0].observed) for group in zip(*sets)]
+
+
 def forecast_series(prep: Prepared, horizon: int, settings: ForecastSettings = ForecastSettings()
                     ) -> SeriesForecast:
     if horizon < 1:
@@ -268,8 +282,13 @@ def forecast_series(prep: Prepared, horizon: int, settings: ForecastSettings = F
     result = SeriesForecast(True, history_points=prep.n)
     fold_sets: dict[str, list[Fold]] = {}
     t0, c0 = time.perf_counter(), time.process_time()
-    for name in eligible:
-        folds, errors = rolling_origin(prep, name, fold_h, origins, settings.fit_timeout_seconds)
+    # combinations after their members, so their folds are averaged rather than refitted
+    for name in sorted(eligible, key=lambda m: hasattr(get_model(m), "members")):
+        folds = combined_folds(name, fold_sets)
+        if folds is None:
+            folds, errors = rolling_origin(prep, name, fold_h, origins, settings.fit_timeout_seconds)
+        else:
+            errors = []
         if errors:
             result.errors.setdefault(name, []).extend(errors)
         if folds:

@@ -18,8 +18,8 @@ import sys
 import numpy as np
 import pandas as pd
 
-from monitor.forecast.backtest import (ForecastSettings, mase_scale, origins_for, pooled_score,
-                                       rank_models, rolling_origin)
+from monitor.forecast.backtest import (ForecastSettings, combined_folds, mase_scale, origins_for,
+                                       pooled_score, rank_models, rolling_origin)
 from monitor.forecast.models import FALLBACK_ORDER, get_model
 from monitor.forecast.series import SeriesError, prepare
 
@@ -112,10 +112,13 @@ def backtest(series: pd.Series, horizon_seconds: float, n_origins: int, models: 
             f"need at least {need} points ({need * prep.step / 3600:.1f} h)")
     scale = mase_scale(prep.head(origins[0]))
     out_models, folds_by_model, errors = {}, {}, {}
-    for i, name in enumerate(models):
+    # combinations after their members: their folds are averaged from the members' (no refits)
+    for i, name in enumerate(sorted(models, key=lambda m: hasattr(get_model(m), "members"))):
         if progress:
             progress(i, len(models), name)
-        folds, errs = rolling_origin(prep, name, horizon, origins)
+        folds, errs = combined_folds(name, folds_by_model), []
+        if folds is None:
+            folds, errs = rolling_origin(prep, name, horizon, origins)
         if errs:
             errors[name] = errs
         if not folds:
@@ -130,6 +133,7 @@ def backtest(series: pd.Series, horizon_seconds: float, n_origins: int, models: 
                                                   "width95_ratio", "points", "folds")}
     if progress:
         progress(len(models), len(models), "done")
+    out_models = {m: out_models[m] for m in models}  # the order asked for
     ranked = rank_models({k: v for k, v in out_models.items() if v.get("folds")},
                          [m for m in models if out_models[m].get("folds")],
                          ForecastSettings().selection_tolerance)

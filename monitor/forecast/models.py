@@ -5,7 +5,9 @@
     fc = fitted.forecast(h)                    # Forecast: mean, bands {0.8: (lo, hi), 0.95: ...}
 
 Models: seasonal naive (one day, one week) as baselines; Holt-Winters with a multiplicative daily
-season and damped trend (statsmodels ExponentialSmoothing, initial states optimised), also fitted on 30-minute means (`ets_30m`); MSTL with daily
+season and damped trend (statsmodels ExponentialSmoothing, initial states optimised, at most the last
+week), also fitted on hourly and 30-minute means (`ets_1h`, `ets_30m`) and averaged with the weekly
+naive (`ets_week`, a combination: see `Combination`); MSTL with daily
 and weekly seasons (each period kept only when the history holds more than two full periods, because
 statsmodels' MSTL silently drops a period of half the series length or more); SARIMAX on hourly
 aggregates (seasonal MA at 24 h) for sub-hourly series.
@@ -136,8 +138,13 @@ class _SNaiveFit(Fitted):
 class HoltWinters(Model):
     """Damped additive trend, multiplicative daily season (additive when the series touches zero)."""
 
-    def __init__(self, seasonal: str = "mul", damped: bool = True, init: str = "estimated"):
+    def __init__(self, seasonal: str = "mul", damped: bool = True, init: str = "estimated",
+                 max_days: float | None = 7.0):
         self.seasonal, self.damped, self.init = seasonal, damped, init
+        # fit on the last week at most: the optimiser estimates every initial seasonal state, and its
+        # cost grows with the history; one daily season needs no more than a week, and the weekly
+        # pattern comes from `ets_week` (ETS cannot learn a weekly season from a week or two anyway)
+        self.max_days = max_days
         self.name = "ets"
 
     def min_history(self, prep: Prepared) -> int:
@@ -146,6 +153,8 @@ class HoltWinters(Model):
     def fit(self, prep: Prepared) -> Fitted:
         from statsmodels.tsa.holtwinters import ExponentialSmoothing
         self.check(prep)
+        if self.max_days is not None and prep.n > self.max_days * prep.per_day:
+            prep = prep.slice(prep.n - int(round(self.max_days * prep.per_day)), prep.n)
         y = prep.values.astype(float)
         m = prep.per_day
         seasonal = self.seasonal
@@ -238,12 +247,12 @@ class AggregatedHoltWinters(Model):
                                        seasonal_periods=prep.per_day // k,
                                        initialization_method="estimated").fit()
         except (ValueError, np.linalg.LinAlgError) as exc:
-            raise FitError(f"ets_30m: {exc}") from exc
+            raise FitError(f"{self.name}: {exc}") from exc
         finally:
             ctx.__exit__(None, None, None)
         fitted = np.asarray(res.fittedvalues)
         if not np.all(np.isfinite(fitted)):
-            raise FitError("ets_30m: non-finite fitted values")
+            raise FitError(f"{self.name}: non-finite fitted values")
         sigma = float(np.sqrt(np.var(means - fitted) + (np.mean(blocks.var(axis=1)) if k > 1 else 0)))
         return _AggFit(self.name, res, k, float(means[-1]), sigma,
                        float(res.params.get("smoothing_level", 0.5)))
@@ -260,6 +269,14 @@ class _AggFit(Fitted):
         mean = np.maximum(_interp_blocks(bm, self.last_block, self.k, h), 0.0)
         sigma = self.sigma * np.sqrt(1.0 + self.alpha ** 2 * np.arange(h) / self.k)
         return Forecast(mean, _normal_bands(mean, sigma), self.model_name)
+
+
+class HourlyHoltWinters(AggregatedHoltWinters):
+    """The same on hourly means: a 24-state daily season, cheaper to fit than the 30-minute one,
+    and hourly means carry less of a spiky sub-hourly series' noise into the seasonal states."""
+
+    name = "ets_1h"
+    block_seconds = 3600.0
 
 
 # --- MSTL ---------------------------------------------------------------------------------------
@@ -389,17 +406,60 @@ class _SARIMAXFit(Fitted):
         return Forecast(mean, _normal_bands(mean, sigma), self.model_name)
 
 
+# --- equal-weight combination -------------------------------------------------------------------
+
+def combine(forecasts: list[Forecast], name: str) -> Forecast:
+    """Equal-weight average of forecasts of the same length: the means, and each band edge (the
+    backtest calibration replaces these bands when it has enough residuals)."""
+    mean = np.mean([f.mean for f in forecasts], axis=0)
+    bands = {lv: (np.mean([f.bands[lv][0] for f in forecasts], axis=0),
+                  np.mean([f.bands[lv][1] for f in forecasts], axis=0)) for lv in LEVELS}
+    return Forecast(mean, _clip_bands(mean, bands), name)
+
+
+class Combination(Model):
+    """The average of member models' forecasts. `ets_week` averages Holt-Winters (daily season,
+    adaptive level) with the one-week seasonal naive, which carries the weekday pattern that one or
+    two weeks of history cannot teach a fitted weekly season; it needs a week of history plus the
+    naive's residual margin, so shorter series never see it."""
+
+    def __init__(self, name: str, members: tuple[str, ...]):
+        self.name, self.members = name, members
+
+    def min_history(self, prep: Prepared) -> int:
+        return max(MODELS[m].min_history(prep) for m in self.members)
+
+    def fit(self, prep: Prepared) -> Fitted:
+        self.check(prep)
+        return _CombinationFit(self.name, [MODELS[m].fit(prep) for m in self.members])
+
+
+class _CombinationFit(Fitted):
+    def __init__(self, name, fits):
+        self.model_name, self.fits = name, fits
+
+    def forecast(self, h: int) -> Forecast:
+        return combine([f.forecast(h) for f in self.fits], self.model_name)
+
+
 MODELS: dict[str, Model] = {
     "snaive_day": SeasonalNaive("day"),
     "snaive_week": SeasonalNaive("week"),
     "ets": HoltWinters(),
     "ets_30m": AggregatedHoltWinters(),
+    "ets_1h": HourlyHoltWinters(),
     "mstl": MSTLModel(),
     "sarimax": HourlySARIMAX(),
 }
+MODELS["ets_week"] = Combination("ets_week", ("ets", "snaive_week"))
 
 # the order tried when the preferred model cannot be fitted (best first, baselines last)
-FALLBACK_ORDER = ("ets", "ets_30m", "mstl", "sarimax", "snaive_week", "snaive_day")
+FALLBACK_ORDER = ("ets_week", "ets", "ets_1h", "ets_30m", "mstl", "sarimax", "snaive_week",
+                  "snaive_day")
+# the candidates a refit backtests by default: the fallback order without `ets_30m` (`ets_1h` is
+# cheaper and was as good) and `mstl` (never selected on the benchmark traces, ~1 s per refit), so
+# the whole refit, selection included, stays under 5 s of CPU on one core
+DEFAULT_MODELS = ("ets_week", "ets", "ets_1h", "sarimax", "snaive_week", "snaive_day")
 
 
 def get_model(name: str) -> Model:
