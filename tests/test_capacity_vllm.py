@@ -92,9 +92,10 @@ def test_litellm_tasks_exact_and_call_latency_within_a_bucket(litellm_gateway):
         assert h.sum / h.count <= client.mean()  # the proxy's view excludes the client's HTTP time
 
 
-@pytest.mark.xfail(strict=False, reason="known gap (issue 4 left open): on the CPU engine the knee learned from "
-                   "engine metrics (queue-time signal, Little's-law load) came out 5.4 vs 8.0 from the client "
-                   "curve on a quiet machine, 20-33% off in 4 of 5 runs; 15% is the acceptance bound")
+@pytest.mark.xfail(strict=False, reason="known gap (issue 4 open): with a warm-up and 12 s steps the knee learned "
+                   "from engine metrics was 7.08/5.96/6.55 vs client-curve 8.00/9.40/7.70 (2 of 3 within 15%); "
+                   "the learned knee sits 11-37% below the client's, which counts requests still in the CPU-starved "
+                   "API server (engine idle with 16 clients outstanding was seen)")
 def test_stepped_sweep_knee_within_15_percent_of_client_curve(vllm_engine):
     url = vllm_engine.url
     target = url + "/metrics"
@@ -103,9 +104,13 @@ def test_stepped_sweep_knee_within_15_percent_of_client_curve(vllm_engine):
     points = []  # client side: (clients in the step, TTFT of each request)
     scrapes = []
     knees = []
+    # warm-up, not recorded: the first requests after start-up are slow (lazy initialisation) and
+    # would put a false rise at the low end of the client curve
+    warm = ClosedLoop(url, clients=seqs, duration=6.0, max_tokens=[24, 40, 56, 72], seed=99).start()
+    warm.join(timeout=300)
     for step, clients in enumerate((2, 4, 6, 8, 10, 12, 14, 16, 12, 8, 4)):  # up past the knee and back
         # mixed lengths so the batch does not finish in lockstep
-        loop = ClosedLoop(url, clients=clients, duration=10.0, max_tokens=[24, 40, 56, 72], seed=step).start()
+        loop = ClosedLoop(url, clients=clients, duration=12.0, max_tokens=[24, 40, 56, 72], seed=step).start()
         while not loop.done():
             time.sleep(1.0)
             text, ts = fetch_metrics(url)
@@ -125,10 +130,11 @@ def test_stepped_sweep_knee_within_15_percent_of_client_curve(vllm_engine):
     client_fit = fit_hinge(x, y, n_bins=len(levels), min_bin=1)
     assert client_fit is not None and client_fit.confidence > 0.5
     k = knees[-1]
+    print(f"\n[knee] headroom {k.requests:.2f} ({k.source}, confidence {k.confidence:.2f}) vs client curve "
+          f"{client_fit.knee:.2f} (max_num_seqs {seqs}); client median TTFT by clients: "
+          + ", ".join(f"{int(a)}: {b:.3f}" for a, b in zip(x, y)))
     assert k.source == "learned", k.detail
     assert k.requests == pytest.approx(client_fit.knee, rel=0.15)
-    print(f"\n[knee] headroom {k.requests:.2f} (confidence {k.confidence:.2f}) vs client curve "
-          f"{client_fit.knee:.2f} (max_num_seqs {seqs})")
     # near the engine's running-slot limit; client concurrency also counts requests in HTTP and
     # (de)tokenisation outside the engine, so the client's knee sits at or above max_num_seqs
     assert 0.75 * seqs <= client_fit.knee <= 1.75 * seqs
