@@ -21,7 +21,6 @@ from monitor.config import parse_duration as _parse_duration
 from monitor.model import Histogram
 
 
-
 def parse_duration(value) -> float:
     """'5m' -> 300.0 (config.parse_duration), and positive."""
     secs = _parse_duration(value)
