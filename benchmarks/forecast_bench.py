@@ -59,6 +59,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from monitor.forecast.backtest import ForecastSettings, forecast_series, mase_scale  # noqa: E402
 from monitor.forecast.models import LEVELS, Forecast  # noqa: E402
 from monitor.forecast.series import Prepared, prepare  # noqa: E402
+from monitor.process import stop_process  # noqa: E402
 
 TRACES = os.environ.get("HEADROOM_TRACES", "/work/shared/traces")
 SERVEGEN_EPOCH = 1717200000.0  # 2024-06-01 00:00 UTC: ServeGen gives only relative seconds
@@ -304,12 +305,7 @@ class PrometheusRun:
 
     def __exit__(self, *exc):
         if self.proc:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            stop_process(self.proc)
             self.log.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 

@@ -12,6 +12,8 @@ from typing import Callable, Optional
 
 import requests
 
+from monitor.process import stop_process
+
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 
 
@@ -107,13 +109,7 @@ class ManagedProcess:
     """A server process started by a test (`self.proc`, `self.log`): terminate, then kill."""
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         self.log.close()
 
 

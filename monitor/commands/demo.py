@@ -22,6 +22,7 @@ from typing import Optional
 import yaml
 
 from ..config import from_dict
+from ..process import stop_process
 from .run import Daemon
 
 log = logging.getLogger("headroom.demo")
@@ -180,11 +181,7 @@ def run(args) -> int:
         if daemon is not None:
             daemon.stop()
         for p in procs:
-            p.terminate()
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+            stop_process(p)
         if handle is not None:
             handle.stop()
         if not args.workdir:
