@@ -262,6 +262,22 @@ def combined_folds(name: str, fold_sets: dict[str, list[Fold]]) -> Optional[list
                  group[0].observed) for group in zip(*sets)]
 
 
+def members_last(names) -> list[str]:
+    """The models in the given order, combinations moved after every plain model, so that
+    `model_folds` can average a combination's folds from its members'."""
+    return sorted(names, key=lambda m: hasattr(get_model(m), "members"))
+
+
+def model_folds(prep: Prepared, name: str, done: dict[str, list[Fold]], horizon: int, origins: list[int],
+                timeout: Optional[float] = None) -> tuple[list[Fold], list[str]]:
+    """A model's backtest folds: averaged from its members' folds in `done` when it is a
+    combination whose members were backtested at the same origins, else refitted per origin."""
+    folds = combined_folds(name, done)
+    if folds is not None:
+        return folds, []
+    return rolling_origin(prep, name, horizon, origins, timeout)
+
+
 def forecast_series(prep: Prepared, horizon: int, settings: ForecastSettings = ForecastSettings()
                     ) -> SeriesForecast:
     if horizon < 1:
@@ -282,13 +298,8 @@ def forecast_series(prep: Prepared, horizon: int, settings: ForecastSettings = F
     result = SeriesForecast(True, history_points=prep.n)
     fold_sets: dict[str, list[Fold]] = {}
     t0, c0 = time.perf_counter(), time.process_time()
-    # combinations after their members, so their folds are averaged rather than refitted
-    for name in sorted(eligible, key=lambda m: hasattr(get_model(m), "members")):
-        folds = combined_folds(name, fold_sets)
-        if folds is None:
-            folds, errors = rolling_origin(prep, name, fold_h, origins, settings.fit_timeout_seconds)
-        else:
-            errors = []
+    for name in members_last(eligible):
+        folds, errors = model_folds(prep, name, fold_sets, fold_h, origins, settings.fit_timeout_seconds)
         if errors:
             result.errors.setdefault(name, []).extend(errors)
         if folds:

@@ -18,8 +18,8 @@ import sys
 import numpy as np
 import pandas as pd
 
-from monitor.forecast.backtest import (ForecastSettings, combined_folds, mase_scale, origins_for,
-                                       pooled_score, rank_models, rolling_origin)
+from monitor.forecast.backtest import (ForecastSettings, mase_scale, members_last, model_folds, origins_for,
+                                       pooled_score, rank_models)
 from monitor.forecast.models import FALLBACK_ORDER, get_model
 from monitor.forecast.series import SeriesError, prepare
 
@@ -112,13 +112,10 @@ def backtest(series: pd.Series, horizon_seconds: float, n_origins: int, models: 
             f"need at least {need} points ({need * prep.step / 3600:.1f} h)")
     scale = mase_scale(prep.head(origins[0]))
     out_models, folds_by_model, errors = {}, {}, {}
-    # combinations after their members: their folds are averaged from the members' (no refits)
-    for i, name in enumerate(sorted(models, key=lambda m: hasattr(get_model(m), "members"))):
+    for i, name in enumerate(members_last(models)):
         if progress:
             progress(i, len(models), name)
-        folds, errs = combined_folds(name, folds_by_model), []
-        if folds is None:
-            folds, errs = rolling_origin(prep, name, horizon, origins)
+        folds, errs = model_folds(prep, name, folds_by_model, horizon, origins)
         if errs:
             errors[name] = errs
         if not folds:
