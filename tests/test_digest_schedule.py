@@ -16,6 +16,7 @@ from monitor.digest.schedule import open_outbox, run_digest, schedule_digest
 from monitor.digest.settings import from_dict
 from monitor.digest.sources import from_prometheus, from_store
 from monitor.forecast.store import HistoryStore
+from monitor.process import stop_process
 from monitor.sim.history import generate_history
 
 WEEK_END = 1764547200.0  # Mon 2025-12-01 00:00 UTC
@@ -189,8 +190,7 @@ def test_digest_from_a_real_backfilled_prometheus(tmp_path):
                              "<t>")
         inp = from_prometheus(PrometheusClient(f"http://127.0.0.1:{port}"), week_end, settings)
     finally:
-        proc.terminate()
-        proc.wait(30)
+        stop_process(proc, 30)
     d = build_digest(inp, settings)
     week = pools[(pools["timestamp"] >= week_end - 7 * 86400) & (pools["timestamp"] < week_end)]
     assert sorted(p["name"] for p in d["pools"]) == ["agent-70b", "chat-8b"]

@@ -10,6 +10,7 @@ import pytest
 import requests
 
 from monitor.forecast.history import default_queries, fetch_history
+from monitor.process import stop_process
 
 pytestmark = pytest.mark.skipif(not (shutil.which("prometheus") and shutil.which("promtool")),
                                 reason="needs the prometheus and promtool binaries")
@@ -71,8 +72,7 @@ def prom(tmp_path_factory):
             time.sleep(0.1)
         yield base, start, end
     finally:
-        proc.terminate()
-        proc.wait(10)
+        stop_process(proc)
 
 
 def test_fetch_history_maps_pools_series_and_task_types(prom):

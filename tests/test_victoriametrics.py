@@ -11,6 +11,7 @@ import requests
 
 from monitor.config import Config, PrometheusSource, Target
 from monitor.cycle import Pipeline
+from monitor.process import stop_process
 from monitor.sources.prometheus import PrometheusClient
 from servers import MetricsServer, fixture, free_port, wait_http
 from test_pipeline_live import body
@@ -38,8 +39,7 @@ def victoria(tmp_path):
         wait_http(f"http://127.0.0.1:{port}/health", timeout=60)
         yield f"http://127.0.0.1:{port}", servers
     finally:
-        proc.terminate()
-        proc.wait(20)
+        stop_process(proc, 20)
         log.close()
         for s in servers:
             s.stop()
