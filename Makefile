@@ -33,12 +33,14 @@ demo: $(STAMP)
 # kept alive by an earlier group's fixtures take the 2 cores the next group's latency checks need.
 ENGINE_GROUP_A := tests/test_vllm_pipeline.py tests/test_vllm_sim_calibration.py tests/test_capacity_vllm.py
 ENGINE_GROUP_B := tests/test_loadtest_vllm.py
+ENGINE_GROUP_C := tests/test_knee_vllm.py
 
 test: $(TSTAMP) tests/k8s-models/node_modules
 	$(PY) helm/sync.py --check
 	$(PY) -m pytest -q -m "not vllm" $(PYTEST_ARGS)
 	$(PY) -m pytest -q -m vllm $(ENGINE_GROUP_A) $(PYTEST_ARGS)
 	$(PY) -m pytest -q -m vllm $(ENGINE_GROUP_B) $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m vllm $(ENGINE_GROUP_C) $(PYTEST_ARGS)
 
 ## test-fast: everything but the real-engine tests
 test-fast: $(TSTAMP)

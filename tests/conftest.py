@@ -61,8 +61,9 @@ class EngineFactory:
     """Start (once) and hand out real vLLM engines by configuration; all are stopped at session end.
 
     `factory(max_num_seqs=4)` -> ServerHandle (url, stop(), info, ready_seconds, log_tail()).
-    `exclusive=True` first stops every other engine this factory started (2 shared cores: keep one
-    engine busy at a time when measuring)."""
+    `model="small"` serves the engine-bound model of tests/engine/tiny_model.py (built on first use)
+    instead of the tiny one. `exclusive=True` first stops every other engine this factory started
+    (2 shared cores: keep one engine busy at a time when measuring)."""
 
     def __init__(self, python: str, model_dir: str, log_root: str) -> None:
         self.python = python
@@ -71,19 +72,21 @@ class EngineFactory:
         self.engines: dict[tuple, servers.ServerHandle] = {}
 
     def __call__(self, max_num_seqs: int = 8, num_gpu_blocks: int = 24, extra_args: tuple = (),
-                 exclusive: bool = False) -> servers.ServerHandle:
-        key = (int(max_num_seqs), int(num_gpu_blocks), tuple(extra_args))
+                 exclusive: bool = False, model: str = "tiny") -> servers.ServerHandle:
+        key = (int(max_num_seqs), int(num_gpu_blocks), tuple(extra_args), model)
         if exclusive:
             for other in [k for k in self.engines if k != key]:
                 self.engines.pop(other).stop()
         handle = self.engines.get(key)
         if handle is not None and handle.alive():
             return handle
-        log_dir = os.path.join(self.log_root, f"vllm-{key[0]}seqs-{key[1]}blocks-{len(self.engines)}")
+        model_dir = self.model_dir if model == "tiny" else servers.build_tiny_model(
+            os.path.join(self.log_root, f"{model}-model"), python=self.python, size=model)
+        log_dir = os.path.join(self.log_root, f"vllm-{model}-{key[0]}seqs-{key[1]}blocks-{len(self.engines)}")
         os.makedirs(log_dir, exist_ok=True)
-        handle = servers.start_vllm(self.model_dir, max_num_seqs=key[0], num_gpu_blocks=key[1],
+        handle = servers.start_vllm(model_dir, max_num_seqs=key[0], num_gpu_blocks=key[1],
                                     extra_args=key[2], python=self.python, log_dir=log_dir)
-        sys.stderr.write(f"\n[engine] vLLM max_num_seqs={key[0]} blocks={key[1]} ready in "
+        sys.stderr.write(f"\n[engine] vLLM {model} max_num_seqs={key[0]} blocks={key[1]} ready in "
                          f"{handle.ready_seconds:.1f} s at {handle.url}\n")
         self.engines[key] = handle
         return handle

@@ -202,14 +202,15 @@ def _wait_ready(handle: ServerHandle, path: str, timeout: float, started: float)
         f"log tail:\n{handle.log_tail()}")
 
 
-def build_tiny_model(out_dir: str, python: Optional[str] = None) -> str:
-    """Build the tiny model folder with the vLLM venv's python (it has tokenizers/transformers)."""
+def build_tiny_model(out_dir: str, python: Optional[str] = None, size: str = "tiny") -> str:
+    """Build the model folder with the vLLM venv's python (it has tokenizers/transformers); `size`
+    is one of tiny_model.SIZES."""
     python = python or vllm_python()
     if not python:
         raise ServerStartError("no vLLM venv python (set HEADROOM_VLLM_PYTHON or run .ci/install-vllm.sh)")
     if not os.path.isfile(os.path.join(out_dir, "config.json")):
         subprocess.run(
-            [python, os.path.join(HERE, "tiny_model.py"), out_dir],
+            [python, os.path.join(HERE, "tiny_model.py"), out_dir, size],
             check=True, capture_output=True, timeout=300,
             env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
         )

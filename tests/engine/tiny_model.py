@@ -2,11 +2,12 @@
 
 Run it with the vLLM venv's interpreter (it has `tokenizers` and `transformers`):
 
-    <vllm-venv>/bin/python tests/engine/tiny_model.py OUT_DIR
+    <vllm-venv>/bin/python tests/engine/tiny_model.py OUT_DIR [tiny|small]
 
-Writes OUT_DIR/config.json (LlamaForCausalLM, hidden 128, intermediate 256, 2 layers, 4 heads, 2 KV
-heads, head_dim 32, vocab = tokenizer size) and a byte-level BPE tokenizer trained here on a few lines
-of office-agent text, saved through transformers' PreTrainedTokenizerFast with a chat template.
+Writes OUT_DIR/config.json (LlamaForCausalLM; `tiny`: hidden 128, intermediate 256, 2 layers, 4 heads,
+2 KV heads, head_dim 32; `small`: see SIZES; vocab = tokenizer size) and a byte-level BPE tokenizer
+trained here on a few lines of office-agent text, saved through transformers'
+PreTrainedTokenizerFast with a chat template.
 No weights: the engine initialises them randomly. Prints the vocabulary size.
 """
 from __future__ import annotations
@@ -35,7 +36,19 @@ CHAT_TEMPLATE = (
 )
 
 
-def build(out_dir: str, vocab_size: int = 512) -> int:
+# model shapes: `tiny` is all Python overhead (microseconds of arithmetic per step), the fastest to
+# start and to run; `small` does enough arithmetic per step (about 16 ms per decode step at a batch of
+# 8 on one core) that the engine, not the HTTP frontend sharing the machine's other core, is the
+# bottleneck, as on a real GPU deployment: the knee sweep needs that
+SIZES = {
+    "tiny": {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32},
+    "small": {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64},
+}
+
+
+def build(out_dir: str, vocab_size: int = 512, size: str = "tiny") -> int:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -66,12 +79,7 @@ def build(out_dir: str, vocab_size: int = 512) -> int:
     config = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
-        "hidden_size": 128,
-        "intermediate_size": 256,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 32,
+        **SIZES[size],
         "vocab_size": vocab,
         "max_position_embeddings": 1024,
         "rms_norm_eps": 1e-6,
@@ -91,6 +99,6 @@ def build(out_dir: str, vocab_size: int = 512) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: tiny_model.py OUT_DIR")
-    print(build(sys.argv[1]))
+    if len(sys.argv) not in (2, 3) or (len(sys.argv) == 3 and sys.argv[2] not in SIZES):
+        sys.exit(f"usage: tiny_model.py OUT_DIR [{'|'.join(SIZES)}]")
+    print(build(sys.argv[1], size=sys.argv[2] if len(sys.argv) == 3 else "tiny"))
