@@ -346,10 +346,17 @@ def check_targets(rows: dict) -> dict:
     out = {
         "mean_mase": (_mean(mases), _mean(mases) <= TARGETS["mean_mase_max"]),
         "no_task_mase_above_1.2": (max(mases), max(mases) <= TARGETS["task_mase_max"]),
-        "azure_peak_error_<=10%": (max(r["peak_error_max"] for k, r in h.items() if k.startswith("azure")),
-                                   all(r["peak_error_max"] <= 0.10 for k, r in h.items() if k.startswith("azure"))),
-        "servegen_peak_error_<=20%": (h["servegen_dayahead"]["peak_error_max"],
-                                      h["servegen_dayahead"]["peak_error_max"] <= 0.20),
+        # a task's daily-peak error is the mean over its days, as in the reference figures
+        # (seasonal naive 23.5%, predict_linear 49%); the worst single day is shown beside it
+        "azure_peak_error_<=10%": (max(r["peak_error"] for k, r in h.items() if k.startswith("azure")),
+                                   all(r["peak_error"] <= 0.10 for k, r in h.items() if k.startswith("azure"))),
+        "azure_worst_day_peak_error_<=10%": (
+            max(r["peak_error_max"] for k, r in h.items() if k.startswith("azure")),
+            all(r["peak_error_max"] <= 0.10 for k, r in h.items() if k.startswith("azure"))),
+        "servegen_peak_error_<=20%": (h["servegen_dayahead"]["peak_error"],
+                                      h["servegen_dayahead"]["peak_error"] <= 0.20),
+        "servegen_worst_day_peak_error_<=20%": (h["servegen_dayahead"]["peak_error_max"],
+                                                h["servegen_dayahead"]["peak_error_max"] <= 0.20),
         "code_dayahead_peak_timing_<=30min": (h["azure_code_dayahead"]["peak_timing_minutes_max"],
                                               h["azure_code_dayahead"]["peak_timing_minutes_max"] <= 30),
         "mean_coverage80_in_75-85%": (c80, 0.75 <= c80 <= 0.85),
@@ -358,6 +365,8 @@ def check_targets(rows: dict) -> dict:
                                          min(r["coverage95"] for r in h.values()) >= 0.80),
         "width95_<=_mean_rate": (max(r["width95_ratio"] for r in h.values()),
                                  max(r["width95_ratio"] for r in h.values()) <= 1.0),
+        "mean_width95_<=_mean_rate": (_mean([r["width95_ratio"] for r in h.values()]),
+                                      _mean([r["width95_ratio"] for r in h.values()]) <= 1.0),
     }
     return {k: {"value": v, "met": bool(ok)} for k, (v, ok) in out.items()}
 

@@ -6,8 +6,9 @@ import pandas as pd
 import pytest
 
 from monitor.forecast import models as models_mod
-from monitor.forecast.backtest import (ForecastSettings, apply_calibration, calibrate, forecast_series,
-                                       mase_scale, origins_for, rank_models, rolling_origin, score)
+from monitor.forecast.backtest import (AVERAGE, ForecastSettings, apply_calibration, calibrate,
+                                       forecast_series, mase_scale, no_skill_members, origins_for,
+                                       rank_models, rolling_origin, score)
 from monitor.forecast.models import Forecast, Model
 from monitor.forecast.series import prepare
 
@@ -56,7 +57,8 @@ def test_selection_picks_the_model_that_wins_the_backtest_and_bands_are_calibrat
     p = prepare(noisy_daily(10, sigma=0.08, seed=4, trend=0.03))  # trending: naive lags
     r = forecast_series(p, 24, ForecastSettings(models=("ets", "snaive_day")))
     assert r.defined and r.model == "ets" and r.selected_by == "backtest"
-    assert r.skill["ets"]["mase"] < r.skill["snaive_day"]["mase"]
+    assert r.skill["ets"]["mase"] < min(1.0, r.skill["snaive_day"]["mase"])
+    assert AVERAGE not in r.skill  # a model with skill: selection, not the no-skill average
     assert r.calibration is not None and r.calibration.kind == "sqrt"
     lo80, hi80 = r.forecast.bands[0.8]
     lo95, hi95 = r.forecast.bands[0.95]
@@ -227,5 +229,50 @@ def test_settings_validate_their_fields():
         ForecastSettings(folds=0)
     with pytest.raises(ValueError, match="fit_timeout_seconds"):
         ForecastSettings(fit_timeout_seconds=0)
+    with pytest.raises(ValueError, match="average_below_skill"):
+        ForecastSettings(average_below_skill=-1)
     with pytest.raises(ValueError, match="horizon"):
         forecast_series(prepare(noisy_daily(3)), 0)
+
+
+def no_skill_series(days=8, seed=11):
+    """A clean daily shape, then two days of large noise: the in-sample naive error (the MASE scale,
+    from the history before the backtest) is small and every model's backtest error is large."""
+    rng = np.random.default_rng(seed)
+    i = np.arange(days * 24)
+    y = 40 * (1 + 0.5 * np.sin(2 * np.pi * i / 24)) * rng.normal(1, 0.01, len(i))
+    y[-48:] *= rng.lognormal(0, 0.5, 48)
+    return pd.Series(y, index=1_699_920_000.0 + HOUR * i)
+
+
+def test_no_skill_members_are_the_plain_backtested_models_when_none_beats_the_threshold():
+    skill = {"ets_week": {"mase": 1.3}, "ets": {"mase": 1.2}, "snaive_day": {"mase": 1.1},
+             "sarimax": {}}
+    order = ("ets_week", "ets", "sarimax", "snaive_day")
+    assert no_skill_members(skill, order, 1.0) == ["ets", "snaive_day"]  # no combination, no unscored
+    assert no_skill_members(skill, order, 1.15) == []  # snaive_day beats 1.15: selection as usual
+    assert no_skill_members(skill, order, 0.0) == []  # the rule off
+    assert no_skill_members({"ets": {"mase": 2.0}}, order, 1.0) == []  # one model: nothing to average
+
+
+def test_when_no_model_shows_skill_the_forecast_is_the_average_of_the_plain_candidates():
+    p = prepare(no_skill_series())
+    settings = ForecastSettings(models=("ets_week", "ets", "snaive_week", "snaive_day"))
+    r = forecast_series(p, 24, settings)
+    members = ["ets", "snaive_day"]  # snaive_week needs more than a week of history before the folds
+    assert all(r.skill[m]["mase"] >= 1.0 for m in r.skill if m != AVERAGE), r.skill
+    assert r.defined and r.model == AVERAGE and r.selected_by == "no-skill rule: " + "+".join(members)
+    # the mean is the equal-weight average of the members' own fits on the whole history
+    expected = np.mean([models_mod.MODELS[m].fit(p).forecast(24).mean for m in members], axis=0)
+    assert r.forecast.mean == pytest.approx(expected)
+    # scored and calibrated on the average of the members' backtest folds
+    origins = origins_for(p.n, 24, r.skill["ets"]["folds"])
+    folds = {m: rolling_origin(p, m, 24, origins)[0] for m in members}
+    err = np.concatenate([np.abs(np.mean([folds[m][k].forecast.mean for m in members], axis=0)
+                                 - folds[members[0]][k].actual) for k in range(len(origins))])
+    assert r.skill[AVERAGE]["mase"] == pytest.approx(np.mean(err) / mase_scale(p.head(origins[0])))
+    assert r.calibration is not None and r.calibration.points == 24 * len(origins)
+    # the rule off: the usual selection
+    off = forecast_series(p, 24, ForecastSettings(models=settings.models, average_below_skill=0.0))
+    assert off.model in members + ["ets_week"] and AVERAGE not in off.skill
+

@@ -99,3 +99,20 @@ def test_registered_in_the_headroom_cli(capsys):
                "--models", "snaive_day"])
     out = capsys.readouterr().out
     assert rc == 0 and "selected: snaive_day" in out
+
+
+def test_no_model_with_skill_selects_the_average_with_its_members(tmp_path, capsys):
+    # a clean daily shape, then two days of large noise: no model beats the in-sample naive
+    rng = np.random.default_rng(11)
+    i = np.arange(24 * 8)
+    y = 40 * (1 + 0.5 * np.sin(2 * np.pi * i / 24)) * rng.normal(1, 0.01, len(i))
+    y[-48:] *= rng.lognormal(0, 0.5, 48)
+    path = tmp_path / "noisy.csv"
+    pd.DataFrame({"timestamp": 1_700_000_000 + 3600 * i, "value": y}).to_csv(path, index=False)
+    rc = run(["--csv", str(path), "--horizon", "1d", "--origins", "2", "--models", "ets,snaive_day",
+              "--json"])
+    res = json.loads(capsys.readouterr().out)
+    assert rc == 0 and all(res["models"][m]["mase"] >= 1 for m in ("ets", "snaive_day"))
+    avg = res["models"]["average"]
+    assert res["selected"] == "average" and avg["members"] == ["ets", "snaive_day"] and avg["folds"] == 2
+    assert avg["mase"] <= max(res["models"][m]["mase"] for m in ("ets", "snaive_day"))  # MAE is convex

@@ -4,7 +4,11 @@
 benchmark share:
 1. every candidate model whose minimum history is met is backtested from rolling origins at the end
    of the history (expanding window, refit at each origin);
-2. the model with the lowest MASE is selected (ties within 0.02 go to the better 95% coverage);
+2. the earliest candidate (in the configured order) whose MASE is within 10% of the lowest is
+   selected; but when no candidate's MASE is below `average_below_skill` (1.0), none has shown
+   skill over the seasonal naive and the choice would follow noise: the forecast is then the
+   equal-weight average of every plain candidate, named `average` (bands calibrated on the
+   average's own backtest folds);
 3. the selected model is fitted on the whole history; if that fit fails or overruns its time box,
    the next model in the fallback order is used (and the failure reported);
 4. the 80% / 95% bands are replaced by bands calibrated on backtest residuals (split-conformal
@@ -45,6 +49,10 @@ class ForecastSettings:
     # model uncertainty the winner's few folds hide.
     calibration_pool: float = 1.5
     calibration_kind: str = "sqrt"  # how residuals are scaled across levels: sqrt, ratio or diff
+    # when no candidate's backtest MASE is below this (1.0: none beats the in-sample one-day
+    # seasonal naive), none has shown skill and picking the "best" of two folds picks noise:
+    # forecast the equal-weight average of every plain candidate instead (0 turns the rule off)
+    average_below_skill: float = 1.0
 
     def __post_init__(self):
         for name in self.models:
@@ -58,6 +66,8 @@ class ForecastSettings:
         if self.calibration_kind not in CALIBRATION_KINDS:
             raise ValueError(f"calibration_kind must be one of {CALIBRATION_KINDS}, "
                              f"got {self.calibration_kind!r}")
+        if self.average_below_skill < 0:
+            raise ValueError(f"average_below_skill must be >= 0, got {self.average_below_skill}")
         if self.fit_timeout_seconds is not None and self.fit_timeout_seconds <= 0:
             raise ValueError("fit_timeout_seconds must be positive or None")
 
@@ -248,11 +258,12 @@ class SeriesForecast:
     history_points: int = 0
 
 
-def combined_folds(name: str, fold_sets: dict[str, list[Fold]]) -> Optional[list[Fold]]:
-    """A combination's backtest folds averaged from its members' folds (no refits), when every
-    member was backtested at the same origins; None otherwise (then it is backtested itself)."""
-    model = get_model(name)
-    members = getattr(model, "members", None)
+AVERAGE = "average"  # the model name of the no-skill average (see ForecastSettings.average_below_skill)
+
+
+def average_folds(members, fold_sets: dict[str, list[Fold]], name: str) -> Optional[list[Fold]]:
+    """Backtest folds of the equal-weight average of `members`, averaged from their folds (no
+    refits), when every member was backtested at the same origins; None otherwise."""
     if not members or any(m not in fold_sets for m in members):
         return None
     sets = [fold_sets[m] for m in members]
@@ -260,6 +271,23 @@ def combined_folds(name: str, fold_sets: dict[str, list[Fold]]) -> Optional[list
         return None
     return [Fold(group[0].origin, combine([f.forecast for f in group], name), group[0].actual,
                  group[0].observed) for group in zip(*sets)]
+
+
+def combined_folds(name: str, fold_sets: dict[str, list[Fold]]) -> Optional[list[Fold]]:
+    """A combination's backtest folds averaged from its members' folds (no refits); None when a
+    member is missing or was backtested elsewhere (then it is backtested itself)."""
+    return average_folds(getattr(get_model(name), "members", None), fold_sets, name)
+
+
+def no_skill_members(skill: dict[str, dict], order, threshold: float) -> list[str]:
+    """The plain (non-combination) backtested models of `order` to average when none of the
+    backtested models reached a MASE below `threshold`; [] when one did, the rule is off
+    (threshold 0) or fewer than two could be averaged."""
+    scored = [m for m in skill if skill[m].get("mase") is not None]
+    if threshold <= 0 or not scored or min(skill[m]["mase"] for m in scored) < threshold:
+        return []
+    members = [m for m in order if m in scored and not hasattr(get_model(m), "members")]
+    return members if len(members) >= 2 else []
 
 
 def members_last(names) -> list[str]:
@@ -312,6 +340,9 @@ def forecast_series(prep: Prepared, horizon: int, settings: ForecastSettings = F
                          settings.selection_tolerance)
     order = scored + [m for m in eligible if m not in scored]
     t1, c1 = time.perf_counter(), time.process_time()
+    members = no_skill_members(result.skill, settings.models, settings.average_below_skill)
+    if members and _average(prep, horizon, members, fold_sets, scale, settings, result):
+        order = []  # the average stands; selection does not run
     for name in order:
         try:
             fc = run_fit(name, prep, horizon, settings.fit_timeout_seconds)
@@ -341,3 +372,31 @@ def forecast_series(prep: Prepared, horizon: int, settings: ForecastSettings = F
         result.reason = "every model failed: " + "; ".join(
             f"{k}: {v[-1]}" for k, v in result.errors.items())
     return result
+
+
+def _average(prep: Prepared, horizon: int, members: list[str], fold_sets: dict[str, list[Fold]],
+             scale: float, settings: ForecastSettings, result: SeriesForecast) -> bool:
+    """Forecast the equal-weight average of `members` (each refitted on the whole history), with
+    bands calibrated on the average's own backtest folds. False when fewer than two members could
+    be fitted (then the usual selection runs)."""
+    fits = {}
+    for name in members:
+        try:
+            fits[name] = run_fit(name, prep, horizon, settings.fit_timeout_seconds)
+        except Exception as exc:
+            result.errors.setdefault(name, []).append(f"final fit: {type(exc).__name__}: {exc}")
+    if len(fits) < 2:
+        return False
+    folds = average_folds(list(fits), fold_sets, AVERAGE)
+    fc = combine(list(fits.values()), AVERAGE)
+    if folds:
+        result.skill[AVERAGE] = pooled_score(folds, scale)
+        cal = calibrate(folds, settings.min_calibration_points, settings.calibration_kind) \
+            if settings.calibrate else None
+        if cal is not None:
+            fc = apply_calibration(fc, cal)
+            result.calibration = cal
+    result.model = AVERAGE
+    result.selected_by = "no-skill rule: " + "+".join(fits)
+    result.forecast = fc
+    return True

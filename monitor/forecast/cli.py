@@ -5,7 +5,9 @@
 Every model is refitted at each origin (expanding window) and forecasts `--horizon` ahead; the
 scores are pooled over the origins. MASE is scaled by the in-sample MAE of the one-day seasonal
 naive on the history before the first origin. The selected model is what headroom's automatic
-selection would pick (lowest MASE with a preference for the earlier model in the fallback order).
+selection would pick (lowest MASE with a preference for the earlier model in the fallback order);
+when no model's MASE is below 1 (none beats that naive) it is `average`, the equal-weight average
+of the plain models, scored on the same origins (its `members` listed).
 """
 from __future__ import annotations
 
@@ -18,8 +20,9 @@ import sys
 import numpy as np
 import pandas as pd
 
-from monitor.forecast.backtest import (ForecastSettings, mase_scale, members_last, model_folds, origins_for,
-                                       pooled_score, rank_models)
+from monitor.forecast.backtest import (AVERAGE, ForecastSettings, average_folds, mase_scale, members_last,
+                                       model_folds, no_skill_members, origins_for, pooled_score,
+                                       rank_models)
 from monitor.forecast.models import FALLBACK_ORDER, get_model
 from monitor.forecast.series import SeriesError, prepare
 
@@ -131,10 +134,20 @@ def backtest(series: pd.Series, horizon_seconds: float, n_origins: int, models: 
     if progress:
         progress(len(models), len(models), "done")
     out_models = {m: out_models[m] for m in models}  # the order asked for
-    ranked = rank_models({k: v for k, v in out_models.items() if v.get("folds")},
-                         [m for m in models if out_models[m].get("folds")],
-                         ForecastSettings().selection_tolerance)
-    result = {"selected": ranked[0] if ranked else None, "models": out_models,
+    settings = ForecastSettings()
+    scored = {k: v for k, v in out_models.items() if v.get("folds")}
+    ranked = rank_models(scored, [m for m in models if m in scored], settings.selection_tolerance)
+    selected = ranked[0] if ranked else None
+    members = no_skill_members(scored, models, settings.average_below_skill)
+    avg = average_folds(members, folds_by_model, AVERAGE) if members else None
+    if avg:  # no model showed skill: what the daemon would forecast is the members' average
+        folds_by_model[AVERAGE] = avg
+        s = pooled_score(avg, scale)
+        out_models[AVERAGE] = {k: s.get(k) for k in ("mase", "smape", "coverage80", "coverage95",
+                                                     "width95_ratio", "points", "folds")}
+        out_models[AVERAGE]["members"] = members
+        selected = AVERAGE
+    result = {"selected": selected, "models": out_models,
               "horizon_seconds": horizon_seconds, "step_seconds": prep.step,
               "origins": [prep.start + o * prep.step for o in origins], "points": prep.n,
               "missing_points": int((~prep.observed).sum()),
