@@ -3,7 +3,11 @@
 A stepped closed-loop load sweep (2 to 16 clients and back) on an engine with max-num-seqs 8: the knee
 headroom learns from the engine's /metrics alone (queue-time signal, Little's-law load, scraped every
 second) is within 15 % of the knee of the client-side curve (clients vs the median client TTFT at that
-count), fitted the same way.
+count), fitted the same way. The estimator is fed from windows within one step, as a stepped load test
+measures each level once it holds: 12-s steps are far quicker than production load changes, and a
+window across a step change (load from the old step's completions, queueing from the new step) pulled
+the knee down (6 replayed sweeps, 6-s windows: learned / client knee 0.76-0.89 with windows across
+steps, 0.97-1.04 within).
 
 The engine serves the `small` model of tests/engine/tiny_model.py, which does enough arithmetic per
 step that the engine, not its HTTP frontend, is the bottleneck, as on a GPU deployment. On the `tiny`
@@ -30,8 +34,11 @@ from monitor.sources.vllm import readings_from_text
 pytestmark = pytest.mark.vllm
 
 STEPS = (2, 4, 6, 8, 10, 12, 14, 16, 12, 8, 4)  # clients per step: up past the knee and back
-STEP_SECONDS = 12.0
+# 16-s steps: with 12-s steps the knees of the test's own runs were 0.84-1.19x the client's (both
+# sides noisy: the client curve's knee moved between 8.0 and 9.3 from run to run)
+STEP_SECONDS = 16.0
 LENGTHS = [24, 40, 56, 72]  # mixed lengths so the batch does not finish in lockstep
+WINDOW_SECONDS = 6.0
 
 
 @pytest.fixture(scope="module")
@@ -62,11 +69,16 @@ def test_stepped_sweep_knee_within_15_percent_of_client_curve(knee_engine):
             time.sleep(1.0)
             text, ts = fetch_metrics(url)
             scrapes.append(readings_from_text(text, target, ts)[0])
-            if len(scrapes) > 1:  # Little's law over >= 4 s: batches finish in lumps
-                obs = interval_observation(scrapes[-1], older_reading(scrapes, 4.0), "queue")
+            # one observation per scrape: Little's law over the last >= 6 s (batches finish in lumps),
+            # only once those 6 s lie within this step; a window across a step change pairs the old
+            # step's load (completions lag) with the new step's queueing
+            older = older_reading(scrapes, WINDOW_SECONDS)
+            if older.timestamp >= scrapes[first].timestamp and \
+                    scrapes[-1].timestamp - older.timestamp >= WINDOW_SECONDS:
+                obs = interval_observation(scrapes[-1], older, "queue")
                 if obs is not None:
                     est.observe(*obs)
-                knees.append(est.estimate())
+            knees.append(est.estimate())
         records = loop.join(timeout=300)
         assert not loop.errors(), loop.errors()[:3]
         points += [(clients, r.ttft) for r in records if r.ttft is not None]
@@ -78,7 +90,7 @@ def test_stepped_sweep_knee_within_15_percent_of_client_curve(knee_engine):
     levels = sorted({p[0] for p in points})
     x = np.array(levels, dtype=float)
     y = np.array([np.median([p[1] for p in points if p[0] == c]) for c in levels])
-    client_fit = fit_hinge(x, y, n_bins=len(levels), min_bin=1)
+    client_fit = fit_hinge(x, y, n_bins=64, min_bin=1)  # narrow bins: one per level
     assert client_fit is not None and client_fit.confidence > 0.5
     k = knees[-1]
     print(f"\n[knee] headroom {k.requests:.2f} ({k.source}, confidence {k.confidence:.2f}) vs client curve "
