@@ -185,8 +185,8 @@ def test_littles_law_closes_under_steady_closed_loop(vllm_engine):
     assert 0.8 <= ratio_engine <= 1.2, ratio_engine
     assert pool.completion_rate == pytest.approx(completed / span, rel=1e-9)
     assert pool.mean_concurrency == pytest.approx(mean_l, rel=1e-9)
-    # the plain mean of the samples is close, not equal (CI once saw 14.49 time-weighted vs 15.5)
-    assert sum(l for _, l in levels) / len(levels) == pytest.approx(mean_l, rel=0.15)
+    # (the plain mean of the samples is not compared: with uneven scrape spacing it has been 6.5 %
+    # and 19.5 % away from the time-weighted mean, a property of the sampling, not of headroom)
 
     # 3. the engine saw the clients' concurrency: what the clients had in flight at the same
     # instants, less the HTTP/IPC time spent outside the scheduler
