@@ -275,4 +275,3 @@ def test_when_no_model_shows_skill_the_forecast_is_the_average_of_the_plain_cand
     # the rule off: the usual selection
     off = forecast_series(p, 24, ForecastSettings(models=settings.models, average_below_skill=0.0))
     assert off.model in members + ["ets_week"] and AVERAGE not in off.skill
-

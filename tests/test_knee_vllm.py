@@ -72,9 +72,8 @@ def test_stepped_sweep_knee_within_15_percent_of_client_curve(knee_engine):
             # one observation per scrape: Little's law over the last >= 6 s (batches finish in lumps),
             # only once those 6 s lie within this step; a window across a step change pairs the old
             # step's load (completions lag) with the new step's queueing
-            older = older_reading(scrapes, WINDOW_SECONDS)
-            if older.timestamp >= scrapes[first].timestamp and \
-                    scrapes[-1].timestamp - older.timestamp >= WINDOW_SECONDS:
+            older = older_reading(scrapes[first:], WINDOW_SECONDS)
+            if scrapes[-1].timestamp - older.timestamp >= WINDOW_SECONDS:
                 obs = interval_observation(scrapes[-1], older, "queue")
                 if obs is not None:
                     est.observe(*obs)

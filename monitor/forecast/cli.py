@@ -98,6 +98,12 @@ def load_csv(path: str, time_column: str | None, value_column: str | None) -> pd
     return pd.Series(values.to_numpy(float), index=pd.DatetimeIndex(times)).sort_index()
 
 
+def _summary(score: dict) -> dict:
+    """The pooled backtest scores `headroom backtest` reports per model."""
+    return {k: score.get(k) for k in ("mase", "smape", "coverage80", "coverage95", "width95_ratio",
+                                      "points", "folds")}
+
+
 def backtest(series: pd.Series, horizon_seconds: float, n_origins: int, models: list[str],
              step: float | None = None, progress=None) -> dict:
     try:
@@ -129,8 +135,7 @@ def backtest(series: pd.Series, horizon_seconds: float, n_origins: int, models: 
             continue
         folds_by_model[name] = folds
         s = pooled_score(folds, scale)
-        out_models[name] = {k: s.get(k) for k in ("mase", "smape", "coverage80", "coverage95",
-                                                  "width95_ratio", "points", "folds")}
+        out_models[name] = _summary(s)
     if progress:
         progress(len(models), len(models), "done")
     out_models = {m: out_models[m] for m in models}  # the order asked for
@@ -142,10 +147,7 @@ def backtest(series: pd.Series, horizon_seconds: float, n_origins: int, models: 
     avg = average_folds(members, folds_by_model, AVERAGE) if members else None
     if avg:  # no model showed skill: what the daemon would forecast is the members' average
         folds_by_model[AVERAGE] = avg
-        s = pooled_score(avg, scale)
-        out_models[AVERAGE] = {k: s.get(k) for k in ("mase", "smape", "coverage80", "coverage95",
-                                                     "width95_ratio", "points", "folds")}
-        out_models[AVERAGE]["members"] = members
+        out_models[AVERAGE] = {**_summary(pooled_score(avg, scale)), "members": members}
         selected = AVERAGE
     result = {"selected": selected, "models": out_models,
               "horizon_seconds": horizon_seconds, "step_seconds": prep.step,
