@@ -207,7 +207,9 @@ def test_littles_law_closes_under_steady_closed_loop(vllm_engine):
 def test_cli_once_reports_the_engine_under_load(vllm_engine):
     url = vllm_engine.url
     vocab = vllm_engine.info["vocab_size"]
-    loop = ClosedLoop(url, clients=24, duration=60.0, max_tokens=[150, 250],
+    # the loop runs until stopped below (its duration is only a backstop): the wait for a queue and
+    # the CLI's start-up on a busy 2-core machine took more than a minute together in CI
+    loop = ClosedLoop(url, clients=24, duration=600.0, max_tokens=[150, 250],
                       prompt=lambda rng: token_prompt(rng, rng.randint(16, 64), vocab), seed=11)
     loop.start()
     try:
@@ -217,11 +219,13 @@ def test_cli_once_reports_the_engine_under_load(vllm_engine):
             if g["running"] == 8 and g["waiting"] > 0:
                 break
             time.sleep(0.2)
+        queued_after = time.time() - loop.started_at
         proc = subprocess.run(
             [HEADROOM_PYTHON, "-m", "monitor.cli", "once", "--vllm", url + "/metrics", "--json",
              "--interval", "2"],
             cwd=REPO, capture_output=True, text=True, timeout=120,
         )
+        cli_done_after = time.time() - loop.started_at
         after = engine_gauges(fetch_metrics(url)[0])[MODEL]
     finally:
         loop.stop()
@@ -243,11 +247,14 @@ def test_cli_once_reports_the_engine_under_load(vllm_engine):
     # live KV is block granular: usage x capacity is a whole number of usable blocks' worth
     blocks = pool["kv_tokens_live"] / CAPACITY_TOKENS * 23  # 24 blocks, one is vLLM's null block
     assert abs(blocks - round(blocks)) < 1e-6
-    assert after["waiting"] > 0, "the load was still saturating the engine after the CLI ran"
+    assert after["waiting"] > 0, (f"the load must still saturate the engine after the CLI ran (queue "
+                                  f"seen {queued_after:.0f} s, CLI done {cli_done_after:.0f} s after "
+                                  f"the load started)")
     assert [r.error for r in records if not r.ok] == []
     print(f"\n[cli] once: active {pool['active_requests']}, queued {pool['queued_requests']}, KV "
           f"{pool['kv_tokens_live']:.0f}/{pool['kv_tokens_capacity']:.0f}, completion rate "
-          f"{pool.get('completion_rate')}")
+          f"{pool.get('completion_rate')}; queue {queued_after:.0f} s, CLI done {cli_done_after:.0f} s "
+          f"after the load started")
 
 
 def test_gateway_in_front_of_the_engine_counts_task_requests(vllm_engine, litellm_gateway):
