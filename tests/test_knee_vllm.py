@@ -4,7 +4,7 @@ A stepped closed-loop load sweep (2 to 16 clients and back) on an engine with ma
 headroom learns from the engine's /metrics alone (queue-time signal, Little's-law load, scraped every
 second) is within 15 % of the knee of the client-side curve (clients vs the median client TTFT at that
 count), fitted the same way. The estimator is fed from windows within one step, as a stepped load test
-measures each level once it holds: 12-s steps are far quicker than production load changes, and a
+measures each level once it holds: 16-s steps are far quicker than production load changes, and a
 window across a step change (load from the old step's completions, queueing from the new step) pulled
 the knee down (6 replayed sweeps, 6-s windows: learned / client knee 0.76-0.89 with windows across
 steps, 0.97-1.04 within).
