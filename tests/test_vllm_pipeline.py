@@ -127,13 +127,15 @@ class Sampler:
 
 def test_littles_law_closes_under_steady_closed_loop(vllm_engine):
     """16 closed-loop clients (constant concurrency). The steady window opens once every client has
-    finished two requests and closes after 100 completions (at most 60 s, for a slow shared
-    machine); a window many mean latencies long keeps the boundary error of counting completions
-    small. Little's law: completion rate x mean e2e = mean (running + waiting), within 20%."""
+    finished two requests and closes once it holds 100 completions and 40 scrapes (at most 60 s,
+    for a slow shared machine; scrapes under load take longer than their 0.25-s period, and a fast
+    engine reached 100 completions in 18 scrapes); a window many mean latencies long keeps the
+    boundary error of counting completions small. Little's law: completion rate x mean e2e = mean
+    (running + waiting), within 20%."""
     url = vllm_engine.url
     target = url + "/metrics"
     vocab = vllm_engine.info["vocab_size"]
-    clients, want_completions, max_window = 16, 100, 60.0
+    clients, want_completions, want_samples, max_window = 16, 100, 40, 60.0
     loop = ClosedLoop(url, clients=clients, duration=240.0, max_tokens=[60, 120, 180],
                       prompt=lambda rng: token_prompt(rng, rng.randint(16, 128), vocab), seed=7,
                       random_lengths=True, stagger=1.0)
@@ -151,8 +153,11 @@ def test_littles_law_closes_under_steady_closed_loop(vllm_engine):
                     # have the ages of a steady state (after one cycle they would all be young,
                     # and counting completions from there underestimates the rate)
                     lo = time.time()
-                if lo is not None and (sum(r.end >= lo for r in done) >= want_completions
-                                       or time.time() - lo >= max_window):
+                if lo is None:
+                    continue
+                scraped = sum(ts >= lo for _, ts in list(sampler.samples))
+                if ((sum(r.end >= lo for r in done) >= want_completions and scraped >= want_samples)
+                        or time.time() - lo >= max_window):
                     break
             hi = time.time()
         finally:
