@@ -6,7 +6,8 @@ pipeline reading the engine's /metrics every second. On the `tiny` model the eng
 arithmetic that its HTTP frontend, sharing a core with the load client, becomes the bottleneck on a
 slow day: requests wait in front of the engine, where its gauges cannot see them (one run: at 6
 and 8 sessions on 4 slots the engine's scrapes showed nothing running or waiting while the client
-had 6-8 calls in flight, and the client's queue estimate was 28 % above the server's). On `small` the engine is the bottleneck, as on a GPU. Checked:
+had 6-8 calls in flight, and the client's queue estimate was 28 % above the server's). On `small`
+the engine is the bottleneck, as on a GPU. Checked:
 - queueing shows once the load passes max-num-seqs: no request waits up to 8 sessions (a session has
   at most one call in flight), requests wait from 10 (vllm:num_requests_waiting > 0) and the
   client's TTFT rises;
