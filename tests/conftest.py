@@ -115,6 +115,17 @@ def vllm_engine(vllm_engine_factory) -> servers.ServerHandle:
 
 
 @pytest.fixture(scope="session")
+def vllm_small_engine(vllm_engine_factory) -> servers.ServerHandle:
+    """The reference limits (max-num-seqs 8, 24 KV blocks) on the `small` model, where the engine,
+    not its HTTP frontend, is the bottleneck: for tests that compare what clients saw with what the
+    engine counted while requests queue (tests/engine/README.md)."""
+    handle = vllm_engine_factory(max_num_seqs=8, num_gpu_blocks=24, model="small")
+    if not handle.alive():
+        pytest.fail(f"vLLM engine died; log tail:\n{handle.log_tail()}", pytrace=False)
+    return handle
+
+
+@pytest.fixture(scope="session")
 def litellm_gateway(vllm_engine, engine_workdir):
     """LiteLLM proxy (fixture config, Prometheus callback) in front of `vllm_engine`.
     `info["master_key"]` for the Authorization header, `info["metrics_url"]` for /metrics/."""

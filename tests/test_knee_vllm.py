@@ -56,7 +56,6 @@ def test_stepped_sweep_knee_within_15_percent_of_client_curve(knee_engine):
     est = KneeEstimator("queue", prior_knee(max_num_seqs=seqs), min_observations=30)
     points = []  # client side: (clients in the step, TTFT of each request)
     scrapes = []
-    knees = []
     steady = []  # per step: (clients, client in-flight, engine Little's-law load)
     # warm-up, not recorded: the first requests after start-up are slow (lazy initialisation) and
     # would put a false rise at the low end of the client curve
@@ -77,7 +76,7 @@ def test_stepped_sweep_knee_within_15_percent_of_client_curve(knee_engine):
                 obs = interval_observation(scrapes[-1], older, "queue")
                 if obs is not None:
                     est.observe(*obs)
-            knees.append(est.estimate())
+            knee = est.estimate()  # every scrape, as the daemon: a new fit must be confirmed
         records = loop.join(timeout=300)
         assert not loop.errors(), loop.errors()[:3]
         points += [(clients, r.ttft) for r in records if r.ttft is not None]
@@ -91,14 +90,13 @@ def test_stepped_sweep_knee_within_15_percent_of_client_curve(knee_engine):
     y = np.array([np.median([p[1] for p in points if p[0] == c]) for c in levels])
     client_fit = fit_hinge(x, y, n_bins=64, min_bin=1)  # narrow bins: one per level
     assert client_fit is not None and client_fit.confidence > 0.5
-    k = knees[-1]
-    print(f"\n[knee] headroom {k.requests:.2f} ({k.source}, confidence {k.confidence:.2f}) vs client curve "
-          f"{client_fit.knee:.2f} (max_num_seqs {seqs}); client median TTFT by clients: "
+    print(f"\n[knee] headroom {knee.requests:.2f} ({knee.source}, confidence {knee.confidence:.2f}) "
+          f"vs client curve {client_fit.knee:.2f} (max_num_seqs {seqs}); client median TTFT by clients: "
           + ", ".join(f"{int(a)}: {b:.3f}" for a, b in zip(x, y))
           + "; per step clients / client in flight / engine load: "
           + ", ".join(f"{c}/{a:.1f}/{e:.1f}" for c, a, e in steady if e is not None))
-    assert k.source == "learned", k.detail
-    assert k.requests == pytest.approx(client_fit.knee, rel=0.15)
+    assert knee.source == "learned", knee.detail
+    assert knee.requests == pytest.approx(client_fit.knee, rel=0.15)
     # near the engine's running-slot limit; client concurrency also counts requests in HTTP and
     # (de)tokenisation outside the engine, so the client's knee sits at or above max_num_seqs
     assert 0.75 * seqs <= client_fit.knee <= 1.75 * seqs

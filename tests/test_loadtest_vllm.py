@@ -77,14 +77,8 @@ def ramp(engine, tmp_path_factory, name: str) -> dict:
     return rep
 
 
-@pytest.fixture(scope="module")
-def load_engine(vllm_engine_factory):
-    """max-num-seqs 8, 24 KV blocks, the `small` model."""
-    return vllm_engine_factory(max_num_seqs=8, num_gpu_blocks=24, model="small")
-
-
-def test_queueing_past_max_num_seqs_and_client_server_agree(load_engine, tmp_path_factory):
-    rep = ramp(load_engine, tmp_path_factory, "seqs8")
+def test_queueing_past_max_num_seqs_and_client_server_agree(vllm_small_engine, tmp_path_factory):
+    rep = ramp(vllm_small_engine, tmp_path_factory, "seqs8")
     w = {x["sessions"]: x for x in rep["windows"]}
     assert sorted(w) == list(range(2, 21, 2))
     sys.stderr.write("\n[loadtest] seqs8 windows: " + json.dumps(
@@ -119,8 +113,8 @@ def test_queueing_past_max_num_seqs_and_client_server_agree(load_engine, tmp_pat
     sys.stderr.write(f"[loadtest] knee {json.dumps(rep['knee'])}\n")
 
 
-def test_compare_ranks_more_slots_higher(load_engine, vllm_engine_factory, tmp_path_factory):
-    b = ramp(load_engine, tmp_path_factory, "seqs8")
+def test_compare_ranks_more_slots_higher(vllm_small_engine, vllm_engine_factory, tmp_path_factory):
+    b = ramp(vllm_small_engine, tmp_path_factory, "seqs8")
     fewer = vllm_engine_factory(max_num_seqs=4, num_gpu_blocks=24, model="small")
     a = ramp(fewer, tmp_path_factory, "seqs4")
     assert a["run"]["mix_digest"] == b["run"]["mix_digest"] and a["run"]["seed"] == b["run"]["seed"]

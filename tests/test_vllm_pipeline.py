@@ -7,7 +7,7 @@ One engine (max-num-seqs 8, 24 KV blocks of 128 tokens = 3,072 tokens), shared b
 - Under 16 closed-loop clients, Little's law closes within 20%: headroom's pool ratio, the engine's
   counters read independently, and the client's own timings.
 - `headroom once --vllm URL --json` end to end under load, on a second engine with the same limits
-  serving the `small` model (engine-bound, so 24 clients keep it full: see `busy_engine`).
+  serving the `small` model (engine-bound, so 24 clients keep it full: `vllm_small_engine`).
 """
 from __future__ import annotations
 
@@ -210,17 +210,11 @@ def test_littles_law_closes_under_steady_closed_loop(vllm_engine):
           f"{pool.latency['queue'].mean:.2f} s")
 
 
-@pytest.fixture(scope="module")
-def busy_engine(vllm_engine_factory):
-    """The reference limits (max-num-seqs 8, 24 KV blocks) on the `small` model, where the engine is
-    the bottleneck. On `tiny`, 24 clients sometimes left the engine momentarily empty while their
-    requests sat in the HTTP frontend (the CLI then read 0 active, or the after-check 0 waiting)."""
-    return vllm_engine_factory(max_num_seqs=8, num_gpu_blocks=24, model="small")
-
-
-def test_cli_once_reports_the_engine_under_load(busy_engine):
-    url = busy_engine.url
-    vocab = busy_engine.info["vocab_size"]
+def test_cli_once_reports_the_engine_under_load(vllm_small_engine):
+    # on `tiny`, 24 clients sometimes left the engine momentarily empty while their requests sat in
+    # the HTTP frontend (the CLI then read 0 active, or the after-check 0 waiting)
+    url = vllm_small_engine.url
+    vocab = vllm_small_engine.info["vocab_size"]
     # the loop runs until stopped below (its duration is only a backstop, so a slow CLI start-up
     # cannot outlast it)
     loop = ClosedLoop(url, clients=24, duration=600.0, max_tokens=[150, 250],
