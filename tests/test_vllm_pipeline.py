@@ -6,10 +6,9 @@ wait in the engine, not in its HTTP frontend; tests/engine/README.md).
 - Under a burst of 32 concurrent completions (on `small`), every check scrapes /metrics ONCE and holds
   headroom's derived active / queued / live KV tokens against the engine's own gauges parsed
   independently (prometheus_client's parser) from the SAME text; requests must queue at least once.
-- Under 16 closed-loop clients, Little's law closes within 20%: headroom's pool ratio, the engine's
-  counters read independently, and the client's own timings.
-- `headroom once --vllm URL --json` end to end under load, on a second engine with the same limits
-  serving the `small` model (engine-bound, so 24 clients keep it full: `vllm_small_engine`).
+- Under 16 closed-loop clients (on `small`), Little's law closes within 20%: headroom's pool ratio,
+  the engine's counters read independently, and the client's own timings.
+- `headroom once --vllm URL --json` end to end under load (on `small`: 24 clients keep it full).
 """
 from __future__ import annotations
 
@@ -130,16 +129,16 @@ class Sampler:
         self._thread.join(30)
 
 
-def test_littles_law_closes_under_steady_closed_loop(vllm_engine):
+def test_littles_law_closes_under_steady_closed_loop(vllm_small_engine):
     """16 closed-loop clients (constant concurrency). The steady window opens once every client has
     finished two requests and closes once it holds 100 completions and 40 scrapes (at most 60 s,
     for a slow shared machine; scrapes under load take longer than their 0.25-s period, and a fast
     engine reached 100 completions in 18 scrapes); a window many mean latencies long keeps the
     boundary error of counting completions small. Little's law: completion rate x mean e2e = mean
     (running + waiting), within 20%."""
-    url = vllm_engine.url
+    url = vllm_small_engine.url
     target = url + "/metrics"
-    vocab = vllm_engine.info["vocab_size"]
+    vocab = vllm_small_engine.info["vocab_size"]
     clients, want_completions, want_samples, max_window = 16, 100, 40, 60.0
     loop = ClosedLoop(url, clients=clients, duration=240.0, max_tokens=[60, 120, 180],
                       prompt=lambda rng: token_prompt(rng, rng.randint(16, 128), vocab), seed=7,
