@@ -60,7 +60,8 @@ def tiny_model_dir(vllm_python, engine_workdir) -> str:
 class EngineFactory:
     """Start (once) and hand out real vLLM engines by configuration; all are stopped at session end.
 
-    `factory(max_num_seqs=4)` -> ServerHandle (url, stop(), info, ready_seconds, log_tail()).
+    `factory(max_num_seqs=4)` -> ServerHandle (url, stop(), info, ready_seconds, log_tail()); the
+    test fails with the engine's log tail when a started engine is not alive.
     `model="small"` serves the engine-bound model of tests/engine/tiny_model.py (built on first use)
     instead of the tiny one. `exclusive=True` first stops every other engine this factory started
     (2 shared cores: keep one engine busy at a time when measuring)."""
@@ -89,6 +90,8 @@ class EngineFactory:
         sys.stderr.write(f"\n[engine] vLLM {model} max_num_seqs={key[0]} blocks={key[1]} ready in "
                          f"{handle.ready_seconds:.1f} s at {handle.url}\n")
         self.engines[key] = handle
+        if not handle.alive():
+            pytest.fail(f"vLLM engine died; log tail:\n{handle.log_tail()}", pytrace=False)
         return handle
 
     def stop_all(self) -> None:
@@ -108,10 +111,7 @@ def vllm_engine_factory(vllm_python, tiny_model_dir, engine_workdir):
 @pytest.fixture(scope="session")
 def vllm_engine(vllm_engine_factory) -> servers.ServerHandle:
     """The reference engine: max-num-seqs 8, 24 KV blocks of 128 tokens (3,072 tokens)."""
-    handle = vllm_engine_factory(max_num_seqs=8, num_gpu_blocks=24)
-    if not handle.alive():
-        pytest.fail(f"vLLM engine died; log tail:\n{handle.log_tail()}", pytrace=False)
-    return handle
+    return vllm_engine_factory(max_num_seqs=8, num_gpu_blocks=24)
 
 
 @pytest.fixture(scope="session")
@@ -119,10 +119,7 @@ def vllm_small_engine(vllm_engine_factory) -> servers.ServerHandle:
     """The reference limits (max-num-seqs 8, 24 KV blocks) on the `small` model, where the engine,
     not its HTTP frontend, is the bottleneck: for tests that compare what clients saw with what the
     engine counted while requests queue (tests/engine/README.md)."""
-    handle = vllm_engine_factory(max_num_seqs=8, num_gpu_blocks=24, model="small")
-    if not handle.alive():
-        pytest.fail(f"vLLM engine died; log tail:\n{handle.log_tail()}", pytrace=False)
-    return handle
+    return vllm_engine_factory(max_num_seqs=8, num_gpu_blocks=24, model="small")
 
 
 @pytest.fixture(scope="session")
