@@ -29,18 +29,19 @@ demo: $(STAMP)
 	$(VENV)/bin/headroom demo $(DEMO_ARGS)
 
 ## test: the whole suite (real Prometheus, Alertmanager, vLLM CPU engine where installed)
-# The real-engine tests run in their own pytest sessions, one group at a time: idle vLLM CPU engines
-# kept alive by an earlier group's fixtures take the 2 cores the next group's latency checks need.
-ENGINE_GROUP_A := tests/test_vllm_pipeline.py tests/test_vllm_sim_calibration.py tests/test_capacity_vllm.py
-ENGINE_GROUP_B := tests/test_loadtest_vllm.py
-ENGINE_GROUP_C := tests/test_knee_vllm.py
+# The real-engine tests run in their own pytest sessions: idle vLLM CPU engines kept alive by an
+# earlier session's fixtures take the 2 cores the next one's latency checks need. ENGINE_TESTS share one
+# engine (small model, 8 slots; the LiteLLM gateway sits in front of it) and starts a 4-slot one for
+# the compare test; the knee sweep starts its own engine with every other one stopped.
+ENGINE_TESTS := tests/test_vllm_pipeline.py tests/test_vllm_sim_calibration.py tests/test_capacity_vllm.py \
+                  tests/test_loadtest_vllm.py
+KNEE_TESTS := tests/test_knee_vllm.py
 
 test: $(TSTAMP) tests/k8s-models/node_modules
 	$(PY) helm/sync.py --check
 	$(PY) -m pytest -q -m "not vllm" $(PYTEST_ARGS)
-	$(PY) -m pytest -q -m vllm $(ENGINE_GROUP_A) $(PYTEST_ARGS)
-	$(PY) -m pytest -q -m vllm $(ENGINE_GROUP_B) $(PYTEST_ARGS)
-	$(PY) -m pytest -q -m vllm $(ENGINE_GROUP_C) $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m vllm $(ENGINE_TESTS) $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m vllm $(KNEE_TESTS) $(PYTEST_ARGS)
 
 ## test-fast: everything but the real-engine tests
 test-fast: $(TSTAMP)

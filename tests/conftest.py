@@ -109,12 +109,6 @@ def vllm_engine_factory(vllm_python, tiny_model_dir, engine_workdir):
 
 
 @pytest.fixture(scope="session")
-def vllm_engine(vllm_engine_factory) -> servers.ServerHandle:
-    """The reference engine: max-num-seqs 8, 24 KV blocks of 128 tokens (3,072 tokens)."""
-    return vllm_engine_factory(max_num_seqs=8, num_gpu_blocks=24)
-
-
-@pytest.fixture(scope="session")
 def vllm_small_engine(vllm_engine_factory) -> servers.ServerHandle:
     """The reference limits (max-num-seqs 8, 24 KV blocks) on the `small` model, where the engine,
     not its HTTP frontend, is the bottleneck: for tests that compare what clients saw with what the
@@ -123,15 +117,15 @@ def vllm_small_engine(vllm_engine_factory) -> servers.ServerHandle:
 
 
 @pytest.fixture(scope="session")
-def litellm_gateway(vllm_engine, engine_workdir):
-    """LiteLLM proxy (fixture config, Prometheus callback) in front of `vllm_engine`.
+def litellm_gateway(vllm_small_engine, engine_workdir):
+    """LiteLLM proxy (fixture config, Prometheus callback) in front of `vllm_small_engine`.
     `info["master_key"]` for the Authorization header, `info["metrics_url"]` for /metrics/."""
     binary = servers.litellm_bin()
     if not binary:
         _absent("LiteLLM venv absent: run .ci/install-litellm.sh or set HEADROOM_LITELLM_BIN")
     log_dir = os.path.join(engine_workdir, "litellm")
     os.makedirs(log_dir, exist_ok=True)
-    handle = servers.start_litellm(vllm_engine.url, binary=binary, log_dir=log_dir)
+    handle = servers.start_litellm(vllm_small_engine.url, binary=binary, log_dir=log_dir)
     sys.stderr.write(f"\n[engine] LiteLLM ready in {handle.ready_seconds:.1f} s at {handle.url}\n")
     try:
         yield handle

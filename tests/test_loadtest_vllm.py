@@ -137,7 +137,7 @@ def test_compare_ranks_more_slots_higher(vllm_small_engine, vllm_engine_factory,
     assert "Better: seqs8" in text.stdout
 
 
-def test_through_the_litellm_gateway_with_an_api_key(litellm_gateway, vllm_engine, tmp_path):
+def test_through_the_litellm_gateway_with_an_api_key(litellm_gateway, vllm_small_engine, tmp_path):
     """The real LiteLLM proxy in front of the engine: chat API, the master key from a file; every
     successful call reaches the engine once and the key appears in no output."""
     key = litellm_gateway.info["master_key"]
@@ -157,7 +157,7 @@ task_types:
     tool_wait_seconds: 0.2
 """)
     out = tmp_path / "out"
-    rc = main(["loadtest", "--target", litellm_gateway.url, "--metrics", vllm_engine.url + "/metrics",
+    rc = main(["loadtest", "--target", litellm_gateway.url, "--metrics", vllm_small_engine.url + "/metrics",
                "--mix", str(mix), "--pattern", "burst", "--duration", "10s", "--api-key-file", str(key_file),
                "--model", litellm_gateway.info["served_model"], "--probes", "1", "--out", str(out)])
     assert rc == 0

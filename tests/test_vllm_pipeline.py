@@ -1,8 +1,8 @@
 """Issue 2 against the real vLLM CPU engine: headroom's live pipeline reads what the engine reports.
 
-Engines with max-num-seqs 8 and 24 KV blocks of 128 tokens (3,072 tokens), shared by the session:
-`vllm_engine` serves the `tiny` model, `vllm_small_engine` the `small` one (engine-bound: requests
-wait in the engine, not in its HTTP frontend; tests/engine/README.md).
+One engine with max-num-seqs 8 and 24 KV blocks of 128 tokens (3,072 tokens), shared by the session:
+`vllm_small_engine`, serving the `small` model (engine-bound: requests wait in the engine, not in its
+HTTP frontend; tests/engine/README.md), also behind the LiteLLM gateway.
 - Under a burst of 32 concurrent completions (on `small`), every check scrapes /metrics ONCE and holds
   headroom's derived active / queued / live KV tokens against the engine's own gauges parsed
   independently (prometheus_client's parser) from the SAME text; requests must queue at least once.
@@ -268,12 +268,12 @@ def test_cli_once_reports_the_engine_under_load(vllm_small_engine):
           f"after the load started")
 
 
-def test_gateway_in_front_of_the_engine_counts_task_requests(vllm_engine, litellm_gateway):
+def test_gateway_in_front_of_the_engine_counts_task_requests(vllm_small_engine, litellm_gateway):
     """The harness' LiteLLM proxy forwards to the engine and labels its metrics by task type."""
     import requests
 
     key = litellm_gateway.info["master_key"]
-    before = engine_gauges(fetch_metrics(vllm_engine.url)[0])[MODEL]["request_success"]
+    before = engine_gauges(fetch_metrics(vllm_small_engine.url)[0])[MODEL]["request_success"]
     calls = [("policy_question", "s-1"), ("policy_question", "s-2"), ("document_summary", "s-3")]
     for task_type, session in calls:
         r = requests.post(
@@ -286,7 +286,7 @@ def test_gateway_in_front_of_the_engine_counts_task_requests(vllm_engine, litell
         )
         assert r.status_code == 200, r.text[:500]
         assert r.json()["usage"]["completion_tokens"] >= 1
-    after = engine_gauges(fetch_metrics(vllm_engine.url)[0])[MODEL]["request_success"]
+    after = engine_gauges(fetch_metrics(vllm_small_engine.url)[0])[MODEL]["request_success"]
     assert after - before == len(calls), "every gateway call reached the engine"
 
     from prometheus_client.parser import text_string_to_metric_families

@@ -1,6 +1,6 @@
 """Real-engine test harness: a tiny dummy-weight model, vLLM / LiteLLM launchers and a load driver.
 
-Used through the fixtures in tests/conftest.py (`vllm_engine`, `vllm_engine_factory`,
+Used through the fixtures in tests/conftest.py (`vllm_small_engine`, `vllm_engine_factory`,
 `litellm_gateway`) and directly:
 
     from engine.load import run_batch, ClosedLoop      # the load driver
