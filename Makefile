@@ -30,22 +30,26 @@ demo: $(STAMP)
 
 ## test: the whole suite (real Prometheus, Alertmanager, vLLM CPU engine where installed)
 # The real-engine tests run in their own pytest sessions: idle vLLM CPU engines kept alive by an
-# earlier session's fixtures take the 2 cores the next one's latency checks need. ENGINE_TESTS share one
-# engine (small model, 8 slots; the LiteLLM gateway sits in front of it) and starts a 4-slot one for
+# earlier session's fixtures take the 2 cores the next one's latency checks need. ENGINE_TESTS share
+# one engine (small model, 8 slots; the LiteLLM gateway sits in front of it) and start a 4-slot one for
 # the compare test; the knee sweep starts its own engine with every other one stopped.
 ENGINE_TESTS := tests/test_vllm_pipeline.py tests/test_vllm_sim_calibration.py tests/test_capacity_vllm.py \
-                  tests/test_loadtest_vllm.py
+                tests/test_loadtest_vllm.py
 KNEE_TESTS := tests/test_knee_vllm.py
+
+# The tests without an engine mostly wait (real Prometheus, promtool, simulated fleets in real time):
+# their slowest files run in a second pytest process beside the others (tests/parallel.py).
+SIDE_SHARD := tests/test_demo.py tests/test_loadtest_sim.py tests/test_restarts.py
 
 test: $(TSTAMP) tests/k8s-models/node_modules
 	$(PY) helm/sync.py --check
-	$(PY) -m pytest -q -m "not vllm" $(PYTEST_ARGS)
+	$(PY) tests/parallel.py $(SIDE_SHARD) -- -q -m "not vllm" $(PYTEST_ARGS)
 	$(PY) -m pytest -q -m vllm $(ENGINE_TESTS) $(PYTEST_ARGS)
 	$(PY) -m pytest -q -m vllm $(KNEE_TESTS) $(PYTEST_ARGS)
 
 ## test-fast: everything but the real-engine tests
 test-fast: $(TSTAMP)
-	$(PY) -m pytest -q -m "not vllm" $(PYTEST_ARGS)
+	$(PY) tests/parallel.py $(SIDE_SHARD) -- -q -m "not vllm" $(PYTEST_ARGS)
 
 ## bench: speed, memory and forecast-skill benchmarks -> benchmarks/results.json
 bench: $(TSTAMP)
