@@ -7,18 +7,21 @@ running in real time, the 60-s demo): one pytest process used about 20 % of a co
 Its slowest files in a second process cut the wall time without a plugin. Each process gets its own
 --basetemp (pytest prunes old numbered temp dirs, which must not be the other process's), the side
 process runs without the cache plugin (one writer of .pytest_cache), and both logs are printed in
-full once both are done. Exit status: 0 when both passed (or one passed and the other had nothing
-selected), else the first non-zero one.
+full once both are done; the temporary files are removed after a pass and kept (path printed) after
+a failure. Exit status: 0 when both passed (or one passed and the other had nothing selected), else
+the first non-zero one.
 """
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 
 NO_TESTS = 5  # pytest's exit status when nothing was collected or selected
+
 
 def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
     if "--" not in argv:
@@ -52,7 +55,9 @@ def main(argv: list[str]) -> int:
         sys.stdout.flush()
         log.close()
     if 0 in codes and set(codes) <= {0, NO_TESTS}:
+        shutil.rmtree(base, ignore_errors=True)
         return 0  # a -k or -m filter that selects nothing in one process is not a failure
+    sys.stdout.write(f"pytest's temporary files and both logs are kept in {base}\n")
     return next((c for c in codes if c != 0), 0)
 
 
