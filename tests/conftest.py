@@ -51,24 +51,18 @@ def engine_workdir():
         shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
-def tiny_model_dir(vllm_python, engine_workdir) -> str:
-    """The tiny Llama-shaped model folder (config + tokenizer, dummy weights), built once per session."""
-    return servers.build_tiny_model(os.path.join(engine_workdir, "tiny-model"), python=vllm_python)
-
-
 class EngineFactory:
     """Start (once) and hand out real vLLM engines by configuration; all are stopped at session end.
 
     `factory(max_num_seqs=4)` -> ServerHandle (url, stop(), info, ready_seconds, log_tail()); the
     test fails with the engine's log tail when a started engine is not alive.
-    `model="small"` serves the engine-bound model of tests/engine/tiny_model.py (built on first use)
-    instead of the tiny one. `exclusive=True` first stops every other engine this factory started
-    (2 shared cores: keep one engine busy at a time when measuring)."""
+    `model` is a shape of tests/engine/tiny_model.py (`tiny`, or `small`, the engine-bound one); its
+    folder (config + tokenizer, dummy weights) is built on first use. `exclusive=True` first stops
+    every other engine this factory started (2 shared cores: keep one engine busy at a time when
+    measuring)."""
 
-    def __init__(self, python: str, model_dir: str, log_root: str) -> None:
+    def __init__(self, python: str, log_root: str) -> None:
         self.python = python
-        self.model_dir = model_dir
         self.log_root = log_root
         self.engines: dict[tuple, servers.ServerHandle] = {}
 
@@ -81,8 +75,8 @@ class EngineFactory:
         handle = self.engines.get(key)
         if handle is not None and handle.alive():
             return handle
-        model_dir = self.model_dir if model == "tiny" else servers.build_tiny_model(
-            os.path.join(self.log_root, f"{model}-model"), python=self.python, size=model)
+        model_dir = servers.build_tiny_model(os.path.join(self.log_root, f"{model}-model"),
+                                             python=self.python, size=model)
         log_dir = os.path.join(self.log_root, f"vllm-{model}-{key[0]}seqs-{key[1]}blocks-{len(self.engines)}")
         os.makedirs(log_dir, exist_ok=True)
         handle = servers.start_vllm(model_dir, max_num_seqs=key[0], num_gpu_blocks=key[1],
@@ -100,8 +94,8 @@ class EngineFactory:
 
 
 @pytest.fixture(scope="session")
-def vllm_engine_factory(vllm_python, tiny_model_dir, engine_workdir):
-    factory = EngineFactory(vllm_python, tiny_model_dir, os.path.join(engine_workdir, "engines"))
+def vllm_engine_factory(vllm_python, engine_workdir):
+    factory = EngineFactory(vllm_python, os.path.join(engine_workdir, "engines"))
     try:
         yield factory
     finally:
@@ -110,9 +104,9 @@ def vllm_engine_factory(vllm_python, tiny_model_dir, engine_workdir):
 
 @pytest.fixture(scope="session")
 def vllm_small_engine(vllm_engine_factory) -> servers.ServerHandle:
-    """The reference limits (max-num-seqs 8, 24 KV blocks) on the `small` model, where the engine,
-    not its HTTP frontend, is the bottleneck: for tests that compare what clients saw with what the
-    engine counted while requests queue (tests/engine/README.md)."""
+    """The reference engine, shared by the session: max-num-seqs 8, 24 KV blocks of 128 tokens, on the
+    `small` model, where the engine, not its HTTP frontend, is the bottleneck, so what clients saw and
+    what the engine counted while requests queue can be compared (tests/engine/README.md)."""
     return vllm_engine_factory(max_num_seqs=8, num_gpu_blocks=24, model="small")
 
 
