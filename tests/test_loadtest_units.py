@@ -246,6 +246,60 @@ def test_analysis_finds_the_knee_and_matches_the_schema():
     assert html.count("data:image/png;base64,") == 3
 
 
+def test_engine_view_of_load_added_ttft_and_the_ttft_bracket():
+    """server_load_added = (e2e - prefill - decode) mean + run prefill mean - the probes' prefill mean,
+    the probes' window closed by the reading at probes_ended; the two mean TTFTs side by side."""
+    mix, plan, res = synthetic_run(knee=6)
+    probes = [c for c in res.calls if c.phase == "probe"]
+    load = [c for c in res.calls if c.phase == "load"]
+    bounds = (0.05, 0.1, 0.5, 1.0, float("inf"))
+    r0 = res.readings["u"][0]
+    # the engine's per-request times: probes prefill 0.04 s, no wait; load calls wait (TTFT - 0.06) and
+    # prefill 0.05 s; decode 0.15 s for everyone; the engine's TTFT is 10 ms shorter than the client's
+    p_pre, p_wait = [0.04] * len(probes), [0.0] * len(probes)
+    l_wait = [max(0.0, c.ttft - 0.06) for c in load]
+    l_pre = [0.05] * len(load)
+
+    def reading(ts, pre, wait, ttft, n):
+        dec = [0.15] * len(pre)
+        return ReplicaReading("u", "m", ts, counters={"request_success": 10.0 + n}, histograms={
+            "queue": hist(bounds, wait), "prefill": hist(bounds, pre), "decode": hist(bounds, dec),
+            "e2e": hist(bounds, [w + p + d for w, p, d in zip(wait, pre, dec)]), "ttft": hist(bounds, ttft)})
+    empty = {k: hist(bounds, []) for k in ("queue", "prefill", "decode", "e2e", "ttft")}
+    r0 = ReplicaReading("u", "m", r0.timestamp, counters={"request_success": 10.0}, histograms=empty)
+    probes_ended = probes[-1].end + 0.5
+    rp = reading(probes_ended + 0.01, p_pre, p_wait, [c.ttft - 0.01 for c in probes], len(probes))
+    r1 = reading(res.ended, p_pre + l_pre, p_wait + l_wait, [c.ttft - 0.01 for c in probes + load],
+                 len(probes) + len(load))
+    res.readings = {"u": [r0, rp, r1]}
+    res.probes_ended = probes_ended
+    rep = analyze(mix, plan, res, {"targets": ["http://h:1"], "seed": 1, "api_key": "none"})
+    jsonschema.validate(rep, REPORT_SCHEMA)
+    q = rep["agreement"]["queue_mean_seconds"]
+    n = len(probes) + len(load)
+    wait_mean = sum(p_wait + l_wait) / n
+    pre_mean = sum(p_pre + l_pre) / n
+    assert q["server_including_intake"] == pytest.approx(wait_mean)
+    assert q["server_prefill_mean"] == pytest.approx(pre_mean)
+    assert q["server_unloaded_prefill_mean"] == pytest.approx(0.04)
+    assert q["server_load_added"] == pytest.approx(wait_mean + pre_mean - 0.04)
+    assert q["relative_difference_load_added"] == pytest.approx(
+        abs(q["client_estimate"] - q["server_load_added"]) / q["server_load_added"])
+    t = rep["agreement"]["ttft_mean_seconds"]
+    assert t["client"] - t["server"] == pytest.approx(0.01)
+    assert "TTFT added by load" in render_html(rep, {})
+    # a request the probes did not make (another client) in the probe window: no unloaded prefill
+    rp.histograms["prefill"] = hist(bounds, p_pre + [0.3])
+    q2 = analyze(mix, plan, res, {"targets": ["http://h:1"], "seed": 1, "api_key": "none"})["agreement"]
+    assert q2["queue_mean_seconds"]["server_unloaded_prefill_mean"] is None
+    assert q2["queue_mean_seconds"]["server_load_added"] is None
+    # no scrape closed the probe phase (an older run): the fields are there, empty
+    res.probes_ended = None
+    q3 = analyze(mix, plan, res, {"targets": ["http://h:1"], "seed": 1, "api_key": "none"})["agreement"]
+    assert q3["queue_mean_seconds"]["server_load_added"] is None
+    assert q3["queue_mean_seconds"]["server_including_intake"] == pytest.approx(wait_mean)
+
+
 def test_failed_and_timed_out_calls_are_counted():
     mix, plan, res = synthetic_run()
     res.calls[10].error, res.calls[10].status = "timeout", 200

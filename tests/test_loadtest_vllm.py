@@ -11,10 +11,12 @@ the engine is the bottleneck, as on a GPU. Checked:
 - queueing shows once the load passes max-num-seqs: no request waits up to 8 sessions (a session has
   at most one call in flight), requests wait from 10 (vllm:num_requests_waiting > 0) and the
   client's TTFT rises;
-- client and server agree: successful calls == delta of vllm:request_success_total exactly, and the
-  client's mean queue estimate (TTFT - unloaded TTFT) is within 20% of the server's mean wait before
-  scheduling (e2e - prefill - decode histogram means: API-server intake + engine queue; the engine
-  queue alone, vllm:request_queue_time_seconds, is reported beside it).
+- client and server agree: successful calls == delta of vllm:request_success_total exactly; the
+  client's mean TTFT is at least the engine's (vllm:time_to_first_token_seconds) and within 10 %; the
+  client's mean queue estimate (TTFT - unloaded TTFT) is within 20 % of the engine's view of what load
+  added to TTFT: the mean wait before scheduling (e2e - prefill - decode histogram means: API-server
+  intake + engine queue; the engine queue alone, vllm:request_queue_time_seconds, is reported beside
+  it) plus the run's mean prefill time minus the unloaded probe calls'.
 The same mix and seed against an engine with max-num-seqs 4: `headroom compare` ranks the 8-slot
 engine higher on usable capacity at the SLO.
 """
@@ -101,15 +103,23 @@ def test_queueing_past_max_num_seqs_and_client_server_agree(vllm_small_engine, t
     assert a["succeeded"]["client"] == rep["counts"]["succeeded"] + rep["counts"]["probes"]
     assert a["succeeded"]["server"] == a["succeeded"]["client"]
     assert a["succeeded"]["equal"] is True
-    # mean queue time: client estimate (TTFT - unloaded TTFT) vs the engine's histogram mean
-    # the engine's queue clock starts when the engine core takes the request; the client's wait also
-    # covers the API server's intake, which the engine reports too: e2e - prefill - decode is arrival
-    # at the API server -> first scheduled (means of vllm:e2e_request_latency_seconds,
-    # vllm:request_prefill_time_seconds, vllm:request_decode_time_seconds over the same requests)
+    # time to first token: the client's clock (sent -> first token received) brackets the engine's
+    # (arrival at the API server -> first token), so it is at least as long; on loopback, with the
+    # frontend not starved (the engine runs at nice 10, tests/engine/README.md), close: 0.7-1 % here
+    t = a["ttft_mean_seconds"]
+    assert t["client"] >= t["server"] - 1e-3
+    assert t["client"] == pytest.approx(t["server"], rel=0.10)
+    # what load added to TTFT: the client's estimate (TTFT - unloaded TTFT) vs the engine's view of the
+    # same: the wait from arrival at the API server to first scheduling (e2e - prefill - decode: the
+    # API server's intake + the engine queue, vllm:request_queue_time_seconds) plus how much longer
+    # the prefill step took than for the unloaded probe calls (under load it carries the batch's
+    # decodes; 0-0.03 s here). 0.2-2.5 % apart here; one CI run before the engine ran at nice 10:
+    # client 0.875 s vs 0.707 s for the wait, 24 %, time the engine's clocks did not see
     q = a["queue_mean_seconds"]
     assert q["server"] > 0.05, "the ramp must queue noticeably for the check to mean anything"
     assert q["server_including_intake"] >= q["server"] - 1e-6
-    assert q["client_estimate"] == pytest.approx(q["server_including_intake"], rel=0.20)
+    assert q["server_unloaded_prefill_mean"] > 0 and q["server_prefill_mean"] > 0
+    assert q["client_estimate"] == pytest.approx(q["server_load_added"], rel=0.20)
     sys.stderr.write(f"[loadtest] knee {json.dumps(rep['knee'])}\n")
 
 

@@ -9,7 +9,10 @@ included) is held against the engine's mean of vllm:request_queue_time_seconds o
 (histogram sum / count delta between each target's scrape before the first call and after the last).
 It leans high by what load adds to the overhead: the prefill step then carries the batch's decodes
 (about one step per call), and an API server starved of CPU holds requests before they reach the
-engine core, where vLLM's queue clock starts.
+engine core, where vLLM's queue clock starts. The engine's view of the same quantity is therefore
+also given: wait from arrival at the API server to first scheduling (e2e - prefill - decode) plus the
+run's mean prefill time minus the probe calls' (server_load_added); and the two mean TTFTs, whose
+difference is time no engine clock sees (network, gateway, HTTP handling, a slow client).
 """
 from __future__ import annotations
 
@@ -69,6 +72,11 @@ def mean_in_flight(calls, t0: float, t1: float) -> float:
     return busy / (t1 - t0)
 
 
+def _rel(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    """|a - b| / b, or None when either is missing or b is 0."""
+    return abs(a - b) / b if (a is not None and b) else None
+
+
 def _hist_delta(first, last, key: str):
     a, b = first.histograms.get(key), last.histograms.get(key)
     if a is None or b is None:
@@ -91,6 +99,8 @@ def server_between(readings: dict, t0: Optional[float], t1: Optional[float], bef
     succ = 0.0
     qsum = qcount = 0.0
     wsum = wcount = 0.0  # arrival at the API server -> first scheduled: e2e - prefill - decode
+    psum = pcount = 0.0  # first scheduled -> first token (vllm:request_prefill_time_seconds)
+    tsum = tcount = 0.0  # arrival at the API server -> first token (vllm:time_to_first_token_seconds)
     have = False
     for rs in readings.values():
         if not rs:
@@ -111,10 +121,20 @@ def server_between(readings: dict, t0: Optional[float], t1: Optional[float], bef
         if e is not None and p is not None and d is not None and e.count == p.count == d.count:
             wsum += e.sum - p.sum - d.sum
             wcount += e.count
+        if p is not None:
+            psum += p.sum
+            pcount += p.count
+        t = _hist_delta(a, b, "ttft")
+        if t is not None:
+            tsum += t.sum
+            tcount += t.count
     if not have:
-        return {"requests_succeeded": None, "queue_mean": None, "queue_count": None, "wait_mean": None}
+        return {"requests_succeeded": None, "queue_mean": None, "queue_count": None, "wait_mean": None,
+                "prefill_mean": None, "prefill_count": None, "ttft_mean": None}
     return {"requests_succeeded": succ, "queue_mean": (qsum / qcount) if qcount else None,
-            "queue_count": qcount, "wait_mean": (wsum / wcount) if wcount else None}
+            "queue_count": qcount, "wait_mean": (wsum / wcount) if wcount else None,
+            "prefill_mean": (psum / pcount) if pcount else None, "prefill_count": pcount,
+            "ttft_mean": (tsum / tcount) if tcount else None}
 
 
 def _window_slo(calls_ok, calls_all, tasks_done, mix: LoadMix, ttft_limit: Optional[float]) -> tuple[bool, list]:
@@ -342,6 +362,19 @@ def analyze(mix: LoadMix, plan: Plan, res: RunResult, meta: dict) -> dict:
         cq = [v for v in cq if v is not None]
         client_q = float(np.mean(cq)) if cq else None
         sq = tot["queue_mean"]
+        # the engine's view of what load added to the time to first token, the quantity the client's estimate
+        # measures: the wait before scheduling plus how much longer the prefill step took than unloaded
+        # (under load it carries the batch's decodes); unloaded = the probe calls, between the first reading
+        # and the scrape that closes the probe phase
+        unl = (server_between(res.readings, None, res.probes_ended)
+               if res.probes_ended is not None else None)
+        n_probes_ok = sum(1 for c in probes if c.ok)
+        unloaded_prefill = (unl["prefill_mean"] if unl and unl["prefill_count"]
+                            and int(round(unl["prefill_count"])) == n_probes_ok else None)
+        load_added = (tot["wait_mean"] + tot["prefill_mean"] - unloaded_prefill
+                      if None not in (tot["wait_mean"], tot["prefill_mean"], unloaded_prefill) else None)
+        ct = [c.ttft for c in client_ok_all if c.ttft is not None]
+        client_ttft = float(np.mean(ct)) if ct else None
         agreement = {
             "succeeded": {"client": len(client_ok_all), "server": tot["requests_succeeded"],
                           "equal": tot["requests_succeeded"] is not None
@@ -349,14 +382,24 @@ def analyze(mix: LoadMix, plan: Plan, res: RunResult, meta: dict) -> dict:
                           "note": "client successes (probes included) vs the delta of vllm:request_success_total "
                                   "(every finished_reason) over all --metrics targets"},
             "queue_mean_seconds": {"client_estimate": client_q, "server": sq,
-                                   "relative_difference": (abs(client_q - sq) / sq) if (client_q is not None and sq) else None,
+                                   "relative_difference": _rel(client_q, sq),
                                    "server_including_intake": tot["wait_mean"],
-                                   "relative_difference_including_intake":
-                                       (abs(client_q - tot["wait_mean"]) / tot["wait_mean"])
-                                       if (client_q is not None and tot["wait_mean"]) else None,
+                                   "relative_difference_including_intake": _rel(client_q, tot["wait_mean"]),
+                                   "server_prefill_mean": tot["prefill_mean"],
+                                   "server_unloaded_prefill_mean": unloaded_prefill,
+                                   "server_load_added": load_added,
+                                   "relative_difference_load_added": _rel(client_q, load_added),
                                    "unloaded_ttft_seconds": baseline, "method": queue_method,
                                    "note": "client estimate = mean over successful calls of max(0, TTFT - unqueued "
-                                           "TTFT); server = vllm:request_queue_time_seconds sum/count delta"},
+                                           "TTFT); server = vllm:request_queue_time_seconds sum/count delta; "
+                                           "server_including_intake = e2e - prefill - decode means (arrival at the "
+                                           "API server -> first scheduled); server_load_added = that + the prefill "
+                                           "mean over the run - the prefill mean of the probe calls"},
+            "ttft_mean_seconds": {"client": client_ttft, "server": tot["ttft_mean"],
+                                  "relative_difference": _rel(client_ttft, tot["ttft_mean"]),
+                                  "note": "client: request sent -> first token received; server: "
+                                          "vllm:time_to_first_token_seconds (arrival at the API server -> first "
+                                          "token), sum/count delta"},
         }
 
     counts = {

@@ -21,6 +21,7 @@ from .mix import LoadMix
 from .schedule import Plan, task_plan
 
 log = logging.getLogger(__name__)
+PROBE_SETTLE = 0.5  # seconds for the engine to publish the probe calls before the scrape that closes them
 
 
 @dataclass
@@ -64,6 +65,7 @@ class RunResult:
     skipped_arrivals: int = 0
     call_cap_hit: bool = False
     model: str = ""
+    probes_ended: Optional[float] = None  # the probe phase's end (a scrape follows it before the load starts)
 
 
 class Monitor:
@@ -78,8 +80,13 @@ class Monitor:
         self.samples: list[ServerSample] = []
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        self._cycle_lock = threading.Lock()  # the timer thread and cycle() from the runner
 
     def cycle(self) -> None:
+        with self._cycle_lock:
+            self._cycle()
+
+    def _cycle(self) -> None:
         snap = self.pipeline.run_cycle()
         if snap is None:
             return
@@ -301,6 +308,7 @@ class Runner:
     # ---- the run -------------------------------------------------------------------------
     def run(self) -> RunResult:
         started = time.time()
+        probes_ended = None
         monitor = Monitor(self.metrics, self.scrape_interval, keep=self.plan.duration + 3600) if self.metrics else None
         if monitor:
             monitor.start()
@@ -310,6 +318,11 @@ class Runner:
         try:
             self.hard_end = time.time() + 600 + self.plan.duration + drain
             self._probe()
+            if monitor and self.probes > 0:
+                # a scrape between the probes and the load: the engine's own view of the unloaded calls
+                time.sleep(PROBE_SETTLE)
+                probes_ended = time.time()
+                monitor.cycle()
             lead = 0.5  # seconds a session thread is started before its planned start
             self.t0 = time.time() + lead
             self.end_load = self.t0 + self.plan.duration
@@ -352,7 +365,7 @@ class Runner:
         return RunResult(started, self.t0, load_end, ended, calls,
                          sorted(self.tasks, key=lambda t: t.start),
                          monitor.samples if monitor else [], monitor.readings() if monitor else {},
-                         self.skipped, self.cap_hit, self.model)
+                         self.skipped, self.cap_hit, self.model, probes_ended)
 
     def _progress_loop(self) -> None:
         while not self._stop.wait(0.5):
