@@ -81,10 +81,6 @@ class EngineFactory:
         os.makedirs(log_dir, exist_ok=True)
         handle = servers.start_vllm(model_dir, max_num_seqs=key[0], num_gpu_blocks=key[1],
                                     extra_args=key[2], python=self.python, log_dir=log_dir)
-        if servers.ENGINE_NICE > 0 and not handle.info["engine_nice"]:
-            handle.stop()
-            pytest.fail("found no VLLM:: engine process to renice (did vLLM rename its processes?)",
-                        pytrace=False)
         nice = sorted(set(handle.info["engine_nice"].values())) or "default"
         sys.stderr.write(f"\n[engine] vLLM {model} max_num_seqs={key[0]} blocks={key[1]} ready in "
                          f"{handle.ready_seconds:.1f} s at {handle.url}, engine processes at nice {nice}\n")

@@ -149,16 +149,14 @@ def render_html(rep: dict, pngs: dict[str, str]) -> str:
                           qd["client_estimate_seconds"]["p95"], qd["server_mean_seconds"]]]))
     if rep.get("agreement"):
         a = rep["agreement"]
+        aq = a["queue_mean_seconds"]
+        at = a.get("ttft_mean_seconds") or {}  # reports written before it was added lack it
         parts.append(_table(["check", "client", "server", "agreement"], [
             ["requests succeeded", a["succeeded"]["client"], a["succeeded"]["server"], a["succeeded"]["equal"]],
-            ["mean queue time (s)", a["queue_mean_seconds"]["client_estimate"], a["queue_mean_seconds"]["server"],
-             a["queue_mean_seconds"]["relative_difference"]],
+            ["mean queue time (s)", aq["client_estimate"], aq["server"], aq["relative_difference"]],
             ["mean TTFT added by load (s): engine = wait before scheduling + prefill slow-down",
-             a["queue_mean_seconds"]["client_estimate"], a["queue_mean_seconds"].get("server_load_added"),
-             a["queue_mean_seconds"].get("relative_difference_load_added")],
-            ["mean TTFT (s)", (a.get("ttft_mean_seconds") or {}).get("client"),
-             (a.get("ttft_mean_seconds") or {}).get("server"),
-             (a.get("ttft_mean_seconds") or {}).get("relative_difference")]]))
+             aq["client_estimate"], aq.get("server_load_added"), aq.get("relative_difference_load_added")],
+            ["mean TTFT (s)", at.get("client"), at.get("server"), at.get("relative_difference")]]))
     p = rep["interactive_protection"]
     parts.append("<h2>Interactive tasks while batch work is active</h2>")
     parts.append(_table(["calls with batch", "calls without", f"TTFT {qk} with batch", f"TTFT {qk} without", "protected"],

@@ -112,12 +112,19 @@ class Monitor:
             except Exception:  # the monitor must not take the load test down
                 log.exception("metrics cycle failed")
 
+    def settle_and_cycle(self, settle: float) -> float:
+        """Wait `settle` seconds for the engine to publish the last requests' metrics, then scrape;
+        returns the time the wait ended (the scrape's reading is the first at or after it)."""
+        time.sleep(settle)
+        at = time.time()
+        self.cycle()
+        return at
+
     def stop(self, settle: float = 1.0) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
-        time.sleep(settle)  # let the engine publish the last requests' metrics
-        self.cycle()
+        self.settle_and_cycle(settle)
         self.pipeline.close()
 
     def readings(self) -> dict:
@@ -320,9 +327,7 @@ class Runner:
             self._probe()
             if monitor and self.probes > 0:
                 # a scrape between the probes and the load: the engine's own view of the unloaded calls
-                time.sleep(PROBE_SETTLE)
-                probes_ended = time.time()
-                monitor.cycle()
+                probes_ended = monitor.settle_and_cycle(PROBE_SETTLE)
             lead = 0.5  # seconds a session thread is started before its planned start
             self.t0 = time.time() + lead
             self.end_load = self.t0 + self.plan.duration

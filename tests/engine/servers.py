@@ -282,6 +282,10 @@ def start_vllm(
     _LIVE.append(handle)
     _wait_ready(handle, "/ping", timeout, started)
     handle.info["engine_nice"] = renice_engine(proc.pid, ENGINE_NICE)
+    if ENGINE_NICE > 0 and not handle.info["engine_nice"]:
+        handle.stop()
+        raise ServerStartError("found no VLLM:: engine process to renice (did vLLM rename its processes?); "
+                               "HEADROOM_VLLM_ENGINE_NICE=0 leaves the priority alone")
     return handle
 
 
