@@ -6,7 +6,7 @@ PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 TSTAMP := $(VENV)/.installed-test
 
-.PHONY: demo test test-fast bench fuzz docs venv clean chart-sync
+.PHONY: demo test test-unit test-live test-engine test-fast bench bench-engine fuzz docs venv clean chart-sync
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,38 +18,54 @@ $(TSTAMP): $(STAMP)
 	$(PIP) install -q -e '.[test]'
 	touch $(TSTAMP)
 
-# npm models of the Prometheus Operator CRDs, for the chart tests (skipped when npm is absent)
-tests/k8s-models/node_modules: tests/k8s-models/package-lock.json
-	-command -v npm >/dev/null && npm ci --prefix tests/k8s-models --no-audit --no-fund --silent
-
 venv: $(STAMP)
 
 ## demo: set everything up and watch a simulated busy fleet (Ctrl-C stops it)
 demo: $(STAMP)
 	$(VENV)/bin/headroom demo $(DEMO_ARGS)
 
-## test: the whole suite (real Prometheus, Alertmanager, vLLM CPU engine where installed)
-# The real-engine tests run in their own pytest sessions: idle vLLM CPU engines kept alive by an
-# earlier session's fixtures take the 2 cores the next one's latency checks need. ENGINE_TESTS share
-# one engine (small model, 8 slots; the LiteLLM gateway sits in front of it) and start a 4-slot one for
-# the compare test; the knee sweep starts its own engine with every other one stopped.
-ENGINE_TESTS := tests/test_vllm_pipeline.py tests/test_vllm_sim_calibration.py tests/test_capacity_vllm.py \
-                tests/test_loadtest_vllm.py
-KNEE_TESTS := tests/test_knee_vllm.py
+## test: set-up + the whole suite, every tier (SKIP_ENGINES=1 leaves the engine tier out, and says so)
+# Tiers (tests/tiers.py holds them by what each test does; tests/run_tiers.py runs them):
+#   test-unit    no subprocess, no socket, no binary
+#   test-live    real Prometheus / promtool / Alertmanager / VictoriaMetrics / Chromium, daemons on loopback
+#   test-engine  the real vLLM CPU engine and the LiteLLM proxy in front of it
+# Set-up (.ci/setup.sh) installs what a tier needs when it is missing: Debian packages (as root), the npm
+# models of the chart tests, the vLLM and LiteLLM venvs (under ~/.cache/headroom, shared by every clone).
+HEADROOM_CACHE ?= $(or $(HOME),/root)/.cache/headroom
+export HEADROOM_VLLM_VENV ?= $(HEADROOM_CACHE)/venv-vllm
+export HEADROOM_LITELLM_VENV ?= $(HEADROOM_CACHE)/venv-litellm
+export HEADROOM_VLLM_PYTHON ?= $(HEADROOM_VLLM_VENV)/bin/python
+export HEADROOM_LITELLM_BIN ?= $(HEADROOM_LITELLM_VENV)/bin/litellm
+TIERS := tests/run_tiers.py
 
-# The tests without an engine mostly wait (real Prometheus, promtool, simulated fleets in real time):
-# their slowest files run in a second pytest process beside the others (tests/parallel.py).
-SIDE_SHARD := tests/test_demo.py tests/test_loadtest_sim.py tests/test_restarts.py
-
-test: $(TSTAMP) tests/k8s-models/node_modules
+test: $(TSTAMP)
+	bash .ci/setup.sh $(if $(SKIP_ENGINES),live,all)
 	$(PY) helm/sync.py --check
-	$(PY) tests/parallel.py $(SIDE_SHARD) -- -q -m "not vllm" $(PYTEST_ARGS)
-	$(PY) -m pytest -q -m vllm $(ENGINE_TESTS) $(PYTEST_ARGS)
-	$(PY) -m pytest -q -m vllm $(KNEE_TESTS) $(PYTEST_ARGS)
+	$(PY) $(TIERS) unit live $(if $(SKIP_ENGINES),--not-run engine,engine) -- $(PYTEST_ARGS)
 
-## test-fast: everything but the real-engine tests
+## test-unit: the pure tests (under 90 s); the loop to run while working
+test-unit: $(TSTAMP)
+	$(PY) $(TIERS) unit -- $(PYTEST_ARGS)
+
+## test-live: the tests against real binaries and servers on loopback
+test-live: $(TSTAMP)
+	bash .ci/setup.sh live
+	$(PY) $(TIERS) live -- $(PYTEST_ARGS)
+
+## test-engine: the real vLLM CPU engine tests (one engine session, about 12 minutes)
+test-engine: $(TSTAMP)
+	bash .ci/setup.sh engine
+	$(PY) $(TIERS) engine -- $(PYTEST_ARGS)
+
+## test-fast: unit + live (no engine)
 test-fast: $(TSTAMP)
-	$(PY) tests/parallel.py $(SIDE_SHARD) -- -q -m "not vllm" $(PYTEST_ARGS)
+	bash .ci/setup.sh live
+	$(PY) $(TIERS) unit live -- $(PYTEST_ARGS)
+
+## bench-engine: accuracy against the real engine over repeated trials -> benchmarks/engine_results.json
+bench-engine: $(TSTAMP)
+	bash .ci/setup.sh engine
+	$(PY) benchmarks/engine_bench.py $(BENCH_ARGS)
 
 ## bench: speed, memory and forecast-skill benchmarks -> benchmarks/results.json
 bench: $(TSTAMP)

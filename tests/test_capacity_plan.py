@@ -45,6 +45,8 @@ HAND = {
     "what_if": {"burst": [2], "replicas_lost": [1], "growth": {"policy_question": 3}},
 }
 
+pytestmark = pytest.mark.live  # tests/tiers.py: this file starts servers or binaries
+
 
 def check_hand_numbers(result: dict) -> None:
     base = result["base"]

@@ -57,6 +57,7 @@ def test_yaml_syntax_error_names_line(tmp_path):
         load(str(p))
 
 
+@pytest.mark.live  # runs a subprocess (tests/tiers.py)
 def test_check_config_cli_exit_codes(tmp_path):
     good = tmp_path / "good.yml"
     good.write_text("sources:\n  vllm:\n    targets: ['http://127.0.0.1:1/metrics']\n")
@@ -70,6 +71,7 @@ def test_check_config_cli_exit_codes(tmp_path):
     assert "bad.yml: global.interval: expected a duration" in ko.stderr
 
 
+@pytest.mark.live  # runs a subprocess (tests/tiers.py)
 def test_daemon_refuses_bad_config(tmp_path):
     bad = tmp_path / "bad.yml"
     bad.write_text("sources:\n  vllm:\n    targets: ['http://127.0.0.1:1/metrics']\nweb:\n  listen_adress: ':1'\n")

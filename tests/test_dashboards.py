@@ -289,6 +289,7 @@ def test_headroom_queries_deduplicate_the_ha_pair():
         "headroom_active_requests", "headroom_queued_requests"]
 
 
+@pytest.mark.live  # runs a subprocess (tests/tiers.py)
 def test_ha_pair_panels_show_one_copy_in_prometheus(tmp_path):
     """Evaluate real dashboard queries with promtool on an HA pair's duplicated series: one result per
     pool, with the pessimistic copy where the pods disagree, and no doubled sums."""

@@ -19,6 +19,8 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--disable-quic", "--no-first-run", "--hide-scrollbars"]
 
+pytestmark = pytest.mark.live  # tests/tiers.py: this file starts servers or binaries
+
 
 def screenshot(url: str, out: str, size="1300,900") -> None:
     browser = shutil.which("chromium") or shutil.which("chromium-browser")

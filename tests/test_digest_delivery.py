@@ -35,6 +35,9 @@ if not os.path.exists(PY):
 
 # ---- a webhook receiver -----------------------------------------------------------------------
 
+pytestmark = pytest.mark.live  # tests/tiers.py: this file starts servers or binaries
+
+
 class Receiver:
     """Slack-like webhook endpoint; answers `status` and records what it acknowledged."""
 

@@ -16,6 +16,8 @@ if not os.path.exists(PY):
     PY = sys.executable
 CHROMIUM = "/usr/bin/chromium"
 
+pytestmark = pytest.mark.live  # tests/tiers.py: this file starts servers or binaries
+
 
 @pytest.fixture(scope="module")
 def out_dir(tmp_path_factory):

@@ -22,6 +22,8 @@ from monitor.sim.history import generate_history
 WEEK_END = 1764547200.0  # Mon 2025-12-01 00:00 UTC
 FAST = {"forecast": {"models": ["snaive_day"]}}
 
+pytestmark = pytest.mark.live  # tests/tiers.py: this file starts servers or binaries
+
 
 def test_digest_from_the_history_store_matches_the_history(tmp_path):
     df = generate_history(None, days=9, step_s=300, end=WEEK_END - 300, replica_series=False)

@@ -12,8 +12,8 @@ import requests
 from monitor.forecast.history import default_queries, fetch_history
 from monitor.process import stop_process
 
-pytestmark = pytest.mark.skipif(not (shutil.which("prometheus") and shutil.which("promtool")),
-                                reason="needs the prometheus and promtool binaries")
+pytestmark = [pytest.mark.live, pytest.mark.skipif(not (shutil.which("prometheus") and shutil.which("promtool")),
+                                reason="needs the prometheus and promtool binaries")]
 
 
 class HTTPRangeClient:

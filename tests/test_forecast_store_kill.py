@@ -5,6 +5,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from monitor.forecast.store import HistoryStore
 
 WRITER = textwrap.dedent("""
@@ -20,6 +22,8 @@ WRITER = textwrap.dedent("""
         print(i + 2, flush=True)   # every t <= i + 2 is committed
         i += 3
 """)
+
+pytestmark = pytest.mark.live  # tests/tiers.py: this file starts servers or binaries
 
 
 def test_kill_minus_nine_never_loses_or_duplicates(tmp_path):

@@ -34,6 +34,9 @@ KUBE_VERSION = "1.30.0"
 RELEASE, NAMESPACE = "demo", "monitoring"
 
 
+pytestmark = pytest.mark.live  # tests/tiers.py: this file starts servers or binaries
+
+
 def _load_sync_module():
     import importlib.util
 

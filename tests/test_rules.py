@@ -35,6 +35,8 @@ PROMTOOL_TESTS = sorted(RULE_TESTS_DIR.glob("*.test.yaml"))
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (Debian package prometheus)")
 
+pytestmark = pytest.mark.live  # tests/tiers.py: this file starts servers or binaries
+
 
 def _alert_rules() -> list[dict]:
     return [r for f in names.ALERT_FILES for g in names.load_groups(f) for r in g["rules"] if "alert" in r]

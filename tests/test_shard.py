@@ -25,6 +25,8 @@ POOLS_50 = [
 ]
 assert len(set(POOLS_50)) == 50
 
+pytestmark = pytest.mark.live  # tests/tiers.py: this file starts servers or binaries
+
 
 def _sim_pools() -> list[str]:
     """Pools of the demo simulated fleet: the pool names and the model names headroom keys them by."""

@@ -6,9 +6,12 @@ import os
 import subprocess
 import sys
 
+import pytest
 import requests
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+pytestmark = pytest.mark.live  # tests/tiers.py: this file starts servers or binaries
 
 
 def run_cli(*args, timeout=40):

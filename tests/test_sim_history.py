@@ -80,6 +80,7 @@ def test_deterministic_and_validated():
         generate_history(None, days=1, step_s=0)
 
 
+@pytest.mark.live  # runs a subprocess (tests/tiers.py)
 def test_openmetrics_loads_with_real_promtool(tmp_path):
     promtool = shutil.which("promtool")
     if promtool is None:

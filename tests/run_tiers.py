@@ -1,0 +1,106 @@
+"""Run test tiers one after the other and close with one line for all of them (the Makefile's test targets).
+
+    python tests/run_tiers.py unit live engine [--not-run engine] [-- PYTEST_ARGS...]
+
+Tiers (tests/tiers.py says how a test gets its tier and how the marks are checked):
+    unit    pytest -m "not live and not vllm", with HEADROOM_TEST_TIER=unit (no subprocess, no socket)
+    live    pytest -m "live and not vllm", the slowest files in a second process (tests/parallel.py)
+    engine  pytest -m vllm on ENGINE_FILES in one session (one shared engine; the knee sweep last)
+Every tier runs with HEADROOM_NO_SKIP=1: a skipped test fails, naming what was missing. Output streams
+as it comes; the last lines give each tier's result and wall time, then the totals as
+'total: N passed, N failed', then, with --not-run, which tiers did not run and why.
+Exit status: 0 when every tier passed, else 1.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+# the slowest files of the live tier, run in a second pytest process beside the others
+SIDE_SHARD = ["tests/test_demo.py", "tests/test_loadtest_sim.py", "tests/test_restarts.py"]
+# one pytest session, one shared engine; the knee sweep stops the other engines first, so it runs last
+ENGINE_FILES = ["tests/test_vllm_pipeline.py", "tests/test_vllm_sim_calibration.py",
+                "tests/test_capacity_vllm.py", "tests/test_loadtest_vllm.py", "tests/test_knee_vllm.py"]
+TIERS = ("unit", "live", "engine")
+_COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|deselected|xfailed|xpassed)")
+_CLOSING = re.compile(r"^=*\s*(no tests ran|\d+ (passed|failed|errors?|skipped|deselected)\b.*\bin [\d.]+s)")
+
+
+def command(tier: str, args: list[str]) -> list[str]:
+    py = sys.executable
+    if tier == "unit":
+        return [py, "-m", "pytest", "-q", "-m", "not live and not vllm", *args]
+    if tier == "live":
+        return [py, os.path.join(HERE, "parallel.py"), *SIDE_SHARD, "--", "-q", "-m", "live and not vllm", *args]
+    return [py, "-m", "pytest", "-q", "-m", "vllm", *args, *ENGINE_FILES]
+
+
+def run_tier(tier: str, args: list[str]) -> tuple[int, dict, float]:
+    env = {**os.environ, "HEADROOM_TEST_TIER": tier, "HEADROOM_NO_SKIP": "1", "PYTHONUNBUFFERED": "1"}
+    counts: dict = {}
+    started = time.monotonic()
+    proc = subprocess.Popen(command(tier, args), cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    assert proc.stdout is not None
+    pending = b""
+    while True:  # pass the output through as it comes (pytest's dots have no newline)
+        chunk = os.read(proc.stdout.fileno(), 65536)
+        if not chunk:
+            break
+        sys.stdout.buffer.write(chunk)
+        sys.stdout.flush()
+        *lines, pending = (pending + chunk).split(b"\n")
+        for line in lines:
+            _count(line.decode("utf-8", "replace").strip(), counts)
+    _count(pending.decode("utf-8", "replace").strip(), counts)
+    return proc.wait(), counts, time.monotonic() - started
+
+
+def _count(line: str, counts: dict) -> None:
+    if _CLOSING.match(line):  # a pytest closing line (two of them for the live tier)
+        for n, what in _COUNT.findall(line):
+            key = "error" if what.startswith("error") else what
+            counts[key] = counts.get(key, 0) + int(n)
+
+
+def main(argv: list[str]) -> int:
+    args: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, args = argv[:i], argv[i + 1:]
+    not_run: list[str] = []
+    while "--not-run" in argv:
+        i = argv.index("--not-run")
+        not_run.append(argv[i + 1])
+        del argv[i:i + 2]
+    tiers = [t for t in argv if t]
+    bad = [t for t in tiers + not_run if t not in TIERS]
+    if not tiers or bad:
+        print(f"usage: run_tiers.py {{{'|'.join(TIERS)}}}... [--not-run TIER] [-- PYTEST_ARGS]"
+              + (f" (unknown tier: {', '.join(bad)})" if bad else ""), file=sys.stderr)
+        return 2
+    results = []
+    for tier in tiers:
+        print(f"\n===== tier {tier} =====", flush=True)
+        results.append((tier, *run_tier(tier, [a for a in args if a])))
+    total_passed = sum(c.get("passed", 0) for _, _, c, _ in results)
+    total_failed = sum(c.get("failed", 0) + c.get("error", 0) for _, _, c, _ in results)
+    print()
+    for tier, code, counts, seconds in results:
+        shown = ", ".join(f"{v} {k}" for k, v in counts.items()) or "no closing line"
+        print(f"tier {tier}: exit {code}, {shown}, {seconds:.0f} s wall")
+    ok = all(code == 0 for _, code, _, _ in results)
+    print(f"total: {total_passed} passed, {total_failed} failed")
+    if not_run:
+        print(f"NOT RUN: the {', '.join(not_run)} tier{'s' if len(not_run) > 1 else ''} "
+              "(opted out: SKIP_ENGINES=1); this is not the whole suite")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
