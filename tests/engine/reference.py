@@ -70,3 +70,37 @@ def engine_gauges(text: str) -> dict[str, dict]:
         row["kv_usage"] = row["kv_live_tokens"] / cap if cap else None
         row["engines"] = len(row["engines"]) or 1
     return dict(out)
+
+
+def histogram_buckets(text: str, family: str, model: str) -> dict[float, float]:
+    """Cumulative bucket counts {le: count} of one histogram family (e.g.
+    'vllm:e2e_request_latency_seconds') for one model_name, engines summed (prometheus_client's parser)."""
+    out: dict[float, float] = defaultdict(float)
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == family + "_bucket" and s.labels.get("model_name") == model:
+                out[float(s.labels["le"])] += s.value
+    return dict(out)
+
+
+def promql_quantile(q: float, buckets: dict[float, float]) -> Optional[float]:
+    """histogram_quantile(q, ...) as the Prometheus docs define it, written apart from headroom's
+    monitor/derive/histogram.py: linear interpolation inside the bucket holding rank q x total, the
+    first bucket starting at 0, a rank in the +Inf bucket answering with the highest finite bound."""
+    import numpy as np  # noqa: PLC0415
+
+    les = np.array(sorted(buckets))
+    cum = np.array([buckets[b] for b in les])
+    total = cum[-1]
+    if total <= 0:
+        return None
+    rank = q * total
+    i = int(np.searchsorted(cum, rank, side="left"))
+    i = min(i, len(les) - 1)
+    if np.isinf(les[i]):
+        return float(les[-2])
+    lo_bound = les[i - 1] if i > 0 else 0.0
+    lo_count = cum[i - 1] if i > 0 else 0.0
+    if cum[i] == lo_count:
+        return float(les[i])
+    return float(lo_bound + (les[i] - lo_bound) * (rank - lo_count) / (cum[i] - lo_count))
