@@ -1,6 +1,8 @@
 """Security: credentials from files or env never reach logs or pages; TLS and basic auth on
-headroom's own endpoints (web-config file with bcrypt hashes); label values are escaped."""
+headroom's own endpoints (web-config file with bcrypt hashes); label values are escaped.
+Every wait is a condition with a deadline. (Hostile clients and every web-config key: test_web_hostile.py.)"""
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -15,8 +17,31 @@ from monitor.cycle import Pipeline
 from monitor.export.landing import Trends, render
 from servers import MetricsServer, fixture, free_port, wait_http
 
+pytestmark = pytest.mark.live  # each test starts the daemon or a metrics server on loopback
+
 SECRET = "s3cr3t-token-9f8e7d6c5b4a"
 PASSWORD = "hunter2-and-more-entropy-77"
+
+
+def wait_for(fetch, cond, timeout: float, what: str):
+    """fetch() until cond(value) holds; the last value, or AssertionError naming what did not happen."""
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            value = fetch()
+        except requests.RequestException:
+            value = None
+        if value is not None and cond(value):
+            return value
+        assert time.monotonic() < end, f"not within {timeout}s: {what} (last: {str(value)[:300]})"
+        time.sleep(0.1)
+
+
+def cycles(metrics_text: str) -> float:
+    m = re.search(r"^headroom_cycles_total (\S+)$", metrics_text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+pytestmark = pytest.mark.live  # tests/tiers.py: this file starts servers or binaries
 
 
 def _daemon(config_text, tmp_path, *extra, env=None):
@@ -48,11 +73,14 @@ def test_outgoing_credentials_never_logged(tmp_path):
         "global:\n  interval: 1s\nsources:\n  prometheus:\n"
         f"    url: http://127.0.0.1:{prom.port}\n    bearer_token_file: {token_file}\n    retries: 1\n",
         tmp_path)
+    base = f"http://127.0.0.1:{port}"
     try:
-        wait_http(f"http://127.0.0.1:{port}/-/ready", timeout=30)
-        time.sleep(2.5)
-        page = requests.get(f"http://127.0.0.1:{port}/", timeout=5).text
-        metrics = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        wait_http(base + "/-/ready", timeout=30)
+        # a second failed cycle (each query retried, each failure logged at debug) before the logs are read
+        metrics = wait_for(lambda: requests.get(base + "/metrics", timeout=5).text,
+                           lambda text: cycles(text) >= 2 and f"Bearer {SECRET}" in seen, 30,
+                           "a second cycle against the failing Prometheus")
+        page = requests.get(base + "/", timeout=5).text
     finally:
         proc.terminate()
         out, err = proc.communicate(timeout=20)
@@ -73,18 +101,21 @@ def test_password_from_env_and_url_credentials_never_logged(tmp_path):
         f"    targets: ['http://admin:{PASSWORD}@127.0.0.1:{vllm.port}/metrics']\n"
         "    basic_auth: {username: bob, password_env: HEADROOM_TEST_PW}\n",
         tmp_path, env={"HEADROOM_TEST_PW": SECRET})
+    base = f"http://127.0.0.1:{port}"
+    target = f'target="http://127.0.0.1:{vllm.port}/metrics"'
     try:
-        wait_http(f"http://127.0.0.1:{port}/-/ready", timeout=30)
-        time.sleep(2.0)
-        metrics = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-        page = requests.get(f"http://127.0.0.1:{port}/", timeout=5).text
-        api = requests.get(f"http://127.0.0.1:{port}/api/v1/snapshot", timeout=5).text
+        wait_http(base + "/-/ready", timeout=30)
+        # two cycles against the replica that answers 503, its (redacted) target on /metrics
+        metrics = wait_for(lambda: requests.get(base + "/metrics", timeout=5).text,
+                           lambda text: cycles(text) >= 2 and target in text, 30, "two cycles against the replica")
+        page = requests.get(base + "/", timeout=5).text
+        api = requests.get(base + "/api/v1/snapshot", timeout=5).text
     finally:
         proc.terminate()
         out, err = proc.communicate(timeout=20)
         vllm.stop()
-    assert vllm.hits.get("/metrics", 0) >= 1
-    assert f'target="http://127.0.0.1:{vllm.port}/metrics"' in metrics  # redacted target name
+    assert vllm.hits.get("/metrics", 0) >= 2
+    assert target in metrics and PASSWORD not in metrics  # the target is named with its credentials cut
     for text in (out, err, metrics, page, api):
         assert SECRET not in text and PASSWORD not in text
 
@@ -113,15 +144,8 @@ def test_tls_and_basic_auth_on_own_endpoints(tmp_path, tls_files):
                          tmp_path, "--web.config.file", str(web))
     base = f"https://127.0.0.1:{port}"
     try:
-        end = time.monotonic() + 30
-        while True:
-            try:
-                if requests.get(base + "/-/ready", verify=str(cert), timeout=2).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            assert time.monotonic() < end, "daemon did not become ready over TLS"
-            time.sleep(0.2)
+        wait_for(lambda: requests.get(base + "/-/ready", verify=str(cert), timeout=2).status_code,
+                 lambda code: code == 200, 30, "daemon ready over TLS")
         with pytest.raises(requests.exceptions.ConnectionError):
             requests.get(f"http://127.0.0.1:{port}/metrics", timeout=2)  # plain HTTP is refused
         assert requests.get(base + "/metrics", verify=str(cert), timeout=5).status_code == 401
@@ -129,6 +153,16 @@ def test_tls_and_basic_auth_on_own_endpoints(tmp_path, tls_files):
         assert requests.get(base + "/metrics", verify=str(cert), auth=("eve", PASSWORD), timeout=5).status_code == 401
         ok = requests.get(base + "/metrics", verify=str(cert), auth=("prom", PASSWORD), timeout=5)
         assert ok.status_code == 200 and "headroom_active_requests" in ok.text
+        assert ok.headers["Server"] == "headroom"  # no Python version on the wire
+        assert "headroom_web_open_connections " in ok.text
+        # the web server's own counters reach /metrics (rendered each cycle): the requests above, and
+        # the plain-HTTP attempt, which broke a TLS handshake
+        def events():
+            text = requests.get(base + "/metrics", verify=str(cert), auth=("prom", PASSWORD), timeout=5).text
+            return {line.split('"')[1]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                    if line.startswith("headroom_web_events_total{")}
+        wait_for(events, lambda e: e["requests"] >= 4 and e["tls_handshake_errors"] >= 1, 30,
+                 "the web server's counters on /metrics")
         assert requests.get(base + "/", verify=str(cert), auth=("prom", PASSWORD), timeout=5).status_code == 200
         assert requests.get(base + "/-/healthy", verify=str(cert), timeout=5).status_code == 200
     finally:
@@ -145,8 +179,21 @@ def test_bad_web_config_is_refused(tmp_path):
                       "--web.config.file", str(web))
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 2
-    assert "basic_auth_users.prom: not a bcrypt hash" in err
+    assert f"{web}: basic_auth_users.prom: not a bcrypt hash" in err
     assert "plaintext-password" not in err
+
+
+def test_unenforceable_tls_key_stops_start_up(tmp_path, tls_files):
+    """A key the server could not honour (here: an mTLS mode) stops start-up instead of being ignored."""
+    cert, key = tls_files
+    web = tmp_path / "web.yml"
+    web.write_text(f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n"
+                   "  client_auth_type: RequireAndVerifyClientCert\n")
+    proc, _ = _daemon("sources:\n  vllm:\n    targets: ['http://127.0.0.1:1/metrics']\n", tmp_path,
+                      "--web.config.file", str(web))
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 2
+    assert f"{web}: tls_server_config.client_auth_type: RequireAndVerifyClientCert needs client_ca_file" in err
 
 
 def test_label_values_are_escaped_on_the_landing_page():
