@@ -16,11 +16,26 @@ from typing import Callable, Optional
 from .config import Config, Target
 from .derive.core import derive_pools, pool_of
 from .model import PoolSnapshot, ReplicaReading, Snapshot, SourceStatus
-from .sources.http import Fetcher, redact
+from .sources.http import FetchError, Fetcher, redact
 from .sources.prometheus import PrometheusSourceReader
-from .sources.scrape import Scraper, fetch_texts
+from .sources.scrape import DeadlinePool, Late, Scraper
 
 log = logging.getLogger(__name__)
+
+DEADLINE_MARGIN = 0.5  # seconds a cycle waits beyond its sources' request timeouts
+
+
+def cycle_deadline_seconds(cfg: Config) -> float:
+    """How long a cycle waits for its sources before it publishes what it has.
+
+    A little over the longest request timeout in use (every request ends by then, see
+    sources/http.py), and never more than 90% of the interval: one stuck source cannot hold the
+    cycle of the whole fleet.
+    """
+    timeouts = [cfg.prometheus.timeout] if cfg.prometheus else []
+    if cfg.vllm_targets or cfg.gateways or cfg.dcgm_targets:
+        timeouts.append(cfg.scrape_timeout)
+    return max(0.05, min(0.9 * cfg.interval, max(timeouts, default=0.0) + DEADLINE_MARGIN))
 
 # Hooks run on each cycle's pools after derivation: f(pools, pipeline) -> None. The capacity model,
 # gateway/task readers and forecasts register here, so this module stays small.
@@ -79,21 +94,42 @@ class Pipeline:
         self.publish(snapshot)
         return snapshot
 
-    def collect(self, now: float) -> tuple[list[ReplicaReading], list[SourceStatus]]:
+    def collect(self, now: float, deadline: Optional[float] = None
+                ) -> tuple[list[ReplicaReading], list[SourceStatus]]:
+        """Every source at once; one without an answer by `deadline` (monotonic; default: now +
+        `cycle_deadline_seconds`) is down with reason `deadline` and its request is abandoned."""
+        began = time.monotonic()
+        if deadline is None:
+            deadline = began + cycle_deadline_seconds(self.config)
+        pool = self._source_pool()
+        prom = pool.start([("prometheus", lambda: self.prom.read(now, deadline))]) if self.prom else []
+        aux = self._start_aux(pool)
         readings: list[ReplicaReading] = []
         statuses: list[SourceStatus] = []
         if self.scraper is not None:
-            for result in self.scraper.scrape(self.config.vllm_targets, clock=self.clock):
+            targets = self.config.vllm_targets
+            started = self.scraper.start(targets, clock=self.clock)
+            for result in self.scraper.finish(targets, started, deadline, began):
                 readings.extend(result.readings)
                 statuses.append(result.status)
                 for kind, n in (result.anomalies or {}).items():
                     self.anomalies[kind] = self.anomalies.get(kind, 0.0) + n
-        if self.prom is not None:
-            r, s = self.prom.read(now)
-            readings.extend(r)
-            statuses.extend(s)
-        statuses.extend(self._collect_aux())
+        for result in pool.wait(prom, deadline):
+            if isinstance(result, tuple):
+                readings.extend(result[0])
+                statuses.extend(result[1])
+            else:
+                statuses.append(_late("prometheus", self.config.prometheus.url, result, began))
+        statuses.extend(self._collect_aux(deadline, aux, began))
         return readings, statuses
+
+    def _source_pool(self) -> DeadlinePool:
+        """Workers for Prometheus, gateways and DCGM (vLLM targets have the scraper's own)."""
+        pool = getattr(self, "_sources", None)
+        if pool is None:
+            cfg = self.config
+            pool = self._sources = DeadlinePool(1 + len(cfg.gateways) + len(cfg.dcgm_targets), "sources")
+        return pool
 
     def _fetcher_for(self, auth) -> Fetcher:
         key = id(auth)
@@ -102,23 +138,35 @@ class Pipeline:
             f = self._aux_fetchers[key] = Fetcher(auth)
         return f
 
-    def _collect_aux(self) -> list[SourceStatus]:
-        """Gateway and DCGM bodies (I/O only); enrichers parse them."""
+    def _start_aux(self, pool: DeadlinePool) -> list:
+        timeout = self.config.scrape_timeout
+        jobs = [(("gateway", i, gw.url), lambda f=self._fetcher_for(gw.auth), u=gw.url: _fetch(f, u, timeout))
+                for i, gw in enumerate(self.config.gateways)]
+        dcgm = self._fetcher_for(None) if self.config.dcgm_targets else None
+        jobs += [(("dcgm", t.url), lambda u=t.url: _fetch(dcgm, u, timeout)) for t in self.config.dcgm_targets]
+        return pool.start(jobs)
+
+    def _collect_aux(self, deadline: Optional[float] = None, started: Optional[list] = None,
+                     began: Optional[float] = None) -> list[SourceStatus]:
+        """Gateway and DCGM bodies (I/O only); enrichers parse them. Late ones are down (`deadline`)."""
+        began = time.monotonic() if began is None else began
+        pool = self._source_pool()
+        if started is None:
+            started = self._start_aux(pool)
+        results = pool.wait(started, deadline)
         statuses: list[SourceStatus] = []
-        gateway_texts = []
-        for gw in self.config.gateways:
-            t0 = time.monotonic()
-            [(url, text, err)] = fetch_texts(self._fetcher_for(gw.auth), [gw.url], self.config.scrape_timeout, 1)
-            gateway_texts.append((gw, text))
-            statuses.append(SourceStatus("gateway", redact(url), err is None, err.reason if err else None,
-                                         err.detail if err else None, time.monotonic() - t0))
-        dcgm_texts = []
-        if self.config.dcgm_targets:
-            urls = [t.url for t in self.config.dcgm_targets]
-            for url, text, err in fetch_texts(self._fetcher_for(None), urls, self.config.scrape_timeout):
-                dcgm_texts.append((url, text))
-                statuses.append(SourceStatus("dcgm", redact(url), err is None, err.reason if err else None,
-                                             err.detail if err else None))
+        gateway_texts, dcgm_texts = [], []
+        sources = [("gateway", gw.url, gw) for gw in self.config.gateways]
+        sources += [("dcgm", t.url, t.url) for t in self.config.dcgm_targets]
+        for (kind, url, key), result in zip(sources, results):
+            if isinstance(result, tuple):
+                text, err, took = result
+                statuses.append(SourceStatus(kind, redact(url), err is None, err.reason if err else None,
+                                             err.detail if err else None, took))
+            else:
+                text = None
+                statuses.append(_late(kind, url, result, began))
+            (gateway_texts if kind == "gateway" else dcgm_texts).append((key, text))
         self.gateway_texts, self.dcgm_texts = gateway_texts, dcgm_texts
         return statuses
 
@@ -197,11 +245,38 @@ class Pipeline:
             except Exception:
                 log.exception("snapshot listener failed")
 
-    def close(self) -> None:
+    def close(self, wait: float = 0.0) -> None:
+        """Stop every source at once: requests in flight break, a cycle waiting on them goes on with
+        what it has. `wait`: seconds to let a running cycle finish publishing."""
         if self.scraper is not None:
             self.scraper.close()
-        for f in self._aux_fetchers.values():
+        if self.prom is not None:
+            self.prom.close()
+        pool = getattr(self, "_sources", None)
+        if pool is not None:
+            pool.close()
+        for f in list(self._aux_fetchers.values()):
             f.close()
+        if wait > 0 and self._lock.acquire(timeout=wait):
+            self._lock.release()
+
+
+def _fetch(fetcher: Fetcher, url: str, timeout: float) -> tuple[Optional[str], Optional[FetchError], float]:
+    t0 = time.monotonic()
+    try:
+        return fetcher.get(url, timeout), None, time.monotonic() - t0
+    except FetchError as exc:
+        return None, exc, time.monotonic() - t0
+
+
+def _late(source: str, url: str, result: object, began: float) -> SourceStatus:
+    """The status of a source without an answer at the cycle deadline (or whose reader failed)."""
+    waited = time.monotonic() - began
+    if isinstance(result, Late):
+        return SourceStatus(source, redact(url), False, "deadline", result.detail(waited), waited,
+                            attempted=result.state not in ("busy", "closed"))
+    log.error("%s reader failed", source, exc_info=result if isinstance(result, BaseException) else None)
+    return SourceStatus(source, redact(url), False, "internal", type(result).__name__, waited)
 
 
 def targets_from_urls(urls: list[str]) -> list[Target]:

@@ -1,7 +1,9 @@
 """`headroom once`: one collection cycle, the snapshot as JSON on stdout.
 
 Counter rates and latency windows need two readings: `--interval` seconds apart (default 5). With
-`--interval 0` they are reported as null, never invented.
+`--interval 0` they are reported as null, never invented. Each reading waits for its sources at
+most the cycle deadline (a little over `scrape_timeout`); a source that has not answered by then is
+reported down with reason `deadline`.
 """
 from __future__ import annotations
 
@@ -49,11 +51,14 @@ def run(args) -> int:
         return 2
     cfg.latency_window = max(cfg.latency_window, args.interval * 2)
     pipeline = Pipeline(cfg, enrichers=default_enrichers(cfg))
-    try:
+    try:  # each cycle ends by its deadline (monitor/cycle.py), whatever a source does
         snap = pipeline.run_cycle()
         if args.interval > 0:
             time.sleep(args.interval)
             snap = pipeline.run_cycle()
+    except KeyboardInterrupt:
+        print("headroom: interrupted", file=sys.stderr)
+        return 130
     finally:
         pipeline.close()
     json.dump(snapshot_to_dict(snap), sys.stdout, indent=2, allow_nan=False)

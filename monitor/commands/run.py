@@ -13,9 +13,13 @@ from ..cycle import Pipeline
 from ..export.collector import Exposition
 from ..export.landing import Trends
 from ..export.server import WebState, parse_listen_address, serve
+from ..process import exit_if_stuck
 from ..wiring import attach_history_and_forecasts, default_enrichers, extra_samples, web_security
 
 log = logging.getLogger("headroom")
+
+STOP_GRACE = 2.0  # seconds stop() lets the running cycle publish after its sources are cut off
+EXIT_GRACE = 8.0  # seconds from the stop to a forced exit, should a thread still hold the process
 
 
 def add_arguments(p) -> None:
@@ -61,8 +65,11 @@ class Daemon:
         self.scheduler.start()
 
     def stop(self) -> None:
+        """Stops within a few seconds whatever a source is doing: no new cycles, requests in flight
+        broken (the running cycle publishes what it has), then the stop hooks and the web server."""
         if self.scheduler.running:
             self.scheduler.shutdown(wait=False)
+        self.pipeline.close(wait=STOP_GRACE)
         for hook in self.on_stop:
             try:
                 hook()
@@ -70,7 +77,6 @@ class Daemon:
                 log.exception("stop hook failed")
         self.server.shutdown()
         self.server.server_close()
-        self.pipeline.close()
         self.stopped.set()
 
 
@@ -99,5 +105,7 @@ def run(args) -> int:
     log.info("headroom listening on %s (%s mode, interval %gs)", listen,
              "prometheus" if cfg.prometheus else "direct", cfg.interval)
     daemon.stopped.wait(timeout=args.duration)
+    log.info("headroom stopping")
+    exit_if_stuck(EXIT_GRACE, code=1)  # backstop: stop() below normally ends everything in well under 1 s
     daemon.stop()
     return 0

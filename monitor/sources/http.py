@@ -1,18 +1,21 @@
-"""HTTP plumbing shared by the sources: sessions with credentials, error reasons, retries.
+"""HTTP plumbing shared by the sources: one deadline per request, credentials, error reasons, retries.
 
-Credentials are attached to the session, never formatted into messages or logs.
+Every request has one total deadline (connect, TLS handshake, headers and body): each socket read
+waits at most the time left, so a target that trickles bytes cannot hold a request longer than its
+timeout. Credentials are attached as headers, never formatted into messages or logs.
 """
 from __future__ import annotations
 
 import base64
 import http.client
+import io
 import random
 import socket
 import ssl
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 from urllib.parse import urlsplit
 
 import requests
@@ -62,45 +65,19 @@ def redact(url: str) -> str:
     return url
 
 
-def get_text(session: requests.Session, url: str, timeout: float) -> str:
-    """GET a metrics body. Raises FetchError with a reason on any failure or a short body."""
-    try:
-        resp = session.get(url, timeout=timeout, headers={"Accept": ACCEPT_TEXT}, stream=True)
-    except requests.exceptions.Timeout:
-        raise FetchError("timeout", f"no answer within {timeout:g}s") from None
-    except requests.exceptions.SSLError as exc:
-        raise FetchError("tls", type(exc).__name__) from None
-    except requests.exceptions.ConnectionError as exc:
-        raise FetchError("connect", _short(exc)) from None
-    except requests.exceptions.RequestException as exc:
-        raise FetchError("request", type(exc).__name__) from None
-    try:
-        if resp.status_code >= 400:
-            raise FetchError("http", f"HTTP {resp.status_code}")
-        chunks = []
-        size = 0
-        deadline = time.monotonic() + timeout
-        for chunk in resp.iter_content(65536):
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > MAX_BODY_BYTES:
-                raise FetchError("too_large", f"body over {MAX_BODY_BYTES} bytes")
-            if time.monotonic() > deadline:
-                raise FetchError("timeout", f"body not complete within {timeout:g}s")
-        expected = resp.headers.get("Content-Length")
-        if expected is not None and expected.isdigit() and int(expected) != size:
-            raise FetchError("truncated", f"got {size} of {expected} bytes")
-    except requests.exceptions.Timeout:
-        raise FetchError("timeout", f"body not complete within {timeout:g}s") from None
-    except (requests.exceptions.ChunkedEncodingError, requests.exceptions.ConnectionError) as exc:
-        raise FetchError("truncated", _short(exc)) from None
-    finally:
-        resp.close()
-    body = b"".join(chunks)
-    try:
-        return body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise FetchError("parse", f"body is not UTF-8 (byte {exc.start})") from None
+def get_text(client: Union["Fetcher", requests.Session], url: str, timeout: float) -> str:
+    """GET a metrics body within `timeout` seconds in all. Raises FetchError with a reason on any failure.
+
+    `client` is a Fetcher, or a requests.Session from `make_session` whose credentials and TLS settings
+    are carried over (the request itself goes through the deadline-bounded transport below).
+    """
+    if isinstance(client, requests.Session):
+        fetcher = Fetcher.from_session(client)
+        try:
+            return fetcher.get(url, timeout)
+        finally:
+            fetcher.close()
+    return client.get(url, timeout)
 
 
 def _short(exc: Exception) -> str:
@@ -124,12 +101,86 @@ class Backoff:
         return self.rng() * min(self.cap, self.base * (2 ** attempt))
 
 
+# ---- the deadline-bounded transport -------------------------------------------------------------
+
+def _time_left(deadline: float) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("request deadline passed")
+    return left
+
+
+class _DeadlineReader(io.RawIOBase):
+    """A socket's raw reader whose every read waits at most the time left before the request deadline."""
+
+    def __init__(self, sock: socket.socket, conn: "_DeadlineMixin"):
+        super().__init__()
+        self._sock = sock
+        self._raw = sock.makefile("rb", buffering=0)  # keeps the socket's reference count right
+        self._conn = conn
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf) -> Optional[int]:
+        self._sock.settimeout(_time_left(self._conn.deadline))
+        return self._raw.readinto(buf)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._raw.close()
+        super().close()
+
+
+class _SocketView:
+    """What HTTPResponse asks of a socket (`makefile`), answered with a deadline-bounded reader."""
+
+    def __init__(self, sock: socket.socket, conn: "_DeadlineMixin"):
+        self._sock, self._conn = sock, conn
+
+    def makefile(self, mode: str = "rb"):
+        return io.BufferedReader(_DeadlineReader(self._sock, self._conn))
+
+
+class _DeadlineMixin:
+    """http.client connection whose connect, handshake, status line, headers and body share one deadline."""
+
+    deadline = float("inf")  # set before each request
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # http.client opens sockets through this attribute; ours also gives the TLS handshake (which
+        # runs on the socket's timeout) only the time left after the TCP connect
+        self._create_connection = self._open
+
+    def _open(self, address, timeout, source_address=None):
+        sock = socket.create_connection(address, _time_left(self.deadline), source_address)
+        try:
+            sock.settimeout(_time_left(self.deadline))
+        except TimeoutError:
+            sock.close()
+            raise
+        return sock
+
+    def response_class(self, sock, *args, **kwargs):  # http.client's hook for the response type
+        return http.client.HTTPResponse(_SocketView(sock, self), *args, **kwargs)
+
+
+class _Conn(_DeadlineMixin, http.client.HTTPConnection):
+    pass
+
+
+class _TLSConn(_DeadlineMixin, http.client.HTTPSConnection):
+    pass
+
+
 class Fetcher:
-    """Lean keep-alive GET for scraping many /metrics targets (the hot path of every cycle).
+    """Lean keep-alive HTTP client for the sources (the hot path of every cycle), one deadline per request.
 
     http.client with one persistent connection per (thread, host), instead of requests, whose
-    per-call overhead is larger than parsing the body. Credentials are sent as headers and never
-    appear in errors.
+    per-call overhead is larger than parsing the body and whose timeout bounds each socket read, not
+    the request. Credentials are sent as headers and never appear in errors. `close()` (from any
+    thread) also breaks the requests still in flight, so a stopping process never waits on a source.
     """
 
     def __init__(self, auth: Optional[HttpAuth] = None):
@@ -140,8 +191,7 @@ class Fetcher:
             if token:
                 self.headers["Authorization"] = "Bearer " + token
             elif auth.username:
-                raw = f"{auth.username}:{auth.password() or ''}".encode()
-                self.headers["Authorization"] = "Basic " + base64.b64encode(raw).decode()
+                self.headers["Authorization"] = _basic(auth.username, auth.password() or "")
             ctx = ssl.create_default_context(cafile=auth.ca_file) if auth.ca_file else ssl.create_default_context()
             if auth.insecure_skip_verify:
                 ctx.check_hostname = False
@@ -152,8 +202,29 @@ class Fetcher:
         self._local = threading.local()
         self._all: list[dict] = []  # every thread's connection map, for close()
         self._all_lock = threading.Lock()
+        self.closed = False
 
-    def _conn(self, scheme: str, host: str, port: Optional[int], timeout: float) -> http.client.HTTPConnection:
+    @classmethod
+    def from_session(cls, session: requests.Session) -> "Fetcher":
+        """A Fetcher with the credentials and TLS settings of a requests.Session (see `make_session`)."""
+        f = cls()
+        auth = session.headers.get("Authorization")
+        if auth:
+            f.headers["Authorization"] = auth
+        elif isinstance(session.auth, tuple) and len(session.auth) == 2:
+            f.headers["Authorization"] = _basic(*session.auth)
+        verify, cert = session.verify, session.cert
+        if verify is not True or cert:
+            ctx = ssl.create_default_context(cafile=verify if isinstance(verify, str) else None)
+            if verify is False:
+                ctx.check_hostname = False
+                ctx.verify_mode = ssl.CERT_NONE
+            if cert:
+                ctx.load_cert_chain(*(cert if isinstance(cert, tuple) else (cert,)))
+            f.ssl_context = ctx
+        return f
+
+    def _conn(self, scheme: str, host: str, port: Optional[int]) -> _DeadlineMixin:
         conns = getattr(self._local, "conns", None)
         if conns is None:
             conns = self._local.conns = {}
@@ -163,79 +234,107 @@ class Fetcher:
         conn = conns.get(key)
         if conn is None:
             if scheme == "https":
-                conn = http.client.HTTPSConnection(host, port, timeout=timeout,
-                                                   context=self.ssl_context or ssl.create_default_context())
+                conn = _TLSConn(host, port, context=self.ssl_context or ssl.create_default_context())
             else:
-                conn = http.client.HTTPConnection(host, port, timeout=timeout)
+                conn = _Conn(host, port)
             conns[key] = conn
-        conn.timeout = timeout
-        if conn.sock is not None:
-            conn.sock.settimeout(timeout)
         return conn
 
     def _drop(self, scheme: str, host: str, port: Optional[int]) -> None:
-        conn = self._local.conns.pop((scheme, host, port), None)
+        conns = getattr(self._local, "conns", None) or {}
+        conn = conns.pop((scheme, host, port), None)
         if conn is not None:
             conn.close()
 
     def get(self, url: str, timeout: float) -> str:
-        parts = urlsplit(url)
-        scheme, host, port = parts.scheme, parts.hostname or "", parts.port
-        path = parts.path or "/"
-        if parts.query:
-            path += "?" + parts.query
-        headers = dict(self.headers)
-        if parts.username:  # credentials in the URL: use them, never echo them
-            raw = f"{parts.username}:{parts.password or ''}".encode()
-            headers["Authorization"] = "Basic " + base64.b64encode(raw).decode()
-        deadline = time.monotonic() + timeout
-        for attempt in (0, 1):  # a kept-alive connection the server closed gets one fresh retry
-            conn = self._conn(scheme, host, port, timeout)
-            reused = conn.sock is not None
-            try:
-                conn.request("GET", path, headers=headers)
-                resp = conn.getresponse()
-                if resp.status >= 400:
-                    resp.read(MAX_BODY_BYTES)
-                    raise FetchError("http", f"HTTP {resp.status}")
-                length = resp.getheader("Content-Length")
-                body = resp.read(MAX_BODY_BYTES + 1)
-                if len(body) > MAX_BODY_BYTES:
-                    self._drop(scheme, host, port)
-                    raise FetchError("too_large", f"body over {MAX_BODY_BYTES} bytes")
-                if length is not None and length.isdigit() and int(length) != len(body):
-                    self._drop(scheme, host, port)
-                    raise FetchError("truncated", f"got {len(body)} of {length} bytes")
-                if resp.will_close:
-                    self._drop(scheme, host, port)
-                break
-            except FetchError:
-                raise
-            except http.client.IncompleteRead as exc:
-                self._drop(scheme, host, port)
-                raise FetchError("truncated", f"got {len(exc.partial)} bytes, connection closed") from None
-            except (socket.timeout, TimeoutError):
-                self._drop(scheme, host, port)
-                raise FetchError("timeout", f"no complete answer within {timeout:g}s") from None
-            except ssl.SSLError as exc:
-                self._drop(scheme, host, port)
-                raise FetchError("tls", type(exc).__name__) from None
-            except (ConnectionError, http.client.RemoteDisconnected, http.client.BadStatusLine, OSError) as exc:
-                self._drop(scheme, host, port)
-                if attempt == 0 and reused and time.monotonic() < deadline:
-                    continue
-                raise FetchError("connect", _short(exc)) from None
-            except http.client.HTTPException as exc:
-                self._drop(scheme, host, port)
-                raise FetchError("protocol", type(exc).__name__) from None
+        """GET a metrics body within `timeout` seconds in all; FetchError with a reason otherwise."""
+        status, body = self.request("GET", url, timeout)
+        if status >= 400:
+            raise FetchError("http", f"HTTP {status}")
         try:
             return body.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise FetchError("parse", f"body is not UTF-8 (byte {exc.start})") from None
 
+    def request(self, method: str, url: str, timeout: float, body: Optional[bytes] = None,
+                headers: Optional[dict[str, str]] = None) -> tuple[int, bytes]:
+        """(status, body) of one request that ends within `timeout` seconds, whatever the server does.
+
+        Raises FetchError: timeout, connect, tls, truncated, too_large, protocol, closed.
+        """
+        if self.closed:
+            raise FetchError("closed", "the client is shut down")
+        parts = urlsplit(url)
+        scheme, host, port = parts.scheme, parts.hostname or "", parts.port
+        path = (parts.path or "/") + ("?" + parts.query if parts.query else "")
+        hdrs = dict(self.headers)
+        if parts.username:  # credentials in the URL: use them, never echo them
+            hdrs["Authorization"] = _basic(parts.username, parts.password or "")
+        hdrs.update(headers or {})
+        deadline = time.monotonic() + timeout
+        for attempt in (0, 1):  # a kept-alive connection the server closed gets one fresh retry
+            conn = self._conn(scheme, host, port)
+            conn.deadline = deadline
+            reused = conn.sock is not None
+            try:
+                return self._exchange(conn, method, path, body, hdrs, (scheme, host, port))
+            except FetchError:
+                self._drop(scheme, host, port)
+                raise
+            except (OSError, ValueError, http.client.HTTPException) as exc:
+                self._drop(scheme, host, port)
+                if self.closed:  # close() broke the connection under us
+                    raise FetchError("closed", "the client was shut down during the request") from None
+                error = _classify(exc, timeout)
+                if error is None and attempt == 0 and reused and time.monotonic() < deadline:
+                    continue
+                raise (error or FetchError("connect", _short(exc))) from None
+        raise AssertionError("unreachable")
+
+    def _exchange(self, conn, method, path, body, headers, key) -> tuple[int, bytes]:
+        if conn.sock is not None:  # a kept-alive socket still has the last request's timeout
+            conn.sock.settimeout(_time_left(conn.deadline))
+        conn.request(method, path, body=body, headers=headers)
+        resp = conn.getresponse()
+        length = resp.getheader("Content-Length")
+        data = resp.read(MAX_BODY_BYTES + 1)
+        if len(data) > MAX_BODY_BYTES:
+            raise FetchError("too_large", f"body over {MAX_BODY_BYTES} bytes")
+        if resp.status < 400 and length is not None and length.isdigit() and int(length) != len(data):
+            raise FetchError("truncated", f"got {len(data)} of {length} bytes")
+        if resp.will_close:
+            self._drop(*key)
+        return resp.status, data
+
     def close(self) -> None:
+        """Close every connection; a request in flight on one ends at once (its read sees the end)."""
+        self.closed = True
         with self._all_lock:
-            for conns in self._all:
-                for conn in list(conns.values()):
-                    conn.close()
-                conns.clear()
+            maps = list(self._all)
+        for conns in maps:
+            for conn in list(conns.values()):
+                sock = conn.sock
+                if sock is not None:
+                    try:  # wakes a read blocked in another thread; the plain-socket call leaves TLS state be
+                        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+                conn.close()
+            conns.clear()
+
+
+def _classify(exc: Exception, timeout: float) -> Optional[FetchError]:
+    """The FetchError for a failed exchange; None for a broken connection (worth one retry when reused)."""
+    if isinstance(exc, (socket.timeout, TimeoutError)):
+        return FetchError("timeout", f"no complete answer within {timeout:g}s")
+    if isinstance(exc, http.client.IncompleteRead):
+        return FetchError("truncated", f"got {len(exc.partial)} bytes, connection closed")
+    if isinstance(exc, ssl.SSLError):
+        return FetchError("tls", type(exc).__name__)
+    if isinstance(exc, (OSError, http.client.RemoteDisconnected, http.client.BadStatusLine)):
+        return None
+    return FetchError("protocol", type(exc).__name__)
+
+
+def _basic(username: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{username}:{password}".encode()).decode()

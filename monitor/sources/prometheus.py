@@ -7,17 +7,18 @@ the same numbers on the same fleet.
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
+import threading
 import time
-from typing import Any, Optional
-
-import requests
+from typing import Any, Callable, Optional
+from urllib.parse import urlencode
 
 from ..config import PrometheusSource
 from ..model import ReplicaReading, SourceStatus
 from .exposition import ParsedScrape, normalise_name
-from .http import Backoff, make_session, redact
+from .http import Backoff, FetchError, Fetcher, redact
 from .vllm import WANTED, readings_from_scrape
 
 log = logging.getLogger(__name__)
@@ -31,62 +32,87 @@ class PrometheusError(Exception):
 
 
 class PrometheusClient:
+    """/api/v1 queries with retries. Each request ends within `timeout`; a call given a `deadline`
+    (monotonic seconds) makes no attempt and sleeps no backoff past it."""
+
     def __init__(self, url: str, timeout: float = 10.0, retries: int = 3,
-                 session: Optional[requests.Session] = None, backoff: Optional[Backoff] = None,
-                 sleep=time.sleep):
+                 fetcher: Optional[Fetcher] = None, backoff: Optional[Backoff] = None,
+                 sleep: Optional[Callable[[float], Any]] = None):
         self.url = url.rstrip("/")
         self.timeout = timeout
         self.retries = max(0, retries)
-        self.session = session or make_session()
+        self.fetcher = fetcher or Fetcher()
         self.backoff = backoff or Backoff()
-        self.sleep = sleep
+        self._closed = threading.Event()
+        self.sleep = sleep or self._closed.wait  # a backoff wait ends at once on close()
 
     @classmethod
     def from_config(cls, src: PrometheusSource) -> "PrometheusClient":
-        return cls(src.url, src.timeout, src.retries, make_session(src.auth))
+        return cls(src.url, src.timeout, src.retries, Fetcher(src.auth))
 
-    def _call(self, path: str, params: dict[str, Any]) -> Any:
-        last: Optional[PrometheusError] = None
+    def _call(self, path: str, params: dict[str, Any], deadline: Optional[float] = None) -> Any:
+        last = PrometheusError("deadline", "no attempt fitted before the deadline")
+        body = urlencode(params).encode()
         for attempt in range(self.retries + 1):
             if attempt:
-                self.sleep(self.backoff.delay(attempt - 1))
+                delay = self.backoff.delay(attempt - 1)
+                if deadline is not None and time.monotonic() + delay >= deadline:
+                    break
+                self.sleep(delay)
+            if self._closed.is_set():
+                last = PrometheusError("closed", "the client is shut down")
+                break
+            timeout = self.timeout if deadline is None else min(self.timeout, deadline - time.monotonic())
+            if timeout <= 0:
+                break
             try:
-                resp = self.session.post(self.url + path, data=params, timeout=self.timeout)
-            except requests.exceptions.Timeout:
-                last = PrometheusError("timeout", f"no answer within {self.timeout:g}s")
+                status, data = self.fetcher.request("POST", self.url + path, timeout, body, _POST_HEADERS)
+            except FetchError as exc:
+                if exc.reason not in ("timeout", "connect", "truncated"):
+                    raise PrometheusError(exc.reason, exc.detail) from None
+                last = PrometheusError(exc.reason, exc.detail)
                 continue
-            except requests.exceptions.ConnectionError as exc:
-                last = PrometheusError("connect", type(exc).__name__)
+            if status >= 500 or status == 429:
+                last = PrometheusError("http", f"HTTP {status} from {redact(self.url)}{path}")
                 continue
-            if resp.status_code >= 500 or resp.status_code == 429:
-                last = PrometheusError("http", f"HTTP {resp.status_code} from {redact(self.url)}{path}")
-                continue
-            try:
-                body = resp.json()
-            except ValueError:
-                raise PrometheusError("parse", f"response is not JSON (HTTP {resp.status_code})") from None
-            if not isinstance(body, dict) or body.get("status") != "success":
-                err = body.get("error") if isinstance(body, dict) else None
-                raise PrometheusError("query", f"HTTP {resp.status_code}: {err or 'status is not success'}")
-            data = body.get("data")
-            if not isinstance(data, dict) or "result" not in data:
-                raise PrometheusError("parse", "response has no data.result")
-            return data
-        assert last is not None
+            return _data(data, status)
         raise last
 
-    def query(self, query: str, at: Optional[float] = None) -> list[tuple[dict[str, str], float]]:
+    def query(self, query: str, at: Optional[float] = None, deadline: Optional[float] = None
+              ) -> list[tuple[dict[str, str], float]]:
         params = {"query": query}
         if at is not None:
             params["time"] = f"{at:.3f}"
-        data = self._call("/api/v1/query", params)
+        data = self._call("/api/v1/query", params, deadline)
         return decode_vector(data)
 
-    def query_range(self, query: str, start: float, end: float, step: float
+    def query_range(self, query: str, start: float, end: float, step: float, deadline: Optional[float] = None
                     ) -> list[tuple[dict[str, str], list[tuple[float, float]]]]:
         data = self._call("/api/v1/query_range", {"query": query, "start": f"{start:.3f}",
-                                                  "end": f"{end:.3f}", "step": f"{step:g}"})
+                                                  "end": f"{end:.3f}", "step": f"{step:g}"}, deadline)
         return decode_matrix(data)
+
+    def close(self) -> None:
+        """Ends a backoff wait and any request in flight, from any thread."""
+        self._closed.set()
+        self.fetcher.close()
+
+
+_POST_HEADERS = {"Content-Type": "application/x-www-form-urlencoded", "Accept": "application/json"}
+
+
+def _data(raw: bytes, status: int) -> Any:
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        raise PrometheusError("parse", f"response is not JSON (HTTP {status})") from None
+    if not isinstance(body, dict) or body.get("status") != "success":
+        err = body.get("error") if isinstance(body, dict) else None
+        raise PrometheusError("query", f"HTTP {status}: {err or 'status is not success'}")
+    data = body.get("data")
+    if not isinstance(data, dict) or "result" not in data:
+        raise PrometheusError("parse", "response has no data.result")
+    return data
 
 
 def _value(pair: Any) -> tuple[float, float]:
@@ -166,12 +192,14 @@ class PrometheusSourceReader:
         self.client = client or PrometheusClient.from_config(src)
         self.known: set[str] = set()  # instances that served vLLM series before
 
-    def read(self, now: Optional[float] = None) -> tuple[list[ReplicaReading], list[SourceStatus]]:
+    def read(self, now: Optional[float] = None, deadline: Optional[float] = None
+             ) -> tuple[list[ReplicaReading], list[SourceStatus]]:
+        """Readings and statuses; no request runs past `deadline` (monotonic seconds), if given."""
         now = time.time() if now is None else now
         name = redact(self.src.url)
         start = time.monotonic()
         try:
-            vector = self.client.query(vllm_selector(self.src.selector), at=now)
+            vector = self.client.query(vllm_selector(self.src.selector), at=now, deadline=deadline)
         except PrometheusError as exc:
             return [], [SourceStatus("prometheus", name, False, exc.reason, exc.detail, time.monotonic() - start)]
         statuses = [SourceStatus("prometheus", name, True, duration_seconds=time.monotonic() - start)]
@@ -182,7 +210,7 @@ class PrometheusSourceReader:
                 readings.append(r)
         # targets Prometheus itself sees as down
         try:
-            ups = self.client.query(_up_selector(self.src.selector), at=now)
+            ups = self.client.query(_up_selector(self.src.selector), at=now, deadline=deadline)
             seen = {r.target for r in readings}
             self.known |= seen
             for labels, value in ups:
@@ -196,6 +224,9 @@ class PrometheusSourceReader:
         except PrometheusError as exc:
             log.warning("could not read up series from Prometheus: %s", exc.reason)
         return readings, statuses
+
+    def close(self) -> None:
+        self.client.close()
 
 
 def _up_selector(extra: str) -> str:

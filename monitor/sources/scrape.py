@@ -1,11 +1,19 @@
-"""Direct mode: scrape every replica's /metrics, with a timeout and bounded concurrency."""
+"""Direct mode: scrape every replica's /metrics, with a deadline per request and per cycle.
+
+Each request ends within `scrape_timeout` (see `http.Fetcher`). A batch of requests (one cycle's)
+is waited for only until the cycle deadline: what is still running then is abandoned, reported
+`deadline`, and finishes on its own in its worker when its own deadline fires. The workers are
+daemon threads, so a request stuck in a source never holds the process at exit.
+"""
 from __future__ import annotations
 
+import queue
 import random
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Hashable, Optional
 
 from ..config import Target
 from ..model import ReplicaReading, SourceStatus
@@ -41,6 +49,159 @@ def scrape_one(fetcher: Fetcher, target: Target, timeout: float, clock=time.time
                                                      time.monotonic() - start))
 
 
+# ---- workers and deadlines ----------------------------------------------------------------------
+
+class Workers(Executor):
+    """Up to `size` daemon worker threads, started as work arrives and kept (with their keep-alive
+    connections) across cycles."""
+
+    def __init__(self, size: int, name: str):
+        self.size = max(1, size)
+        self.name = name
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._idle = threading.Semaphore(0)
+        self._lock = threading.Lock()
+        self._threads = 0
+        self._shut = False
+
+    def submit(self, fn: Callable, /, *args, **kwargs) -> Future:
+        if self._shut:
+            raise RuntimeError("workers are shut down")
+        future: Future = Future()
+        self._queue.put((future, fn, args, kwargs))
+        if not self._idle.acquire(blocking=False):
+            with self._lock:
+                if self._threads < self.size:
+                    self._threads += 1
+                    threading.Thread(target=self._work, name=f"{self.name}-{self._threads}", daemon=True).start()
+        return future
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            future, fn, args, kwargs = item
+            del item
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args, **kwargs))
+                except BaseException as exc:  # handed to whoever waits on the future
+                    future.set_exception(exc)
+            del future, fn, args, kwargs
+            self._idle.release()
+
+    def shutdown(self, wait: bool = False, *, cancel_futures: bool = True) -> None:
+        """Stop taking work and cancel what has not started; running work is never waited for."""
+        self._shut = True
+        while cancel_futures:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                item[0].cancel()
+        for _ in range(self._threads):
+            self._queue.put(None)
+
+
+@dataclass
+class Late:
+    """A job without a result at the deadline: still running, never started, or busy from before."""
+
+    state: str  # "running" | "not_started" | "busy" | "closed"
+
+    def detail(self, deadline_seconds: float) -> str:
+        return {"running": f"no answer within the cycle deadline ({deadline_seconds:.1f}s)",
+                "not_started": f"not started within the cycle deadline ({deadline_seconds:.1f}s): workers busy",
+                "busy": "the previous request to it is still running",
+                "closed": "shutting down"}[self.state]
+
+
+class DeadlinePool:
+    """Runs keyed jobs on `Workers` and waits for a batch of them only until a deadline.
+
+    A key whose previous job is still running is not started again (reported Late("busy")), so a
+    source that hangs costs one worker, not one per cycle. `close()` wakes every waiting batch.
+    """
+
+    def __init__(self, size: int, name: str):
+        self.workers = Workers(size, name)
+        self._running: dict[Hashable, Future] = {}
+        self._lock = threading.RLock()  # a done-callback may run at once, in the thread that holds it
+        self._waiting: set[threading.Event] = set()
+        self.closed = False
+
+    def start(self, jobs: list[tuple[Hashable, Callable[[], Any]]]) -> list[tuple[Hashable, Future | Late]]:
+        out: list[tuple[Hashable, Future | Late]] = []
+        with self._lock:
+            for key, fn in jobs:
+                prev = self._running.get(key)
+                if self.closed or (prev is not None and not prev.done()):
+                    out.append((key, Late("closed" if self.closed else "busy")))
+                    continue
+                future = self.workers.submit(fn)
+                self._running[key] = future
+                future.add_done_callback(lambda f, k=key: self._finished(k, f))
+                out.append((key, future))
+        return out
+
+    def _finished(self, key: Hashable, future: Future) -> None:
+        with self._lock:
+            if self._running.get(key) is future:
+                del self._running[key]
+
+    def wait(self, started: list[tuple[Hashable, Future | Late]], deadline: Optional[float]) -> list[Any]:
+        """Results in order; a job not finished by `deadline` (monotonic; None: no limit) gives a `Late`.
+
+        A job that raised gives its exception (the jobs here catch their own errors)."""
+        futures = [f for _, f in started if isinstance(f, Future)]
+        done = threading.Event()
+        count = [len(futures)]
+        count_lock = threading.Lock()
+
+        def one_done(_):
+            with count_lock:
+                count[0] -= 1
+                if count[0] <= 0:
+                    done.set()
+        if not futures:
+            done.set()
+        for f in futures:
+            f.add_done_callback(one_done)
+        with self._lock:
+            self._waiting.add(done)
+            if self.closed:
+                done.set()
+        try:
+            done.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        finally:
+            with self._lock:
+                self._waiting.discard(done)
+        out = []
+        for _, f in started:
+            if isinstance(f, Late):
+                out.append(f)
+            elif f.done() and not f.cancelled():
+                exc = f.exception()
+                out.append(exc if exc is not None else f.result())
+            else:
+                out.append(Late("not_started" if f.cancel() else "running"))
+        return out
+
+    def run(self, jobs: list[tuple[Hashable, Callable[[], Any]]], deadline: Optional[float]) -> list[Any]:
+        return self.wait(self.start(jobs), deadline)
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            for event in self._waiting:
+                event.set()
+        self.workers.shutdown(cancel_futures=True)
+
+
+# ---- the vLLM scraper ---------------------------------------------------------------------------
+
 class Scraper:
     """Holds the connections and worker pool across cycles.
 
@@ -53,7 +214,7 @@ class Scraper:
                  max_backoff: float = 60.0, rng: Callable[[], float] = random.random):
         self.fetcher = fetcher
         self.timeout = timeout
-        self.pool = ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="scrape")
+        self.pool = DeadlinePool(concurrency, "scrape")
         self.base_backoff = base_backoff
         self.max_backoff = max_backoff
         self.rng = rng
@@ -76,21 +237,48 @@ class Scraper:
             self.failing[target.url] = (failures, time.monotonic() + delay, result.status)
         return result
 
-    def scrape(self, targets: list[Target], clock=time.time) -> list[ScrapeResult]:
-        return list(self.pool.map(lambda t: self._one(t, clock), targets))
+    def start(self, targets: list[Target], clock=time.time) -> list:
+        """Start one cycle's scrapes; `finish` collects them."""
+        return self.pool.start([(t.url, lambda t=t: self._one(t, clock)) for t in targets])
+
+    def finish(self, targets: list[Target], started: list, deadline: Optional[float],
+               began: Optional[float] = None) -> list[ScrapeResult]:
+        """Results in target order; a target without an answer by `deadline` is down with reason `deadline`."""
+        began = time.monotonic() if began is None else began
+        out = []
+        for target, result in zip(targets, self.pool.wait(started, deadline)):
+            if isinstance(result, Late):
+                waited = time.monotonic() - began
+                result = ScrapeResult(target, [], SourceStatus(
+                    "vllm", redact(target.url), False, "deadline", result.detail(waited), waited,
+                    attempted=result.state not in ("busy", "closed")))
+            elif isinstance(result, BaseException):
+                result = ScrapeResult(target, [], SourceStatus(
+                    "vllm", redact(target.url), False, "internal", type(result).__name__))
+            out.append(result)
+        return out
+
+    def scrape(self, targets: list[Target], clock=time.time, deadline: Optional[float] = None) -> list[ScrapeResult]:
+        began = time.monotonic()
+        return self.finish(targets, self.start(targets, clock), deadline, began)
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.pool.close()
         self.fetcher.close()
 
 
 def fetch_texts(fetcher: Fetcher, urls: list[str], timeout: float,
                 concurrency: int = 8) -> list[tuple[str, Optional[str], Optional[FetchError]]]:
-    """Fetch several bodies (gateways, DCGM): (url, text or None, error or None)."""
+    """Fetch several bodies (gateways, DCGM): (url, text or None, error or None), each within `timeout`."""
     def one(url: str):
         try:
             return url, fetcher.get(url, timeout), None
         except FetchError as exc:
             return url, None, exc
-    with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(urls) or 1))) as ex:
-        return list(ex.map(one, urls))
+    pool = DeadlinePool(min(concurrency, len(urls) or 1), "fetch")
+    try:
+        results = pool.run([(i, lambda u=u: one(u)) for i, u in enumerate(urls)], None)
+    finally:
+        pool.close()
+    return [r if isinstance(r, tuple) else (u, None, FetchError("internal", type(r).__name__))
+            for u, r in zip(urls, results)]
