@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import statistics
 import sys
 import tempfile
@@ -78,6 +79,7 @@ def run(trials: int, only: tuple[str, ...]) -> dict:
         raise SystemExit("bench-engine: no vLLM venv (run .ci/install-vllm.sh or set HEADROOM_VLLM_PYTHON)")
     workdir = tempfile.mkdtemp(prefix="headroom-bench-engine-")
     model = servers.build_tiny_model(os.path.join(workdir, "small-model"), python=python, size="small")
+    os.makedirs(os.path.join(workdir, "vllm"))
     engine = servers.start_vllm(model, max_num_seqs=8, num_gpu_blocks=24, python=python,
                                 log_dir=os.path.join(workdir, "vllm"))
     print(f"[bench-engine] engine ready in {engine.ready_seconds:.0f} s at {engine.url}", file=sys.stderr)
@@ -140,6 +142,7 @@ def main(argv: list[str]) -> int:
     unknown = set(only) - set(FIGURES)
     if unknown or args.trials < 1:
         p.error(f"unknown figure(s) {sorted(unknown)}" if unknown else "--trials must be >= 1")
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # stop the engine on kill
     started = time.time()
     results = run(args.trials, only)
     results["targets"] = TARGETS
