@@ -79,9 +79,10 @@ fuzz: $(TSTAMP)
 chart-sync: $(STAMP)
 	$(PY) helm/sync.py
 
-## docs: regenerate docs/metrics.md from the catalogue
+## docs: regenerate docs/metrics.md (the catalogue) and docs/configuration.md (the config declarations)
 docs: $(STAMP)
 	$(PY) -m monitor.catalogue > docs/metrics.md
+	$(PY) -m monitor.config > docs/configuration.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -2,7 +2,8 @@
 
 Each subcommand lives in its own module exposing `add_arguments(parser)` and `run(args) -> int`.
 Flags follow Prometheus style (`--config.file`); each long flag is also settable as HEADROOM_* in the
-environment (`--config.file` -> HEADROOM_CONFIG_FILE). A flag given on the command line wins.
+environment (`--config.file` -> HEADROOM_CONFIG_FILE). A flag given on the command line wins; a
+variable is checked as its flag is (an invalid one stops the command with `headroom: HEADROOM_X: ...`).
 """
 from __future__ import annotations
 
@@ -37,25 +38,69 @@ def env_name(flag: str) -> str:
     return "HEADROOM_" + flag.lstrip("-").replace(".", "_").replace("-", "_").upper()
 
 
-def apply_env_defaults(parser: argparse.ArgumentParser, environ=os.environ) -> None:
-    """Let HEADROOM_* variables provide defaults for every long option of the parser."""
+def seconds(text: str) -> float:
+    """argparse type of a run length: a positive duration (90, 90s, 5m)."""
+    from monitor.config import parse_duration  # noqa: PLC0415
+    try:
+        number = float(text)
+    except ValueError:
+        number = None  # a duration like 90s
+    try:
+        value = parse_duration(text if number is None else number)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
+
+
+def _env_value(action: argparse.Action, flag: str, text: str):
+    """`text` read as the flag reads its argument: its type and its choices (ValueError: why not)."""
+    value = text
+    if action.type is not None:
+        try:
+            value = action.type(text)
+        except (ValueError, TypeError, argparse.ArgumentTypeError) as exc:
+            what = getattr(action.type, "__name__", "")
+            why = f"invalid {what} value {text!r}" if what in ("int", "float") else str(exc)
+            raise ValueError(f"{why} (read as {flag})") from None
+    if action.choices is not None and value not in action.choices:
+        raise ValueError(f"expected one of {', '.join(map(str, action.choices))} (as {flag}), got {text!r}")
+    return value
+
+
+def apply_env_defaults(parser: argparse.ArgumentParser, environ=os.environ) -> list[str]:
+    """Let HEADROOM_* variables provide defaults for every long option of the parser.
+
+    Each value is checked as its flag checks an argument (type, choices; true/false for a switch).
+    Returns the problems, one line each (`HEADROOM_X: problem`); a refused value sets nothing."""
+    problems = []
     for action in parser._actions:  # argparse offers no public walk over actions
         longs = [s for s in action.option_strings if s.startswith("--")]
         if not longs or action.dest in ("help",):
             continue
-        value = environ.get(env_name(longs[0]))
-        if value is None:
+        name = env_name(longs[0])
+        text = environ.get(name)
+        if text is None:
             continue
-        if isinstance(action, argparse._StoreTrueAction):
-            action.default = value.strip().lower() in ("1", "true", "yes", "on")
-        elif isinstance(action, argparse._AppendAction):
-            action.default = [v for v in value.split(",") if v]
+        try:
+            if isinstance(action, argparse._StoreTrueAction):
+                if text.strip().lower() not in _TRUE + _FALSE:
+                    raise ValueError(f"expected true or false (1/0, yes/no, on/off) for {longs[0]}, got {text!r}")
+                value = text.strip().lower() in _TRUE
+            elif isinstance(action, argparse._AppendAction):
+                value = [_env_value(action, longs[0], v) for v in text.split(",") if v]
+            else:
+                value = _env_value(action, longs[0], text)
+        except ValueError as exc:
+            problems.append(f"{name}: {exc}")
         else:
-            try:
-                action.default = action.type(value) if action.type else value
-            except (ValueError, TypeError, argparse.ArgumentTypeError):
-                continue  # not valid for this subcommand's flag; argparse reports it if the flag is used
-        action.required = False
+            action.default = value
+        action.required = False  # given, if wrongly: the command stops on the problem, not on a missing flag
+    return problems
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
@@ -73,16 +118,19 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
             raise
         p = sub.add_parser(name, help=help_text, description=help_text)
         module.add_arguments(p)
-        apply_env_defaults(p)
-        p.set_defaults(_module=module)
+        p.set_defaults(_module=module, _env_problems=apply_env_defaults(p))
         subparsers[name] = p
-    apply_env_defaults(parser)
+    parser.set_defaults(_env_problems=[], _global_env_problems=apply_env_defaults(parser))
     return parser, subparsers
 
 
 def main(argv: list[str] | None = None) -> int:
     parser, _ = build_parser()
     args = parser.parse_args(argv)
+    problems = args._global_env_problems + args._env_problems  # only the flags of this command count
+    if problems:
+        print(f"headroom: {problems[0]}", file=sys.stderr)
+        return 2
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -126,13 +126,9 @@ def attach_history_and_forecasts(daemon, history_days: float = 35.0, step: float
 
     from .forecast.backtest import ForecastSettings  # noqa: PLC0415
     from .forecast.pool import PoolSettings  # noqa: PLC0415
-    fc = cfg.forecast or {}
-    unknown = set(fc) - {"refit_minutes", "fit_timeout_seconds"}
-    if unknown:
-        from .config import ConfigError  # noqa: PLC0415
-        raise ConfigError(cfg.file, "forecast." + sorted(unknown)[0], "unknown key (allowed: fit_timeout_seconds, refit_minutes)")
-    interval = float(fc.get("refit_minutes", 15.0))
-    settings = PoolSettings(forecast=ForecastSettings(fit_timeout_seconds=float(fc.get("fit_timeout_seconds", 30.0))))
+    fc = cfg.forecast  # typed and validated at load (monitor/config/headroom.py Forecast)
+    interval = fc.refit_minutes
+    settings = PoolSettings(forecast=ForecastSettings(fit_timeout_seconds=fc.fit_timeout_seconds))
     forecaster = ForecastScheduler(load_history, lambda: capacity_at_knee(daemon.pipeline.latest), settings,
                                    interval_minutes=interval, clock=daemon.pipeline.clock)
     daemon.forecaster = forecaster

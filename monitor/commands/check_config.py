@@ -1,4 +1,9 @@
-"""`headroom check-config FILE`: validate a configuration file (exit 0 when valid, 2 when not)."""
+"""`headroom check-config FILE`: validate a configuration file (exit 0 when valid, 2 when not).
+
+It runs what `headroom run` runs before it starts anything: `monitor.config.load` (the whole file,
+every section) and, with `--web.config.file` or `web.config_file`, the web-config parser. A refused
+file gives the same one line as `run`: `headroom: file: key: problem`.
+"""
 from __future__ import annotations
 
 import sys
@@ -8,21 +13,19 @@ from ..config import ConfigError, load
 
 def add_arguments(p) -> None:
     p.add_argument("file", help="configuration file (YAML)")
+    p.add_argument("--web.config.file", dest="web_config_file", default=None,
+                   help="also validate this web-config file (TLS and basic auth of headroom's endpoints)")
 
 
 def run(args) -> int:
     try:
         cfg = load(args.file)
-        from ..wiring import default_enrichers  # capacity: and slos: are validated by their owners
-        default_enrichers(cfg)
-        if cfg.digest:
-            from ..digest.settings import from_dict as digest_settings
-            digest_settings(cfg.digest, cfg.file, cfg.slos)
+        web_config = args.web_config_file or cfg.web_config_file
+        if web_config:
+            from ..export.webconfig import web_security  # noqa: PLC0415
+            web_security(web_config)
     except ConfigError as exc:
-        print(f"headroom: invalid configuration: {exc}", file=sys.stderr)
-        return 2
-    except ValueError as exc:
-        print(f"headroom: invalid configuration: {args.file}: {exc}", file=sys.stderr)
+        print(f"headroom: {exc}", file=sys.stderr)
         return 2
     mode = "prometheus" if cfg.prometheus else "direct"
     print(f"{args.file}: valid ({mode} mode, {len(cfg.vllm_targets)} vLLM targets, "

@@ -21,6 +21,7 @@ from typing import Optional
 
 import yaml
 
+from ..cli import seconds
 from ..config import from_dict
 from ..process import stop_process
 from .run import Daemon
@@ -32,7 +33,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def add_arguments(p) -> None:
     p.add_argument("--scenario", default="diurnal", choices=["steady", "burst", "diurnal", "replica-loss"],
                    help="what the simulated fleet does (default: diurnal)")
-    p.add_argument("--duration", type=float, default=None, help="stop after this many seconds (default: until Ctrl-C)")
+    p.add_argument("--duration", type=seconds, default=None, help="stop after this many seconds (default: until Ctrl-C)")
     p.add_argument("--web.listen-address", dest="listen_address", default="127.0.0.1:9880",
                    help="where headroom serves /metrics and the landing page")
     p.add_argument("--prometheus.listen-address", dest="prom_address", default="127.0.0.1:9090",

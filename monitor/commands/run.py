@@ -8,6 +8,7 @@ import threading
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
+from ..cli import seconds
 from ..config import ConfigError, load
 from ..cycle import Pipeline
 from ..export.collector import Exposition
@@ -29,7 +30,7 @@ def add_arguments(p) -> None:
     p.add_argument("--web.config.file", dest="web_config_file", default=None,
                    help="TLS and basic-auth settings for headroom's own endpoints (exporter-toolkit style)")
     p.add_argument("--shard", default=None, metavar="I/N", help="own only the pools of shard I of N")
-    p.add_argument("--duration", type=float, default=None, help="stop after this many seconds (scripts, tests)")
+    p.add_argument("--duration", type=seconds, default=None, help="stop after this many seconds (scripts, tests)")
 
 
 class Daemon:
