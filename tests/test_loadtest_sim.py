@@ -4,26 +4,91 @@ monitor.sim's engine in real time): the ramp finds the simulator's knee by const
 the same arrivals to fewer replicas, and API keys never reach a log or a report."""
 from __future__ import annotations
 
+import heapq
 import io
+import itertools
 import json
 import logging
 import os
 import random
 
+import numpy as np
 import pytest
 
 from monitor.cli import main
 from monitor.loadtest.mix import load_mix
 from monitor.loadtest.runner import terminal_progress
+from monitor.loadtest.schedule import build_plan, task_plan
 from monitor.loadtest.simtarget import SimTarget
-from monitor.sim.engine import PoolParams
+from monitor.sim.engine import PoolParams, Replica, Request
 from monitor.sim.fleet import theoretical_knee
+
+pytestmark = pytest.mark.live  # tests/tiers.py: this file starts servers or binaries
 
 
 def pool(max_num_seqs: int, replicas: int = 1, num_gpu_blocks: int = 4096, step_base_ms: float = 15.0) -> PoolParams:
     return PoolParams(name="p", model_name="sim", replicas=replicas, max_num_seqs=max_num_seqs,
                       num_gpu_blocks=num_gpu_blocks, block_size=16, max_model_len=2048,
                       step_base_ms=step_base_ms, enable_prefix_caching=False)
+
+
+class RecordingSimTarget(SimTarget):
+    """A SimTarget that keeps the engine's record of every request it served: arrival, first
+    scheduled, first token and end, on the engine's clock -- time.time(), the clock the load-test
+    client stamps its calls with, so client and engine times compare exactly."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.served: list[Request] = []
+
+    def done(self, lv) -> None:
+        super().done(lv)
+        self.served.append(lv.req)
+
+
+def min_prefill_seconds(p: PoolParams, prompt: int) -> float:
+    """The shortest step that can prefill `prompt` tokens (unchunked): the step model with this one
+    sequence alone in the batch and no KV resident (monitor/sim/engine.py)."""
+    return (p.step_base_ms + p.step_per_seq_ms + p.prefill_per_1k_ms * prompt / 1000) / 1000
+
+
+def closed_loop(p: PoolParams, mix, sessions: int, seed: int, seconds: float) -> list[Request]:
+    """`sessions` sessions of a ramp step, each sending the calls the load test plans for it
+    (monitor.loadtest.schedule.task_plan, same seed) back to back, against one simulated replica in
+    simulated time: no network, no threads, no wall clock -- the same numbers on every run."""
+    weights = build_plan(mix, "ramp", seconds, seed).weights
+    rep = Replica(p, 0, 0.0)
+    heap: list = []
+    order = itertools.count()
+    served: list[Request] = []
+    number: dict[int, int] = {}
+
+    def boundary_at(t: float) -> None:
+        heapq.heappush(heap, (t, next(order), rep.version))
+
+    def send(session: int, t: float) -> None:
+        n = number.get(session, 0)
+        number[session] = n + 1
+        (call,) = task_plan(mix, weights, seed, session, n).calls
+        req = Request(sum(number.values()), t, call.prompt_tokens, call.output_tokens, tag=session,
+                      max_tokens=call.output_tokens)
+        nt = rep.enqueue(req, t)
+        if nt is not None:
+            boundary_at(nt)
+
+    for session in range(sessions):
+        send(session, 0.0)
+    while heap and heap[0][0] <= seconds:
+        t, _, version = heapq.heappop(heap)
+        if version != rep.version:
+            continue
+        nt, done = rep.boundary(t)
+        if nt is not None:
+            boundary_at(nt)
+        for r in done:
+            served.append(r)
+            send(r.tag, t)
+    return served
 
 
 def write(tmp_path, name: str, text: str) -> str:
@@ -64,13 +129,13 @@ def test_ramp_finds_the_simulators_knee(tmp_path):
              "output": sum(tt.output.sample(rng) for _ in range(4000)) / 4000}
     truth = theoretical_knee(p, means)
     assert truth["bound"] == "max_num_seqs" and truth["per_replica"] == 12
-    with SimTarget(p) as st:
+    with RecordingSimTarget(p) as st:
         rep = run(["--target", st.urls[0], "--metrics", st.metrics_urls[0], "--mix", mix_path, "--pattern", "ramp",
                    "--duration", "28.8s", "--seed", "3"], tmp_path / "out")
     assert rep["_rc"] == 0 and rep["counts"]["failed"] == 0
     knee = rep["knee"]
-    print(f"\n[loadtest-sim] knee {knee['concurrency']:.2f} (confidence {knee['confidence']:.2f}) "
-          f"vs theoretical {truth['per_replica']}; agreement {json.dumps(rep['agreement'])}")
+    print(f"\n[loadtest-sim] knee {knee and (round(knee['concurrency'], 2), round(knee['confidence'], 2))} "
+          f"(concurrency, confidence) vs theoretical {truth['per_replica']}; agreement {json.dumps(rep['agreement'])}")
     assert knee is not None and knee["confidence"] >= 0.5
     assert knee["concurrency"] == pytest.approx(truth["per_replica"], rel=0.10)
     assert rep["operating_point"]["basis"] == "knee"
@@ -81,7 +146,42 @@ def test_ramp_finds_the_simulators_knee(tmp_path):
     assert all(w[n]["server_queue_mean"] < 0.03 for n in (3, 4, 5, 6, 7, 8)), [w[n]["server_queue_mean"] for n in w]
     assert all(w[n]["server_queue_mean"] > 0.1 for n in (16, 18, 20))
     assert all(w[n]["server_waiting_max"] > 0 and w[n]["server_running_max"] == 12 for n in (16, 18, 20))
-    assert w[20]["ttft_seconds"]["p50"] > 3 * w[6]["ttft_seconds"]["p50"]
+    # ... and exactly, from the engine's record of every request (same clock as the client's):
+    t0 = rep["run"]["load_started"]
+    load = [r for r in st.served if r.arrival >= t0]  # the probes went before the load
+    assert len(load) == rep["counts"]["succeeded"] and all(r.preemptions == 0 for r in load)
+
+    def step(n):
+        return [r for r in load if t0 + w[n]["start_offset"] <= r.arrival < t0 + w[n]["end_offset"]]
+
+    def running_at(x):  # the requests holding one of the 12 slots when x arrived
+        return [r for r in st.served if r is not x and r.first_scheduled <= x.arrival < r.finished]
+
+    # below the slot count nobody waits for a slot: 6 sessions never hold more than 6 requests
+    assert step(6) and all(len(running_at(x)) <= 5 for x in step(6))
+    # past it requests queue: some found all 12 slots busy, and each of those started only when one
+    # of the 12 finished, so its time to first token is that wait plus its own prefill
+    full = [(x, running_at(x)) for x in step(20) if len(running_at(x)) == 12]
+    assert full, "at 20 sessions no request ever found the 12 slots busy"
+    for x, busy in full:
+        assert x.first_scheduled >= min(r.finished for r in busy)
+        assert x.first_token - x.arrival >= (x.first_scheduled - x.arrival) + min_prefill_seconds(p, x.prompt) - 1e-6
+    # every request's first token took at least its prefill step; the client, sending before the
+    # engine's arrival and reading after its first token, sees at least that: each quantile of
+    # the client's TTFT is at or above the same quantile of the engine's
+    assert all(r.first_token - r.first_scheduled >= min_prefill_seconds(p, r.prompt) - 1e-6 for r in load)
+    client = sorted(c[1] for c in rep["timeline"]["calls"] if c[4])
+    engine = sorted(r.first_token - r.arrival for r in load)
+    assert len(client) == len(engine) and all(a >= b for a, b in zip(client, engine))
+    assert client[0] >= min_prefill_seconds(p, tt.prompt.min) - 1e-6
+    # the size of the rise, on the same simulator driven deterministically with the same planned
+    # calls: at 20 sessions the median TTFT is more than 3x the one at 6
+    def median_ttft(sessions: int) -> float:  # after a 5 s warm-up, as a ramp step would see it
+        return float(np.median([r.first_token - r.arrival
+                                for r in closed_loop(p, mix, sessions, seed=3, seconds=30.0) if r.arrival >= 5.0]))
+
+    assert median_ttft(20) > 3 * median_ttft(6), (median_ttft(20), median_ttft(6))
+    assert median_ttft(20) == median_ttft(20)  # deterministic: the same numbers on every run
     # client and server agree: exact successes, queue mean within 20%
     a = rep["agreement"]
     assert a["succeeded"]["equal"] and a["succeeded"]["server"] == rep["counts"]["succeeded"] + rep["counts"]["probes"]
@@ -116,13 +216,20 @@ def test_burst_starts_every_session_at_once(tmp_path):
     assert rep["counts"]["tasks"] == 16 and rep["counts"]["tasks_completed"] == 16
     assert rep["counts"]["calls"] == 32 and rep["counts"]["failed"] == 0
     assert rep["tasks"]["by_task_type"]["agent"]["calls_per_task"] == 2
+    # the 16 sessions of a burst start together: planned for the same instant, and every one had
+    # sent its first call before any call of the burst was answered (all 16 in flight at once)
+    plan = build_plan(load_mix(mix_path), "burst", 8.0, rep["run"]["seed"])
+    assert [s.start for s in plan.sessions] == [0.0] * 16
     first = sorted(c[0] for c in calls)[:16]
-    assert first[-1] - first[0] < 0.3, "the 16 sessions of a burst start together"
+    assert first[-1] < min(c[0] + c[2] for c in calls), "a session sent its first call after a call had ended"
     assert max(c[3] for c in calls) == 16
     assert rep["server"]["waiting_max"] > 0 and rep["server"]["running_max"] == 8
-    # a task lasts its two calls plus the fixed 0.3 s tool wait
+    # a task lasts its two calls plus the fixed 0.3 s tool wait between them, so on average (all 16
+    # tasks, all 32 calls) at least 0.3 s + twice the mean call
     d = rep["tasks"]["by_task_type"]["agent"]["duration_seconds"]
-    assert d["p50"] > 0.3 + 2 * rep["calls"]["all"]["e2e_seconds"]["p50"] * 0.5
+    e2e = rep["calls"]["all"]["e2e_seconds"]
+    assert d["count"] == 16 and e2e["count"] == 32
+    assert d["mean"] >= 0.3 + 2 * e2e["mean"] - 1e-9
     assert rep["agreement"]["succeeded"]["equal"]
 
 
@@ -160,8 +267,20 @@ def test_reduced_capacity_sends_the_same_arrivals_to_fewer_replicas(tmp_path):
     assert {c[7] for c in full["timeline"]["calls"]} == {0, 1}
     assert {c[7] for c in reduced["timeline"]["calls"]} == {0}
     assert reduced["server"]["targets"] == 1 and full["server"]["targets"] == 2
-    # the same seed sent the same task types in the same order
-    assert [c[5] for c in sorted(full["timeline"]["calls"])][:40] == [c[5] for c in sorted(reduced["timeline"]["calls"])][:40]
+    # the same seed sent the same tasks: in both runs the calls are the planned arrivals (all of them
+    # but, at most, the last few a late thread finds past the end of the run), each with its planned
+    # task type, and none went out before its planned time -- the k-th call started no earlier than
+    # the k-th planned arrival (offsets in the report are rounded to 0.1 ms). Not compared: the order
+    # of two arrivals planned within a thread wake-up of each other, which is the OS scheduler's.
+    mix = load_mix(mix_path)
+    plan = build_plan(mix, "sustained", 12.0, 11)
+    planned = sorted((s.start, task_plan(mix, plan.weights, 11, s.index, 0).task_type) for s in plan.sessions)
+    assert len(planned) == full["run"]["sessions_planned"]
+    for rep in (full, reduced):
+        calls = sorted(rep["timeline"]["calls"])
+        assert 60 < len(calls) <= len(planned)
+        assert sorted(c[5] for c in calls) == sorted(t for _, t in planned[:len(calls)])
+        assert all(c[0] >= start - 1e-4 for c, (start, _) in zip(calls, planned))
     for rep in (full, reduced):
         assert rep["agreement"]["succeeded"]["equal"], (rep["run"]["pattern"], rep["agreement"], rep["counts"])
     assert reduced["server"]["waiting_max"] > full["server"]["waiting_max"]

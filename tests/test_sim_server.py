@@ -13,6 +13,8 @@ from monitor.sim.server import start_fleet
 RUNNING = re.compile(r'^vllm:num_requests_running\{[^}]*\} (\S+)$', re.M)
 WAITING = re.compile(r'^vllm:num_requests_waiting\{[^}]*\} (\S+)$', re.M)
 
+pytestmark = pytest.mark.live  # tests/tiers.py: this file starts servers or binaries
+
 
 def scrape(url: str, **kw) -> requests.Response:
     return requests.get(url, timeout=5, **kw)
@@ -55,33 +57,79 @@ def test_endpoints_answer_with_classic_text(fleet):
     assert scrape(base + "/nope").status_code == 404
 
 
-def test_scrapes_follow_the_simulated_clock(fleet):
-    url = fleet.replica_urls["chat-8b"][0]
-    gen = re.compile(r'^vllm:generation_tokens_total\{[^}]*\} (\S+)$', re.M)
-    a = float(gen.search(scrape(url).text).group(1))
-    time.sleep(1.5)
-    b = float(gen.search(scrape(url).text).group(1))
-    assert b > a
-    with fleet.lock:
-        lag = abs(fleet.fleet.t - time.time())
-    assert lag < 1.0  # simulated clock tracks wall time
+GEN = re.compile(r'^vllm:generation_tokens_total\{[^}]*\} (\S+)$', re.M)
+
+
+def test_scrapes_follow_the_simulated_clock():
+    """Every scrape brings the simulation to sim0 + (clock() - wall0) x speed, exactly: driven by an
+    injected clock there is nothing to wait for and nothing to approximate."""
+    wall = [1_790_000_000.0]
+    h = start_fleet(None, "steady", seed=3, warmup_s=20, clock=lambda: wall[0])
+    try:
+        url = h.replica_urls["chat-8b"][0]
+        assert h.sim0 == h.wall0 == wall[0]  # warmed up to the clock: neither ahead nor behind
+        a = float(GEN.search(scrape(url).text).group(1))
+        with h.lock:
+            assert h.fleet.t == wall[0]
+        wall[0] += 1.5
+        b = float(GEN.search(scrape(url).text).group(1))
+        with h.lock:
+            assert h.fleet.t == wall[0]  # 1.5 s of clock = 1.5 s simulated: rate 1
+        assert b > a  # the busy replica generated tokens in those 1.5 simulated seconds
+        with h.lock:
+            assert h.fleet.t == wall[0]  # the driver thread does not run ahead of the clock either
+    finally:
+        h.stop()
+    wall = [1_790_000_000.0]
+    fast = start_fleet(None, "steady", seed=3, warmup_s=0, speed=4.0, clock=lambda: wall[0])
+    try:
+        wall[0] += 1.5
+        scrape(fast.replica_urls["chat-8b"][0])
+        with fast.lock:
+            assert fast.fleet.t == 1_790_000_000.0 + 4.0 * 1.5  # speed 4: 6 simulated seconds
+    finally:
+        fast.stop()
+
+
+def test_the_default_clock_is_wall_time():
+    """Without an injected clock the simulation follows time.time(): a scrape lands it at
+    sim0 + (wall time of the scrape - wall0), so it lags wall time by at most the start-up."""
+    called = time.time()
+    h = start_fleet(None, "steady", seed=3, warmup_s=0)
+    returned = time.time()
+    try:
+        assert called <= h.sim0 <= h.wall0 <= returned
+        before = time.time()
+        scrape(h.replica_urls["chat-8b"][0])
+        with h.lock:
+            t = h.fleet.t
+        after = time.time()
+        assert h.sim0 + (before - h.wall0) <= t <= h.sim0 + (after - h.wall0)
+    finally:
+        h.stop()
 
 
 def test_replica_loss_stops_answering():
-    h = start_fleet(None, "replica-loss", seed=4, warmup_s=0,
+    wall = [1_790_000_000.0]  # the fleet's clock, driven by the test: the loss comes when told
+    h = start_fleet(None, "replica-loss", seed=4, warmup_s=0, clock=lambda: wall[0],
                     scenario_overrides={"at_s": 1.0, "pool": "agent-70b", "replica": 0})
     try:
         victim = h.replica_urls["agent-70b"][0]
         assert scrape(victim).status_code == 200
-        deadline = time.time() + 10
+        wall[0] = 1_790_000_000.999
+        assert scrape(victim).status_code == 200 and h.fleet.lost_replicas == []  # not yet at 1.0 s
+        wall[0] = 1_790_000_001.0
+        deadline = time.monotonic() + 10
         gone = False
-        while time.time() < deadline and not gone:
-            time.sleep(0.2)
+        while time.monotonic() < deadline and not gone:  # the port closes in a background thread
             try:
                 scrape(victim)
             except requests.ConnectionError:
                 gone = True
+            else:
+                time.sleep(0.02)
         assert gone, "lost replica still answers"
+        assert [r.name for r in h.fleet.lost_replicas] == ["agent-70b-0"]
         for url in h.replica_urls["chat-8b"] + h.replica_urls["agent-70b"][1:]:
             assert scrape(url).status_code == 200
         assert 'Hostname="agent-70b-0"' not in scrape(h.dcgm_url).text

@@ -4,7 +4,9 @@
 ``/metrics``), one for the gateway (Envoy AI Gateway ``gen_ai_*``), one for the application
 metrics (``agent_*``) and one for DCGM (``DCGM_FI_DEV_*``), each on its own free port of ``host``.
 A background thread advances the simulated clock to wall time (x ``speed``); every scrape first
-brings the simulation up to the current time, so values are never stale. When the scenario removes
+brings the simulation up to the current time, so values are never stale. Wall time is read from
+``clock`` (``time.time`` unless a test injects its own): simulated time = the simulated time when
+serving began + (``clock()`` - the clock when serving began) x ``speed``. When the scenario removes
 a replica, its server is shut down and its port stops answering (connection refused).
 
 Every server also answers ``GET /health`` (200 ``OK``); replicas also answer ``/v1/models``
@@ -71,15 +73,16 @@ class FleetHandle:
     """A running simulated fleet. URLs are full scrape URLs (``http://host:port/metrics``)."""
 
     def __init__(self, fleet: Fleet, host: str, speed: float, naming: str, colon: bool,
-                 tick: float = 0.05):
+                 tick: float = 0.05, clock: Callable[[], float] = time.time):
         self.fleet = fleet
+        self.clock = clock
         self.host = host
         self.speed = speed
         self.naming = naming
         self.colon = colon
         self.tick = tick
         self.lock = threading.RLock()
-        self.wall0 = time.time()
+        self.wall0 = clock()
         self.sim0 = fleet.t
         self._servers: dict[str, _Server] = {}
         self._threads: list[threading.Thread] = []
@@ -94,7 +97,7 @@ class FleetHandle:
 
     # ------------------------------------------------------------------ time
     def sim_now(self) -> float:
-        return self.sim0 + (time.time() - self.wall0) * self.speed
+        return self.sim0 + (self.clock() - self.wall0) * self.speed
 
     def sync(self) -> float:
         """Advance the simulation to now (under the lock) and return the simulated time."""
@@ -155,7 +158,7 @@ class FleetHandle:
         self.gateway_url = self._serve("gateway", lambda now: render_gateway(self.fleet, now), port(i))
         self.app_url = self._serve("app", lambda now: render_app(self.fleet, now), port(i + 1))
         self.dcgm_url = self._serve("dcgm", lambda now: render_dcgm(self.fleet, now), port(i + 2))
-        self.wall0 = time.time()
+        self.wall0 = self.clock()
         self.sim0 = self.fleet.t
         th = threading.Thread(target=self._drive, name="sim-clock", daemon=True)
         th.start()
@@ -217,7 +220,8 @@ def start_fleet(config: Union[FleetConfig, str, None] = None, scenario: str = "s
                 speed: float = 1.0, legacy_names: bool = False, underscore_names: bool = False,
                 scenario_overrides: Optional[dict] = None,
                 record_truth: bool = True, warmup_s: float = 30.0,
-                scenario_from_serving: bool = False) -> FleetHandle:
+                scenario_from_serving: bool = False,
+                clock: Callable[[], float] = time.time) -> FleetHandle:
     """Start the simulated fleet and its HTTP endpoints; returns a :class:`FleetHandle`.
 
     ``config`` is a FleetConfig, a YAML path, or None for the default fleet. ``base_port`` 0
@@ -226,7 +230,8 @@ def start_fleet(config: Union[FleetConfig, str, None] = None, scenario: str = "s
     fast-forwards that much simulated time before serving (the fleet starts busy, not empty).
     Scenario times such as ``at_s`` count from the start of the warm-up, or from the moment
     serving starts when ``scenario_from_serving`` is true (what `headroom sim` does). ``legacy_names`` serves
-    the V0-style vLLM naming, ``underscore_names`` spells ``vllm_`` instead of ``vllm:``."""
+    the V0-style vLLM naming, ``underscore_names`` spells ``vllm_`` instead of ``vllm:``. ``clock``
+    is the wall clock the simulation follows (seconds, like ``time.time``; tests inject their own)."""
     if speed <= 0:
         raise ValueError(f"speed must be > 0, got {speed}")
     if not isinstance(config, FleetConfig):
@@ -237,14 +242,14 @@ def start_fleet(config: Union[FleetConfig, str, None] = None, scenario: str = "s
         scenario_overrides = {"min_level": 0.4, **(scenario_overrides or {})}
     if warmup_s < 0:
         raise ValueError(f"warmup_s must be >= 0, got {warmup_s}")
-    now = time.time()
+    now = clock()
     fleet = Fleet(config, scenario, seed=seed, start_time=now - warmup_s,
                   record_truth=record_truth, scenario_overrides=scenario_overrides,
                   scenario_origin=now if scenario_from_serving else None)
     if warmup_s:
         fleet.advance_to(now)
     handle = FleetHandle(fleet, host, speed, "v0" if legacy_names else "v1",
-                         not underscore_names)
+                         not underscore_names, clock=clock)
     try:
         return handle.start(base_port)
     except BaseException:
