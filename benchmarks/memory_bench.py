@@ -39,7 +39,7 @@ for p in range(pools):
     name = f"pool-{p:03d}"
     base = 50 + 40 * np.sin(2 * np.pi * (ts % 86400) / 86400)
     pts = []
-    for series, scale in (("active_requests", 1.0), ("kv_tokens", 900.0), ("arrival_rate", 0.05), ("sessions", 2.0)):
+    for series, scale in (("load", 1.0), ("kv_tokens", 900.0), ("arrival_rate", 0.05), ("sessions", 2.0)):
         pts.extend((name, series, float(t), float(v * scale)) for t, v in zip(ts, base))
     store.append(pts)
 fill_seconds = time.time() - t0
@@ -63,7 +63,7 @@ for cycle in range(40):  # 40 cycles at 15 s = the 10-minute window
 # the forecast refit's history load for every pool
 loaded = 0
 for p in range(pools):
-    for series in ("active_requests", "kv_tokens", "arrival_rate", "sessions"):
+    for series in ("load", "kv_tokens", "arrival_rate", "sessions"):
         s = store.query(f"pool-{p:03d}", series, now - 35 * 86400, now, step=300, agg="max")
         loaded += len(s)
 print(json.dumps({"peak_rss_mb": rss_mb(), "store_points": points, "pools": len(snap.pools),

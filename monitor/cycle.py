@@ -1,24 +1,34 @@
-"""One collection cycle: sources -> derive -> capacity -> snapshot.
+"""One collection cycle: collect (I/O and parsing) -> step (pure) -> publish.
 
-`Pipeline` keeps what must survive between cycles (recent readings per target for counter deltas
-and latency windows, cumulative error counters) and publishes each finished `Snapshot` atomically
-for the exporter. Cycles never overlap: a cycle that finds the previous one still running is
-skipped and counted.
+    inputs = pipeline.collect(now)               # every source at once, until the cycle deadline
+    state, snapshot = step(state, inputs, now)   # monitor/step.py: derive, capacity, the forecast
+    pipeline.publish(snapshot)                   # one reference swap, then the listeners
+
+`collect` does all the cycle's I/O and parsing and returns a `CycleInputs` (plain data: replica
+readings, source statuses, parsed gateway and DCGM bodies, input anomalies, the forecaster's latest
+result). `step` is a pure function of the state kept between cycles, those inputs and `now`; it
+reads no clock and no source. `Pipeline` owns the sources and the state, and publishes each
+finished `Snapshot` atomically for the exporter. Cycles never overlap: a cycle that finds the
+previous one still running is skipped and counted.
 """
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from collections import deque
-from typing import Callable, Optional
+from typing import Callable, Iterable, Optional
 
+from .capacity.enrich import CapacityState
 from .config import Config, Target
-from .derive.core import derive_pools, pool_of
-from .model import PoolSnapshot, ReplicaReading, Snapshot, SourceStatus
+from .model import ReplicaReading, Snapshot, SourceStatus
+from .sources.dcgm import DcgmReading, read_dcgm
+from .sources.gateway import GatewayConfig, GatewayScrape, read_gateway_scrape
 from .sources.http import FetchError, Fetcher, redact
 from .sources.prometheus import PrometheusSourceReader
 from .sources.scrape import DeadlinePool, Late, Scraper
+from .step import CycleInputs, CycleState, count_into, step
+
+__all__ = ["CycleInputs", "CycleState", "Pipeline", "cycle_deadline_seconds", "step", "targets_from_urls"]
 
 log = logging.getLogger(__name__)
 
@@ -37,26 +47,23 @@ def cycle_deadline_seconds(cfg: Config) -> float:
         timeouts.append(cfg.scrape_timeout)
     return max(0.05, min(0.9 * cfg.interval, max(timeouts, default=0.0) + DEADLINE_MARGIN))
 
-# Hooks run on each cycle's pools after derivation: f(pools, pipeline) -> None. The capacity model,
-# gateway/task readers and forecasts register here, so this module stays small.
-Enricher = Callable[[list[PoolSnapshot], "Pipeline"], None]
-
 
 class Pipeline:
+    """The sources, the state between cycles and the published snapshot.
+
+    capacity: the capacity layer's state (`CapacityState(cfg)`; None: no capacity, tasks or power).
+    forecasts: returns the forecaster's latest result (monitor/forecast/scheduler.py); read once per
+    cycle, so the cycle's /metrics, /api/v1/snapshot and landing page show the same forecast.
+    """
+
     def __init__(self, config: Config, clock: Callable[[], float] = time.time,
-                 enrichers: Optional[list[Enricher]] = None):
+                 capacity: Optional[CapacityState] = None, forecasts: Optional[Callable[[], object]] = None):
         self.config = config
         self.clock = clock
-        self.history: dict[str, deque[ReplicaReading]] = {}
-        self.errors: dict[tuple[str, str], float] = {}
-        self.dropped: dict[str, float] = {}
-        self.anomalies: dict[str, float] = {}  # malformed-but-usable input, by kind
-        self.cycles = 0
+        self.state = CycleState(config, capacity)
+        self.forecasts = forecasts
         self.skipped_cycles = 0
-        self.last_success: Optional[float] = None
-        self.last_fresh: dict[str, float] = {}
         self.latest: Optional[Snapshot] = None
-        self.enrichers: list[Enricher] = list(enrichers or [])
         self._lock = threading.Lock()
         self._listeners: list[Callable[[Snapshot], None]] = []
         self.scraper: Optional[Scraper] = None
@@ -66,10 +73,22 @@ class Pipeline:
                                    config.scrape_timeout, config.scrape_concurrency)
         if config.prometheus:
             self.prom = PrometheusSourceReader(config.prometheus)
-        # bodies of the gateway and DCGM endpoints from the last cycle, for the enrichers
-        self.gateway_texts: list[tuple[object, Optional[str]]] = []
-        self.dcgm_texts: list[tuple[str, Optional[str]]] = []
-        self._aux_fetchers = {}
+        # how each gateway body is read: for the capacity layer, the only reader of task metrics
+        self._gateway_configs: Optional[list[GatewayConfig]] = None
+        if capacity is not None:
+            self._gateway_configs = [capacity.gateway_config(gw.kind, gw.task_label, gw.session_label)
+                                     for gw in config.gateways]
+        self._aux_fetchers: dict[int, Fetcher] = {}
+        self._sources: Optional[DeadlinePool] = None
+
+    # the state between cycles, as the pipeline's callers read it
+    history = property(lambda self: self.state.history)
+    errors = property(lambda self: self.state.errors)
+    dropped = property(lambda self: self.state.dropped)
+    anomalies = property(lambda self: self.state.anomalies)
+    cycles = property(lambda self: self.state.cycles)
+    last_success = property(lambda self: self.state.last_success)
+    last_fresh = property(lambda self: self.state.last_fresh)
 
     def on_snapshot(self, listener: Callable[[Snapshot], None]) -> None:
         self._listeners.append(listener)
@@ -88,48 +107,53 @@ class Pipeline:
     def _cycle(self) -> Snapshot:
         started = time.monotonic()
         now = self.clock()
-        readings, statuses = self.collect(now)
-        snapshot = self.build(readings, statuses, now)
+        snapshot = self.advance(self.collect(now), now)
         snapshot.cycle_duration_seconds = time.monotonic() - started
         self.publish(snapshot)
         return snapshot
 
-    def collect(self, now: float, deadline: Optional[float] = None
-                ) -> tuple[list[ReplicaReading], list[SourceStatus]]:
-        """Every source at once; one without an answer by `deadline` (monotonic; default: now +
-        `cycle_deadline_seconds`) is down with reason `deadline` and its request is abandoned."""
+    def advance(self, inputs: CycleInputs, now: float) -> Snapshot:
+        """`step` from the pipeline's state; the new state is kept."""
+        self.state, snapshot = step(self.state, inputs, now)
+        return snapshot
+
+    def build(self, readings: Iterable[ReplicaReading], statuses: Iterable[SourceStatus], now: float) -> Snapshot:
+        """`advance` on replica readings collected elsewhere (benchmarks): no other input."""
+        return self.advance(CycleInputs(list(readings), list(statuses)), now)
+
+    def collect(self, now: float, deadline: Optional[float] = None) -> CycleInputs:
+        """Every source at once, parsed; one without an answer by `deadline` (monotonic; default:
+        now + `cycle_deadline_seconds`) is down with reason `deadline` and its request is abandoned."""
         began = time.monotonic()
         if deadline is None:
             deadline = began + cycle_deadline_seconds(self.config)
         pool = self._source_pool()
         prom = pool.start([("prometheus", lambda: self.prom.read(now, deadline))]) if self.prom else []
         aux = self._start_aux(pool)
-        readings: list[ReplicaReading] = []
-        statuses: list[SourceStatus] = []
+        inputs = CycleInputs([], [])
         if self.scraper is not None:
             targets = self.config.vllm_targets
             started = self.scraper.start(targets, clock=self.clock)
             for result in self.scraper.finish(targets, started, deadline, began):
-                readings.extend(result.readings)
-                statuses.append(result.status)
-                for kind, n in (result.anomalies or {}).items():
-                    self.anomalies[kind] = self.anomalies.get(kind, 0.0) + n
+                inputs.readings.extend(result.readings)
+                inputs.statuses.append(result.status)
+                count_into(inputs.anomalies, result.anomalies or {})
         for result in pool.wait(prom, deadline):
             if isinstance(result, tuple):
-                readings.extend(result[0])
-                statuses.extend(result[1])
+                inputs.readings.extend(result[0])
+                inputs.statuses.extend(result[1])
             else:
-                statuses.append(_late("prometheus", self.config.prometheus.url, result, began))
-        statuses.extend(self._collect_aux(deadline, aux, began))
-        return readings, statuses
+                inputs.statuses.append(_late("prometheus", self.config.prometheus.url, result, began))
+        self._collect_aux(inputs, now, deadline, aux, began)
+        inputs.forecast = self.forecasts() if self.forecasts is not None else None
+        return inputs
 
     def _source_pool(self) -> DeadlinePool:
         """Workers for Prometheus, gateways and DCGM (vLLM targets have the scraper's own)."""
-        pool = getattr(self, "_sources", None)
-        if pool is None:
+        if self._sources is None:
             cfg = self.config
-            pool = self._sources = DeadlinePool(1 + len(cfg.gateways) + len(cfg.dcgm_targets), "sources")
-        return pool
+            self._sources = DeadlinePool(1 + len(cfg.gateways) + len(cfg.dcgm_targets), "sources")
+        return self._sources
 
     def _fetcher_for(self, auth) -> Fetcher:
         key = id(auth)
@@ -146,96 +170,36 @@ class Pipeline:
         jobs += [(("dcgm", t.url), lambda u=t.url: _fetch(dcgm, u, timeout)) for t in self.config.dcgm_targets]
         return pool.start(jobs)
 
-    def _collect_aux(self, deadline: Optional[float] = None, started: Optional[list] = None,
-                     began: Optional[float] = None) -> list[SourceStatus]:
-        """Gateway and DCGM bodies (I/O only); enrichers parse them. Late ones are down (`deadline`)."""
-        began = time.monotonic() if began is None else began
-        pool = self._source_pool()
-        if started is None:
-            started = self._start_aux(pool)
-        results = pool.wait(started, deadline)
-        statuses: list[SourceStatus] = []
-        gateway_texts, dcgm_texts = [], []
-        sources = [("gateway", gw.url, gw) for gw in self.config.gateways]
-        sources += [("dcgm", t.url, t.url) for t in self.config.dcgm_targets]
-        for (kind, url, key), result in zip(sources, results):
+    def _collect_aux(self, inputs: CycleInputs, now: float, deadline: Optional[float], started: list,
+                     began: float) -> None:
+        """Gateway and DCGM bodies, parsed into `inputs`. Late ones are down (`deadline`)."""
+        results = self._source_pool().wait(started, deadline)
+        sources = [("gateway", gw.url, i) for i, gw in enumerate(self.config.gateways)]
+        sources += [("dcgm", t.url, None) for t in self.config.dcgm_targets]
+        for (kind, url, index), result in zip(sources, results):
             if isinstance(result, tuple):
                 text, err, took = result
-                statuses.append(SourceStatus(kind, redact(url), err is None, err.reason if err else None,
-                                             err.detail if err else None, took))
+                inputs.statuses.append(SourceStatus(kind, redact(url), err is None, err.reason if err else None,
+                                                    err.detail if err else None, took))
             else:
                 text = None
-                statuses.append(_late(kind, url, result, began))
-            (gateway_texts if kind == "gateway" else dcgm_texts).append((key, text))
-        self.gateway_texts, self.dcgm_texts = gateway_texts, dcgm_texts
-        return statuses
+                inputs.statuses.append(_late(kind, url, result, began))
+            if kind == "gateway":
+                inputs.gateways.append(self._read_gateway(index, text, now))
+            elif text is not None:
+                reading = _read_dcgm(text, redact(url))
+                if reading is not None:
+                    inputs.dcgm.append(reading)
 
-    def build(self, readings: list[ReplicaReading], statuses: list[SourceStatus], now: float) -> Snapshot:
-        cfg = self.config
-        self.cycles += 1
-        for st in statuses:
-            if not st.up and st.attempted:
-                key = (st.source, st.error or "unknown")
-                self.errors[key] = self.errors.get(key, 0.0) + 1
-                log.info("source %s %s down: %s", st.source, st.target, st.error)
-        readings = self._cap(readings)
-        for r in readings:
-            key = f"{r.target}|{r.model}"
-            dq = self.history.get(key)
-            if dq is None:
-                dq = self.history[key] = deque()
-            dq.append(r)
-            while dq and now - dq[0].timestamp > cfg.history_keep:
-                dq.popleft()
-        # forget targets that have been silent for longer than the history we keep
-        for key in [k for k, dq in self.history.items() if not dq or now - dq[-1].timestamp > cfg.history_keep]:
-            del self.history[key]
-        down_targets = {st.target for st in statuses if not st.up}
-        fresh_keys = {f"{r.target}|{r.model}" for r in readings}
-        # a target that answered this cycle is current; one that did not is stale
-        history = {}
-        stale_targets = set(down_targets)
-        for key, dq in self.history.items():
-            history[key] = list(dq)
-            if key not in fresh_keys:
-                stale_targets.add(dq[-1].target)
-        expected: dict[str, set[str]] = {}
-        for key, dq in self.history.items():
-            expected.setdefault(pool_of(dq[-1], cfg.pool_by), set()).add(dq[-1].target)
-        pools = derive_pools(history, now, cfg.latency_window, cfg.pool_by,
-                             down_targets=stale_targets, expected=expected)
-        if cfg.shard is not None:
-            from .shard import owns  # noqa: PLC0415
-            pools = [p for p in pools if owns(p.pool, cfg.shard)]
-        for p in pools:
-            if not p.stale:
-                self.last_fresh[p.pool] = now
-            p.last_fresh_timestamp = self.last_fresh.get(p.pool, p.last_fresh_timestamp)
-        for enrich in self.enrichers:
-            try:
-                enrich(pools, self)
-            except Exception:  # an enricher must never take the cycle down
-                log.exception("enricher %s failed", getattr(enrich, "__name__", enrich))
-                self.errors[("enricher", getattr(enrich, "__name__", "enricher"))] = \
-                    self.errors.get(("enricher", getattr(enrich, "__name__", "enricher")), 0.0) + 1
-        if any(st.up for st in statuses if st.source in ("vllm", "prometheus")):
-            self.last_success = now
-        return Snapshot(timestamp=now, pools=pools, sources=statuses,
-                        last_success_timestamp=self.last_success,
-                        errors={f"{s}|{r}": v for (s, r), v in self.errors.items()})
-
-    def _cap(self, readings: list[ReplicaReading]) -> list[ReplicaReading]:
-        limit = self.config.max_series
-        if len(readings) + len(self.history) <= limit:
-            return readings
-        known = [r for r in readings if f"{r.target}|{r.model}" in self.history]
-        new = [r for r in readings if f"{r.target}|{r.model}" not in self.history]
-        room = max(0, limit - len(self.history))
-        dropped = len(new) - min(room, len(new))
-        if dropped:
-            self.dropped["replicas"] = self.dropped.get("replicas", 0.0) + dropped
-            log.warning("cardinality cap: %d new replica series dropped (global.max_series=%d)", dropped, limit)
-        return known + new[:room]
+    def _read_gateway(self, index: int, text: Optional[str], now: float) -> GatewayScrape:
+        """The body parsed; without a capacity layer it is fetched (its status counts), not read."""
+        src = self.config.gateways[index]
+        if self._gateway_configs is None:
+            return GatewayScrape(index, redact(src.url), src.pool, GatewayConfig(kind=src.kind), now)
+        scrape = read_gateway_scrape(text, self._gateway_configs[index], now, index, redact(src.url), src.pool)
+        if scrape.error:
+            log.warning("gateway %s: %s", scrape.url, scrape.error)
+        return scrape
 
     def publish(self, snapshot: Snapshot) -> None:
         self.latest = snapshot  # a single reference swap: readers never see half a snapshot
@@ -252,13 +216,20 @@ class Pipeline:
             self.scraper.close()
         if self.prom is not None:
             self.prom.close()
-        pool = getattr(self, "_sources", None)
-        if pool is not None:
-            pool.close()
+        if self._sources is not None:
+            self._sources.close()
         for f in list(self._aux_fetchers.values()):
             f.close()
         if wait > 0 and self._lock.acquire(timeout=wait):
             self._lock.release()
+
+
+def _read_dcgm(text: str, target: str) -> Optional[DcgmReading]:
+    try:
+        return read_dcgm(text, target)
+    except ValueError as exc:
+        log.warning("%s", exc)
+        return None
 
 
 def _fetch(fetcher: Fetcher, url: str, timeout: float) -> tuple[Optional[str], Optional[FetchError], float]:

@@ -22,7 +22,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 # the slowest files of the live tier, run in a second pytest process beside the others
-SIDE_SHARD = ["tests/test_demo.py", "tests/test_loadtest_sim.py", "tests/test_restarts.py"]
+SIDE_SHARD = ["tests/test_demo.py", "tests/test_loadtest_sim.py", "tests/test_restarts.py",
+              "tests/test_prometheus_mode_forecasts.py"]
 # one pytest session, one shared engine; the knee sweep stops the other engines first, so it runs last
 ENGINE_FILES = ["tests/test_vllm_pipeline.py", "tests/test_vllm_sim_calibration.py",
                 "tests/test_capacity_vllm.py", "tests/test_loadtest_vllm.py", "tests/test_knee_vllm.py"]

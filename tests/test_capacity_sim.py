@@ -119,22 +119,22 @@ def test_sim_tasks_calls_exact_and_latency_within_one_bucket():
     for tt, d in derived.items():
         done = [r for r in fleet.truth if r.task_type == tt and t0 < r.end <= t1 and not r.failed]
         assert done, tt
-        assert d["completed_tasks"] == len(done)
+        assert d.completed_tasks == len(done)
         # calls per completed task: exact
-        assert d["calls_per_task"] == pytest.approx(sum(r.model_calls for r in done) / len(done), rel=1e-12)
+        assert d.calls_per_task == pytest.approx(sum(r.model_calls for r in done) / len(done), rel=1e-12)
         started = [r for r in fleet.truth if r.task_type == tt and t0 < r.start <= t1]
-        assert d["tasks"] >= len(started)  # started in the window (some are still running)
-        assert d["arrival_rate"] == pytest.approx(d["tasks"] / (t1 - t0))
+        assert d.tasks >= len(started)  # started in the window (some are still running)
+        assert d.arrival_rate == pytest.approx(d.tasks / (t1 - t0))
         durations = np.array([r.duration for r in done])
         h = a1.tasks[tt].task_duration.minus(a0.tasks[tt].task_duration)
         for q, key in ((0.5, "p50"), (0.9, "p90"), (0.95, "p95"), (0.99, "p99")):
             exact = float(np.quantile(durations, q))
-            est = d["task_latency"][key]
+            est = getattr(d.task_latency, key)
             assert abs(histo.bucket_index(h.bounds, est) - histo.bucket_index(h.bounds, exact)) <= 1, (tt, q, est, exact)
     # the gateway view (Envoy style, task_type header label) sees the calls of every task type
     g = derive_tasks(g1, g0, gw)
     for tt in cfg.mix.task_types:
-        assert g[tt]["calls"] > 0 and g[tt]["call_latency"]["count"] == g[tt]["calls"]
+        assert g[tt].calls > 0 and g[tt].call_latency.count == g[tt].calls
     multi = [tt for tt, t in cfg.mix.task_types.items() if sum(s.calls for s in t.steps) > 1]
     for tt in multi:  # calls per completed task > 1 where the mix says so
-        assert derived[tt]["calls_per_task"] > 1
+        assert derived[tt].calls_per_task > 1

@@ -74,7 +74,7 @@ def test_litellm_tasks_exact_and_call_latency_within_a_bucket(litellm_gateway):
     for tt, n in tasks.items():
         ours = {sid: c for sid, c in reading.tasks[tt].session_calls.items() if sid.startswith(prefix)}
         assert len(ours) == n and all(c == TASKS[tt][0] for c in ours.values())
-        assert derived[tt]["calls_per_task"] == TASKS[tt][0]
+        assert derived[tt].calls_per_task == TASKS[tt][0]
         client = np.array([c[2] for c in calls if c[0] == tt])
         h = reading.tasks[tt].call_latency
         old = before.tasks.get(tt)

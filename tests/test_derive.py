@@ -3,7 +3,8 @@ import math
 
 import pytest
 
-from monitor.derive.core import counter_delta, derive_pools
+from monitor.derive.core import derive_pools
+from monitor.derive.counters import histogram_increase, increase
 from monitor.derive.histogram import fraction_above, quantile, quantiles
 from monitor.model import Histogram, ReplicaReading
 
@@ -43,10 +44,18 @@ def test_summary_mean_and_fraction_over():
     assert fraction_above(h, 1.5) == pytest.approx(0.125)
 
 
-def test_counter_delta_handles_reset():
-    assert counter_delta(15.0, 10.0) == 5.0
-    assert counter_delta(3.0, 10.0) is None
-    assert counter_delta(None, 1.0) is None
+def test_increase_is_promql_across_a_reset():
+    assert increase(15.0, 10.0) == 5.0
+    assert increase(10.0, 10.0) == 0.0
+    assert increase(3.0, 10.0) == 3.0  # went down: a reset, and the 3 counted since are the increase
+    assert increase(None, 1.0) is None and increase(1.0, None) is None
+    assert increase(-1.0, 0.0) is None and increase(2.0, -1.0) is None  # not a counter's value
+    new, old = hist((1, 2, 3, 3), 2.0), hist((2, 4, 6, 6), 5.0)
+    assert histogram_increase(hist((3, 5, 8, 8), 7.0), old) == hist((1, 1, 2, 2), 2.0)
+    assert histogram_increase(new, old) == new  # every bucket went down: a reset
+    other = Histogram((1.0, math.inf), (1, 1), 1.0, 1)
+    assert histogram_increase(other, old) == other  # new bounds: a reset too
+    assert histogram_increase(None, old) is None and histogram_increase(new, None) is None
 
 
 def test_pool_gauges_rates_and_quantiles_hand_computed():
@@ -69,12 +78,15 @@ def test_pool_gauges_rates_and_quantiles_hand_computed():
     assert p.littles_law_ratio == pytest.approx(5 * 0.75 / 9)
 
 
-def test_counter_reset_drops_that_replica_from_the_rate():
-    h0 = hist((0, 0, 0, 0), 0.0)
-    hs = {"a": [reading("a", 0, 1, 0, 100, h0), reading("a", 10, 1, 0, 5, h0)],
+def test_counter_reset_counts_the_new_value_as_promql_increase_does():
+    # a restarted between its readings: 100 -> 5 is a reset, its increase is 5 (5 / 10 s); b: 20 / 10 s
+    h0, h1 = hist((0, 0, 0, 0), 0.0), hist((4, 8, 10, 10), 6.0)
+    hs = {"a": [reading("a", 0, 1, 0, 100, h1), reading("a", 10, 1, 0, 5, h0)],
           "b": [reading("b", 0, 1, 0, 10, h0), reading("b", 10, 1, 0, 30, h0)]}
     [p] = derive_pools(hs, now=10, window_seconds=60)
-    assert p.completion_rate == pytest.approx(2.0)
+    assert p.completion_rate == pytest.approx(0.5 + 2.0)
+    # a's latency histogram went down too: its observations since the restart (none) are the window's
+    assert p.latency["e2e"].count == 0
 
 
 def test_one_reading_gives_no_rates():
@@ -116,14 +128,18 @@ def test_pools_by_label():
     assert [(p.pool, p.active_requests) for p in pools] == [("gold", 1), ("silver", 2)]
 
 
-def test_exported_series_per_metric_are_capped_and_counted():
-    from monitor.export import samples as S
-    from monitor.model import PoolSnapshot, Snapshot
+def test_exported_series_per_metric_are_capped_and_counted_per_renderer():
+    from monitor.export.samples import MAX_SERIES_PER_METRIC, Renderer
+    from monitor.model import PoolSnapshot, PoolTasks, Snapshot, TaskStats
     pools = [PoolSnapshot(pool="p", model="m", replicas=1)]
-    pools[0].tasks = {"samples": [("headroom_task_arrival_rate", {"task_type": f"session-{i}"}, 1.0)
-                                  for i in range(S.MAX_SERIES_PER_METRIC + 25)]}
-    before = S.DROPPED.get("headroom_task_arrival_rate", 0.0)
-    out = S.snapshot_samples(Snapshot(timestamp=0.0, pools=pools))
-    assert len(out["headroom_task_arrival_rate"]) == S.MAX_SERIES_PER_METRIC
-    assert S.DROPPED["headroom_task_arrival_rate"] - before == 25
-    assert ({"what": "headroom_task_arrival_rate"}, S.DROPPED["headroom_task_arrival_rate"]) in out["headroom_dropped_series"]
+    pools[0].tasks = PoolTasks({f"session-{i}": TaskStats(f"session-{i}", arrival_rate=1.0)
+                                for i in range(MAX_SERIES_PER_METRIC + 25)})
+    renderer = Renderer()
+    out = renderer.render(Snapshot(timestamp=0.0, pools=pools))
+    assert len(out["headroom_task_arrival_rate"]) == MAX_SERIES_PER_METRIC
+    assert renderer.dropped == {"headroom_task_arrival_rate": 25}
+    assert out["headroom_dropped_series"] == [({"what": "headroom_task_arrival_rate"}, 25.0)]
+    # a counter: the renderer's cuts add up over renders; another renderer has its own
+    again = renderer.render(Snapshot(timestamp=1.0, pools=pools))
+    assert again["headroom_dropped_series"] == [({"what": "headroom_task_arrival_rate"}, 50.0)]
+    assert Renderer().dropped == {}

@@ -28,12 +28,14 @@ pytestmark = pytest.mark.live  # tests/tiers.py: this file starts servers or bin
 def test_digest_from_the_history_store_matches_the_history(tmp_path):
     df = generate_history(None, days=9, step_s=300, end=WEEK_END - 300, replica_series=False)
     pools = df[df["instance"] == ""]
-    # stored the way the daemon stores it (monitor/wiring.py): active_requests = active + queued
+    # stored the way the daemon stores it (monitor/history/store.py points_from_snapshot): active and
+    # queued apart, load = active + queued
     wide = pools.pivot_table(index=["pool", "timestamp"], columns="series", values="value").reset_index()
     points = []
     for r in wide.itertuples(index=False):
-        points.append((r.pool, "active_requests", float(r.timestamp), float(r.active_requests + r.queued_requests)))
+        points.append((r.pool, "active_requests", float(r.timestamp), float(r.active_requests)))
         points.append((r.pool, "queued_requests", float(r.timestamp), float(r.queued_requests)))
+        points.append((r.pool, "load", float(r.timestamp), float(r.active_requests + r.queued_requests)))
         points.append((r.pool, "kv_tokens", float(r.timestamp), float(r.kv_tokens)))
         points.append((r.pool, "sessions", float(r.timestamp), float(r.sessions)))
     with HistoryStore(str(tmp_path / "h.sqlite"), retention_seconds=None, downsample_after_seconds=None) as st:

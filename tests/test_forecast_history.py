@@ -1,4 +1,5 @@
-"""Prometheus-mode history: fetch_history against a real Prometheus 2.42 backfilled with promtool."""
+"""Prometheus-mode history for the forecasts: forecast_history over PrometheusHistory (monitor/history)
+against a real Prometheus 2.42 backfilled with promtool."""
 import math
 import shutil
 import socket
@@ -9,7 +10,9 @@ import numpy as np
 import pytest
 import requests
 
-from monitor.forecast.history import default_queries, fetch_history
+from monitor.forecast.history import forecast_history
+from monitor.history import schema
+from monitor.history.prometheus import PrometheusHistory, Query, bucket_query, default_queries, read_range
 from monitor.process import stop_process
 
 pytestmark = [pytest.mark.live, pytest.mark.skipif(not (shutil.which("prometheus") and shutil.which("promtool")),
@@ -78,16 +81,18 @@ def prom(tmp_path_factory):
 def test_fetch_history_maps_pools_series_and_task_types(prom):
     base, start, end = prom
     client = HTTPRangeClient(base)
-    hist = fetch_history(client, start + 600, end, step=300)
+    # the complete 5-minute buckets of [start + 600, end), each indexed by its start
+    hist = forecast_history(PrometheusHistory(client), now=end, days=(end - start - 600) / 86400, step=300)
     assert set(hist) == {"a", "b"}
-    assert set(hist["a"]) == {"arrival_rate", "active_requests", "task_arrivals:summarise",
+    assert set(hist["a"]) == {"arrival_rate", "load", "task_arrivals:summarise",
                               "task_arrivals:draft"}
-    assert set(hist["b"]) == {"active_requests"}
-    act = hist["a"]["active_requests"]
+    assert set(hist["b"]) == {"load"}
+    act = hist["a"]["load"]
     # peak of active + queued over each 5-minute window: the cycle 0..9 peaks at 9 (+1 queued)
     assert act.max() == 10.0 and act.min() >= 5.0
-    assert len(act) == (end - start - 600) // 300 + 1
-    assert (hist["b"]["active_requests"] == 3.0).all()
+    assert len(act) == (end - start - 600) // 300
+    assert act.index[0] == start + 600 and act.index[-1] == end - 300
+    assert (hist["b"]["load"] == 3.0).all()
     assert (hist["a"]["task_arrivals:summarise"] == 0.5).all()
     assert (hist["a"]["arrival_rate"] == 2.5).all()
     assert list(act.index) == sorted(act.index)
@@ -95,21 +100,21 @@ def test_fetch_history_maps_pools_series_and_task_types(prom):
 
 def test_long_ranges_are_split_into_chunks_without_losing_points(prom):
     base, start, end = prom
-    whole = fetch_history(HTTPRangeClient(base), start, end, step=60,
-                          queries={"active_requests": 'sum by (pool) (headroom_active_requests)'})
+    query = 'sum by (pool) (headroom_active_requests)'
+    whole = {lab.get("pool"): pts for lab, pts in read_range(HTTPRangeClient(base), query, start, end, 60)}
     client = HTTPRangeClient(base)
-    chunked = fetch_history(client, start, end, step=60, max_points=50,
-                            queries={"active_requests": 'sum by (pool) (headroom_active_requests)'})
+    chunked = {lab.get("pool"): pts for lab, pts in read_range(client, query, start, end, 60, max_points=50)}
     assert len(client.calls) == math.ceil(((end - start) // 60 + 1) / 50)
-    assert chunked["a"]["active_requests"].equals(whole["a"]["active_requests"])
-    assert len(whole["a"]["active_requests"]) == (end - start) // 60 + 1
+    assert chunked["a"] == whole["a"]
+    assert len(whole["a"]) == (end - start) // 60 + 1
 
 
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="step"):
-        fetch_history(None, 0, 10, step=0)
+        PrometheusHistory(None).load(None, 0, 10, step=0)
     with pytest.raises(ValueError, match="before start"):
-        fetch_history(None, 10, 0)
+        PrometheusHistory(None).load(None, 10, 0, step=60)
     with pytest.raises(ValueError, match="unknown history series 'latency'"):
-        fetch_history(None, 0, 10, queries={"latency": "up"})
-    assert "max_over_time" in default_queries(60)["active_requests"]
+        PrometheusHistory(None, queries={"latency": [Query("up")]})
+    load = default_queries()["load"][0].expr
+    assert bucket_query(load, schema.SERIES["load"].agg, 60, 60).startswith("max_over_time")

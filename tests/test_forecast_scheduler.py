@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 
 from monitor.forecast.backtest import ForecastSettings
-from monitor.forecast.pool import PoolSettings
+from monitor.forecast.pool import CAPACITY_SERIES, PoolSettings
 from monitor.forecast.scheduler import ForecastScheduler, LatestResult, RefitResult
 
 HOUR = 3600.0
@@ -25,7 +25,7 @@ def test_background_job_refits_and_publishes_without_blocking_readers():
 
     def load():
         calls.append(threading.current_thread().name)
-        return {"a": {"active_requests": series()}, "b": {"active_requests": series(level=5)}}
+        return {"a": {CAPACITY_SERIES: series()}, "b": {CAPACITY_SERIES: series(level=5)}}
 
     sched = ForecastScheduler(load, lambda: {"a": 25.0, "b": 1000.0}, SETTINGS,
                               interval_minutes=60, clock=lambda: 1_700_500_000.0)
@@ -39,8 +39,8 @@ def test_background_job_refits_and_publishes_without_blocking_readers():
     assert set(res.pools) == {"a", "b"}
     assert res.started == 1_700_500_000.0
     assert calls and calls[0] != threading.main_thread().name  # ran in the scheduler's worker
-    assert res.pools["a"]["exhaustion_seconds"] < 86400  # 25 is crossed by the daily peak (~30)
-    assert res.pools["b"]["exhaustion_seconds"] == float("inf")
+    assert res.pools["a"].exhaustion_seconds < 86400  # 25 is crossed by the daily peak (~30)
+    assert res.pools["b"].exhaustion_seconds == float("inf")
     assert not sched.running
 
 
@@ -50,7 +50,7 @@ def test_failed_history_load_keeps_the_previous_forecasts_and_reports():
     def load():
         if state["fail"]:
             raise ConnectionError("prometheus unreachable")
-        return {"a": {"active_requests": series()}}
+        return {"a": {CAPACITY_SERIES: series()}}
 
     sched = ForecastScheduler(load, lambda: {}, SETTINGS, clock=lambda: 1.0)
     first = sched.refit_now()

@@ -108,3 +108,31 @@ def test_bad_settings_and_queries(tmp_path):
             st.query("p", "s", 0, 1, agg="median")
         with pytest.raises(StoreError, match="before start"):
             st.query("p", "s", 10, 1)
+
+
+def test_a_schema_1_store_is_upgraded_to_the_history_schema(tmp_path):
+    """Schema 1 kept active + queued under `active_requests`; opening it moves to schema 2: active
+    alone, the sum as `load`, queued untouched (monitor/history/schema.py), in one transaction."""
+    import sqlite3
+
+    path = str(tmp_path / "h.sqlite")
+    with HistoryStore(path) as s:
+        s.append([("p", "active_requests", 1000.0, 10.0), ("p", "queued_requests", 1000.0, 3.0),
+                  ("p", "active_requests", 1300.0, 4.0)])  # no queue recorded at 1300
+    db = sqlite3.connect(path)
+    db.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    db.commit()
+    db.close()
+    with HistoryStore(path) as s:
+        def points(series):
+            return {float(t): float(v) for t, v in s.query("p", series, 0, 2000, step=1, agg="max").items()}
+        assert points("active_requests") == {1000.0: 7.0, 1300.0: 4.0}
+        assert points("load") == {1000.0: 10.0, 1300.0: 4.0}
+        assert points("queued_requests") == {1000.0: 3.0}
+    db = sqlite3.connect(path)
+    assert db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("2",)
+    db.execute("UPDATE meta SET value = '9' WHERE key = 'schema_version'")
+    db.commit()
+    db.close()
+    with pytest.raises(StoreError, match="schema '9' is newer"):
+        HistoryStore(path)

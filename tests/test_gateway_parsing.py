@@ -12,7 +12,7 @@ import pytest
 from monitor.derive import histogram as histo
 from monitor.capacity.slo import SloSettings
 from monitor.capacity.tasks import call_latency_by_class, derive_tasks
-from monitor.sources.gateway import UNATTRIBUTED, GatewayConfig, read_gateway
+from monitor.sources.gateway import UNATTRIBUTED, GatewayConfig, read_gateway, read_gateway_scrape
 
 FIX = Path(__file__).parent / "fixtures" / "gateway"
 CAPTURE = FIX / "litellm-1.108.7-agent-tasks.prom"
@@ -42,13 +42,13 @@ def test_litellm_tasks_and_calls_per_task_exact(capture, truth):
     for tt in tasks:
         assert capture.tasks[tt].tasks == tasks[tt]
         assert capture.tasks[tt].calls == calls[tt]
-        assert derived[tt]["tasks"] == tasks[tt]
-        assert derived[tt]["calls_per_task"] == calls[tt] / tasks[tt]
-        assert derived[tt]["calls_per_task_source"] == "gateway/session_label"
+        assert derived[tt].tasks == tasks[tt]
+        assert derived[tt].calls_per_task == calls[tt] / tasks[tt]
+        assert derived[tt].calls_per_task_source == "gateway/session_label"
     # hand-known from the run: 1, 2 and 4 calls per task
-    assert derived["policy_question"]["calls_per_task"] == 1
-    assert derived["document_summary"]["calls_per_task"] == 2
-    assert derived["search_then_email"]["calls_per_task"] == 4
+    assert derived["policy_question"].calls_per_task == 1
+    assert derived["document_summary"].calls_per_task == 2
+    assert derived["search_then_email"].calls_per_task == 4
     assert capture.in_flight == 1.0
     assert capture.dropped_sessions == 0
 
@@ -93,9 +93,9 @@ def test_litellm_mean_call_latency_matches_client(capture, truth):
 def test_litellm_tokens_per_call(capture):
     d = derive_tasks(capture, None, GatewayConfig(kind="litellm"))
     # output tokens per call fixed by the run: 24, 96 / 2 calls, 64 / 4 calls -> at most those
-    assert d["policy_question"]["output_tokens_per_call"] == pytest.approx(24.0)
-    assert 0 < d["document_summary"]["output_tokens_per_call"] <= 96
-    assert 0 < d["search_then_email"]["output_tokens_per_call"] <= 64
+    assert d["policy_question"].output_tokens_per_call == pytest.approx(24.0)
+    assert 0 < d["document_summary"].output_tokens_per_call <= 96
+    assert 0 < d["search_then_email"].output_tokens_per_call <= 64
 
 
 def test_litellm_end_user_as_session_label(truth):
@@ -175,7 +175,7 @@ def test_envoy_header_labels():
     assert h.count == 6 and h.sum == pytest.approx(2.7)
     assert 0.32 < histo.quantile(h, 0.5) <= 0.64  # true median 0.45
     d = derive_tasks(r, None, GatewayConfig(kind="envoy"))
-    assert d["triage"]["calls_per_task"] == 3 and d["draft"]["calls_per_task"] == 2
+    assert d["triage"].calls_per_task == 3 and d["draft"].calls_per_task == 2
 
 
 def test_envoy_two_readings_give_rates_and_window_sessions():
@@ -185,9 +185,9 @@ def test_envoy_two_readings_give_rates_and_window_sessions():
     r1 = read_gateway(_envoy_text(s1), cfg, 100.0)
     r2 = read_gateway(_envoy_text(s2), cfg, 110.0)
     d = derive_tasks(r2, r1, cfg)["triage"]
-    assert d["calls"] == 4 and d["call_rate"] == pytest.approx(0.4)
-    assert d["tasks"] == 1 and d["arrival_rate"] == pytest.approx(0.1)
-    assert d["sessions"] == 2  # a and c moved, b did not
+    assert d.calls == 4 and d.call_rate == pytest.approx(0.4)
+    assert d.tasks == 1 and d.arrival_rate == pytest.approx(0.1)
+    assert d.sessions == 2  # a and c moved, b did not
     with pytest.raises(ValueError, match="out of order"):
         derive_tasks(r1, r2, cfg)
 
@@ -234,8 +234,8 @@ def test_llmd_fairness_id_and_app_task_counter():
     # the chat p90 falls in the (0.5, 1] bucket: rank 54 is its top
     assert histo.quantile(r.tasks["chat"].call_latency, 0.9) == pytest.approx(1.0)
     d = derive_tasks(r, None, cfg)
-    assert d["chat"]["calls_per_task"] == 3 and d["chat"]["calls_per_task_source"] == "gateway_calls/app_tasks"
-    assert d["summarise"]["calls_per_task"] == 4
+    assert d["chat"].calls_per_task == 3 and d["chat"].calls_per_task_source == "gateway_calls/app_tasks"
+    assert d["summarise"].calls_per_task == 4
 
 
 # --- the application-side convention
@@ -262,12 +262,46 @@ def test_app_convention_slo_and_rates():
     new_d = [1.5] * 10 + [0.5] * 16 + [7.0] * 4  # 20 more tasks, 4 of them over 5 s
     new = read_gateway(_app_text({"email": 30}, {"email": 90}, {"email": new_d}, {"email": 4}), cfg, 60.0)
     d = derive_tasks(new, old, cfg, slo)["email"]
-    assert d["tasks"] == 20 and d["arrival_rate"] == pytest.approx(20 / 60)
-    assert d["calls_per_task"] == 3 and d["calls_per_task_source"] == "app"
-    assert d["sessions"] == 4 and d["sessions_source"] == "app"
-    assert d["slo_violation_ratio"] == pytest.approx(4 / 20)
-    assert d["task_latency"]["count"] == 20
-    assert 5 < d["task_latency"]["p95"] <= 10
+    assert d.tasks == 20 and d.arrival_rate == pytest.approx(20 / 60)
+    assert d.calls_per_task == 3 and d.calls_per_task_source == "app"
+    assert d.sessions == 4 and d.sessions_source == "app"
+    assert d.slo_violation_ratio == pytest.approx(4 / 20)
+    assert d.task_latency.count == 20
+    assert 5 < d.task_latency.p95 <= 10
+
+
+def test_app_counters_reset_count_the_new_values_as_promql_increase_does():
+    # the application restarted between the readings: every counter and the histogram went down;
+    # the window's tasks, calls and latencies are those since the restart (monitor/derive/counters.py)
+    cfg = GatewayConfig(kind="app")
+    old = read_gateway(_app_text({"email": 50}, {"email": 150}, {"email": [1.5] * 50}, {"email": 3}), cfg, 0.0)
+    new = read_gateway(_app_text({"email": 6}, {"email": 18}, {"email": [0.5] * 6}, {"email": 2}), cfg, 60.0)
+    d = derive_tasks(new, old, cfg)["email"]
+    assert d.tasks == 6 and d.arrival_rate == pytest.approx(6 / 60)
+    assert d.calls == 18 and d.calls_per_task == 3 and d.completed_tasks == 6
+    assert d.task_latency.count == 6 and d.task_latency.p95 <= 1
+
+
+def test_scrape_parses_once_and_reads_per_model():
+    text = LITELLM_TWO_MODELS
+    cfg = GatewayConfig(kind="litellm")
+    scrape = read_gateway_scrape(text, cfg, 5.0, index=2, url="http://gw/metrics")
+    assert scrape.reading is not None and scrape.error is None and scrape.index == 2
+    whole = read_gateway(text, cfg, 5.0)
+    assert {tt: t.calls for tt, t in scrape.reading.tasks.items()} == {tt: t.calls for tt, t in whole.tasks.items()}
+    for model, calls in (("a-8b", 7.0), ("b-70b", 3.0)):
+        per_model = scrape.for_model(model)
+        assert per_model.tasks["chat"].calls == calls
+        assert per_model.tasks["chat"].calls == read_gateway(text, scrape.model_config(model), 5.0).tasks["chat"].calls
+    broken = read_gateway_scrape("litellm_proxy_total_requests_metric_total{", cfg, 5.0)
+    assert broken.reading is None and "does not parse" in broken.error
+    assert read_gateway_scrape(None, cfg, 5.0).reading is None  # no body this cycle
+
+
+LITELLM_TWO_MODELS = """# TYPE litellm_proxy_total_requests_metric_total counter
+litellm_proxy_total_requests_metric_total{metadata_task_type="chat",requested_model="a-8b"} 7
+litellm_proxy_total_requests_metric_total{metadata_task_type="chat",requested_model="b-70b"} 3
+"""
 
 
 def test_bad_input_is_named():

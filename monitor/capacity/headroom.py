@@ -1,23 +1,25 @@
 """Capacity, utilisation and headroom of a pool (pure).
 
-`compute_capacity(pool, knee, settings, power_watts, sessions)` returns a dict whose keys are the
-catalogue's capacity metrics without the `headroom_` prefix; dict values are keyed by the metric's
-extra label:
+`pool_capacity(pool, knee, settings, power_watts, sessions)` returns a `Capacity` (monitor/model.py)
+whose fields are the catalogue's capacity metrics without the `headroom_` prefix (the exporter,
+monitor/export/samples.py, turns them into samples); `compute_capacity(...)` is the same as the
+plain dict of the JSON document (`Capacity.as_dict()`), for callers that want plain data (the
+digest). Fields and the metric each becomes (scenario / limit fields carry the metric's label):
 
     knee_requests               headroom_knee_requests{pool}
     knee_kv_tokens              headroom_knee_kv_tokens{pool}
-    knee_info                   headroom_knee_info{pool, source, signal}   ({"source": .., "signal": ..})
+    knee_source, knee_signal    headroom_knee_info{pool, source, signal}
     knee_confidence_ratio       headroom_knee_confidence_ratio{pool}
     utilisation_ratio           headroom_utilisation_ratio{pool}
-    ratio                       headroom_ratio{pool, scenario}             ({"current": .., "n_minus_1": ..})
+    ratio                       headroom_ratio{pool, scenario}             (Scenarios: current, n_minus_1)
     headroom_requests           headroom_headroom_requests{pool, scenario}
-    capacity_requests           headroom_capacity_requests{pool, limit}    ({"slots", "kv", "knee", "effective"})
+    capacity_requests           headroom_capacity_requests{pool, limit}    (Limits: slots, kv, knee, effective)
     sessions                    headroom_sessions{pool}
     session_capacity            headroom_session_capacity{pool}
     power_watts                 headroom_power_watts{pool}
     sessions_per_megawatt       headroom_sessions_per_megawatt{pool}
 
-plus explanatory keys that are not metrics (limiting_factor, load_requests, kv_tokens_per_request,
+plus explanatory fields that are not metrics (limiting_factor, load_requests, kv_tokens_per_request,
 kv_tokens_per_request_source, power_source, n_minus_1_share, knee_detail). None means "not known"
 and must not be exported.
 
@@ -43,7 +45,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from monitor.capacity.knee import Knee
-from monitor.model import PoolSnapshot
+from monitor.model import Capacity, Limits, PoolSnapshot, Scenarios
 
 
 @dataclass(frozen=True)
@@ -90,21 +92,31 @@ def largest_replica_share(pool: PoolSnapshot) -> Optional[float]:
 
 def compute_capacity(pool: PoolSnapshot, knee: Knee, settings: CapacitySettings,
                      power_watts: Optional[float] = None, sessions: Optional[float] = None) -> dict:
+    """`pool_capacity(...)` as the plain dict of the JSON document."""
+    return pool_capacity(pool, knee, settings, power_watts, sessions).as_dict()
+
+
+def _kv_per_request(pool: PoolSnapshot, knee: Knee, settings: CapacitySettings
+                    ) -> tuple[Optional[float], Optional[str]]:
+    """Mean KV tokens per request: measured when requests are running, else configured."""
+    if pool.kv_tokens_live is not None and pool.active_requests and pool.active_requests > 0 and pool.kv_tokens_live > 0:
+        return pool.kv_tokens_live / pool.active_requests, "measured"
+    if settings.kv_tokens_per_request:
+        return float(settings.kv_tokens_per_request), "configured"
+    if knee.kv_tokens and knee.requests:
+        return knee.kv_tokens / knee.requests, "knee"
+    return None, None
+
+
+def pool_capacity(pool: PoolSnapshot, knee: Knee, settings: CapacitySettings,
+                  power_watts: Optional[float] = None, sessions: Optional[float] = None) -> Capacity:
     if not isinstance(pool, PoolSnapshot):
-        raise TypeError("compute_capacity needs a PoolSnapshot")
+        raise TypeError("pool_capacity needs a PoolSnapshot")
     n = pool.replicas
     if n < 0:
         raise ValueError(f"pool {pool.pool}: replicas must be >= 0, got {n}")
     load = float((pool.active_requests or 0.0) + (pool.queued_requests or 0.0))
-
-    # mean KV tokens per request: measured when requests are running, else configured
-    kv_per_req, kv_src = None, None
-    if pool.kv_tokens_live is not None and pool.active_requests and pool.active_requests > 0 and pool.kv_tokens_live > 0:
-        kv_per_req, kv_src = pool.kv_tokens_live / pool.active_requests, "measured"
-    elif settings.kv_tokens_per_request:
-        kv_per_req, kv_src = float(settings.kv_tokens_per_request), "configured"
-    elif knee.kv_tokens and knee.requests:
-        kv_per_req, kv_src = knee.kv_tokens / knee.requests, "knee"
+    kv_per_req, kv_src = _kv_per_request(pool, knee, settings)
 
     caps: dict[str, Optional[float]] = {"slots": None, "kv": None, "knee": None}
     if settings.max_num_seqs:
@@ -116,7 +128,6 @@ def compute_capacity(pool: PoolSnapshot, knee: Knee, settings: CapacitySettings,
     known = {k: v for k, v in caps.items() if v is not None}
     limiting = min(known, key=known.get) if known else None
     effective = known[limiting] if known else None
-    caps["effective"] = effective
 
     share = largest_replica_share(pool)
     cap_n1 = effective * (1.0 - share) if (effective is not None and share is not None) else None
@@ -136,31 +147,20 @@ def compute_capacity(pool: PoolSnapshot, knee: Knee, settings: CapacitySettings,
         power, power_src = float(settings.watts_per_replica * n), "configured"
     spmw = session_capacity / (power / 1e6) if (session_capacity is not None and power) else None
 
-    knee_kv = knee.kv_tokens * n if knee.kv_tokens is not None else None
-    return {
-        "knee_requests": caps["knee"],
-        "knee_kv_tokens": knee_kv,
-        "knee_info": {"source": knee.source, "signal": knee.signal},
-        "knee_confidence_ratio": float(knee.confidence),
-        "utilisation_ratio": (load / effective) if effective else None,
-        "ratio": {"current": _ratio(load, effective), "n_minus_1": _ratio(load, cap_n1)},
-        "headroom_requests": {
-            "current": (effective - load) if effective is not None else None,
-            "n_minus_1": (cap_n1 - load) if cap_n1 is not None else None,
-        },
-        "capacity_requests": caps,
-        "sessions": sessions,
-        "session_capacity": session_capacity,
-        "power_watts": power,
-        "sessions_per_megawatt": spmw,
-        # explanations (not metrics)
-        "limiting_factor": limiting,
-        "load_requests": load,
-        "kv_tokens_per_request": kv_per_req,
-        "kv_tokens_per_request_source": kv_src,
-        "active_requests_per_session": per_session,
-        "active_requests_per_session_source": ps_src,
-        "power_source": power_src,
-        "n_minus_1_share": share,
-        "knee_detail": knee.detail,
-    }
+    return Capacity(
+        knee_requests=caps["knee"],
+        knee_kv_tokens=knee.kv_tokens * n if knee.kv_tokens is not None else None,
+        knee_source=knee.source, knee_signal=knee.signal,
+        knee_confidence_ratio=float(knee.confidence),
+        utilisation_ratio=(load / effective) if effective else None,
+        ratio=Scenarios(_ratio(load, effective), _ratio(load, cap_n1)),
+        headroom_requests=Scenarios((effective - load) if effective is not None else None,
+                                    (cap_n1 - load) if cap_n1 is not None else None),
+        capacity_requests=Limits(caps["slots"], caps["kv"], caps["knee"], effective),
+        sessions=sessions, session_capacity=session_capacity, power_watts=power,
+        sessions_per_megawatt=spmw,
+        limiting_factor=limiting, load_requests=load,
+        kv_tokens_per_request=kv_per_req, kv_tokens_per_request_source=kv_src,
+        active_requests_per_session=per_session, active_requests_per_session_source=ps_src,
+        power_source=power_src, n_minus_1_share=share, knee_detail=knee.detail,
+    )

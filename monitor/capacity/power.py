@@ -1,4 +1,4 @@
-"""GPU power per pool from DCGM exporter series (pure given samples or text).
+"""GPU power per pool from DCGM exporter series (pure; monitor/sources/dcgm.py parses the bodies).
 
 DCGM_FI_DEV_POWER_USAGE (watts, gauge; 1.x-compatibility name dcgm_power_usage) carries no pool. A
 series joins a replica by, in order: `pod` (or 1.x `pod_name`), `Hostname` (releases up to 4.x),
@@ -12,7 +12,8 @@ import math
 from typing import Iterable, Optional
 from urllib.parse import urlparse
 
-POWER_NAMES = ("DCGM_FI_DEV_POWER_USAGE", "dcgm_power_usage")
+from monitor.sources.dcgm import POWER_NAMES
+
 JOIN_LABELS = ("pod", "pod_name", "Hostname", "hostname", "instance")
 SENTINEL = 9.0e18
 

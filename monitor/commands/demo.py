@@ -191,22 +191,16 @@ def run(args) -> int:
 
 
 def seed_history(fleet_cfg, days: float, store_path: str) -> int:
-    """Load simulated history into headroom's own store, under the series names headroom records:
-    active_requests = active + queued (the concurrency the knee is about), arrival_rate, kv_tokens,
-    sessions."""
+    """Load simulated history into headroom's own store, as headroom would have recorded it
+    (monitor/sim/history.py `schema_history`: the history schema's names, pools by model name):
+    active and queued requests, load, arrival_rate, kv_tokens, sessions."""
     from ..forecast.store import HistoryStore
-    from ..sim.history import generate_history
+    from ..sim.history import generate_history, schema_history
     df = generate_history(fleet_cfg, days=days, step_s=300, replica_series=False, end=time.time() // 300 * 300)
-    pools = df[df["instance"] == ""].pivot_table(index=["pool", "timestamp"], columns="series", values="value")
-    model_of = {p.name: p.model_name for p in fleet_cfg.pools}
-    points = []
-    for (pool, ts), row in pools.iterrows():
-        name = model_of.get(pool, pool)
-        points.append((name, "active_requests", float(ts), float(row["active_requests"] + row["queued_requests"])))
-        points.append((name, "queued_requests", float(ts), float(row["queued_requests"])))
-        points.append((name, "arrival_rate", float(ts), float(row["call_arrival_rate"])))
-        points.append((name, "kv_tokens", float(ts), float(row["kv_tokens"])))
-        points.append((name, "sessions", float(ts), float(row["sessions"])))
+    rows = schema_history(df, fleet_cfg)
+    keep = {"active_requests", "queued_requests", "load", "arrival_rate", "kv_tokens", "sessions"}
+    rows = rows[rows["series"].isin(keep)]
+    points = [(str(r.pool), str(r.series), float(r.timestamp), float(r.value)) for r in rows.itertuples()]
     with HistoryStore(store_path) as store:
         store.append(points)
     return len(points)

@@ -4,17 +4,25 @@ Counter rates and latency windows need two readings: `--interval` seconds apart 
 `--interval 0` they are reported as null, never invented. Each reading waits for its sources at
 most the cycle deadline (a little over `scrape_timeout`); a source that has not answered by then is
 reported down with reason `deadline`.
+
+With a history store (store.path, as `headroom run` keeps it) the pools' forecasts are refitted
+once from it, read-only, while the interval passes (after it, when the refit takes longer), and the
+last reading carries them: the "forecast" of each pool is what `headroom run` would export for the
+same history. With `--interval 0` the refit comes first, before any capacity is known, so there is
+no time to exhaustion.
 """
 from __future__ import annotations
 
 import json
+import os
 import sys
+import threading
 import time
 
 from ..config import Config, ConfigError, Target, check_url, load
 from ..cycle import Pipeline
 from ..export.snapshot_json import snapshot_to_dict
-from ..wiring import default_enrichers
+from ..wiring import capacity_at_knee, capacity_state, store_forecaster
 
 
 def add_arguments(p) -> None:
@@ -50,17 +58,48 @@ def run(args) -> int:
         print("headroom: --interval must not be negative", file=sys.stderr)
         return 2
     cfg.latency_window = max(cfg.latency_window, args.interval * 2)
-    pipeline = Pipeline(cfg, enrichers=default_enrichers(cfg))
+    pipeline = Pipeline(cfg, capacity=capacity_state(cfg))
+    store = _open_store(cfg)
     try:  # each cycle ends by its deadline (monitor/cycle.py), whatever a source does
-        snap = pipeline.run_cycle()
-        if args.interval > 0:
-            time.sleep(args.interval)
-            snap = pipeline.run_cycle()
+        snap = _readings(pipeline, store, args.interval)
     except KeyboardInterrupt:
         print("headroom: interrupted", file=sys.stderr)
         return 130
     finally:
         pipeline.close()
+        if store is not None:
+            store.close()
     json.dump(snapshot_to_dict(snap), sys.stdout, indent=2, allow_nan=False)
     sys.stdout.write("\n")
     return 0 if any(s.up for s in snap.sources) else 1
+
+
+def _open_store(cfg: Config):
+    """The daemon's history store, when configured and already there (`once` never creates one)."""
+    if not cfg.store_path or not os.path.exists(cfg.store_path):
+        return None
+    from ..forecast.store import HistoryStore  # noqa: PLC0415
+    return HistoryStore(cfg.store_path, retention_seconds=cfg.store_retention)
+
+
+def _readings(pipeline: Pipeline, store, interval: float):
+    """One reading, or two `interval` apart; with a store, one forecast refit for the last one."""
+    forecaster = None
+    if store is not None:
+        from ..history.store import StoreHistory  # noqa: PLC0415
+        forecaster = store_forecaster(pipeline.config, StoreHistory(store), pipeline.clock,
+                                      lambda: capacity_at_knee(pipeline.latest))
+        pipeline.forecasts = forecaster.latest.get
+    if interval <= 0:
+        if forecaster is not None:
+            forecaster.refit_now()
+        return pipeline.run_cycle()
+    pipeline.run_cycle()
+    refit = threading.Thread(target=forecaster.refit_now, name="forecast-refit", daemon=True) \
+        if forecaster is not None else None
+    if refit is not None:
+        refit.start()
+    time.sleep(interval)
+    if refit is not None:
+        refit.join()
+    return pipeline.run_cycle()

@@ -15,7 +15,9 @@ from ..export.collector import Exposition
 from ..export.landing import Trends
 from ..export.server import WebState, parse_listen_address, serve
 from ..process import exit_if_stuck
-from ..wiring import attach_history_and_forecasts, default_enrichers, extra_samples, web_security
+from ..digest.metrics import digest_status
+from ..export.samples import ProcessStatus
+from ..wiring import attach_history_and_forecasts, capacity_state, web_security
 
 log = logging.getLogger("headroom")
 
@@ -36,21 +38,31 @@ def add_arguments(p) -> None:
 class Daemon:
     def __init__(self, cfg, listen_address: str, web_config_file=None):
         self.cfg = cfg
-        self.pipeline = Pipeline(cfg, enrichers=default_enrichers(cfg))
-        self.state = WebState(Exposition(extra=lambda: extra_samples(self)), Trends())
+        self.pipeline = Pipeline(cfg, capacity=capacity_state(cfg))
+        # every snapshot is rendered once, for /metrics, /api/v1/snapshot and / alike
+        self.state = WebState(Exposition(status=self.status), Trends())
         self.state.authorize, ssl_context = web_security(web_config_file or cfg.web_config_file)
         self.pipeline.on_snapshot(self.state.publish)
         self.server, _ = serve(self.state, listen_address, ssl_context)
         self.scheduler = BackgroundScheduler(timezone="UTC")
         self.stopped = threading.Event()
         self.extra_jobs = []  # f(daemon) run at start(): schedule more jobs
-        self.sample_hooks = []  # f() -> [(metric, labels, value)] added to /metrics at each render
         self.on_stop = []
         self.store = None
         self.forecaster = None
-        attach_history_and_forecasts(self)
+        self.digest_outbox = None
+        attach_history_and_forecasts(self)  # the pipeline reads the forecaster's latest result
         from ..digest.schedule import attach_to_daemon  # noqa: PLC0415
-        self.digest_outbox = attach_to_daemon(self)  # weekly digest: cron + outbox retries + metrics
+        self.digest_outbox = attach_to_daemon(self)  # weekly digest: cron + outbox retries
+
+    def status(self) -> ProcessStatus:
+        """What /metrics shows besides the cycle's snapshot: the web server's counters, the digest."""
+        stats = self.state.web_stats
+        events, open_connections = {}, None
+        if stats is not None:
+            events = {e: float(v) for e, v in stats.as_dict().items() if e in stats.COUNTERS}
+            open_connections = float(stats.open_connections)
+        return ProcessStatus(events, open_connections, digest_status(self.digest_outbox))
 
     @property
     def port(self) -> int:

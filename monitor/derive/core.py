@@ -2,14 +2,16 @@
 
 Input is the recent history of readings per target (oldest first). Gauges come from the newest
 reading; rates and latency windows from the oldest reading inside the window against the newest,
-with counter resets handled (a reset drops that replica from the rate, it never goes negative).
-Nothing is invented: a rate needs two readings, a quantile needs observations in the window.
+counter resets handled as PromQL does (monitor/derive/counters.py: the increase across a reset is
+the new value; it never goes negative). Nothing is invented: a rate needs two readings, a quantile
+needs observations in the window.
 """
 from __future__ import annotations
 
 from typing import Iterable, Optional
 
-from ..model import Histogram, PoolSnapshot, Quantiles, ReplicaReading, ReplicaSnapshot
+from ..model import COUNTERS, Histogram, PoolSnapshot, Quantiles, ReplicaReading, ReplicaSnapshot
+from .counters import histogram_increase, increase
 from .histogram import quantiles
 
 LATENCY_KINDS = ("ttft", "itl", "e2e", "queue")
@@ -19,15 +21,6 @@ def pool_of(reading: ReplicaReading, pool_by: str = "model_name") -> str:
     if pool_by in ("model_name", "model"):
         return reading.model
     return reading.labels.get(pool_by) or reading.model
-
-
-def counter_delta(new: Optional[float], old: Optional[float]) -> Optional[float]:
-    """Increase of a counter between two readings; None across a reset or when missing."""
-    if new is None or old is None:
-        return None
-    if new < old:
-        return None  # reset: the process restarted; this interval is unknown
-    return new - old
 
 
 def window_pair(readings: list[ReplicaReading], now: float, window_seconds: float
@@ -141,9 +134,8 @@ def _rates(snap: PoolSnapshot, fresh: list[list[ReplicaReading]], now: float, wi
         old, new = pair
         dt = new.timestamp - old.timestamp
         window_used = max(window_used or 0.0, dt)
-        for key in ("request_success", "prompt_tokens", "generation_tokens", "preemptions",
-                    "prefix_cache_hits", "prefix_cache_queries"):
-            d = counter_delta(new.counters.get(key), old.counters.get(key))
+        for key in COUNTERS:
+            d = increase(new.counters.get(key), old.counters.get(key))
             if d is None:
                 continue
             deltas[key] = deltas.get(key, 0.0) + d
@@ -151,10 +143,7 @@ def _rates(snap: PoolSnapshot, fresh: list[list[ReplicaReading]], now: float, wi
             deltas.setdefault("_rate_" + key, 0.0)
             deltas["_rate_" + key] += d / dt
         for kind in LATENCY_KINDS:
-            h_new, h_old = new.histograms.get(kind), old.histograms.get(kind)
-            if h_new is None or h_old is None:
-                continue
-            d = h_new.minus(h_old)
+            d = histogram_increase(new.histograms.get(kind), old.histograms.get(kind))
             if d is None:
                 continue
             hists[kind] = d if kind not in hists else (hists[kind].plus(d) or hists[kind])

@@ -5,8 +5,10 @@ Input: `DigestInput` - per pool, history series indexed by Unix seconds covering
 facts history does not carry (replicas, knee per replica, GPUs, watts, tokens per call).
 
 Series (per pool; any may be missing, the section then says "not known"):
-    active_requests, queued_requests, kv_tokens, sessions     gauges (peaks are taken from these)
-    call_arrival_rate                                         model calls per second
+    active_requests, queued_requests, load, kv_tokens,        gauges (peaks are taken from these;
+    sessions                                                  load = active + queued, its own peak)
+    arrival_rate                                              model calls per second
+    (the names of monitor/history/schema.py)
     task_arrivals:<task_type>                                 tasks started per second
     task_latency:<task_type>                                  task latency (s) per interval, or
     slo_violation_ratio:<task_type>                           share of tasks over target per interval
@@ -124,7 +126,11 @@ def peak_of(s: Optional[pd.Series], start: float, end: float, tz: str) -> Option
 
 
 def load_series(series: dict[str, pd.Series]) -> Optional[pd.Series]:
-    """Concurrent requests (active + queued): what capacity at the knee is compared with."""
+    """Concurrent requests (active + queued): what capacity at the knee is compared with. The
+    history's own `load` series (the peak of the sum, monitor/history/schema.py) where there is one;
+    else active + queued added bucket by bucket (the simulated history of `digest --demo`)."""
+    if series.get("load") is not None:
+        return series["load"]
     a = series.get("active_requests")
     if a is None:
         return None

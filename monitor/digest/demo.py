@@ -73,11 +73,12 @@ def demo_input(week_end: float, days: float = 14.0, step_s: int = 300, seed: int
         knee = theoretical_knee(pp, cfg.mix)
         raw = _series(df, pp.name)
         series: dict[str, pd.Series] = {}
-        for k in ("active_requests", "queued_requests", "kv_tokens", "sessions", "call_arrival_rate"):
-            if k in raw:
-                series[k] = raw[k]
+        for k, name in (("active_requests", "active_requests"), ("queued_requests", "queued_requests"),
+                        ("kv_tokens", "kv_tokens"), ("sessions", "sessions"), ("call_arrival_rate", "arrival_rate")):
+            if k in raw:  # the simulator's column -> the history schema's name
+                series[name] = raw[k]
         load = series["active_requests"] + series["queued_requests"]
-        call_rate = series["call_arrival_rate"].to_numpy()
+        call_rate = series["arrival_rate"].to_numpy()
         w_call = load.to_numpy() / np.maximum(call_rate, 1e-6)  # Little's law
         tasks = {}
         for tt in cfg.mix.task_types.values():

@@ -84,8 +84,12 @@ def history_build_fn(cfg, settings: DigestSettings, store=None) -> Callable[[flo
                               "digest.history.source is prometheus but none is configured")
 
         def build(week_end: float) -> DigestInput:
-            from monitor.sources.prometheus import PrometheusClient
-            return sources.from_prometheus(PrometheusClient.from_config(cfg.prometheus), week_end, settings)
+            from monitor.history.prometheus import PrometheusHistory
+            history = PrometheusHistory.from_config(cfg.prometheus, pool_by=cfg.pool_by)
+            try:
+                return sources.from_source(history, week_end, settings)
+            finally:
+                history.client.close()
         return build
     raise ConfigError(cfg.file, "digest.history", "no history: configure store.path or sources.prometheus")
 
@@ -94,7 +98,6 @@ def attach_to_daemon(daemon) -> Optional[Outbox]:
     """One call for the daemon (monitor/commands/run.py Daemon.__init__): when the configuration
     has a `digest:` section, schedule the weekly digest and its retries on the daemon's scheduler at
     start, and add the digest metrics to /metrics. Reuses the daemon's history store if it has one."""
-    from monitor.digest.metrics import metric_samples
     from monitor.digest.settings import from_dict
     cfg = daemon.cfg
     if not cfg.digest:
@@ -102,7 +105,6 @@ def attach_to_daemon(daemon) -> Optional[Outbox]:
     settings = from_dict(cfg.digest, cfg.file, cfg.slos)  # ConfigError before anything starts
     build_fn = history_build_fn(cfg, settings, getattr(daemon, "store", None))
     outbox = open_outbox(settings)
-    daemon.sample_hooks.append(lambda: metric_samples(outbox))
     daemon.extra_jobs.append(lambda d: schedule_digest(d.scheduler, settings, build_fn, outbox))
     daemon.on_stop.append(outbox.close)
     return outbox

@@ -13,7 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from ..catalogue import CATALOGUE
 from ..model import Snapshot
-from .samples import Samples, snapshot_samples
+from .samples import ProcessStatus, Renderer, Samples
 
 
 class SnapshotCollector:
@@ -39,20 +39,23 @@ class SnapshotCollector:
 
 
 class Exposition:
-    """Holds the rendered /metrics body for the latest snapshot."""
+    """Holds the rendered /metrics body for the latest snapshot.
 
-    def __init__(self, extra: Optional[Callable[[], list]] = None):
+    `status()` gives what the daemon knows besides the cycle (its web server, the digest); it is
+    read at each render. One `Renderer` per exposition keeps the cardinality cap's cut counts."""
+
+    def __init__(self, status: Optional[Callable[[], Optional[ProcessStatus]]] = None):
         self._lock = threading.Lock()
-        self._samples: Samples = snapshot_samples(None)
-        self.extra = extra or (lambda: [])
+        self.renderer = Renderer()
+        self.status = status or (lambda: None)
+        self._samples: Samples = self.renderer.render(None)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(SnapshotCollector(lambda: self._samples))
         self._body = generate_latest(self.registry)
 
     def update(self, snapshot: Optional[Snapshot]) -> None:
-        samples = snapshot_samples(snapshot, self.extra())
         with self._lock:
-            self._samples = samples
+            self._samples = self.renderer.render(snapshot, self.status())
             self._body = generate_latest(self.registry)
 
     def body(self) -> bytes:

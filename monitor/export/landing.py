@@ -1,16 +1,19 @@
 """The landing page at `/`: each pool's state at a glance, with an inline SVG chart of recent hours.
 
-Every value that comes from a metric label or the configuration is HTML-escaped.
+Every value that comes from a metric label or the configuration is HTML-escaped. It reads the same
+snapshot as /metrics: the same capacity, and the same forecast (the forecaster's latest result as
+the cycle found it).
 """
 from __future__ import annotations
 
 import html
+import math
 import time
 from collections import deque
 from typing import Optional
 
 from .. import __version__
-from ..model import PoolSnapshot, Snapshot
+from ..model import Capacity, PoolSnapshot, Snapshot
 
 
 class Trends:
@@ -78,13 +81,28 @@ def _svg(points: list[tuple[float, float, float, float]], knee: Optional[float],
     return "".join(parts)
 
 
+def _forecast_kpi(p: PoolSnapshot) -> str:
+    """The day's forecast peak and the time to exhaustion: the forecast /metrics exports."""
+    fc = p.forecast
+    day = fc.horizons.get("1d") if fc is not None else None
+    if day is None:
+        return ""
+    left = fc.exhaustion_seconds
+    if left is None:
+        until = "capacity unknown"
+    elif math.isinf(left):
+        until = "no exhaustion within the forecast"
+    else:
+        until = f"capacity reached in {left / 3600:,.1f} h"
+    return f'<div><b>{_fmt(day.peak)}</b><span>forecast peak requests (1 d) · {until}</span></div>'
+
+
 def _pool_card(p: PoolSnapshot, trend: list) -> str:
     e = html.escape
-    cap = p.capacity or {}
-    knee = cap.get("knee_requests")
-    ratios = cap.get("ratio") if isinstance(cap.get("ratio"), dict) else {}
-    ratio = ratios.get("current")
-    ratio_n1 = ratios.get("n_minus_1")
+    cap = p.capacity if p.capacity is not None else Capacity()
+    knee = cap.knee_requests
+    ratio = cap.ratio.current
+    ratio_n1 = cap.ratio.n_minus_1
     kv_pct = (p.kv_usage_ratio or 0.0) * 100
     cls = "ok"
     if ratio is not None and ratio < 0.1:
@@ -92,7 +110,7 @@ def _pool_card(p: PoolSnapshot, trend: list) -> str:
     elif ratio is not None and ratio < 0.25:
         cls = "warn"
     stale = ' <span class="badge bad">stale</span>' if p.stale else ""
-    sessions, session_cap, spmw = cap.get("sessions"), cap.get("session_capacity"), cap.get("sessions_per_megawatt")
+    sessions, session_cap, spmw = cap.sessions, cap.session_capacity, cap.sessions_per_megawatt
     headroom = f"{ratio * 100:.0f}%" if ratio is not None else "–"
     headroom_n1 = f"{ratio_n1 * 100:.0f}%" if ratio_n1 is not None else "–"
     return f"""
@@ -106,6 +124,7 @@ def _pool_card(p: PoolSnapshot, trend: list) -> str:
     <div><b>{_fmt(sessions)}</b><span>agent sessions of {_fmt(session_cap)} sustainable</span></div>
     <div><b>{_fmt(spmw)}</b><span>sessions per MW</span></div>
     <div><b>{p.replicas}/{p.replicas_configured}</b><span>replicas up</span></div>
+    {_forecast_kpi(p)}
   </div>
   <div class="bar"><div style="width:{min(kv_pct, 100):.0f}%"></div></div>
   {_svg(trend, knee)}

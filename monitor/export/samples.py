@@ -1,114 +1,276 @@
-"""Snapshot -> exported samples (pure). Every name comes from the catalogue.
+"""Snapshot -> exported samples: the one renderer. Every name comes from the catalogue.
 
-Pools, capacity, tasks and forecasts put extra samples into `PoolSnapshot.capacity["samples"]`,
-`.tasks["samples"]` and `.forecast["samples"]` as (metric name, labels without `pool`, value);
-they are checked against the catalogue here, so nothing unlisted is ever exported.
+    Renderer().render(snapshot, status) -> {metric name: [(labels, value), ...]}
+
+Everything exported is read from typed data: the cycle's `Snapshot` (its pools with their
+`Capacity`, `PoolTasks` and forecast, the sources, the error counts, the pipeline's own counters and
+the forecaster's latest refit) and the daemon's `ProcessStatus` (its web server's counters and the
+digest's outbox). No other module builds metric samples. Each sample is checked against the
+catalogue here (name and label names), so nothing unlisted is ever exported; None is never exported.
+
+A renderer keeps one thing between renders: how many series its cardinality cap cut, per metric
+(`headroom_dropped_series{what="<metric>"}`, a counter). The daemon has one renderer
+(monitor/export/collector.py `Exposition`).
 """
 from __future__ import annotations
 
 import math
-from typing import Iterable, Optional
+from dataclasses import dataclass, field
+from typing import Optional
 
 from .. import __version__
 from ..catalogue import BY_NAME
-from ..model import PoolSnapshot, Snapshot
+from ..model import Capacity, PoolSnapshot, PoolTasks, Snapshot
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 
 # Cardinality cap per exported metric: a misconfigured label (a session id used as the task type)
 # must not flood Prometheus. What is cut is counted in headroom_dropped_series{what="<metric>"}.
 MAX_SERIES_PER_METRIC = 10_000
-DROPPED: dict[str, float] = {}
 
 QUANTILE_FIELDS = (("0.5", "p50"), ("0.9", "p90"), ("0.95", "p95"), ("0.99", "p99"), ("mean", "mean"))
+QUANTILES = QUANTILE_FIELDS[:4]  # task and call latency: no mean
 
 
 class UnknownMetric(KeyError):
     pass
 
 
-def _add(out: Samples, name: str, labels: dict[str, str], value: Optional[float]) -> None:
-    if value is None:
-        return
-    mdef = BY_NAME.get(name)
-    if mdef is None:
-        raise UnknownMetric(f"{name} is not in monitor/catalogue.py")
-    if set(labels) != set(mdef.labels):
-        raise UnknownMetric(f"{name} takes labels {mdef.labels}, got {tuple(labels)}")
-    rows = out.setdefault(name, [])
-    if len(rows) >= MAX_SERIES_PER_METRIC and name != "headroom_dropped_series":
-        DROPPED[name] = DROPPED.get(name, 0.0) + 1
-        return
-    rows.append((labels, float(value)))
+@dataclass(frozen=True)
+class DigestStatus:
+    """The weekly digest's outbox (monitor/digest/metrics.py reads it)."""
+
+    pending_deliveries: float
+    last_success_timestamp: Optional[float] = None  # None until a week reached every destination
 
 
-def pool_samples(out: Samples, p: PoolSnapshot) -> None:
+@dataclass(frozen=True)
+class ProcessStatus:
+    """What the daemon knows besides the cycle, read when a snapshot is rendered."""
+
+    web_events: dict[str, float] = field(default_factory=dict)  # the web server's counters, by event
+    web_open_connections: Optional[float] = None
+    digest: Optional[DigestStatus] = None
+
+
+class Renderer:
+    def __init__(self, max_series_per_metric: int = MAX_SERIES_PER_METRIC):
+        self.max_series = max_series_per_metric
+        self.dropped: dict[str, float] = {}  # metric -> series cut so far
+
+    def render(self, snap: Optional[Snapshot], status: Optional[ProcessStatus] = None) -> Samples:
+        out = Rows(self)
+        out.add("headroom_build_info", {"version": __version__}, 1.0)
+        if snap is not None:
+            for p in snap.pools:
+                pool_samples(out, p)
+            _snapshot_samples(out, snap)
+        if status is not None:
+            _status_samples(out, status)
+        for what, v in sorted(self.dropped.items()):
+            out.add("headroom_dropped_series", {"what": what}, v)
+        return out.samples
+
+
+def snapshot_samples(snap: Optional[Snapshot], status: Optional[ProcessStatus] = None) -> Samples:
+    """One render by a fresh renderer (its cut counts start at 0)."""
+    return Renderer().render(snap, status)
+
+
+def digest_samples(status: Optional[DigestStatus]) -> list[tuple[str, dict, float]]:
+    """The digest metrics of one outbox status, as (name, labels, value)."""
+    out = Rows(Renderer())
+    if status is not None:
+        _digest(out, status)
+    return [(name, labels, value) for name, rows in out.samples.items() for labels, value in rows]
+
+
+class Rows:
+    """The samples of one render, each checked against the catalogue as it is added (the
+    renderer's cap counts what it cuts)."""
+
+    def __init__(self, renderer: Renderer):
+        self.renderer = renderer
+        self.samples: Samples = {}
+
+    def add(self, name: str, labels: dict[str, str], value: Optional[float]) -> None:
+        if value is None:
+            return
+        mdef = BY_NAME.get(name)
+        if mdef is None:
+            raise UnknownMetric(f"{name} is not in monitor/catalogue.py")
+        if set(labels) != set(mdef.labels):
+            raise UnknownMetric(f"{name} takes labels {mdef.labels}, got {tuple(labels)}")
+        rows = self.samples.setdefault(name, [])
+        if len(rows) >= self.renderer.max_series and name != "headroom_dropped_series":
+            self.renderer.dropped[name] = self.renderer.dropped.get(name, 0.0) + 1
+            return
+        rows.append((labels, float(value)))
+
+
+def pool_samples(out: Rows, p: PoolSnapshot) -> None:
     pl = {"pool": p.pool}
-    _add(out, "headroom_pool_stale", pl, 1.0 if p.stale else 0.0)
-    _add(out, "headroom_pool_last_fresh_timestamp_seconds", pl, p.last_fresh_timestamp)
-    _add(out, "headroom_replicas", pl, p.replicas)
-    _add(out, "headroom_replicas_configured", pl, p.replicas_configured)
+    out.add("headroom_pool_stale", pl, 1.0 if p.stale else 0.0)
+    out.add("headroom_pool_last_fresh_timestamp_seconds", pl, p.last_fresh_timestamp)
+    out.add("headroom_replicas", pl, p.replicas)
+    out.add("headroom_replicas_configured", pl, p.replicas_configured)
     for r in p.replica_detail:
         rl = {"pool": p.pool, "replica": r.replica}
-        _add(out, "headroom_replica_up", rl, 1.0 if r.up else 0.0)
+        out.add("headroom_replica_up", rl, 1.0 if r.up else 0.0)
         if r.up:
-            _add(out, "headroom_replica_active_requests", rl, r.active_requests)
-            _add(out, "headroom_replica_queued_requests", rl, r.queued_requests)
-            _add(out, "headroom_replica_kv_tokens", rl, r.kv_tokens_live)
-        _add(out, "headroom_replica_kv_capacity_tokens", rl, r.kv_tokens_capacity)
+            out.add("headroom_replica_active_requests", rl, r.active_requests)
+            out.add("headroom_replica_queued_requests", rl, r.queued_requests)
+            out.add("headroom_replica_kv_tokens", rl, r.kv_tokens_live)
+        out.add("headroom_replica_kv_capacity_tokens", rl, r.kv_tokens_capacity)
     if p.replicas == 0:
         return  # nothing fresh to say about this pool: withhold rather than repeat old values
-    _add(out, "headroom_active_requests", pl, p.active_requests)
-    _add(out, "headroom_queued_requests", pl, p.queued_requests)
+    out.add("headroom_active_requests", pl, p.active_requests)
+    out.add("headroom_queued_requests", pl, p.queued_requests)
     for reason, v in sorted(p.queued_by_reason.items()):
-        _add(out, "headroom_queued_requests_by_reason", {"pool": p.pool, "reason": reason}, v)
-    _add(out, "headroom_kv_tokens", pl, p.kv_tokens_live)
-    _add(out, "headroom_kv_capacity_tokens", pl, p.kv_tokens_capacity)
-    _add(out, "headroom_kv_usage_ratio", pl, p.kv_usage_ratio)
-    _add(out, "headroom_completion_rate", pl, p.completion_rate)
-    _add(out, "headroom_prompt_tokens_rate", pl, p.prompt_tokens_rate)
-    _add(out, "headroom_generation_tokens_rate", pl, p.generation_tokens_rate)
-    _add(out, "headroom_prefix_cache_hit_ratio", pl, p.prefix_cache_hit_ratio)
-    _add(out, "headroom_preemption_rate", pl, p.preemption_rate)
+        out.add("headroom_queued_requests_by_reason", {"pool": p.pool, "reason": reason}, v)
+    out.add("headroom_kv_tokens", pl, p.kv_tokens_live)
+    out.add("headroom_kv_capacity_tokens", pl, p.kv_tokens_capacity)
+    out.add("headroom_kv_usage_ratio", pl, p.kv_usage_ratio)
+    out.add("headroom_completion_rate", pl, p.completion_rate)
+    out.add("headroom_prompt_tokens_rate", pl, p.prompt_tokens_rate)
+    out.add("headroom_generation_tokens_rate", pl, p.generation_tokens_rate)
+    out.add("headroom_prefix_cache_hit_ratio", pl, p.prefix_cache_hit_ratio)
+    out.add("headroom_preemption_rate", pl, p.preemption_rate)
     for kind, q in sorted(p.latency.items()):
         for label, attr in QUANTILE_FIELDS:
-            _add(out, "headroom_latency_seconds", {"pool": p.pool, "kind": kind, "quantile": label},
-                 getattr(q, attr))
-    _add(out, "headroom_littles_law_ratio", pl, p.littles_law_ratio)
-    for section in (p.capacity, p.tasks, p.forecast):
-        for name, labels, value in section.get("samples", ()):
-            _add(out, name, {"pool": p.pool, **labels}, value)
+            out.add("headroom_latency_seconds", {"pool": p.pool, "kind": kind, "quantile": label},
+                    getattr(q, attr))
+    out.add("headroom_littles_law_ratio", pl, p.littles_law_ratio)
+    if p.capacity is not None:
+        capacity_samples(out, p.pool, p.capacity)
+    if p.tasks is not None:
+        task_samples(out, p.pool, p.tasks)
 
 
-def snapshot_samples(snap: Optional[Snapshot], extra: Iterable[tuple[str, dict[str, str], float]] = ()) -> Samples:
-    out: Samples = {}
-    _add(out, "headroom_build_info", {"version": __version__}, 1.0)
-    if snap is None:
-        for name, labels, value in extra:
-            _add(out, name, labels, value)
-        return out
-    for p in snap.pools:
-        pool_samples(out, p)
+def capacity_samples(out: Rows, pool: str, c: Capacity) -> None:
+    """A pool's `Capacity`; NaN is not exported (an infinite ratio is)."""
+    if c.withheld:
+        return
+    pl = {"pool": pool}
+
+    def add(name: str, labels: dict, value: Optional[float]) -> None:
+        if value is not None and not (isinstance(value, float) and math.isnan(value)):
+            out.add(name, {**pl, **labels}, value)
+
+    add("headroom_knee_requests", {}, c.knee_requests)
+    add("headroom_knee_kv_tokens", {}, c.knee_kv_tokens)
+    if c.knee_source is not None:
+        add("headroom_knee_info", {"source": c.knee_source, "signal": c.knee_signal}, 1.0)
+    add("headroom_knee_confidence_ratio", {}, c.knee_confidence_ratio)
+    add("headroom_utilisation_ratio", {}, c.utilisation_ratio)
+    for scenario, v in c.ratio.as_dict().items():
+        add("headroom_ratio", {"scenario": scenario}, v)
+    for scenario, v in c.headroom_requests.as_dict().items():
+        add("headroom_headroom_requests", {"scenario": scenario}, v)
+    for limit, v in c.capacity_requests.as_dict().items():
+        add("headroom_capacity_requests", {"limit": limit}, v)
+    add("headroom_sessions", {}, c.sessions)
+    add("headroom_session_capacity", {}, c.session_capacity)
+    add("headroom_power_watts", {}, c.power_watts)
+    add("headroom_sessions_per_megawatt", {}, c.sessions_per_megawatt)
+
+
+def task_samples(out: Rows, pool: str, tasks: PoolTasks) -> None:
+    """Per task type (and pool-level SLO, as task_type "pool:<signal>"), then per call class;
+    only finite values."""
+
+    def add(name: str, labels: dict, value: Optional[float]) -> None:
+        if value is not None and math.isfinite(value):
+            out.add(name, {"pool": pool, **labels}, value)
+
+    entries: dict = {**tasks.by_type, **tasks.slos}
+    for tt, t in sorted(entries.items()):
+        lab = {"task_type": tt}
+        add("headroom_task_arrival_rate", lab, getattr(t, "arrival_rate", None))
+        add("headroom_task_calls_per_task", lab, getattr(t, "calls_per_task", None))
+        latency = getattr(t, "task_latency", None)
+        if latency is not None:
+            for q, key in QUANTILES:
+                add("headroom_task_latency_seconds", {**lab, "quantile": q}, getattr(latency, key))
+        add("headroom_slo_violation_ratio", lab, t.slo_violation_ratio)
+        for window, v in t.slo_burn_rate.items():
+            add("headroom_slo_burn_rate", {**lab, "window": window}, v)
+    for cls, q in sorted(tasks.call_latency_by_class.items()):
+        for label, key in QUANTILES:
+            add("headroom_call_latency_seconds", {"class": cls, "quantile": label}, getattr(q, key))
+
+
+def forecast_samples(out: Rows, refit) -> None:
+    """The forecaster's latest refit (`RefitResult`): every pool it forecast, undefined values left
+    out (never exported as 0)."""
+    out.add("headroom_forecast_last_fit_timestamp_seconds", {}, float(refit.finished))
+    for pool, result in sorted(refit.pools.items()):
+        pool_forecast_samples(out, pool, result)
+
+
+def pool_forecast_samples(out: Rows, pool: str, result) -> None:
+    for h, s in result.horizons.items():
+        if s is None:
+            continue
+        labels = {"pool": pool, "horizon": h}
+        out.add("headroom_forecast_requests", labels, s.mean)
+        out.add("headroom_forecast_peak_requests", labels, s.peak)
+        out.add("headroom_forecast_peak_requests_upper", labels, s.peak_upper)
+        out.add("headroom_forecast_peak_timestamp_seconds", labels, s.peak_timestamp)
+    out.add("headroom_exhaustion_seconds", {"pool": pool}, result.exhaustion_seconds)
+    for name, entry in result.series.items():
+        out.add("headroom_history_points", {"pool": pool, "series": name}, entry.history_points)
+        if not entry.defined:
+            continue
+        out.add("headroom_forecast_selected_info", {"pool": pool, "series": name, "model": entry.model}, 1.0)
+        for model, sk in entry.skill.items():
+            labels = {"pool": pool, "series": name, "model": model}
+            out.add("headroom_forecast_mase", labels, sk.get("mase"))
+            for lv in ("0.8", "0.95"):
+                out.add("headroom_forecast_coverage_ratio", {**labels, "level": lv},
+                        sk.get("coverage" + str(int(float(lv) * 100))))
+
+
+def _snapshot_samples(out: Rows, snap: Snapshot) -> None:
     seen = set()
     for st in snap.sources:
         key = (st.source, st.target)
         if key in seen:
             continue
         seen.add(key)
-        _add(out, "headroom_source_up", {"source": st.source, "target": st.target}, 1.0 if st.up else 0.0)
+        out.add("headroom_source_up", {"source": st.source, "target": st.target}, 1.0 if st.up else 0.0)
     for key, v in sorted(snap.errors.items()):
         source, _, reason = key.partition("|")
-        _add(out, "headroom_source_errors", {"source": source, "reason": reason}, v)
-    _add(out, "headroom_cycle_duration_seconds", {}, snap.cycle_duration_seconds)
-    _add(out, "headroom_last_success_timestamp_seconds", {}, snap.last_success_timestamp)
-    for name, labels, value in extra:
-        _add(out, name, labels, value)
-    for what, v in sorted(DROPPED.items()):
-        _add(out, "headroom_dropped_series", {"what": what}, v)
-    return out
+        out.add("headroom_source_errors", {"source": source, "reason": reason}, v)
+    out.add("headroom_cycle_duration_seconds", {}, snap.cycle_duration_seconds)
+    out.add("headroom_last_success_timestamp_seconds", {}, snap.last_success_timestamp)
+    out.add("headroom_cycles", {}, float(snap.cycles))
+    for what, v in sorted(snap.dropped.items()):
+        out.add("headroom_dropped_series", {"what": what}, v)
+    for kind, v in sorted(snap.anomalies.items()):
+        out.add("headroom_input_anomalies", {"kind": kind}, v)
+    if snap.forecast is not None:
+        forecast_samples(out, snap.forecast)
+
+
+def _status_samples(out: Rows, status: ProcessStatus) -> None:
+    for event, v in status.web_events.items():
+        out.add("headroom_web_events", {"event": event}, v)
+    out.add("headroom_web_open_connections", {}, status.web_open_connections)
+    if status.digest is not None:
+        _digest(out, status.digest)
+
+
+def _digest(out: Rows, status: DigestStatus) -> None:
+    out.add("headroom_digest_pending_deliveries", {}, status.pending_deliveries)
+    out.add("headroom_digest_last_success_timestamp_seconds", {}, status.last_success_timestamp)
 
 
 def finite_or_inf(v: Optional[float]) -> Optional[float]:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return None
     return v
+
+
+__all__ = ["DigestStatus", "MAX_SERIES_PER_METRIC", "ProcessStatus", "Renderer", "Samples", "UnknownMetric",
+           "digest_samples", "finite_or_inf", "snapshot_samples"]

@@ -4,6 +4,9 @@ Shape (stable, documented in README):
     {"timestamp": ..., "pools": [{"pool", "model", "replicas", "active_requests", "queued_requests",
      "kv_tokens_live", "kv_tokens_capacity", ...}], "sources": [{"source", "target", "up", "error"}]}
 Values that are not known are null; +Inf (e.g. no exhaustion within the horizon) is the string "+Inf".
+A pool's "capacity", "tasks" and "forecast" are the `as_dict()` of its typed results (monitor/model.py,
+monitor/forecast/pool.py), `{}` when there are none: the forecast is the one /metrics exports for the
+same cycle.
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ def clean(v: Any) -> Any:
             return "+Inf" if v > 0 else "-Inf"
         return v
     if isinstance(v, dict):
-        return {str(k): clean(x) for k, x in v.items() if k != "samples"}
+        return {str(k): clean(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
         return [clean(x) for x in v]
     return v
@@ -56,9 +59,9 @@ def pool_to_dict(p: PoolSnapshot) -> dict:
              "kv_tokens_capacity": r.kv_tokens_capacity}
             for r in p.replica_detail
         ],
-        "capacity": p.capacity,
-        "tasks": p.tasks,
-        "forecast": p.forecast,
+        "capacity": p.capacity.as_dict() if p.capacity is not None else {},
+        "tasks": p.tasks.as_dict() if p.tasks is not None else {},
+        "forecast": p.forecast.as_dict() if p.forecast is not None else {},
     })
 
 

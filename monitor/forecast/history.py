@@ -1,86 +1,31 @@
-"""History for the forecasts in Prometheus mode: `query_range` over any Prometheus-compatible API.
+"""The history the forecasts fit, from any `HistorySource` (monitor/history: the embedded store in
+direct mode, Prometheus in Prometheus mode).
 
-The client is any object with
-    query_range(query: str, start: float, end: float, step: float)
-        -> list[tuple[dict, list[tuple[float, float]]]]      # (labels, [(ts, value), ...]) per series
-(`monitor.sources.prometheus` provides it). Long ranges are split into chunks of at most
-`max_points` steps (Prometheus refuses more than 11,000 points per series). No clock is read here.
+    forecast_history(source, now, days=35, step=300, pools=None) -> {pool: {series: pandas.Series}}
 
-Default PromQL reads headroom's own exported metrics as Prometheus recorded them, so the `pool` label
-is already there; every query can be overridden (e.g. to read vLLM metrics directly).
+Only the series `monitor.forecast.pool` forecasts are read (`load`, `arrival_rate`, `kv_tokens`,
+`sessions`, `task_arrivals:<task_type>`), over the complete `step` buckets of the `days` before `now`:
+peaks per step for the gauges, means for the rates (monitor/history/schema.py). `now` is passed in.
 """
 from __future__ import annotations
 
-import math
-from typing import Protocol
+from typing import Iterable, Optional
 
-import pandas as pd
+from monitor.forecast.pool import SERIES, TASK_PREFIX, valid_series_name
+from monitor.history.prometheus import RangeClient
+from monitor.history.schema import History, HistorySource
 
-from monitor.forecast.pool import SERIES, TASK_PREFIX
-
-
-class RangeClient(Protocol):
-    def query_range(self, query: str, start: float, end: float, step: float
-                    ) -> list[tuple[dict, list[tuple[float, float]]]]: ...
+__all__ = ["FORECAST_SERIES", "RangeClient", "forecast_history"]
+DAY = 86400.0
+FORECAST_SERIES = SERIES + (TASK_PREFIX.rstrip(":"),)
 
 
-def default_queries(step: float = 300.0) -> dict[str, str]:
-    """PromQL per series; `{w}` windows are the step (peaks per interval use max_over_time)."""
-    w = f"{int(step)}s"
-    return {
-        "arrival_rate": "sum by (pool) (headroom_completion_rate)",
-        "active_requests": f"max_over_time((sum by (pool) (headroom_active_requests) + "
-                           f"sum by (pool) (headroom_queued_requests))[{w}:])",
-        "kv_tokens": f"max_over_time((sum by (pool) (headroom_kv_tokens))[{w}:])",
-        "sessions": f"max_over_time((sum by (pool) (headroom_sessions))[{w}:])",
-        "task_arrivals": "sum by (pool, task_type) (headroom_task_arrival_rate)",
-    }
-
-
-def _chunks(start: float, end: float, step: float, max_points: int):
-    span = step * (max_points - 1)
-    a = start
-    while a <= end:
-        b = min(end, a + span)
-        yield a, b
-        a = b + step
-
-
-def fetch_history(client: RangeClient, start: float, end: float, step: float = 300.0,
-                  queries: dict[str, str] | None = None, pool_label: str = "pool",
-                  task_label: str = "task_type", max_points: int = 10000
-                  ) -> dict[str, dict[str, pd.Series]]:
-    """{pool: {series: pandas Series indexed by Unix seconds}} for every series of every query.
-
-    Series names are those of `monitor.forecast.pool` ("task_arrivals" results become
-    "task_arrivals:<task_type>"). A result without the pool label is skipped (it cannot be placed).
-    """
-    if not (step > 0 and math.isfinite(step)):
-        raise ValueError(f"step must be a positive number of seconds, got {step!r}")
-    if end < start:
-        raise ValueError(f"end ({end}) is before start ({start})")
-    if max_points < 2:
-        raise ValueError("max_points must be at least 2")
-    queries = default_queries(step) if queries is None else queries
-    for name in queries:
-        if name not in SERIES and name != "task_arrivals":
-            raise ValueError(f"unknown history series {name!r}; known: "
-                             f"{', '.join(SERIES + ('task_arrivals',))}")
-    out: dict[str, dict[str, dict[float, float]]] = {}
-    for name, promql in queries.items():
-        for a, b in _chunks(start, end, step, max_points):
-            for labels, samples in client.query_range(promql, a, b, step):
-                pool = labels.get(pool_label)
-                if not pool:
-                    continue
-                key = name
-                if name == "task_arrivals":
-                    task = labels.get(task_label)
-                    if not task:
-                        continue
-                    key = TASK_PREFIX + task
-                bucket = out.setdefault(pool, {}).setdefault(key, {})
-                for ts, value in samples:
-                    bucket[float(ts)] = float(value)
-    return {pool: {k: pd.Series(v, dtype=float).sort_index() for k, v in series.items()}
-            for pool, series in out.items()}
+def forecast_history(source: HistorySource, now: float, days: float = 35.0, step: float = 300.0,
+                     pools: Optional[Iterable[str]] = None) -> History:
+    """{pool: {series: Series indexed by Unix seconds}} for the forecasts; a pool with none of the
+    forecast series is left out."""
+    if not days > 0:
+        raise ValueError(f"days must be positive, got {days!r}")
+    data = source.load(pools, now - days * DAY, now, step, series=FORECAST_SERIES)
+    out = {pool: {k: s for k, s in series.items() if valid_series_name(k)} for pool, series in data.items()}
+    return {pool: series for pool, series in out.items() if series}

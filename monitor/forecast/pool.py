@@ -1,30 +1,37 @@
 """Per-pool forecast: the pure function the daemon calls on its refit schedule.
 
-    forecast_pool(series, capacity_requests, now, settings) -> dict
+    forecast_pool(series, capacity_requests, now, settings) -> PoolForecast
 
-`series` maps a series name to a pandas Series of its history (DatetimeIndex or Unix seconds):
-  "active_requests"  peak concurrent requests (active + queued) per interval  -> the capacity series
-  "arrival_rate"     request arrivals per second
-  "kv_tokens"        peak live KV tokens per interval
-  "sessions"         concurrent agent sessions
+`series` maps a history series name (monitor/history/schema.py: one name, one meaning) to a pandas
+Series of its history (DatetimeIndex or Unix seconds). The series forecast:
+  "load"            peak concurrent requests (active + queued) per interval  -> the capacity series
+  "arrival_rate"    model calls finished per second (arrivals, on average)
+  "kv_tokens"       peak live KV tokens per interval
+  "sessions"        concurrent agent sessions
   "task_arrivals:<task_type>"  task starts per second by task type
-Any subset may be present. Only "active_requests" is compared with `capacity_requests` (concurrent
-requests at the knee) for the time to exhaustion. No I/O, no clock: `now` is passed in.
+Any subset may be present. Only "load" is compared with `capacity_requests` (concurrent requests at
+the knee) for the time to exhaustion. No I/O, no clock: `now` is passed in.
+
+The result is typed (`PoolForecast`: per horizon a `Horizon`, per series a `SeriesOutlook`, the
+capacity series' forecast path); it travels on the snapshot (monitor/model.py `PoolSnapshot.forecast`)
+and monitor/export/samples.py renders the catalogue's forecast metrics from it.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from typing import Optional
 
 import numpy as np
 import pandas as pd
 
 from monitor.forecast.backtest import ForecastSettings, forecast_series
 from monitor.forecast.series import SeriesError, prepare
+from monitor.history import schema
 
-CAPACITY_SERIES = "active_requests"
-SERIES = ("active_requests", "arrival_rate", "kv_tokens", "sessions")
-TASK_PREFIX = "task_arrivals:"
+CAPACITY_SERIES = "load"
+SERIES = tuple(schema.key(n) for n in ("load", "arrival_rate", "kv_tokens", "sessions"))
+TASK_PREFIX = schema.SERIES["task_arrivals"].name + ":"
 HORIZONS = {"1h": 3600.0, "1d": 86400.0, "1w": 7 * 86400.0}
 
 
@@ -47,16 +54,88 @@ def valid_series_name(name: str) -> bool:
     return name in SERIES or (name.startswith(TASK_PREFIX) and len(name) > len(TASK_PREFIX))
 
 
+@dataclass(frozen=True)
+class Horizon:
+    """The forecast over one horizon from the end of the history."""
+
+    mean: float  # the mean forecast at the horizon's end
+    upper: float  # its upper band (PoolSettings.upper_level)
+    peak: float  # the highest mean forecast within the horizon
+    peak_upper: float  # the highest upper band within it
+    peak_timestamp: float
+    end_timestamp: float
+
+    def as_dict(self) -> dict:
+        return {"mean": self.mean, "upper": self.upper, "peak": self.peak, "peak_upper": self.peak_upper,
+                "peak_timestamp": self.peak_timestamp, "end_timestamp": self.end_timestamp}
+
+
+@dataclass(frozen=True)
+class SeriesOutlook:
+    """One series' forecast: the model chosen and how it did in its backtest, or why there is none."""
+
+    defined: bool
+    reason: Optional[str] = None
+    history_points: Optional[int] = None
+    model: Optional[str] = None
+    selected_by: Optional[str] = None
+    skill: dict = field(default_factory=dict)  # model -> backtest scores (mase, coverage80, ...)
+    errors: dict = field(default_factory=dict)  # model -> failures / time-outs
+    fit_seconds: Optional[float] = None
+    backtest_seconds: Optional[float] = None
+    calibrated: bool = False
+    horizons: dict[str, Optional[Horizon]] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        out: dict = {"defined": self.defined, "reason": self.reason, "history_points": self.history_points}
+        if self.model is not None or self.defined:
+            out.update(model=self.model, selected_by=self.selected_by, skill=self.skill, errors=self.errors,
+                       fit_seconds=self.fit_seconds, backtest_seconds=self.backtest_seconds,
+                       calibrated=self.calibrated)
+        if self.horizons:
+            out["horizons"] = _horizons_dict(self.horizons)
+        return out
+
+
+@dataclass(frozen=True)
+class ForecastPath:
+    """The capacity series' forecast, point by point (for charts and tests; not in the JSON)."""
+
+    timestamps: np.ndarray
+    mean: np.ndarray
+    upper: np.ndarray
+    lower: np.ndarray
+
+
+@dataclass(frozen=True)
+class PoolForecast:
+    last_fit_timestamp: float
+    series: dict[str, SeriesOutlook] = field(default_factory=dict)
+    horizons: dict[str, Optional[Horizon]] = field(default_factory=dict)  # of the capacity series
+    exhaustion_seconds: Optional[float] = None  # until its upper band reaches capacity_requests
+    capacity_requests: Optional[float] = None
+    path: Optional[ForecastPath] = field(default=None, compare=False)
+
+    def as_dict(self) -> dict:
+        """The JSON shape of `headroom once --json` and /api/v1/snapshot (no forecast path)."""
+        return {"last_fit_timestamp": self.last_fit_timestamp, "capacity_requests": self.capacity_requests,
+                "exhaustion_seconds": self.exhaustion_seconds, "horizons": _horizons_dict(self.horizons),
+                "series": {name: s.as_dict() for name, s in self.series.items()}}
+
+
+def _horizons_dict(horizons: dict[str, Optional[Horizon]]) -> dict:
+    return {h: (s.as_dict() if s is not None else {}) for h, s in horizons.items()}
+
+
 def _horizon_summary(times: np.ndarray, mean: np.ndarray, upper: np.ndarray, last_ts: float,
-                     seconds: float) -> dict:
+                     seconds: float) -> Optional[Horizon]:
     sel = times <= last_ts + seconds + 1e-6
     if not sel.any():
-        return {}
+        return None
     t, m, u = times[sel], mean[sel], upper[sel]
     i = int(np.argmax(m))
-    return {"mean": float(m[-1]), "upper": float(u[-1]), "peak": float(m[i]),
-            "peak_upper": float(np.max(u)), "peak_timestamp": float(t[i]),
-            "end_timestamp": float(t[-1])}
+    return Horizon(mean=float(m[-1]), upper=float(u[-1]), peak=float(m[i]), peak_upper=float(np.max(u)),
+                   peak_timestamp=float(t[i]), end_timestamp=float(t[-1]))
 
 
 def exhaustion_seconds(times: np.ndarray, upper: np.ndarray, capacity: float | None, now: float,
@@ -74,77 +153,36 @@ def exhaustion_seconds(times: np.ndarray, upper: np.ndarray, capacity: float | N
 
 
 def forecast_pool(series: dict[str, pd.Series], capacity_requests: float | None, now: float,
-                  settings: PoolSettings = PoolSettings()) -> dict:
-    out: dict = {"last_fit_timestamp": now, "series": {}, "horizons": {},
-                 "exhaustion_seconds": None, "capacity_requests": capacity_requests}
+                  settings: PoolSettings = PoolSettings()) -> PoolForecast:
+    outlooks: dict[str, SeriesOutlook] = {}
+    pool: dict = {}
     longest = max(HORIZONS[h] for h in settings.horizons)
     for name, raw in series.items():
         if not valid_series_name(name):
             raise ValueError(f"unknown series {name!r}; expected one of {', '.join(SERIES)} "
                              f"or {TASK_PREFIX}<task_type>")
-        entry: dict = {"defined": False}
-        out["series"][name] = entry
         try:
             prep = prepare(raw, settings.step_seconds)
         except SeriesError as exc:
-            entry.update(reason=str(exc), history_points=int(np.isfinite(
+            outlooks[name] = SeriesOutlook(False, reason=str(exc), history_points=int(np.isfinite(
                 pd.to_numeric(raw, errors="coerce")).sum()) if isinstance(raw, pd.Series) else 0)
             continue
-        entry["history_points"] = int(prep.observed.sum())
-        horizon_points = max(1, int(math.ceil(longest / prep.step)))
-        res = forecast_series(prep, horizon_points, settings.forecast)
-        entry.update(defined=res.defined, reason=res.reason, model=res.model,
-                     selected_by=res.selected_by, skill=res.skill, errors=res.errors,
-                     fit_seconds=res.fit_seconds, backtest_seconds=res.backtest_seconds,
-                     calibrated=res.calibration is not None)
-        if not res.defined:
-            continue
-        fc = res.forecast
-        times = prep.end + prep.step * np.arange(1, len(fc.mean) + 1)
-        upper = fc.upper(settings.upper_level)
-        entry["horizons"] = {h: _horizon_summary(times, fc.mean, upper, prep.end, HORIZONS[h])
-                             for h in settings.horizons}
-        if name == CAPACITY_SERIES:
-            out["horizons"] = entry["horizons"]
-            current = float(prep.values[-1]) if prep.observed[-1] else None
-            out["exhaustion_seconds"] = exhaustion_seconds(times, upper, capacity_requests, now,
-                                                           current)
-            out["forecast"] = {"timestamps": times, "mean": fc.mean, "upper": upper,
-                               "lower": fc.lower(settings.upper_level)}
-    return out
-
-
-def metric_samples(pool: str, result: dict) -> list[tuple[str, dict, float]]:
-    """The catalogue's forecast metrics for one pool's `forecast_pool` result, as
-    (metric name, labels, value): what the exporter's collector yields. Undefined values are left
-    out (never exported as 0). headroom_forecast_last_fit_timestamp_seconds has no pool label:
-    the caller emits it once with the refit time."""
-    out: list[tuple[str, dict, float]] = []
-    for h, s in (result.get("horizons") or {}).items():
-        if not s:
-            continue
-        labels = {"pool": pool, "horizon": h}
-        out.append(("headroom_forecast_requests", labels, s["mean"]))
-        out.append(("headroom_forecast_peak_requests", labels, s["peak"]))
-        out.append(("headroom_forecast_peak_requests_upper", labels, s["peak_upper"]))
-        out.append(("headroom_forecast_peak_timestamp_seconds", labels, s["peak_timestamp"]))
-    if result.get("exhaustion_seconds") is not None:
-        out.append(("headroom_exhaustion_seconds", {"pool": pool}, result["exhaustion_seconds"]))
-    for name, entry in (result.get("series") or {}).items():
-        if entry.get("history_points") is not None:
-            out.append(("headroom_history_points", {"pool": pool, "series": name},
-                        float(entry["history_points"])))
-        if not entry.get("defined"):
-            continue
-        out.append(("headroom_forecast_selected_info",
-                    {"pool": pool, "series": name, "model": entry["model"]}, 1.0))
-        for model, sk in (entry.get("skill") or {}).items():
-            if sk.get("mase") is not None:
-                out.append(("headroom_forecast_mase", {"pool": pool, "series": name, "model": model},
-                            sk["mase"]))
-            for lv in ("0.8", "0.95"):
-                cov = sk.get("coverage" + str(int(float(lv) * 100)))
-                if cov is not None:
-                    out.append(("headroom_forecast_coverage_ratio",
-                                {"pool": pool, "series": name, "model": model, "level": lv}, cov))
-    return out
+        res = forecast_series(prep, max(1, int(math.ceil(longest / prep.step))), settings.forecast)
+        outlook = SeriesOutlook(res.defined, reason=res.reason, history_points=int(prep.observed.sum()),
+                                model=res.model, selected_by=res.selected_by, skill=res.skill,
+                                errors=res.errors, fit_seconds=res.fit_seconds,
+                                backtest_seconds=res.backtest_seconds, calibrated=res.calibration is not None)
+        if res.defined:
+            fc = res.forecast
+            times = prep.end + prep.step * np.arange(1, len(fc.mean) + 1)
+            upper = fc.upper(settings.upper_level)
+            horizons = {h: _horizon_summary(times, fc.mean, upper, prep.end, HORIZONS[h])
+                        for h in settings.horizons}
+            outlook = replace(outlook, horizons=horizons)
+            if name == CAPACITY_SERIES:
+                current = float(prep.values[-1]) if prep.observed[-1] else None
+                pool = {"horizons": horizons,
+                        "exhaustion_seconds": exhaustion_seconds(times, upper, capacity_requests, now, current),
+                        "path": ForecastPath(times, fc.mean, upper, fc.lower(settings.upper_level))}
+        outlooks[name] = outlook
+    return PoolForecast(now, outlooks, capacity_requests=capacity_requests, **pool)

@@ -5,8 +5,9 @@ first run at start, never two at once, missed runs coalesced). Each run asks `lo
 {pool: {series: pandas Series}} and `capacity()` for {pool: concurrent requests at the knee or None},
 calls `forecast_pool` per pool with the given settings (set `fit_timeout_seconds` there to time-box
 every fit: an overrunning fit is killed, reported in the series' `errors`, and the next model in the
-fallback order is used), and publishes the results in a `LatestResult`. Scrapes only ever read
-`latest.get()`: a copy-free snapshot taken under a lock, never a fit.
+fallback order is used), and publishes the results in a `LatestResult`. The collection cycle reads
+`latest.get()` once per cycle (monitor/cycle.py `Pipeline.forecasts`): the published object, taken
+under a lock, never a fit; the cycle's snapshot carries it to /metrics, /api/v1/snapshot and `/`.
 """
 from __future__ import annotations
 
@@ -16,14 +17,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from monitor.forecast.pool import PoolSettings, forecast_pool
+from monitor.forecast.pool import PoolForecast, PoolSettings, forecast_pool
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class RefitResult:
-    pools: dict = field(default_factory=dict)  # pool -> forecast_pool(...) output
+    pools: dict[str, PoolForecast] = field(default_factory=dict)  # pool -> forecast_pool(...)
     started: float = 0.0  # Unix time the refit began (the `now` given to the models)
     finished: float = 0.0
     duration_seconds: float = 0.0
@@ -72,6 +73,7 @@ class ForecastScheduler:
         self._runs = 0
         self._run_lock = threading.Lock()
         self._scheduler = None
+        self._thread: Optional[threading.Thread] = None
 
     def refit_now(self) -> RefitResult:
         """One refit of every pool (also what the scheduled job runs). Never raises."""
@@ -107,10 +109,19 @@ class ForecastScheduler:
         if self._scheduler is not None:
             raise RuntimeError("forecast scheduler already started")
         self._scheduler = BackgroundScheduler(timezone="UTC")
-        self._scheduler.add_job(self.refit_now, "interval", minutes=self.interval_minutes,
+        self._scheduler.add_job(self._refit_in_background, "interval", minutes=self.interval_minutes,
                                 id="headroom-forecast-refit", max_instances=1, coalesce=True,
                                 next_run_time=datetime.now(timezone.utc))
         self._scheduler.start()
+
+    def _refit_in_background(self) -> None:
+        """The scheduled job: a refit in a daemon thread (one at a time), so a stop of the process
+        never waits for a refit in progress (a refit of a busy fleet's 35 days takes minutes on a
+        starved CPU); the scheduler's own worker returns at once."""
+        if self._run_lock.locked() or (self._thread is not None and self._thread.is_alive()):
+            return  # the previous refit is still running: this one is skipped (coalesced)
+        self._thread = threading.Thread(target=self.refit_now, name="forecast-refit", daemon=True)
+        self._thread.start()
 
     def shutdown(self, wait: bool = True) -> None:
         if self._scheduler is not None:

@@ -33,7 +33,24 @@ CREATE TABLE IF NOT EXISTS points (
 CREATE INDEX IF NOT EXISTS points_ts ON points (ts);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"
+# Schema 1 stored active + queued as `active_requests`; 2 stores the history schema's names
+# (monitor/history/schema.py): active and queued apart, their sum as `load`. One transaction turns a
+# schema-1 store into a schema-2 one: raw points exactly; the older rollups of active alone cannot be
+# recovered (the peak of a difference is not the difference of peaks), so they are dropped and their
+# `load` copies kept.
+_MIGRATE_1_TO_2 = (
+    "INSERT INTO points (pool, series, res, ts, vmax, vsum, cnt) SELECT pool, 'load', res, ts, vmax, vsum, cnt "
+    "FROM points WHERE series = 'active_requests' ON CONFLICT (pool, series, res, ts) DO NOTHING",
+    "UPDATE points SET "
+    "vmax = MAX(0.0, vmax - COALESCE((SELECT q.vmax FROM points q WHERE q.pool = points.pool "
+    "AND q.series = 'queued_requests' AND q.res = 0 AND q.ts = points.ts), 0.0)), "
+    "vsum = MAX(0.0, vsum - COALESCE((SELECT q.vsum FROM points q WHERE q.pool = points.pool "
+    "AND q.series = 'queued_requests' AND q.res = 0 AND q.ts = points.ts), 0.0)) "
+    "WHERE series = 'active_requests' AND res = 0",
+    "DELETE FROM points WHERE series = 'active_requests' AND res > 0",
+    "UPDATE meta SET value = '2' WHERE key = 'schema_version'",
+)
 
 
 class StoreError(ValueError):
@@ -71,8 +88,26 @@ class HistoryStore:
             raise StoreError(f"could not put {path} in WAL mode (got {mode})")
         self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
         self._db.executescript(SCHEMA)
-        self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (SCHEMA_VERSION,))
         self._closed = False
+        self._upgrade()
+
+    def _upgrade(self) -> None:
+        row = self._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        if row is None:
+            self._db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (SCHEMA_VERSION,))
+        elif row[0] == "1":
+            with self._lock:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    for statement in _MIGRATE_1_TO_2:
+                        self._db.execute(statement)
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+                self._db.execute("COMMIT")
+        elif row[0] != SCHEMA_VERSION:
+            raise StoreError(f"{self.path}: history store schema {row[0]!r} is newer than this headroom "
+                             f"({SCHEMA_VERSION}); upgrade headroom or point store.path elsewhere")
 
     # --- lifecycle
     def close(self) -> None:

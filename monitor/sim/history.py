@@ -17,8 +17,12 @@ Task types with a closed population (``sessions``) are not part of the history (
 arrival rates only).
 
 ``generate_history`` returns a long pandas DataFrame (timestamp, pool, series, value, instance);
-pool rows have instance "" and replica rows carry vLLM gauge names. ``write_openmetrics`` writes
-the replica gauges as OpenMetrics text for ``promtool tsdb create-blocks-from openmetrics``.
+pool rows have instance "" and replica rows carry vLLM gauge names (the generator's own names: task
+arrivals are counts per step, ``call_arrival_rate`` calls per second). ``schema_history`` turns it
+into what headroom would have recorded, in the history schema's names and meanings
+(monitor/history/schema.py). ``write_openmetrics`` writes the replica gauges, and optionally that
+headroom history as headroom's exported metrics, as OpenMetrics text for
+``promtool tsdb create-blocks-from openmetrics``.
 """
 from __future__ import annotations
 
@@ -160,10 +164,65 @@ def generate_history(config: Union[FleetConfig, str, None] = None, days: float =
     return df
 
 
+def schema_history(df: pd.DataFrame, config: Union[FleetConfig, str, None] = None) -> pd.DataFrame:
+    """What headroom would have recorded from this fleet, in the history schema: a long DataFrame
+    (timestamp, pool, series, value), pools named by their ``model_name`` as headroom pools them.
+    Requests and KV tokens are summed over the replica rows when ``df`` has them (as headroom derives
+    them from the replicas' gauges), else taken from the pool rows; ``load`` = active + queued;
+    ``arrival_rate`` = the call rate; ``task_arrivals:<type>`` in tasks per second."""
+    from monitor.history.schema import key
+    if not isinstance(config, FleetConfig):
+        config = load_config(config)
+    pools = {p.name: p for p in config.pools}
+    step = float(df.attrs.get("step_s") or np.min(np.diff(np.unique(df["timestamp"].to_numpy()))))
+    rows = df[df["instance"] == ""]
+    wide = rows.pivot_table(index=["pool", "timestamp"], columns="series", values="value", aggfunc="first")
+    rep = df[df["instance"] != ""]
+    if not rep.empty:
+        cap = rep["pool"].map({n: float(p.num_gpu_blocks * p.block_size) for n, p in pools.items()})
+        rep = rep.assign(value=np.where(rep["series"] == "vllm:kv_cache_usage_perc", rep["value"] * cap, rep["value"]))
+        sums = rep.groupby(["pool", "timestamp", "series"])["value"].sum().unstack("series")
+        wide = wide.assign(active_requests=sums["vllm:num_requests_running"],
+                           queued_requests=sums["vllm:num_requests_waiting"],
+                           kv_tokens=sums["vllm:kv_cache_usage_perc"])
+    out = {"active_requests": wide["active_requests"], "queued_requests": wide["queued_requests"],
+           "load": wide["active_requests"] + wide["queued_requests"], "kv_tokens": wide["kv_tokens"],
+           "sessions": wide["sessions"], "arrival_rate": wide["call_arrival_rate"]}
+    for col in wide.columns:
+        if str(col).startswith("task_arrivals:"):
+            out[key("task_arrivals", str(col).split(":", 1)[1])] = wide[col] / step
+    frames = []
+    for name, values in out.items():
+        v = values.dropna()
+        frames.append(pd.DataFrame({"timestamp": v.index.get_level_values("timestamp").to_numpy(float),
+                                    "pool": v.index.get_level_values("pool").map(lambda n: pools[n].model_name),
+                                    "series": name, "value": v.to_numpy(float)}))
+    return pd.concat(frames, ignore_index=True).sort_values(["pool", "series", "timestamp"], ignore_index=True)
+
+
+def _headroom_families(history: pd.DataFrame):
+    """OpenMetrics families of headroom's exported metrics for a ``schema_history`` frame."""
+    from monitor.history.schema import SERIES, TASK_LABEL
+    base = history["series"].str.split(":", n=1).str[0]
+    for name, spec in SERIES.items():
+        sub = history[base == name]
+        if spec.metric is None or sub.empty:
+            continue
+        lines = [f"# TYPE {spec.metric} gauge\n"]
+        for (pool, series), g in sub.groupby(["pool", "series"], sort=True):
+            lab = f'pool="{pool}"' + (f',{TASK_LABEL}="{series.split(":", 1)[1]}"' if spec.per_task else "")
+            g = g.sort_values("timestamp")
+            lines.extend(f"{spec.metric}{{{lab}}} {fmt(v)} {int(t)}\n"
+                         for t, v in zip(g["timestamp"].to_numpy(), g["value"].to_numpy()))
+        yield lines
+
+
 def write_openmetrics(df: pd.DataFrame, path: str, config: Union[FleetConfig, str, None] = None,
-                      job: str = "vllm") -> int:
+                      job: str = "vllm", headroom: Optional[pd.DataFrame] = None) -> int:
     """Write the replica-level vLLM gauges of ``df`` (plus ``vllm:cache_config_info``) as
-    OpenMetrics text ending in ``# EOF``. Returns the number of samples written."""
+    OpenMetrics text ending in ``# EOF``; with ``headroom`` (a ``schema_history`` frame, possibly
+    cut in time) also headroom's exported metrics for it, labelled by pool as Prometheus would have
+    scraped them. Returns the number of samples written."""
     if not isinstance(config, FleetConfig):
         config = load_config(config)
     pools = {p.name: p for p in config.pools}
@@ -198,6 +257,9 @@ def write_openmetrics(df: pd.DataFrame, path: str, config: Union[FleetConfig, st
                    f'model_name="{p.model_name}",num_gpu_blocks="{p.num_gpu_blocks}"')
             f.writelines(f"{name}{{{lab}}} 1.0 {int(t)}\n" for t in ts)
             count += len(ts)
+        for lines in (_headroom_families(headroom) if headroom is not None else ()):
+            f.writelines(lines)
+            count += len(lines) - 1
         f.write("# EOF\n")
     return count
 

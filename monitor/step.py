@@ -1,0 +1,152 @@
+"""The pure half of a cycle: `step(state, inputs, now) -> (state, snapshot)`.
+
+No I/O and no clock: what the cycle learned from its sources is `inputs` (a `CycleInputs`, built by
+monitor/cycle.py `collect`), the cycle's time is `now`, and what survives from one cycle to the next
+is `state` (a `CycleState`). `step` updates `state` in place and returns it - copying every reading
+and every knee observation each cycle would cost more than the cycle - so the same state, inputs and
+`now` give the same snapshot and the same next state (tests/test_cycle_step.py).
+
+In order:
+  1. count the cycle, the sources that failed (by reason) and the input anomalies (by kind);
+  2. cap new replica series at global.max_series (what is cut is counted);
+  3. keep each reading for global.history_keep; forget replicas that have been silent that long;
+  4. derive the pools (monitor/derive/core.py); a replica that did not answer is stale;
+  5. keep the shard's pools (global.shard) and each pool's last fresh time;
+  6. capacity, tasks and power (monitor/capacity/enrich.py `assess`), when the state has them;
+  7. each pool's forecast: the forecaster's latest result, as `collect` found it.
+"""
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Optional
+
+from .capacity.enrich import CapacityState, assess
+from .config import Config
+from .derive.core import derive_pools, pool_of
+from .model import PoolSnapshot, ReplicaReading, Snapshot, SourceStatus
+from .sources.dcgm import DcgmReading
+from .sources.gateway import GatewayScrape
+
+if TYPE_CHECKING:
+    from .forecast.scheduler import RefitResult
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CycleInputs:
+    """Everything one cycle read from its sources, parsed (plain data)."""
+
+    readings: list[ReplicaReading]
+    statuses: list[SourceStatus]
+    gateways: list[GatewayScrape] = field(default_factory=list)  # one per configured gateway, in order
+    dcgm: list[DcgmReading] = field(default_factory=list)  # the DCGM exporters that answered and parsed
+    anomalies: dict[str, float] = field(default_factory=dict)  # malformed-but-usable input this cycle
+    forecast: Optional["RefitResult"] = None  # the forecaster's latest result (None: no forecaster yet)
+
+
+@dataclass
+class CycleState:
+    """What a cycle leaves to the next one."""
+
+    config: Config
+    capacity: Optional[CapacityState] = None  # None: the pipeline has no capacity layer
+    history: dict[str, deque[ReplicaReading]] = field(default_factory=dict)  # "target|model" -> readings
+    errors: dict[tuple[str, str], float] = field(default_factory=dict)  # (source, reason) -> count
+    dropped: dict[str, float] = field(default_factory=dict)  # what the cardinality cap cut
+    anomalies: dict[str, float] = field(default_factory=dict)  # malformed-but-usable input, by kind
+    cycles: int = 0
+    last_success: Optional[float] = None
+    last_fresh: dict[str, float] = field(default_factory=dict)  # pool -> last time it was not stale
+
+
+def count_into(counts: dict, more: dict) -> None:
+    for key, n in more.items():
+        counts[key] = counts.get(key, 0.0) + n
+
+
+def step(state: CycleState, inputs: CycleInputs, now: float) -> tuple[CycleState, Snapshot]:
+    state.cycles += 1
+    for st in inputs.statuses:
+        if not st.up and st.attempted:
+            count_into(state.errors, {(st.source, st.error or "unknown"): 1.0})
+            log.info("source %s %s down: %s", st.source, st.target, st.error)
+    count_into(state.anomalies, inputs.anomalies)
+    history = _remember(state, _cap(state, inputs.readings), now)
+    pools = _derive(state, history, inputs, now)
+    if state.capacity is not None:
+        try:
+            assess(state.capacity, pools, history, inputs.gateways, inputs.dcgm, now)
+        except Exception:  # the capacity layer must never take the cycle down
+            log.exception("capacity assessment failed")
+            count_into(state.errors, {("enricher", "capacity"): 1.0})
+    if inputs.forecast is not None:
+        for p in pools:
+            p.forecast = inputs.forecast.pools.get(p.pool)
+    if any(st.up for st in inputs.statuses if st.source in ("vllm", "prometheus")):
+        state.last_success = now
+    return state, Snapshot(timestamp=now, pools=pools, sources=list(inputs.statuses),
+                           last_success_timestamp=state.last_success,
+                           errors={f"{s}|{r}": v for (s, r), v in state.errors.items()},
+                           cycles=state.cycles, dropped=dict(state.dropped), anomalies=dict(state.anomalies),
+                           forecast=inputs.forecast)
+
+
+def _key(r: ReplicaReading) -> str:
+    return f"{r.target}|{r.model}"
+
+
+def _cap(state: CycleState, readings: list[ReplicaReading]) -> list[ReplicaReading]:
+    limit = state.config.max_series
+    if len(readings) + len(state.history) <= limit:
+        return readings
+    known = [r for r in readings if _key(r) in state.history]
+    new = [r for r in readings if _key(r) not in state.history]
+    room = max(0, limit - len(state.history))
+    dropped = len(new) - min(room, len(new))
+    if dropped:
+        count_into(state.dropped, {"replicas": float(dropped)})
+        log.warning("cardinality cap: %d new replica series dropped (global.max_series=%d)", dropped, limit)
+    return known + new[:room]
+
+
+def _remember(state: CycleState, readings: list[ReplicaReading], now: float) -> dict[str, list[ReplicaReading]]:
+    """Add the cycle's readings to the history; returns it as plain lists, with the keys fresh now."""
+    keep = state.config.history_keep
+    for r in readings:
+        dq = state.history.get(_key(r))
+        if dq is None:
+            dq = state.history[_key(r)] = deque()
+        dq.append(r)
+        while dq and now - dq[0].timestamp > keep:
+            dq.popleft()
+    # forget targets that have been silent for longer than the history we keep
+    for key in [k for k, dq in state.history.items() if not dq or now - dq[-1].timestamp > keep]:
+        del state.history[key]
+    return {key: list(dq) for key, dq in state.history.items()}
+
+
+def _derive(state: CycleState, history: dict[str, list[ReplicaReading]], inputs: CycleInputs,
+            now: float) -> list[PoolSnapshot]:
+    cfg = state.config
+    down_targets = {st.target for st in inputs.statuses if not st.up}
+    fresh_keys = {_key(r) for r in inputs.readings}
+    # a target that answered this cycle is current; one that did not is stale
+    stale_targets = set(down_targets)
+    expected: dict[str, set[str]] = {}
+    for key, readings in history.items():
+        if key not in fresh_keys:
+            stale_targets.add(readings[-1].target)
+        expected.setdefault(pool_of(readings[-1], cfg.pool_by), set()).add(readings[-1].target)
+    pools = derive_pools(history, now, cfg.latency_window, cfg.pool_by,
+                         down_targets=stale_targets, expected=expected)
+    if cfg.shard is not None:
+        from .shard import owns  # noqa: PLC0415
+        pools = [p for p in pools if owns(p.pool, cfg.shard)]
+    for p in pools:
+        if not p.stale:
+            state.last_fresh[p.pool] = now
+        p.last_fresh_timestamp = state.last_fresh.get(p.pool, p.last_fresh_timestamp)
+    return pools

@@ -1,0 +1,143 @@
+"""The cycle's pure half: `step(state, inputs, now)` is a function of its arguments.
+
+Fed the simulated fleet's own /metrics texts (vLLM, Envoy-style gateway, application, DCGM), parsed
+as `collect` parses them, and a forecaster's result: from two copies of one state, the same inputs
+and the same `now` give the same snapshot (to the byte, in JSON and in /metrics samples) and the
+same next state, while every clock of the process raises; the inputs are left as they were."""
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import time
+
+import pytest
+
+from monitor.capacity.enrich import CapacityState
+from monitor.config import Config, GatewaySource, PoolSettings, Target
+from monitor.cycle import CycleInputs, CycleState, step
+from monitor.export.samples import Renderer
+from monitor.export.snapshot_json import snapshot_to_dict
+from monitor.forecast.pool import CAPACITY_SERIES, Horizon, PoolForecast, SeriesOutlook
+from monitor.forecast.scheduler import RefitResult
+from monitor.model import SourceStatus
+from monitor.sim.exposition import render_app, render_dcgm, render_gateway, render_vllm
+from monitor.sim.fleet import Fleet, config_from_dict
+from monitor.sources.dcgm import read_dcgm
+from monitor.sources.gateway import read_gateway_scrape
+from monitor.sources.vllm import readings_from_text
+
+START = 1_790_000_000.0
+DAY = Horizon(mean=20.0, upper=26.0, peak=24.0, peak_upper=31.0, peak_timestamp=START + 3600,
+              end_timestamp=START + 86400)
+LOAD = SeriesOutlook(True, model="ets", history_points=144, horizons={"1d": DAY})
+FORECAST = RefitResult({"m": PoolForecast(START - 60, {CAPACITY_SERIES: LOAD}, {"1d": DAY}, exhaustion_seconds=5400.0,
+                                          capacity_requests=32.0),
+                        "gone": PoolForecast(START - 60, {CAPACITY_SERIES: SeriesOutlook(False, "history too short",
+                                                                                        history_points=3)})},
+                       started=START - 60, finished=START - 55, runs=1)
+
+
+def fleet_and_config():
+    sim = config_from_dict({
+        "seed": 3,
+        "pools": {"p": {"model_name": "m", "replicas": 2, "max_num_seqs": 16, "num_gpu_blocks": 4096,
+                        "block_size": 16, "enable_prefix_caching": False, "max_model_len": 4096}},
+        "gateway": {"session_label": False, "task_type_label": True},
+        "mix": {"task_types": {"ask": {"pool": "p", "rate_per_s": 1.0, "steps": [
+            {"calls": 1, "prompt": {"mean": 600, "cv": 0.3, "max": 2000},
+             "output": {"mean": 120, "cv": 0.5, "max": 1000}}]}}},
+    })
+    fleet = Fleet(sim, "steady", seed=3, start_time=START)
+    urls = {r.name: f"http://{r.name}:8000/metrics" for r in fleet.pools["p"]}
+    cfg = Config(vllm_targets=[Target(u) for u in urls.values()],
+                 gateways=[GatewaySource(kind="envoy", url="http://gateway:1064/metrics"),
+                           GatewaySource(kind="app", url="http://app/metrics")],
+                 pools={"m": PoolSettings(max_num_seqs=16, watts_per_replica=700.0)},
+                 slos={"task_types": {"ask": {"p95_seconds": 5}}, "windows": ["1m", "5m"],
+                       "pools": {"m": {"ttft_p95_seconds": 0.5}}})
+    return fleet, urls, cfg
+
+
+def inputs_at(fleet, urls, cfg, capacity: CapacityState, forecast=None) -> CycleInputs:
+    t = fleet.t
+    readings = [readings_from_text(render_vllm(r, t), urls[r.name], t)[0] for r in fleet.pools["p"]]
+    bodies = [render_gateway(fleet, t), render_app(fleet, t)]
+    gateways = [read_gateway_scrape(body, capacity.gateway_config(src.kind, src.task_label, src.session_label),
+                                    t, i, src.url, src.pool) for i, (src, body) in enumerate(zip(cfg.gateways, bodies))]
+    statuses = [SourceStatus("vllm", u, True) for u in urls.values()]
+    statuses.append(SourceStatus("dcgm", "http://dcgm:9400/metrics", False, "timeout"))
+    return CycleInputs(readings, statuses, gateways=gateways,
+                       dcgm=[read_dcgm(render_dcgm(fleet, t), "http://dcgm:9400/metrics")],
+                       anomalies={"duplicate_series": 1.0}, forecast=forecast)
+
+
+@pytest.fixture
+def no_clock(monkeypatch):
+    """Every clock of the process raises while the test holds it (logging is off: a record stamps
+    the time it was made)."""
+    def tick(*_):
+        raise AssertionError("step read a clock")
+    logging.disable(logging.CRITICAL)
+    for name in ("time", "time_ns", "monotonic", "monotonic_ns", "perf_counter", "perf_counter_ns"):
+        monkeypatch.setattr(time, name, tick)
+    yield
+    logging.disable(logging.NOTSET)
+
+
+def warmed_up(cycles: int = 12):
+    fleet, urls, cfg = fleet_and_config()
+    state = CycleState(cfg, CapacityState(cfg))
+    for _ in range(cycles):
+        fleet.advance(5.0)
+        state, _snap = step(state, inputs_at(fleet, urls, cfg, state.capacity), fleet.t)
+    fleet.advance(5.0)
+    return state, inputs_at(fleet, urls, cfg, state.capacity, FORECAST), fleet.t
+
+
+def rendered(snapshot) -> str:
+    return json.dumps(snapshot_to_dict(snapshot), sort_keys=True, allow_nan=False)
+
+
+def test_same_state_inputs_and_now_give_the_same_snapshot_and_read_no_clock(no_clock):
+    with pytest.raises(AssertionError, match="read a clock"):
+        time.monotonic()  # the clocks are really gone
+    state, inputs, now = warmed_up()
+    before = copy.deepcopy(inputs)
+    one, two = copy.deepcopy(state), copy.deepcopy(state)
+    one, snap_one = step(one, inputs, now)
+    two, snap_two = step(two, inputs, now)
+    assert rendered(snap_one) == rendered(snap_two)
+    assert Renderer().render(snap_one) == Renderer().render(snap_two)
+    assert inputs == before  # the inputs are read, never changed
+    # the two next states are the same state: they answer the next inputs alike
+    one, again_one = step(one, inputs, now + 5.0)
+    two, again_two = step(two, inputs, now + 5.0)
+    assert rendered(again_one) == rendered(again_two)
+    # and the snapshot is built from the arguments only: the capacity layer ran, the time is `now`
+    [pool] = snap_one.pools
+    assert snap_one.timestamp == now and pool.last_fresh_timestamp == now
+    assert pool.capacity is not None and pool.capacity.knee_requests is not None
+    assert pool.tasks.by_type["ask"].arrival_rate is not None and pool.capacity.power_source == "dcgm"
+    assert snap_one.errors == {"dcgm|timeout": 13.0} and snap_one.anomalies == {"duplicate_series": 13.0}
+    assert snap_one.cycles == 13
+
+
+def test_the_snapshot_carries_the_forecast_it_was_given(no_clock):
+    state, inputs, now = warmed_up(cycles=2)
+    state, snap = step(state, inputs, now)
+    # one object from the forecaster to the snapshot and its pool: /metrics, the JSON and the
+    # landing page read this very object
+    assert snap.forecast is FORECAST and snap.pools[0].forecast is FORECAST.pools["m"]
+    doc = snapshot_to_dict(snap)["pools"][0]["forecast"]
+    assert doc["horizons"]["1d"]["peak"] == 24.0 and doc["exhaustion_seconds"] == 5400.0
+    samples = Renderer().render(snap)
+    assert samples["headroom_forecast_peak_requests"] == [({"pool": "m", "horizon": "1d"}, 24.0)]
+    assert samples["headroom_exhaustion_seconds"] == [({"pool": "m"}, 5400.0)]
+    assert samples["headroom_forecast_last_fit_timestamp_seconds"] == [({}, START - 55)]
+    # a pool the forecaster knows but the cycle does not see is still exported, as before
+    assert samples["headroom_history_points"] == [({"pool": "gone", "series": CAPACITY_SERIES}, 3.0),
+                                                  ({"pool": "m", "series": CAPACITY_SERIES}, 144.0)]
+    state, without = step(state, CycleInputs(inputs.readings, inputs.statuses), now + 5.0)
+    assert without.forecast is None and without.pools[0].forecast is None
+    assert snapshot_to_dict(without)["pools"][0]["forecast"] == {}
