@@ -28,19 +28,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_http(url: str, timeout: float = 30.0, ok=(200,)) -> None:
+def wait_for(fetch, cond=bool, timeout: float = 30.0, what: str = "the condition", every: float = 0.05,
+             tolerate=(requests.RequestException, ValueError, OSError)):
+    """Call fetch() until cond(value) holds and return that value: the one poll of the test suite.
+    A fetch that raises one of `tolerate` (a server not up yet) counts as no value; after `timeout`
+    seconds an AssertionError names what did not happen and the last value seen."""
     end = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < end:
+    value = None
+    while True:
         try:
-            r = requests.get(url, timeout=1)
-            if r.status_code in ok:
-                return
-            last = r.status_code
-        except requests.RequestException as exc:
-            last = exc
-        time.sleep(0.05)
-    raise TimeoutError(f"{url} not ready within {timeout}s (last: {last})")
+            value = fetch()
+        except tolerate as exc:
+            value = exc
+        else:
+            if value is not None and cond(value):
+                return value
+        if time.monotonic() >= end:
+            raise AssertionError(f"not within {timeout}s: {what} (last: {str(value)[:400]})")
+        time.sleep(every)
+
+
+def wait_http(url: str, timeout: float = 30.0, ok=(200,)) -> None:
+    wait_for(lambda: requests.get(url, timeout=1), lambda r: r.status_code in ok, timeout, f"{url} ready")
 
 
 class MetricsServer:
@@ -144,12 +153,5 @@ class Prometheus(ManagedProcess):
         return r.json()["data"]["result"]
 
     def wait_for(self, q: str, timeout: float = 60.0, predicate=lambda result: bool(result)):
-        end = time.monotonic() + timeout
-        result = None
-        while time.monotonic() < end:
-            result = self.query(q)
-            if predicate(result):
-                return result
-            time.sleep(0.25)
-        raise TimeoutError(f"query {q!r} did not satisfy the condition within {timeout}s; last {result!r}")
+        return wait_for(lambda: self.query(q), predicate, timeout, f"query {q!r} satisfies the condition", 0.25)
 

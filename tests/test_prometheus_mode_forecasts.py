@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from monitor.sim.history import generate_history, write_openmetrics
-from servers import Prometheus, free_port
+from servers import Prometheus, free_port, wait_for
 
 pytestmark = [pytest.mark.live, pytest.mark.skipif(not (shutil.which("prometheus") and shutil.which("promtool")),
                                                    reason="needs the prometheus and promtool binaries")]
@@ -39,20 +39,6 @@ def prometheus(tmp_path_factory):
         prom.stop()
 
 
-def _wait(fetch, cond, timeout: float, what: str):
-    end = time.monotonic() + timeout
-    value = None
-    while time.monotonic() < end:
-        try:
-            value = fetch()
-            if cond(value):
-                return value
-        except (requests.RequestException, ValueError):
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"not within {timeout}s: {what} (last: {str(value)[:400]})")
-
-
 def test_a_daemon_with_no_store_forecasts_from_prometheus_after_its_first_refit(prometheus, tmp_path):
     prom = prometheus
     port = free_port()
@@ -64,7 +50,7 @@ def test_a_daemon_with_no_store_forecasts_from_prometheus_after_its_first_refit(
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        metrics = _wait(lambda: requests.get(base + "/metrics", timeout=5).text,
+        metrics = wait_for(lambda: requests.get(base + "/metrics", timeout=5).text,
                         lambda t: "headroom_forecast_peak_requests{" in t, 240, "forecasts on /metrics")
         snap = requests.get(base + "/api/v1/snapshot", timeout=5).json()
         again = requests.get(base + "/metrics", timeout=5).text

@@ -15,26 +15,12 @@ import requests
 from monitor.config import Config, Target
 from monitor.cycle import Pipeline
 from monitor.export.landing import Trends, render
-from servers import MetricsServer, fixture, free_port, wait_http
+from servers import MetricsServer, fixture, free_port, wait_for, wait_http
 
 pytestmark = pytest.mark.live  # each test starts the daemon or a metrics server on loopback
 
 SECRET = "s3cr3t-token-9f8e7d6c5b4a"
 PASSWORD = "hunter2-and-more-entropy-77"
-
-
-def wait_for(fetch, cond, timeout: float, what: str):
-    """fetch() until cond(value) holds; the last value, or AssertionError naming what did not happen."""
-    end = time.monotonic() + timeout
-    while True:
-        try:
-            value = fetch()
-        except requests.RequestException:
-            value = None
-        if value is not None and cond(value):
-            return value
-        assert time.monotonic() < end, f"not within {timeout}s: {what} (last: {str(value)[:300]})"
-        time.sleep(0.1)
 
 
 def cycles(metrics_text: str) -> float:

@@ -27,21 +27,11 @@ from monitor.export.http11 import Response
 from monitor.export.landing import Trends
 from monitor.export.server import Limits, WebState, serve
 from monitor.export.webconfig import web_security
-from servers import MetricsServer, fixture
+from servers import MetricsServer, fixture, wait_for
 
 # the first bytes of a TLS record carrying a ClientHello: handshake (0x16), TLS 1.0 record version
 CLIENT_HELLO_3 = b"\x16\x03\x01"
 HALF_SENT = b"GET /metrics HTTP/1.1\r\nHost: headroom\r\nX-Never-Finished: "
-
-
-def wait_until(cond, timeout: float, what: str):
-    end = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        assert time.monotonic() < end, f"not within {timeout}s: {what}"
-        time.sleep(0.01)
 
 
 def closed_by_peer(sock: socket.socket) -> bool:
@@ -191,7 +181,7 @@ def test_held_tls_handshakes_block_no_probe(start, pki, sent):
     r, took = timed_get(srv.base + "/metrics", verify=pki.ca)
     assert r.status_code == 200 and "headroom_active_requests" in r.text and took < 1.0
     assert srv.stats.tls_handshake_timeouts == 0  # the probes were answered while all 20 were held
-    wait_until(lambda: all(closed_by_peer(s) for s in held), 5.0, "held handshakes cut at their deadline")
+    wait_for(lambda: all(closed_by_peer(s) for s in held), timeout=5.0, what="held handshakes cut at their deadline", every=0.01)
     assert srv.stats.tls_handshake_timeouts == 20
     for s in held:
         s.close()
@@ -212,7 +202,7 @@ def test_half_sent_flood_is_shed_and_dropped_quietly(start, capfd, caplog):
         r, took = timed_get(srv.base + path)
         assert r.status_code == 200 and took < 1.0, (path, took)
     # the 200-odd beyond the cap were shed at once (longest waiting first), not at the header deadline
-    wait_until(lambda: sum(closed_by_peer(s) for s in held) >= 200, 2.0, "connections beyond the cap shed")
+    wait_for(lambda: sum(closed_by_peer(s) for s in held) >= 200, timeout=2.0, what="connections beyond the cap shed", every=0.01)
     assert srv.stats.open_connections <= 100 and srv.stats.connections_evicted >= 200
     r, took = timed_get(srv.base + "/metrics")
     assert r.status_code == 200 and "headroom_active_requests" in r.text and took < 1.0
@@ -223,7 +213,7 @@ def test_half_sent_flood_is_shed_and_dropped_quietly(start, capfd, caplog):
         if i % 2:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         s.close()
-    wait_until(lambda: srv.stats.open_connections == 0, 2.0, "dropped connections noticed")
+    wait_for(lambda: srv.stats.open_connections == 0, timeout=2.0, what="dropped connections noticed", every=0.01)
     assert srv.stats.client_disconnects - before >= len(still_open)
     r, took = timed_get(srv.base + "/metrics")
     assert r.status_code == 200 and "headroom_active_requests" in r.text
@@ -260,7 +250,7 @@ def test_workers_full_means_503_at_once_and_probes_still_answer(start):
     srv.server.app = slow_app
     slow = socket.create_connection(("127.0.0.1", srv.port))
     slow.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-    wait_until(lambda: srv.stats.requests_in_progress == 1, 2.0, "the one worker busy")
+    wait_for(lambda: srv.stats.requests_in_progress == 1, timeout=2.0, what="the one worker busy", every=0.01)
     r, took = timed_get(srv.base + "/metrics")
     assert r.status_code == 503 and r.headers["Retry-After"] == "1" and took < 1.0
     r, took = timed_get(srv.base + "/-/healthy")
