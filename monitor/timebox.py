@@ -1,5 +1,7 @@
 """Run a function with a time box in a forked child process, so an overrunning fit can really be
-abandoned (a thread cannot be stopped; a child process can be killed)."""
+abandoned (a thread cannot be stopped; a child process can be killed). The application hands
+`timeboxed(seconds)` to the forecasts as their fit runner (monitor/app.py); the forecast package
+itself starts no process."""
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -56,3 +58,11 @@ def call_with_timebox(fn, args: tuple, seconds: float | None):
     if status == "ok":
         return payload
     raise ChildError(*payload)
+
+
+def timeboxed(seconds: float):
+    """A fit runner for `ForecastSettings(runner=...)`: runner(fn, args) is fn(*args) in a forked
+    child, abandoned after `seconds` (TimeBoxExceeded)."""
+    if not seconds > 0:
+        raise ValueError(f"time box must be positive seconds, got {seconds!r}")
+    return lambda fn, args: call_with_timebox(fn, args, seconds)

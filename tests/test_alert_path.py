@@ -150,7 +150,7 @@ def _hostport(url: str) -> str:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    from monitor.commands.run import Daemon
+    from monitor.app import build
     from monitor.config import from_dict
     from monitor.sim.fleet import load_config
     from monitor.sim.server import start_fleet
@@ -185,7 +185,7 @@ def stack(tmp_path_factory):
             "pools": pools,
         }
         (work / "headroom.yml").write_text(yaml.safe_dump(headroom_cfg, sort_keys=False))
-        daemon = Daemon(from_dict(headroom_cfg, str(work / "headroom.yml")), "127.0.0.1:0")
+        daemon = build(from_dict(headroom_cfg, str(work / "headroom.yml")), "127.0.0.1:0")
         daemon.start()
         stoppers.append(daemon.stop)
         headroom_addr = f"127.0.0.1:{daemon.port}"

@@ -112,11 +112,10 @@ def test_schedule_digest_cron_and_delivery(tmp_path):
     box.close()
 
 
-def test_attach_to_the_real_daemon_schedules_and_exports(tmp_path):
+def test_the_built_daemon_schedules_the_digest_and_exports(tmp_path):
     import urllib.request
     from monitor import config
-    from monitor.commands.run import Daemon
-    from monitor.digest.schedule import attach_to_daemon
+    from monitor.app import build
     cfg = config.from_dict({
         "sources": {"prometheus": {"url": "http://127.0.0.1:9"}}, "store": {"path": str(tmp_path / "h.sqlite")},
         "digest": {"outbox": str(tmp_path / "o.sqlite"),
@@ -124,9 +123,10 @@ def test_attach_to_the_real_daemon_schedules_and_exports(tmp_path):
                    # nothing listens on port 9: the delivery stays pending even if the retry job runs
                    "destinations": [{"name": "hook", "type": "webhook", "url": "http://127.0.0.1:9/x"}]}},
         "t.yaml")
-    daemon = Daemon(cfg, "127.0.0.1:0")
+    daemon = build(cfg, "127.0.0.1:0")
     try:
-        box = attach_to_daemon(daemon)
+        assert [c.name for c in daemon.components] == ["cycle", "store", "forecaster", "digest", "web"]
+        box = daemon.digest_outbox
         box.enqueue("2025-W48", {"slack.json": b"{}"}, ["hook"], now=0.0)  # one pending delivery
         daemon.start()
         job = daemon.scheduler.get_job("headroom-digest")

@@ -11,6 +11,7 @@ from monitor.forecast.backtest import (AVERAGE, ForecastSettings, apply_calibrat
                                        rank_models, rolling_origin, score)
 from monitor.forecast.models import Forecast, Model
 from monitor.forecast.series import prepare
+from monitor.timebox import timeboxed
 
 HOUR = 3600.0
 
@@ -210,7 +211,7 @@ def test_a_fit_over_its_time_box_is_abandoned_reported_and_the_next_model_used(m
     monkeypatch.setitem(models_mod.MODELS, "broken", _BrokenModel())
     p = prepare(noisy_daily(3))
     r = forecast_series(p, 24, ForecastSettings(models=("slow", "broken", "snaive_day"),
-                                                 fit_timeout_seconds=2.0, folds=1, max_folds=1))
+                                                 runner=timeboxed(2.0), folds=1, max_folds=1))
     assert r.defined and r.model == "snaive_day"
     assert any("abandoned after 2 s" in e for e in r.errors["slow"])
     assert any("singular matrix" in e for e in r.errors["broken"])
@@ -227,8 +228,8 @@ def test_settings_validate_their_fields():
         ForecastSettings(models=("nope",))
     with pytest.raises(ValueError, match="folds"):
         ForecastSettings(folds=0)
-    with pytest.raises(ValueError, match="fit_timeout_seconds"):
-        ForecastSettings(fit_timeout_seconds=0)
+    with pytest.raises(ValueError, match="time box must be positive"):
+        timeboxed(0)
     with pytest.raises(ValueError, match="average_below_skill"):
         ForecastSettings(average_below_skill=-1)
     with pytest.raises(ValueError, match="horizon"):

@@ -3,6 +3,7 @@ import threading
 
 import numpy as np
 import pandas as pd
+from apscheduler.schedulers.background import BackgroundScheduler
 
 from monitor.forecast.backtest import ForecastSettings
 from monitor.forecast.pool import CAPACITY_SERIES, PoolSettings
@@ -30,18 +31,21 @@ def test_background_job_refits_and_publishes_without_blocking_readers():
     sched = ForecastScheduler(load, lambda: {"a": 25.0, "b": 1000.0}, SETTINGS,
                               interval_minutes=60, clock=lambda: 1_700_500_000.0)
     assert sched.latest.get() is None
-    sched.start()
+    scheduler = BackgroundScheduler(timezone="UTC")  # the application's one scheduler (monitor/app.py)
+    assert sched.schedule(scheduler) == "headroom-forecast-refit"
+    job = scheduler.get_job("headroom-forecast-refit")
+    assert job.trigger.interval.total_seconds() == 3600 and job.max_instances == 1 and job.coalesce
+    scheduler.start()
     try:
         res = sched.latest.wait_for(1, timeout=60)
     finally:
-        sched.shutdown()
+        scheduler.shutdown()
     assert res is not None and res.runs == 1 and res.errors == {}
     assert set(res.pools) == {"a", "b"}
     assert res.started == 1_700_500_000.0
-    assert calls and calls[0] != threading.main_thread().name  # ran in the scheduler's worker
+    assert calls == ["forecast-refit"]  # in its own daemon thread: a stop never waits for a refit
     assert res.pools["a"].exhaustion_seconds < 86400  # 25 is crossed by the daily peak (~30)
     assert res.pools["b"].exhaustion_seconds == float("inf")
-    assert not sched.running
 
 
 def test_failed_history_load_keeps_the_previous_forecasts_and_reports():

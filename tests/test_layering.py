@@ -55,3 +55,37 @@ def test_the_checker_catches_what_it_forbids(tmp_path):
                    "import urllib.request\nfrom datetime import datetime\ny = datetime.now()\n")
     lines = sorted(int(v.split(":")[0].split()[1]) for v in _violations(bad))
     assert lines == [2, 3, 4, 5, 7]
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.add(node.module)
+    return out
+
+
+def test_no_process_is_started_inside_the_forecast_package():
+    """Fits are time-boxed through the runner the application injects (monitor/timebox.py), not by a
+    fork hidden in the forecast package."""
+    offenders = {str(p.relative_to(MONITOR)): sorted(i for i in _imports(p)
+                                                     if i.split(".")[0] in ("multiprocessing", "subprocess")
+                                                     or i.endswith("timebox"))
+                 for p in MONITOR.glob("forecast/*.py")}
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_the_application_is_built_in_one_place():
+    """monitor/app.py builds the daemon; no other module holds a scheduler or the hook lists."""
+    holders = []
+    for p in MONITOR.rglob("*.py"):
+        if p.name == "app.py" and p.parent == MONITOR:
+            continue
+        text = p.read_text(encoding="utf-8")
+        if "BackgroundScheduler(" in text or "extra_jobs" in text or "on_stop" in text:
+            holders.append(str(p.relative_to(MONITOR)))
+    assert holders == []
+    assert not (MONITOR / "wiring.py").exists()

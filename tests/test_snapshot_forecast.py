@@ -19,7 +19,7 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from monitor.commands.run import Daemon
+from monitor.app import build
 from monitor.config import load
 from monitor.forecast.pool import CAPACITY_SERIES
 from monitor.forecast.store import HistoryStore
@@ -105,7 +105,7 @@ def test_once_and_every_endpoint_of_a_cycle_carry_the_forecast_metrics_exports(s
     assert once_pool["forecast"]["horizons"]["1d"]["peak"] > 0
     assert once_pool["forecast"]["exhaustion_seconds"] is None  # --interval 0: refit before any capacity
 
-    daemon = Daemon(load(setup), "127.0.0.1:0")
+    daemon = build(load(setup), "127.0.0.1:0")
     base = f"http://127.0.0.1:{daemon.port}"
     try:
         refit = daemon.forecaster.refit_now()  # forced, before the daemon's first cycle writes history

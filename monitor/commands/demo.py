@@ -24,7 +24,7 @@ import yaml
 from ..cli import seconds
 from ..config import from_dict
 from ..process import stop_process
-from .run import Daemon
+from ..app import build
 
 log = logging.getLogger("headroom.demo")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -141,7 +141,7 @@ def run(args) -> int:
         cfg = from_dict(headroom_config(handle, fleet_cfg, store_path), os.path.join(workdir, "headroom.yml"))
         with open(os.path.join(workdir, "headroom.yml"), "w") as f:
             yaml.safe_dump(headroom_config(handle, fleet_cfg, store_path), f, sort_keys=False)
-        daemon = Daemon(cfg, args.listen_address)
+        daemon = build(cfg, args.listen_address)
         daemon.start()
         host, port = daemon.server.server_address[:2]
         headroom_url = f"http://{host}:{port}"

@@ -14,15 +14,13 @@ no time to exhaustion.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import threading
 import time
 
+from ..app import App, build
 from ..config import Config, ConfigError, Target, check_url, load
-from ..cycle import Pipeline
 from ..export.snapshot_json import snapshot_to_dict
-from ..wiring import capacity_at_knee, capacity_state, store_forecaster
 
 
 def add_arguments(p) -> None:
@@ -58,38 +56,26 @@ def run(args) -> int:
         print("headroom: --interval must not be negative", file=sys.stderr)
         return 2
     cfg.latency_window = max(cfg.latency_window, args.interval * 2)
-    pipeline = Pipeline(cfg, capacity=capacity_state(cfg))
-    store = _open_store(cfg)
+    try:
+        app = build(cfg)  # the daemon's sources, cycle and forecaster; no web server, nothing written
+    except (ConfigError, ValueError) as exc:
+        print(f"headroom: {exc}", file=sys.stderr)
+        return 2
     try:  # each cycle ends by its deadline (monitor/cycle.py), whatever a source does
-        snap = _readings(pipeline, store, args.interval)
+        snap = _readings(app, args.interval)
     except KeyboardInterrupt:
         print("headroom: interrupted", file=sys.stderr)
         return 130
     finally:
-        pipeline.close()
-        if store is not None:
-            store.close()
+        app.stop()
     json.dump(snapshot_to_dict(snap), sys.stdout, indent=2, allow_nan=False)
     sys.stdout.write("\n")
     return 0 if any(s.up for s in snap.sources) else 1
 
 
-def _open_store(cfg: Config):
-    """The daemon's history store, when configured and already there (`once` never creates one)."""
-    if not cfg.store_path or not os.path.exists(cfg.store_path):
-        return None
-    from ..forecast.store import HistoryStore  # noqa: PLC0415
-    return HistoryStore(cfg.store_path, retention_seconds=cfg.store_retention)
-
-
-def _readings(pipeline: Pipeline, store, interval: float):
+def _readings(app: App, interval: float):
     """One reading, or two `interval` apart; with a store, one forecast refit for the last one."""
-    forecaster = None
-    if store is not None:
-        from ..history.store import StoreHistory  # noqa: PLC0415
-        forecaster = store_forecaster(pipeline.config, StoreHistory(store), pipeline.clock,
-                                      lambda: capacity_at_knee(pipeline.latest))
-        pipeline.forecasts = forecaster.latest.get
+    pipeline, forecaster = app.pipeline, app.forecaster
     if interval <= 0:
         if forecaster is not None:
             forecaster.refit_now()

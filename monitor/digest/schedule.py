@@ -94,22 +94,6 @@ def history_build_fn(cfg, settings: DigestSettings, store=None) -> Callable[[flo
     raise ConfigError(cfg.file, "digest.history", "no history: configure store.path or sources.prometheus")
 
 
-def attach_to_daemon(daemon) -> Optional[Outbox]:
-    """One call for the daemon (monitor/commands/run.py Daemon.__init__): when the configuration
-    has a `digest:` section, schedule the weekly digest and its retries on the daemon's scheduler at
-    start, and add the digest metrics to /metrics. Reuses the daemon's history store if it has one."""
-    from monitor.digest.settings import from_dict
-    cfg = daemon.cfg
-    if not cfg.digest:
-        return None
-    settings = from_dict(cfg.digest, cfg.file, cfg.slos)  # ConfigError before anything starts
-    build_fn = history_build_fn(cfg, settings, getattr(daemon, "store", None))
-    outbox = open_outbox(settings)
-    daemon.extra_jobs.append(lambda d: schedule_digest(d.scheduler, settings, build_fn, outbox))
-    daemon.on_stop.append(outbox.close)
-    return outbox
-
-
 def schedule_digest(scheduler, settings: DigestSettings, build_fn: Callable[[float], DigestInput],
                     outbox: Optional[Outbox] = None, clock: Callable[[], float] = time.time) -> list[str]:
     """Add the weekly digest to an APScheduler 3.x scheduler (the daemon's). Returns the job ids."""

@@ -21,13 +21,12 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
 from monitor.forecast.models import DEFAULT_MODELS, LEVELS, Forecast, combine, get_model
 from monitor.forecast.series import DAY, Prepared
-from monitor.forecast.timebox import call_with_timebox
 
 
 @dataclass(frozen=True)
@@ -39,7 +38,10 @@ class ForecastSettings:
     max_folds: int = 4
     calibrate: bool = True
     min_calibration_points: int = 24
-    fit_timeout_seconds: Optional[float] = None  # time box per fit (None: no box, run inline)
+    # how a fit is run: runner(fn, args) -> fn(*args), or raises (None: inline). The daemon injects a
+    # time box (monitor/timebox.py `timeboxed`): an overrunning fit is abandoned and the next model
+    # in `models` used. The forecast package itself starts no process.
+    runner: Optional[Callable] = field(default=None, compare=False, repr=False)
     # a model later in `models` is selected only when its backtest MASE beats every earlier one by
     # this factor (two folds are a small sample; the order encodes what usually wins)
     selection_tolerance: float = 0.10
@@ -68,8 +70,6 @@ class ForecastSettings:
                              f"got {self.calibration_kind!r}")
         if self.average_below_skill < 0:
             raise ValueError(f"average_below_skill must be >= 0, got {self.average_below_skill}")
-        if self.fit_timeout_seconds is not None and self.fit_timeout_seconds <= 0:
-            raise ValueError("fit_timeout_seconds must be positive or None")
 
 
 # --- scores -------------------------------------------------------------------------------------
@@ -124,8 +124,9 @@ def _fit_forecast(model_name: str, prep: Prepared, h: int) -> Forecast:
     return get_model(model_name).fit(prep).forecast(h)
 
 
-def run_fit(model_name: str, prep: Prepared, h: int, timeout: Optional[float]) -> Forecast:
-    return call_with_timebox(_fit_forecast, (model_name, prep, h), timeout)
+def run_fit(model_name: str, prep: Prepared, h: int, runner: Optional[Callable] = None) -> Forecast:
+    args = (model_name, prep, h)
+    return runner(_fit_forecast, args) if runner is not None else _fit_forecast(*args)
 
 
 def origins_for(n: int, horizon: int, folds: int) -> list[int]:
@@ -134,7 +135,7 @@ def origins_for(n: int, horizon: int, folds: int) -> list[int]:
 
 
 def rolling_origin(prep: Prepared, model_name: str, horizon: int, origins: list[int],
-                   timeout: Optional[float] = None) -> tuple[list[Fold], list[str]]:
+                   runner: Optional[Callable] = None) -> tuple[list[Fold], list[str]]:
     """Refit at every origin on everything before it, forecast `horizon` points (cut at the end)."""
     model = get_model(model_name)
     folds, errors = [], []
@@ -146,7 +147,7 @@ def rolling_origin(prep: Prepared, model_name: str, horizon: int, origins: list[
         if train.n < model.min_history(train):
             continue
         try:
-            fc = run_fit(model_name, train, h, timeout)
+            fc = run_fit(model_name, train, h, runner)
         except Exception as exc:  # a failed fold is reported and skipped, never fatal
             errors.append(f"origin {o}: {type(exc).__name__}: {exc}")
             continue
@@ -297,13 +298,13 @@ def members_last(names) -> list[str]:
 
 
 def model_folds(prep: Prepared, name: str, done: dict[str, list[Fold]], horizon: int, origins: list[int],
-                timeout: Optional[float] = None) -> tuple[list[Fold], list[str]]:
+                runner: Optional[Callable] = None) -> tuple[list[Fold], list[str]]:
     """A model's backtest folds: averaged from its members' folds in `done` when it is a
     combination whose members were backtested at the same origins, else refitted per origin."""
     folds = combined_folds(name, done)
     if folds is not None:
         return folds, []
-    return rolling_origin(prep, name, horizon, origins, timeout)
+    return rolling_origin(prep, name, horizon, origins, runner)
 
 
 def forecast_series(prep: Prepared, horizon: int, settings: ForecastSettings = ForecastSettings()
@@ -327,7 +328,7 @@ def forecast_series(prep: Prepared, horizon: int, settings: ForecastSettings = F
     fold_sets: dict[str, list[Fold]] = {}
     t0, c0 = time.perf_counter(), time.process_time()
     for name in members_last(eligible):
-        folds, errors = model_folds(prep, name, fold_sets, fold_h, origins, settings.fit_timeout_seconds)
+        folds, errors = model_folds(prep, name, fold_sets, fold_h, origins, settings.runner)
         if errors:
             result.errors.setdefault(name, []).extend(errors)
         if folds:
@@ -345,7 +346,7 @@ def forecast_series(prep: Prepared, horizon: int, settings: ForecastSettings = F
         order = []  # the average stands; selection does not run
     for name in order:
         try:
-            fc = run_fit(name, prep, horizon, settings.fit_timeout_seconds)
+            fc = run_fit(name, prep, horizon, settings.runner)
         except Exception as exc:
             result.errors.setdefault(name, []).append(f"final fit: {type(exc).__name__}: {exc}")
             continue
@@ -382,7 +383,7 @@ def _average(prep: Prepared, horizon: int, members: list[str], fold_sets: dict[s
     fits = {}
     for name in members:
         try:
-            fits[name] = run_fit(name, prep, horizon, settings.fit_timeout_seconds)
+            fits[name] = run_fit(name, prep, horizon, settings.runner)
         except Exception as exc:
             result.errors.setdefault(name, []).append(f"final fit: {type(exc).__name__}: {exc}")
     if len(fits) < 2:

@@ -1,13 +1,15 @@
 """Refitting the forecasts on a schedule, off the scrape path.
 
-`ForecastScheduler` owns an APScheduler BackgroundScheduler with one interval job (every N minutes,
-first run at start, never two at once, missed runs coalesced). Each run asks `load_history()` for
-{pool: {series: pandas Series}} and `capacity()` for {pool: concurrent requests at the knee or None},
-calls `forecast_pool` per pool with the given settings (set `fit_timeout_seconds` there to time-box
-every fit: an overrunning fit is killed, reported in the series' `errors`, and the next model in the
-fallback order is used), and publishes the results in a `LatestResult`. The collection cycle reads
-`latest.get()` once per cycle (monitor/cycle.py `Pipeline.forecasts`): the published object, taken
-under a lock, never a fit; the cycle's snapshot carries it to /metrics, /api/v1/snapshot and `/`.
+`ForecastScheduler.schedule(scheduler)` adds one interval job to the application's scheduler
+(every N minutes, the first at once, never two at once, missed runs coalesced; each run in a daemon
+thread). Each run asks `load_history()` for {pool: {series: pandas Series}} and `capacity()` for
+{pool: concurrent requests at the knee or None}, calls `forecast_pool` per pool with the given
+settings (give `ForecastSettings` a `runner`, e.g. monitor/timebox.py `timeboxed(seconds)`, to
+time-box every fit: an overrunning fit is killed, reported in the series' `errors`, and the next
+model in the fallback order is used), and publishes the results in a `LatestResult`. The
+collection cycle reads `latest.get()` once per cycle (monitor/cycle.py `Pipeline.forecasts`): the
+published object, taken under a lock, never a fit; the cycle's snapshot carries it to /metrics,
+/api/v1/snapshot and `/`.
 """
 from __future__ import annotations
 
@@ -72,7 +74,6 @@ class ForecastScheduler:
         self.latest = LatestResult()
         self._runs = 0
         self._run_lock = threading.Lock()
-        self._scheduler = None
         self._thread: Optional[threading.Thread] = None
 
     def refit_now(self) -> RefitResult:
@@ -103,16 +104,14 @@ class ForecastScheduler:
             self.latest.set(result)
             return result
 
-    def start(self) -> None:
-        from apscheduler.schedulers.background import BackgroundScheduler
+    def schedule(self, scheduler) -> str:
+        """Add the refit job to an APScheduler 3.x scheduler (the application's one scheduler,
+        monitor/app.py): every `interval_minutes`, the first at once. Returns the job id."""
         from datetime import datetime, timezone
-        if self._scheduler is not None:
-            raise RuntimeError("forecast scheduler already started")
-        self._scheduler = BackgroundScheduler(timezone="UTC")
-        self._scheduler.add_job(self._refit_in_background, "interval", minutes=self.interval_minutes,
-                                id="headroom-forecast-refit", max_instances=1, coalesce=True,
-                                next_run_time=datetime.now(timezone.utc))
-        self._scheduler.start()
+        scheduler.add_job(self._refit_in_background, "interval", minutes=self.interval_minutes,
+                          id="headroom-forecast-refit", max_instances=1, coalesce=True,
+                          next_run_time=datetime.now(timezone.utc), replace_existing=True)
+        return "headroom-forecast-refit"
 
     def _refit_in_background(self) -> None:
         """The scheduled job: a refit in a daemon thread (one at a time), so a stop of the process
@@ -122,12 +121,3 @@ class ForecastScheduler:
             return  # the previous refit is still running: this one is skipped (coalesced)
         self._thread = threading.Thread(target=self.refit_now, name="forecast-refit", daemon=True)
         self._thread.start()
-
-    def shutdown(self, wait: bool = True) -> None:
-        if self._scheduler is not None:
-            self._scheduler.shutdown(wait=wait)
-            self._scheduler = None
-
-    @property
-    def running(self) -> bool:
-        return self._scheduler is not None and self._scheduler.running

@@ -1,0 +1,308 @@
+"""The one place that builds headroom: its components, in order, on one scheduler.
+
+    sources + cycle (Pipeline)  ->  history store  ->  forecaster  ->  digest  ->  web server
+
+`build(cfg, listen_address=...)` is the daemon (`headroom run`, `headroom demo`); `build(cfg)`
+without an address is `headroom once`: the same sources, cycle and forecaster, the store opened only
+if it exists and never written, no digest, no web server. Each component is built in that order (a
+later one may use an earlier one: the web server shows the digest's status, the forecaster reads
+the store) and has `start(scheduler)` and `stop()`. `App.start()` adds the cycle to the one
+APScheduler scheduler, lets every component add its jobs, then starts it; `App.stop()` stops the
+scheduler, then the components in reverse order, so the web server goes first and the cycle's
+sources last. `headroom digest` reads its history through `monitor/digest/schedule.py
+history_build_fn`, the function the digest component uses here.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from datetime import datetime, timezone
+from typing import Callable, Optional
+
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from .capacity.enrich import CapacityState
+from .config import Config
+from .cycle import Pipeline
+
+log = logging.getLogger(__name__)
+
+STOP_GRACE = 2.0  # seconds the running cycle may take to publish after its sources are cut off
+STORE_MAINTENANCE_HOURS = 1
+
+
+class Component:
+    """A part of the application: `start` adds its jobs to the shared scheduler, `stop` releases
+    what it holds. Neither may raise past App (failures are logged)."""
+    name = "component"
+
+    def start(self, scheduler) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+class Cycle(Component):
+    """The sources and the collection cycle: one cycle every `interval`, the first at once."""
+    name = "cycle"
+
+    def __init__(self, cfg: Config):
+        self.pipeline = Pipeline(cfg, capacity=CapacityState(cfg))  # ValueError naming a bad key
+
+    def start(self, scheduler) -> None:
+        scheduler.add_job(self.pipeline.run_cycle, "interval", seconds=self.pipeline.config.interval,
+                          id="cycle", max_instances=1, coalesce=True, next_run_time=datetime.now(timezone.utc))
+
+    def stop(self) -> None:
+        self.pipeline.close(wait=STOP_GRACE)  # requests in flight broken; the cycle publishes what it has
+
+
+class Store(Component):
+    """The embedded history store: each snapshot's pool series appended (unless read-only), expired
+    and downsampled hourly."""
+    name = "store"
+
+    def __init__(self, cfg: Config, pipeline: Pipeline, writable: bool):
+        from .forecast.store import HistoryStore  # noqa: PLC0415
+        self.store = HistoryStore(cfg.store_path, retention_seconds=cfg.store_retention)
+        self.clock = pipeline.clock
+        if writable:
+            pipeline.on_snapshot(self.persist)
+        self.writable = writable
+
+    def persist(self, snapshot) -> None:
+        from .history.store import points_from_snapshot  # noqa: PLC0415
+        try:
+            self.store.append(points_from_snapshot(snapshot))
+        except Exception:
+            log.exception("history store append failed")
+
+    def start(self, scheduler) -> None:
+        if self.writable:
+            scheduler.add_job(lambda: self.store.maintain(self.clock()), "interval",
+                              hours=STORE_MAINTENANCE_HOURS, id="store-maintenance", max_instances=1,
+                              coalesce=True)
+
+    def stop(self) -> None:
+        self.store.close()
+
+    def seed_trends(self, trends) -> None:
+        """The landing chart starts with the stored hours (active and queued apart)."""
+        now = self.clock()
+        since = now - trends.keep
+        for pool, series in self.store.series_keys():
+            if series == "active_requests":
+                active = self.store.query(pool, "active_requests", since, now, step=300, agg="mean")
+                queued = self.store.query(pool, "queued_requests", since, now, step=300, agg="mean")
+                trends.seed(pool, [(float(t), float(v), float(queued.get(t, 0.0)), 0.0) for t, v in active.items()])
+
+
+class Forecasts(Component):
+    """The forecaster over a history source (Prometheus in Prometheus mode, else the store); the
+    pipeline reads its latest refit at each cycle. Refits run on the schedule, off the scrape path."""
+    name = "forecaster"
+
+    def __init__(self, cfg: Config, pipeline: Pipeline, source, history_days: float = 35.0,
+                 step: float = 300.0):
+        self.source = source
+        self.forecaster = store_forecaster(cfg, source, pipeline.clock, lambda: capacity_at_knee(pipeline.latest),
+                                           history_days, step)
+        pipeline.forecasts = self.forecaster.latest.get
+
+    def start(self, scheduler) -> None:
+        self.forecaster.schedule(scheduler)
+
+    def stop(self) -> None:
+        client = getattr(self.source, "client", None)  # Prometheus mode: its own client
+        if client is not None and hasattr(client, "close"):
+            client.close()
+
+
+class Digest(Component):
+    """The weekly digest: its cron job and the outbox retries; the outbox's state on /metrics."""
+    name = "digest"
+
+    def __init__(self, cfg: Config, store):
+        from .digest.schedule import history_build_fn, open_outbox  # noqa: PLC0415
+        from .digest.settings import from_dict  # noqa: PLC0415
+        self.settings = from_dict(cfg.digest, cfg.file, cfg.slos)  # ConfigError before anything starts
+        self.build_fn = history_build_fn(cfg, self.settings, store)
+        self.outbox = open_outbox(self.settings)
+
+    def start(self, scheduler) -> None:
+        from .digest.schedule import schedule_digest  # noqa: PLC0415
+        schedule_digest(scheduler, self.settings, self.build_fn, self.outbox)
+
+    def stop(self) -> None:
+        self.outbox.close()
+
+
+class Web(Component):
+    """/metrics, /api/v1/snapshot, the landing page and the probes. Listens when built, so a port in
+    use or a bad web config fails before anything starts."""
+    name = "web"
+
+    def __init__(self, cfg: Config, pipeline: Pipeline, listen_address: str, web_config_file, status):
+        from .export.collector import Exposition  # noqa: PLC0415
+        from .export.landing import Trends  # noqa: PLC0415
+        from .export.server import WebState, serve  # noqa: PLC0415
+        from .export.webconfig import web_security  # noqa: PLC0415
+        self.state = WebState(Exposition(status=status), Trends())
+        self.state.authorize, ssl_context = web_security(web_config_file or cfg.web_config_file)
+        pipeline.on_snapshot(self.state.publish)  # every snapshot rendered once, for every endpoint
+        self.server, _ = serve(self.state, listen_address, ssl_context)
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class App:
+    """The built application. `components` in build order; the named ones for callers and tests."""
+
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.scheduler = BackgroundScheduler(timezone="UTC")
+        self.components: list[Component] = []
+        self.cycle: Optional[Cycle] = None
+        self.store_component: Optional[Store] = None
+        self.forecasts: Optional[Forecasts] = None
+        self.digest: Optional[Digest] = None
+        self.web: Optional[Web] = None
+        self.stopped = threading.Event()
+
+    def add(self, component: Component) -> Component:
+        self.components.append(component)
+        return component
+
+    @property
+    def pipeline(self) -> Pipeline:
+        return self.cycle.pipeline
+
+    @property
+    def store(self):
+        return self.store_component.store if self.store_component else None
+
+    @property
+    def forecaster(self):
+        return self.forecasts.forecaster if self.forecasts else None
+
+    @property
+    def digest_outbox(self):
+        return self.digest.outbox if self.digest else None
+
+    @property
+    def state(self):
+        return self.web.state if self.web else None
+
+    @property
+    def server(self):
+        return self.web.server if self.web else None
+
+    @property
+    def port(self) -> int:
+        return self.web.server.server_address[1]
+
+    def status(self):
+        """What /metrics shows besides the cycle's snapshot: the web server's counters, the digest."""
+        from .digest.metrics import digest_status  # noqa: PLC0415
+        from .export.samples import ProcessStatus  # noqa: PLC0415
+        stats = self.state.web_stats if self.web else None
+        events, open_connections = {}, None
+        if stats is not None:
+            events = {e: float(v) for e, v in stats.as_dict().items() if e in stats.COUNTERS}
+            open_connections = float(stats.open_connections)
+        return ProcessStatus(events, open_connections, digest_status(self.digest_outbox))
+
+    def start(self) -> None:
+        for c in self.components:
+            c.start(self.scheduler)
+        self.scheduler.start()
+
+    def stop(self) -> None:
+        """Stops within a few seconds whatever a source is doing: no new jobs, then each component in
+        reverse order (the web server first, the cycle's sources last)."""
+        if self.scheduler.running:
+            self.scheduler.shutdown(wait=False)
+        for c in reversed(self.components):
+            try:
+                c.stop()
+            except Exception:
+                log.exception("stopping the %s failed", c.name)
+        self.stopped.set()
+
+
+def build(cfg: Config, listen_address: Optional[str] = None, web_config_file=None) -> App:
+    """The application for `cfg`. With `listen_address`: the daemon (store written, digest, web
+    server). Without: `headroom once` (a store only if it exists, read-only, and the forecasts from it;
+no digest, no web).
+    Raises ConfigError / ValueError naming the setting, OSError when the address cannot be bound;
+    whatever was built before the failure is stopped."""
+    daemon = listen_address is not None
+    app = App(cfg)
+    try:
+        app.cycle = app.add(Cycle(cfg))
+        if cfg.store_path and (daemon or os.path.exists(cfg.store_path)):
+            app.store_component = app.add(Store(cfg, app.pipeline, writable=daemon))
+        if daemon and (cfg.prometheus is not None or app.store is not None):
+            app.forecasts = app.add(Forecasts(cfg, app.pipeline, history_source(cfg, app.store)))
+        elif app.store is not None:  # once: one refit from the store it found (monitor/commands/once.py)
+            from .history.store import StoreHistory  # noqa: PLC0415
+            app.forecasts = app.add(Forecasts(cfg, app.pipeline, StoreHistory(app.store)))
+        if daemon and cfg.digest:
+            app.digest = app.add(Digest(cfg, app.store))
+        if daemon:
+            app.web = app.add(Web(cfg, app.pipeline, listen_address, web_config_file, app.status))
+            if app.store_component is not None:
+                app.store_component.seed_trends(app.web.state.trends)
+    except BaseException:
+        app.stop()
+        raise
+    return app
+
+
+def capacity_at_knee(snapshot) -> dict[str, float]:
+    """Pool -> concurrent requests at the knee (the effective capacity) for the exhaustion time."""
+    out = {}
+    for p in (snapshot.pools if snapshot else []):
+        cap = p.capacity
+        if cap is None:
+            continue
+        effective = cap.capacity_requests.effective
+        value = effective if effective is not None else cap.knee_requests
+        if value is not None:
+            out[p.pool] = float(value)
+    return out
+
+
+def history_source(cfg: Config, store):
+    """Where the forecasts read history: Prometheus in Prometheus mode, else the embedded store."""
+    if cfg.prometheus is not None:
+        from .history.prometheus import PrometheusHistory  # noqa: PLC0415
+        return PrometheusHistory.from_config(cfg.prometheus, pool_by=cfg.pool_by)
+    from .history.store import StoreHistory  # noqa: PLC0415
+    return StoreHistory(store)
+
+
+def store_forecaster(cfg: Config, source, clock: Callable[[], float], capacity: Callable[[], dict],
+                     history_days: float = 35.0, step: float = 300.0):
+    """The `ForecastScheduler` over a history source (monitor/history). `capacity()`: pool ->
+    concurrent requests at the knee."""
+    from .forecast.backtest import ForecastSettings  # noqa: PLC0415
+    from .forecast.history import forecast_history  # noqa: PLC0415
+    from .forecast.pool import PoolSettings  # noqa: PLC0415
+    from .forecast.scheduler import ForecastScheduler  # noqa: PLC0415
+
+    def load_history() -> dict:
+        hist = forecast_history(source, clock(), days=history_days, step=step)
+        if cfg.shard is not None:
+            from .shard import owns  # noqa: PLC0415
+            hist = {pool: series for pool, series in hist.items() if owns(pool, cfg.shard)}
+        return hist
+
+    fc = cfg.forecast  # typed and validated at load (monitor/config/headroom.py Forecast)
+    from .timebox import timeboxed  # noqa: PLC0415
+    settings = PoolSettings(forecast=ForecastSettings(runner=timeboxed(fc.fit_timeout_seconds)))
+    return ForecastScheduler(load_history, capacity, settings, interval_minutes=fc.refit_minutes, clock=clock)
