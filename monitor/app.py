@@ -194,14 +194,6 @@ class App:
         return self.digest.outbox if self.digest else None
 
     @property
-    def state(self):
-        return self.web.state if self.web else None
-
-    @property
-    def server(self):
-        return self.web.server if self.web else None
-
-    @property
     def port(self) -> int:
         return self.web.server.server_address[1]
 
@@ -209,7 +201,7 @@ class App:
         """What /metrics shows besides the cycle's snapshot: the web server's counters, the digest."""
         from .digest.metrics import digest_status  # noqa: PLC0415
         from .export.samples import ProcessStatus  # noqa: PLC0415
-        stats = self.state.web_stats if self.web else None
+        stats = self.web.state.web_stats if self.web else None
         events, open_connections = {}, None
         if stats is not None:
             events = {e: float(v) for e, v in stats.as_dict().items() if e in stats.COUNTERS}

@@ -143,7 +143,7 @@ def run(args) -> int:
             yaml.safe_dump(headroom_config(handle, fleet_cfg, store_path), f, sort_keys=False)
         daemon = build(cfg, args.listen_address)
         daemon.start()
-        host, port = daemon.server.server_address[:2]
+        host, port = daemon.web.server.server_address[:2]
         headroom_url = f"http://{host}:{port}"
         prom_url = None
         if not args.no_prometheus and shutil.which("prometheus"):
