@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from monitor.derive import histogram as histo
-from monitor.capacity.slo import SloSettings, SloTracker, Target, bad_count, parse_duration, violation_ratio
+from monitor.capacity.slo import SloSettings, SloTracker, Target, bad_count, violation_ratio
+from monitor.config import ConfigError
+from monitor.config.slo import read_slos
 from monitor.model import Histogram
 
 BOUNDS = (0.5, 1.0, 2.0, 5.0, 10.0, math.inf)
@@ -46,8 +48,8 @@ def test_estimated_quantile_within_one_bucket_of_exact():
         assert abs(histo.bucket_index(h.bounds, est) - histo.bucket_index(h.bounds, exact)) <= 1
 
 
-def test_settings_from_dict_and_errors():
-    s = SloSettings.from_dict({
+def test_settings_read_by_the_config_reader_and_errors_named():
+    s = read_slos({
         "objective": 0.9, "windows": ["5m", "1h", "6h"],
         "task_types": {"email": {"p95_seconds": 30}, "chat": {"seconds": 5}},
         "default": {"p99_seconds": 120},
@@ -58,20 +60,21 @@ def test_settings_from_dict_and_errors():
     assert s.task_target("chat") == Target(5.0, 0.9, "task")
     assert s.task_target("other") == Target(120.0, 0.99, "task")
     assert s.pool_targets["chat-8b"] == [Target(0.5, 0.95, "ttft"), Target(20.0, 0.99, "e2e")]
-    with pytest.raises(ValueError, match="unknown slo setting"):
-        SloSettings.from_dict({"targets": {}})
-    with pytest.raises(ValueError, match="pNN_seconds"):
-        SloSettings.from_dict({"task_types": {"x": {"p95": 3}}})
-    with pytest.raises(ValueError, match="ttft_p95_seconds"):
-        SloSettings.from_dict({"pools": {"p": {"ttft": 3}}})
-    with pytest.raises(ValueError, match="like 15s"):
-        parse_duration("five minutes")
-    with pytest.raises(ValueError, match="positive"):
-        parse_duration("0s")
-    with pytest.raises(ValueError, match=r"slos\.windows\[1\]: .*'5 minutes'"):
-        SloSettings.from_dict({"windows": ["1h", "5 minutes"]})
-    with pytest.raises(ValueError, match=r"slos\.objective"):
-        SloSettings.from_dict({"objective": "high"})
+    bad = [({"targets": {}}, "slos.targets", "unknown key"),
+           ({"task_types": {"x": {"p95": 3}}}, "slos.task_types.x.p95", "not like p95_seconds"),
+           ({"task_types": {"x": {"p95_seconds": 3, "seconds": 2}}}, "slos.task_types.x", "exactly one of"),
+           ({"task_types": {"x": {"p95_seconds": -1}}}, "slos.task_types.x.p95_seconds", "> 0"),
+           ({"task_types": {"x": {"p100_seconds": 3}}}, "slos.task_types.x.p100_seconds", "quantile"),
+           ({"pools": {"p": {"ttft": 3}}}, "slos.pools.p.ttft", "ttft_p95_seconds"),
+           ({"windows": ["1h", "5 minutes"]}, "slos.windows[1]", "'5 minutes'"),
+           ({"windows": ["0s"]}, "slos.windows[0]", "> 0"),
+           ({"windows": []}, "slos.windows", "non-empty"),
+           ({"objective": "high"}, "slos.objective", "expected a number")]
+    for data, where, problem in bad:
+        with pytest.raises(ConfigError) as e:
+            read_slos(data, "f.yml")
+        assert (e.value.file, e.value.key) == ("f.yml", where), data
+        assert problem in e.value.problem, (data, e.value.problem)
     with pytest.raises(ValueError, match="objective"):
         Target(1.0, 1.0)
 

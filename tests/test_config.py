@@ -54,8 +54,10 @@ def test_good_config():
     ({**GOOD, "capacity": {"min_confidence": 2}}, "capacity.min_confidence", "must be <= 1, got 2"),
     ({**GOOD, "capacity": {"task_classes": {"t": "urgent"}}}, "capacity.task_classes.t", "expected one of"),
     ({**GOOD, "slos": {"windows": ["1h", "5 minutes"]}}, "slos.windows[1]", "expected a duration"),
-    ({**GOOD, "slos": {"task_types": ["a"]}}, "slos", "expected mappings like"),
-    ({**GOOD, "pools": {"gold": {"slo": {"ttft_p95": 0.5}}}}, "pools.gold.slo", "is not like ttft_p95_seconds"),
+    ({**GOOD, "slos": {"task_types": ["a"]}}, "slos.task_types", "expected a mapping, got list"),
+    ({**GOOD, "slos": {"default": {"p95": 3}}}, "slos.default.p95", "not like p95_seconds"),
+    ({**GOOD, "pools": {"gold": {"slo": {"ttft_p95": 0.5}}}}, "pools.gold.slo.ttft_p95", "not like ttft_p95_seconds"),
+    ({**GOOD, "capacity": {"knee_signal": "latency"}}, "capacity.knee_signal", "expected one of queue"),
     ({**GOOD, "digest": {"history": {"source": "store"}}}, "store.path", "no store is configured"),
     ({**GOOD, "digest": {"colour": "blue"}}, "digest.colour", "unknown key"),
     ({**GOOD, "global": []}, "global", "expected a mapping, got list"),
@@ -93,18 +95,23 @@ def test_forecast_is_a_typed_section():
     assert (cfg.forecast.refit_minutes, cfg.forecast.fit_timeout_seconds) == (5.0, 12.0)
 
 
-def test_capacity_keeps_the_keys_given_and_its_defaults_are_the_enrichers():
+def test_capacity_is_typed_and_its_defaults_are_the_knee_estimators():
     cfg = from_dict({**GOOD, "capacity": {"knee_signal": "ttft", "confirmations": 2}}, "f")
-    assert cfg.capacity == {"knee_signal": "ttft", "confirmations": 2}  # what CapacityEnricher reads
-    from monitor.capacity.enrich import CAPACITY_KEYS, CapacityEnricher
+    assert (cfg.capacity.knee_signal, cfg.capacity.confirmations) == ("ttft", 2)
+    assert cfg.capacity.min_confidence == default_of(Capacity, "min_confidence")
+    from monitor.capacity.enrich import SIGNAL_HIST, CapacityState
     from monitor.capacity.knee import KneeEstimator
-    assert set(key_tree(Capacity)) == CAPACITY_KEYS
+    assert set(_choice_options(Capacity, "knee_signal")) == set(SIGNAL_HIST)
     knee = inspect.signature(KneeEstimator).parameters
     for name in ("min_confidence", "min_change", "confirmations", "min_observations"):
         assert default_of(Capacity, name) == knee[name].default, name
-    enricher = CapacityEnricher(from_dict(GOOD, "f"))
-    assert (enricher.signal, enricher.min_span) == (default_of(Capacity, "knee_signal"),
-                                                    default_of(Capacity, "knee_min_span_seconds"))
+    state = CapacityState(cfg)
+    assert (state.signal, state.knee_opts["confirmations"]) == ("ttft", 2)
+    assert state.min_span == default_of(Capacity, "knee_min_span_seconds")
+
+
+def _choice_options(cls, name):
+    return next(spec.kind.options for field, spec, _ in specs(cls) if field == name)
 
 
 def test_store_path_directory_and_foreign_file(tmp_path):

@@ -15,6 +15,7 @@ import pytest
 
 from monitor.capacity.enrich import CapacityState
 from monitor.config import Config, GatewaySource, PoolSettings, Target
+from monitor.config.slo import read_slos
 from monitor.cycle import CycleInputs, CycleState, step
 from monitor.export.samples import Renderer
 from monitor.export.snapshot_json import snapshot_to_dict
@@ -54,8 +55,8 @@ def fleet_and_config():
                  gateways=[GatewaySource(kind="envoy", url="http://gateway:1064/metrics"),
                            GatewaySource(kind="app", url="http://app/metrics")],
                  pools={"m": PoolSettings(max_num_seqs=16, watts_per_replica=700.0)},
-                 slos={"task_types": {"ask": {"p95_seconds": 5}}, "windows": ["1m", "5m"],
-                       "pools": {"m": {"ttft_p95_seconds": 0.5}}})
+                 slos=read_slos({"task_types": {"ask": {"p95_seconds": 5}}, "windows": ["1m", "5m"],
+                                 "pools": {"m": {"ttft_p95_seconds": 0.5}}}))
     return fleet, urls, cfg
 
 

@@ -249,11 +249,15 @@ def test_bad_configuration_names_the_key(bad, key):
 
 
 def test_slo_targets_come_from_the_slos_section():
-    s = from_dict({}, "f", {"task_types": {"a": {"p99_seconds": 12}}, "default": {"seconds": 30}})
-    assert s.slo_targets == {"a": 12.0, "*": 30.0} and s.slo_objectives["a"] == 0.99
-    with pytest.raises(ConfigError) as e:
-        from_dict({}, "f", {"task_types": {"a": {"p95": 3}}})
-    assert e.value.key == "slos"
+    from monitor.config import from_dict as config_from_dict
+    cfg = config_from_dict({"sources": {"vllm": {"targets": ["http://a/metrics"]}},
+                            "slos": {"task_types": {"a": {"p99_seconds": 12}}, "default": {"seconds": 30}}}, "f")
+    s = from_dict({}, "f", cfg.slos)
+    assert s.slo_targets == {"a": 12.0, "*": 30.0} and s.slo_objectives["a"] == 0.99 and s.slo_objectives["*"] == 0.95
+    with pytest.raises(ConfigError) as e:  # a bad target is the configuration's error, named where it is
+        config_from_dict({"sources": {"vllm": {"targets": ["http://a/metrics"]}},
+                          "slos": {"task_types": {"a": {"p95": 3}}}}, "f")
+    assert e.value.key == "slos.task_types.a.p95"
 
 
 def test_metric_triples_track_the_outbox(tmp_path):

@@ -11,22 +11,15 @@ answered from one series of scrapes; it is stateful but does no I/O and reads no
 """
 from __future__ import annotations
 
-import re
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional
 
 from monitor.derive import histogram as histo
-from monitor.config import parse_duration as _parse_duration
 from monitor.model import Histogram
 
-
-def parse_duration(value) -> float:
-    """'5m' -> 300.0 (config.parse_duration), and positive."""
-    secs = _parse_duration(value)
-    if secs <= 0:
-        raise ValueError(f"duration must be positive, got {value!r}")
-    return secs
+# the latency signals a pool target may be on (a task target's signal is "task")
+SIGNALS = ("ttft", "e2e", "queue", "itl", "call")
 
 
 @dataclass(frozen=True)
@@ -48,7 +41,8 @@ class Target:
 
 @dataclass
 class SloSettings:
-    """Targets per task type and per pool (see docs/capacity.md, `slo:` section)."""
+    """Targets per task type and per pool, as read from `slos:` and `pools.<pool>.slo` by
+    monitor/config/slo.py (docs/capacity.md)."""
 
     task_targets: dict[str, Target] = field(default_factory=dict)  # task type -> target
     default_task_target: Optional[Target] = None
@@ -59,61 +53,6 @@ class SloSettings:
 
     def task_target(self, task_type: str) -> Optional[Target]:
         return self.task_targets.get(task_type, self.default_task_target)
-
-    @classmethod
-    def from_dict(cls, d: Optional[dict]) -> "SloSettings":
-        d = dict(d or {})
-        known = {"objective", "windows", "task_types", "default", "pools"}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"slos: unknown slo setting(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        try:
-            objective = float(d.get("objective", 0.95))
-        except (TypeError, ValueError):
-            raise ValueError(f"slos.objective: expected a number like 0.95, got {d.get('objective')!r}") from None
-
-        def target(spec, where: str, signal: str) -> Target:
-            if not isinstance(spec, dict):
-                raise ValueError(f"slos.{where}: expected a mapping like {{p95_seconds: 30}}, got {spec!r}")
-            keys = [k for k in spec if str(k).endswith("seconds")]
-            if len(keys) != 1:
-                raise ValueError(f"slos.{where}: give exactly one of seconds or pNN_seconds, got {sorted(spec)}")
-            key = keys[0]
-            if key == "seconds":
-                return Target(float(spec[key]), objective, signal)
-            m = re.match(r"^p(\d+(?:\.\d+)?)_seconds$", key)
-            if not m:
-                raise ValueError(f"slos.{where}: {key!r} is not like p95_seconds")
-            return Target(float(spec[key]), float(m.group(1)) / 100.0, signal)
-
-        out = cls()
-        if "windows" in d:
-            ws = d["windows"]
-            if not ws:
-                raise ValueError("slos.windows: give at least one window like 5m")
-            if not isinstance(ws, list):
-                raise ValueError(f"slos.windows: expected a list like [5m, 1h], got {ws!r}")
-            out.windows = {}
-            for i, w in enumerate(ws):
-                try:
-                    out.windows[str(w)] = parse_duration(w)
-                except ValueError as exc:
-                    raise ValueError(f"slos.windows[{i}]: {exc}") from None
-        for tt, spec in (d.get("task_types") or {}).items():
-            out.task_targets[str(tt)] = target(spec, f"task_types.{tt}", "task")
-        if d.get("default") is not None:
-            out.default_task_target = target(d["default"], "default", "task")
-        for pool, specs in (d.get("pools") or {}).items():
-            if not isinstance(specs, dict):
-                raise ValueError(f"slos.pools.{pool}: expected a mapping like {{ttft_p95_seconds: 0.5}}")
-            targets = []
-            for k, v in specs.items():
-                m = re.match(r"^(ttft|e2e|queue|itl|call)_p(\d+(?:\.\d+)?)_seconds$", str(k))
-                if not m:
-                    raise ValueError(f"slos.pools.{pool}: {k!r} is not like ttft_p95_seconds or e2e_p99_seconds")
-                targets.append(Target(float(v), float(m.group(2)) / 100.0, m.group(1)))
-            out.pool_targets[str(pool)] = targets
-        return out
 
 
 def violation_ratio(h: Optional[Histogram], target: Target) -> Optional[float]:

@@ -7,14 +7,16 @@ read again when used, so a rotated secret is picked up.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Optional
+
+from monitor.capacity.slo import SloSettings
 
 from .kinds import (Choice, Duration, File, Flag, Int, Labels, ListenAddress, Mapping, Number, SecretEnv,
                     SecretFile, Shard, StorePath, Text, Url)
 from .reader import ConfigError, Reader, group, join, key
-from .shapes import Given, ListOf, MapOf, Sub
+from .shapes import ListOf, MapOf, Sub
+from .slo import PoolTargets, SloSection
 from .values import DAY, read_secret_env, read_secret_file
 
 GATEWAY_KINDS = ("litellm", "envoy", "llm-d", "app")
@@ -118,47 +120,13 @@ class GatewaySource:
     auth: HttpAuth = group(HttpAuth)
 
 
-def _slo_problem(exc: ValueError, section: str, real: str) -> tuple[str, str]:
-    """monitor.capacity.slo's 'slos.a.b: problem' -> ('<real>.a.b', 'problem')."""
-    text = str(exc)
-    m = re.match(rf"^{re.escape(section)}(\.[^:\s]+|\[\d+\][^:\s]*)?: (.*)$", text, re.S)
-    if not m:
-        return real, text
-    return real + (m.group(1) or ""), m.group(2)
-
-
-class SloSection(Mapping):
-    """`slos:` (or a pool's `slo:`), validated by monitor.capacity.slo, the module that reads it."""
-
-    def __init__(self, pool_level: bool = False):
-        super().__init__()
-        self.pool_level = pool_level
-
-    def read(self, r: Reader, value: Any, key_: str) -> dict:
-        value = super().read(r, value, key_)
-        from monitor.capacity.slo import SloSettings  # noqa: PLC0415
-        if self.pool_level:
-            data, section = {"pools": {"p": value}}, "slos.pools.p"
-        else:
-            data, section = value, "slos"
-        try:
-            SloSettings.from_dict(data)
-        except (ValueError, TypeError) as exc:
-            raise r.fail(*_slo_problem(exc, section, key_)) from None
-        except AttributeError:  # a list or a scalar where the SLO reader expects a mapping
-            like = "{ttft_p95_seconds: 0.5}" if self.pool_level else "{task_types: {NAME: {p95_seconds: 30}}}"
-            raise r.fail(key_, f"expected mappings like {like} (docs/capacity.md)") from None
-        return value
-
-
 @dataclass
 class PoolSettings:
     REMOVED: ClassVar[dict] = {"knee_margin": "removed: it was read but never used (the knee is learned "
                                              "from the data; the alert thresholds keep headroom free); delete it"}
     max_num_seqs: Optional[int] = key(Int(ge=1), help="vLLM --max-num-seqs per replica: the slots limit")
     watts_per_replica: Optional[float] = key(Number(gt=0), help="power per replica when DCGM gives none")
-    slo: dict[str, Any] = key(SloSection(pool_level=True), {},
-                              help="pool latency targets like {ttft_p95_seconds: 0.5} (docs/capacity.md)")
+    slo: list = key(PoolTargets(), [], help="pool latency targets like {ttft_p95_seconds: 0.5} (docs/capacity.md)")
 
 
 @dataclass(frozen=True)
@@ -228,11 +196,12 @@ class Config:
     store_path: Optional[str] = key(StorePath("history.sqlite"), path="store.path",
                                     help="embedded history for the forecasts (direct mode)")
     store_retention: float = key(Duration(gt=0), 35 * DAY, path="store.retention", help="history kept")
-    capacity: dict[str, Any] = key(Given(Capacity), {}, help="knee and capacity knobs")
+    capacity: Capacity = key(Sub(Capacity), Capacity(), help="knee and capacity knobs")
     forecast: Forecast = key(Sub(Forecast), Forecast(), help="forecast refits")
     digest: dict[str, Any] = key(Mapping(_digest_section), {},
                                  help="weekly digest: schedule, destinations, prices (docs/digest.md)")
-    slos: dict[str, Any] = key(SloSection(), {}, help="task latency targets, burn-rate windows (docs/capacity.md)")
+    slos: SloSettings = key(SloSection(), SloSettings(),
+                            help="task latency targets, burn-rate windows (docs/capacity.md)")
 
     def pool_settings(self, pool: str) -> PoolSettings:
         return self.pools.get(pool) or self.pools.get("*") or PoolSettings()

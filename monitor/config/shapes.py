@@ -101,11 +101,3 @@ class Tagged(Kind):
 
     def children(self, prefix: str) -> list[tuple[str, type, str]]:
         return [(prefix, cls, f"{self.tag}: {tag}") for tag, cls in self.variants.items()]
-
-
-class Given(Sub):
-    """A section validated whole, kept as the mapping of the keys given (for readers of a dict)."""
-
-    def read(self, r: Reader, value: Any, key: str) -> dict:
-        obj = r.section(self.cls, value, key)
-        return {k: getattr(obj, k) for k, v in (value or {}).items() if v is not None}

@@ -15,6 +15,7 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
+from monitor.config.slo import read_slos
 from monitor.digest.content import DigestInput, PoolInput
 from monitor.digest.settings import DigestSettings, TaskFacts
 from monitor.sim.fleet import FleetConfig, load_config, theoretical_knee
@@ -41,7 +42,7 @@ def last_monday(now: float) -> float:
 
 def demo_settings(base: Optional[DigestSettings] = None) -> DigestSettings:
     from monitor.digest.settings import from_dict
-    s = from_dict({"title": "headroom weekly capacity digest (simulated fleet)"}, "<demo>", DEMO_SLOS)
+    s = from_dict({"title": "headroom weekly capacity digest (simulated fleet)"}, "<demo>", read_slos(DEMO_SLOS, "<demo>"))
     if base is None:
         return s
     return DigestSettings(**{**base.__dict__, "slo_targets": base.slo_targets or s.slo_targets,

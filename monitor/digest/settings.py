@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar, Optional
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
 from urllib.parse import urlparse
 
 from monitor.config import ConfigError
@@ -17,6 +17,9 @@ from monitor.config.kinds import (Choice, Duration, File, Flag, Int, Number, Sec
                                   Subset, Text, Timezone, Url)
 from monitor.config.reader import Reader, key
 from monitor.config.shapes import ListOf, MapOf, Sub, Tagged
+
+if TYPE_CHECKING:
+    from monitor.capacity.slo import SloSettings
 
 DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 DEST_TYPES = ("directory", "webhook", "smtp")
@@ -224,20 +227,14 @@ class DigestSettings:
             seen.add(d.name)
 
 
-def from_dict(d: Any, file: str = "<config>", slos: Optional[dict] = None) -> DigestSettings:
-    """Validate the `digest:` mapping. `slos` is the top-level `slos:` section: SLO targets are
-    referenced from there (monitor.capacity.slo.SloSettings), never repeated here."""
-    r = Reader(file)
-    settings = r.section(DigestSettings, d, "digest")
+def from_dict(d: Any, file: str = "<config>", slos: Optional["SloSettings"] = None) -> DigestSettings:
+    """Validate the `digest:` mapping. `slos` is the configuration's `slos:` section, already read
+    (monitor/config/slo.py): SLO targets are referenced from there, never repeated here."""
+    settings = Reader(file).section(DigestSettings, d, "digest")
     targets, objectives = {}, {}
-    if slos:
-        from monitor.capacity.slo import SloSettings  # noqa: PLC0415
-        try:
-            ss = SloSettings.from_dict(slos)
-        except (ValueError, TypeError, AttributeError) as exc:
-            raise ConfigError(file, "slos", str(exc)) from None
-        for tt, t in ss.task_targets.items():
+    if slos is not None:
+        for tt, t in slos.task_targets.items():
             targets[tt], objectives[tt] = t.seconds, t.objective
-        if ss.default_task_target is not None:
-            targets["*"], objectives["*"] = ss.default_task_target.seconds, ss.default_task_target.objective
+        if slos.default_task_target is not None:
+            targets["*"], objectives["*"] = slos.default_task_target.seconds, slos.default_task_target.objective
     return replace(settings, slo_targets=targets, slo_objectives=objectives)

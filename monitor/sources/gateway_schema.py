@@ -119,18 +119,6 @@ class GatewayConfig:
             return labels[self.class_label]
         return self.task_classes.get(task_type, self.default_class)
 
-    @classmethod
-    def from_dict(cls, d: Optional[dict]) -> "GatewayConfig":
-        """From the `gateway:` section of the configuration (keys as the field names)."""
-        d = dict(d or {})
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown gateway setting(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        if "models" in d:
-            d["models"] = tuple(d["models"] or ())
-        return cls(**d)
-
 
 @dataclass
 class TaskCumulative:
