@@ -25,12 +25,12 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "once": ("monitor.commands.once", "run one collection cycle and print the snapshot as JSON"),
     "check-config": ("monitor.commands.check_config", "validate a configuration file"),
     "demo": ("monitor.commands.demo", "start a simulated fleet, headroom and (if installed) Prometheus"),
-    "sim": ("monitor.sim.cli", "run the simulated vLLM fleet on its own"),
-    "backtest": ("monitor.forecast.cli", "rolling-origin backtest of every forecast model on a CSV series"),
-    "plan": ("monitor.capacity.plan_cli", "capacity plan from a task mix"),
-    "digest": ("monitor.digest.cli", "build and deliver the weekly forecast digest"),
-    "loadtest": ("monitor.loadtest.cli", "closed-loop agent-task load test against an OpenAI-compatible endpoint"),
-    "compare": ("monitor.loadtest.compare_cli", "compare two load-test results side by side"),
+    "sim": ("monitor.commands.sim", "run the simulated vLLM fleet on its own"),
+    "backtest": ("monitor.commands.backtest", "rolling-origin backtest of every forecast model on a CSV series"),
+    "plan": ("monitor.commands.plan", "capacity plan from a task mix"),
+    "digest": ("monitor.commands.digest", "build and deliver the weekly forecast digest"),
+    "loadtest": ("monitor.commands.loadtest", "closed-loop agent-task load test against an OpenAI-compatible endpoint"),
+    "compare": ("monitor.commands.compare", "compare two load-test results side by side"),
 }
 
 

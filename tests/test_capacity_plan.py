@@ -15,7 +15,9 @@ import pytest
 import yaml
 
 from monitor import cli
-from monitor.capacity.plan import evaluate, parse_mix, plan, poisson_quantile
+from monitor.capacity.plan import evaluate, plan, poisson_quantile
+from monitor.config import ConfigError
+from monitor.config.plan import parse_mix
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -113,32 +115,39 @@ def test_example_mix_runs_as_a_subprocess():
     assert r["base"]["replicas_needed"] >= 1
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({**HAND, "task_types": {}}, "task_types must map"),
-    ({**HAND, "margin": 1.2}, "margin"),
-    ({**HAND, "extra": 1}, "unknown key"),
-    ({**HAND, "task_types": {"x": {"tasks_per_hour": 5, "calls_per_task": 1}}}, "seconds_per_call is required"),
+@pytest.mark.parametrize("bad, where, message", [
+    ({**HAND, "task_types": {}}, "task_types", "must map at least one task type"),
+    ({**HAND, "margin": 1.2}, "margin", "must be < 1"),
+    ({**HAND, "extra": 1}, "extra", "unknown key"),
+    ({**HAND, "task_types": {"x": {"tasks_per_hour": 5, "calls_per_task": 1}}}, "task_types.x.seconds_per_call",
+     "required"),
     ({**HAND, "task_types": {"x": {"tasks_per_hour": 5, "tasks_per_second": 1, "calls_per_task": 1,
-                                   "seconds_per_call": 1}}}, "exactly one of"),
+                                   "seconds_per_call": 1}}}, "task_types.x", "exactly one of"),
     ({**HAND, "task_types": {"x": {"tasks_per_hour": "many", "calls_per_task": 1, "seconds_per_call": 1}}},
-     "tasks_per_hour must be a number"),
-    ({**HAND, "busy_period": {"method": "erlang"}}, "poisson or peak_to_mean"),
-    ({**HAND, "what_if": {"growth": {"nope": 2}}}, "'nope' is not in task_types"),
+     "task_types.x.tasks_per_hour", "expected a number"),
+    ({**HAND, "busy_period": {"method": "erlang"}}, "busy_period.method", "expected one of poisson, peak_to_mean"),
+    ({**HAND, "busy_period": {"quantile": 1}}, "busy_period.quantile", "must be < 1"),
+    ({**HAND, "what_if": {"growth": {"nope": 2}}}, "what_if.growth.nope", "'nope' is not in task_types"),
+    ({**HAND, "what_if": {"burst": [0]}}, "what_if.burst[0]", "must be > 0"),
+    ({k: v for k, v in HAND.items() if k != "replicas"} | {"what_if": {"replicas_lost": [1]}},
+     "what_if.replicas_lost", "needs replicas"),
 ])
-def test_bad_mix_is_named(bad, message):
-    with pytest.raises(ValueError, match=message):
-        parse_mix(bad)
+def test_bad_mix_is_named(bad, where, message):
+    with pytest.raises(ConfigError) as e:
+        parse_mix(bad, "mix.yaml")
+    assert (e.value.file, e.value.key) == ("mix.yaml", where)
+    assert message in e.value.problem
 
 
 def test_cli_errors(tmp_path, capsys):
     assert cli.main(["plan"]) == 2
     assert "--mix FILE or --from-prometheus" in capsys.readouterr().err
     assert cli.main(["plan", "--mix", str(tmp_path / "missing.yaml")]) == 2
-    assert "cannot read mix file" in capsys.readouterr().err
+    assert "missing.yaml: file not found" in capsys.readouterr().err
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({**HAND, "margin": -1}))
     assert cli.main(["plan", "--mix", str(bad)]) == 2
-    assert "margin must be >= 0" in capsys.readouterr().err
+    assert f"{bad}: margin: must be >= 0" in capsys.readouterr().err
     from servers import free_port  # a port nobody listens on
     assert cli.main(["plan", "--from-prometheus", f"http://127.0.0.1:{free_port()}"]) == 1
     assert "cannot measure the mix" in capsys.readouterr().err

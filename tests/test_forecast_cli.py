@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from monitor.forecast import cli
+from monitor.commands import backtest as cli
 
 SLICE = os.path.join(os.path.dirname(__file__), "data", "traces", "azure_code_2024_5min_mon-wed.csv")
 

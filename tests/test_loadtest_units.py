@@ -11,7 +11,7 @@ import pytest
 
 from monitor.loadtest.analyze import SCHEMA, analyze, mean_in_flight, quantiles
 from monitor.loadtest.client import CallRecord, TargetError, api_base, make_prompt
-from monitor.loadtest.compare_cli import compare, load_report
+from monitor.commands.compare import compare, load_report
 from monitor.loadtest.mix import MixError, load_mix, parse_mix
 from monitor.loadtest.report import render_html, charts
 from monitor.loadtest.runner import RunResult, ServerSample, TaskRecord

@@ -19,40 +19,13 @@
   what-ifs:       burst x k (every arrival rate x k), N replicas lost (current replicas - N),
                   one task type growing x k.
 
-Mix file (YAML), see docs/capacity.md and examples/mix.yaml.
+Mix file (YAML): docs/capacity.md and examples/mix.yaml; read by monitor/config/plan.py.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Optional
-
-# a load-test mix (docs/loadtest.md) is also a plan mix: the plan ignores the load-test-only keys
-MIX_KEYS = {"pool", "replicas", "knee_requests_per_replica", "kv_capacity_tokens_per_replica", "margin",
-            "busy_period", "task_types", "what_if", "slo", "request", "load"}
-TASK_KEYS = {"tasks_per_second", "tasks_per_hour", "calls_per_task", "seconds_per_call", "kv_tokens_per_call",
-             "weight", "class", "prompt_tokens", "output_tokens", "tool_wait_seconds", "retries", "api"}
-
-
-def _err(where: str, msg: str) -> ValueError:
-    return ValueError(f"mix {where}: {msg}")
-
-
-def _num(d: dict, key: str, where: str, *, required: bool = True, positive: bool = True,
-         default: Optional[float] = None) -> Optional[float]:
-    if key not in d or d[key] is None:
-        if required:
-            raise _err(where, f"{key} is required")
-        return default
-    v = d[key]
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise _err(where, f"{key} must be a number, got {v!r}")
-    if positive and not v > 0:
-        raise _err(where, f"{key} must be > 0, got {v!r}")
-    if not positive and v < 0:
-        raise _err(where, f"{key} must be >= 0, got {v!r}")
-    return float(v)
-
+from typing import Optional
 
 @dataclass(frozen=True)
 class TaskMix:
@@ -82,84 +55,6 @@ class Mix:
     burst: tuple[float, ...] = ()
     replicas_lost: tuple[int, ...] = ()
     growth: dict[str, float] = field(default_factory=dict)
-
-
-def parse_task(name: str, d: Any) -> TaskMix:
-    where = f"task_types.{name}"
-    if not isinstance(d, dict):
-        raise _err(where, f"expected a mapping, got {type(d).__name__}")
-    unknown = sorted(set(d) - TASK_KEYS)
-    if unknown:
-        raise _err(where, f"unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(TASK_KEYS))}")
-    if ("tasks_per_second" in d) == ("tasks_per_hour" in d):
-        raise _err(where, "give exactly one of tasks_per_second or tasks_per_hour")
-    rate = (_num(d, "tasks_per_second", where, positive=False) if "tasks_per_second" in d
-            else _num(d, "tasks_per_hour", where, positive=False) / 3600.0)
-    return TaskMix(name, rate, _num(d, "calls_per_task", where), _num(d, "seconds_per_call", where),
-                   _num(d, "kv_tokens_per_call", where, required=False))
-
-
-def parse_mix(data: Any, where: str = "mix", overrides: Optional[dict] = None) -> Mix:
-    """Validate a mix mapping (from YAML); `overrides` replace top-level keys (e.g. measured task types)."""
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{where}: expected a mapping at the top, got {type(data).__name__}")
-    data = {**data, **(overrides or {})}
-    unknown = sorted(set(data) - MIX_KEYS)
-    if unknown:
-        raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(MIX_KEYS))}")
-    tts = data.get("task_types")
-    if not isinstance(tts, dict) or not tts:
-        raise ValueError(f"{where}: task_types must map at least one task type to its numbers")
-    tasks = {str(k): (v if isinstance(v, TaskMix) else parse_task(str(k), v)) for k, v in tts.items()}
-    margin = _num(data, "margin", "margin", required=False, positive=False, default=0.2)
-    if margin >= 1:
-        raise _err("margin", f"must be below 1 (it is the share of the knee kept free), got {margin}")
-    bp = data.get("busy_period") or {}
-    if not isinstance(bp, dict):
-        raise _err("busy_period", "expected a mapping like {method: poisson, quantile: 0.99}")
-    unknown = sorted(set(bp) - {"method", "quantile", "peak_to_mean"})
-    if unknown:
-        raise _err("busy_period", f"unknown key(s) {', '.join(unknown)}")
-    method = bp.get("method", "poisson")
-    if method not in ("poisson", "peak_to_mean"):
-        raise _err("busy_period", f"method must be poisson or peak_to_mean, got {method!r}")
-    q = _num(bp, "quantile", "busy_period", required=False, default=0.99)
-    if not 0 < q < 1:
-        raise _err("busy_period", f"quantile must be within (0, 1), got {q}")
-    ptm = _num(bp, "peak_to_mean", "busy_period", required=False, default=2.0)
-    if ptm < 1:
-        raise _err("busy_period", f"peak_to_mean must be >= 1, got {ptm}")
-    replicas = data.get("replicas")
-    if replicas is not None and (isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1):
-        raise _err("replicas", f"must be a whole number >= 1, got {replicas!r}")
-    wi = data.get("what_if") or {}
-    if not isinstance(wi, dict):
-        raise _err("what_if", "expected a mapping with burst, replicas_lost, growth")
-    unknown = sorted(set(wi) - {"burst", "replicas_lost", "growth"})
-    if unknown:
-        raise _err("what_if", f"unknown key(s) {', '.join(unknown)}")
-    burst = tuple(float(x) for x in (wi.get("burst") or ()))
-    if any(not b > 0 for b in burst):
-        raise _err("what_if.burst", f"factors must be > 0, got {list(burst)}")
-    lost = tuple(int(x) for x in (wi.get("replicas_lost") or ()))
-    if any(n < 1 for n in lost):
-        raise _err("what_if.replicas_lost", f"must be >= 1, got {list(lost)}")
-    growth = {str(k): float(v) for k, v in (wi.get("growth") or {}).items()}
-    for k, v in growth.items():
-        if k not in tasks:
-            raise _err("what_if.growth", f"task type {k!r} is not in task_types ({', '.join(sorted(tasks))})")
-        if not v > 0:
-            raise _err("what_if.growth", f"factor for {k} must be > 0, got {v}")
-    return Mix(
-        task_types=tasks,
-        knee_requests_per_replica=_num(data, "knee_requests_per_replica", "knee_requests_per_replica", required=False),
-        kv_capacity_tokens_per_replica=_num(data, "kv_capacity_tokens_per_replica", "kv_capacity_tokens_per_replica",
-                                            required=False),
-        replicas=replicas, margin=margin, busy=BusyPeriod(method, q, ptm), pool=data.get("pool"),
-        burst=burst, replicas_lost=lost, growth=growth,
-    )
 
 
 def poisson_quantile(mean: float, q: float) -> int:
@@ -249,7 +144,7 @@ def plan(mix: Mix) -> dict:
         scenarios.append({"name": f"burst x{k:g}", **s})
     for n in mix.replicas_lost:
         if mix.replicas is None:
-            raise _err("what_if.replicas_lost", "needs replicas (the replicas running today)")
+            raise ValueError("what_if.replicas_lost needs replicas (the replicas running today)")
         s = evaluate(mix, None, max(mix.replicas - n, 0))
         scenarios.append({"name": f"{n} replica{'s' if n > 1 else ''} lost", **s})
     for name, k in mix.growth.items():

@@ -6,13 +6,13 @@ import os
 import sys
 import time
 
-from ..config import parse_duration
-from .analyze import analyze
-from .client import TargetError, api_base
-from .mix import MixError, load_mix
-from .report import write
-from .runner import Runner, detect_model, terminal_progress
-from .schedule import PATTERNS, build_plan
+from monitor.config import parse_duration
+from monitor.loadtest.analyze import analyze
+from monitor.loadtest.client import TargetError, api_base
+from monitor.loadtest.mix import MixError, load_mix
+from monitor.loadtest.report import write
+from monitor.loadtest.runner import Runner, detect_model, terminal_progress
+from monitor.loadtest.schedule import PATTERNS, build_plan
 
 
 def _duration(v: str) -> float:

@@ -8,9 +8,10 @@ import sys
 import time
 from typing import Callable, Optional
 
-import yaml
-
-from monitor.capacity.plan import parse_mix, plan, render_table
+from monitor.capacity.plan import plan, render_table
+from monitor.config import ConfigError
+from monitor.config.plan import parse_mix
+from monitor.config.reader import read_yaml
 from monitor.sources.gateway import GATEWAY_FAMILIES, KINDS, DEFAULT_LABELS
 
 QueryFn = Callable[[str], list]  # PromQL -> [(labels, value)]
@@ -36,25 +37,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _query_fn(url: str, at: Optional[float]) -> QueryFn:
-    try:
-        from monitor.sources.prometheus import PrometheusClient  # the lead's client (retries, auth)
-    except ImportError:  # pragma: no cover - fallback when the client module is absent
-        PrometheusClient = None
-    if PrometheusClient is not None:
-        client = PrometheusClient(url)
-        return lambda q: client.query(q, at)
-
-    import requests  # pragma: no cover
-
-    def query(q: str) -> list:  # pragma: no cover
-        params = {"query": q}
-        if at is not None:
-            params["time"] = f"{at:.3f}"
-        body = requests.post(url.rstrip("/") + "/api/v1/query", data=params, timeout=10).json()
-        if body.get("status") != "success":
-            raise RuntimeError(f"Prometheus query failed: {body.get('error')}")
-        return [(r["metric"], float(r["value"][1])) for r in body["data"]["result"]]
-    return query
+    """Instant queries at `at` through the live source's client (its retries and time box)."""
+    from monitor.sources.prometheus import PrometheusClient  # noqa: PLC0415
+    client = PrometheusClient(url)
+    return lambda q: client.query(q, at)
 
 
 def _by(result: list, label: str) -> dict[str, float]:
@@ -140,13 +126,9 @@ def run(args: argparse.Namespace) -> int:
     data: dict = {}
     if args.mix:
         try:
-            with open(args.mix) as f:
-                data = yaml.safe_load(f) or {}
-        except OSError as exc:
-            print(f"headroom plan: cannot read mix file {args.mix}: {exc.strerror}", file=sys.stderr)
-            return 2
-        except yaml.YAMLError as exc:
-            print(f"headroom plan: mix file {args.mix} is not YAML: {exc}", file=sys.stderr)
+            data = read_yaml(args.mix) or {}
+        except ConfigError as exc:
+            print(f"headroom plan: {exc}", file=sys.stderr)
             return 2
     overrides: dict = {}
     try:

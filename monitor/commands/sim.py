@@ -8,8 +8,8 @@ import sys
 import threading
 import time
 
-from .fleet import SCENARIO_DEFAULTS, load_config, theoretical_knee
-from .server import start_fleet
+from monitor.sim.fleet import SCENARIO_DEFAULTS, load_config, theoretical_knee
+from monitor.sim.server import start_fleet
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

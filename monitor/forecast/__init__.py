@@ -10,5 +10,5 @@ Public entry points:
 - `monitor.forecast.history.forecast_history(source, now)`: the forecast series from a history
   source of monitor/history/ (the store in direct mode, Prometheus in Prometheus mode).
 - `monitor.forecast.backtest.forecast_series` / `monitor.forecast.models.MODELS`: the models,
-  rolling-origin selection and calibrated bands; `headroom backtest` is `monitor.forecast.cli`.
+  rolling-origin selection and calibrated bands; `headroom backtest` is `monitor.commands.backtest`.
 """
