@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Optional
 
-import yaml
+from monitor.config.reader import read_yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_MIX = os.path.join(HERE, "default_mix.yaml")
@@ -307,14 +307,7 @@ def parse_mix(data: Any, where: str = "mix") -> Mix:
 
 def load_mix(path: Optional[str] = None) -> Mix:
     path = path or DEFAULT_MIX
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
-    except FileNotFoundError:
-        raise ValueError(f"task mix file not found: {path}") from None
-    except yaml.YAMLError as exc:
-        raise ValueError(f"task mix file {path} is not valid YAML: {exc}") from None
-    return parse_mix(data, where=path)
+    return parse_mix(read_yaml(path), where=path)  # ConfigError (a ValueError) naming the file
 
 
 def profile_clock(t: float, start: float, day_seconds: float, utc_offset_hours: float = 0.0):
