@@ -119,6 +119,14 @@ def summarise(results: dict) -> dict:
         k = results["knee"]
         k.update(_summary([t["ratio"] for t in k["trials"]]))
         k["learned_in"] = sum(t["source"] == "learned" for t in k["trials"])
+        # which side moves: each side's spread across trials, and the learned knees against the
+        # median reference (stated beside the per-trial targets, never instead of them)
+        learned = [t["learned"] for t in k["trials"] if t.get("learned") is not None]
+        refs = [t["reference"] for t in k["trials"] if t.get("reference") is not None]
+        if learned and refs:
+            k["spread"] = {"learned": [round(min(learned), 2), round(max(learned), 2)],
+                           "reference": [round(min(refs), 2), round(max(refs), 2)]}
+            k["vs_median_reference"] = _summary([v / statistics.median(refs) for v in learned])
         k["met"] = (k["median"] is not None and abs(k["median"] - 1) <= TARGETS["knee_median_within"]
                     and abs(k["worst"] - 1) <= TARGETS["knee_worst_within"])
     if "littles_law" in results:
