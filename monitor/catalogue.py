@@ -56,7 +56,7 @@ CATALOGUE: tuple[MetricDef, ...] = (
     _m("headroom_last_success_timestamp_seconds", "gauge", "When the last cycle with at least one answering source ended (Unix time)."),
     _m("headroom_cycles", "counter", "Collection cycles run."),
     _m("headroom_dropped_series", "counter", "Series dropped by the cardinality caps, by what was capped.", ["what"]),
-    _m("headroom_input_anomalies", "counter", "Malformed but usable input seen in source bodies, by kind (duplicate_series, histogram_without_inf, histogram_not_cumulative, unknown_type); the value is dropped or used as documented, never fatal.", ["kind"]),
+    _m("headroom_input_anomalies", "counter", "Malformed but usable input seen in source bodies, by kind (duplicate_series, duplicate_engine, non_finite, negative, out_of_range, histogram_without_inf, histogram_not_cumulative, unknown_type, partial_response); the value is dropped for that replica (unknown, never 0) or used as documented, never fatal.", ["kind"]),
     _m("headroom_build_info", "gauge", "Build information, always 1.", ["version"]),
     _m("headroom_web_events", "counter", "headroom's own web server, by event: connections_accepted, connections_refused, connections_evicted (a connection that had not sent a whole request, shed at the connection cap), client_disconnects, header_timeouts, idle_timeouts, write_timeouts, tls_handshake_timeouts, tls_handshake_errors, tls_client_cert_rejected, bad_requests, overloaded (503: every worker busy), requests, handler_errors.", ["event"]),
     _m("headroom_web_open_connections", "gauge", "Connections open on headroom's own web server."),

@@ -23,7 +23,7 @@ from .config import Config, Target
 from .model import ReplicaReading, Snapshot, SourceStatus
 from .sources.dcgm import DcgmReading, read_dcgm
 from .sources.gateway import GatewayConfig, GatewayScrape, read_gateway_scrape
-from .sources.http import FetchError, Fetcher, redact
+from .sources.http import BodyBudget, FetchError, Fetcher, redact
 from .sources.prometheus import PrometheusSourceReader
 from .sources.scrape import DeadlinePool, Late, Scraper
 from .step import CycleInputs, CycleState, count_into, step
@@ -68,11 +68,13 @@ class Pipeline:
         self._listeners: list[Callable[[Snapshot], None]] = []
         self.scraper: Optional[Scraper] = None
         self.prom: Optional[PrometheusSourceReader] = None
+        # every source's bodies in flight share one memory budget (global.scrape_memory_mib)
+        self.budget = BodyBudget(config.scrape_memory_mib * 1024 * 1024)
         if config.vllm_targets:
-            self.scraper = Scraper(Fetcher(config.vllm_auth),
+            self.scraper = Scraper(Fetcher(config.vllm_auth, self.budget),
                                    config.scrape_timeout, config.scrape_concurrency)
         if config.prometheus:
-            self.prom = PrometheusSourceReader(config.prometheus)
+            self.prom = PrometheusSourceReader(config.prometheus, budget=self.budget)
         # how each gateway body is read: for the capacity layer, the only reader of task metrics
         self._gateway_configs: Optional[list[GatewayConfig]] = None
         if capacity is not None:
@@ -140,8 +142,10 @@ class Pipeline:
                 count_into(inputs.anomalies, result.anomalies or {})
         for result in pool.wait(prom, deadline):
             if isinstance(result, tuple):
-                inputs.readings.extend(result[0])
-                inputs.statuses.extend(result[1])
+                readings, statuses, anomalies = result
+                inputs.readings.extend(readings)
+                inputs.statuses.extend(statuses)
+                count_into(inputs.anomalies, anomalies)
             else:
                 inputs.statuses.append(_late("prometheus", self.config.prometheus.url, result, began))
         self._collect_aux(inputs, now, deadline, aux, began)
@@ -159,7 +163,7 @@ class Pipeline:
         key = id(auth)
         f = self._aux_fetchers.get(key)
         if f is None:
-            f = self._aux_fetchers[key] = Fetcher(auth)
+            f = self._aux_fetchers[key] = Fetcher(auth, self.budget)
         return f
 
     def _start_aux(self, pool: DeadlinePool) -> list:

@@ -6,6 +6,10 @@ Modes (one per server, any path, GET or POST):
   trickle_headers  the status line and headers themselves one byte every `pace` seconds
   silent           status line and headers, then nothing until the client leaves or the server stops
   ok               the whole response at once
+  endless          no Content-Length, then `body` repeated as fast as the client reads, for ever
+  redirect         302 to `body` (a URL, e.g. file:///etc/passwd)
+  bad_gzip         `Content-Encoding: gzip` on a body that is not gzip
+  truncated        chunked transfer: one chunk of half the body, then the connection closes
 With `tls` (a server-side SSLContext) it speaks HTTPS. Each connection has its own thread; `active` counts responses being sent slowly right now, so a test
 can wait until a slow read is really pending, and `left_early` counts clients that went away first.
 """
@@ -23,7 +27,7 @@ class HostileServer:
     def __init__(self, body: str | bytes, mode: str = "trickle", pace: float = 0.25,
                  content_type: str = "text/plain; version=0.0.4; charset=utf-8",
                  tls: Optional[ssl.SSLContext] = None):
-        if mode not in ("trickle", "trickle_headers", "silent", "ok"):
+        if mode not in ("trickle", "trickle_headers", "silent", "ok", "endless", "redirect", "bad_gzip", "truncated"):
             raise ValueError(f"unknown mode {mode!r}")
         self.body = body.encode() if isinstance(body, str) else body
         self.mode = mode
@@ -125,6 +129,11 @@ class HostileServer:
             if self.mode == "ok":
                 conn.sendall(head + self.body)
                 return
+            if self.mode in ("redirect", "bad_gzip", "truncated", "endless"):
+                if not self._odd(conn) and not self._stop.is_set():
+                    with self._lock:
+                        self.left_early += 1
+                return
             with self._lock:
                 self.active += 1
             try:
@@ -149,6 +158,36 @@ class HostileServer:
                 self.left_early += 1
         finally:
             conn.close()
+
+    def _odd(self, conn: socket.socket) -> bool:
+        """The responses that are wrong in their framing or headers, not in their pace."""
+        ctype = f"Content-Type: {self.content_type}\r\n"
+        if self.mode == "redirect":
+            conn.sendall(f"HTTP/1.1 302 Found\r\nLocation: {self.body.decode()}\r\nContent-Length: 0\r\n"
+                         "Connection: close\r\n\r\n".encode())
+        elif self.mode == "bad_gzip":
+            conn.sendall(f"HTTP/1.1 200 OK\r\n{ctype}Content-Encoding: gzip\r\nContent-Length: {len(self.body)}\r\n"
+                         "Connection: close\r\n\r\n".encode() + self.body)
+        elif self.mode == "truncated":
+            half = self.body[:len(self.body) // 2]
+            conn.sendall(f"HTTP/1.1 200 OK\r\n{ctype}Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+                         .encode() + f"{len(half):x}\r\n".encode() + half + b"\r\n")
+        else:  # endless
+            conn.sendall(f"HTTP/1.1 200 OK\r\n{ctype}Connection: close\r\n\r\n".encode())
+            block = self.body * max(1, (256 * 1024) // max(1, len(self.body)))
+            with self._lock:
+                self.active += 1
+            try:
+                while not self._stop.is_set():
+                    conn.sendall(block)
+                    with self._lock:
+                        self.bytes_sent += len(block)
+            except OSError:
+                return False
+            finally:
+                with self._lock:
+                    self.active -= 1
+        return True
 
     def stop(self) -> None:
         self._stop.set()

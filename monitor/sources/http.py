@@ -24,6 +24,36 @@ from ..config import HttpAuth
 
 ACCEPT_TEXT = "text/plain;version=0.0.4;q=1.0,application/openmetrics-text;version=1.0.0;q=0.5,*/*;q=0.1"
 MAX_BODY_BYTES = 64 * 1024 * 1024
+READ_CHUNK = 256 * 1024
+
+
+class BodyBudget:
+    """The bytes of response bodies that requests sharing it may hold at once beyond each one's own
+    first FREE_BYTES (so an ordinary body is never refused because others are huge). A request that
+    would go past it fails `too_large` and gives its bytes back: 32 endless targets cost
+    32 x FREE_BYTES + the budget, not 32 x MAX_BODY_BYTES. Thread-safe."""
+
+    FREE_BYTES = 2 * 1024 * 1024
+
+    def __init__(self, total: int):
+        if total < 0:
+            raise ValueError(f"a body budget cannot be negative, got {total}")
+        self.total = total
+        self.used = 0
+        self.peak = 0
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> bool:
+        with self._lock:
+            if self.used + n > self.total:
+                return False
+            self.used += n
+            self.peak = max(self.peak, self.used)
+            return True
+
+    def give(self, n: int) -> None:
+        with self._lock:
+            self.used -= n
 
 
 class FetchError(Exception):
@@ -183,8 +213,9 @@ class Fetcher:
     thread) also breaks the requests still in flight, so a stopping process never waits on a source.
     """
 
-    def __init__(self, auth: Optional[HttpAuth] = None):
+    def __init__(self, auth: Optional[HttpAuth] = None, budget: Optional[BodyBudget] = None):
         self.headers = {"Accept": ACCEPT_TEXT, "User-Agent": "headroom", "Accept-Encoding": "identity"}
+        self.budget = budget  # shared with the other fetchers of the cycle; None: MAX_BODY_BYTES only
         self.ssl_context: Optional[ssl.SSLContext] = None
         if auth is not None:
             token = auth.bearer_token()
@@ -249,7 +280,9 @@ class Fetcher:
     def get(self, url: str, timeout: float) -> str:
         """GET a metrics body within `timeout` seconds in all; FetchError with a reason otherwise."""
         status, body = self.request("GET", url, timeout)
-        if status >= 400:
+        if 300 <= status < 400:
+            raise FetchError("http", f"HTTP {status}: redirects are not followed (scrape the final URL)")
+        if status >= 400 or status < 200:
             raise FetchError("http", f"HTTP {status}")
         try:
             return body.decode("utf-8")
@@ -297,14 +330,38 @@ class Fetcher:
         conn.request(method, path, body=body, headers=headers)
         resp = conn.getresponse()
         length = resp.getheader("Content-Length")
-        data = resp.read(MAX_BODY_BYTES + 1)
-        if len(data) > MAX_BODY_BYTES:
-            raise FetchError("too_large", f"body over {MAX_BODY_BYTES} bytes")
+        data = self._body(resp)
         if resp.status < 400 and length is not None and length.isdigit() and int(length) != len(data):
             raise FetchError("truncated", f"got {len(data)} of {length} bytes")
         if resp.will_close:
             self._drop(*key)
         return resp.status, data
+
+    def _body(self, resp) -> bytes:
+        """The body, read a chunk at a time within MAX_BODY_BYTES and the shared budget (never
+        inflated: the request asked for identity)."""
+        chunks: list[bytes] = []
+        held = taken = 0
+        free = BodyBudget.FREE_BYTES
+        try:
+            while True:
+                chunk = resp.read(min(READ_CHUNK, MAX_BODY_BYTES + 1 - held))
+                if not chunk:
+                    break
+                extra = max(0, held + len(chunk) - free) - max(0, held - free)  # beyond the free part
+                if extra and self.budget is not None:
+                    if not self.budget.take(extra):
+                        raise FetchError("too_large", f"body over {held + len(chunk)} bytes while the bodies in "
+                                                      f"flight hold the scrape memory budget")
+                    taken += extra
+                held += len(chunk)
+                chunks.append(chunk)
+                if held > MAX_BODY_BYTES:
+                    raise FetchError("too_large", f"body over {MAX_BODY_BYTES} bytes")
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        finally:
+            if taken:
+                self.budget.give(taken)
 
     def close(self) -> None:
         """Close every connection; a request in flight on one ends at once (its read sees the end)."""

@@ -18,7 +18,7 @@ from urllib.parse import urlencode
 from ..config import PrometheusSource
 from ..model import ReplicaReading, SourceStatus
 from .exposition import ParsedScrape, normalise_name
-from .http import Backoff, FetchError, Fetcher, redact
+from .http import Backoff, BodyBudget, FetchError, Fetcher, redact
 from .vllm import WANTED, readings_from_scrape
 
 log = logging.getLogger(__name__)
@@ -47,8 +47,8 @@ class PrometheusClient:
         self.sleep = sleep or self._closed.wait  # a backoff wait ends at once on close()
 
     @classmethod
-    def from_config(cls, src: PrometheusSource) -> "PrometheusClient":
-        return cls(src.url, src.timeout, src.retries, Fetcher(src.auth))
+    def from_config(cls, src: PrometheusSource, budget: Optional[BodyBudget] = None) -> "PrometheusClient":
+        return cls(src.url, src.timeout, src.retries, Fetcher(src.auth, budget))
 
     def _call(self, path: str, params: dict[str, Any], deadline: Optional[float] = None) -> Any:
         last = PrometheusError("deadline", "no attempt fitted before the deadline")
@@ -75,15 +75,22 @@ class PrometheusClient:
             if status >= 500 or status == 429:
                 last = PrometheusError("http", f"HTTP {status} from {redact(self.url)}{path}")
                 continue
+            if 300 <= status < 400:
+                raise PrometheusError("http", f"HTTP {status} from {redact(self.url)}{path}: redirects are not "
+                                              "followed (give the final URL)")
             return _data(data, status)
         raise last
 
-    def query(self, query: str, at: Optional[float] = None, deadline: Optional[float] = None
-              ) -> list[tuple[dict[str, str], float]]:
+    def query(self, query: str, at: Optional[float] = None, deadline: Optional[float] = None,
+              warnings: Optional[list] = None) -> list[tuple[dict[str, str], float]]:
+        """An instant vector; the answer's `warnings` (a partial response: a store or shard did not
+        answer) are appended to `warnings` when given, so the caller can say the answer is partial."""
         params = {"query": query}
         if at is not None:
             params["time"] = f"{at:.3f}"
         data = self._call("/api/v1/query", params, deadline)
+        if warnings is not None:
+            warnings.extend(str(w) for w in data.get("_warnings") or ())
         return decode_vector(data)
 
     def query_range(self, query: str, start: float, end: float, step: float, deadline: Optional[float] = None
@@ -106,12 +113,17 @@ def _data(raw: bytes, status: int) -> Any:
         body = json.loads(raw)
     except ValueError:
         raise PrometheusError("parse", f"response is not JSON (HTTP {status})") from None
+    except RecursionError:
+        raise PrometheusError("parse", f"response JSON is nested too deep (HTTP {status})") from None
     if not isinstance(body, dict) or body.get("status") != "success":
         err = body.get("error") if isinstance(body, dict) else None
         raise PrometheusError("query", f"HTTP {status}: {err or 'status is not success'}")
     data = body.get("data")
     if not isinstance(data, dict) or "result" not in data:
         raise PrometheusError("parse", "response has no data.result")
+    warnings = body.get("warnings")
+    if warnings:
+        data["_warnings"] = warnings if isinstance(warnings, list) else [warnings]
     return data
 
 
@@ -187,27 +199,37 @@ def scrapes_from_vector(samples: list[tuple[dict[str, str], float]], instance_la
 class PrometheusSourceReader:
     """Reads ReplicaReadings for the whole fleet with two instant queries per cycle."""
 
-    def __init__(self, src: PrometheusSource, client: Optional[PrometheusClient] = None):
+    def __init__(self, src: PrometheusSource, client: Optional[PrometheusClient] = None,
+                 budget: Optional[BodyBudget] = None):
         self.src = src
-        self.client = client or PrometheusClient.from_config(src)
+        self.client = client or PrometheusClient.from_config(src, budget)
         self.known: set[str] = set()  # instances that served vLLM series before
 
     def read(self, now: Optional[float] = None, deadline: Optional[float] = None
-             ) -> tuple[list[ReplicaReading], list[SourceStatus]]:
-        """Readings and statuses; no request runs past `deadline` (monotonic seconds), if given."""
+             ) -> tuple[list[ReplicaReading], list[SourceStatus], dict[str, int]]:
+        """Readings, statuses and input anomalies by kind; no request runs past `deadline`
+        (monotonic seconds), if given. A partial answer (Prometheus `warnings`) is used and counted
+        as the anomaly `partial_response`, its first warning logged."""
         now = time.time() if now is None else now
         name = redact(self.src.url)
         start = time.monotonic()
+        warnings: list[str] = []
+        anomalies: dict[str, int] = {}
         try:
-            vector = self.client.query(vllm_selector(self.src.selector), at=now, deadline=deadline)
+            vector = self.client.query(vllm_selector(self.src.selector), at=now, deadline=deadline,
+                                       warnings=warnings)
         except PrometheusError as exc:
-            return [], [SourceStatus("prometheus", name, False, exc.reason, exc.detail, time.monotonic() - start)]
+            return [], [SourceStatus("prometheus", name, False, exc.reason, exc.detail, time.monotonic() - start)], {}
+        if warnings:
+            anomalies["partial_response"] = 1
+            log.warning("Prometheus answered with %d warning(s) (a partial response): %s", len(warnings),
+                        warnings[0][:200])
         statuses = [SourceStatus("prometheus", name, True, duration_seconds=time.monotonic() - start)]
         readings: list[ReplicaReading] = []
         for instance, scrape in sorted(scrapes_from_vector(vector, self.src.instance_label).items()):
-            for r in readings_from_scrape(scrape, instance, now):
-                # keep target labels other than the metric's own (e.g. job) for pool_by
-                readings.append(r)
+            readings.extend(readings_from_scrape(scrape, instance, now))
+            for kind, n in scrape.anomalies.items():
+                anomalies[kind] = anomalies.get(kind, 0) + n
         # targets Prometheus itself sees as down
         try:
             ups = self.client.query(_up_selector(self.src.selector), at=now, deadline=deadline)
@@ -223,7 +245,7 @@ class PrometheusSourceReader:
                     statuses.append(SourceStatus("vllm", inst, True))
         except PrometheusError as exc:
             log.warning("could not read up series from Prometheus: %s", exc.reason)
-        return readings, statuses
+        return readings, statuses, anomalies
 
     def close(self) -> None:
         self.client.close()

@@ -80,6 +80,22 @@ def _model_of(labels: dict[str, str]) -> Optional[str]:
     return labels.get("model_name")
 
 
+def checked(scrape: ParsedScrape, value: float, high: Optional[float] = None) -> Optional[float]:
+    """A count, fraction or counter fit to use, or None: NaN and +-Inf are `non_finite`, a value
+    below 0 is `negative`, one above `high` is `out_of_range`, each counted in the scrape's
+    anomalies. None means unknown for that replica, never 0."""
+    if not math.isfinite(value):
+        scrape.anomaly("non_finite")
+        return None
+    if value < 0:
+        scrape.anomaly("negative")
+        return None
+    if high is not None and value > high:
+        scrape.anomaly("out_of_range")
+        return None
+    return value
+
+
 def readings_from_scrape(scrape: ParsedScrape, target: str, timestamp: float,
                          target_labels: Optional[dict[str, str]] = None) -> list[ReplicaReading]:
     """One ReplicaReading per model served by the target (engines summed)."""
@@ -96,13 +112,25 @@ def readings_from_scrape(scrape: ParsedScrape, target: str, timestamp: float,
         return r
 
     engines: dict[str, set[str]] = {}
+    seen: set[tuple[str, str, str]] = set()  # (what, model, engine): one engine counted once
+
+    def first(what: str, model: str, engine: str) -> bool:
+        key = (what, model, engine)
+        if key in seen:
+            scrape.anomaly("duplicate_engine")  # the same engine id twice: the first one counts
+            return False
+        seen.add(key)
+        return True
 
     def add(attr: str, labels: dict[str, str], value: float) -> None:
         model = _model_of(labels)
-        if model is None or math.isnan(value):
+        if model is None:
+            return
+        engine = labels.get("engine", "")
+        if checked(scrape, value) is None or not first(attr, model, engine):
             return
         r = reading(model)
-        engines.setdefault(model, set()).add(labels.get("engine", ""))
+        engines.setdefault(model, set()).add(engine)
         setattr(r, attr, (getattr(r, attr) or 0.0) + value)
 
     for labels, value in scrape.get(GAUGES["running"]):
@@ -112,7 +140,7 @@ def readings_from_scrape(scrape: ParsedScrape, target: str, timestamp: float,
     for labels, value in scrape.get(GAUGES["waiting_by_reason"]):
         model = _model_of(labels)
         reason = labels.get("reason")
-        if model is None or reason is None or math.isnan(value):
+        if model is None or reason is None or checked(scrape, value) is None:
             continue
         r = reading(model)
         r.waiting_by_reason[reason] = r.waiting_by_reason.get(reason, 0.0) + value
@@ -127,6 +155,9 @@ def readings_from_scrape(scrape: ParsedScrape, target: str, timestamp: float,
         tokens = _num(labels.get("kv_cache_size_tokens"))
         if tokens is None and block is not None and blocks is not None:
             tokens = block * blocks
+        if tokens is not None and not tokens > 0:
+            scrape.anomaly("out_of_range")  # a KV capacity of 0 or less: unknown
+            tokens = None
         capacity[(model or "", engine)] = (tokens, int(block) if block else None, int(blocks) if blocks else None)
 
     usage_samples = scrape.get(GAUGES["kv_usage"])
@@ -134,23 +165,27 @@ def readings_from_scrape(scrape: ParsedScrape, target: str, timestamp: float,
         usage_samples = scrape.get(GAUGES["kv_usage_legacy"])
         if usage_samples:
             naming = "legacy-v1"
+    unknown_usage: set[str] = set()  # models with an engine whose usage was unusable: live KV unknown
     for labels, value in usage_samples:
         model = _model_of(labels)
-        if model is None or math.isnan(value):
-            continue
         engine = labels.get("engine", "")
+        if model is None or not first("kv_usage", model, engine):
+            continue
+        usage = checked(scrape, value, high=1.0)
         r = reading(model)
         engines.setdefault(model, set()).add(engine)
         # cache_config_info has no model_name in most versions: match by engine, then any
         cap = capacity.get((model, engine)) or capacity.get(("", engine))
         if cap is None and len(capacity) == 1:
             cap = next(iter(capacity.values()))
-        usage = max(0.0, value)
         if cap is not None and cap[0] is not None:
             r.kv_capacity_tokens = (r.kv_capacity_tokens or 0.0) + cap[0]
-            r.kv_live_tokens = (r.kv_live_tokens or 0.0) + usage * cap[0]
+            if usage is not None:
+                r.kv_live_tokens = (r.kv_live_tokens or 0.0) + usage * cap[0]
             r.block_size = cap[1]
             r.num_gpu_blocks = (r.num_gpu_blocks or 0) + (cap[2] or 0) or None
+        if usage is None:
+            unknown_usage.add(model)
         r.kv_usage = usage if r.kv_usage is None else None  # recomputed below for DP engines
 
     for key, candidates in COUNTER_NAMES.items():
@@ -160,7 +195,7 @@ def readings_from_scrape(scrape: ParsedScrape, target: str, timestamp: float,
                 continue
             for labels, value in samples:
                 model = _model_of(labels)
-                if model is None or math.isnan(value):
+                if model is None or checked(scrape, value) is None:
                     continue
                 r = reading(model)
                 r.counters[key] = r.counters.get(key, 0.0) + value
@@ -185,7 +220,9 @@ def readings_from_scrape(scrape: ParsedScrape, target: str, timestamp: float,
             r.naming = "v0" if naming == "v1" else naming
         else:
             r.naming = naming
-        if r.kv_capacity_tokens:
+        if model in unknown_usage:
+            r.kv_usage = r.kv_live_tokens = None
+        elif r.kv_capacity_tokens:
             r.kv_usage = (r.kv_live_tokens or 0.0) / r.kv_capacity_tokens
     return list(by_model.values())
 
@@ -233,6 +270,10 @@ def _histograms(buckets, sums, counts, scrape: Optional[ParsedScrape] = None) ->
             scrape.anomaly("histogram_without_inf")  # used as is: the count comes from _count
         if scrape is not None and any(b[1] < a[1] for a, b in zip(pairs, pairs[1:])):
             scrape.anomaly("histogram_not_cumulative")
+            continue
+        if not all(math.isfinite(c) and c >= 0 for _, c in pairs):
+            if scrape is not None:
+                scrape.anomaly("non_finite" if not all(math.isfinite(c) for _, c in pairs) else "negative")
             continue
         bounds = tuple(b for b, _ in pairs)
         cum = tuple(c for _, c in pairs)
