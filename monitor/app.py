@@ -71,17 +71,28 @@ class Store(Component):
         if writable:
             pipeline.on_snapshot(self.persist)
         self.writable = writable
+        # failures by operation (headroom_store_errors_total): the first is logged with its traceback,
+        # the rest as one line each, so a full disk does not fill the log with tracebacks
+        self.errors = {"append": 0.0, "maintain": 0.0} if writable else {}
+
+    def _guarded(self, operation: str, fn) -> None:
+        try:
+            fn()
+        except Exception as exc:
+            first = not any(self.errors.values())
+            self.errors[operation] = self.errors.get(operation, 0.0) + 1
+            if first:
+                log.exception("history store %s failed (headroom_store_errors_total counts them)", operation)
+            else:
+                log.warning("history store %s failed: %s: %s", operation, type(exc).__name__, exc)
 
     def persist(self, snapshot) -> None:
         from .history.store import points_from_snapshot  # noqa: PLC0415
-        try:
-            self.store.append(points_from_snapshot(snapshot))
-        except Exception:
-            log.exception("history store append failed")
+        self._guarded("append", lambda: self.store.append(points_from_snapshot(snapshot)))
 
     def start(self, scheduler) -> None:
         if self.writable:
-            scheduler.add_job(lambda: self.store.maintain(self.clock()), "interval",
+            scheduler.add_job(lambda: self._guarded("maintain", lambda: self.store.maintain(self.clock())), "interval",
                               hours=STORE_MAINTENANCE_HOURS, id="store-maintenance", max_instances=1,
                               coalesce=True)
 
@@ -206,7 +217,9 @@ class App:
         if stats is not None:
             events = {e: float(v) for e, v in stats.as_dict().items() if e in stats.COUNTERS}
             open_connections = float(stats.open_connections)
-        return ProcessStatus(events, open_connections, digest_status(self.digest_outbox))
+        store = self.store_component
+        return ProcessStatus(events, open_connections, digest_status(self.digest_outbox),
+                             dict(store.errors) if store is not None else {})
 
     def start(self) -> None:
         for c in self.components:

@@ -51,6 +51,7 @@ class ProcessStatus:
     web_events: dict[str, float] = field(default_factory=dict)  # the web server's counters, by event
     web_open_connections: Optional[float] = None
     digest: Optional[DigestStatus] = None
+    store_errors: dict[str, float] = field(default_factory=dict)  # the history store's failures, by operation
 
 
 class Renderer:
@@ -257,6 +258,8 @@ def _status_samples(out: Rows, status: ProcessStatus) -> None:
     for event, v in status.web_events.items():
         out.add("headroom_web_events", {"event": event}, v)
     out.add("headroom_web_open_connections", {}, status.web_open_connections)
+    for operation, v in sorted(status.store_errors.items()):
+        out.add("headroom_store_errors", {"operation": operation}, v)
     if status.digest is not None:
         _digest(out, status.digest)
 
