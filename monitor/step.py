@@ -8,7 +8,8 @@ and every knee observation each cycle would cost more than the cycle - so the sa
 
 In order:
   1. count the cycle, the sources that failed (by reason) and the input anomalies (by kind);
-  2. cap new replica series at global.max_series (what is cut is counted);
+  2. cap the models of one target at global.max_models_per_target and new replica series at
+     global.max_series (what is cut is counted);
   3. keep each reading for global.history_keep; forget replicas that have been silent that long;
   4. derive the pools (monitor/derive/core.py); a replica that did not answer is stale;
   5. keep the shard's pools (global.shard) and each pool's last fresh time;
@@ -98,7 +99,27 @@ def _key(r: ReplicaReading) -> str:
     return f"{r.target}|{r.model}"
 
 
+def _per_target(state: CycleState, readings: list[ReplicaReading]) -> list[ReplicaReading]:
+    """At most global.max_models_per_target readings per target (the first models by name)."""
+    limit = state.config.max_models_per_target
+    by_target: dict[str, list[ReplicaReading]] = {}
+    for r in readings:
+        by_target.setdefault(r.target, []).append(r)
+    if all(len(rs) <= limit for rs in by_target.values()):
+        return readings
+    kept: list[ReplicaReading] = []
+    for target, rs in by_target.items():
+        if len(rs) > limit:
+            count_into(state.dropped, {"models_per_target": float(len(rs) - limit)})
+            log.warning("target %s serves %d models; the first %d are read (global.max_models_per_target)",
+                        target, len(rs), limit)
+            rs = sorted(rs, key=lambda r: r.model)[:limit]
+        kept.extend(rs)
+    return kept
+
+
 def _cap(state: CycleState, readings: list[ReplicaReading]) -> list[ReplicaReading]:
+    readings = _per_target(state, readings)
     limit = state.config.max_series
     if len(readings) + len(state.history) <= limit:
         return readings

@@ -151,12 +151,17 @@ def assess(state: CapacityState, pools: list[PoolSnapshot], history: History,
     """Set `capacity` and `tasks` on every pool of the cycle (see the module docstring)."""
     tasks = _tasks(state, pools, gateways, now)
     power = _power(state, history, dcgm)
+    by_pool: dict[str, dict] = {}  # one pass over the history: the work stays linear in series
+    for key, readings in history.items():
+        if readings:
+            by_pool.setdefault(pool_of(readings[-1], state.cfg.pool_by), {})[key] = readings
     for p in pools:
+        mine = by_pool.get(p.pool, {})
         ps = state.cfg.pool_settings(p.pool)
         est = state.estimator(p.pool)
         est.set_prior(state.prior(p, ps.max_num_seqs))
         if not p.stale:
-            _observe(state, est, p.pool, history)
+            _observe(state, est, mine)
         knee = est.estimate()
         by_type, classes = tasks.get(p.pool, ({}, {}))
         vals = [t.sessions for t in by_type.values() if t.sessions is not None]
@@ -168,12 +173,13 @@ def assess(state: CapacityState, pools: list[PoolSnapshot], history: History,
             p.capacity = Capacity(knee_detail=STALE, withheld=True)
         else:
             p.capacity = pool_capacity(p, knee, settings, power.get(p.pool), sessions)
-        p.tasks = PoolTasks(by_type, _pool_slos(state, p, history, now), classes)
+        p.tasks = PoolTasks(by_type, _pool_slos(state, p, mine, now), classes)
 
 
-def _observe(state: CapacityState, est: KneeEstimator, pool: str, history: History) -> None:
+def _observe(state: CapacityState, est: KneeEstimator, history: History) -> None:
+    """One knee observation per replica of the pool (`history`: the pool's own series)."""
     for key, readings in history.items():
-        if len(readings) < 2 or pool_of(readings[-1], state.cfg.pool_by) != pool:
+        if len(readings) < 2:
             continue
         newer = readings[-1]
         if state.seen.get(key) == newer.timestamp:
@@ -268,7 +274,7 @@ def _pool_slos(state: CapacityState, p: PoolSnapshot, history: History, now: flo
     targets = state.slo.pool_targets.get(p.pool, [])
     if not targets:
         return out
-    newest = [rs[-1] for rs in history.values() if rs and pool_of(rs[-1], state.cfg.pool_by) == p.pool]
+    newest = [rs[-1] for rs in history.values() if rs]  # the pool's own series
     for target in targets:
         h = _sum_hist([r.histograms[target.signal] for r in newest if target.signal in r.histograms])
         if h is None:

@@ -175,6 +175,10 @@ class Config:
     pool_by: str = key(Text(), "model_name", path="global.pool_by", help="target label that names the pool")
     history_keep: float = key(Duration(gt=0, le=7 * DAY), 3600.0, path="global.history_keep",
                               help="readings kept in memory per target (at least twice latency_window)")
+    max_models_per_target: int = key(Int(ge=1), 64, path="global.max_models_per_target",
+                                     help="models read from one target (or one instance in Prometheus mode); "
+                                          "the rest are dropped and counted, so one runaway target cannot "
+                                          "fill global.max_series")
     max_series: int = key(Int(ge=1), 100_000, path="global.max_series",
                           help="cardinality cap; what is dropped is counted")
     shard: Optional[tuple[int, int]] = key(Shard(), path="global.shard",
