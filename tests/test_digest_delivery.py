@@ -24,6 +24,7 @@ from monitor.digest.deliver import render_files, senders_for
 from monitor.digest.demo import demo_input, demo_settings
 from monitor.digest.metrics import metric_samples
 from monitor.digest.outbox import Outbox
+from monitor.digest.schedule import open_outbox
 from monitor.digest.settings import DigestSettings, from_dict
 
 WEEK_END = 1764547200.0  # Mon 2025-12-01 00:00 UTC
@@ -504,3 +505,62 @@ digest:
         assert rx.received[0]["headers"]["Idempotency-Key"] == "2025-W48:hook"
     finally:
         rx.close()
+
+
+# ---- deadlines (issue #20 part 7) ------------------------------------------------------------------
+
+def _slow(mode):
+    from hostile import HostileServer
+    return HostileServer("HTTP/1.1 200 OK\r\n" * 40, mode, pace=0.25)
+
+
+@pytest.mark.parametrize("kind", ["webhook", "smtp"])
+def test_a_trickling_destination_fails_within_its_timeout_and_under_the_lease(files, tmp_path, kind):
+    """The server sends a byte every 0.25 s: every socket read gets data, only a total deadline ends it."""
+    week, payload = files
+    slow = _slow("trickle_headers")
+    url = tmp_path / "url"
+    url.write_text(slow.url("/hook"))
+    dest = ({"type": "webhook", "name": "slow", "url_file": str(url), "timeout": "1s"} if kind == "webhook" else
+            {"type": "smtp", "name": "slow", "host": "127.0.0.1", "port": slow.port, "from": "h@example.org",
+             "to": ["ops@example.org"], "timeout": "1s"})
+    s = settings_with([dest], tmp_path)
+    try:
+        with Outbox(s.outbox, s.retry) as box:
+            box.enqueue(week, payload, ["slow"], now=0.0)
+            t0 = time.monotonic()
+            out = box.drain(senders_for(s.destinations), now=0.0)
+            took = time.monotonic() - t0
+            [d] = box.deliveries()
+    finally:
+        slow.stop()
+    assert out == {f"{week}:slow": "retry"}
+    assert 0.9 < took < 2.0, took  # the 1-s timeout, not the server's pace x its 680 bytes
+    assert took < open_outbox(s).lease_seconds
+    assert ("timeout" in d.last_error) if kind == "webhook" else ("within 1s" in d.last_error), d.last_error
+
+
+def test_a_slow_destination_holds_none_of_the_others(files, tmp_path):
+    week, payload = files
+    slow = _slow("silent")
+    url = tmp_path / "url"
+    url.write_text(slow.url("/hook"))
+    rx = Receiver()
+    fast_url = tmp_path / "fast-url"
+    fast_url.write_text(f"http://127.0.0.1:{rx.port}/hook")
+    s = settings_with([{"type": "webhook", "name": "slow", "url_file": str(url), "timeout": "2s"},
+                       {"type": "webhook", "name": "fast", "url_file": str(fast_url), "timeout": "2s"},
+                       {"type": "directory", "name": "disk", "path": str(tmp_path / "out")}], tmp_path)
+    try:
+        with Outbox(s.outbox, s.retry) as box:
+            box.enqueue(week, payload, ["slow", "fast", "disk"], now=0.0)
+            t0 = time.monotonic()
+            out = box.drain(senders_for(s.destinations), now=0.0)
+            took = time.monotonic() - t0
+            delivered = {d.destination: d.delivered for d in box.deliveries() if d.state == "done"}
+    finally:
+        slow.stop()
+        rx.close()
+    assert out == {f"{week}:slow": "retry", f"{week}:fast": "done", f"{week}:disk": "done"}
+    assert set(delivered) == {"fast", "disk"} and len(rx.received) == 1
+    assert took < 3.0, took  # the slow one's 2 s, in parallel with the others

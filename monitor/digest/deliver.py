@@ -10,13 +10,14 @@ to the end of DATA (smtplib raises otherwise). Errors raised here never carry a 
 from __future__ import annotations
 
 import hashlib
-import http.client
 import json
 import logging
 import os
 import smtplib
+import socket
 import ssl as ssl_mod
 import tempfile
+import threading
 from email.message import EmailMessage
 from email.utils import formatdate, make_msgid
 from typing import Callable
@@ -85,8 +86,13 @@ def directory_sender(dest: Destination) -> Callable:
 
 
 def webhook_sender(dest: Destination) -> Callable:
-    """POST slack.json. Plain http.client on purpose: requests/urllib3 log the request line (with
-    the webhook's secret path) at DEBUG, and their exception messages quote the URL."""
+    """POST slack.json through the sources' HTTP client (monitor/sources/http.py): one total
+    deadline of `dest.timeout` covers connect, TLS, the request and the answer, so a webhook that
+    answers slowly cannot outlive the outbox lease. Plain http.client underneath on purpose:
+    requests/urllib3 log the request line (with the webhook's secret path) at DEBUG, and their
+    exception messages quote the URL; a FetchError carries neither."""
+    from monitor.sources.http import FetchError, Fetcher  # noqa: PLC0415
+
     def send(key: str, week: str, payload: dict) -> None:
         try:
             url = dest.webhook_url()
@@ -97,25 +103,17 @@ def webhook_sender(dest: Destination) -> Callable:
         u = urlsplit(url)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise DeliveryError(f"webhook {dest.name}: the configured URL is not http(s)")
-        headers = {"Content-Type": "application/json", "Idempotency-Key": key,
+        headers = {"Content-Type": "application/json", "Accept": "*/*", "Idempotency-Key": key,
                    "User-Agent": "headroom-digest"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        if u.scheme == "https":
-            conn = http.client.HTTPSConnection(u.hostname, u.port or 443, timeout=dest.timeout,
-                                               context=ssl_mod.create_default_context())
-        else:
-            conn = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=dest.timeout)
-        path = (u.path or "/") + (f"?{u.query}" if u.query else "")
+        fetcher = Fetcher()
         try:
-            conn.request("POST", path, body=payload["slack.json"], headers=headers)
-            resp = conn.getresponse()
-            resp.read()
-            status = resp.status
-        except (OSError, http.client.HTTPException) as exc:  # messages may quote the host: keep the type
-            raise DeliveryError(f"webhook {dest.name}: {type(exc).__name__}") from None
+            status, _ = fetcher.request("POST", url, dest.timeout, payload["slack.json"], headers)
+        except FetchError as exc:  # reason and detail name no host, path or secret
+            raise DeliveryError(f"webhook {dest.name}: {exc.reason} ({exc.detail})") from None
         finally:
-            conn.close()
+            fetcher.close()
         if not 200 <= status < 300:
             raise DeliveryError(f"webhook {dest.name}: HTTP {status}")
     return send
@@ -149,11 +147,20 @@ def smtp_sender(dest: Destination) -> Callable:
             raise DeliveryError(f"smtp {dest.name}: cannot read the password: "
                                 f"{getattr(exc, 'strerror', None) or exc}") from None
         ctx = ssl_mod.create_default_context(cafile=dest.ca_file)
+        # smtplib's timeout bounds each socket operation; the timer bounds the whole conversation:
+        # at `dest.timeout` it shuts the socket, and the operation in progress fails at once
+        held: list = []
+        fired = threading.Event()
+        timer = threading.Timer(dest.timeout, lambda: (fired.set(), _shut(held)))
+        timer.daemon = True
+        timer.start()
         try:
-            if dest.ssl:
-                client = smtplib.SMTP_SSL(dest.host, dest.port, timeout=dest.timeout, context=ctx)
-            else:
-                client = smtplib.SMTP(dest.host, dest.port, timeout=dest.timeout)
+            # made unconnected, then connected: the timer can end a greeting that never comes
+            client = (smtplib.SMTP_SSL(timeout=dest.timeout, context=ctx) if dest.ssl
+                      else smtplib.SMTP(timeout=dest.timeout))
+            held.append(client)
+            client._host = dest.host  # what STARTTLS and SMTP_SSL verify; smtplib sets it only in __init__
+            client.connect(dest.host, dest.port)
             with client:
                 client.ehlo()
                 if dest.starttls:
@@ -169,8 +176,23 @@ def smtp_sender(dest: Destination) -> Callable:
         except smtplib.SMTPRecipientsRefused as exc:
             raise DeliveryError(f"smtp {dest.name}: all {len(exc.recipients)} recipient(s) refused") from None
         except (smtplib.SMTPException, OSError) as exc:
+            if fired.is_set():
+                raise DeliveryError(f"smtp {dest.name}: no acknowledgement within {dest.timeout:g}s") from None
             raise DeliveryError(f"smtp {dest.name}: {type(exc).__name__}") from None
+        finally:
+            timer.cancel()
     return send
+
+
+def _shut(held: list) -> None:
+    """End an SMTP conversation from the timer's thread (its socket, not its state)."""
+    for client in held:
+        sock = getattr(client, "sock", None)
+        if sock is not None:
+            try:
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)
+            except OSError:
+                pass
 
 
 def senders_for(destinations) -> dict[str, Callable]:

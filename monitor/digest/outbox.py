@@ -19,6 +19,7 @@ import logging
 import os
 import sqlite3
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
 
@@ -166,46 +167,56 @@ class Outbox:
             return cur.rowcount == 1
 
     def drain(self, senders: dict[str, Callable[[str, str, dict], None]], now: float,
-              clock: Optional[Callable[[], float]] = None) -> dict[str, str]:
-        """Send every due pending delivery once. `senders[destination](key, week, payload)` must
-        return only after the destination acknowledged and raise otherwise. Returns {key: outcome}."""
+              clock: Optional[Callable[[], float]] = None, workers: int = 8) -> dict[str, str]:
+        """Send every due pending delivery once, destinations at the same time (up to `workers`),
+        so a slow one holds none of the others. `senders[destination](key, week, payload)` must
+        return only after the destination acknowledged, raise otherwise, and end within its
+        destination's timeout (monitor/digest/deliver.py), which is below the lease. Returns
+        {key: outcome}."""
         clock = clock or (lambda: now)
         with self._lock:
             due = [r[0] for r in self._db.execute(
                 "SELECT key FROM deliveries WHERE state = 'pending' AND next_attempt <= ? ORDER BY created, key",
                 (now,)).fetchall()]
-        out = {}
-        payloads: dict[str, dict] = {}
+        claimed = []
         for key in due:
-            if not self._claim(key, now):
-                continue
-            week, dest = self._db.execute("SELECT week, destination FROM deliveries WHERE key = ?", (key,)).fetchone()
-            sender = senders.get(dest)
-            try:
-                if sender is None:
-                    raise DeliveryError(f"destination {dest!r} is not configured")
-                if week not in payloads:
-                    payloads[week] = self.payload(week)
-                sender(key, week, payloads[week])
-            except Exception as exc:  # every failure is retried; the message carries no secret
-                msg = safe_error(exc)
-                with self._lock, self._tx() as db:
-                    attempts = db.execute("SELECT attempts FROM deliveries WHERE key = ?", (key,)).fetchone()[0] + 1
-                    give_up = self.retry.max_attempts and attempts >= self.retry.max_attempts
-                    t = clock()
-                    db.execute("UPDATE deliveries SET attempts = ?, last_error = ?, lease_until = NULL, "
-                               "next_attempt = ?, state = ? WHERE key = ?",
-                               (attempts, msg, t + self.backoff(attempts), "failed" if give_up else "pending", key))
-                log.warning("digest delivery %s failed (attempt %d%s): %s", key, attempts,
-                            ", giving up" if give_up else f", next in {self.backoff(attempts):.0f} s", msg)
-                out[key] = "failed" if give_up else "retry"
-                continue
+            if self._claim(key, now):
+                with self._lock:
+                    week, dest = self._db.execute("SELECT week, destination FROM deliveries WHERE key = ?",
+                                                  (key,)).fetchone()
+                claimed.append((key, week, dest))
+        payloads = {week: self.payload(week) for _, week, _ in claimed}
+        if not claimed:
+            return {}
+        with ThreadPoolExecutor(max_workers=max(1, min(workers, len(claimed))),
+                                thread_name_prefix="digest-send") as pool:
+            outcomes = list(pool.map(lambda c: self._send_one(senders, *c, payloads[c[1]], clock), claimed))
+        return {key: outcome for (key, _, _), outcome in zip(claimed, outcomes)}
+
+    def _send_one(self, senders: dict, key: str, week: str, dest: str, payload: dict,
+                  clock: Callable[[], float]) -> str:
+        sender = senders.get(dest)
+        try:
+            if sender is None:
+                raise DeliveryError(f"destination {dest!r} is not configured")
+            sender(key, week, payload)
+        except Exception as exc:  # every failure is retried; the message carries no secret
+            msg = safe_error(exc)
             with self._lock, self._tx() as db:
-                db.execute("UPDATE deliveries SET state = 'done', delivered = ?, attempts = attempts + 1, "
-                           "lease_until = NULL, last_error = NULL WHERE key = ?", (clock(), key))
-            log.info("digest delivery %s done", key)
-            out[key] = "done"
-        return out
+                attempts = db.execute("SELECT attempts FROM deliveries WHERE key = ?", (key,)).fetchone()[0] + 1
+                give_up = self.retry.max_attempts and attempts >= self.retry.max_attempts
+                t = clock()
+                db.execute("UPDATE deliveries SET attempts = ?, last_error = ?, lease_until = NULL, "
+                           "next_attempt = ?, state = ? WHERE key = ?",
+                           (attempts, msg, t + self.backoff(attempts), "failed" if give_up else "pending", key))
+            log.warning("digest delivery %s failed (attempt %d%s): %s", key, attempts,
+                        ", giving up" if give_up else f", next in {self.backoff(attempts):.0f} s", msg)
+            return "failed" if give_up else "retry"
+        with self._lock, self._tx() as db:
+            db.execute("UPDATE deliveries SET state = 'done', delivered = ?, attempts = attempts + 1, "
+                       "lease_until = NULL, last_error = NULL WHERE key = ?", (clock(), key))
+        log.info("digest delivery %s done", key)
+        return "done"
 
 
 class DeliveryError(RuntimeError):
