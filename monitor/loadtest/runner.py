@@ -87,15 +87,22 @@ class Monitor:
             self._cycle()
 
     def _cycle(self) -> None:
-        snap = self.pipeline.run_cycle()
-        if snap is None:
-            return
+        # the whole scrape timeout, not the daemon's 0.9 x interval: an engine saturated by the load
+        # answers /metrics slowly, and that is when the samples matter most
+        now = self.pipeline.clock()
+        inputs = self.pipeline.collect(now, deadline=time.monotonic() + self.pipeline.config.scrape_timeout + 0.5)
+        snap = self.pipeline.advance(inputs, now)
+        self.pipeline.publish(snap)
         up = sum(1 for s in snap.sources if s.source == "vllm" and s.up)
         down = sum(1 for s in snap.sources if s.source == "vllm" and not s.up)
-        kv = [p.kv_usage_ratio for p in snap.pools if p.kv_usage_ratio is not None]
+        fresh = [p for p in snap.pools if not p.stale]
+        if not fresh:  # nothing was read this cycle: the server's numbers are unknown, never 0
+            log.warning("load-test monitor: no fresh reading this cycle (%d of %d targets down)", down, up + down)
+            return
+        kv = [p.kv_usage_ratio for p in fresh if p.kv_usage_ratio is not None]
         self.samples.append(ServerSample(
-            snap.timestamp, sum(p.active_requests for p in snap.pools), sum(p.queued_requests for p in snap.pools),
-            max(kv) if kv else None, len(snap.pools), up, down))
+            snap.timestamp, sum(p.active_requests for p in fresh), sum(p.queued_requests for p in fresh),
+            max(kv) if kv else None, len(fresh), up, down))
 
     def start(self) -> "Monitor":
         self.cycle()
