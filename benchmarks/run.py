@@ -27,6 +27,7 @@ BENCHES = {
     "memory": "memory_bench",
     "load": "load_bench",
     "sim": "sim_bench",
+    "endless": "endless_bench",
 }
 
 

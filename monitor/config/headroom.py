@@ -169,8 +169,8 @@ class Config:
                                 help="time box of one scrape (connect, headers and body)")
     scrape_concurrency: int = key(Int(ge=1, le=4096), 32, path="global.scrape_concurrency",
                                   help="scrapes in flight at once")
-    scrape_memory_mib: int = key(Int(ge=0, le=65536), 192, path="global.scrape_memory_mib",
-                                 help="MiB of response bodies all sources may hold at once beyond 2 MiB each; "
+    scrape_memory_mib: int = key(Int(ge=0, le=65536), 96, path="global.scrape_memory_mib",
+                                 help="MiB of response bodies all sources may hold at once beyond 1 MiB each; "
                                       "a body past it fails too_large")
     pool_by: str = key(Text(), "model_name", path="global.pool_by", help="target label that names the pool")
     history_keep: float = key(Duration(gt=0, le=7 * DAY), 3600.0, path="global.history_keep",

@@ -24,7 +24,7 @@ from ..config import HttpAuth
 
 ACCEPT_TEXT = "text/plain;version=0.0.4;q=1.0,application/openmetrics-text;version=1.0.0;q=0.5,*/*;q=0.1"
 MAX_BODY_BYTES = 64 * 1024 * 1024
-READ_CHUNK = 256 * 1024
+READ_CHUNK = 64 * 1024
 
 
 class BodyBudget:
@@ -33,7 +33,7 @@ class BodyBudget:
     would go past it fails `too_large` and gives its bytes back: 32 endless targets cost
     32 x FREE_BYTES + the budget, not 32 x MAX_BODY_BYTES. Thread-safe."""
 
-    FREE_BYTES = 2 * 1024 * 1024
+    FREE_BYTES = 1024 * 1024
 
     def __init__(self, total: int):
         if total < 0:
