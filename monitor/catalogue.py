@@ -85,6 +85,8 @@ CATALOGUE: tuple[MetricDef, ...] = (
     _m("headroom_forecast_peak_requests", "gauge", "Forecast peak of concurrent requests within the horizon (mean path).", ["pool", "horizon"], "forecast"),
     _m("headroom_forecast_peak_requests_upper", "gauge", "Upper bound (95%) of the forecast peak of concurrent requests within the horizon.", ["pool", "horizon"], "forecast"),
     _m("headroom_forecast_peak_timestamp_seconds", "gauge", "When the forecast peak within the horizon falls (Unix time).", ["pool", "horizon"], "forecast"),
+    _m("headroom_recommended_replicas", "gauge", "Fewest replicas for which the forecast's 95% upper band over the horizon stays at or below the knee capacity with one replica lost (knee per replica = the pool's knee / its replicas answering).", ["pool", "horizon"], "forecast"),
+    _m("headroom_replica_lead_time_seconds", "gauge", "How long a new replica of the pool takes to serve (pools.<pool>.replica_lead_time, configured); HeadroomExhaustionWithinLeadTime compares it with headroom_exhaustion_seconds.", ["pool"], "forecast"),
     _m("headroom_exhaustion_seconds", "gauge", "Seconds until the forecast upper bound first crosses capacity at the knee; +Inf when not within the horizon.", ["pool"], "forecast"),
     _m("headroom_forecast_mase", "gauge", "Rolling-origin backtest MASE of the forecast model (scaled by the one-day seasonal naive); below 1 beats the baseline.", ["pool", "series", "model"], "forecast"),
     _m("headroom_forecast_coverage_ratio", "gauge", "Backtest share of actual points inside the forecast interval (level 0.8 or 0.95).", ["pool", "series", "model", "level"], "forecast"),

@@ -311,6 +311,9 @@ class PoolSnapshot:
     capacity: Optional[Capacity] = None  # monitor.capacity (knee, headroom, sessions, power)
     tasks: Optional[PoolTasks] = None  # monitor.capacity.tasks, from gateway / application metrics
     forecast: Optional["PoolForecast"] = None  # the forecaster's latest result for this pool
+    # horizon -> fewest replicas whose knee capacity with one lost holds the forecast's 95 % peak
+    recommended_replicas: dict[str, int] = field(default_factory=dict)
+    replica_lead_time_seconds: Optional[float] = None  # pools.<pool>.replica_lead_time: a new replica's start-up
 
 
 @dataclass

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 from .capacity.enrich import CapacityState, assess
+from .capacity.headroom import recommended_replicas
 from .config import Config
 from .derive.core import derive_pools, pool_of
 from .model import PoolSnapshot, ReplicaReading, Snapshot, SourceStatus
@@ -83,9 +84,11 @@ def step(state: CycleState, inputs: CycleInputs, now: float) -> tuple[CycleState
         except Exception:  # the capacity layer must never take the cycle down
             log.exception("capacity assessment failed")
             count_into(state.errors, {("enricher", "capacity"): 1.0})
-    if inputs.forecast is not None:
-        for p in pools:
+    for p in pools:
+        p.replica_lead_time_seconds = state.config.pool_settings(p.pool).replica_lead_time
+        if inputs.forecast is not None:
             p.forecast = inputs.forecast.pools.get(p.pool)
+        _recommend(p)
     if any(st.up for st in inputs.statuses if st.source in ("vllm", "prometheus")):
         state.last_success = now
     return state, Snapshot(timestamp=now, pools=pools, sources=list(inputs.statuses),
@@ -93,6 +96,17 @@ def step(state: CycleState, inputs: CycleInputs, now: float) -> tuple[CycleState
                            errors={f"{s}|{r}": v for (s, r), v in state.errors.items()},
                            cycles=state.cycles, dropped=dict(state.dropped), anomalies=dict(state.anomalies),
                            forecast=inputs.forecast)
+
+
+def _recommend(p) -> None:
+    """The replicas each forecast horizon needs (monitor/capacity/headroom.py recommended_replicas)."""
+    c = p.capacity
+    if p.forecast is None or c is None or c.withheld or p.stale:
+        return
+    for horizon, h in p.forecast.horizons.items():
+        n = recommended_replicas(h.peak_upper if h is not None else None, c.knee_requests, p.replicas)
+        if n is not None:
+            p.recommended_replicas[horizon] = n
 
 
 def _key(r: ReplicaReading) -> str:

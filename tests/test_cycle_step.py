@@ -142,3 +142,31 @@ def test_the_snapshot_carries_the_forecast_it_was_given(no_clock):
     state, without = step(state, CycleInputs(inputs.readings, inputs.statuses), now + 5.0)
     assert without.forecast is None and without.pools[0].forecast is None
     assert snapshot_to_dict(without)["pools"][0]["forecast"] == {}
+
+
+def test_recommended_replicas_is_the_hand_computation(no_clock):
+    """peak_upper 31 over the day; the pool's knee over its 2 replicas; N - 1 replicas must hold 31."""
+    import math
+    state, inputs, now = warmed_up(cycles=2)
+    state.config.pools["m"] = PoolSettings(max_num_seqs=16, watts_per_replica=700.0, replica_lead_time=600.0)
+    state, snap = step(state, inputs, now)
+    pool = snap.pools[0]
+    per_replica = pool.capacity.knee_requests / pool.replicas
+    expect = math.ceil(31.0 / per_replica) + 1  # the smallest N with (N - 1) x per_replica >= 31
+    assert (expect - 1) * per_replica >= 31.0 > (expect - 2) * per_replica
+    assert pool.recommended_replicas == {"1d": expect}
+    samples = Renderer().render(snap)
+    assert samples["headroom_recommended_replicas"] == [({"pool": "m", "horizon": "1d"}, float(expect))]
+    assert samples["headroom_replica_lead_time_seconds"] == [({"pool": "m"}, 600.0)]
+    doc = snapshot_to_dict(snap)["pools"][0]
+    assert doc["recommended_replicas"] == {"1d": expect} and doc["replica_lead_time_seconds"] == 600.0
+
+
+def test_recommended_replicas_edges():
+    from monitor.capacity.headroom import recommended_replicas
+    assert recommended_replicas(31.0, 32.0, 2) == 3  # 16 per replica: 2 hold 32 >= 31, plus the spare
+    assert recommended_replicas(32.0, 32.0, 2) == 3  # exactly at the knee: no extra replica
+    assert recommended_replicas(32.5, 32.0, 2) == 4
+    assert recommended_replicas(0.0, 32.0, 2) == 1
+    assert recommended_replicas(None, 32.0, 2) is None and recommended_replicas(31.0, None, 2) is None
+    assert recommended_replicas(31.0, 32.0, 0) is None and recommended_replicas(float("inf"), 32.0, 2) is None

@@ -164,3 +164,19 @@ def pool_capacity(pool: PoolSnapshot, knee: Knee, settings: CapacitySettings,
         active_requests_per_session=per_session, active_requests_per_session_source=ps_src,
         power_source=power_src, n_minus_1_share=share, knee_detail=knee.detail,
     )
+
+
+def recommended_replicas(peak_upper: Optional[float], knee_requests: Optional[float],
+                         replicas: int) -> Optional[int]:
+    """The fewest replicas for which `peak_upper` (a forecast's highest upper band over a horizon,
+    concurrent requests) stays at or below the knee capacity with one replica lost:
+    the smallest N with (N - 1) x knee per replica >= peak_upper. The knee per replica is the
+    pool's knee over the replicas it was measured on. None when either is unknown."""
+    if peak_upper is None or knee_requests is None or replicas < 1 or not knee_requests > 0:
+        return None
+    if not math.isfinite(peak_upper):
+        return None
+    per_replica = knee_requests / replicas
+    if peak_upper <= 0:
+        return 1
+    return int(math.ceil(peak_upper / per_replica - 1e-9)) + 1

@@ -126,6 +126,9 @@ class PoolSettings:
                                              "from the data; the alert thresholds keep headroom free); delete it"}
     max_num_seqs: Optional[int] = key(Int(ge=1), help="vLLM --max-num-seqs per replica: the slots limit")
     watts_per_replica: Optional[float] = key(Number(gt=0), help="power per replica when DCGM gives none")
+    replica_lead_time: Optional[float] = key(Duration(gt=0), help="how long a new replica takes to serve "
+                                             "(scheduling, image pull, model load); alerts compare it with "
+                                             "the time to exhaustion")
     slo: list = key(PoolTargets(), [], help="pool latency targets like {ttft_p95_seconds: 0.5} (docs/capacity.md)")
 
 

@@ -142,6 +142,9 @@ def pool_samples(out: Rows, p: PoolSnapshot) -> None:
             out.add("headroom_latency_seconds", {"pool": p.pool, "kind": kind, "quantile": label},
                     getattr(q, attr))
     out.add("headroom_littles_law_ratio", pl, p.littles_law_ratio)
+    out.add("headroom_replica_lead_time_seconds", pl, p.replica_lead_time_seconds)
+    for horizon, n in sorted(p.recommended_replicas.items()):
+        out.add("headroom_recommended_replicas", {"pool": p.pool, "horizon": horizon}, float(n))
     if p.capacity is not None:
         capacity_samples(out, p.pool, p.capacity)
     if p.tasks is not None:

@@ -62,6 +62,8 @@ def pool_to_dict(p: PoolSnapshot) -> dict:
         "capacity": p.capacity.as_dict() if p.capacity is not None else {},
         "tasks": p.tasks.as_dict() if p.tasks is not None else {},
         "forecast": p.forecast.as_dict() if p.forecast is not None else {},
+        "recommended_replicas": dict(p.recommended_replicas),
+        "replica_lead_time_seconds": p.replica_lead_time_seconds,
     })
 
 
