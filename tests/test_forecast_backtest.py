@@ -8,7 +8,7 @@ import pytest
 from monitor.forecast import models as models_mod
 from monitor.forecast.backtest import (AVERAGE, ForecastSettings, apply_calibration, calibrate,
                                        forecast_series, mase_scale, no_skill_members, origins_for,
-                                       rank_models, rolling_origin, score)
+                                       rank_models, rolling_origin, score, selection_reasons)
 from monitor.forecast.models import Forecast, Model
 from monitor.forecast.series import prepare
 from monitor.timebox import timeboxed
@@ -276,3 +276,20 @@ def test_when_no_model_shows_skill_the_forecast_is_the_average_of_the_plain_cand
     # the rule off: the usual selection
     off = forecast_series(p, 24, ForecastSettings(models=settings.models, average_below_skill=0.0))
     assert off.model in members + ["ets_week"] and AVERAGE not in off.skill
+
+
+def test_a_model_worse_than_the_best_seasonal_naive_is_never_selected():
+    # ets is earliest and within 10 % of sarimax, but both score worse than snaive_week on these folds
+    skill = {"ets": {"mase": 0.95}, "sarimax": {"mase": 0.90}, "snaive_week": {"mase": 0.80},
+             "snaive_day": {"mase": 1.30}, "mstl": {"mase": None}}
+    order = ["ets", "sarimax", "mstl", "snaive_week", "snaive_day"]
+    assert rank_models(skill, order, 0.10)[0] == "snaive_week"
+    why = selection_reasons(skill, order, 0.10, "snaive_week")
+    assert why["snaive_week"].startswith("selected: MASE 0.800")
+    assert why["ets"] == "not selected: MASE 0.950 is worse than the seasonal naive snaive_week (0.800)"
+    assert why["mstl"].startswith("no backtest score")
+    assert why["snaive_day"] == "not selected: MASE 1.300, more than 10% above the best (0.800)"
+    # a model as good as the naive stays eligible, and the order decides within the tolerance
+    skill["ets"]["mase"] = 0.80
+    assert rank_models(skill, order, 0.10)[0] == "ets"
+    assert "later in the order" in selection_reasons(skill, order, 0.10, "ets")["snaive_week"]

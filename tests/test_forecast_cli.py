@@ -116,3 +116,6 @@ def test_no_model_with_skill_selects_the_average_with_its_members(tmp_path, caps
     avg = res["models"]["average"]
     assert res["selected"] == "average" and avg["members"] == ["ets", "snaive_day"] and avg["folds"] == 2
     assert avg["mase"] <= max(res["models"][m]["mase"] for m in ("ets", "snaive_day"))  # MAE is convex
+    assert res["why"]["average"] == "selected: no candidate reached MASE 1; the average of ets+snaive_day"
+    assert set(res["why"]) == {"ets", "snaive_day", "average"}
+    assert all(not res["why"][m].startswith("selected") for m in ("ets", "snaive_day"))

@@ -177,3 +177,16 @@ def test_prepare_regularises_gaps_nan_and_counter_reset_negatives():
     assert np.all(p.values >= 0) and np.all(np.isfinite(p.values))
     # a filled point takes the value one day earlier when that was observed
     assert p.values[400] == pytest.approx(y[400 - 288])
+
+
+def test_level_weekly_naive_is_last_week_times_the_recent_growth():
+    week = 7 * 24
+    # a weekly shape whose level grows 5 % a week, step by step at each week's start
+    s = hourly(21, lambda i, t: 10 * daily_shape(i) * (1 + (i % week) / week) * 1.05 ** (i // week))
+    p = prepare(s)
+    fc = MODELS["snaive_week_level"].fit(p).forecast(week)
+    assert fc.mean == pytest.approx(1.05 * p.values[-week:])
+    plain = MODELS["snaive_week"].fit(p).forecast(week)
+    assert plain.mean == pytest.approx(p.values[-week:])  # the plain naive keeps last week's level
+    with pytest.raises(TooShort, match="snaive_week_level needs"):
+        MODELS["snaive_week_level"].fit(prepare(hourly(13, lambda i, t: 10 * daily_shape(i))))

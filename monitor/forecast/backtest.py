@@ -4,11 +4,12 @@
 benchmark share:
 1. every candidate model whose minimum history is met is backtested from rolling origins at the end
    of the history (expanding window, refit at each origin);
-2. the earliest candidate (in the configured order) whose MASE is within 10% of the lowest is
-   selected; but when no candidate's MASE is below `average_below_skill` (1.0), none has shown
+2. among the candidates that score no worse than the best seasonal naive on the same folds, the
+   earliest (in the configured order) whose MASE is within 10% of their lowest is selected
+   (`SeriesForecast.why` says, per model, why it was or was not); but when no candidate's MASE is below `average_below_skill` (1.0), none has shown
    skill over the seasonal naive and the choice would follow noise: the forecast is then the
    equal-weight average of every plain candidate, named `average` (bands calibrated on the
-   average's own backtest folds);
+   average's own backtest folds), unless the average too scores worse than the best naive;
 3. the selected model is fitted on the whole history; if that fit fails or overruns its time box,
    the next model in the fallback order is used (and the failure reported);
 4. the 80% / 95% bands are replaced by bands calibrated on backtest residuals (split-conformal
@@ -227,17 +228,54 @@ def apply_calibration(fc: Forecast, cal: Calibration) -> Forecast:
     return Forecast(fc.mean, bands, fc.model)
 
 
+# the seasonal naives: a selected model must score at least as well as the best of them
+NAIVE_MODELS = ("snaive_day", "snaive_week", "snaive_week_level")
+
+
+def naive_bar(skill: dict[str, dict]) -> Optional[tuple[str, float]]:
+    """(model, MASE) of the best seasonal naive backtested on these folds, or None."""
+    naive = [(skill[m]["mase"], m) for m in NAIVE_MODELS if skill.get(m, {}).get("mase") is not None]
+    return (min(naive)[1], min(naive)[0]) if naive else None
+
+
 def rank_models(skill: dict[str, dict], order: list[str], tolerance: float) -> list[str]:
-    """Models by preference: the earliest in `order` whose MASE is within (1 + tolerance) of the
-    best comes first, then the rest by MASE. Models without a MASE go last, in order."""
+    """Models by preference: among the models that score no worse than the best seasonal naive
+    on the same folds, the earliest in `order` whose MASE is within (1 + tolerance) of their best
+    comes first; then the rest by MASE. Models without a MASE go last, in order."""
     with_mase = [m for m in order if skill.get(m, {}).get("mase") is not None]
     without = [m for m in order if m not in with_mase]
     if not with_mase:
         return without
-    best = min(skill[m]["mase"] for m in with_mase)
-    first = next(m for m in with_mase if skill[m]["mase"] <= best * (1 + tolerance))
+    bar = naive_bar(skill)
+    eligible = [m for m in with_mase if bar is None or m in NAIVE_MODELS or skill[m]["mase"] <= bar[1]]
+    best = min(skill[m]["mase"] for m in eligible)
+    first = next(m for m in eligible if skill[m]["mase"] <= best * (1 + tolerance))
     rest = sorted((m for m in with_mase if m != first), key=lambda m: skill[m]["mase"])
     return [first] + rest + without
+
+
+def selection_reasons(skill: dict[str, dict], order: list[str], tolerance: float,
+                      chosen: Optional[str]) -> dict[str, str]:
+    """One line per backtested model: why it was or was not selected (`headroom backtest` prints it)."""
+    bar = naive_bar(skill)
+    scored = {m: skill[m]["mase"] for m in order if skill.get(m, {}).get("mase") is not None}
+    eligible = {m: v for m, v in scored.items() if bar is None or m in NAIVE_MODELS or v <= bar[1]}
+    best = min(eligible.values()) if eligible else None
+    out = {}
+    for m in order:
+        v = scored.get(m)
+        if m == chosen:
+            out[m] = (f"selected: MASE {v:.3f}, the earliest within {tolerance:.0%} of the best ({best:.3f})"
+                      if v is not None and best is not None else "selected")
+        elif v is None:
+            out[m] = "no backtest score (history too short for its folds, or every fold failed)"
+        elif m not in eligible:
+            out[m] = f"not selected: MASE {v:.3f} is worse than the seasonal naive {bar[0]} ({bar[1]:.3f})"
+        elif best is not None and v > best * (1 + tolerance):
+            out[m] = f"not selected: MASE {v:.3f}, more than {tolerance:.0%} above the best ({best:.3f})"
+        else:
+            out[m] = f"not selected: MASE {v:.3f} is within {tolerance:.0%} of the best, but later in the order"
+    return out
 
 
 # --- selection + final forecast -----------------------------------------------------------------
@@ -257,6 +295,7 @@ class SeriesForecast:
     fit_cpu_seconds: float = 0.0  # the same in process CPU time (inline fits only)
     backtest_cpu_seconds: float = 0.0
     history_points: int = 0
+    why: dict[str, str] = field(default_factory=dict)  # model -> why it was or was not selected
 
 
 AVERAGE = "average"  # the model name of the no-skill average (see ForecastSettings.average_below_skill)
@@ -368,6 +407,10 @@ def forecast_series(prep: Prepared, horizon: int, settings: ForecastSettings = F
         break
     result.fit_seconds = time.perf_counter() - t1
     result.fit_cpu_seconds = time.process_time() - c1
+    result.why = selection_reasons(result.skill, [m for m in settings.models if m in result.skill],
+                                   settings.selection_tolerance, result.model)
+    if result.model == AVERAGE:
+        result.why[AVERAGE] = f"selected: {result.selected_by} (no candidate reached MASE {settings.average_below_skill:g})"
     if result.forecast is None:
         result.defined = False
         result.reason = "every model failed: " + "; ".join(
@@ -392,6 +435,10 @@ def _average(prep: Prepared, horizon: int, members: list[str], fold_sets: dict[s
     fc = combine(list(fits.values()), AVERAGE)
     if folds:
         result.skill[AVERAGE] = pooled_score(folds, scale)
+        bar = naive_bar(result.skill)
+        mase = result.skill[AVERAGE].get("mase")
+        if bar is not None and mase is not None and mase > bar[1]:
+            return False  # the average is worse than a seasonal naive: the selection below picks
         cal = calibrate(folds, settings.min_calibration_points, settings.calibration_kind) \
             if settings.calibrate else None
         if cal is not None:

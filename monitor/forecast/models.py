@@ -133,6 +133,43 @@ class _SNaiveFit(Fitted):
         return Forecast(mean, _clip_bands(mean, bands), self.model_name)
 
 
+class LevelWeeklyNaive(SeasonalNaive):
+    """Last week, scaled by the recent growth: the week before's shape on this week's level.
+
+    growth g = (mean of the last `level_days` days) / (mean of the same days one week earlier),
+    over the points observed in both, clipped to [0.5, 2]; the forecast for t is g x y(t - 1 week).
+    The residuals (for the bands) are those of the same rule one week back. Needs two weeks.
+    A growing office fleet is the case: the plain weekly naive forecasts last week's level."""
+
+    level_days = 2
+    name = "snaive_week_level"
+
+    def __init__(self):
+        self.period = "week"
+
+    def min_history(self, prep: Prepared) -> int:
+        return 2 * prep.per_week + max(2, prep.per_day // 4)
+
+    def _growth(self, y: np.ndarray, ok: np.ndarray, end: int, m: int, d: int) -> float:
+        now, before = slice(end - d, end), slice(end - d - m, end - m)
+        both = ok[now] & ok[before]
+        if not both.any():
+            return 1.0
+        a, b = float(np.mean(y[now][both])), float(np.mean(y[before][both]))
+        return float(np.clip(a / b, 0.5, 2.0)) if b > 0 else 1.0
+
+    def fit(self, prep: Prepared) -> Fitted:
+        self.check(prep)
+        m, d = prep.per_week, self.level_days * prep.per_day
+        y, ok = prep.values, prep.observed
+        g = self._growth(y, ok, len(y), m, d)
+        g_back = self._growth(y, ok, len(y) - m, m, d)  # the same rule one week earlier
+        resid = y[-m:] - g_back * y[-2 * m:-m]
+        both = ok[-m:] & ok[-2 * m:-m]
+        resid = resid[both] if both.any() else resid
+        return _SNaiveFit(self.name, g * y[-m:], m, resid)
+
+
 # --- Holt-Winters / ETS -------------------------------------------------------------------------
 
 class HoltWinters(Model):
@@ -445,6 +482,7 @@ class _CombinationFit(Fitted):
 MODELS: dict[str, Model] = {
     "snaive_day": SeasonalNaive("day"),
     "snaive_week": SeasonalNaive("week"),
+    "snaive_week_level": LevelWeeklyNaive(),
     "ets": HoltWinters(),
     "ets_30m": AggregatedHoltWinters(),
     "ets_1h": HourlyHoltWinters(),
@@ -454,12 +492,12 @@ MODELS: dict[str, Model] = {
 MODELS["ets_week"] = Combination("ets_week", ("ets", "snaive_week"))
 
 # the order tried when the preferred model cannot be fitted (best first, baselines last)
-FALLBACK_ORDER = ("ets_week", "ets", "ets_1h", "ets_30m", "mstl", "sarimax", "snaive_week",
+FALLBACK_ORDER = ("ets_week", "ets", "ets_1h", "ets_30m", "mstl", "sarimax", "snaive_week_level", "snaive_week",
                   "snaive_day")
 # the candidates a refit backtests by default: the fallback order without `ets_30m` (`ets_1h` is
 # cheaper and was as good) and `mstl` (never selected on the benchmark traces, ~1 s per refit), so
 # the whole refit, selection included, stays under 5 s of CPU on one core
-DEFAULT_MODELS = ("ets_week", "ets", "ets_1h", "sarimax", "snaive_week", "snaive_day")
+DEFAULT_MODELS = ("ets_week", "ets", "ets_1h", "sarimax", "snaive_week_level", "snaive_week", "snaive_day")
 
 
 def get_model(name: str) -> Model:
