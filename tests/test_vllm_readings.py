@@ -128,3 +128,23 @@ def test_a_histogram_with_a_non_finite_bucket_is_dropped():
     [r] = readings_from_scrape(scrape, "t", 1.0)
     assert "e2e" not in r.histograms and "ttft" in r.histograms
     assert scrape.anomalies == {"non_finite": 1}
+
+
+class _Body:
+    def __init__(self, text):
+        self.text = text
+
+    def get(self, url, timeout):
+        return self.text
+
+
+@pytest.mark.parametrize("age, expect", [(600.0, {"stale_sample": 1}), (30.0, {})])
+def test_a_sample_timestamped_long_ago_is_counted_stale(age, expect):
+    from monitor.config import Target
+    from monitor.sources.scrape import scrape_one
+    now = 1_790_000_000.0
+    text = fixture(LOAD).replace('vllm:num_requests_running{engine="0",model_name="tiny"} 0.0',
+                                 f'vllm:num_requests_running{{engine="0",model_name="tiny"}} 3.0 {int((now - age) * 1000)}')
+    result = scrape_one(_Body(text), Target("http://a:8000/metrics"), 5.0, clock=lambda: now)
+    assert result.status.up and result.readings[0].running == 3.0  # the value is used
+    assert (result.anomalies or {}) == expect

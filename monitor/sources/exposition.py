@@ -43,9 +43,18 @@ class ParsedScrape:
     lines: int = 0
     skipped: int = 0  # sample lines not asked for
     anomalies: dict[str, int] = field(default_factory=dict)  # kind -> count (duplicate_series, ...)
+    oldest_timestamp: Optional[float] = None  # the oldest explicit sample timestamp, Unix seconds
 
     def anomaly(self, kind: str, n: int = 1) -> None:
         self.anomalies[kind] = self.anomalies.get(kind, 0) + n
+
+    def stamp(self, written: Optional[float]) -> None:
+        """Keep the oldest sample timestamp (seconds; the text format writes milliseconds)."""
+        if written is None or not math.isfinite(written):
+            return
+        seconds = written if self.openmetrics else written / 1000.0
+        if self.oldest_timestamp is None or seconds < self.oldest_timestamp:
+            self.oldest_timestamp = seconds
 
     def get(self, name: str) -> list[tuple[dict[str, str], float]]:
         return self.samples.get(name, [])
@@ -145,7 +154,7 @@ def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[
                 continue
             seen.add(key)
             if "#" in rest:
-                _add_sample(samples, raw_name, rest, None)  # exemplar (or '#' in a label value)
+                out.stamp(_add_sample(samples, raw_name, rest, None))  # exemplar (or '#' in a label value)
                 continue
             if rest[0] == "{":
                 close = rest.rfind("}")
@@ -154,7 +163,7 @@ def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[
                 labels = cache.get(label_text) if close > 0 else None
                 if labels is None:
                     if close <= 0:
-                        _add_sample(samples, raw_name, rest, None)  # strict path names the problem
+                        out.stamp(_add_sample(samples, raw_name, rest, None))  # strict path names the problem
                         continue
                     labels = parse_labels(label_text[1:], None)
                     cache[label_text] = labels
@@ -163,7 +172,7 @@ def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[
                 tail = rest
             tokens = tail.split()
             if len(tokens) != 1:
-                _add_sample(samples, raw_name, rest, None)  # timestamp, exemplar or malformed
+                out.stamp(_add_sample(samples, raw_name, rest, None))  # timestamp, exemplar or malformed
                 continue
             try:
                 value = float(tokens[0])
@@ -203,7 +212,7 @@ def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[
             out.anomaly("duplicate_series")
             continue
         seen_generic.add(key)
-        _add_sample(samples, raw_name, rest, None, lineno)
+        out.stamp(_add_sample(samples, raw_name, rest, None, lineno))
     return out
 
 
@@ -234,8 +243,10 @@ def _wanted_regex(wanted: frozenset) -> "re.Pattern[str]":
     return rx
 
 
-def _add_sample(samples, raw_name: str, rest: str, offset: Optional[int], lineno: Optional[int] = None) -> None:
-    """Parse `{labels} value [timestamp] [# exemplar]` (or ` value ...`) for one sample line."""
+def _add_sample(samples, raw_name: str, rest: str, offset: Optional[int], lineno: Optional[int] = None
+                ) -> Optional[float]:
+    """Parse `{labels} value [timestamp] [# exemplar]` (or ` value ...`) for one sample line;
+    returns its timestamp as written (None without one)."""
     try:
         if not _NAME_RE.match(raw_name):
             raise ExpositionError(f"bad metric name {raw_name[:60]!r}")
@@ -254,8 +265,7 @@ def _add_sample(samples, raw_name: str, rest: str, offset: Optional[int], lineno
         if not tokens or len(tokens) > 2:
             raise ExpositionError(f"expected 'value [timestamp]' after {raw_name[:60]!r}")
         value = parse_float(tokens[0], lineno)
-        if len(tokens) == 2:
-            parse_float(tokens[1], lineno)  # timestamp: validated, not kept
+        stamp = parse_float(tokens[1], lineno) if len(tokens) == 2 else None
     except ExpositionError as exc:
         if exc.line is None and (lineno is not None or offset is not None):
             raise ExpositionError(str(exc), exc.reason, lineno) from None
@@ -266,6 +276,7 @@ def _add_sample(samples, raw_name: str, rest: str, offset: Optional[int], lineno
         samples[name] = [(labels, value)]
     else:
         bucket.append((labels, value))
+    return stamp
 
 
 def _find_close(line: str, start: int, lineno: int) -> int:

@@ -22,6 +22,10 @@ from .http import FetchError, Fetcher, redact
 from .vllm import parse_vllm, readings_from_scrape
 
 
+# a sample whose own timestamp is older than this (Prometheus's default lookback) is stale
+STALE_SAMPLE_SECONDS = 300.0
+
+
 @dataclass
 class ScrapeResult:
     target: Target
@@ -36,7 +40,10 @@ def scrape_one(fetcher: Fetcher, target: Target, timeout: float, clock=time.time
     try:
         text = fetcher.get(target.url, timeout)
         scrape = parse_vllm(text)
-        readings = readings_from_scrape(scrape, name, clock(), target.labels)
+        now = clock()
+        if scrape.oldest_timestamp is not None and now - scrape.oldest_timestamp > STALE_SAMPLE_SECONDS:
+            scrape.anomaly("stale_sample")  # used, but the target says it is old: counted, never silent
+        readings = readings_from_scrape(scrape, name, now, target.labels)
         if not readings:
             raise FetchError("no_vllm_metrics", "no vllm:num_requests_running or KV usage series in the body")
         return ScrapeResult(target, readings, SourceStatus("vllm", name, True, duration_seconds=time.monotonic() - start),
