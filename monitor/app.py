@@ -291,6 +291,11 @@ def history_source(cfg: Config, store):
     return StoreHistory(store)
 
 
+def _has_days(section) -> bool:
+    """A calendar that names any non-working day besides the weekend."""
+    return bool(section.country or section.non_working or section.recurring)
+
+
 def store_forecaster(cfg: Config, source, clock: Callable[[], float], capacity: Callable[[], dict],
                      history_days: float = 35.0, step: float = 300.0):
     """The `ForecastScheduler` over a history source (monitor/history). `capacity()`: pool ->
@@ -309,5 +314,7 @@ def store_forecaster(cfg: Config, source, clock: Callable[[], float], capacity: 
 
     fc = cfg.forecast  # typed and validated at load (monitor/config/headroom.py Forecast)
     from .timebox import timeboxed  # noqa: PLC0415
-    settings = PoolSettings(forecast=ForecastSettings(runner=timeboxed(fc.fit_timeout_seconds)))
+    calendar = cfg.calendar.calendar()
+    settings = PoolSettings(forecast=ForecastSettings(runner=timeboxed(fc.fit_timeout_seconds),
+                                                      calendar=calendar if _has_days(cfg.calendar) else None))
     return ForecastScheduler(load_history, capacity, settings, interval_minutes=fc.refit_minutes, clock=clock)

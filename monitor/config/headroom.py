@@ -16,6 +16,7 @@ from .kinds import (Choice, Duration, File, Flag, Int, Labels, ListenAddress, Ma
                     SecretFile, Shard, StorePath, Text, Url)
 from .reader import ConfigError, Reader, group, join, key
 from .shapes import ListOf, MapOf, Sub
+from .calendar import CalendarSection
 from .slo import PoolTargets, SloSection
 from .values import DAY, read_secret_env, read_secret_file
 
@@ -208,6 +209,8 @@ class Config:
     store_retention: float = key(Duration(gt=0), 35 * DAY, path="store.retention", help="history kept")
     capacity: Capacity = key(Sub(Capacity), Capacity(), help="knee and capacity knobs")
     forecast: Forecast = key(Sub(Forecast), Forecast(), help="forecast refits")
+    calendar: CalendarSection = key(Sub(CalendarSection), CalendarSection(),
+                                    help="non-working days: holidays are forecast as such (README, Calendars)")
     digest: dict[str, Any] = key(Mapping(_digest_section), {},
                                  help="weekly digest: schedule, destinations, prices (docs/digest.md)")
     slos: SloSettings = key(SloSection(), SloSettings(),

@@ -26,6 +26,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from monitor.forecast.calendar import Calendar, as_non_working
 from monitor.forecast.models import DEFAULT_MODELS, LEVELS, Forecast, combine, get_model
 from monitor.forecast.series import DAY, Prepared
 
@@ -56,6 +57,9 @@ class ForecastSettings:
     # seasonal naive), none has shown skill and picking the "best" of two folds picks noise:
     # forecast the equal-weight average of every plain candidate instead (0 turns the rule off)
     average_below_skill: float = 1.0
+    # non-working days (monitor/forecast/calendar.py): a holiday is forecast, and backtested, as
+    # the non-working day it is; None: every day is the model's own
+    calendar: Optional[Calendar] = None
 
     def __post_init__(self):
         for name in self.models:
@@ -125,9 +129,11 @@ def _fit_forecast(model_name: str, prep: Prepared, h: int) -> Forecast:
     return get_model(model_name).fit(prep).forecast(h)
 
 
-def run_fit(model_name: str, prep: Prepared, h: int, runner: Optional[Callable] = None) -> Forecast:
+def run_fit(model_name: str, prep: Prepared, h: int, runner: Optional[Callable] = None,
+            calendar: Optional[Calendar] = None) -> Forecast:
     args = (model_name, prep, h)
-    return runner(_fit_forecast, args) if runner is not None else _fit_forecast(*args)
+    fc = runner(_fit_forecast, args) if runner is not None else _fit_forecast(*args)
+    return as_non_working(prep, fc, calendar) if calendar is not None else fc
 
 
 def origins_for(n: int, horizon: int, folds: int) -> list[int]:
@@ -136,7 +142,8 @@ def origins_for(n: int, horizon: int, folds: int) -> list[int]:
 
 
 def rolling_origin(prep: Prepared, model_name: str, horizon: int, origins: list[int],
-                   runner: Optional[Callable] = None) -> tuple[list[Fold], list[str]]:
+                   runner: Optional[Callable] = None, calendar: Optional[Calendar] = None
+                   ) -> tuple[list[Fold], list[str]]:
     """Refit at every origin on everything before it, forecast `horizon` points (cut at the end)."""
     model = get_model(model_name)
     folds, errors = [], []
@@ -148,7 +155,7 @@ def rolling_origin(prep: Prepared, model_name: str, horizon: int, origins: list[
         if train.n < model.min_history(train):
             continue
         try:
-            fc = run_fit(model_name, train, h, runner)
+            fc = run_fit(model_name, train, h, runner, calendar)
         except Exception as exc:  # a failed fold is reported and skipped, never fatal
             errors.append(f"origin {o}: {type(exc).__name__}: {exc}")
             continue
@@ -337,13 +344,14 @@ def members_last(names) -> list[str]:
 
 
 def model_folds(prep: Prepared, name: str, done: dict[str, list[Fold]], horizon: int, origins: list[int],
-                runner: Optional[Callable] = None) -> tuple[list[Fold], list[str]]:
+                runner: Optional[Callable] = None, calendar: Optional[Calendar] = None
+                ) -> tuple[list[Fold], list[str]]:
     """A model's backtest folds: averaged from its members' folds in `done` when it is a
     combination whose members were backtested at the same origins, else refitted per origin."""
     folds = combined_folds(name, done)
     if folds is not None:
         return folds, []
-    return rolling_origin(prep, name, horizon, origins, runner)
+    return rolling_origin(prep, name, horizon, origins, runner, calendar)
 
 
 def forecast_series(prep: Prepared, horizon: int, settings: ForecastSettings = ForecastSettings()
@@ -367,7 +375,7 @@ def forecast_series(prep: Prepared, horizon: int, settings: ForecastSettings = F
     fold_sets: dict[str, list[Fold]] = {}
     t0, c0 = time.perf_counter(), time.process_time()
     for name in members_last(eligible):
-        folds, errors = model_folds(prep, name, fold_sets, fold_h, origins, settings.runner)
+        folds, errors = model_folds(prep, name, fold_sets, fold_h, origins, settings.runner, settings.calendar)
         if errors:
             result.errors.setdefault(name, []).extend(errors)
         if folds:
@@ -385,7 +393,7 @@ def forecast_series(prep: Prepared, horizon: int, settings: ForecastSettings = F
         order = []  # the average stands; selection does not run
     for name in order:
         try:
-            fc = run_fit(name, prep, horizon, settings.runner)
+            fc = run_fit(name, prep, horizon, settings.runner, settings.calendar)
         except Exception as exc:
             result.errors.setdefault(name, []).append(f"final fit: {type(exc).__name__}: {exc}")
             continue
@@ -426,7 +434,7 @@ def _average(prep: Prepared, horizon: int, members: list[str], fold_sets: dict[s
     fits = {}
     for name in members:
         try:
-            fits[name] = run_fit(name, prep, horizon, settings.runner)
+            fits[name] = run_fit(name, prep, horizon, settings.runner, settings.calendar)
         except Exception as exc:
             result.errors.setdefault(name, []).append(f"final fit: {type(exc).__name__}: {exc}")
     if len(fits) < 2:
