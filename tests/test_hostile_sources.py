@@ -145,3 +145,19 @@ def test_prometheus_mode_partial_answer_and_bad_values_are_counted(hostile):
         for labels, v in rows:
             assert v == v and v not in (float("inf"), float("-inf")) or name == "headroom_exhaustion_seconds", \
                 (name, labels, v)
+
+
+def test_a_target_with_50000_models_is_cut_and_the_good_replicas_are_read(good, hostile):
+    lines = []
+    for i in range(50_000):
+        lines.append(f'vllm:num_requests_running{{engine="0",model_name="m{i:05d}"}} 1')
+        lines.append(f'vllm:kv_cache_usage_perc{{engine="0",model_name="m{i:05d}"}} 0.1')
+    bad = hostile("\n".join(lines) + "\n", "ok")
+    cfg = Config(vllm_targets=[Target(s.url("/metrics")) for s in good] + [Target(bad.url())],
+                 interval=15.0, scrape_timeout=10.0)
+    snap, took, p = _cycle(cfg)
+    assert took < cycle_deadline_seconds(cfg) + 0.5, took
+    assert p.dropped["models_per_target"] == 50_000 - cfg.max_models_per_target
+    pools = {x.pool: x for x in snap.pools}
+    assert pools["tiny"].replicas == 2  # the two good replicas (one real model) are read
+    assert len(pools) == 1 + cfg.max_models_per_target
