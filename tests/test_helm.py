@@ -53,7 +53,7 @@ for _path in sorted((CHART_DIR / "ci").glob("*-values.yaml")):
     VALUE_SETS[_path.stem] = yaml.safe_load(_path.read_text()) or {}
 
 WORKLOAD_KINDS = ("Deployment", "StatefulSet")
-OPERATOR_KINDS = ("PrometheusRule", "ServiceMonitor")
+OPERATOR_KINDS = ("PrometheusRule", "ServiceMonitor", "ScaledObject")  # CRDs: checked by tests/k8s-models
 
 
 # ------------------------------------------------------------------ helpers
@@ -259,6 +259,33 @@ def test_operator_models_reject_broken_objects(rendered, tmp_path):
     assert code == 1
     assert [c["valid"] for c in report["checked"]] == [False, False]
     assert "pattern" in report["checked"][0]["error"]
+
+
+# ------------------------------------------------------------------ KEDA (advisory autoscaling)
+
+def test_scaled_objects_ask_for_exactly_the_recommended_replicas(rendered):
+    assert of_kind(rendered["chart-defaults"], "ScaledObject") == []  # off by default
+    objs = {o["spec"]["scaleTargetRef"]["name"]: o for o in of_kind(rendered["keda-values"], "ScaledObject")}
+    assert set(objs) == {"vllm-llama-8b", "vllm-llama-70b"}
+    small, big = objs["vllm-llama-8b"], objs["vllm-llama-70b"]
+    [trigger] = small["spec"]["triggers"]
+    assert trigger["type"] == "prometheus" and trigger["metricType"] == "AverageValue"
+    assert trigger["metadata"]["threshold"] == "1"  # desired = ceil(value / 1) = the recommendation
+    assert trigger["metadata"]["query"] == \
+        'max(headroom_recommended_replicas{pool="meta-llama/Llama-3.1-8B-Instruct",horizon="1h"})'
+    assert big["spec"]["triggers"][0]["metadata"]["query"].endswith('horizon="1d"})')  # its own horizon
+    assert (small["spec"]["minReplicaCount"], small["spec"]["maxReplicaCount"]) == (2, 8)
+    assert (big["spec"]["minReplicaCount"], big["spec"]["maxReplicaCount"]) == (1, 4)
+    from monitor.catalogue import CATALOGUE
+    assert "headroom_recommended_replicas" in {m.name for m in CATALOGUE}
+
+
+def test_keda_model_rejects_a_broken_scaled_object(rendered, tmp_path):
+    cmd = _node_validator()
+    broken = copy.deepcopy(of_kind(rendered["keda-values"], "ScaledObject")[0])
+    del broken["spec"]["scaleTargetRef"]
+    code, report = _run_models(cmd, [write_docs(tmp_path / "bad.yaml", [broken])])
+    assert code == 1 and [c["valid"] for c in report["checked"]] == [False]
 
 
 # ------------------------------------------------------------------ PrometheusRule content

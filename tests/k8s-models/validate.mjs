@@ -1,5 +1,6 @@
-// Validate Prometheus Operator objects (PrometheusRule, ServiceMonitor, PodMonitor) against the
-// @kubernetes-models/prometheus-operator models, which carry the CRDs' OpenAPI schemas.
+// Validate Prometheus Operator objects (PrometheusRule, ServiceMonitor, PodMonitor) and KEDA
+// ScaledObjects against the @kubernetes-models/prometheus-operator and @kubernetes-models/keda
+// models, which carry the CRDs' OpenAPI schemas.
 //
 //   node validate.mjs rendered.yaml [more.yaml ...]
 //
@@ -11,11 +12,13 @@ import * as yaml from 'js-yaml';
 import { PrometheusRule } from '@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/PrometheusRule';
 import { ServiceMonitor } from '@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/ServiceMonitor';
 import { PodMonitor } from '@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/PodMonitor';
+import { ScaledObject } from '@kubernetes-models/keda/keda.sh/v1alpha1/ScaledObject';
 
 const MODELS = {
   'monitoring.coreos.com/v1/PrometheusRule': PrometheusRule,
   'monitoring.coreos.com/v1/ServiceMonitor': ServiceMonitor,
   'monitoring.coreos.com/v1/PodMonitor': PodMonitor,
+  'keda.sh/v1alpha1/ScaledObject': ScaledObject,
 };
 
 const report = { checked: [], skipped: 0 };
