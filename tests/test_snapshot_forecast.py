@@ -133,5 +133,10 @@ def test_once_and_every_endpoint_of_a_cycle_carry_the_forecast_metrics_exports(s
         peak = refit.pools["tiny"].horizons["1d"].peak
         assert f"<b>{peak:,.0f}</b><span>forecast peak requests (1 d)" in page
         assert f"capacity reached in {left / 3600:,.1f} h" in page
+        rec = pool["recommended_replicas"]["1d"]  # the fewest N with (N - 1) x knee per replica >= the 95 % peak
+        per_replica = pool["capacity"]["knee_requests"] / pool["replicas"]
+        assert (rec - 1) * per_replica >= refit.pools["tiny"].horizons["1d"].peak_upper > (rec - 2) * per_replica
+        assert metric(samples, "headroom_recommended_replicas", horizon="1d", pool="tiny") == rec
+        assert f"{rec} replicas recommended" in page
     finally:
         daemon.stop()

@@ -28,7 +28,7 @@ from zoneinfo import ZoneInfo
 import numpy as np
 import pandas as pd
 
-from monitor.capacity.headroom import CapacitySettings, compute_capacity
+from monitor.capacity.headroom import CapacitySettings, compute_capacity, recommended_replicas
 from monitor.capacity.knee import Knee
 from monitor.digest.settings import DigestSettings, TaskFacts
 from monitor.forecast.backtest import ForecastSettings, forecast_series
@@ -339,7 +339,9 @@ def _recommend(name: str, replicas: int, per_rep: Optional[float], fc: dict, lev
         return float(times[hit[0]]) if len(hit) else None
 
     base = {"upper": upper, "level": level, "capacity_knee": cap, "capacity_n_minus_1": cap_n1,
-            "replicas": replicas, "replicas_needed": need, "replicas_needed_n_minus_1": need + 1}
+            "replicas": replicas, "replicas_needed": need,
+            # the same count /metrics exports as headroom_recommended_replicas (one definition)
+            "replicas_needed_n_minus_1": recommended_replicas(upper, per_rep, 1)}
     if replicas < need:
         k = need - replicas
         by = first_cross(cap)
@@ -348,14 +350,15 @@ def _recommend(name: str, replicas: int, per_rep: Optional[float], fc: dict, lev
                 f"Add {k} replica{'s' if k > 1 else ''} to pool {name} before {when}: the forecast "
                 f"{lvl} upper bound ({upper:,.0f} concurrent requests) exceeds capacity at the knee "
                 f"({cap:,.0f} with {replicas} replicas)."}
-    if replicas < need + 1:
+    n1 = base["replicas_needed_n_minus_1"]
+    if replicas < n1:
         by = first_cross(cap_n1)
         when = fmt_time(by, tz, with_date=False) if by is not None else "next week"
         return {**base, "action": "add_for_n_minus_1", "replicas_delta": 1, "deadline": by, "text":
                 f"Add one replica to pool {name} before {when} to keep N-1 cover: the forecast {lvl} "
                 f"upper bound ({upper:,.0f}) fits the knee ({cap:,.0f}) but not the loss of a replica "
                 f"({cap_n1:,.0f})."}
-    spare = replicas - (need + 1)
+    spare = replicas - n1
     if spare >= 1:
         return {**base, "action": "remove", "replicas_delta": -spare, "deadline": None, "text":
                 f"Pool {name} can lose {'a replica' if spare == 1 else f'{spare} replicas'}: the "

@@ -94,7 +94,10 @@ def _forecast_kpi(p: PoolSnapshot) -> str:
         until = "no exhaustion within the forecast"
     else:
         until = f"capacity reached in {left / 3600:,.1f} h"
-    return f'<div><b>{_fmt(day.peak)}</b><span>forecast peak requests (1 d) · {until}</span></div>'
+    rec = p.recommended_replicas.get("1d")
+    scale = (f" · {rec} replicas recommended (with one lost, the rest hold the 95 % peak)"
+             if rec is not None else "")
+    return f'<div><b>{_fmt(day.peak)}</b><span>forecast peak requests (1 d) · {until}{scale}</span></div>'
 
 
 def _pool_card(p: PoolSnapshot, trend: list) -> str:
