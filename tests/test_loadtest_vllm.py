@@ -54,6 +54,18 @@ def ramp(engine, tmp_path_factory, name: str) -> dict:
     return rep
 
 
+def queued_where_read(windows: dict, levels, what: str) -> None:
+    """Past the slot count the engine queues: every window whose server samples exist shows
+    waiting > 0. A window of 3 s can go unread when the saturated engine answers /metrics after
+    the next step began (seen once at 20 sessions on 2 loaded cores); one such window is allowed,
+    and named, never counted as 0."""
+    unread = [lv for lv in levels if windows[lv]["server_waiting_max"] is None]
+    assert len(unread) <= 1, f"the engine's /metrics went unread at {unread} sessions ({what})"
+    for lv in levels:
+        if lv not in unread:
+            assert windows[lv]["server_waiting_max"] > 0, f"no request waited at {lv} sessions ({what})"
+
+
 def test_queueing_past_max_num_seqs_and_client_server_agree(vllm_small_engine, tmp_path_factory):
     rep = ramp(vllm_small_engine, tmp_path_factory, "seqs8")
     w = {x["sessions"]: x for x in rep["windows"]}
@@ -66,8 +78,7 @@ def test_queueing_past_max_num_seqs_and_client_server_agree(vllm_small_engine, t
     for level in (2, 4, 6, 8):
         assert w[level]["server_waiting_max"] == 0, f"a request waited at {level} sessions"
         assert w[level]["server_running_max"] <= level
-    for level in (12, 14, 16, 18, 20):
-        assert w[level]["server_waiting_max"] > 0, f"no request waited at {level} sessions"
+    queued_where_read(w, (12, 14, 16, 18, 20), "8 slots")
     assert rep["server"]["running_max"] == 8  # the slot limit was reached and never exceeded
     assert rep["server"]["waiting_max"] > 0
     # exact request count: every successful call (probes included) is one engine success
@@ -103,8 +114,7 @@ def test_compare_of_four_and_eight_slots(vllm_small_engine, vllm_engine_factory,
         [(x["sessions"], round(x["mean_in_flight"], 1), x["server_waiting_max"]) for x in a["windows"]]) + "\n")
     # a session has at most one call in flight and spends part of its time in tool waits, so the
     # engine queue shows for certain only well past the slot count (one loaded run: not yet at 8)
-    for level in (12, 14, 16, 18, 20):
-        assert wa[level]["server_waiting_max"] > 0, f"no request waited at {level} sessions on 4 slots"
+    queued_where_read(wa, (12, 14, 16, 18, 20), "4 slots")
     assert a["server"]["running_max"] == 4
     out = subprocess.run([sys.executable, "-m", "monitor.cli", "compare", a["_path"], b["_path"], "--json",
                           "--names", "seqs4,seqs8"], capture_output=True, text=True, cwd=REPO, timeout=120,

@@ -22,7 +22,7 @@ import pandas as pd
 
 from monitor.forecast.backtest import (AVERAGE, ForecastSettings, average_folds, mase_scale, members_last,
                                        model_folds, no_skill_members, origins_for, pooled_score,
-                                       naive_bar, rank_models, selection_reasons)
+                                       rank_models, selection_reasons)
 from monitor.forecast.models import FALLBACK_ORDER, get_model
 from monitor.forecast.series import SeriesError, prepare
 
@@ -149,16 +149,11 @@ def backtest(series: pd.Series, horizon_seconds: float, n_origins: int, models: 
     if avg:  # no model showed skill: what the daemon would forecast is the members' average
         folds_by_model[AVERAGE] = avg
         out_models[AVERAGE] = {**_summary(pooled_score(avg, scale)), "members": members}
-        bar = naive_bar(scored)
-        if bar is not None and out_models[AVERAGE]["mase"] is not None and out_models[AVERAGE]["mase"] > bar[1]:
-            why[AVERAGE] = (f"not selected: MASE {out_models[AVERAGE]['mase']:.3f} is worse than the seasonal "
-                            f"naive {bar[0]} ({bar[1]:.3f})")
-        else:
-            why[AVERAGE] = f"selected: no candidate reached MASE {settings.average_below_skill:g}; the average of " \
-                           + "+".join(members)
-            if selected in why:
-                why[selected] = why[selected].replace("selected:", "not selected (the no-skill average is):", 1)
-            selected = AVERAGE
+        why[AVERAGE] = f"selected: no candidate reached MASE {settings.average_below_skill:g}; the average of " \
+                       + "+".join(members)
+        if selected in why:
+            why[selected] = why[selected].replace("selected:", "not selected (the no-skill average is):", 1)
+        selected = AVERAGE
     for name in out_models:
         why.setdefault(name, "no backtest score: " + str(out_models[name].get("undefined")))
     result = {"selected": selected, "models": out_models, "why": why,

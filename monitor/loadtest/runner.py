@@ -74,7 +74,7 @@ class Monitor:
     def __init__(self, urls: list[str], interval: float = 1.0, keep: float = 7200.0):
         self.urls = urls
         self.interval = interval
-        cfg = Config(vllm_targets=[Target(u) for u in urls], scrape_timeout=min(5.0, max(1.0, interval * 2)),
+        cfg = Config(vllm_targets=[Target(u) for u in urls], scrape_timeout=min(10.0, max(5.0, interval * 5)),
                      history_keep=keep, latency_window=keep)
         self.pipeline = Pipeline(cfg)
         self.samples: list[ServerSample] = []
