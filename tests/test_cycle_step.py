@@ -170,3 +170,17 @@ def test_recommended_replicas_edges():
     assert recommended_replicas(0.0, 32.0, 2) == 1
     assert recommended_replicas(None, 32.0, 2) is None and recommended_replicas(31.0, None, 2) is None
     assert recommended_replicas(31.0, 32.0, 0) is None and recommended_replicas(float("inf"), 32.0, 2) is None
+
+
+def test_the_landing_page_shows_the_knee_source_and_the_forecast_peak_with_its_band(no_clock):
+    import time as _time
+    from monitor.export.landing import Trends, render
+    state, inputs, now = warmed_up(cycles=2)
+    state, snap = step(state, inputs, now)
+    page = render(snap, Trends())
+    cap = snap.pools[0].capacity
+    how = (f"learned on {cap.knee_signal}, confidence {cap.knee_confidence_ratio:.2f}" if cap.knee_source == "learned"
+           else f"prior from the {cap.knee_signal}")
+    assert f"<span>knee requests ({how})</span>" in page
+    at = _time.strftime("%a %H:%M UTC", _time.gmtime(DAY.peak_timestamp))
+    assert f"forecast peak requests (1 d) at {at}, 95 % band up to 31 · capacity reached in 1.5 h" in page

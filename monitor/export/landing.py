@@ -97,7 +97,21 @@ def _forecast_kpi(p: PoolSnapshot) -> str:
     rec = p.recommended_replicas.get("1d")
     scale = (f" · {rec} replicas recommended (with one lost, the rest hold the 95 % peak)"
              if rec is not None else "")
-    return f'<div><b>{_fmt(day.peak)}</b><span>forecast peak requests (1 d) · {until}{scale}</span></div>'
+    at = time.strftime("%a %H:%M UTC", time.gmtime(day.peak_timestamp))
+    return (f'<div><b>{_fmt(day.peak)}</b><span>forecast peak requests (1 d) at {at}, 95 % band up to '
+            f'{_fmt(day.peak_upper)} · {until}{scale}</span></div>')
+
+
+def _knee_kpi(cap: Capacity) -> str:
+    """The knee and where it comes from: learned (with its confidence) or the prior from the limits."""
+    if cap.knee_requests is None:
+        return ""
+    if cap.knee_source == "learned":
+        conf = f", confidence {cap.knee_confidence_ratio:.2f}" if cap.knee_confidence_ratio is not None else ""
+        how = f"learned on {html.escape(cap.knee_signal or '?')}{conf}"
+    else:
+        how = f"prior from the {html.escape(cap.knee_signal or 'limits')}"
+    return f'<div><b>{_fmt(cap.knee_requests)}</b><span>knee requests ({how})</span></div>'
 
 
 def _pool_card(p: PoolSnapshot, trend: list) -> str:
@@ -127,6 +141,7 @@ def _pool_card(p: PoolSnapshot, trend: list) -> str:
     <div><b>{_fmt(sessions)}</b><span>agent sessions of {_fmt(session_cap)} sustainable</span></div>
     <div><b>{_fmt(spmw)}</b><span>sessions per MW</span></div>
     <div><b>{p.replicas}/{p.replicas_configured}</b><span>replicas up</span></div>
+    {_knee_kpi(cap)}
     {_forecast_kpi(p)}
   </div>
   <div class="bar"><div style="width:{min(kv_pct, 100):.0f}%"></div></div>
