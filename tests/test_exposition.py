@@ -1,5 +1,6 @@
 """The exposition parser on real vLLM captures and on every variant it must accept or reject."""
 import math
+import re
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -105,3 +106,37 @@ def test_bad_bodies_raise_with_reason(body, reason):
 def test_bad_line_is_named():
     with pytest.raises(ExpositionError, match="line 2"):
         parse('a 1\nb{x="1" 2\n')
+
+
+# Conformance cases from the text format and OpenMetrics specifications (issue #19 part 5), each
+# once on the generic path and once on the fast path (`wanted`).
+@pytest.mark.parametrize("wanted", [None, {"a"}])
+@pytest.mark.parametrize("body, expect", [
+    ('a{foo="\\\\foo"} 1\n', ({"foo": "\\foo"}, 1.0)),  # an escaped backslash
+    ('a{foo="\\foo"} 1\n', ({"foo": "\\foo"}, 1.0)),  # an unknown escape keeps its backslash
+    ('a{foo="x\\"y\\nz"} 1\n', ({"foo": 'x"y\nz'}, 1.0)),
+    ('a {foo="bar"} 1\n', ({"foo": "bar"}, 1.0)),  # a blank between the name and the labels
+    ('a\t{foo="bar"}\t2\n', ({"foo": "bar"}, 2.0)),  # tabs as separators
+    ("a\t3\n", ({}, 3.0)),
+    ('# TYPE a gauge\na{foo="bar"} 4\n# EOF', ({"foo": "bar"}, 4.0)),  # OpenMetrics may end at # EOF
+])
+def test_valid_lines_are_read_as_written(body, expect, wanted):
+    out = parse(body, wanted=wanted)
+    assert out.get("a") == [expect]
+
+
+@pytest.mark.parametrize("wanted", [None, {"a"}])
+@pytest.mark.parametrize("body, problem", [
+    ("a 1_2\n", "bad sample value '1_2'"),  # Python's float would read 12
+    ("a 1 NaN\n", "bad timestamp 'NaN'"),
+    ("a 1 +Inf\n", "bad timestamp '+Inf'"),
+])
+def test_invalid_lines_are_refused_not_misread(body, problem, wanted):
+    with pytest.raises(ExpositionError, match=re.escape(problem)):
+        parse(body, wanted=wanted)
+
+
+def test_two_series_with_a_blank_before_their_labels_are_two_series():
+    for wanted in (None, {"a"}):
+        out = parse('a {x="1"} 1\na {x="2"} 2\n', wanted=wanted)
+        assert out.get("a") == [({"x": "1"}, 1.0), ({"x": "2"}, 2.0)] and not out.anomalies

@@ -72,7 +72,7 @@ def _unescape(value: str) -> str:
     n = len(value)
     while i < n:
         c = value[i]
-        if c == "\\" and i + 1 < n:
+        if c == "\\" and i + 1 < n and value[i + 1] in '\\"n':
             nxt = value[i + 1]
             out.append("\n" if nxt == "n" else nxt)
             i += 2
@@ -94,6 +94,8 @@ def parse_labels(text: str, lineno: int) -> dict[str, str]:
 
 
 def parse_float(token: str, lineno: int) -> float:
+    if "_" in token:  # Python's float reads 1_2 as 12; the exposition formats have no digit separators
+        raise ExpositionError(f"bad sample value {token[:40]!r}", line=lineno)
     try:
         return float(token)
     except ValueError:
@@ -129,7 +131,7 @@ def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[
     out = ParsedScrape()
     if not text:
         return out
-    if strict_end and not text.endswith("\n"):
+    if strict_end and not text.endswith("\n") and not text.endswith("\n# EOF"):  # OpenMetrics may end at EOF
         raise ExpositionError("body does not end with a newline (truncated?)", reason="truncated",
                               line=text.count("\n") + 1)
     last_line = text.rstrip("\n").rsplit("\n", 1)[-1]
@@ -148,6 +150,8 @@ def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[
             cache.clear()
         seen: set = set()
         for raw_name, rest in matcher.findall("\n" + text):
+            if rest[0] != "{" and rest.lstrip(" \t").startswith("{"):
+                rest = rest.lstrip(" \t")  # `name {labels} value`: blanks before the labels
             key = (raw_name, rest.rsplit("}", 1)[0] if rest[0] == "{" else "")
             if key in seen:
                 out.anomaly("duplicate_series")
@@ -174,10 +178,11 @@ def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[
             if len(tokens) != 1:
                 out.stamp(_add_sample(samples, raw_name, rest, None))  # timestamp, exemplar or malformed
                 continue
+            token = tokens[0]
             try:
-                value = float(tokens[0])
+                value = float(token) if "_" not in token else parse_float(token, None)
             except ValueError:
-                value = parse_float(tokens[0], None)
+                value = parse_float(token, None)
             name = normalise_name(raw_name)
             bucket = samples.get(name)
             if bucket is None:
@@ -200,13 +205,14 @@ def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[
             out.skipped += 1
             continue
         brace = line.find("{")
-        space = line.find(" ")
+        space = _blank(line)
         if brace != -1 and (space == -1 or brace < space):
             raw_name, rest = line[:brace], line[brace:]
         elif space == -1:
             raise ExpositionError(f"sample line without a value: {line[:60]!r}", line=lineno)
         else:
             raw_name, rest = line[:space], line[space:]
+        rest = rest.lstrip(" \t") if not rest.startswith("{") and rest.lstrip(" \t").startswith("{") else rest
         key = (raw_name, rest.rsplit("}", 1)[0] if rest.startswith("{") else "")
         if key in seen_generic:
             out.anomaly("duplicate_series")
@@ -214,6 +220,12 @@ def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[
         seen_generic.add(key)
         out.stamp(_add_sample(samples, raw_name, rest, None, lineno))
     return out
+
+
+def _blank(line: str) -> int:
+    """Index of the first space or tab (the separators the text format allows), -1 without one."""
+    a, b = line.find(" "), line.find("\t")
+    return a if b == -1 else (b if a == -1 else min(a, b))
 
 
 KNOWN_TYPES = {"counter", "gauge", "histogram", "summary", "untyped", "unknown", "info", "stateset",
@@ -250,6 +262,7 @@ def _add_sample(samples, raw_name: str, rest: str, offset: Optional[int], lineno
     try:
         if not _NAME_RE.match(raw_name):
             raise ExpositionError(f"bad metric name {raw_name[:60]!r}")
+        rest = rest.lstrip(" \t")  # blanks may stand between the name and its labels
         if rest.startswith("{"):
             close = rest.rfind("}") if " # " not in rest else _find_close(rest, 0, lineno)
             if close < 0:
@@ -266,6 +279,8 @@ def _add_sample(samples, raw_name: str, rest: str, offset: Optional[int], lineno
             raise ExpositionError(f"expected 'value [timestamp]' after {raw_name[:60]!r}")
         value = parse_float(tokens[0], lineno)
         stamp = parse_float(tokens[1], lineno) if len(tokens) == 2 else None
+        if stamp is not None and not math.isfinite(stamp):
+            raise ExpositionError(f"bad timestamp {tokens[1][:40]!r}")
     except ExpositionError as exc:
         if exc.line is None and (lineno is not None or offset is not None):
             raise ExpositionError(str(exc), exc.reason, lineno) from None
