@@ -41,6 +41,7 @@ CATALOGUE: tuple[MetricDef, ...] = (
     _m("headroom_replica_kv_tokens", "gauge", "Live KV-cache tokens of one replica.", ["pool", "replica"]),
     _m("headroom_replica_kv_capacity_tokens", "gauge", "KV-cache capacity in tokens of one replica.", ["pool", "replica"]),
     _m("headroom_replica_up", "gauge", "1 when the replica answered in the last cycle.", ["pool", "replica"]),
+    _m("headroom_replica_stalled", "gauge", "1 when the replica holds work (running or waiting) but completed no request and generated no token over global.stall_window (60 s): its capacity is left out of the pool's, as a lost replica's.", ["pool", "replica"]),
     _m("headroom_completion_rate", "gauge", "Finished requests per second over the rate window (all finish reasons).", ["pool"]),
     _m("headroom_prompt_tokens_rate", "gauge", "Prompt tokens per second over the rate window.", ["pool"]),
     _m("headroom_generation_tokens_rate", "gauge", "Generated tokens per second over the rate window.", ["pool"]),

@@ -118,6 +118,7 @@ class ReplicaSnapshot:
     kv_tokens_capacity: Optional[float] = None
     kv_usage_ratio: Optional[float] = None
     power_watts: Optional[float] = None
+    stalled: bool = False  # work running or waiting, nothing completed over global.stall_window
 
 
 @dataclass(frozen=True)
@@ -289,6 +290,8 @@ class PoolSnapshot:
     model: str
     replicas: int  # replicas that answered this cycle
     replicas_configured: int = 0
+    stalled_replicas: int = 0  # of those, replicas holding work without completing any (not capacity)
+    stalled_kv_tokens_capacity: float = 0.0  # their KV capacity, left out of the pool's by the capacity layer
     active_requests: float = 0.0
     queued_requests: float = 0.0
     queued_by_reason: dict[str, float] = field(default_factory=dict)

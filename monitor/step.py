@@ -104,7 +104,8 @@ def _recommend(p) -> None:
     if p.forecast is None or c is None or c.withheld or p.stale:
         return
     for horizon, h in p.forecast.horizons.items():
-        n = recommended_replicas(h.peak_upper if h is not None else None, c.knee_requests, p.replicas)
+        n = recommended_replicas(h.peak_upper if h is not None else None, c.knee_requests,
+                                 p.replicas - p.stalled_replicas)
         if n is not None:
             p.recommended_replicas[horizon] = n
 
@@ -176,7 +177,7 @@ def _derive(state: CycleState, history: dict[str, list[ReplicaReading]], inputs:
             stale_targets.add(readings[-1].target)
         expected.setdefault(pool_of(readings[-1], cfg.pool_by), set()).add(readings[-1].target)
     pools = derive_pools(history, now, cfg.latency_window, cfg.pool_by,
-                         down_targets=stale_targets, expected=expected)
+                         down_targets=stale_targets, expected=expected, stall_window=cfg.stall_window)
     if cfg.shard is not None:
         from .shard import owns  # noqa: PLC0415
         pools = [p for p in pools if owns(p.pool, cfg.shard)]

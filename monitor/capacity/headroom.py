@@ -80,11 +80,11 @@ def _ratio(load: float, cap: Optional[float]) -> Optional[float]:
 
 
 def largest_replica_share(pool: PoolSnapshot) -> Optional[float]:
-    """Share of the pool's capacity held by its largest answering replica."""
-    n = pool.replicas
+    """Share of the pool's capacity held by its largest answering, working (not stalled) replica."""
+    n = pool.replicas - pool.stalled_replicas
     if n <= 0:
         return None
-    caps = [r.kv_tokens_capacity for r in pool.replica_detail if r.up]
+    caps = [r.kv_tokens_capacity for r in pool.replica_detail if r.up and not r.stalled]
     if len(caps) == n and all(c is not None and c > 0 for c in caps):
         return max(caps) / sum(caps)
     return 1.0 / n
@@ -112,17 +112,19 @@ def pool_capacity(pool: PoolSnapshot, knee: Knee, settings: CapacitySettings,
                   power_watts: Optional[float] = None, sessions: Optional[float] = None) -> Capacity:
     if not isinstance(pool, PoolSnapshot):
         raise TypeError("pool_capacity needs a PoolSnapshot")
-    n = pool.replicas
+    # a stalled replica holds work but completes none: it is no capacity (as if lost)
+    n = pool.replicas - pool.stalled_replicas
     if n < 0:
         raise ValueError(f"pool {pool.pool}: replicas must be >= 0, got {n}")
     load = float((pool.active_requests or 0.0) + (pool.queued_requests or 0.0))
     kv_per_req, kv_src = _kv_per_request(pool, knee, settings)
+    kv_capacity = (pool.kv_tokens_capacity or 0.0) - pool.stalled_kv_tokens_capacity
 
     caps: dict[str, Optional[float]] = {"slots": None, "kv": None, "knee": None}
     if settings.max_num_seqs:
         caps["slots"] = float(settings.max_num_seqs * n)
     if pool.kv_tokens_capacity and kv_per_req:
-        caps["kv"] = pool.kv_tokens_capacity / kv_per_req
+        caps["kv"] = max(kv_capacity, 0.0) / kv_per_req
     if knee.requests is not None:
         caps["knee"] = float(knee.requests * n)
     known = {k: v for k, v in caps.items() if v is not None}

@@ -177,6 +177,9 @@ class Config:
                                  help="MiB of response bodies all sources may hold at once beyond 1 MiB each; "
                                       "a body past it fails too_large")
     pool_by: str = key(Text(), "model_name", path="global.pool_by", help="target label that names the pool")
+    stall_window: float = key(Duration(ge=0, le=DAY), 60.0, path="global.stall_window",
+                              help="a replica holding work that completes nothing for this long is stalled "
+                                   "(not counted as capacity); 0 turns the check off")
     history_keep: float = key(Duration(gt=0, le=7 * DAY), 3600.0, path="global.history_keep",
                               help="readings kept in memory per target (at least twice latency_window)")
     max_models_per_target: int = key(Int(ge=1), 64, path="global.max_models_per_target",

@@ -41,13 +41,41 @@ def window_pair(readings: list[ReplicaReading], now: float, window_seconds: floa
     return oldest, newest
 
 
+def stalled(readings: list[ReplicaReading], window: float) -> bool:
+    """A replica with work (running or waiting) at both ends of the last `window` seconds whose
+    completions and generated tokens did not move over it: admitted work is not being done. Slow
+    but moving work is not stalled; a counter reset is movement (the engine restarted)."""
+    if not readings or window <= 0:
+        return False
+    newest = readings[-1]
+    if (newest.running or 0) + (newest.waiting or 0) <= 0:
+        return False
+    older = [r for r in readings if r.timestamp <= newest.timestamp - window]
+    if not older:
+        return False  # not watched for a whole window yet
+    old = older[-1]
+    if (old.running or 0) + (old.waiting or 0) <= 0:
+        return False
+    moved = False
+    for key in ("request_success", "generation_tokens"):
+        a, b = newest.counters.get(key), old.counters.get(key)
+        if a is None or b is None:
+            return False  # no counter to judge by: unknown, never stalled
+        d = increase(a, b)
+        moved = moved or (d is not None and d > 0) or a < b
+    return not moved
+
+
 def derive_pools(history: dict[str, list[ReplicaReading]], now: float, window_seconds: float,
                  pool_by: str = "model_name", down_targets: Iterable[str] = (),
-                 expected: Optional[dict[str, set[str]]] = None) -> list[PoolSnapshot]:
+                 expected: Optional[dict[str, set[str]]] = None, stall_window: float = 0.0) -> list[PoolSnapshot]:
     """Per-pool snapshots from readings. `history` maps target -> readings of ONE model, oldest first.
 
     down_targets: targets that failed this cycle (their old readings are not used as current).
     expected: pool -> targets known to belong to it (for replicas_configured and staleness).
+    stall_window: seconds over which a replica with work must complete something (`stalled`);
+        0 turns the check off. A stalled replica is counted in `stalled_replicas` and its KV
+        capacity in `stalled_kv_tokens_capacity`, so the capacity layer can leave both out.
     """
     down = set(down_targets)
     pools: dict[str, PoolSnapshot] = {}
@@ -85,6 +113,10 @@ def derive_pools(history: dict[str, list[ReplicaReading]], now: float, window_se
         for rs in series:
             r = rs[-1]
             up = r.target not in down
+            stuck = up and stalled(rs, stall_window)
+            if stuck:
+                snap.stalled_replicas += 1
+                snap.stalled_kv_tokens_capacity += r.kv_capacity_tokens or 0.0
             snap.replica_detail.append(ReplicaSnapshot(
                 replica=r.target, pool=pool, up=up,
                 active_requests=r.running if up else None,
@@ -92,6 +124,7 @@ def derive_pools(history: dict[str, list[ReplicaReading]], now: float, window_se
                 kv_tokens_live=r.kv_live_tokens if up else None,
                 kv_tokens_capacity=r.kv_capacity_tokens,
                 kv_usage_ratio=r.kv_usage if up else None,
+                stalled=stuck,
             ))
         _rates(snap, fresh, now, window_seconds)
     return sorted(pools.values(), key=lambda p: p.pool)
