@@ -52,6 +52,8 @@ CATALOGUE: tuple[MetricDef, ...] = (
     _m("headroom_pool_stale", "gauge", "1 when no replica of the pool answered in the last cycle; its values are then withheld (a pool with some replicas down is not stale: it has less capacity).", ["pool"]),
     _m("headroom_pool_last_fresh_timestamp_seconds", "gauge", "When the pool's values were last fresh (Unix time).", ["pool"]),
     _m("headroom_source_up", "gauge", "1 when the source target answered and parsed in the last cycle.", ["source", "target"]),
+    _m("headroom_source_missing_families", "gauge", "Families of the metric contract (the vLLM families headroom's numbers need: running, waiting, KV usage and capacity, completions, generated tokens, e2e / TTFT / queue-time histograms) that an answering target did not expose; the numbers they feed are unknown.", ["source", "target"]),
+    _m("headroom_source_missing_family_info", "gauge", "1 for each contract family an answering target did not expose (renamed in a new engine version, or turned off).", ["source", "target", "family"]),
     _m("headroom_source_errors", "counter", "Source failures by reason (timeout, connect, http, parse, ...).", ["source", "reason"]),
     _m("headroom_cycle_duration_seconds", "gauge", "Wall time of the last collection cycle."),
     _m("headroom_last_success_timestamp_seconds", "gauge", "When the last cycle with at least one answering source ended (Unix time)."),

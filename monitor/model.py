@@ -328,6 +328,7 @@ class SourceStatus:
     detail: Optional[str] = None
     duration_seconds: Optional[float] = None
     attempted: bool = True  # False while a failing target waits out its backoff (not a new error)
+    missing: tuple = ()  # families of the metric contract the target did not expose (monitor/sources/vllm.py)
 
 
 @dataclass

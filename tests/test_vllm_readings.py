@@ -148,3 +148,25 @@ def test_a_sample_timestamped_long_ago_is_counted_stale(age, expect):
     result = scrape_one(_Body(text), Target("http://a:8000/metrics"), 5.0, clock=lambda: now)
     assert result.status.up and result.readings[0].running == 3.0  # the value is used
     assert (result.anomalies or {}) == expect
+
+
+def test_the_metric_contract_names_what_a_target_does_not_expose():
+    from monitor.config import Target
+    from monitor.export.samples import Renderer
+    from monitor.model import Snapshot
+    from monitor.sources.scrape import scrape_one
+    full = scrape_one(_Body(fixture(LOAD)), Target("http://a:8000/metrics"), 5.0, clock=lambda: 1.0)
+    assert full.status.up and full.status.missing == ()
+    # a renamed family (as across vLLM versions) and one turned off
+    text = "\n".join(line for line in fixture(LOAD).splitlines()
+                     if not line.startswith("vllm:request_queue_time_seconds")).replace(
+        "vllm:num_requests_waiting", "vllm:num_requests_pending") + "\n"
+    part = scrape_one(_Body(text), Target("http://b:8000/metrics"), 5.0, clock=lambda: 1.0)
+    assert part.status.up and part.status.missing == ("num_requests_waiting", "request_queue_time_seconds")
+    assert part.readings[0].waiting is None  # unknown, not 0
+    samples = Renderer().render(Snapshot(timestamp=1.0, pools=[], sources=[full.status, part.status]))
+    assert sorted(samples["headroom_source_missing_families"], key=lambda x: x[0]["target"]) == [
+        ({"source": "vllm", "target": "http://a:8000/metrics"}, 0.0),
+        ({"source": "vllm", "target": "http://b:8000/metrics"}, 2.0)]
+    assert {lab["family"] for lab, _ in samples["headroom_source_missing_family_info"]} == {
+        "num_requests_waiting", "request_queue_time_seconds"}

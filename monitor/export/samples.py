@@ -244,6 +244,12 @@ def _snapshot_samples(out: Rows, snap: Snapshot) -> None:
             continue
         seen.add(key)
         out.add("headroom_source_up", {"source": st.source, "target": st.target}, 1.0 if st.up else 0.0)
+        if st.up and st.source == "vllm":
+            out.add("headroom_source_missing_families", {"source": st.source, "target": st.target},
+                    float(len(st.missing)))
+            for family in st.missing:
+                out.add("headroom_source_missing_family_info",
+                        {"source": st.source, "target": st.target, "family": family}, 1.0)
     for key, v in sorted(snap.errors.items()):
         source, _, reason = key.partition("|")
         out.add("headroom_source_errors", {"source": source, "reason": reason}, v)

@@ -19,7 +19,7 @@ from ..config import Target
 from ..model import ReplicaReading, SourceStatus
 from .exposition import ExpositionError
 from .http import FetchError, Fetcher, redact
-from .vllm import parse_vllm, readings_from_scrape
+from .vllm import missing_families, parse_vllm, readings_from_scrape
 
 
 # a sample whose own timestamp is older than this (Prometheus's default lookback) is stale
@@ -46,7 +46,8 @@ def scrape_one(fetcher: Fetcher, target: Target, timeout: float, clock=time.time
         readings = readings_from_scrape(scrape, name, now, target.labels)
         if not readings:
             raise FetchError("no_vllm_metrics", "no vllm:num_requests_running or KV usage series in the body")
-        return ScrapeResult(target, readings, SourceStatus("vllm", name, True, duration_seconds=time.monotonic() - start),
+        return ScrapeResult(target, readings, SourceStatus("vllm", name, True, duration_seconds=time.monotonic() - start,
+                                                           missing=missing_families(scrape)),
                             scrape.anomalies or None)
     except FetchError as exc:
         return ScrapeResult(target, [], SourceStatus("vllm", name, False, exc.reason, exc.detail,

@@ -48,6 +48,27 @@ HISTOGRAM_NAMES = {
 }
 
 
+# The metric contract: the families each derived number needs (any one name of a family will do).
+# A target that answers without one of them is up, and says which are missing
+# (headroom_source_missing_families): the numbers they feed are unknown, not silently zero.
+CONTRACT: dict[str, tuple[str, ...]] = {
+    "num_requests_running": (GAUGES["running"],),  # active requests
+    "num_requests_waiting": (GAUGES["waiting"],),  # queued requests
+    "kv_cache_usage_perc": (GAUGES["kv_usage"], GAUGES["kv_usage_legacy"]),  # live KV tokens
+    "cache_config_info": (GAUGES["cache_info"],),  # KV capacity
+    "request_success_total": COUNTER_NAMES["request_success"],  # completion rate, stalls
+    "generation_tokens_total": COUNTER_NAMES["generation_tokens"],  # token rate, stalls
+    "e2e_request_latency_seconds": tuple(b + "_bucket" for b in HISTOGRAM_NAMES["e2e"]),  # Little's law, knee
+    "time_to_first_token_seconds": tuple(b + "_bucket" for b in HISTOGRAM_NAMES["ttft"]),
+    "request_queue_time_seconds": tuple(b + "_bucket" for b in HISTOGRAM_NAMES["queue"]),  # the knee's signal
+}
+
+
+def missing_families(scrape: ParsedScrape) -> tuple[str, ...]:
+    """The contract's families with no sample in the scrape (declared but empty counts as missing)."""
+    return tuple(f for f, names in CONTRACT.items() if not any(scrape.samples.get(n) for n in names))
+
+
 def _wanted() -> frozenset[str]:
     names = set(GAUGES.values())
     for cands in COUNTER_NAMES.values():
