@@ -148,25 +148,34 @@ def test_cli_once_reports_the_engine_under_load(vllm_small_engine):
                       prompt=lambda rng: token_prompt(rng, rng.randint(16, 64), vocab), seed=11)
     loop.start()
     try:
-        deadline = time.time() + 60
-        while time.time() < deadline:  # wait until the engine has a full batch and a queue
-            g = engine_gauges(fetch_metrics(url)[0])[MODEL]
-            if g["running"] == 8 and g["waiting"] > 0:
+        # up to three CLI runs, each after the engine showed a full batch and a queue: on 2 loaded
+        # cores the engine's own queue can empty for a moment while requests sit in the HTTP
+        # frontend (a clean-clone run read 0 waiting once); the first run that sees a queue counts
+        tries = []
+        for _ in range(3):
+            deadline = time.time() + 60
+            while time.time() < deadline:  # wait until the engine has a full batch and a queue
+                g = engine_gauges(fetch_metrics(url)[0])[MODEL]
+                if g["running"] == 8 and g["waiting"] > 0:
+                    break
+                time.sleep(0.2)
+            queued_after = time.time() - loop.started_at
+            proc = subprocess.run(
+                [HEADROOM_PYTHON, "-m", "monitor.cli", "once", "--vllm", url + "/metrics", "--json",
+                 "--interval", "2"],
+                cwd=REPO, capture_output=True, text=True, timeout=120,
+            )
+            cli_done_after = time.time() - loop.started_at
+            after = engine_gauges(fetch_metrics(url)[0])[MODEL]
+            assert proc.returncode == 0, proc.stderr[-2000:]
+            snap = json.loads(proc.stdout)
+            tries.append(snap["pools"][0]["queued_requests"] if snap["pools"] else None)
+            if tries[-1]:
                 break
-            time.sleep(0.2)
-        queued_after = time.time() - loop.started_at
-        proc = subprocess.run(
-            [HEADROOM_PYTHON, "-m", "monitor.cli", "once", "--vllm", url + "/metrics", "--json",
-             "--interval", "2"],
-            cwd=REPO, capture_output=True, text=True, timeout=120,
-        )
-        cli_done_after = time.time() - loop.started_at
-        after = engine_gauges(fetch_metrics(url)[0])[MODEL]
     finally:
         loop.stop()
         records = loop.join(timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    snap = json.loads(proc.stdout)
+    print(f"\n[cli] queued per CLI run: {tries}")
     assert len(snap["pools"]) == 1
     pool = snap["pools"][0]
     assert pool["pool"] == MODEL and pool["replicas"] == 1 and pool["stale"] is False
@@ -174,7 +183,7 @@ def test_cli_once_reports_the_engine_under_load(vllm_small_engine):
     assert snap["sources"][0]["target"] == url + "/metrics"
     assert pool["kv_tokens_capacity"] == CAPACITY_TOKENS
     assert 1 <= pool["active_requests"] <= 8
-    assert pool["queued_requests"] > 0, "24 clients on 8 slots must queue"
+    assert pool["queued_requests"] > 0, f"24 clients on 8 slots must queue (CLI runs read {tries})"
     assert pool["active_requests"] + pool["queued_requests"] <= 24
     assert 0 < pool["kv_tokens_live"] <= CAPACITY_TOKENS
     assert pool["kv_usage_ratio"] == pytest.approx(pool["kv_tokens_live"] / CAPACITY_TOKENS)
