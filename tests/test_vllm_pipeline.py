@@ -27,6 +27,7 @@ from engine.load import ClosedLoop, start_batch, token_prompt
 from engine.measure import littles_law_window
 from engine.reference import engine_gauges, histogram_buckets, promql_quantile
 from engine.servers import REPO, fetch_metrics
+from servers import wait_for
 from monitor.derive.core import derive_pools
 from monitor.sources.vllm import readings_from_text
 
@@ -153,12 +154,9 @@ def test_cli_once_reports_the_engine_under_load(vllm_small_engine):
         # frontend (a clean-clone run read 0 waiting once); the first run that sees a queue counts
         tries = []
         for _ in range(3):
-            deadline = time.time() + 60
-            while time.time() < deadline:  # wait until the engine has a full batch and a queue
-                g = engine_gauges(fetch_metrics(url)[0])[MODEL]
-                if g["running"] == 8 and g["waiting"] > 0:
-                    break
-                time.sleep(0.2)
+            wait_for(lambda: engine_gauges(fetch_metrics(url)[0])[MODEL],
+                     lambda g: g["running"] == 8 and g["waiting"] > 0, timeout=60, every=0.2,
+                     what="the engine with a full batch and a queue")
             queued_after = time.time() - loop.started_at
             proc = subprocess.run(
                 [HEADROOM_PYTHON, "-m", "monitor.cli", "once", "--vllm", url + "/metrics", "--json",
