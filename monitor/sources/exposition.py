@@ -150,8 +150,8 @@ def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[
             cache.clear()
         seen: set = set()
         for raw_name, rest in matcher.findall("\n" + text):
-            if rest[0] != "{" and rest.lstrip(" \t").startswith("{"):
-                rest = rest.lstrip(" \t")  # `name {labels} value`: blanks before the labels
+            if rest[0] != "{":
+                rest = _labels_first(rest)
             key = (raw_name, rest.rsplit("}", 1)[0] if rest[0] == "{" else "")
             if key in seen:
                 out.anomaly("duplicate_series")
@@ -212,7 +212,7 @@ def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[
             raise ExpositionError(f"sample line without a value: {line[:60]!r}", line=lineno)
         else:
             raw_name, rest = line[:space], line[space:]
-        rest = rest.lstrip(" \t") if not rest.startswith("{") and rest.lstrip(" \t").startswith("{") else rest
+        rest = _labels_first(rest)
         key = (raw_name, rest.rsplit("}", 1)[0] if rest.startswith("{") else "")
         if key in seen_generic:
             out.anomaly("duplicate_series")
@@ -220,6 +220,12 @@ def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[
         seen_generic.add(key)
         out.stamp(_add_sample(samples, raw_name, rest, None, lineno))
     return out
+
+
+def _labels_first(rest: str) -> str:
+    """`name {labels} value`: the blanks before a label set dropped (the rest as it was otherwise)."""
+    stripped = rest.lstrip(" \t")
+    return stripped if stripped.startswith("{") else rest
 
 
 def _blank(line: str) -> int:
