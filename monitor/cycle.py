@@ -96,20 +96,22 @@ class Pipeline:
         self._listeners.append(listener)
 
     # --- the cycle ---------------------------------------------------------------------------
-    def run_cycle(self) -> Optional[Snapshot]:
+    def run_cycle(self, wait_seconds: Optional[float] = None) -> Optional[Snapshot]:
+        """One cycle; `wait_seconds` replaces the cycle deadline (default: cycle_deadline_seconds)."""
         if not self._lock.acquire(blocking=False):
             self.skipped_cycles += 1
             log.warning("previous cycle still running; this one is skipped")
             return None
         try:
-            return self._cycle()
+            return self._cycle(wait_seconds)
         finally:
             self._lock.release()
 
-    def _cycle(self) -> Snapshot:
+    def _cycle(self, wait_seconds: Optional[float] = None) -> Snapshot:
         started = time.monotonic()
         now = self.clock()
-        snapshot = self.advance(self.collect(now), now)
+        deadline = None if wait_seconds is None else started + wait_seconds
+        snapshot = self.advance(self.collect(now, deadline), now)
         snapshot.cycle_duration_seconds = time.monotonic() - started
         self.publish(snapshot)
         return snapshot

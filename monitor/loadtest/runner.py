@@ -89,10 +89,9 @@ class Monitor:
     def _cycle(self) -> None:
         # the whole scrape timeout, not the daemon's 0.9 x interval: an engine saturated by the load
         # answers /metrics slowly, and that is when the samples matter most
-        now = self.pipeline.clock()
-        inputs = self.pipeline.collect(now, deadline=time.monotonic() + self.pipeline.config.scrape_timeout + 0.5)
-        snap = self.pipeline.advance(inputs, now)
-        self.pipeline.publish(snap)
+        snap = self.pipeline.run_cycle(wait_seconds=self.pipeline.config.scrape_timeout + 0.5)
+        if snap is None:
+            return
         up = sum(1 for s in snap.sources if s.source == "vllm" and s.up)
         down = sum(1 for s in snap.sources if s.source == "vllm" and not s.up)
         fresh = [p for p in snap.pools if not p.stale]
