@@ -160,7 +160,8 @@ class Web(Component):
         from .export.landing import Trends  # noqa: PLC0415
         from .export.server import WebState, serve  # noqa: PLC0415
         from .export.webconfig import web_security  # noqa: PLC0415
-        self.state = WebState(Exposition(status=status), Trends())
+        self.state = WebState(Exposition(status=status), Trends(), links=tuple(cfg.web_links.items()),
+                              has_alerts_source=cfg.alerts is not None)
         self.state.authorize, ssl_context = web_security(web_config_file or cfg.web_config_file)
         pipeline.on_snapshot(self.state.publish)  # every snapshot rendered once, for every endpoint
         self.server, _ = serve(self.state, listen_address, ssl_context)

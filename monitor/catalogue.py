@@ -30,6 +30,7 @@ CATALOGUE: tuple[MetricDef, ...] = (
     # --- the live pipeline (issue: live pipeline)
     _m("headroom_active_requests", "gauge", "Requests in the running batch (vllm num_requests_running), summed over the pool.", ["pool"]),
     _m("headroom_queued_requests", "gauge", "Requests waiting in the engine queue (vllm num_requests_waiting), summed over the pool.", ["pool"]),
+    _m("headroom_gateway_queued_requests", "gauge", "Requests waiting in front of the engines, in a router's or gateway's queue (llm-d / inference gateway flow control, Dynamo router), by gateway; part of the load headroom counts.", ["pool", "gateway"]),
     _m("headroom_queued_requests_by_reason", "gauge", "Waiting requests by reason (capacity, deferred) where the engine reports it.", ["pool", "reason"]),
     _m("headroom_kv_tokens", "gauge", "Live KV-cache tokens: KV usage times KV capacity, summed over the pool.", ["pool"]),
     _m("headroom_kv_capacity_tokens", "gauge", "KV-cache capacity in tokens, summed over the pool.", ["pool"]),

@@ -16,13 +16,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import replace
 from typing import Callable, Iterable, Optional
 
 from .capacity.enrich import CapacityState
 from .config import Config, Target
 from .model import ReplicaReading, Snapshot, SourceStatus
+from .sources.alerts import api_url, read_alerts, ui_url
 from .sources.dcgm import DcgmReading, read_dcgm
 from .sources.gateway import GatewayConfig, GatewayScrape, read_gateway_scrape
+from .sources.gateway_queue import KINDS as QUEUE_KINDS, read_gateway_queues
 from .sources.http import BodyBudget, FetchError, Fetcher, redact
 from .sources.prometheus import PrometheusSourceReader
 from .sources.scrape import DeadlinePool, Late, Scraper
@@ -158,7 +161,7 @@ class Pipeline:
         """Workers for Prometheus, gateways and DCGM (vLLM targets have the scraper's own)."""
         if self._sources is None:
             cfg = self.config
-            self._sources = DeadlinePool(1 + len(cfg.gateways) + len(cfg.dcgm_targets), "sources")
+            self._sources = DeadlinePool(2 + len(cfg.gateways) + len(cfg.dcgm_targets), "sources")
         return self._sources
 
     def _fetcher_for(self, auth) -> Fetcher:
@@ -174,6 +177,10 @@ class Pipeline:
                 for i, gw in enumerate(self.config.gateways)]
         dcgm = self._fetcher_for(None) if self.config.dcgm_targets else None
         jobs += [(("dcgm", t.url), lambda u=t.url: _fetch(dcgm, u, timeout)) for t in self.config.dcgm_targets]
+        alerts = self.config.alerts
+        if alerts is not None:
+            url = api_url(alerts.url, alerts.kind)
+            jobs.append((("alerts", url), lambda f=self._fetcher_for(alerts.auth), u=url: _fetch(f, u, timeout)))
         return pool.start(jobs)
 
     def _collect_aux(self, inputs: CycleInputs, now: float, deadline: Optional[float], started: list,
@@ -182,6 +189,9 @@ class Pipeline:
         results = self._source_pool().wait(started, deadline)
         sources = [("gateway", gw.url, i) for i, gw in enumerate(self.config.gateways)]
         sources += [("dcgm", t.url, None) for t in self.config.dcgm_targets]
+        if self.config.alerts is not None:
+            sources.append(("alerts", api_url(self.config.alerts.url, self.config.alerts.kind), None))
+            inputs.alerts_ui = redact(ui_url(self.config.alerts.url, self.config.alerts.kind))
         for (kind, url, index), result in zip(sources, results):
             if isinstance(result, tuple):
                 text, err, took = result
@@ -192,10 +202,23 @@ class Pipeline:
                 inputs.statuses.append(_late(kind, url, result, began))
             if kind == "gateway":
                 inputs.gateways.append(self._read_gateway(index, text, now))
+            elif kind == "alerts":
+                if text is not None:
+                    self._read_alerts(inputs, text, url)
             elif text is not None:
                 reading = _read_dcgm(text, redact(url))
                 if reading is not None:
                     inputs.dcgm.append(reading)
+
+    def _read_alerts(self, inputs: CycleInputs, text: str, url: str) -> None:
+        try:
+            inputs.alerts, dropped = read_alerts(text, self.config.alerts.kind)
+        except ValueError as exc:
+            inputs.statuses[-1] = replace(inputs.statuses[-1], up=False, error="parse", detail=str(exc))
+            log.warning("alerts %s: %s", redact(url), exc)
+            return
+        if dropped:
+            count_into(inputs.anomalies, {"alerts_cut": float(dropped)})
 
     def _read_gateway(self, index: int, text: Optional[str], now: float) -> GatewayScrape:
         """The body parsed; without a capacity layer it is fetched (its status counts), not read."""
@@ -205,6 +228,11 @@ class Pipeline:
         scrape = read_gateway_scrape(text, self._gateway_configs[index], now, index, redact(src.url), src.pool)
         if scrape.error:
             log.warning("gateway %s: %s", scrape.url, scrape.error)
+        if text is not None and src.kind in QUEUE_KINDS:
+            try:
+                scrape = replace(scrape, queues=read_gateway_queues(text, src.kind))
+            except ValueError as exc:
+                log.warning("gateway %s: queue: %s", scrape.url, exc)
         return scrape
 
     def publish(self, snapshot: Snapshot) -> None:

@@ -292,9 +292,14 @@ class PoolSnapshot:
     replicas_configured: int = 0
     stalled_replicas: int = 0  # of those, replicas holding work without completing any (not capacity)
     stalled_kv_tokens_capacity: float = 0.0  # their KV capacity, left out of the pool's by the capacity layer
-    active_requests: float = 0.0
-    queued_requests: float = 0.0
+    # the engines' own gauges, summed; None when no replica exposed the family (unknown, never 0)
+    active_requests: Optional[float] = 0.0
+    queued_requests: Optional[float] = 0.0
     queued_by_reason: dict[str, float] = field(default_factory=dict)
+    # requests waiting in front of the engines, in a router's or gateway's queue (llm-d / inference
+    # gateway flow control, Dynamo's router), by gateway; {}: no gateway reports a queue for the pool
+    gateway_queued: dict[str, float] = field(default_factory=dict)
+    engines: tuple[str, ...] = ()  # the engine kinds serving the pool: "vllm", "sglang"
     kv_tokens_live: Optional[float] = None
     kv_tokens_capacity: Optional[float] = None
     kv_usage_ratio: Optional[float] = None
@@ -317,6 +322,35 @@ class PoolSnapshot:
     # horizon -> fewest replicas whose knee capacity with one lost holds the forecast's 95 % peak
     recommended_replicas: dict[str, int] = field(default_factory=dict)
     replica_lead_time_seconds: Optional[float] = None  # pools.<pool>.replica_lead_time: a new replica's start-up
+
+    @property
+    def gateway_queued_requests(self) -> Optional[float]:
+        return sum(self.gateway_queued.values()) if self.gateway_queued else None
+
+    @property
+    def load_requests(self) -> Optional[float]:
+        """What headroom, utilisation and the forecasts count: active + engine queued + gateway
+        queued. Unknown (None) when the engines' active or queued count is."""
+        if self.active_requests is None or self.queued_requests is None:
+            return None
+        return self.active_requests + self.queued_requests + (self.gateway_queued_requests or 0.0)
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One of headroom's alerts as the configured Prometheus or Alertmanager shows it."""
+
+    name: str
+    state: str  # "firing" | "pending" (Prometheus: its `for:` has not elapsed yet)
+    severity: str = ""
+    pool: Optional[str] = None
+    summary: str = ""
+    since: Optional[float] = None  # epoch seconds it became active
+    labels: dict = field(default_factory=dict, hash=False, compare=False)
+
+    def as_dict(self) -> dict:
+        return {"alertname": self.name, "state": self.state, "severity": self.severity, "pool": self.pool,
+                "summary": self.summary, "since": self.since}
 
 
 @dataclass
@@ -347,3 +381,6 @@ class Snapshot:
     # the forecaster's latest refit as the cycle found it (every pool it forecast, also pools not in
     # this cycle); each pool's own result is also on PoolSnapshot.forecast
     forecast: Optional["RefitResult"] = None
+    # headroom's alerts from sources.alerts (None: no alerts source, or it did not answer this cycle)
+    alerts: Optional[list[Alert]] = None
+    alerts_ui: Optional[str] = None  # the alerts page of that source, for the landing page's link

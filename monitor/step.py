@@ -20,14 +20,16 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Optional
 
 from .capacity.enrich import CapacityState, assess
 from .capacity.headroom import recommended_replicas
 from .config import Config
 from .derive.core import derive_pools, pool_of
-from .model import PoolSnapshot, ReplicaReading, Snapshot, SourceStatus
+from .derive.gateway_queues import apply_gateway_queues
+from .forecast.pool import exhaustion_seconds
+from .model import Alert, PoolSnapshot, ReplicaReading, Snapshot, SourceStatus
 from .sources.dcgm import DcgmReading
 from .sources.gateway import GatewayScrape
 
@@ -47,6 +49,8 @@ class CycleInputs:
     dcgm: list[DcgmReading] = field(default_factory=list)  # the DCGM exporters that answered and parsed
     anomalies: dict[str, float] = field(default_factory=dict)  # malformed-but-usable input this cycle
     forecast: Optional["RefitResult"] = None  # the forecaster's latest result (None: no forecaster yet)
+    alerts: Optional[list[Alert]] = None  # headroom's alerts from sources.alerts (None: not read this cycle)
+    alerts_ui: Optional[str] = None  # that source's alerts page
 
 
 @dataclass
@@ -78,6 +82,9 @@ def step(state: CycleState, inputs: CycleInputs, now: float) -> tuple[CycleState
     count_into(state.anomalies, inputs.anomalies)
     history = _remember(state, _cap(state, inputs.readings), now)
     pools = _derive(state, history, inputs, now)
+    queue_anomalies: dict = {}
+    apply_gateway_queues(pools, inputs.gateways, [gw.pools for gw in state.config.gateways], queue_anomalies)
+    count_into(state.anomalies, queue_anomalies)
     if state.capacity is not None:
         try:
             assess(state.capacity, pools, history, inputs.gateways, inputs.dcgm, now)
@@ -87,7 +94,7 @@ def step(state: CycleState, inputs: CycleInputs, now: float) -> tuple[CycleState
     for p in pools:
         p.replica_lead_time_seconds = state.config.pool_settings(p.pool).replica_lead_time
         if inputs.forecast is not None:
-            p.forecast = inputs.forecast.pools.get(p.pool)
+            p.forecast = _exhaustion_now(inputs.forecast.pools.get(p.pool), p, now)
         _recommend(p)
     if any(st.up for st in inputs.statuses if st.source in ("vllm", "prometheus")):
         state.last_success = now
@@ -95,7 +102,21 @@ def step(state: CycleState, inputs: CycleInputs, now: float) -> tuple[CycleState
                            last_success_timestamp=state.last_success,
                            errors={f"{s}|{r}": v for (s, r), v in state.errors.items()},
                            cycles=state.cycles, dropped=dict(state.dropped), anomalies=dict(state.anomalies),
-                           forecast=inputs.forecast)
+                           forecast=inputs.forecast, alerts=inputs.alerts, alerts_ui=inputs.alerts_ui)
+
+
+def _exhaustion_now(fc, p: PoolSnapshot, now: float):
+    """The refit's forecast with its time to exhaustion counted from `now` against the pool's
+    capacity at the knee this cycle (the refit may have run before the capacity was known, or
+    against a knee that has moved since)."""
+    c = p.capacity
+    if fc is None or fc.path is None or c is None or c.withheld:
+        return fc
+    cap = c.capacity_requests.effective if c.capacity_requests.effective is not None else c.knee_requests
+    if cap is None:
+        return fc
+    left = exhaustion_seconds(fc.path.timestamps, fc.path.upper, cap, now, p.load_requests)
+    return replace(fc, exhaustion_seconds=left, capacity_requests=cap)
 
 
 def _recommend(p) -> None:

@@ -47,7 +47,7 @@ def test_good_config():
     ({"sources": {"prometheus": {"url": "http://p:9090", "bearer_token_file": "/nonexistent/token"}}},
      "sources.prometheus.bearer_token_file", "file not found"),
     ({"sources": {"vllm": {"targets": ["http://a/metrics"]}, "gateways": [{"kind": "nginx", "url": "http://g"}]}},
-     "sources.gateways[0].kind", "expected one of litellm, envoy, llm-d, app"),
+     "sources.gateways[0].kind", "expected one of litellm, envoy, llm-d, dynamo, app"),
     ({**GOOD, "forecast": {"refit_minute": 5}}, "forecast.refit_minute", "did you mean refit_minutes?"),
     ({**GOOD, "forecast": {"refit_minutes": 0}}, "forecast.refit_minutes", "must be > 0"),
     ({**GOOD, "capacity": {"knee_signl": "ttft"}}, "capacity.knee_signl", "did you mean knee_signal?"),

@@ -183,4 +183,4 @@ def test_the_landing_page_shows_the_knee_source_and_the_forecast_peak_with_its_b
            else f"prior from the {cap.knee_signal}")
     assert f"<span>knee requests ({how})</span>" in page
     at = _time.strftime("%a %H:%M UTC", _time.gmtime(DAY.peak_timestamp))
-    assert f"forecast peak requests (1 d) at {at}, 95 % band up to 31 · capacity reached in 1.5 h" in page
+    assert f"forecast peak requests (1 d) at {at}: 95 % band up to 31 · capacity reached in 1.5 h" in page

@@ -53,7 +53,7 @@ BOMB = gzip.compress(b"0" * (64 * 1024 * 1024))  # 64 MiB of zeros in ~64 KiB
     (IDLE, "truncated", "truncated"),
     (b"vllm:num_requests_running{model_name=\"m\xff\"} 1\n", "ok", "parse"),  # not UTF-8
     ('vllm:num_requests_running{model_name="m" 1\n', "ok", "parse"),  # a wanted line that does not parse
-    ("# nothing here\n", "ok", "no_vllm_metrics"),
+    ("# nothing here\n", "ok", "no_engine_metrics"),
 ])
 def test_a_bad_target_is_down_with_its_reason_and_the_good_ones_are_read(good, hostile, body, mode, reason):
     bad = hostile(body, mode)

@@ -103,14 +103,19 @@ def test_once_and_every_endpoint_of_a_cycle_carry_the_forecast_metrics_exports(s
     assert once.returncode == 0, once.stderr
     [once_pool] = json.loads(once.stdout)["pools"]
     assert once_pool["forecast"]["horizons"]["1d"]["peak"] > 0
-    assert once_pool["forecast"]["exhaustion_seconds"] is None  # --interval 0: refit before any capacity
+    # the refit ran before any capacity was known; the cycle counts the time to exhaustion from its
+    # own `now` against the capacity it found (8 slots)
+    assert once_pool["forecast"]["capacity_requests"] == 8.0
+    assert 0 <= once_pool["forecast"]["exhaustion_seconds"] < 86400
 
     daemon = build(load(setup), "127.0.0.1:0")
     base = f"http://127.0.0.1:{daemon.port}"
     try:
         refit = daemon.forecaster.refit_now()  # forced, before the daemon's first cycle writes history
         snap = daemon.pipeline.run_cycle()
-        assert snap.forecast is refit and snap.pools[0].forecast is refit.pools["tiny"]
+        assert snap.forecast is refit and snap.pools[0].forecast.horizons == refit.pools["tiny"].horizons
+        assert refit.pools["tiny"].capacity_requests is None  # fitted before the first cycle
+        assert snap.pools[0].forecast.capacity_requests == 8.0
         doc = requests.get(base + "/api/v1/snapshot", timeout=10).json()
         samples = exported(requests.get(base + "/metrics", timeout=10).text)
         assert doc["timestamp"] == metric(samples, "headroom_last_success_timestamp_seconds")  # one cycle

@@ -71,8 +71,8 @@ class CapacitySettings:
         return cls(**d)
 
 
-def _ratio(load: float, cap: Optional[float]) -> Optional[float]:
-    if cap is None:
+def _ratio(load: Optional[float], cap: Optional[float]) -> Optional[float]:
+    if cap is None or load is None:
         return None
     if cap <= 0:
         return -math.inf if load > 0 else None
@@ -116,7 +116,7 @@ def pool_capacity(pool: PoolSnapshot, knee: Knee, settings: CapacitySettings,
     n = pool.replicas - pool.stalled_replicas
     if n < 0:
         raise ValueError(f"pool {pool.pool}: replicas must be >= 0, got {n}")
-    load = float((pool.active_requests or 0.0) + (pool.queued_requests or 0.0))
+    load = pool.load_requests  # None: the engines' active or queued count is unknown
     kv_per_req, kv_src = _kv_per_request(pool, knee, settings)
     kv_capacity = (pool.kv_tokens_capacity or 0.0) - pool.stalled_kv_tokens_capacity
 
@@ -136,7 +136,7 @@ def pool_capacity(pool: PoolSnapshot, knee: Knee, settings: CapacitySettings,
 
     # sessions
     per_session, ps_src = None, None
-    if sessions is not None and sessions > 0 and load > 0:
+    if sessions is not None and sessions > 0 and load is not None and load > 0:
         per_session, ps_src = load / sessions, "measured"
     elif settings.active_requests_per_session:
         per_session, ps_src = float(settings.active_requests_per_session), "configured"
@@ -154,10 +154,10 @@ def pool_capacity(pool: PoolSnapshot, knee: Knee, settings: CapacitySettings,
         knee_kv_tokens=knee.kv_tokens * n if knee.kv_tokens is not None else None,
         knee_source=knee.source, knee_signal=knee.signal,
         knee_confidence_ratio=float(knee.confidence),
-        utilisation_ratio=(load / effective) if effective else None,
+        utilisation_ratio=(load / effective) if (effective and load is not None) else None,
         ratio=Scenarios(_ratio(load, effective), _ratio(load, cap_n1)),
-        headroom_requests=Scenarios((effective - load) if effective is not None else None,
-                                    (cap_n1 - load) if cap_n1 is not None else None),
+        headroom_requests=Scenarios((effective - load) if (effective is not None and load is not None) else None,
+                                    (cap_n1 - load) if (cap_n1 is not None and load is not None) else None),
         capacity_requests=Limits(caps["slots"], caps["kv"], caps["knee"], effective),
         sessions=sessions, session_capacity=session_capacity, power_watts=power,
         sessions_per_megawatt=spmw,

@@ -27,6 +27,8 @@ def add_arguments(p) -> None:
     p.add_argument("--config.file", dest="config_file", help="configuration file (YAML)")
     p.add_argument("--vllm", action="append", default=[], metavar="URL",
                    help="a vLLM /metrics URL (repeatable); instead of --config.file")
+    p.add_argument("--target", action="append", default=[], metavar="URL",
+                   help="an engine's /metrics URL, vLLM or SGLang told apart by its families (repeatable)")
     p.add_argument("--interval", type=float, default=5.0,
                    help="seconds between the two readings used for rates and latency windows (0: one reading)")
     p.add_argument("--json", action="store_true", help="print the snapshot as JSON (the default output)")
@@ -35,14 +37,15 @@ def add_arguments(p) -> None:
 def config_from_args(args) -> Config:
     if args.config_file:
         return load(args.config_file)
-    if not args.vllm:
-        raise ConfigError("<command line>", "", "give --config.file FILE or at least one --vllm URL")
+    if not (args.vllm or args.target):
+        raise ConfigError("<command line>", "", "give --config.file FILE or at least one --target (or --vllm) URL")
     targets = []
-    for url in args.vllm:
-        try:
-            targets.append(Target(check_url(url)))
-        except ValueError as exc:
-            raise ConfigError("<command line>", "--vllm", str(exc)) from None
+    for flag, urls, kind in (("--vllm", args.vllm, "vllm"), ("--target", args.target, "auto")):
+        for url in urls:
+            try:
+                targets.append(Target(check_url(url), kind=kind))
+            except ValueError as exc:
+                raise ConfigError("<command line>", flag, str(exc)) from None
     return Config(file="<command line>", vllm_targets=targets)
 
 

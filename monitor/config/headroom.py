@@ -20,7 +20,7 @@ from .calendar import CalendarSection
 from .slo import PoolTargets, SloSection
 from .values import DAY, read_secret_env, read_secret_file
 
-GATEWAY_KINDS = ("litellm", "envoy", "llm-d", "app")
+GATEWAY_KINDS = ("litellm", "envoy", "llm-d", "dynamo", "app")
 KNEE_SIGNALS = ("queue", "ttft", "e2e_per_token", "e2e", "itl")
 
 
@@ -29,6 +29,8 @@ class Target:
     SHORTHAND: ClassVar[str] = "a URL"
     url: str = key(Url(), required=True, help="the /metrics URL")
     labels: dict[str, str] = key(Labels(), {}, help="labels added to the target's series (e.g. pool)")
+    kind: str = key(Choice(("auto", "vllm", "sglang")), "auto",
+                    help="the engine behind the URL; auto tells vLLM and SGLang apart by the families they expose")
 
     @staticmethod
     def shorthand(value: Any) -> dict:
@@ -118,6 +120,18 @@ class GatewaySource:
     task_label: Optional[str] = key(Text(), help="label naming the task type (default per kind)")
     session_label: Optional[str] = key(Text(), help="label naming the session (default per kind)")
     pool: Optional[str] = key(Text(), help="the pool this gateway feeds (default: by model label)")
+    pools: dict[str, str] = key(MapOf(Text(), names="gateway pool"), {},
+                                help="the gateway's pool label (llm-d inference_pool) -> headroom pool, for its "
+                                     "queue; default: a queue belongs to the pool serving its model")
+    auth: HttpAuth = group(HttpAuth)
+
+
+@dataclass
+class AlertsSource:
+    url: str = key(Url(), required=True, help="base URL of the Prometheus or Alertmanager whose alerts the landing "
+                                              "page shows (headroom's own, names Headroom*)")
+    kind: str = key(Choice(("prometheus", "alertmanager")), "prometheus",
+                    help="prometheus reads /api/v1/alerts (firing and pending), alertmanager /api/v2/alerts")
     auth: HttpAuth = group(HttpAuth)
 
 
@@ -197,6 +211,8 @@ class Config:
                                                  help="Prometheus mode (not with sources.vllm)")
     gateways: list[GatewaySource] = key(ListOf(Sub(GatewaySource)), [], path="sources.gateways",
                                         help="gateway and application task metrics")
+    alerts: Optional[AlertsSource] = key(Sub(AlertsSource), path="sources.alerts",
+                                         help="where the landing page reads firing alerts from")
     dcgm_targets: list[Target] = key(ListOf(Sub(Target)), [], path="sources.dcgm.targets",
                                      help="DCGM exporters (GPU power)")
     dcgm_replica_label: str = key(Text(), "Hostname", path="sources.dcgm.replica_label",
@@ -207,6 +223,8 @@ class Config:
                               help="address /metrics is served on (--web.listen-address wins)")
     web_config_file: Optional[str] = key(File(), path="web.config_file",
                                          help="TLS and basic auth of headroom's endpoints (--web.config.file wins)")
+    web_links: dict[str, str] = key(MapOf(Url(), names="link label"), {}, path="web.links",
+                                    help="label -> URL shown on the landing page (your Prometheus, Grafana, the digest)")
     store_path: Optional[str] = key(StorePath("history.sqlite"), path="store.path",
                                     help="embedded history for the forecasts (direct mode)")
     store_retention: float = key(Duration(gt=0), 35 * DAY, path="store.retention", help="history kept")

@@ -140,8 +140,9 @@ def _sum(values: Iterable[Optional[float]]) -> Optional[float]:
 
 def _gauges(snap: PoolSnapshot, fresh: list[list[ReplicaReading]]) -> None:
     newest = [rs[-1] for rs in fresh]
-    snap.active_requests = _sum(r.running for r in newest) or 0.0
-    snap.queued_requests = _sum(r.waiting for r in newest) or 0.0
+    snap.active_requests = _sum(r.running for r in newest)  # None: no replica exposed the family
+    snap.queued_requests = _sum(r.waiting for r in newest)
+    snap.engines = tuple(sorted({"sglang" if r.naming == "sglang" else "vllm" for r in newest}))
     reasons: dict[str, float] = {}
     for r in newest:
         for reason, v in r.waiting_by_reason.items():

@@ -13,7 +13,7 @@ from collections import deque
 from typing import Optional
 
 from .. import __version__
-from ..model import Capacity, PoolSnapshot, Snapshot
+from ..model import Alert, Capacity, PoolSnapshot, Snapshot
 
 
 class Trends:
@@ -29,7 +29,10 @@ class Trends:
             if p.replicas == 0:
                 continue
             dq = self.points.setdefault(p.pool, deque())
-            point = (snap.timestamp, p.active_requests, p.queued_requests, p.kv_usage_ratio or 0.0)
+            if p.active_requests is None:
+                continue
+            point = (snap.timestamp, p.active_requests,
+                     (p.queued_requests or 0.0) + (p.gateway_queued_requests or 0.0), p.kv_usage_ratio or 0.0)
             if dq and snap.timestamp - dq[-1][0] < self.resolution and len(dq) > 1 and \
                     dq[-1][0] - dq[-2][0] < self.resolution:
                 dq[-1] = point  # same minute: keep the latest
@@ -98,8 +101,15 @@ def _forecast_kpi(p: PoolSnapshot) -> str:
     scale = (f" · {rec} replicas recommended (with one lost, the rest hold the 95 % peak)"
              if rec is not None else "")
     at = time.strftime("%a %H:%M UTC", time.gmtime(day.peak_timestamp))
-    return (f'<div><b>{_fmt(day.peak)}</b><span>forecast peak requests (1 d) at {at}, 95 % band up to '
+    band80 = f"80 % band up to {_fmt(day.peak_upper_80)}, " if day.peak_upper_80 is not None else ""
+    return (f'<div><b>{_fmt(day.peak)}</b><span>forecast peak requests (1 d) at {at}: {band80}95 % band up to '
             f'{_fmt(day.peak_upper)} · {until}{scale}</span></div>')
+
+
+def _gateway_kpi(p: PoolSnapshot) -> str:
+    if not p.gateway_queued:
+        return ""
+    return f'<div><b>{_fmt(p.gateway_queued_requests)}</b><span>queued in front of them (gateway)</span></div>'
 
 
 def _knee_kpi(cap: Capacity) -> str:
@@ -114,7 +124,55 @@ def _knee_kpi(cap: Capacity) -> str:
     return f'<div><b>{_fmt(cap.knee_requests)}</b><span>knee requests ({how})</span></div>'
 
 
-def _pool_card(p: PoolSnapshot, trend: list) -> str:
+def _since(alert: Alert, now: float) -> str:
+    if alert.since is None:
+        return ""
+    minutes = max(0.0, now - alert.since) / 60
+    return f" for {minutes:,.0f} min" if minutes >= 1 else " for under a minute"
+
+
+def _alert_items(alerts: list[Alert], now: float) -> str:
+    e = html.escape
+    return "".join(
+        f'<li class="{e(a.state)}"><b>{e(a.name)}</b> {e(a.state)}{_since(a, now)}'
+        f'{" · " + e(a.severity) if a.severity else ""}{" · pool " + e(a.pool) if a.pool else ""}'
+        f'{": " + e(a.summary) if a.summary else ""}</li>' for a in alerts)
+
+
+def _alerts_section(snapshot: Snapshot, has_source: bool) -> str:
+    """Headroom's alerts as the configured Prometheus or Alertmanager shows them (sources.alerts)."""
+    e = html.escape
+    link = f' <a href="{e(snapshot.alerts_ui)}">all alerts</a>' if snapshot.alerts_ui else ""
+    if snapshot.alerts is None:
+        if not has_source:
+            return ('<p class="muted">No alerts source: set sources.alerts to the Prometheus or Alertmanager '
+                    'that evaluates headroom\'s rules to see firing alerts here.</p>')
+        return f'<p class="muted">The alerts source did not answer this cycle.{link}</p>'
+    firing = [a for a in snapshot.alerts if a.state == "firing"]
+    pending = [a for a in snapshot.alerts if a.state != "firing"]
+    if not snapshot.alerts:
+        return f"<p>No headroom alert is firing.{link}</p>"
+    return (f'<p>{len(firing)} firing, {len(pending)} pending.{link}</p>'
+            f'<ul class="alerts">{_alert_items(snapshot.alerts[:30], snapshot.timestamp)}</ul>')
+
+
+def _tasks_table(p: PoolSnapshot) -> str:
+    """Task types: arrival rate x calls per task, and task latency against its target."""
+    if p.tasks is None or not p.tasks.by_type:
+        return ""
+    e = html.escape
+    rows = []
+    for name, t in sorted(p.tasks.by_type.items()):
+        p95 = t.task_latency.p95 if t.task_latency is not None else None
+        target = f"{t.slo_target_seconds:g} s" if t.slo_target_seconds is not None else "–"
+        over = (f"{t.slo_violation_ratio * 100:.1f} %" if t.slo_violation_ratio is not None else "–")
+        rows.append(f"<tr><td>{e(name)}</td><td>{_fmt(t.arrival_rate, 2)}</td><td>{_fmt(t.calls_per_task, 1)}</td>"
+                    f"<td>{_fmt(t.sessions)}</td><td>{_fmt(p95, 1)}</td><td>{target}</td><td>{over}</td></tr>")
+    return ('<table class="tasks"><tr><th>task type</th><th>tasks/s</th><th>calls/task</th><th>sessions</th>'
+            '<th>task p95 s</th><th>target</th><th>over target</th></tr>' + "".join(rows) + "</table>")
+
+
+def _pool_card(p: PoolSnapshot, trend: list, alerts: Optional[list[Alert]] = None, now: float = 0.0) -> str:
     e = html.escape
     cap = p.capacity if p.capacity is not None else Capacity()
     knee = cap.knee_requests
@@ -130,12 +188,16 @@ def _pool_card(p: PoolSnapshot, trend: list) -> str:
     sessions, session_cap, spmw = cap.sessions, cap.session_capacity, cap.sessions_per_megawatt
     headroom = f"{ratio * 100:.0f}%" if ratio is not None else "–"
     headroom_n1 = f"{ratio_n1 * 100:.0f}%" if ratio_n1 is not None else "–"
+    mine = [a for a in alerts or () if a.pool in (p.pool, p.model)]
+    if any(a.state == "firing" for a in mine):
+        stale += ' <span class="badge bad">alert firing</span>'
     return f"""
 <section class="card {cls}">
   <h2>{e(p.pool)}{stale}</h2>
   <div class="kpis">
     <div><b>{_fmt(p.active_requests)}</b><span>active requests</span></div>
-    <div><b>{_fmt(p.queued_requests)}</b><span>queued requests</span></div>
+    <div><b>{_fmt(p.queued_requests)}</b><span>queued in the engines</span></div>
+    {_gateway_kpi(p)}
     <div><b>{_fmt(p.kv_tokens_live)}</b><span>of {_fmt(p.kv_tokens_capacity)} KV tokens ({kv_pct:.0f}%)</span></div>
     <div><b class="{cls}">{headroom}</b><span>headroom now · N-1: {headroom_n1}</span></div>
     <div><b>{_fmt(sessions)}</b><span>agent sessions of {_fmt(session_cap)} sustainable</span></div>
@@ -148,16 +210,24 @@ def _pool_card(p: PoolSnapshot, trend: list) -> str:
   {_svg(trend, knee)}
   <p class="legend"><i style="background:#2a9d8f"></i>active <i style="background:#f4a261"></i>queued
   <i style="background:#e63946"></i>knee</p>
+  {_tasks_table(p)}
+  {f'<ul class="alerts">{_alert_items(mine, now)}</ul>' if mine else ""}
 </section>"""
 
 
-def render(snapshot: Optional[Snapshot], trends: Trends, title: str = "headroom") -> str:
+def render(snapshot: Optional[Snapshot], trends: Trends, title: str = "headroom",
+           links: tuple[tuple[str, str], ...] = (), has_alerts_source: bool = False) -> str:
+    """The page; `links`: (label, URL) pairs shown under the title (the demo's Prometheus pages)."""
     e = html.escape
     when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(snapshot.timestamp)) if snapshot else "no cycle yet"
     cards = ""
     sources = ""
+    alerts = ""
+    more = "".join(f' · <a href="{e(url)}">{e(label)}</a>' for label, url in links)
     if snapshot:
-        cards = "".join(_pool_card(p, list(trends.points.get(p.pool, ()))) for p in snapshot.pools)
+        alerts = "<h3>Alerts</h3>" + _alerts_section(snapshot, has_alerts_source)
+        cards = "".join(_pool_card(p, list(trends.points.get(p.pool, ())), snapshot.alerts, snapshot.timestamp)
+                        for p in snapshot.pools)
         down = [s for s in snapshot.sources if not s.up]
         up = len(snapshot.sources) - len(down)
         rows = "".join(f"<li>{e(s.source)} {e(s.target)}: {e(s.error or '')}</li>" for s in down[:20])
@@ -177,11 +247,14 @@ b.bad {{ color: #e63946; }} b.warn {{ color: #b08900; }}
 .bar {{ background: #e9ecef; height: 8px; border-radius: 4px; margin: 10px 0; }} .bar div {{ background: #457b9d; height: 8px; border-radius: 4px; }}
 .badge {{ font-size: 12px; padding: 2px 6px; border-radius: 4px; color: white; background: #e63946; }}
 .legend i {{ display: inline-block; width: 10px; height: 10px; margin: 0 4px 0 10px; }}
-ul.down {{ color: #e63946; }}
+ul.down {{ color: #e63946; }} ul.alerts li.firing {{ color: #e63946; }} ul.alerts li.pending {{ color: #b08900; }}
+table.tasks {{ border-collapse: collapse; font-size: 12px; margin-top: 8px; }} table.tasks td, table.tasks th {{ padding: 2px 8px; text-align: right; }}
+table.tasks td:first-child, table.tasks th:first-child {{ text-align: left; }}
 </style></head>
 <body>
 <h1>{e(title)}</h1>
-<p class="muted">Capacity of the inference fleet: active vs queued requests, live KV tokens and headroom before the knee. Last cycle: {e(when)}. <a href="/metrics">/metrics</a> · version {e(__version__)}</p>
+<p class="muted">Capacity of the inference fleet: active vs queued requests, live KV tokens and headroom before the knee. Last cycle: {e(when)}. <a href="/metrics">/metrics</a> · <a href="/api/v1/snapshot">/api/v1/snapshot</a>{more} · version {e(__version__)}</p>
+{alerts}
 <div class="grid">{cards or '<p>No pools yet: the first cycle has not finished.</p>'}</div>
 <h3>Sources</h3>{sources}
 </body></html>"""

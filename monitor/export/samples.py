@@ -130,6 +130,8 @@ def pool_samples(out: Rows, p: PoolSnapshot) -> None:
     out.add("headroom_queued_requests", pl, p.queued_requests)
     for reason, v in sorted(p.queued_by_reason.items()):
         out.add("headroom_queued_requests_by_reason", {"pool": p.pool, "reason": reason}, v)
+    for gateway, v in sorted(p.gateway_queued.items()):
+        out.add("headroom_gateway_queued_requests", {"pool": p.pool, "gateway": gateway}, v)
     out.add("headroom_kv_tokens", pl, p.kv_tokens_live)
     out.add("headroom_kv_capacity_tokens", pl, p.kv_tokens_capacity)
     out.add("headroom_kv_usage_ratio", pl, p.kv_usage_ratio)
@@ -205,12 +207,14 @@ def task_samples(out: Rows, pool: str, tasks: PoolTasks) -> None:
             add("headroom_call_latency_seconds", {"class": cls, "quantile": label}, getattr(q, key))
 
 
-def forecast_samples(out: Rows, refit) -> None:
+def forecast_samples(out: Rows, refit, pools=()) -> None:
     """The forecaster's latest refit (`RefitResult`): every pool it forecast, undefined values left
-    out (never exported as 0)."""
+    out (never exported as 0). A pool of this cycle exports its own `PoolSnapshot.forecast` (the
+    refit with the time to exhaustion counted from this cycle), as the JSON does."""
     out.add("headroom_forecast_last_fit_timestamp_seconds", {}, float(refit.finished))
+    mine = {p.pool: p.forecast for p in pools if p.forecast is not None}
     for pool, result in sorted(refit.pools.items()):
-        pool_forecast_samples(out, pool, result)
+        pool_forecast_samples(out, pool, mine.get(pool, result))
 
 
 def pool_forecast_samples(out: Rows, pool: str, result) -> None:
@@ -261,7 +265,7 @@ def _snapshot_samples(out: Rows, snap: Snapshot) -> None:
     for kind, v in sorted(snap.anomalies.items()):
         out.add("headroom_input_anomalies", {"kind": kind}, v)
     if snap.forecast is not None:
-        forecast_samples(out, snap.forecast)
+        forecast_samples(out, snap.forecast, snap.pools)
 
 
 def _status_samples(out: Rows, status: ProcessStatus) -> None:

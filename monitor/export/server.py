@@ -35,10 +35,13 @@ def parse_listen_address(addr: str) -> tuple[str, int]:
 
 
 class WebState:
-    def __init__(self, exposition: Exposition, trends: Trends, title: str = "headroom"):
+    def __init__(self, exposition: Exposition, trends: Trends, title: str = "headroom",
+                 links: tuple[tuple[str, str], ...] = (), has_alerts_source: bool = False):
         self.exposition = exposition
         self.trends = trends
         self.title = title
+        self.links = links  # web.links: (label, URL) shown on the landing page
+        self.has_alerts_source = has_alerts_source
         self.snapshot: Optional[Snapshot] = None
         self.ready = False
         self.authorize: Callable[[Optional[str]], bool] = lambda header: True
@@ -69,7 +72,7 @@ def handle(state: WebState, req: Request) -> Response:
     if path == "/metrics":
         return Response(200, state.exposition.body(), CONTENT_TYPE_LATEST)
     if path in ("/", "/index.html"):
-        page = render(state.snapshot, state.trends, state.title)
+        page = render(state.snapshot, state.trends, state.title, state.links, state.has_alerts_source)
         return Response(200, page.encode("utf-8"), "text/html; charset=utf-8")
     if path == "/api/v1/snapshot":
         snap = state.snapshot

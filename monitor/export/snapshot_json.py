@@ -40,6 +40,10 @@ def pool_to_dict(p: PoolSnapshot) -> dict:
         "active_requests": p.active_requests if p.replicas else None,
         "queued_requests": p.queued_requests if p.replicas else None,
         "queued_by_reason": p.queued_by_reason,
+        "gateway_queued_requests": p.gateway_queued_requests,
+        "gateway_queued": dict(p.gateway_queued),
+        "load_requests": p.load_requests if p.replicas else None,
+        "engines": list(p.engines),
         "kv_tokens_live": p.kv_tokens_live,
         "kv_tokens_capacity": p.kv_tokens_capacity,
         "kv_usage_ratio": p.kv_usage_ratio,
@@ -74,4 +78,5 @@ def snapshot_to_dict(s: Snapshot) -> dict:
         "sources": [clean({"source": st.source, "target": st.target, "up": st.up, "error": st.error,
                            "detail": st.detail}) for st in s.sources],
         "cycle_duration_seconds": clean(s.cycle_duration_seconds),
+        "alerts": [clean(a.as_dict()) for a in s.alerts] if s.alerts is not None else None,
     }

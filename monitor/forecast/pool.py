@@ -64,9 +64,11 @@ class Horizon:
     peak_upper: float  # the highest upper band within it
     peak_timestamp: float
     end_timestamp: float
+    peak_upper_80: Optional[float] = None  # the highest 80 % band within it
 
     def as_dict(self) -> dict:
         return {"mean": self.mean, "upper": self.upper, "peak": self.peak, "peak_upper": self.peak_upper,
+                "peak_upper_80": self.peak_upper_80,
                 "peak_timestamp": self.peak_timestamp, "end_timestamp": self.end_timestamp}
 
 
@@ -128,14 +130,15 @@ def _horizons_dict(horizons: dict[str, Optional[Horizon]]) -> dict:
 
 
 def _horizon_summary(times: np.ndarray, mean: np.ndarray, upper: np.ndarray, last_ts: float,
-                     seconds: float) -> Optional[Horizon]:
+                     seconds: float, upper_80: Optional[np.ndarray] = None) -> Optional[Horizon]:
     sel = times <= last_ts + seconds + 1e-6
     if not sel.any():
         return None
     t, m, u = times[sel], mean[sel], upper[sel]
     i = int(np.argmax(m))
     return Horizon(mean=float(m[-1]), upper=float(u[-1]), peak=float(m[i]), peak_upper=float(np.max(u)),
-                   peak_timestamp=float(t[i]), end_timestamp=float(t[-1]))
+                   peak_timestamp=float(t[i]), end_timestamp=float(t[-1]),
+                   peak_upper_80=float(np.max(upper_80[sel])) if upper_80 is not None else None)
 
 
 def exhaustion_seconds(times: np.ndarray, upper: np.ndarray, capacity: float | None, now: float,
@@ -176,7 +179,8 @@ def forecast_pool(series: dict[str, pd.Series], capacity_requests: float | None,
             fc = res.forecast
             times = prep.end + prep.step * np.arange(1, len(fc.mean) + 1)
             upper = fc.upper(settings.upper_level)
-            horizons = {h: _horizon_summary(times, fc.mean, upper, prep.end, HORIZONS[h])
+            upper_80 = fc.upper(0.80)
+            horizons = {h: _horizon_summary(times, fc.mean, upper, prep.end, HORIZONS[h], upper_80)
                         for h in settings.horizons}
             outlook = replace(outlook, horizons=horizons)
             if name == CAPACITY_SERIES:

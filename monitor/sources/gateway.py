@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, replace
-from typing import Iterable, Iterator, Optional
+from typing import TYPE_CHECKING, Iterable, Iterator, Optional
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -30,6 +30,9 @@ from monitor.sources.gateway_schema import (  # noqa: F401  (re-exported: the na
     APP_MODEL_CALLS, APP_SESSIONS_ACTIVE, APP_TASK_DURATION, APP_TASK_LABEL, APP_TASKS_STARTED,
     DEFAULT_LABELS, ENVOY_TOKENS, GATEWAY_FAMILIES, KINDS, UNATTRIBUTED, Families, GatewayConfig,
     GatewayReading, TaskCumulative)
+
+if TYPE_CHECKING:
+    from monitor.sources.gateway_queue import GatewayQueues
 
 # ---------------------------------------------------------------- parsing helpers
 
@@ -166,6 +169,7 @@ class GatewayScrape:
     samples: tuple[tuple[str, dict, float], ...] = ()
     reading: Optional[GatewayReading] = None
     error: Optional[str] = None
+    queues: Optional["GatewayQueues"] = None  # llm-d / Dynamo: what waits in front of the engines
 
     def for_model(self, model: str) -> GatewayReading:
         return reading_from_samples(self.samples, self.model_config(model), self.timestamp)

@@ -12,7 +12,7 @@ from typing import Optional
 from monitor.model import Histogram
 
 UNATTRIBUTED = "unattributed"
-KINDS = ("litellm", "envoy", "llm-d", "app")
+KINDS = ("litellm", "envoy", "llm-d", "dynamo", "app")
 
 # kind -> (task label, session label, model label)
 DEFAULT_LABELS: dict[str, tuple[Optional[str], Optional[str], Optional[str]]] = {
@@ -22,6 +22,8 @@ DEFAULT_LABELS: dict[str, tuple[Optional[str], Optional[str], Optional[str]]] = 
     "envoy": ("task_type", "session_id", "gen_ai_request_model"),
     # header x-llm-d-inference-fairness-id carries the task type; there is no session label
     "llm-d": ("fairness_id", None, "model_name"),
+    # NVIDIA Dynamo's frontend: read for its queue only (monitor/sources/gateway_queue.py)
+    "dynamo": (None, None, "model"),
     "app": ("task_type", None, None),
 }
 
@@ -67,6 +69,7 @@ GATEWAY_FAMILIES: dict[str, Families] = {
         output_tokens=("llm_d_epp_request_output_tokens_sum",),
         in_flight=("llm_d_epp_request_running",),
     ),
+    "dynamo": Families(),
     "app": Families(),
 }
 

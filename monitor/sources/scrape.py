@@ -19,7 +19,7 @@ from ..config import Target
 from ..model import ReplicaReading, SourceStatus
 from .exposition import ExpositionError
 from .http import FetchError, Fetcher, redact
-from .vllm import missing_families, parse_vllm, readings_from_scrape
+from . import sglang, vllm
 
 
 # a sample whose own timestamp is older than this (Prometheus's default lookback) is stale
@@ -34,20 +34,33 @@ class ScrapeResult:
     anomalies: Optional[dict[str, int]] = None
 
 
+def engine_of(text: str, kind: str = "auto"):
+    """The reader module for a body: the target's `kind`, or for `auto` SGLang when the body has
+    sglang families and no vllm ones (a substring check: no parse), else vLLM."""
+    if kind == "sglang":
+        return sglang
+    if kind == "vllm":
+        return vllm
+    has_sglang = "sglang:" in text or "\nsglang_" in text or text.startswith("sglang_")
+    has_vllm = "vllm:" in text or "\nvllm_" in text or text.startswith("vllm_")
+    return sglang if has_sglang and not has_vllm else vllm
+
+
 def scrape_one(fetcher: Fetcher, target: Target, timeout: float, clock=time.time) -> ScrapeResult:
     start = time.monotonic()
     name = redact(target.url)
     try:
         text = fetcher.get(target.url, timeout)
-        scrape = parse_vllm(text)
+        engine = engine_of(text, target.kind)
+        scrape = sglang.parse_sglang(text) if engine is sglang else vllm.parse_vllm(text)
         now = clock()
         if scrape.oldest_timestamp is not None and now - scrape.oldest_timestamp > STALE_SAMPLE_SECONDS:
             scrape.anomaly("stale_sample")  # used, but the target says it is old: counted, never silent
-        readings = readings_from_scrape(scrape, name, now, target.labels)
+        readings = engine.readings_from_scrape(scrape, name, now, target.labels)
         if not readings:
-            raise FetchError("no_vllm_metrics", "no vllm:num_requests_running or KV usage series in the body")
+            raise FetchError("no_engine_metrics", "no vllm: or sglang: running-requests or KV usage series in the body")
         return ScrapeResult(target, readings, SourceStatus("vllm", name, True, duration_seconds=time.monotonic() - start,
-                                                           missing=missing_families(scrape)),
+                                                           missing=engine.missing_families(scrape)),
                             scrape.anomalies or None)
     except FetchError as exc:
         return ScrapeResult(target, [], SourceStatus("vllm", name, False, exc.reason, exc.detail,

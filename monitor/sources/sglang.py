@@ -1,0 +1,267 @@
+"""Turn an SGLang `/metrics` scrape into the same `ReplicaReading`s that vllm.py produces.
+
+What SGLang exposes (read in sgl-project/sglang, python/sglang/srt/observability/metrics_collector.py
+at 016d8605e45876180312e29d6988e1de06562472; tests/fixtures/sglang/SOURCES.md has the details):
+- Scheduler families (running, queue, KV, queue-time histogram, retraction counter) carry
+  `model_name, engine_type, tp_rank, pp_rank, moe_ep_rank`, `dp_rank` when data-parallel, `priority`
+  with priority scheduling, and any `--extra-metric-labels`. Only the scheduler with attention-TP
+  rank 0 reports, unless `--enable-metrics-for-all-schedulers`: then every TP rank of a DP group
+  repeats the same numbers. Engines here are DP ranks (absent label: one engine); within one, the
+  series of the lowest (pp_rank, tp_rank) count and the other ranks' copies are ignored.
+  With priority scheduling a gauge's total is under `priority=""`, its breakdowns under
+  `priority="<n>"`: only the total is read.
+- Tokenizer families (request/token counters, TTFT, ITL, e2e histograms) come from the one tokenizer
+  manager, with no rank labels; their series (by `is_streaming`, `priority`, `cache_source`, custom
+  labels) are a partition and are summed.
+- SGLang serves prometheus_client's multiprocess exposition (no `_created`; gauges declared without
+  a multiprocess mode, e.g. `num_retracted_reqs`, get a `pid` label).
+
+Mapping: running `num_running_reqs`, waiting `num_queue_reqs` (v0.3-era `num_requests_running` /
+`num_requests_waiting`), KV capacity `max_total_num_tokens`, live KV `num_used_tokens` (else
+`token_usage` x capacity), kv_usage = live / capacity over engines. Preemptions come from the
+counter `num_retracted_requests_total`; `num_retracted_reqs` is a gauge (retractions in the last
+logging interval), not cumulative, so it is never used: without the counter, preemptions are
+unknown. A value that is unusable on one engine makes the replica's value unknown, not a partial sum.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from ..model import ReplicaReading
+from .exposition import ParsedScrape, parse
+from .vllm import _histograms, checked
+
+P = "sglang:"
+
+# field -> candidate sample names, first present wins
+GAUGES = {
+    "running": (P + "num_running_reqs", P + "num_requests_running"),
+    "waiting": (P + "num_queue_reqs", P + "num_requests_waiting"),
+    "used_tokens": (P + "num_used_tokens",),
+    "token_usage": (P + "token_usage",),
+    "capacity": (P + "max_total_num_tokens",),
+    "page_size": (P + "page_size",),
+    "num_pages": (P + "num_pages",),
+}
+
+# canonical counter key (monitor/model.py COUNTERS) -> candidate sample names, first present wins
+COUNTER_NAMES = {
+    "request_success": (P + "num_requests_total", P + "request_success_total"),
+    "prompt_tokens": (P + "prompt_tokens_total",),
+    "generation_tokens": (P + "generation_tokens_total",),
+    "preemptions": (P + "num_retracted_requests_total",),
+    "prefix_cache_hits": (P + "cached_tokens_total",),  # tokens; queries are then prompt_tokens
+}
+
+# canonical histogram key (monitor/model.py HISTOGRAMS) -> candidate base names, first present wins
+HISTOGRAM_NAMES = {
+    "ttft": (P + "time_to_first_token_seconds",),
+    "itl": (P + "inter_token_latency_seconds", P + "time_per_output_token_seconds"),
+    "e2e": (P + "e2e_request_latency_seconds",),
+    "queue": (P + "queue_time_seconds",),
+    "prompt_len": (P + "prompt_tokens_histogram",),
+    "generation_len": (P + "generation_tokens_histogram",),
+}
+
+# The metric contract, as vllm.CONTRACT: family -> any one of these sample names will do.
+CONTRACT: dict[str, tuple[str, ...]] = {
+    "num_running_reqs": GAUGES["running"],  # active requests
+    "num_queue_reqs": GAUGES["waiting"],  # queued requests
+    "num_used_tokens": GAUGES["used_tokens"] + GAUGES["token_usage"],  # live KV tokens
+    "max_total_num_tokens": GAUGES["capacity"],  # KV capacity
+    "num_requests_total": COUNTER_NAMES["request_success"],  # completion rate, stalls
+    "generation_tokens_total": COUNTER_NAMES["generation_tokens"],  # token rate, stalls
+    "e2e_request_latency_seconds": tuple(b + "_bucket" for b in HISTOGRAM_NAMES["e2e"]),
+    "time_to_first_token_seconds": tuple(b + "_bucket" for b in HISTOGRAM_NAMES["ttft"]),
+    "queue_time_seconds": tuple(b + "_bucket" for b in HISTOGRAM_NAMES["queue"]),  # the knee's signal
+}
+
+
+def missing_families(scrape: ParsedScrape) -> tuple[str, ...]:
+    """The contract's families with no sample in the scrape (declared but empty counts as missing)."""
+    return tuple(f for f, names in CONTRACT.items() if not any(scrape.samples.get(n) for n in names))
+
+
+def looks_like_sglang(scrape: ParsedScrape) -> bool:
+    """Whether a parsed body is SGLang's: any sample of a contract family."""
+    return any(scrape.samples.get(n) for names in CONTRACT.values() for n in names)
+
+
+def _wanted() -> frozenset[str]:
+    names: set[str] = set()
+    for cands in GAUGES.values():
+        names.update(cands)
+    for cands in COUNTER_NAMES.values():
+        names.update(cands)
+    for cands in HISTOGRAM_NAMES.values():
+        for base in cands:
+            names.update((base + "_bucket", base + "_sum", base + "_count"))
+    return frozenset(names)
+
+
+WANTED = _wanted()
+# the same names as some scrapers rewrite them (`sglang_x`); parse_sglang folds them into `sglang:x`
+_UNDERSCORED = frozenset("sglang_" + n[len(P):] for n in WANTED)
+
+
+def parse_sglang(text: str) -> ParsedScrape:
+    """Parse only the SGLang families headroom reads (fast path)."""
+    scrape = parse(text, wanted=WANTED | _UNDERSCORED, prefixes=("sglang",))
+    for name in [n for n in scrape.samples if n.startswith("sglang_")]:
+        rows = scrape.samples.pop(name)
+        if P + name[7:] in scrape.samples:
+            scrape.anomaly("duplicate_series", len(rows))  # both spellings: the colon one counts
+        else:
+            scrape.samples[P + name[7:]] = rows
+    return scrape
+
+
+def _engine(labels: dict[str, str]) -> str:
+    return labels.get("dp_rank", "")
+
+
+def _rank_order(value: str) -> tuple[int, str]:
+    return (len(value), value)  # numeric order for the decimal ranks SGLang writes
+
+
+def _shard(labels: dict[str, str]) -> tuple:
+    return (_rank_order(labels.get("pp_rank", "0")), _rank_order(labels.get("tp_rank", "0")))
+
+
+def _primary(samples):
+    """The samples of each (model, engine)'s lowest (pp_rank, tp_rank): other ranks only repeat it."""
+    best: dict[tuple[str, str], tuple] = {}
+    for labels, _value in samples:
+        model = labels.get("model_name")
+        if model is None:
+            continue
+        key, shard = (model, _engine(labels)), _shard(labels)
+        if key not in best or shard < best[key]:
+            best[key] = shard
+    return [(lb, v) for lb, v in samples if lb.get("model_name") is not None
+            and best[(lb["model_name"], _engine(lb))] == _shard(lb)]
+
+
+def _gauge(scrape: ParsedScrape, candidates: tuple[str, ...]) -> dict[tuple[str, str], float]:
+    """(model, engine) -> raw value of the first candidate present (priority totals only)."""
+    for name in candidates:
+        samples = [(lb, v) for lb, v in scrape.get(name) if not lb.get("priority")]
+        if not samples:
+            continue
+        out: dict[tuple[str, str], float] = {}
+        for labels, value in _primary(samples):
+            key = (labels["model_name"], _engine(labels))
+            if key in out:
+                scrape.anomaly("duplicate_engine")  # the same rank twice: the first one counts
+                continue
+            out[key] = value
+        return out
+    return {}
+
+
+def _total(values: list[Optional[float]]) -> Optional[float]:
+    return None if not values or any(v is None for v in values) else sum(values)
+
+
+def readings_from_scrape(scrape: ParsedScrape, target: str, timestamp: float,
+                         target_labels: Optional[dict[str, str]] = None) -> list[ReplicaReading]:
+    """One ReplicaReading per model served by the target (DP engines summed)."""
+    by_model: dict[str, ReplicaReading] = {}
+
+    def reading(model: str) -> ReplicaReading:
+        r = by_model.get(model)
+        if r is None:
+            r = ReplicaReading(target=target, model=model, timestamp=timestamp,
+                               labels=dict(target_labels or {}), naming="sglang")
+            by_model[model] = r
+        return r
+
+    g = {k: _gauge(scrape, cands) for k, cands in GAUGES.items()}
+    engines: dict[str, set[str]] = {}
+    for values in g.values():
+        for model, engine in values:
+            engines.setdefault(model, set()).add(engine)
+            reading(model)
+
+    def per_engine(what: str, model: str, high: Optional[float] = None) -> list[Optional[float]]:
+        out = []
+        for engine in sorted(engines[model]):
+            raw = g[what].get((model, engine))
+            out.append(None if raw is None else checked(scrape, raw, high))
+        return out
+
+    for model, r in by_model.items():
+        for attr in ("running", "waiting"):
+            if any(m == model for m, _ in g[attr]):
+                setattr(r, attr, _total(per_engine(attr, model)))
+        capacity, live, usage = [], [], []
+        for cap, used, share in zip(per_engine("capacity", model), per_engine("used_tokens", model),
+                                    per_engine("token_usage", model, high=1.0)):
+            if cap is not None and not cap > 0:
+                scrape.anomaly("out_of_range")  # a KV capacity of 0: unknown
+                cap = None
+            if used is None and share is not None and cap is not None:
+                used = share * cap
+            if used is not None and cap is not None and used > cap:
+                scrape.anomaly("out_of_range")
+                used = None
+            capacity.append(cap)
+            live.append(used)
+            usage.append(share)
+        r.kv_capacity_tokens = _total(capacity)
+        r.kv_live_tokens = _total(live)
+        if r.kv_capacity_tokens and r.kv_live_tokens is not None:
+            r.kv_usage = r.kv_live_tokens / r.kv_capacity_tokens
+        elif len(usage) == 1:
+            r.kv_usage = usage[0]  # one engine without a capacity: its own fraction
+        page = [v for v in per_engine("page_size", model) if v]
+        r.block_size = int(page[0]) if page else None
+        pages = _total(per_engine("num_pages", model))
+        r.num_gpu_blocks = int(pages) if pages else None
+        r.engines = max(1, len(engines[model]))
+
+    for key, candidates in COUNTER_NAMES.items():
+        for name in candidates:
+            samples = scrape.get(name)
+            if not samples:
+                continue
+            per_model: dict[str, list[Optional[float]]] = {}
+            for labels, value in _primary(samples):
+                per_model.setdefault(labels["model_name"], []).append(checked(scrape, value))
+            for model, values in per_model.items():
+                total = _total(values)  # one series unusable: the sum is unknown, not partial
+                if total is not None:
+                    reading(model).counters[key] = total
+            break
+    for r in by_model.values():
+        if "prefix_cache_hits" in r.counters and "prompt_tokens" in r.counters:
+            r.counters["prefix_cache_queries"] = r.counters["prompt_tokens"]
+
+    for key, candidates in HISTOGRAM_NAMES.items():
+        for base in candidates:
+            buckets = scrape.get(base + "_bucket")
+            if not buckets:
+                continue
+            parts = [_as_engine_series(_primary(scrape.get(base + s))) for s in ("_bucket", "_sum", "_count")]
+            for model, hist in _histograms(*parts, scrape).items():
+                reading(model).histograms[key] = hist
+            break
+    return list(by_model.values())
+
+
+def _as_engine_series(samples):
+    """Relabel each series for vllm._histograms: its labels other than model_name and le become its
+    `engine` key, so the helper sums the series (DP ranks, is_streaming, priority) per model."""
+    out = []
+    for labels, value in samples:
+        series = ",".join(f"{k}={v}" for k, v in sorted(labels.items()) if k not in ("model_name", "le"))
+        relabelled = {"model_name": labels["model_name"], "engine": series}
+        if "le" in labels:
+            relabelled["le"] = labels["le"]
+        out.append((relabelled, value))
+    return out
+
+
+def readings_from_text(text: str, target: str, timestamp: float,
+                       target_labels: Optional[dict[str, str]] = None) -> list[ReplicaReading]:
+    return readings_from_scrape(parse_sglang(text), target, timestamp, target_labels)

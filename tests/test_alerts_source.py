@@ -1,0 +1,107 @@
+"""sources.alerts: headroom's alerts read from a Prometheus or an Alertmanager answer, and shown on the
+landing page and in /api/v1/snapshot. The answers follow the documented shapes of Prometheus
+`/api/v1/alerts` and Alertmanager `/api/v2/alerts`; the live proof is tests/test_demo.py (the demo's
+real Prometheus)."""
+import json
+
+import pytest
+
+from monitor.config import ConfigError, from_dict
+from monitor.export.landing import Trends, render
+from monitor.export.snapshot_json import snapshot_to_dict
+from monitor.model import PoolSnapshot, Snapshot
+from monitor.sources.alerts import api_url, read_alerts, ui_url
+
+PROM = {"status": "success", "data": {"alerts": [
+    {"labels": {"alertname": "HeadroomLow", "pool": "meta-llama/Llama-3.1-8B-Instruct", "severity": "warning",
+                "job": "headroom"},
+     "annotations": {"summary": "Capacity headroom is low.", "description": "..."},
+     "state": "firing", "activeAt": "2026-12-03T09:05:30.123456789Z", "value": "-4.2e-02"},
+    {"labels": {"alertname": "HeadroomQueueBuilding", "pool": "meta-llama/Llama-3.3-70B-Instruct",
+                "severity": "warning"},
+     "annotations": {"summary": "Requests are queueing."}, "state": "pending",
+     "activeAt": "2026-12-03T09:06:00Z", "value": "12"},
+    {"labels": {"alertname": "Watchdog", "severity": "none"}, "annotations": {}, "state": "firing",
+     "activeAt": "2026-12-03T00:00:00Z", "value": "1"},
+    {"labels": {"alertname": "HeadroomSourceDown"}, "state": "inactive"},
+]}}
+
+AM = [
+    {"labels": {"alertname": "HeadroomCriticallyLow", "pool": "p", "severity": "critical"},
+     "annotations": {"summary": "Capacity headroom is nearly gone."}, "startsAt": "2026-12-03T09:07:00.5+00:00",
+     "status": {"state": "active", "silencedBy": [], "inhibitedBy": []}},
+    {"labels": {"alertname": "HeadroomLow", "pool": "p"}, "annotations": {},
+     "startsAt": "2026-12-03T09:00:00Z", "status": {"state": "suppressed", "silencedBy": ["x"]}},
+]
+
+
+def test_prometheus_answer_keeps_headroom_alerts_firing_first():
+    alerts, cut = read_alerts(json.dumps(PROM), "prometheus")
+    assert cut == 0
+    assert [(a.name, a.state) for a in alerts] == [("HeadroomLow", "firing"), ("HeadroomQueueBuilding", "pending")]
+    low = alerts[0]
+    assert low.pool == "meta-llama/Llama-3.1-8B-Instruct" and low.severity == "warning"
+    assert low.summary == "Capacity headroom is low."
+    assert low.since == pytest.approx(1796288730.123456, abs=1e-5)  # nanoseconds cut to microseconds
+
+
+def test_alertmanager_answer_keeps_active_only():
+    alerts, _ = read_alerts(json.dumps(AM), "alertmanager")
+    assert [(a.name, a.state, a.pool) for a in alerts] == [("HeadroomCriticallyLow", "firing", "p")]
+    assert alerts[0].since == pytest.approx(1796288820.5)
+
+
+@pytest.mark.parametrize("body,kind,match", [
+    ("<html>", "prometheus", "not JSON"),
+    (json.dumps({"status": "error", "error": "x"}), "prometheus", "status != success"),
+    (json.dumps({"status": "success", "data": {}}), "prometheus", "data.alerts"),
+    (json.dumps({"alerts": []}), "alertmanager", "Alertmanager v2 alert list"),
+    ("[]", "nagios", "unknown alerts source kind"),
+])
+def test_bad_answers_name_the_problem(body, kind, match):
+    with pytest.raises(ValueError, match=match):
+        read_alerts(body, kind)
+
+
+def test_a_flood_is_cut_and_counted():
+    many = {"status": "success", "data": {"alerts": [
+        {"labels": {"alertname": "HeadroomLow", "pool": f"p{i}"}, "state": "firing"} for i in range(250)]}}
+    alerts, cut = read_alerts(json.dumps(many), "prometheus")
+    assert len(alerts) == 200 and cut == 50
+
+
+def test_urls_and_config():
+    assert api_url("http://prom:9090/", "prometheus") == "http://prom:9090/api/v1/alerts"
+    assert api_url("http://am:9093", "alertmanager") == "http://am:9093/api/v2/alerts"
+    assert ui_url("http://am:9093", "alertmanager") == "http://am:9093/#/alerts"
+    base = {"sources": {"vllm": {"targets": ["http://a:1/metrics"]}}}
+    cfg = from_dict({**base, "sources": {**base["sources"], "alerts": {"url": "http://am:9093", "kind": "alertmanager"}}})
+    assert cfg.alerts.kind == "alertmanager"
+    with pytest.raises(ConfigError, match="sources.alerts.kind"):
+        from_dict({**base, "sources": {**base["sources"], "alerts": {"url": "http://x", "kind": "opsgenie"}}})
+
+
+def _snapshot(alerts):
+    pool = PoolSnapshot(pool="meta-llama/Llama-3.1-8B-Instruct", model="m", replicas=1, replicas_configured=1)
+    return Snapshot(timestamp=1796289000.0, pools=[pool], alerts=alerts, alerts_ui="http://prom:9090/alerts")
+
+
+def test_landing_page_and_json_show_the_alerts():
+    alerts, _ = read_alerts(json.dumps(PROM), "prometheus")
+    snap = _snapshot(alerts)
+    page = render(snap, Trends(), links=(("Prometheus <alerts>", "http://prom:9090/alerts"),), has_alerts_source=True)
+    assert "1 firing, 1 pending" in page
+    assert "<b>HeadroomLow</b> firing for 4 min · warning · pool meta-llama/Llama-3.1-8B-Instruct" in page
+    assert "alert firing</span>" in page  # the pool's card carries the badge
+    assert 'href="http://prom:9090/alerts">all alerts</a>' in page
+    assert "Prometheus &lt;alerts&gt;" in page  # labels are escaped
+    doc = snapshot_to_dict(snap)
+    assert doc["alerts"][0] == {"alertname": "HeadroomLow", "state": "firing", "severity": "warning",
+                                "pool": "meta-llama/Llama-3.1-8B-Instruct", "summary": "Capacity headroom is low.",
+                                "since": pytest.approx(1796288730.123456, abs=1e-5)}
+
+
+def test_landing_page_without_alerts_says_why():
+    assert "No alerts source: set sources.alerts" in render(_snapshot(None), Trends())
+    assert "did not answer this cycle" in render(_snapshot(None), Trends(), has_alerts_source=True)
+    assert "No headroom alert is firing." in render(_snapshot([]), Trends(), has_alerts_source=True)
