@@ -8,7 +8,7 @@ import pytest
 from monitor.forecast import models as models_mod
 from monitor.forecast.backtest import (AVERAGE, ForecastSettings, apply_calibration, calibrate,
                                        forecast_series, mase_scale, no_skill_members, origins_for,
-                                       rank_models, rolling_origin, score, selection_reasons)
+                                       rank_models, rolling_origin, score, select, selection_reasons)
 from monitor.forecast.models import Forecast, Model
 from monitor.forecast.series import prepare
 from monitor.timebox import timeboxed
@@ -273,6 +273,12 @@ def test_when_no_model_shows_skill_the_forecast_is_the_average_of_the_plain_cand
                                  - folds[members[0]][k].actual) for k in range(len(origins))])
     assert r.skill[AVERAGE]["mase"] == pytest.approx(np.mean(err) / mase_scale(p.head(origins[0])))
     assert r.calibration is not None and r.calibration.points == 24 * len(origins)
+    # the reasons are the selection's (monitor/forecast/selection.py), as `headroom backtest` prints them
+    assert r.why[AVERAGE] == "selected: no candidate reached MASE 1; the average of ets+snaive_day"
+    assert all("member of the no-skill average" in r.why[m] for m in members)
+    backtested = {m: v for m, v in r.skill.items() if m != AVERAGE}
+    assert r.why == select(backtested, settings.models, settings.selection_tolerance,
+                           settings.average_below_skill).why
     # the rule off: the usual selection
     off = forecast_series(p, 24, ForecastSettings(models=settings.models, average_below_skill=0.0))
     assert off.model in members + ["ets_week"] and AVERAGE not in off.skill

@@ -119,3 +119,20 @@ def test_no_model_with_skill_selects_the_average_with_its_members(tmp_path, caps
     assert res["why"]["average"] == "selected: no candidate reached MASE 1; the average of ets+snaive_day"
     assert set(res["why"]) == {"ets", "snaive_day", "average"}
     assert all(not res["why"][m].startswith("selected") for m in ("ets", "snaive_day"))
+
+
+def test_selection_and_reasons_are_those_of_forecast_series_on_the_same_origins(capsys):
+    from monitor.forecast.backtest import ForecastSettings, forecast_series
+    from monitor.forecast.series import prepare
+    models = ["ets_1h", "sarimax", "snaive_day"]
+    rc = run(["--csv", SLICE, "--horizon", "6h", "--origins", "2", "--models", ",".join(models), "--json"])
+    res = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    # the daemon's refit with a 6-hour horizon backtests two 6-hour folds at the same origins
+    prep = prepare(cli.load_csv(SLICE, None, None))
+    r = forecast_series(prep, 72, ForecastSettings(models=tuple(models)))
+    assert {m: r.skill[m]["folds"] for m in models} == {m: 2 for m in models}
+    for m in models:
+        assert res["models"][m]["mase"] == pytest.approx(r.skill[m]["mase"])
+    assert res["selected"] == r.model
+    assert res["why"] == r.why

@@ -103,6 +103,29 @@ def test_mstl_forecasts_daily_and_weekly_pattern():
     assert err < np.mean(np.abs(naive.mean - truth)) / np.mean(truth) / 3  # the weekly season helps
 
 
+def test_mstl_fits_a_5_minute_series_on_hourly_means():
+    # 21 days at 5 minutes: a weekly period would be 2016 points (13-15 s a fit); hourly it is 168.
+    # Days 18 and 19 are a weekend at half level; day 20, forecast, is a working day again.
+    t = 1_700_000_000.0 - 1_700_000_000.0 % 86400 + 300.0 * np.arange(21 * 288)
+    i = np.arange(len(t))
+    weekend = ((i // 288) + 1) % 7 >= 5
+    truth = 50 * (1 + 0.5 * np.sin(2 * np.pi * (i % 288) / 288)) * np.where(weekend, 0.5, 1.0)
+    y = truth * np.random.default_rng(2).normal(1, 0.05, len(t))
+    p = prepare(pd.Series(y, index=t))
+    train, actual = p.head(20 * 288), truth[20 * 288:]
+    model = MODELS["mstl"]
+    assert model._k(p) == 12 and model.min_history(p) == 2 * 288 + 12
+    fitted = model.fit(train)
+    assert fitted.k == 12 and fitted.periods == [24, 168]
+    fc = fitted.forecast(288)
+    assert len(fc.mean) == 288
+    err = np.mean(np.abs(fc.mean - actual)) / np.mean(actual)
+    naive = MODELS["snaive_day"].fit(train).forecast(288)  # yesterday: the weekend
+    assert err < 0.1 and err < np.mean(np.abs(naive.mean - actual)) / np.mean(actual) / 3
+    lo95, hi95 = fc.bands[0.95]
+    assert np.mean((actual >= lo95) & (actual <= hi95)) > 0.8
+
+
 def test_sarimax_on_hourly_aggregates_of_a_5_minute_series():
     t = 1_700_000_000.0 + 300.0 * np.arange(6 * 288)
     i = np.arange(len(t))

@@ -15,7 +15,9 @@ import pytest
 MONITOR = Path(__file__).resolve().parents[1] / "monitor"
 PURE = sorted([*MONITOR.glob("derive/*.py"), *MONITOR.glob("capacity/*.py"),
                MONITOR / "step.py", MONITOR / "history" / "schema.py",
-               *[MONITOR / "forecast" / f for f in ("models.py", "backtest.py", "series.py", "pool.py", "calendar.py")]])
+               *[MONITOR / "forecast" / f for f in ("models.py", "model_base.py", "naive.py", "statsmodels_models.py",
+                                                   "backtest.py", "scores.py", "selection.py", "series.py", "pool.py",
+                                                   "calendar.py")]])
 FORBIDDEN_IMPORTS = {"sqlite3", "socket", "http", "urllib", "requests", "apscheduler", "subprocess",
                      "multiprocessing", "threading", "ssl", "selectors"}
 # a stopwatch (time.perf_counter / process_time, as backtest.py reports what a fit cost) times the

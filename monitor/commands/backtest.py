@@ -3,11 +3,13 @@
     headroom backtest --csv FILE [--time-column C --value-column V] --horizon 1d --json [--plot F.png]
 
 Every model is refitted at each origin (expanding window) and forecasts `--horizon` ahead; the
-scores are pooled over the origins. MASE is scaled by the in-sample MAE of the one-day seasonal
-naive on the history before the first origin. The selected model is what headroom's automatic
-selection would pick (lowest MASE with a preference for the earlier model in the fallback order);
-when no model's MASE is below 1 (none beats that naive) it is `average`, the equal-weight average
-of the plain models, scored on the same origins (its `members` listed).
+scores are pooled over the origins (monitor/forecast/backtest.py `backtest_models`, as the daemon's
+refit backtests). MASE is scaled by the in-sample MAE of the one-day seasonal naive on the history
+before the first origin. The selected model, and the reason per model (`why`), are those of
+headroom's one selection rule (monitor/forecast/selection.py `select`, as in `forecast_series`):
+the earliest model within 10% of the lowest MASE among those no worse than the best seasonal naive;
+when no model's MASE is below 1 (none beats the in-sample naive) it is `average`, the equal-weight
+average of the plain models, scored on the same origins (its `members` listed).
 """
 from __future__ import annotations
 
@@ -20,9 +22,8 @@ import sys
 import numpy as np
 import pandas as pd
 
-from monitor.forecast.backtest import (AVERAGE, ForecastSettings, average_folds, mase_scale, members_last,
-                                       model_folds, no_skill_members, origins_for, pooled_score,
-                                       rank_models, selection_reasons)
+from monitor.forecast.backtest import (AVERAGE, ForecastSettings, average_folds, backtest_models, origins_for,
+                                       pooled_score, select)
 from monitor.forecast.models import FALLBACK_ORDER, get_model
 from monitor.forecast.series import SeriesError, prepare
 
@@ -119,50 +120,40 @@ def backtest(series: pd.Series, horizon_seconds: float, n_origins: int, models: 
             f"series too short: {prep.n} points ({prep.n * prep.step / 3600:.1f} h) at a "
             f"{prep.step:g} s step; {n_origins} origins with a {horizon_seconds / 3600:g} h horizon "
             f"need at least {need} points ({need * prep.step / 3600:.1f} h)")
-    scale = mase_scale(prep.head(origins[0]))
-    out_models, folds_by_model, errors = {}, {}, {}
-    for i, name in enumerate(members_last(models)):
-        if progress:
-            progress(i, len(models), name)
-        folds, errs = model_folds(prep, name, folds_by_model, horizon, origins)
-        if errs:
-            errors[name] = errs
-        if not folds:
-            reason = errs[-1] if errs else (
-                f"needs {get_model(name).min_history(prep.head(origins[-1]))} points of history")
-            out_models[name] = {"mase": None, "smape": None, "coverage80": None, "coverage95": None,
-                                "folds": 0, "undefined": reason}
-            continue
-        folds_by_model[name] = folds
-        s = pooled_score(folds, scale)
-        out_models[name] = _summary(s)
-    if progress:
-        progress(len(models), len(models), "done")
-    out_models = {m: out_models[m] for m in models}  # the order asked for
+    bt = backtest_models(prep, models, horizon, origins, progress=progress)
     settings = ForecastSettings()
-    scored = {k: v for k, v in out_models.items() if v.get("folds")}
-    ranked = rank_models(scored, [m for m in models if m in scored], settings.selection_tolerance)
-    selected = ranked[0] if ranked else None
-    members = no_skill_members(scored, models, settings.average_below_skill)
-    avg = average_folds(members, folds_by_model, AVERAGE) if members else None
-    why = selection_reasons(scored, [m for m in models if m in scored], settings.selection_tolerance, selected)
-    if avg:  # no model showed skill: what the daemon would forecast is the members' average
-        folds_by_model[AVERAGE] = avg
-        out_models[AVERAGE] = {**_summary(pooled_score(avg, scale)), "members": members}
-        why[AVERAGE] = f"selected: no candidate reached MASE {settings.average_below_skill:g}; the average of " \
-                       + "+".join(members)
-        if selected in why:
-            why[selected] = why[selected].replace("selected:", "not selected (the no-skill average is):", 1)
-        selected = AVERAGE
+    sel = select(bt.skill, models, settings.selection_tolerance, settings.average_below_skill)
+    out_models = {}
+    for name in models:  # the order asked for
+        if name in bt.skill:
+            out_models[name] = _summary(bt.skill[name])
+            continue
+        errs = bt.errors.get(name)
+        reason = errs[-1] if errs else (
+            f"needs {get_model(name).min_history(prep.head(origins[-1]))} points of history")
+        out_models[name] = {"mase": None, "smape": None, "coverage80": None, "coverage95": None,
+                            "folds": 0, "undefined": reason}
+    folds_by_model = dict(bt.folds)
+    if sel.model == AVERAGE:  # no model showed skill: what the daemon would forecast is the members' average
+        avg = average_folds(sel.average, bt.folds, AVERAGE)
+        if avg:
+            folds_by_model[AVERAGE] = avg
+            out_models[AVERAGE] = {**_summary(pooled_score(avg, bt.scale)), "members": sel.average}
+        else:
+            out_models[AVERAGE] = {"mase": None, "smape": None, "coverage80": None, "coverage95": None,
+                                   "folds": 0, "members": sel.average,
+                                   "undefined": "its members were backtested at different origins"}
+    why = dict(sel.why)
     for name in out_models:
         why.setdefault(name, "no backtest score: " + str(out_models[name].get("undefined")))
-    result = {"selected": selected, "models": out_models, "why": why,
+    scale = bt.scale
+    result = {"selected": sel.model, "models": out_models, "why": why,
               "horizon_seconds": horizon_seconds, "step_seconds": prep.step,
               "origins": [prep.start + o * prep.step for o in origins], "points": prep.n,
               "missing_points": int((~prep.observed).sum()),
               "mase_scale": scale if math.isfinite(scale) else None}
-    if errors:
-        result["errors"] = errors
+    if bt.errors:
+        result["errors"] = bt.errors
     result["_plot"] = (prep, folds_by_model)
     return result
 
@@ -237,12 +228,12 @@ def run(args) -> int:
     else:
         print(f"selected: {result['selected']}  (horizon {horizon / 3600:g} h, "
               f"{len(result['origins'])} origins, step {result['step_seconds']:g} s)")
-        print(f"{'model':<12} {'MASE':>6} {'sMAPE%':>7} {'cov80':>6} {'cov95':>6}")
+        print(f"{'model':<17} {'MASE':>6} {'sMAPE%':>7} {'cov80':>6} {'cov95':>6}")
         for name, s in result["models"].items():
             if not s.get("folds"):
-                print(f"{name:<12} undefined: {s.get('undefined')}")
+                print(f"{name:<17} undefined: {s.get('undefined')}")
                 continue
-            print(f"{name:<12} {s['mase']:>6.3f} {s['smape']:>7.1f} {s['coverage80']:>6.0%} "
+            print(f"{name:<17} {s['mase']:>6.3f} {s['smape']:>7.1f} {s['coverage80']:>6.0%} "
                   f"{s['coverage95']:>6.0%}  {result['why'].get(name, '')}")
     return 0
 
