@@ -66,6 +66,7 @@ class CycleState:
     cycles: int = 0
     last_success: Optional[float] = None
     last_fresh: dict[str, float] = field(default_factory=dict)  # pool -> last time it was not stale
+    down: dict[tuple[str, str], str] = field(default_factory=dict)  # (source, target) -> its error, while down
 
 
 def count_into(counts: dict, more: dict) -> None:
@@ -76,9 +77,14 @@ def count_into(counts: dict, more: dict) -> None:
 def step(state: CycleState, inputs: CycleInputs, now: float) -> tuple[CycleState, Snapshot]:
     state.cycles += 1
     for st in inputs.statuses:
+        key = (st.source, st.target)
         if not st.up and st.attempted:
             count_into(state.errors, {(st.source, st.error or "unknown"): 1.0})
-            log.info("source %s %s down: %s", st.source, st.target, st.error)
+            if key not in state.down:  # logged when it goes down and when it comes back, not every cycle
+                log.warning("source %s %s down: %s", st.source, st.target, st.error)
+            state.down[key] = st.error or "unknown"
+        elif st.up and state.down.pop(key, None) is not None:
+            log.info("source %s %s is back", st.source, st.target)
     count_into(state.anomalies, inputs.anomalies)
     history = _remember(state, _cap(state, inputs.readings), now)
     pools = _derive(state, history, inputs, now)

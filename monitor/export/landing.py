@@ -188,8 +188,8 @@ def _pool_card(p: PoolSnapshot, trend: list, alerts: Optional[list[Alert]] = Non
     sessions, session_cap, spmw = cap.sessions, cap.session_capacity, cap.sessions_per_megawatt
     headroom = f"{ratio * 100:.0f}%" if ratio is not None else "–"
     headroom_n1 = f"{ratio_n1 * 100:.0f}%" if ratio_n1 is not None else "–"
-    mine = [a for a in alerts or () if a.pool in (p.pool, p.model)]
-    if any(a.state == "firing" for a in mine):
+    mine = [a for a in alerts or () if a.pool in (p.pool, p.model) and a.state == "firing"]  # pending: above
+    if mine:
         stale += ' <span class="badge bad">alert firing</span>'
     return f"""
 <section class="card {cls}">

@@ -791,6 +791,18 @@ class Replica:
         op.t_end = t + self._jump_time(op, k)
         self.op = op
 
+    def abandon(self, r: Request) -> bool:
+        """The client of a request still waiting for its first schedule gives up: it leaves the
+        queue (vLLM aborts a request whose client disconnected). False if it was scheduled."""
+        if r.state != WAITING or r.first_scheduled is not None:
+            return False
+        try:
+            self.waiting.remove(r)
+        except ValueError:
+            return False
+        r.state = ABORTED  # a planned op stays valid: the running set did not change
+        return True
+
     def kill(self, t: float) -> list[Request]:
         """The replica goes away: returns the in-flight requests (they are lost)."""
         self.alive = False

@@ -77,6 +77,15 @@ SCENARIO_DEFAULTS: dict[str, dict[str, Any]] = {
     # origin instead of following the real clock; `min_level` floors the profile value
     "diurnal": {"level": 1.0, "profile": True, "day_seconds": 86400.0, "start_hour": None,
                 "start_weekday": 0, "min_level": 0.0},
+    # `headroom demo`'s default: the diurnal profiles on a clock that starts on a Tuesday at
+    # 09:00 (the morning burst begins), with the history (monitor/sim/history.py) generated
+    # on the same clock; `pool_levels` scales each pool's task rates so the weekday peaks sit at
+    # the knee; a call that waits `request_timeout_s` in an engine queue is given up by its
+    # client (0: never); `history_noise` is the day-to-day variation of the generated history
+    # (the live fleet's own is the Poisson arrivals)
+    "morning": {"level": 1.0, "profile": True, "day_seconds": 86400.0, "start_hour": 9.0,
+                "start_weekday": 1, "min_level": 0.0, "pool_levels": {}, "request_timeout_s": 20.0,
+                "history_noise": 0.03},
     # steady, then replica `replica` (default: the last of the first pool) stops at `at_s`
     "replica-loss": {"level": 0.8, "profile": False, "at_s": 30.0, "pool": None, "replica": None},
 }
@@ -354,13 +363,15 @@ class Fleet:
                 self._replay(a, b, t)
             elif kind == "X":
                 self._kill(a, t)
+            elif kind == "A":
+                self._timed_out(a, b, t)
         if t_end > self.t:
             self.t = t_end
 
     # ------------------------------------------------------------------ rates
     def rate_multiplier(self, t: float, tt: TaskType) -> float:
         sp = self.sp
-        m = float(sp.get("level", 1.0))
+        m = float(sp.get("level", 1.0)) * float((sp.get("pool_levels") or {}).get(tt.pool, 1.0))
         if sp.get("profile"):
             wd, hr = self.profile_time(t)
             m *= max(float(sp.get("min_level", 0.0)), tt.profile.value(wd, hr))
@@ -502,6 +513,21 @@ class Fleet:
         nt = replica.enqueue(req, t)
         if nt is not None:
             self._push(nt, "B", replica, replica.version)
+        timeout = float(self.sp.get("request_timeout_s") or 0.0)
+        if timeout > 0:
+            self._push(t + timeout, "A", replica, req)
+
+    def _timed_out(self, replica: Replica, req: Request, t: float) -> None:
+        """The client gave up on a call still queued after request_timeout_s: the call and its
+        task fail (no retry: the agent reports the timeout)."""
+        if not replica.abandon(req):
+            return
+        call: Call = req.tag
+        task = call.task
+        self.gateway.record(call.pool, task.tt.name, task.session_id, t - call.t_sent, None,
+                            call.prompt, 0, 0, error=True)
+        task.failed = True
+        self._call_finished(task, t)
 
     def _call_failed(self, call: Call, t_start: float, t_fail: float) -> None:
         task = call.task

@@ -40,12 +40,29 @@ from .workload import profile_clock
 POOL_SERIES = ("call_arrival_rate", "active_requests", "queued_requests", "kv_tokens", "sessions")
 
 
-def _profile_values(tt, ts: np.ndarray, utc_offset: float) -> np.ndarray:
+def _profile_values(tt, ts: np.ndarray, utc_offset: float, shift: float = 0.0) -> np.ndarray:
     out = np.empty(len(ts))
     for i, t in enumerate(ts):
-        wd, hr = profile_clock(float(t), float(t), 86400.0, utc_offset)
+        wd, hr = profile_clock(float(t) + shift, float(t) + shift, 86400.0, utc_offset)
         out[i] = tt.profile.value(wd, hr)
     return out
+
+
+def scenario_clock_shift(config: FleetConfig, scenario: Optional[str], origin: float) -> float:
+    """Seconds to add to a wall time for the profile clock of ``scenario`` whose origin (the
+    moment serving starts) is ``origin``: the shift the live fleet applies when the scenario pins
+    its clock (``start_hour``, ``start_weekday``; see ``Fleet.profile_time``), else 0 (the mix's
+    own ``utc_offset_hours`` still applies)."""
+    sp = config.scenarios.get(scenario or "", {})
+    if not sp.get("profile") or sp.get("start_hour") is None:
+        return 0.0
+    if float(sp.get("day_seconds", 86400.0)) != 86400.0:
+        raise ValueError(f"scenario {scenario!r}: history needs a real-time day (day_seconds 86400)")
+    monday = 345600.0  # 1970-01-05 00:00 UTC, a Monday
+    pinned = monday + float(sp.get("start_weekday", 0)) * 86400.0 + float(sp["start_hour"]) * 3600.0
+    # a whole number of weeks away from the origin, so only weekday and hour move
+    shift = pinned - origin - config.mix.utc_offset_hours * 3600.0
+    return shift - math.floor(shift / (7 * 86400.0)) * 7 * 86400.0
 
 
 def _ar_noise(rng: np.random.Generator, n: int, sigma: float, phi: float = 0.95) -> np.ndarray:
@@ -63,9 +80,15 @@ def _ar_noise(rng: np.random.Generator, n: int, sigma: float, phi: float = 0.95)
 def generate_history(config: Union[FleetConfig, str, None] = None, days: float = 14.0,
                      step_s: int = 60, end: Optional[float] = None, seed: int = 1,
                      level: float = 1.0, weekly_growth: float = 0.02, noise: float = 0.08,
-                     replica_series: bool = True) -> pd.DataFrame:
+                     replica_series: bool = True, scenario: Optional[str] = None,
+                     origin: Optional[float] = None) -> pd.DataFrame:
     """History of every pool, ``days`` long at ``step_s`` resolution, ending at ``end``
-    (default: 1 h before now, aligned to the step)."""
+    (default: 1 h before now, aligned to the step).
+
+    With ``scenario`` (a profile scenario of the fleet config, e.g. ``morning``) the history is
+    the past of that live scenario starting at ``origin`` (default ``end``): the same profile
+    clock, ``level`` x ``pool_levels``, clients that give up after ``request_timeout_s`` in a
+    queue, and the scenario's ``history_noise`` instead of ``noise``."""
     if not isinstance(config, FleetConfig):
         config = load_config(config)
     if days <= 0:
@@ -79,6 +102,15 @@ def generate_history(config: Union[FleetConfig, str, None] = None, days: float =
     n = int(days * 86400 // step_s)
     ts = end - step_s * np.arange(n - 1, -1, -1, dtype=np.float64)
     rng = np.random.default_rng(seed)
+    sp = config.scenarios.get(scenario, {}) if scenario else {}
+    if scenario and not sp:
+        raise ValueError(f"unknown scenario {scenario!r} (choose from {', '.join(sorted(config.scenarios))})")
+    if scenario and not sp.get("profile"):
+        raise ValueError(f"scenario {scenario!r} has no daily profile: history needs one")
+    shift = scenario_clock_shift(config, scenario, float(end if origin is None else origin))
+    level = level * float(sp.get("level", 1.0))
+    noise = float(sp.get("history_noise", noise))
+    patience = float(sp.get("request_timeout_s") or 0.0)
     weeks = (ts - ts[0]) / (7 * 86400.0)
     trend = (1.0 + weekly_growth) ** weeks
     mix = config.mix
@@ -94,8 +126,9 @@ def generate_history(config: Union[FleetConfig, str, None] = None, days: float =
         for tt in mix.task_types.values():
             if tt.pool != pool.name or tt.rate_per_s <= 0:
                 continue
-            prof = _profile_values(tt, ts, mix.utc_offset_hours)
-            r = tt.rate_per_s * level * prof * trend * _ar_noise(rng, n, noise)
+            prof = _profile_values(tt, ts, mix.utc_offset_hours, shift)
+            pool_level = float((sp.get("pool_levels") or {}).get(pool.name, 1.0))
+            r = tt.rate_per_s * level * pool_level * prof * trend * _ar_noise(rng, n, noise)
             task_rates[tt.name] = (tt, r)
             call_rate += r * tt.calls_per_task
 
@@ -125,9 +158,13 @@ def generate_history(config: Union[FleetConfig, str, None] = None, days: float =
         running = np.minimum(conc, cap)
         queued = np.zeros(n)
         q = 0.0
+        keep = math.exp(-step_s / patience) if patience > 0 else 1.0
         for i in range(n):
             inflow = call_rate[i] - (mu_full[i] if (q > 0 or conc[i] >= cap) else call_rate[i])
-            q = max(0.0, q + inflow * step_s)
+            if patience > 0:  # q' = inflow - q / patience: queued clients give up at that rate
+                q = max(0.0, q * keep + inflow * patience * (1.0 - keep))
+            else:
+                q = max(0.0, q + inflow * step_s)
             queued[i] = q
             if q > 0:
                 running[i] = cap
