@@ -222,16 +222,73 @@ def test_gateway_in_front_of_the_engine_counts_task_requests(vllm_small_engine, 
 
     from prometheus_client.parser import text_string_to_metric_families
 
-    deadline = time.time() + 30
-    while True:  # the proxy records metrics after the response is sent
+    def by_task() -> dict[str, float]:
         text, _ = fetch_metrics(litellm_gateway.url, "/metrics/")
-        by_task: dict[str, float] = {}
+        out: dict[str, float] = {}
         for family in text_string_to_metric_families(text):
             for s in family.samples:
                 if s.name == "litellm_proxy_total_requests_metric_total":
                     task = s.labels.get("metadata_task_type", "")
-                    by_task[task] = by_task.get(task, 0.0) + s.value
-        if by_task == {"policy_question": 2.0, "document_summary": 1.0} or time.time() > deadline:
-            break
-        time.sleep(0.5)
-    assert by_task == {"policy_question": 2.0, "document_summary": 1.0}
+                    out[task] = out.get(task, 0.0) + s.value
+        return out
+    # the proxy records metrics after the response is sent: wait for them, with a deadline
+    wait_for(by_task, lambda got: got == {"policy_question": 2.0, "document_summary": 1.0}, timeout=30,
+             every=0.5, what="LiteLLM's request counters by task type")
+
+
+def test_one_pool_of_a_real_engine_an_sglang_replica_and_a_router_queue(vllm_small_engine, tmp_path):
+    """`headroom once` over one pool: the real vLLM engine (under 8 closed-loop clients), an SGLang
+    replica serving the same model and an llm-d router whose flow-control queue holds requests for
+    it. The SGLang and router bodies are rendered from those projects' metric definitions
+    (tests/fixtures/*/SOURCES.md; neither runs here), with the model renamed to the engine's. The
+    pool is the sum of its parts: each replica's numbers in the same JSON, the SGLang replica's equal
+    its body read on its own, the router queue its body's."""
+    import re
+    from pathlib import Path
+    from servers import MetricsServer
+    from monitor.sources.gateway_queue import read_gateway_queues
+    from monitor.sources.sglang import readings_from_text as sglang_readings
+
+    fixtures = Path(__file__).parent / "fixtures"
+    rename = lambda text: re.sub(r'(model_name|target_model_name)="[^"]*"', rf'\1="{MODEL}"', text)  # noqa: E731
+    sglang_text = rename((fixtures / "sglang" / "sglang-under-load.prom").read_text())
+    router_text = rename((fixtures / "gateway" / "llm-d-router-flow-control.prom").read_text())
+    srv = MetricsServer()
+    srv.bodies["/sglang"] = sglang_text
+    srv.bodies["/epp"] = router_text
+    [sg] = sglang_readings(sglang_text, "sglang", 0.0)
+    router_queued = sum(read_gateway_queues(router_text, "llm-d").queued_by_model().values())
+    url = vllm_small_engine.url
+    cfg = tmp_path / "headroom.yml"
+    cfg.write_text(f"""sources:
+  vllm:
+    targets: [{url}/metrics, {srv.url('/sglang')}]
+  gateways:
+    - {{kind: llm-d, url: "{srv.url('/epp')}"}}
+""")
+    vocab = vllm_small_engine.info["vocab_size"]
+    loop = ClosedLoop(url, clients=8, duration=300.0, max_tokens=[100, 200],
+                      prompt=lambda rng: token_prompt(rng, rng.randint(16, 64), vocab), seed=5)
+    loop.start()
+    try:
+        wait_for(lambda: engine_gauges(fetch_metrics(url)[0])[MODEL], lambda g: g["running"] > 0,
+                 timeout=60, every=0.2, what="the engine running requests")
+        proc = subprocess.run([HEADROOM_PYTHON, "-m", "monitor.cli", "once", "--config.file", str(cfg), "--json",
+                               "--interval", "0"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    finally:
+        loop.stop()
+        loop.join(timeout=300)
+        srv.stop()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    [pool] = json.loads(proc.stdout)["pools"]
+    assert pool["pool"] == MODEL and pool["engines"] == ["sglang", "vllm"] and pool["replicas"] == 2
+    by = {r["replica"]: r for r in pool["replica_detail"]}
+    engine, sglang = by[url + "/metrics"], by[srv.url("/sglang")]
+    assert (sglang["active_requests"], sglang["queued_requests"]) == (sg.running, sg.waiting)
+    assert sglang["kv_tokens_capacity"] == sg.kv_capacity_tokens
+    assert engine["kv_tokens_capacity"] == CAPACITY_TOKENS and 0 <= engine["active_requests"] <= 8
+    assert pool["active_requests"] == engine["active_requests"] + sg.running
+    assert pool["queued_requests"] == engine["queued_requests"] + sg.waiting
+    assert pool["kv_tokens_capacity"] == CAPACITY_TOKENS + sg.kv_capacity_tokens
+    assert pool["gateway_queued_requests"] == router_queued > 0
+    assert pool["load_requests"] == pool["active_requests"] + pool["queued_requests"] + router_queued

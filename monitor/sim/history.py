@@ -77,6 +77,28 @@ def _ar_noise(rng: np.random.Generator, n: int, sigma: float, phi: float = 0.95)
     return np.exp(x - sigma * sigma / 2)
 
 
+def _fluid_queue(call_rate: np.ndarray, mu_full: np.ndarray, conc: np.ndarray, cap: float, step_s: int,
+                 patience: float) -> tuple[np.ndarray, np.ndarray]:
+    """(running, queued) per step: above the knee the running set is full, throughput is `mu_full`
+    and the excess waits in a fluid queue that drains when load falls; with `patience` > 0 queued
+    clients give up at rate q / patience (q' = inflow - q / patience, solved exactly per step)."""
+    n = len(call_rate)
+    running = np.minimum(conc, cap)
+    queued = np.zeros(n)
+    q = 0.0
+    keep = math.exp(-step_s / patience) if patience > 0 else 1.0
+    for i in range(n):
+        inflow = call_rate[i] - (mu_full[i] if (q > 0 or conc[i] >= cap) else call_rate[i])
+        if patience > 0:
+            q = max(0.0, q * keep + inflow * patience * (1.0 - keep))
+        else:
+            q = max(0.0, q + inflow * step_s)
+        queued[i] = q
+        if q > 0:
+            running[i] = cap
+    return running, queued
+
+
 def generate_history(config: Union[FleetConfig, str, None] = None, days: float = 14.0,
                      step_s: int = 60, end: Optional[float] = None, seed: int = 1,
                      level: float = 1.0, weekly_growth: float = 0.02, noise: float = 0.08,
@@ -155,19 +177,7 @@ def generate_history(config: Union[FleetConfig, str, None] = None, days: float =
         mu_full = cap / latency(per_rep_knee, np.minimum(rho_p, 0.95))
         # the number in service fluctuates around Little's law (Poisson-like, damped)
         conc = np.maximum(0.0, conc + rng.normal(0, 1, n) * np.sqrt(np.maximum(conc, 0)) * 0.3)
-        running = np.minimum(conc, cap)
-        queued = np.zeros(n)
-        q = 0.0
-        keep = math.exp(-step_s / patience) if patience > 0 else 1.0
-        for i in range(n):
-            inflow = call_rate[i] - (mu_full[i] if (q > 0 or conc[i] >= cap) else call_rate[i])
-            if patience > 0:  # q' = inflow - q / patience: queued clients give up at that rate
-                q = max(0.0, q * keep + inflow * patience * (1.0 - keep))
-            else:
-                q = max(0.0, q + inflow * step_s)
-            queued[i] = q
-            if q > 0:
-                running[i] = cap
+        running, queued = _fluid_queue(call_rate, mu_full, conc, cap, step_s, patience)
         kv_tokens = np.minimum(running * footprint, pool.kv_capacity_tokens * pool.replicas)
         sessions = np.zeros(n)
         for tt, r in task_rates.values():
