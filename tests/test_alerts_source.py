@@ -105,3 +105,12 @@ def test_landing_page_without_alerts_says_why():
     assert "No alerts source: set sources.alerts" in render(_snapshot(None), Trends())
     assert "did not answer this cycle" in render(_snapshot(None), Trends(), has_alerts_source=True)
     assert "No headroom alert is firing." in render(_snapshot([]), Trends(), has_alerts_source=True)
+
+
+def test_the_chart_keeps_at_most_180_points_and_the_last():
+    from monitor.export.landing import MAX_CHART_POINTS, _svg
+    points = [(1000.0 + 60 * k, float(k), 0.0, 0.0) for k in range(361)]
+    svg = _svg(points, knee=300.0)
+    active = svg.split('<polygon points="')[2].split('"')[0].split()
+    assert len(active) - 2 <= MAX_CHART_POINTS + 1  # the series, then the two base corners
+    assert active[-3] == "555.0,20.9"  # the newest point (value 360, the top / 1.1) at the right edge

@@ -56,9 +56,15 @@ def _fmt(v: Optional[float], digits: int = 0) -> str:
     return f"{v:,.{digits}f}"
 
 
+MAX_CHART_POINTS = 180
+
+
 def _svg(points: list[tuple[float, float, float, float]], knee: Optional[float], width=560, height=150) -> str:
     if len(points) < 2:
         return '<p class="muted">The chart fills in as cycles run.</p>'
+    if len(points) > MAX_CHART_POINTS:  # a point per 3 px is all the chart can show; the last is kept
+        stride = -(-len(points) // MAX_CHART_POINTS)
+        points = points[::stride] + ([points[-1]] if (len(points) - 1) % stride else [])
     t0, t1 = points[0][0], points[-1][0]
     top = max(max(p[1] + p[2] for p in points), knee or 0.0, 1.0) * 1.1
     span = max(t1 - t0, 1.0)
