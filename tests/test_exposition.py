@@ -140,3 +140,56 @@ def test_two_series_with_a_blank_before_their_labels_are_two_series():
     for wanted in (None, {"a"}):
         out = parse('a {x="1"} 1\na {x="2"} 2\n', wanted=wanted)
         assert out.get("a") == [({"x": "1"}, 1.0), ({"x": "2"}, 2.0)] and not out.anomalies
+
+
+# OpenMetrics checks on a full read (the official suite is tests/test_openmetrics_suite.py).
+@pytest.mark.parametrize("body", [
+    "a 1\n\n# EOF\n",  # a blank line
+    "# FOO a x\n# EOF\n",  # a comment that is not HELP, TYPE or UNIT
+    "# HELP a\n# EOF\n",  # HELP without its text
+    "# TYPE a gauge \n# EOF\n",  # a blank after the type
+    "a  1\n# EOF\n",  # two blanks before the value
+    "a 1 \n# EOF\n",  # a blank after the value
+    'a{a="1",} 1\n# EOF\n',  # a trailing comma in the labels
+    '# TYPE a counter\na_total 1 # {a="b"} 0.5 NaN\n# EOF\n',  # an exemplar timestamp that is not finite
+    '# TYPE a counter\na_total 1 # {a="b"} 0x1\n# EOF\n',  # an exemplar value that is not a number
+])
+def test_openmetrics_grammar_is_enforced_on_full_reads(body):
+    with pytest.raises(ExpositionError, match="line"):
+        parse(body)
+
+
+@pytest.mark.parametrize("body, kind", [
+    ("# TYPE a counter\na_total NaN\n# EOF\n", "openmetrics_value"),
+    ("# TYPE a counter\na_total -1\n# EOF\n", "openmetrics_value"),
+    ('# TYPE a histogram\na_bucket{le="1"} 0\na_count 0\na_sum 0\n# EOF\n', "openmetrics_histogram"),  # no +Inf
+    ('# TYPE a histogram\na_bucket{le="+INF"} 0\n# EOF\n', "openmetrics_labels"),
+    ("# HELP a x\na 1\n# TYPE a gauge\n# EOF\n", "openmetrics_metadata"),  # metadata after samples
+    ("# UNIT a seconds\n# EOF\n", "openmetrics_metadata"),  # the unit must end the name
+    ("# TYPE a untyped\n# EOF\n", "openmetrics_metadata"),
+    ('# TYPE a gauge\na 1 # {a="b"} 1\n# EOF\n', "openmetrics_exemplar"),  # exemplars only on buckets/totals
+    ('# TYPE a summary\na{quantile="2"} 0\n# EOF\n', "openmetrics_labels"),
+    ('# TYPE a gauge\na{x="1"} 1\na{x="2"} 1\na{x="1"} 2 1\n# EOF\n', "openmetrics_grouping"),
+])
+def test_openmetrics_rules_are_counted_and_values_still_read(body, kind):
+    out = parse(body)
+    assert out.anomalies.get(kind), out.anomalies
+    fast = parse(body, wanted={"a_total", "a", "a_bucket"})  # the fast path reads, does not check
+    assert not any(k.startswith("openmetrics_") for k in fast.anomalies)
+
+
+def test_text_format_keeps_its_own_rules():
+    # no `# EOF`: the text format, where blank lines, other comments and a trailing comma are fine
+    out = parse('a 1\n\n# FOO bar\nb{x="1",} 2\n# TYPE c untyped\nc  3\n')
+    assert out.first("a") == 1.0 and out.get("b") == [({"x": "1"}, 2.0)] and out.first("c") == 3.0
+    assert not out.anomalies
+
+
+def test_openmetrics_flag_makes_a_missing_eof_truncated():
+    for body in ("", "# TYPE a gauge\na 1\n"):
+        for wanted in (None, {"a"}):
+            with pytest.raises(ExpositionError) as info:
+                parse(body, wanted=wanted, openmetrics=True)
+            assert info.value.reason == "truncated"
+    assert parse("# TYPE a gauge\na 1\n# EOF\n", openmetrics=True).first("a") == 1.0
+    assert parse("", strict_end=False, openmetrics=True).samples == {}

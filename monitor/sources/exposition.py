@@ -119,7 +119,7 @@ def normalise_name(name: str) -> str:
 
 
 def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[tuple[str, ...]] = None,
-          strict_end: bool = True) -> ParsedScrape:
+          strict_end: bool = True, openmetrics: Optional[bool] = None) -> ParsedScrape:
     """Parse exposition text.
 
     wanted: sample names to keep (normalised spelling, e.g. `vllm:e2e_request_latency_seconds_bucket`);
@@ -127,9 +127,18 @@ def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[
         regular expression, so their cost is close to zero.
     prefixes: cheap pre-filter on the raw line (e.g. ("vllm",)) when `wanted` is None.
     strict_end: report a body without its final newline (or OpenMetrics without `# EOF`) as truncated.
+    openmetrics: True when the caller knows the body is OpenMetrics (its Content-Type said so), so a
+        body without `# EOF`, even an empty one, is truncated; None tells OpenMetrics by its `# EOF`.
+
+    An OpenMetrics body read in full (`wanted` None) is also checked against the OpenMetrics 1.0
+    rules (`check_openmetrics`): a line outside its grammar raises, a broken rule (misplaced
+    metadata, a NaN counter, a histogram without +Inf, ...) is counted as an `openmetrics_*` anomaly.
+    The fast path (`wanted`) reads its lines as strictly but leaves the others, and the rules, unread.
     """
     out = ParsedScrape()
     if not text:
+        if openmetrics and strict_end:
+            raise ExpositionError("OpenMetrics body is empty (no # EOF)", reason="truncated", line=1)
         return out
     if strict_end and not text.endswith("\n") and not text.endswith("\n# EOF"):  # OpenMetrics may end at EOF
         raise ExpositionError("body does not end with a newline (truncated?)", reason="truncated",
@@ -140,7 +149,7 @@ def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[
     elif text.startswith("# EOF\n") or "\n# EOF\n" in text:
         eof = 0 if text.startswith("# EOF\n") else text.index("\n# EOF\n") + 1
         raise ExpositionError("content after # EOF", line=text.count("\n", 0, eof) + 2)
-    elif strict_end and (text.startswith("# UNIT ") or "\n# UNIT " in text):
+    elif strict_end and (openmetrics or text.startswith("# UNIT ") or "\n# UNIT " in text):
         raise ExpositionError("OpenMetrics body without # EOF (truncated?)", reason="truncated")
     samples = out.samples
     if wanted is not None:
@@ -219,6 +228,9 @@ def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[
             continue
         seen_generic.add(key)
         out.stamp(_add_sample(samples, raw_name, rest, None, lineno))
+    if out.openmetrics:
+        from .openmetrics_rules import check_openmetrics  # noqa: PLC0415 (it imports this module)
+        check_openmetrics(text, out)
     return out
 
 
