@@ -321,7 +321,8 @@ class PoolSnapshot:
     forecast: Optional["PoolForecast"] = None  # the forecaster's latest result for this pool
     # horizon -> fewest replicas whose knee capacity with one lost holds the forecast's 95 % peak
     recommended_replicas: dict[str, int] = field(default_factory=dict)
-    replica_lead_time_seconds: Optional[float] = None  # pools.<pool>.replica_lead_time: a new replica's start-up
+    replica_lead_time_seconds: Optional[float] = None  # a new replica's start-up: configured, else measured
+    replica_lead_time_source: Optional[str] = None  # "configured" (pools.<pool>.replica_lead_time) | "measured"
 
     @property
     def gateway_queued_requests(self) -> Optional[float]:

@@ -28,6 +28,7 @@ from .capacity.headroom import recommended_replicas
 from .config import Config
 from .derive.core import derive_pools, pool_of
 from .derive.gateway_queues import apply_gateway_queues
+from .derive.lead_time import LeadTimes
 from .forecast.pool import exhaustion_seconds
 from .model import Alert, PoolSnapshot, ReplicaReading, Snapshot, SourceStatus
 from .sources.dcgm import DcgmReading
@@ -67,6 +68,7 @@ class CycleState:
     last_success: Optional[float] = None
     last_fresh: dict[str, float] = field(default_factory=dict)  # pool -> last time it was not stale
     down: dict[tuple[str, str], str] = field(default_factory=dict)  # (source, target) -> its error, while down
+    lead_times: LeadTimes = field(default_factory=LeadTimes)  # new replicas' time to their first completion
 
 
 def count_into(counts: dict, more: dict) -> None:
@@ -86,7 +88,9 @@ def step(state: CycleState, inputs: CycleInputs, now: float) -> tuple[CycleState
         elif st.up and state.down.pop(key, None) is not None:
             log.info("source %s %s is back", st.source, st.target)
     count_into(state.anomalies, inputs.anomalies)
-    history = _remember(state, _cap(state, inputs.readings), now)
+    readings = _cap(state, inputs.readings)
+    state.lead_times.observe(readings, state.config.pool_by, first_cycle=state.cycles == 1)
+    history = _remember(state, readings, now)
     pools = _derive(state, history, inputs, now)
     queue_anomalies: dict = {}
     apply_gateway_queues(pools, inputs.gateways, [gw.pools for gw in state.config.gateways], queue_anomalies)
@@ -98,7 +102,11 @@ def step(state: CycleState, inputs: CycleInputs, now: float) -> tuple[CycleState
             log.exception("capacity assessment failed")
             count_into(state.errors, {("enricher", "capacity"): 1.0})
     for p in pools:
-        p.replica_lead_time_seconds = state.config.pool_settings(p.pool).replica_lead_time
+        configured = state.config.pool_settings(p.pool).replica_lead_time
+        measured = state.lead_times.measured.get(p.pool)
+        p.replica_lead_time_seconds = configured if configured is not None else measured
+        p.replica_lead_time_source = ("configured" if configured is not None else
+                                      "measured" if measured is not None else None)
         if inputs.forecast is not None:
             p.forecast = _exhaustion_now(inputs.forecast.pools.get(p.pool), p, now)
         _recommend(p)

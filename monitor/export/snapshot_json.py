@@ -68,6 +68,7 @@ def pool_to_dict(p: PoolSnapshot) -> dict:
         "forecast": p.forecast.as_dict() if p.forecast is not None else {},
         "recommended_replicas": dict(p.recommended_replicas),
         "replica_lead_time_seconds": p.replica_lead_time_seconds,
+        "replica_lead_time_source": p.replica_lead_time_source,
     })
 
 
