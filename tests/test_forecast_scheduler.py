@@ -71,3 +71,13 @@ def test_latest_result_wait_times_out_and_returns_none():
     assert latest.wait_for(1, timeout=0.05) is None
     latest.set(RefitResult(runs=1))
     assert latest.wait_for(1, timeout=0.05).runs == 1
+
+
+def test_each_refit_is_one_log_line(caplog):
+    import logging
+    sched = ForecastScheduler(lambda: {"a": {CAPACITY_SERIES: series()}, "b": {CAPACITY_SERIES: series(days=0.1)}},
+                              lambda: {}, SETTINGS, clock=lambda: 1_700_500_000.0)
+    with caplog.at_level(logging.INFO, logger="monitor.forecast.scheduler"):
+        sched.refit_now()
+    lines = [r.getMessage() for r in caplog.records if r.name == "monitor.forecast.scheduler"]
+    assert len(lines) == 1 and lines[0].startswith("forecast refit 1: 2 pools, 1 of 2 series forecast in ")

@@ -102,6 +102,10 @@ class ForecastScheduler:
             result = RefitResult(pools, started, self.clock(), time.perf_counter() - t0, errors,
                                  self._runs)
             self.latest.set(result)
+            defined = sum(o.defined for fc in pools.values() for o in fc.series.values())
+            total = sum(len(fc.series) for fc in pools.values())
+            log.info("forecast refit %d: %d pools, %d of %d series forecast in %.1f s%s", self._runs, len(pools),
+                     defined, total, result.duration_seconds, f"; {len(errors)} failed" if errors else "")
             return result
 
     def schedule(self, scheduler) -> str:
