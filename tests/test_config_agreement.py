@@ -97,6 +97,11 @@ def _base(paths: list[str]) -> dict:
             data["sources"] = {"prometheus": {"url": "http://127.0.0.1:1"}}
         elif path.startswith("sources.gateways[0]"):
             data["sources"]["gateways"] = [{"kind": "envoy", "url": "http://127.0.0.1:1/metrics"}]
+        elif path.startswith("sources.alerts."):
+            data["sources"]["alerts"] = {"url": "http://127.0.0.1:1"}
+        elif path.startswith("sources.vllm.targets[0].") or path.startswith("sources.dcgm.targets[0]."):
+            section = "vllm" if path.startswith("sources.vllm") else "dcgm"
+            data["sources"].setdefault(section, {})["targets"] = [{"url": "http://127.0.0.1:1/metrics"}]
         elif path.startswith("digest.destinations[0]."):
             name = path.rsplit(".", 1)[1]
             dest = DESTINATIONS.get(name.split("_")[0] if name.startswith(("url", "bearer")) else name,

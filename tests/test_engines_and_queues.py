@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from monitor.config import Config, GatewaySource, Target
+from monitor.config import Config, EngineTarget, GatewaySource, Target
 from monitor.cycle import CycleInputs, CycleState, step
 from monitor.export.samples import Renderer
 from monitor.export.snapshot_json import snapshot_to_dict
@@ -53,7 +53,7 @@ def test_engine_detection_and_override():
     assert engine_of(SGLANG, "vllm") is vllm and engine_of(VLLM, "sglang") is sglang
     r = scrape_one(Body(SGLANG), Target("http://sg:30000/metrics"), 5.0, clock=lambda: NOW)
     assert r.status.up and [x.naming for x in r.readings] == ["sglang"]
-    forced = scrape_one(Body(SGLANG), Target("http://sg:30000/metrics", kind="vllm"), 5.0, clock=lambda: NOW)
+    forced = scrape_one(Body(SGLANG), EngineTarget("http://sg:30000/metrics", kind="vllm"), 5.0, clock=lambda: NOW)
     assert not forced.status.up and forced.status.error == "no_engine_metrics"
 
 
@@ -121,3 +121,16 @@ def test_a_missing_waiting_family_is_unknown_not_zero():
     assert "headroom_queued_requests" not in samples
     assert samples["headroom_active_requests"]
     assert snapshot_to_dict(snap)["pools"][0]["queued_requests"] is None
+
+
+def test_prometheus_mode_tells_the_engines_apart_per_instance():
+    from monitor.sources.prometheus import engine_of_scrape, scrapes_from_vector, vllm_selector
+    selector = vllm_selector('job="x"')
+    assert 'sglang[:_](' in selector and 'vllm[:_](' in selector and selector.endswith(',job="x"}')
+    scrapes = scrapes_from_vector([
+        ({"__name__": "sglang_num_running_reqs", "instance": "a", "model_name": MODEL}, 3.0),  # `_` spelling
+        ({"__name__": "vllm:num_requests_running", "instance": "b", "model_name": MODEL}, 2.0)])
+    assert engine_of_scrape(scrapes["a"]) is sglang and engine_of_scrape(scrapes["b"]) is vllm
+    assert list(scrapes["a"].samples) == ["sglang:num_running_reqs"]
+    missing = sglang.missing_families(scrapes["a"])
+    assert "num_running_reqs" not in missing and "num_queue_reqs" in missing

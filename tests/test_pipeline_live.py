@@ -216,3 +216,39 @@ def test_prometheus_source_equals_direct_source(fleet, tmp_path):
         assert p.queued_by_reason == d.queued_by_reason
     finally:
         prom.stop()
+
+
+@pytest.mark.live
+def test_prometheus_mode_reads_sglang_and_reports_missing_families(tmp_path):
+    """Through a real Prometheus: an SGLang replica (a body rendered from SGLang's metric definitions,
+    tests/fixtures/sglang) is read like a direct scrape reads it, and a vLLM replica whose
+    num_requests_waiting is gone is up, names the missing family, and its pool's queued count is
+    unknown (not 0)."""
+    from monitor.sources.sglang import readings_from_text
+    sglang_text = fixture("sglang/sglang-under-load.prom")
+    no_waiting = "\n".join(x for x in LOAD.splitlines() if "num_requests_waiting" not in x) + "\n"
+    sg, vl = MetricsServer(), MetricsServer()
+    sg.bodies["/metrics"], vl.bodies["/metrics"] = sglang_text, no_waiting
+    try:
+        prom = Prometheus(str(tmp_path), PROM_CONFIG.format(targets=f"'127.0.0.1:{sg.port}', '127.0.0.1:{vl.port}'"))
+    except FileNotFoundError:
+        pytest.skip("prometheus binary not installed")
+    try:
+        prom.wait_for('count(sglang:num_running_reqs{job="vllm"}) >= 1', timeout=60)
+        prom.wait_for('count(vllm:num_requests_running{job="vllm"}) == 1', timeout=60)
+        snap = Pipeline(Config(prometheus=PrometheusSource(url=prom.url, selector='job="vllm"'))).run_cycle()
+    finally:
+        prom.stop()
+        sg.stop()
+        vl.stop()
+    [direct] = readings_from_text(sglang_text, "x", 0.0)
+    pools = {p.pool: p for p in snap.pools}
+    sgp = pools[direct.model]
+    assert sgp.engines == ("sglang",)
+    assert (sgp.active_requests, sgp.queued_requests) == (direct.running, direct.waiting)
+    assert sgp.kv_tokens_capacity == direct.kv_capacity_tokens
+    vlp = pools["tiny"]
+    assert vlp.engines == ("vllm",) and vlp.active_requests is not None
+    assert vlp.queued_requests is None and vlp.load_requests is None
+    [status] = [s for s in snap.sources if s.source == "vllm" and s.target == f"127.0.0.1:{vl.port}"]
+    assert status.up and "num_requests_waiting" in status.missing

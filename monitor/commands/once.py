@@ -19,7 +19,7 @@ import threading
 import time
 
 from ..app import App, build
-from ..config import Config, ConfigError, Target, check_url, load
+from ..config import Config, ConfigError, EngineTarget, check_url, load
 from ..export.snapshot_json import snapshot_to_dict
 
 
@@ -43,7 +43,7 @@ def config_from_args(args) -> Config:
     for flag, urls, kind in (("--vllm", args.vllm, "vllm"), ("--target", args.target, "auto")):
         for url in urls:
             try:
-                targets.append(Target(check_url(url), kind=kind))
+                targets.append(EngineTarget(check_url(url), kind=kind))
             except ValueError as exc:
                 raise ConfigError("<command line>", flag, str(exc)) from None
     return Config(file="<command line>", vllm_targets=targets)

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from .headroom import (Capacity, Config, Forecast, GatewaySource, HttpAuth, PoolSettings, PrometheusSource,
-                       Target)
+from .headroom import (Capacity, Config, EngineTarget, Forecast, GatewaySource, HttpAuth, PoolSettings,
+                       PrometheusSource, Target)
 from .reader import ConfigError, Reader, read_yaml
 from .values import check_url, parse_duration
 
-__all__ = ["Capacity", "Config", "ConfigError", "Forecast", "GatewaySource", "HttpAuth", "PoolSettings",
+__all__ = ["Capacity", "Config", "ConfigError", "EngineTarget", "Forecast", "GatewaySource", "HttpAuth", "PoolSettings",
            "PrometheusSource", "Target", "check_url", "from_dict", "load", "parse_duration"]
 
 

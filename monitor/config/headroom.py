@@ -29,14 +29,19 @@ class Target:
     SHORTHAND: ClassVar[str] = "a URL"
     url: str = key(Url(), required=True, help="the /metrics URL")
     labels: dict[str, str] = key(Labels(), {}, help="labels added to the target's series (e.g. pool)")
-    kind: str = key(Choice(("auto", "vllm", "sglang")), "auto",
-                    help="the engine behind the URL; auto tells vLLM and SGLang apart by the families they expose")
 
     @staticmethod
     def shorthand(value: Any) -> dict:
         if isinstance(value, str):
             return {"url": value}
         raise ValueError(f"expected a URL or a mapping with url, got {type(value).__name__}")
+
+
+@dataclass
+class EngineTarget(Target):
+    """An inference engine's /metrics: a vLLM or an SGLang replica."""
+    kind: str = key(Choice(("auto", "vllm", "sglang")), "auto",
+                    help="the engine behind the URL; auto tells vLLM and SGLang apart by the families they expose")
 
 
 def _secret(path: Optional[str], env: Optional[str]) -> Optional[str]:
@@ -204,7 +209,7 @@ class Config:
                           help="cardinality cap; what is dropped is counted")
     shard: Optional[tuple[int, int]] = key(Shard(), path="global.shard",
                                            help="own only the pools of shard I of N (as --shard)")
-    vllm_targets: list[Target] = key(ListOf(Sub(Target)), [], path="sources.vllm.targets",
+    vllm_targets: list[Target] = key(ListOf(Sub(EngineTarget)), [], path="sources.vllm.targets",
                                      help="direct mode: each replica's /metrics, a URL or {url, labels}")
     vllm_auth: HttpAuth = group(HttpAuth, path="sources.vllm")
     prometheus: Optional[PrometheusSource] = key(Sub(PrometheusSource), path="sources.prometheus",

@@ -17,9 +17,9 @@ from urllib.parse import urlencode
 
 from ..config import PrometheusSource
 from ..model import ReplicaReading, SourceStatus
+from . import sglang, vllm
 from .exposition import ParsedScrape, normalise_name
 from .http import Backoff, BodyBudget, FetchError, Fetcher, redact
-from .vllm import WANTED, readings_from_scrape
 
 log = logging.getLogger(__name__)
 
@@ -173,8 +173,9 @@ def decode_matrix(data: dict) -> list[tuple[dict[str, str], list[tuple[float, fl
 
 
 def vllm_selector(extra: str = "") -> str:
-    bases = sorted({n[len("vllm:"):] for n in WANTED})
-    regex = "vllm[:_](" + "|".join(bases) + ")"
+    """Every vLLM and SGLang series headroom reads (either spelling of the prefix)."""
+    regex = "|".join(f"{prefix}[:_](" + "|".join(sorted({n[len(prefix) + 1:] for n in names})) + ")"
+                     for prefix, names in (("vllm", vllm.WANTED), ("sglang", sglang.WANTED)))
     matchers = [f'__name__=~"{regex}"']
     if extra.strip():
         matchers.append(extra.strip().strip("{}"))
@@ -192,8 +193,17 @@ def scrapes_from_vector(samples: list[tuple[dict[str, str], float]], instance_la
         instance = labels.get(instance_label, "")
         scrape = by_instance.setdefault(instance, ParsedScrape())
         clean = {k: v for k, v in labels.items() if k != "__name__"}
+        if name.startswith("sglang_"):
+            name = "sglang:" + name[len("sglang_"):]
         scrape.samples.setdefault(normalise_name(name), []).append((clean, value))
     return by_instance
+
+
+def engine_of_scrape(scrape: ParsedScrape):
+    """The reader of an instance's series: SGLang when it has sglang series and no vllm ones."""
+    names = scrape.samples.keys()
+    has_sglang = any(n.startswith("sglang:") for n in names)
+    return sglang if has_sglang and not any(n.startswith("vllm:") for n in names) else vllm
 
 
 class PrometheusSourceReader:
@@ -226,8 +236,11 @@ class PrometheusSourceReader:
                         warnings[0][:200])
         statuses = [SourceStatus("prometheus", name, True, duration_seconds=time.monotonic() - start)]
         readings: list[ReplicaReading] = []
+        missing: dict[str, tuple[str, ...]] = {}  # instance -> contract families it has no series of
         for instance, scrape in sorted(scrapes_from_vector(vector, self.src.instance_label).items()):
-            readings.extend(readings_from_scrape(scrape, instance, now))
+            engine = engine_of_scrape(scrape)
+            readings.extend(engine.readings_from_scrape(scrape, instance, now))
+            missing[instance] = engine.missing_families(scrape)
             for kind, n in scrape.anomalies.items():
                 anomalies[kind] = anomalies.get(kind, 0) + n
         # targets Prometheus itself sees as down
@@ -242,7 +255,7 @@ class PrometheusSourceReader:
                 if value == 0 or math.isnan(value):
                     statuses.append(SourceStatus("vllm", inst, False, "down_in_prometheus", "up == 0"))
                 elif inst in seen:
-                    statuses.append(SourceStatus("vllm", inst, True))
+                    statuses.append(SourceStatus("vllm", inst, True, missing=missing.get(inst, ())))
         except PrometheusError as exc:
             log.warning("could not read up series from Prometheus: %s", exc.reason)
         return readings, statuses, anomalies

@@ -51,7 +51,7 @@ def scrape_one(fetcher: Fetcher, target: Target, timeout: float, clock=time.time
     name = redact(target.url)
     try:
         text = fetcher.get(target.url, timeout)
-        engine = engine_of(text, target.kind)
+        engine = engine_of(text, getattr(target, "kind", "auto"))  # config.EngineTarget
         scrape = sglang.parse_sglang(text) if engine is sglang else vllm.parse_vllm(text)
         now = clock()
         if scrape.oldest_timestamp is not None and now - scrape.oldest_timestamp > STALE_SAMPLE_SECONDS:
