@@ -161,7 +161,7 @@ class Web(Component):
         from .export.server import WebState, serve  # noqa: PLC0415
         from .export.webconfig import web_security  # noqa: PLC0415
         self.state = WebState(Exposition(status=status), Trends(), links=tuple(cfg.web_links.items()),
-                              has_alerts_source=cfg.alerts is not None)
+                              has_alerts_source=cfg.alerts is not None, digest_dir=digest_directory(cfg))
         self.state.authorize, ssl_context = web_security(web_config_file or cfg.web_config_file)
         pipeline.on_snapshot(self.state.publish)  # every snapshot rendered once, for every endpoint
         self.server, _ = serve(self.state, listen_address, ssl_context)
@@ -267,6 +267,15 @@ no digest, no web).
         app.stop()
         raise
     return app
+
+
+def digest_directory(cfg: Config) -> Optional[str]:
+    """The digest's first directory destination (where /digest finds the newest week), or None."""
+    if not cfg.digest:
+        return None
+    from .digest.settings import from_dict  # noqa: PLC0415
+    settings = from_dict(cfg.digest, cfg.file, cfg.slos)
+    return next((d.path for d in settings.destinations if d.type == "directory"), None)
 
 
 def capacity_at_knee(snapshot) -> dict[str, float]:

@@ -114,3 +114,24 @@ def test_the_chart_keeps_at_most_180_points_and_the_last():
     active = svg.split('<polygon points="')[2].split('"')[0].split()
     assert len(active) - 2 <= MAX_CHART_POINTS + 1  # the series, then the two base corners
     assert active[-3] == "555.0,20.9"  # the newest point (value 360, the top / 1.1) at the right edge
+
+
+def test_digest_route_serves_the_newest_week_only(tmp_path):
+    from monitor.export.server import latest_digest
+    assert latest_digest(None).status == 404
+    assert latest_digest(str(tmp_path)).status == 404  # nothing written yet
+    for week, text in (("2026-W47", "old"), ("2026-W49", "new"), ("notes", "x")):
+        (tmp_path / week).mkdir()
+        (tmp_path / week / "digest.html").write_text(f"<p>{text}</p>")
+    (tmp_path / "2026-W50").mkdir()  # a week being written: no digest.html yet
+    r = latest_digest(str(tmp_path))
+    assert r.status == 200 and r.body == b"<p>new</p>" and r.content_type.startswith("text/html")
+
+
+def test_the_landing_page_links_the_digest_when_one_is_written(tmp_path):
+    from monitor.app import digest_directory
+    from monitor.config import from_dict
+    base = {"sources": {"vllm": {"targets": ["http://a:1/metrics"]}}, "store": {"path": str(tmp_path / "h.db")}}
+    assert digest_directory(from_dict(base)) is None
+    cfg = from_dict({**base, "digest": {"destinations": [{"type": "directory", "path": str(tmp_path / "d")}]}})
+    assert digest_directory(cfg) == str(tmp_path / "d")

@@ -78,7 +78,7 @@ def test_demo_tells_the_story_and_renders(tmp_path):
         pytest.fail("the demo test needs the prometheus binary (make test installs it: .ci/setup.sh)")
     port = free_port()
     started = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "monitor.cli", "demo", "--duration", "280",
+    proc = subprocess.Popen([sys.executable, "-m", "monitor.cli", "demo", "--duration", "300",
                              "--web.listen-address", f"127.0.0.1:{port}", "--prometheus.listen-address",
                              f"127.0.0.1:{free_port()}"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -105,16 +105,22 @@ def test_demo_tells_the_story_and_renders(tmp_path):
                         timeout=max(5.0, 250 - (time.monotonic() - started)), every=1.0,
                         what="HeadroomExhaustionWithinLeadTime firing in the demo's Prometheus")
         lead_at = time.monotonic() - started
+        # this week's digest of the same history, linked from the page
+        digest = wait_for(lambda: requests.get(base + "/digest", timeout=5),
+                          lambda r: r.status_code == 200, timeout=max(5.0, 270 - (time.monotonic() - started)),
+                          every=2.0, what="the demo's weekly digest at /digest")
+        digest_at = time.monotonic() - started
     finally:
         proc.terminate()
         out = proc.communicate(timeout=120)[0]
     print(f"demo: first firing alert, forecast and knees on the page {told_at:.0f} s after start; {seen}; "
-          f"the lead-time alert at {lead_at:.0f} s ({lead})")
+          f"the lead-time alert at {lead_at:.0f} s ({lead}); the digest at {digest_at:.0f} s")
     assert "headroom landing page" in out and "ready in" in out and "Prometheus alerts" in out, out[-2000:]
     assert not [x for x in out.splitlines() if "apscheduler" in x or "Running job" in x], out[-2000:]
     assert "firing" in page and any(name in page for name in seen["firing"])
     assert "forecast peak requests (1 d) at" in page and "80 % band up to" in page and "95 % band up to" in page
     assert page.count("knee requests (") == len(seen["pools"])
+    assert "latest digest" in page and "capacity digest" in digest.text.lower(), digest.text[:300]
     assert not_blank(shot) > 50
 
 

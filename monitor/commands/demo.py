@@ -63,6 +63,7 @@ def add_arguments(p) -> None:
 
 
 def headroom_config(handle, fleet_cfg, store_path: Optional[str], prom_url: Optional[str] = None) -> dict:
+    from ..sim.fleet import theoretical_knee
     # each replica carries its pod name, as Kubernetes service discovery would give it, so DCGM power
     # (labelled by Hostname/pod) joins the right replica
     targets = [{"url": u, "labels": {"pod": handle.replica_by_url[u]}}
@@ -91,6 +92,19 @@ def headroom_config(handle, fleet_cfg, store_path: Optional[str], prom_url: Opti
     }
     if store_path:
         cfg["store"] = {"path": store_path}
+        # the weekly digest of this history, written where the landing page's /digest finds it
+        workdir = os.path.dirname(store_path)
+        facts = {}
+        for name in handle.replica_urls:
+            pp = fleet_cfg.pool(name)
+            facts[pp.model_name] = {"replicas": int(pp.replicas), "gpus_per_replica": int(pp.gpus_per_replica),
+                                    "max_num_seqs": int(pp.max_num_seqs),
+                                    "kv_capacity_tokens_per_replica": float(pp.kv_capacity_tokens),
+                                    "idle_watts_per_gpu": float(pp.idle_watts), "max_watts_per_gpu": float(pp.max_watts),
+                                    # the simulated pool's knee by construction (the daemon learns its own)
+                                    "knee_requests_per_replica": round(theoretical_knee(pp, fleet_cfg.mix)["per_replica"], 1)}
+        cfg["digest"] = {"outbox": os.path.join(workdir, "digest-outbox.sqlite"), "pools": facts,
+                         "destinations": [{"type": "directory", "path": os.path.join(workdir, "digests")}]}
     if prom_url:
         cfg["sources"]["alerts"] = {"url": prom_url, "kind": "prometheus"}
         cfg["web"] = {"links": {"Prometheus alerts": prom_url + "/alerts", "Prometheus: the week": week_graph(prom_url)}}
@@ -214,6 +228,7 @@ def run(args) -> int:
         if use_prometheus:
             prom_url = start_prometheus(args, history, fleet_cfg, handle, f"{host}:{port}", workdir, procs)
         _wait_ready(headroom_url + "/-/ready", 60)
+        procs.append(build_digest(os.path.join(workdir, "headroom.yml"), workdir))
         print()
         print(f"  headroom landing page  {headroom_url}/")
         if prom_url:
@@ -223,6 +238,7 @@ def run(args) -> int:
         else:
             print("  (install the Debian package 'prometheus' to also get a real Prometheus with the bundled rules)")
         print(f"  headroom metrics       {headroom_url}/metrics")
+        print(f"  weekly digest          {headroom_url}/digest   (this week's, being built in the background)")
         print(f"  simulated replicas     {', '.join(u for urls in handle.replica_urls.values() for u in urls)}")
         print(f"  gateway / app / DCGM   {handle.gateway_url}  {handle.app_url}  {handle.dcgm_url}")
         print(f"  ready in {time.monotonic() - started:.0f} s; Ctrl-C stops everything", flush=True)
@@ -238,6 +254,14 @@ def run(args) -> int:
         if not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)
         print("headroom demo: stopped", file=sys.stderr)
+
+
+def build_digest(config_file: str, workdir: str) -> subprocess.Popen:
+    """This week's digest of the demo's history, built by `headroom digest` at low priority (it
+    fits forecasts for a week of every series) so the live story is not slowed."""
+    log_file = open(os.path.join(workdir, "digest.log"), "w")
+    return subprocess.Popen(["nice", "-n", "19", sys.executable, "-m", "monitor.cli", "digest", "--config.file",
+                             config_file], stdout=log_file, stderr=subprocess.STDOUT, cwd=REPO)
 
 
 def start_prometheus(args, history, fleet_cfg, handle, headroom_addr: str, workdir: str,

@@ -1,4 +1,4 @@
-"""headroom's endpoints: /metrics, /, /-/healthy, /-/ready, /api/v1/snapshot, on its own web server.
+"""headroom's endpoints: /metrics, /, /-/healthy, /-/ready, /api/v1/snapshot, /digest, on its own web server.
 
 The probes are answered on the server's selector thread (no auth, nothing rendered), so they answer
 while a flood holds connections or the workers are busy; the rest runs on the server's workers.
@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import re
 import threading
 from typing import Callable, Optional
 
@@ -36,11 +38,13 @@ def parse_listen_address(addr: str) -> tuple[str, int]:
 
 class WebState:
     def __init__(self, exposition: Exposition, trends: Trends, title: str = "headroom",
-                 links: tuple[tuple[str, str], ...] = (), has_alerts_source: bool = False):
+                 links: tuple[tuple[str, str], ...] = (), has_alerts_source: bool = False,
+                 digest_dir: Optional[str] = None):
         self.exposition = exposition
         self.trends = trends
         self.title = title
-        self.links = links  # web.links: (label, URL) shown on the landing page
+        self.digest_dir = digest_dir  # the digest's directory destination: /digest serves its newest week
+        self.links = links + ((("latest digest", "/digest"),) if digest_dir else ())  # shown on the landing page
         self.has_alerts_source = has_alerts_source
         self.snapshot: Optional[Snapshot] = None
         self.ready = False
@@ -74,11 +78,40 @@ def handle(state: WebState, req: Request) -> Response:
     if path in ("/", "/index.html"):
         page = render(state.snapshot, state.trends, state.title, state.links, state.has_alerts_source)
         return Response(200, page.encode("utf-8"), "text/html; charset=utf-8")
+    if path in ("/digest", "/digest/"):
+        return latest_digest(state.digest_dir)
     if path == "/api/v1/snapshot":
         snap = state.snapshot
         body = json.dumps(snapshot_to_dict(snap) if snap else {"pools": [], "sources": []}, allow_nan=False)
         return Response(200, body.encode(), "application/json")
     return probe(state, req) or Response(404, b"Not found. Try /metrics or /.\n")
+
+
+WEEK_DIR = re.compile(r"\d{4}-W\d{2}\Z")  # monitor/digest/deliver.py writes PATH/<iso week>/
+MAX_DIGEST_BYTES = 32 * 1024 * 1024
+
+
+def latest_digest(directory: Optional[str]) -> Response:
+    """The newest week's digest.html of the digest's directory destination (only names of the
+    form YYYY-Www under it, only that file)."""
+    if not directory:
+        return Response(404, b"No digest: configure a digest with a directory destination (docs/digest.md).\n")
+    try:
+        weeks = sorted((w for w in os.listdir(directory) if WEEK_DIR.match(w)
+                        and os.path.isfile(os.path.join(directory, w, "digest.html"))), reverse=True)
+    except OSError:
+        weeks = []
+    if not weeks:
+        return Response(404, b"No digest has been written yet.\n")
+    path = os.path.join(directory, weeks[0], "digest.html")
+    try:
+        if os.path.getsize(path) > MAX_DIGEST_BYTES:
+            return Response(500, b"The digest file is too large to serve.\n")
+        with open(path, "rb") as f:
+            return Response(200, f.read(), "text/html; charset=utf-8")
+    except OSError as exc:
+        log.warning("cannot read the digest %s: %s", path, exc.strerror)
+        return Response(500, b"The digest could not be read.\n")
 
 
 def serve(state: WebState, address: str, ssl_context=None,
