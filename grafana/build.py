@@ -249,6 +249,7 @@ def fleet_capacity() -> dict:
                    thresholds=[(None, "red"), (0, "orange"), (0.2, "green")], show_thresholds=True),
         timeseries("Load vs knee", [
             target(q_load, "{{pool}} load (active + queued)"),
+            target(f"sum by (pool) (headroom_gateway_queued_requests{{{P}}})", "{{pool}} + queued at the gateway"),
             target(f"headroom_knee_requests{{{P}}}", "{{pool}} knee"),
             target(f'headroom_capacity_requests{{limit="effective",{P}}}', "{{pool}} effective capacity"),
         ], description="Concurrent requests against the knee and the effective capacity (smallest limit).",
@@ -260,8 +261,10 @@ def fleet_capacity() -> dict:
             target(f"headroom_queued_requests{{{P}}}", "{{pool}} queued"),
             target(f"pool:vllm_num_requests_running:sum{{{M}}}", "{{model_name}} running (vLLM)"),
             target(f"pool:vllm_num_requests_waiting:sum{{{M}}}", "{{model_name}} waiting (vLLM)"),
+            target(f"sum by (pool) (headroom_gateway_queued_requests{{{P}}})", "{{pool}} queued in front (gateway)"),
         ], description="headroom's view and the same numbers straight from vLLM (recording rules), which keep "
-                       "working when headroom is down."),
+                       "working when headroom is down; and what waits in a router's queue in front of the engines "
+                       "(llm-d flow control, Dynamo), part of the load headroom counts."),
         timeseries("Utilisation vs knee", [target(f"headroom_utilisation_ratio{{{P}}}", "{{pool}}")],
                    unit="percentunit", description="Above 100% the pool is past its knee (HeadroomAboveKnee).",
                    thresholds=[(None, "green"), (1, "red")], show_thresholds=True, min_=0),
