@@ -41,9 +41,9 @@ def engine_of(text: str, kind: str = "auto"):
         return sglang
     if kind == "vllm":
         return vllm
-    has_sglang = "sglang:" in text or "\nsglang_" in text or text.startswith("sglang_")
-    has_vllm = "vllm:" in text or "\nvllm_" in text or text.startswith("vllm_")
-    return sglang if has_sglang and not has_vllm else vllm
+    if "vllm:" in text or "\nvllm_" in text or text.startswith("vllm_"):  # usually found in the first lines
+        return vllm
+    return sglang if ("sglang:" in text or "\nsglang_" in text or text.startswith("sglang_")) else vllm
 
 
 def scrape_one(fetcher: Fetcher, target: Target, timeout: float, clock=time.time) -> ScrapeResult:
