@@ -262,9 +262,8 @@ def fleet_capacity() -> dict:
             target(f"pool:vllm_num_requests_running:sum{{{M}}}", "{{model_name}} running (vLLM)"),
             target(f"pool:vllm_num_requests_waiting:sum{{{M}}}", "{{model_name}} waiting (vLLM)"),
             target(f"sum by (pool) (headroom_gateway_queued_requests{{{P}}})", "{{pool}} queued in front (gateway)"),
-        ], description="headroom's view and the same numbers straight from vLLM (recording rules), which keep "
-                       "working when headroom is down; and what waits in a router's queue in front of the engines "
-                       "(llm-d flow control, Dynamo), part of the load headroom counts."),
+        ], description="headroom's view, the same from vLLM (recording rules: they work while headroom is down), "
+                       "and requests in a router's queue (llm-d, Dynamo)."),
         timeseries("Utilisation vs knee", [target(f"headroom_utilisation_ratio{{{P}}}", "{{pool}}")],
                    unit="percentunit", description="Above 100% the pool is past its knee (HeadroomAboveKnee).",
                    thresholds=[(None, "green"), (1, "red")], show_thresholds=True, min_=0),
