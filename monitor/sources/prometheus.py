@@ -200,10 +200,8 @@ def scrapes_from_vector(samples: list[tuple[dict[str, str], float]], instance_la
 
 
 def engine_of_scrape(scrape: ParsedScrape):
-    """The reader of an instance's series: SGLang when it has sglang series and no vllm ones."""
-    names = scrape.samples.keys()
-    has_sglang = any(n.startswith("sglang:") for n in names)
-    return sglang if has_sglang and not any(n.startswith("vllm:") for n in names) else vllm
+    """The reader of an instance's series (sglang.looks_like_sglang decides)."""
+    return sglang if sglang.looks_like_sglang(scrape) else vllm
 
 
 class PrometheusSourceReader:

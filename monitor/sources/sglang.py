@@ -29,7 +29,7 @@ from typing import Optional
 
 from ..model import ReplicaReading
 from .exposition import ParsedScrape, parse
-from .vllm import _histograms, checked
+from .vllm import _histograms, checked, missing_in, sample_names
 
 P = "sglang:"
 
@@ -78,28 +78,17 @@ CONTRACT: dict[str, tuple[str, ...]] = {
 
 
 def missing_families(scrape: ParsedScrape) -> tuple[str, ...]:
-    """The contract's families with no sample in the scrape (declared but empty counts as missing)."""
-    return tuple(f for f, names in CONTRACT.items() if not any(scrape.samples.get(n) for n in names))
+    return missing_in(CONTRACT, scrape)
 
 
 def looks_like_sglang(scrape: ParsedScrape) -> bool:
-    """Whether a parsed body is SGLang's: any sample of a contract family."""
-    return any(scrape.samples.get(n) for names in CONTRACT.values() for n in names)
+    """Whether a parsed body (or a Prometheus instance's series) is SGLang's: sglang samples and
+    no vllm ones (a body with both is read as vLLM, as scrape.engine_of reads a text)."""
+    names = scrape.samples.keys()
+    return any(n.startswith(P) for n in names) and not any(n.startswith("vllm:") for n in names)
 
 
-def _wanted() -> frozenset[str]:
-    names: set[str] = set()
-    for cands in GAUGES.values():
-        names.update(cands)
-    for cands in COUNTER_NAMES.values():
-        names.update(cands)
-    for cands in HISTOGRAM_NAMES.values():
-        for base in cands:
-            names.update((base + "_bucket", base + "_sum", base + "_count"))
-    return frozenset(names)
-
-
-WANTED = _wanted()
+WANTED = sample_names((n for cands in GAUGES.values() for n in cands), COUNTER_NAMES, HISTOGRAM_NAMES)
 # the same names as some scrapers rewrite them (`sglang_x`); parse_sglang folds them into `sglang:x`
 _UNDERSCORED = frozenset("sglang_" + n[len(P):] for n in WANTED)
 

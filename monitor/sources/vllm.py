@@ -9,7 +9,7 @@ label set on `cache_config_info`. KV capacity in tokens is `kv_cache_size_tokens
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Iterable, Optional
 
 from ..model import Histogram, ReplicaReading
 from .exposition import ParsedScrape, parse
@@ -64,22 +64,30 @@ CONTRACT: dict[str, tuple[str, ...]] = {
 }
 
 
+def missing_in(contract: dict[str, tuple[str, ...]], scrape: ParsedScrape) -> tuple[str, ...]:
+    """The families of an engine's metric contract with no sample in the scrape (declared but
+    empty counts as missing); vllm.CONTRACT and sglang.CONTRACT."""
+    return tuple(f for f, names in contract.items() if not any(scrape.samples.get(n) for n in names))
+
+
 def missing_families(scrape: ParsedScrape) -> tuple[str, ...]:
-    """The contract's families with no sample in the scrape (declared but empty counts as missing)."""
-    return tuple(f for f, names in CONTRACT.items() if not any(scrape.samples.get(n) for n in names))
+    return missing_in(CONTRACT, scrape)
 
 
-def _wanted() -> frozenset[str]:
-    names = set(GAUGES.values())
-    for cands in COUNTER_NAMES.values():
+def sample_names(gauges: Iterable[str], counters: dict[str, tuple[str, ...]],
+                 histograms: dict[str, tuple[str, ...]]) -> frozenset[str]:
+    """Every sample name an engine reader reads: its gauges, its counters' candidate names, and each
+    candidate histogram's _bucket, _sum and _count (the fast parser's `wanted`)."""
+    names = set(gauges)
+    for cands in counters.values():
         names.update(cands)
-    for cands in HISTOGRAM_NAMES.values():
+    for cands in histograms.values():
         for base in cands:
             names.update((base + "_bucket", base + "_sum", base + "_count"))
     return frozenset(names)
 
 
-WANTED = _wanted()
+WANTED = sample_names(GAUGES.values(), COUNTER_NAMES, HISTOGRAM_NAMES)
 
 
 def parse_vllm(text: str) -> ParsedScrape:
