@@ -98,10 +98,7 @@ class AggregatedHoltWinters(Model):
     block_seconds = 1800.0
 
     def _k(self, prep: Prepared) -> int:
-        k = max(1, int(round(self.block_seconds / prep.step)))
-        while k > 1 and prep.per_day % k:
-            k -= 1
-        return k
+        return block_length(prep, self.block_seconds)
 
     def min_history(self, prep: Prepared) -> int:
         return 2 * prep.per_day + max(10, prep.per_day // 4)
@@ -110,12 +107,10 @@ class AggregatedHoltWinters(Model):
         from statsmodels.tsa.holtwinters import ExponentialSmoothing
         self.check(prep)
         k = self._k(prep)
-        y = prep.values.astype(float)
-        usable = (len(y) // k) * k
-        blocks = y[len(y) - usable:].reshape(-1, k)
-        means = blocks.mean(axis=1)
+        agg, within = block_means(prep, k)
+        means = agg.values.astype(float)
         if np.ptp(means) == 0:
-            return _ConstantFit(self.name, float(y[-1]))
+            return _ConstantFit(self.name, float(prep.values[-1]))
         seasonal = "mul" if np.min(means) > 0 else "add"
         ctx = _quiet()
         try:
@@ -129,7 +124,7 @@ class AggregatedHoltWinters(Model):
         fitted = np.asarray(res.fittedvalues)
         if not np.all(np.isfinite(fitted)):
             raise FitError(f"{self.name}: non-finite fitted values")
-        sigma = float(np.sqrt(np.var(means - fitted) + (np.mean(blocks.var(axis=1)) if k > 1 else 0)))
+        sigma = float(np.sqrt(np.var(means - fitted) + (np.mean(within) if k > 1 else 0)))
         return _AggFit(self.name, res, k, float(means[-1]), sigma,
                        float(res.params.get("smoothing_level", 0.5)))
 
@@ -162,6 +157,14 @@ def mstl_periods(prep: Prepared) -> list[int]:
     return [p for p in (prep.per_day, prep.per_week) if p >= 2 and prep.n > 2 * p]
 
 
+def block_length(prep: Prepared, seconds: float) -> int:
+    """Points per block of about `seconds` that tile a day exactly (1: no aggregation)."""
+    k = max(1, int(round(seconds / prep.step)))
+    while k > 1 and prep.per_day % k:
+        k -= 1
+    return k
+
+
 def block_means(prep: Prepared, k: int) -> tuple[Prepared, np.ndarray]:
     """Means of consecutive `k`-point blocks ending at the last point (a leading remainder is
     dropped), as a series at k times the step (a block is observed when any of its points was),
@@ -182,10 +185,7 @@ class MSTLModel(Model):
     block_seconds = 3600.0
 
     def _k(self, prep: Prepared) -> int:
-        k = max(1, int(round(self.block_seconds / prep.step)))
-        while k > 1 and prep.per_day % k:
-            k -= 1
-        return k
+        return block_length(prep, self.block_seconds)
 
     def min_history(self, prep: Prepared) -> int:
         k = self._k(prep)
@@ -263,13 +263,11 @@ class HourlySARIMAX(Model):
         from statsmodels.tsa.statespace.sarimax import SARIMAX
         self.check(prep)
         k = self._agg(prep)
-        y = prep.values.astype(float)
-        usable = (len(y) // k) * k
-        blocks = y[len(y) - usable:].reshape(-1, k)  # hours end at the last point
-        hourly = blocks.mean(axis=1)[-21 * 24:]
-        within_var = float(np.mean(blocks.var(axis=1))) if k > 1 else 0.0
+        agg, within = block_means(prep, k)  # hours end at the last point
+        hourly = agg.values.astype(float)[-21 * 24:]
+        within_var = float(np.mean(within)) if k > 1 else 0.0
         if np.ptp(hourly) == 0:
-            return _ConstantFit(self.name, float(y[-1]))
+            return _ConstantFit(self.name, float(prep.values[-1]))
         s = self.season
         z = hourly[s:] - hourly[:-s]
         scale = float(np.mean(np.abs(hourly))) or 1.0
