@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 
 from ..model import PoolSnapshot
 from ..sources.gateway import GatewayScrape
-from ..sources.gateway_queue import pool_of_served_models
+from ..sources.gateway_queue import pool_of_served_models, queued_by_pool
 
 
 def apply_gateway_queues(pools: Sequence[PoolSnapshot], gateways: Sequence[GatewayScrape],
@@ -33,13 +33,12 @@ def apply_gateway_queues(pools: Sequence[PoolSnapshot], gateways: Sequence[Gatew
         default = pool_of_served_models(served, mapping)
 
         def pool_of(label: Optional[str], model: Optional[str], fixed=scrape.pool, default=default):
-            return fixed if fixed is not None else default(label, model)
+            pool = fixed if fixed is not None else default(label, model)
+            return pool if pool in by_name else None
 
-        for q in queues:
-            if q.queued is None:
-                continue
-            pool = by_name.get(pool_of(q.pool_label, q.model) or "")
-            if pool is None:
-                anomalies["gateway_queue_unmapped"] = anomalies.get("gateway_queue_unmapped", 0.0) + 1
-                continue
-            pool.gateway_queued[scrape.url] = pool.gateway_queued.get(scrape.url, 0.0) + q.queued
+        for pool, queued in queued_by_pool(queues, pool_of).items():
+            mine = by_name[pool].gateway_queued
+            mine[scrape.url] = mine.get(scrape.url, 0.0) + queued
+        unmapped = sum(1 for q in queues if q.queued is not None and pool_of(q.pool_label, q.model) is None)
+        if unmapped:
+            anomalies["gateway_queue_unmapped"] = anomalies.get("gateway_queue_unmapped", 0.0) + unmapped
