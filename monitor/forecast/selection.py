@@ -28,19 +28,26 @@ def naive_bar(skill: dict[str, dict]) -> Optional[tuple[str, float]]:
     return (min(naive)[1], min(naive)[0]) if naive else None
 
 
+def _eligible(skill: dict[str, dict], order) -> tuple[Optional[tuple[str, float]], dict, dict]:
+    """(the naive bar, MASE of each scored model of `order`, those of them no worse than the bar),
+    the dicts in `order`: what `rank_models` ranks and `selection_reasons` explains."""
+    bar = naive_bar(skill)
+    scored = {m: skill[m]["mase"] for m in order if skill.get(m, {}).get("mase") is not None}
+    eligible = {m: v for m, v in scored.items() if bar is None or m in NAIVE_MODELS or v <= bar[1]}
+    return bar, scored, eligible
+
+
 def rank_models(skill: dict[str, dict], order: list[str], tolerance: float) -> list[str]:
     """Models by preference: among the models that score no worse than the best seasonal naive
     on the same folds, the earliest in `order` whose MASE is within (1 + tolerance) of their best
     comes first; then the rest by MASE. Models without a MASE go last, in order."""
-    with_mase = [m for m in order if skill.get(m, {}).get("mase") is not None]
-    without = [m for m in order if m not in with_mase]
-    if not with_mase:
+    _bar, scored, eligible = _eligible(skill, order)
+    without = [m for m in order if m not in scored]
+    if not scored:
         return without
-    bar = naive_bar(skill)
-    eligible = [m for m in with_mase if bar is None or m in NAIVE_MODELS or skill[m]["mase"] <= bar[1]]
-    best = min(skill[m]["mase"] for m in eligible)
-    first = next(m for m in eligible if skill[m]["mase"] <= best * (1 + tolerance))
-    rest = sorted((m for m in with_mase if m != first), key=lambda m: skill[m]["mase"])
+    best = min(eligible.values())
+    first = next(m for m, v in eligible.items() if v <= best * (1 + tolerance))
+    rest = sorted((m for m in scored if m != first), key=lambda m: scored[m])
     return [first] + rest + without
 
 
@@ -61,9 +68,7 @@ def selection_reasons(skill: dict[str, dict], order: list[str], tolerance: float
     """One line per backtested model of `order`: why it was or was not selected (`headroom backtest`
     prints it). `chosen` is the model forecast (a fallback when the selected one failed its final
     fit); AVERAGE with its `average` members when the no-skill rule applied (`threshold`)."""
-    bar = naive_bar(skill)
-    scored = {m: skill[m]["mase"] for m in order if skill.get(m, {}).get("mase") is not None}
-    eligible = {m: v for m, v in scored.items() if bar is None or m in NAIVE_MODELS or v <= bar[1]}
+    bar, scored, eligible = _eligible(skill, order)
     best = min(eligible.values()) if eligible else None
     out = {}
     for m in order:
