@@ -282,11 +282,7 @@ def capacity_at_knee(snapshot) -> dict[str, float]:
     """Pool -> concurrent requests at the knee (the effective capacity) for the exhaustion time."""
     out = {}
     for p in (snapshot.pools if snapshot else []):
-        cap = p.capacity
-        if cap is None:
-            continue
-        effective = cap.capacity_requests.effective
-        value = effective if effective is not None else cap.knee_requests
+        value = p.capacity.exhaustion_requests if p.capacity is not None else None
         if value is not None:
             out[p.pool] = float(value)
     return out

@@ -177,6 +177,13 @@ class Capacity:
     knee_detail: str = ""
     withheld: bool = False
 
+    @property
+    def exhaustion_requests(self) -> Optional[float]:
+        """The concurrency a forecast's time to exhaustion is counted against: the effective
+        capacity, else the knee."""
+        effective = self.capacity_requests.effective
+        return effective if effective is not None else self.knee_requests
+
     def as_dict(self) -> dict:
         """The JSON shape of `headroom once --json` and /api/v1/snapshot."""
         if self.withheld:

@@ -126,7 +126,7 @@ def _exhaustion_now(fc, p: PoolSnapshot, now: float):
     c = p.capacity
     if fc is None or fc.path is None or c is None or c.withheld:
         return fc
-    cap = c.capacity_requests.effective if c.capacity_requests.effective is not None else c.knee_requests
+    cap = c.exhaustion_requests
     if cap is None:
         return fc
     left = exhaustion_seconds(fc.path.timestamps, fc.path.upper, cap, now, p.load_requests)
