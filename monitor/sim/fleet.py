@@ -91,6 +91,13 @@ SCENARIO_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
+def pinned_start(sp: dict) -> float:
+    """The profile clock at the origin of a scenario that pins it (`start_weekday`, `start_hour`):
+    that weekday and hour of the first week of 1970 (only weekday and hour matter to the profiles)."""
+    monday = 345600.0  # 1970-01-05 00:00 UTC, a Monday
+    return monday + float(sp.get("start_weekday", 0)) * 86400.0 + float(sp["start_hour"]) * 3600.0
+
+
 def load_config(path: Optional[str] = None, overrides: Optional[dict] = None) -> FleetConfig:
     """Read a fleet YAML (default: default_fleet.yaml next to this module)."""
     path = path or DEFAULT_FLEET
@@ -390,9 +397,7 @@ class Fleet:
         day = float(sp.get("day_seconds", 86400.0))
         if sp.get("start_hour") is None:
             return profile_clock(t, self.start, day, self.config.mix.utc_offset_hours)
-        monday = 345600.0  # 1970-01-05 00:00 UTC, a Monday
-        pc = (monday + float(sp.get("start_weekday", 0)) * 86400.0
-              + float(sp["start_hour"]) * 3600.0 + (t - self.origin) * (86400.0 / day))
+        pc = pinned_start(sp) + (t - self.origin) * (86400.0 / day)
         return profile_clock(pc, pc, 86400.0)
 
     def _segment_end(self, t: float) -> float:

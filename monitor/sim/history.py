@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from .exposition import fmt
-from .fleet import FleetConfig, load_config, theoretical_knee
+from .fleet import FleetConfig, load_config, pinned_start, theoretical_knee
 from .workload import profile_clock
 
 POOL_SERIES = ("call_arrival_rate", "active_requests", "queued_requests", "kv_tokens", "sessions")
@@ -58,10 +58,8 @@ def scenario_clock_shift(config: FleetConfig, scenario: Optional[str], origin: f
         return 0.0
     if float(sp.get("day_seconds", 86400.0)) != 86400.0:
         raise ValueError(f"scenario {scenario!r}: history needs a real-time day (day_seconds 86400)")
-    monday = 345600.0  # 1970-01-05 00:00 UTC, a Monday
-    pinned = monday + float(sp.get("start_weekday", 0)) * 86400.0 + float(sp["start_hour"]) * 3600.0
     # a whole number of weeks away from the origin, so only weekday and hour move
-    shift = pinned - origin - config.mix.utc_offset_hours * 3600.0
+    shift = pinned_start(sp) - origin - config.mix.utc_offset_hours * 3600.0
     return shift - math.floor(shift / (7 * 86400.0)) * 7 * 86400.0
 
 
