@@ -117,15 +117,14 @@ class JsonFormatter(logging.Formatter):
 
 
 def setup_logging(level: str, fmt: str = "logfmt") -> None:
-    """headroom's lines at `level`; APScheduler's per-job chatter ("Running job ... executed
-    successfully", every cycle) only at debug, its warnings and errors always."""
+    """headroom's lines at `level` (the scheduler is headroom's own, monitor/ticker.py: it logs an
+    overrunning job once, in headroom's words)."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else
                          logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(getattr(logging, level.upper()))
-    logging.getLogger("apscheduler").setLevel(logging.DEBUG if level == "debug" else logging.WARNING)
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:

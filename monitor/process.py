@@ -28,10 +28,11 @@ def exit_if_stuck(seconds: float, code: int = 1, what: str = "headroom") -> thre
     at exit and dies with the process when the exit is clean.
     """
     end = time.monotonic() + seconds
+    never = threading.Event()  # waited on, not time.sleep: a clock_nanosleep some libc shims refuse
 
     def watch() -> None:
         while (left := end - time.monotonic()) > 0:
-            time.sleep(left)
+            never.wait(left)
         busy = sorted(t.name for t in threading.enumerate() if t.is_alive() and not t.daemon
                       and t is not threading.main_thread())
         msg = f"{what}: exit forced after {seconds:g}s; threads still running: {', '.join(busy) or 'none'}\n"

@@ -1,13 +1,13 @@
-"""ForecastScheduler: APScheduler job refits in the background and publishes the latest result."""
+"""ForecastScheduler: a scheduled job refits in the background and publishes the latest result."""
 import threading
 
 import numpy as np
 import pandas as pd
-from apscheduler.schedulers.background import BackgroundScheduler
 
 from monitor.forecast.backtest import ForecastSettings
 from monitor.forecast.pool import CAPACITY_SERIES, PoolSettings
 from monitor.forecast.scheduler import ForecastScheduler, LatestResult, RefitResult
+from monitor.ticker import Ticker
 
 HOUR = 3600.0
 
@@ -31,10 +31,10 @@ def test_background_job_refits_and_publishes_without_blocking_readers():
     sched = ForecastScheduler(load, lambda: {"a": 25.0, "b": 1000.0}, SETTINGS,
                               interval_minutes=60, clock=lambda: 1_700_500_000.0)
     assert sched.latest.get() is None
-    scheduler = BackgroundScheduler(timezone="UTC")  # the application's one scheduler (monitor/app.py)
+    scheduler = Ticker()  # the application's one scheduler (monitor/app.py)
     assert sched.schedule(scheduler) == "headroom-forecast-refit"
     job = scheduler.get_job("headroom-forecast-refit")
-    assert job.trigger.interval.total_seconds() == 3600 and job.max_instances == 1 and job.coalesce
+    assert job.interval == 3600 and job.first_delay == 0
     scheduler.start()
     try:
         res = sched.latest.wait_for(1, timeout=60)

@@ -94,13 +94,27 @@ def history_build_fn(cfg, settings: DigestSettings, store=None) -> Callable[[flo
     raise ConfigError(cfg.file, "digest.history", "no history: configure store.path or sources.prometheus")
 
 
+def weekly_fire_times(settings: DigestSettings) -> Callable[[float], Optional[float]]:
+    """`next_fire(after)`: the first time (Unix seconds) after `after` that the digest's schedule
+    (day of week, hour, minute, in its time zone, daylight saving included) names."""
+    from datetime import datetime, timezone
+    from apscheduler.triggers.cron import CronTrigger
+    s = settings.schedule
+    trigger = CronTrigger(day_of_week=s.day_of_week, hour=s.hour, minute=s.minute, timezone=s.timezone)
+
+    def next_fire(after: float) -> Optional[float]:
+        start = datetime.fromtimestamp(math.floor(after) + 1, timezone.utc).astimezone(trigger.timezone)
+        fire = trigger.get_next_fire_time(None, start)
+        return None if fire is None else fire.timestamp()
+    return next_fire
+
+
 def schedule_digest(scheduler, settings: DigestSettings, build_fn: Callable[[float], DigestInput],
                     outbox: Optional[Outbox] = None, clock: Callable[[], float] = time.time) -> list[str]:
-    """Add the weekly digest to an APScheduler 3.x scheduler (the daemon's). Returns the job ids."""
-    from apscheduler.triggers.cron import CronTrigger
-    from apscheduler.triggers.interval import IntervalTrigger
+    """Add the weekly digest to the daemon's scheduler (monitor/ticker.py): the build on the wall
+    clock's schedule (a fire time missed by more than 6 h is skipped), the outbox retries on the
+    monotonic one. Returns the job ids."""
     box = outbox or open_outbox(settings)
-    s = settings.schedule
 
     def weekly():
         try:
@@ -115,10 +129,6 @@ def schedule_digest(scheduler, settings: DigestSettings, build_fn: Callable[[flo
         except Exception as exc:
             log.error("digest outbox drain failed: %s", type(exc).__name__)
 
-    scheduler.add_job(weekly, CronTrigger(day_of_week=s.day_of_week, hour=s.hour, minute=s.minute,
-                                          timezone=s.timezone),
-                      id="headroom-digest", max_instances=1, coalesce=True,
-                      misfire_grace_time=6 * 3600, replace_existing=True)
-    scheduler.add_job(retry, IntervalTrigger(seconds=max(10.0, min(settings.retry.initial_seconds, 300.0))),
-                      id="headroom-digest-retry", max_instances=1, coalesce=True, replace_existing=True)
+    scheduler.on_wall_clock("headroom-digest", weekly_fire_times(settings), weekly, grace=6 * 3600.0)
+    scheduler.every("headroom-digest-retry", max(10.0, min(settings.retry.initial_seconds, 300.0)), retry)
     return ["headroom-digest", "headroom-digest-retry"]

@@ -1,8 +1,8 @@
 """Refitting the forecasts on a schedule, off the scrape path.
 
 `ForecastScheduler.schedule(scheduler)` adds one interval job to the application's scheduler
-(every N minutes, the first at once, never two at once, missed runs coalesced; each run in a daemon
-thread). Each run asks `load_history()` for {pool: {series: pandas Series}} and `capacity()` for
+(monitor/ticker.py: every N minutes on the monotonic clock, the first at once, never two at once,
+missed runs coalesced; each run in a daemon thread). Each run asks `load_history()` for {pool: {series: pandas Series}} and `capacity()` for
 {pool: concurrent requests at the knee or None}, calls `forecast_pool` per pool with the given
 settings (give `ForecastSettings` a `runner`, e.g. monitor/timebox.py `timeboxed(seconds)`, to
 time-box every fit: an overrunning fit is killed, reported in the series' `errors`, and the next
@@ -109,12 +109,9 @@ class ForecastScheduler:
             return result
 
     def schedule(self, scheduler) -> str:
-        """Add the refit job to an APScheduler 3.x scheduler (the application's one scheduler,
-        monitor/app.py): every `interval_minutes`, the first at once. Returns the job id."""
-        from datetime import datetime, timezone
-        scheduler.add_job(self._refit_in_background, "interval", minutes=self.interval_minutes,
-                          id="headroom-forecast-refit", max_instances=1, coalesce=True,
-                          next_run_time=datetime.now(timezone.utc), replace_existing=True)
+        """Add the refit job to the application's one scheduler (monitor/ticker.py `Ticker`, on the
+        monotonic clock): every `interval_minutes`, the first at once. Returns the job id."""
+        scheduler.every("headroom-forecast-refit", self.interval_minutes * 60.0, self._refit_in_background)
         return "headroom-forecast-refit"
 
     def _refit_in_background(self) -> None:
