@@ -22,7 +22,7 @@ say() { echo "[setup +$(( $(date +%s) - start ))s] $*"; }
 declare -A DEBIAN=(
     [prometheus]=prometheus [promtool]=prometheus [prometheus-alertmanager]=prometheus-alertmanager
     [victoria-metrics]=victoria-metrics [chromium]=chromium [wrk]=wrk [openssl]=openssl [curl]=curl
-    [npm]=npm [node]=nodejs
+    [npm]=npm [node]=nodejs [faketime]=faketime
 )
 missing_pkgs=()
 if [ "$what" != engine ]; then

@@ -6,8 +6,9 @@
 without an address is `headroom once`: the same sources, cycle and forecaster, the store opened only
 if it exists and never written, no digest, no web server. Each component is built in that order (a
 later one may use an earlier one: the web server shows the digest's status, the forecaster reads
-the store) and has `start(scheduler)` and `stop()`. `App.start()` adds the cycle to the one
-APScheduler scheduler, lets every component add its jobs, then starts it; `App.stop()` stops the
+the store) and has `start(scheduler)` and `stop()`. `App.start()` lets every component add its jobs
+to the one scheduler (monitor/ticker.py: a monotonic cadence, so no wall-clock step freezes it),
+then starts it; `App.stop()` stops the
 scheduler, then the components in reverse order, so the web server goes first and the cycle's
 sources last. `headroom digest` reads its history through `monitor/digest/schedule.py
 history_build_fn`, the function the digest component uses here.
@@ -17,14 +18,12 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from datetime import datetime, timezone
 from typing import Callable, Optional
-
-from apscheduler.schedulers.background import BackgroundScheduler
 
 from .capacity.enrich import CapacityState
 from .config import Config
 from .cycle import Pipeline
+from .ticker import Ticker
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +51,7 @@ class Cycle(Component):
         self.pipeline = Pipeline(cfg, capacity=CapacityState(cfg))  # ValueError naming a bad key
 
     def start(self, scheduler) -> None:
-        scheduler.add_job(self.pipeline.run_cycle, "interval", seconds=self.pipeline.config.interval,
-                          id="cycle", max_instances=1, coalesce=True, next_run_time=datetime.now(timezone.utc))
+        scheduler.every("cycle", self.pipeline.config.interval, self.pipeline.run_cycle)
 
     def stop(self) -> None:
         self.pipeline.close(wait=STOP_GRACE)  # requests in flight broken; the cycle publishes what it has
@@ -70,6 +68,7 @@ class Store(Component):
         self.clock = pipeline.clock
         if writable:
             pipeline.on_snapshot(self.persist)
+            pipeline.on_clock_step(self.clock_stepped)
         self.writable = writable
         # failures by operation (headroom_store_errors_total): the first is logged with its traceback,
         # the rest as one line each, so a full disk does not fill the log with tracebacks
@@ -90,11 +89,17 @@ class Store(Component):
         from .history.store import points_from_snapshot  # noqa: PLC0415
         self._guarded("append", lambda: self.store.append(points_from_snapshot(snapshot)))
 
+    def clock_stepped(self, seconds: float, now: float) -> None:
+        """After a step back, points stamped after the new now are dropped: no future stamp is kept."""
+        if seconds < 0:
+            self._guarded("maintain", lambda: log.warning(
+                "history store: %d points stamped after the stepped-back clock dropped", self.store.drop_after(now)))
+
     def start(self, scheduler) -> None:
         if self.writable:
-            scheduler.add_job(lambda: self._guarded("maintain", lambda: self.store.maintain(self.clock())), "interval",
-                              hours=STORE_MAINTENANCE_HOURS, id="store-maintenance", max_instances=1,
-                              coalesce=True)
+            hours = STORE_MAINTENANCE_HOURS * 3600.0
+            scheduler.every("store-maintenance", hours, lambda: self._guarded(
+                "maintain", lambda: self.store.maintain(self.clock())), first_delay=hours)
 
     def stop(self) -> None:
         self.store.close()
@@ -158,12 +163,17 @@ class Web(Component):
     def __init__(self, cfg: Config, pipeline: Pipeline, listen_address: str, web_config_file, status):
         from .export.collector import Exposition  # noqa: PLC0415
         from .export.landing import Trends  # noqa: PLC0415
+        from .export.samples import Cadence  # noqa: PLC0415
         from .export.server import WebState, serve  # noqa: PLC0415
         from .export.webconfig import web_security  # noqa: PLC0415
-        self.state = WebState(Exposition(status=status), Trends(), links=tuple(cfg.web_links.items()),
+
+        def cadence() -> Cadence:
+            return Cadence(pipeline.cycle_age(), float(cfg.interval))
+        self.state = WebState(Exposition(status=status, cadence=cadence), Trends(), links=tuple(cfg.web_links.items()),
                               has_alerts_source=cfg.alerts is not None, digest_dir=digest_directory(cfg))
         self.state.authorize, ssl_context = web_security(web_config_file or cfg.web_config_file)
         pipeline.on_snapshot(self.state.publish)  # every snapshot rendered once, for every endpoint
+        pipeline.on_clock_step(lambda seconds, now: self.state.trends.shift_time(seconds))
         self.server, _ = serve(self.state, listen_address, ssl_context)
 
     def stop(self) -> None:
@@ -176,7 +186,7 @@ class App:
 
     def __init__(self, cfg: Config):
         self.cfg = cfg
-        self.scheduler = BackgroundScheduler(timezone="UTC")
+        self.scheduler = Ticker()
         self.components: list[Component] = []
         self.cycle: Optional[Cycle] = None
         self.store_component: Optional[Store] = None
@@ -230,8 +240,7 @@ class App:
     def stop(self) -> None:
         """Stops within a few seconds whatever a source is doing: no new jobs, then each component in
         reverse order (the web server first, the cycle's sources last)."""
-        if self.scheduler.running:
-            self.scheduler.shutdown(wait=False)
+        self.scheduler.shutdown()
         for c in reversed(self.components):
             try:
                 c.stop()

@@ -10,6 +10,15 @@ result). `step` is a pure function of the state kept between cycles, those input
 reads no clock and no source. `Pipeline` owns the sources and the state, and publishes each
 finished `Snapshot` atomically for the exporter. Cycles never overlap: a cycle that finds the
 previous one still running is skipped and counted.
+
+The wall clock may step (an NTP step, a VM resumed): each cycle compares how far the wall clock
+moved since the previous cycle with how far the boot-time clock did (it never steps, and counts a
+suspend). A difference over `CLOCK_STEP_TOLERANCE` is a step: logged once, counted
+(`clock_steps`), and the state is moved onto the new clock (`CycleState.shift_time`) so rates,
+windows and knees keep measuring true durations; listeners (`on_clock_step`) do the same for what
+they keep (the store drops points stamped after the new now: no future stamp is kept). The cadence
+itself never depends on the wall clock (monitor/ticker.py), and `cycle_age()` is monotonic, so
+/metrics and /-/ready tell that cycles stopped even when Prometheus shares a stepped clock.
 """
 from __future__ import annotations
 
@@ -36,6 +45,16 @@ __all__ = ["CycleInputs", "CycleState", "Pipeline", "cycle_deadline_seconds", "s
 log = logging.getLogger(__name__)
 
 DEADLINE_MARGIN = 0.5  # seconds a cycle waits beyond its sources' request timeouts
+CLOCK_STEP_TOLERANCE = 1.0  # seconds the wall clock may drift from the boot-time clock between cycles
+
+
+def steady_clock() -> float:
+    """Seconds on a clock that never steps and, unlike time.monotonic, counts a suspend (Linux
+    CLOCK_BOOTTIME), so a resumed machine's wall-clock jump is not taken for a step."""
+    try:
+        return time.clock_gettime(time.CLOCK_BOOTTIME)
+    except (AttributeError, OSError):
+        return time.monotonic()
 
 
 def cycle_deadline_seconds(cfg: Config) -> float:
@@ -60,9 +79,17 @@ class Pipeline:
     """
 
     def __init__(self, config: Config, clock: Callable[[], float] = time.time,
-                 capacity: Optional[CapacityState] = None, forecasts: Optional[Callable[[], object]] = None):
+                 capacity: Optional[CapacityState] = None, forecasts: Optional[Callable[[], object]] = None,
+                 steady: Optional[Callable[[], float]] = None):
         self.config = config
         self.clock = clock
+        # the step check compares `clock` with `steady`: on by default with the real wall clock; a test
+        # driving its own clock passes the steady clock it drives too (or has no check)
+        self.steady = steady if steady is not None else (steady_clock if clock is time.time else None)
+        self.clock_steps: dict[str, float] = {"back": 0.0, "forward": 0.0}
+        self._tick: Optional[tuple[float, float]] = None  # (wall, steady) when the previous cycle began
+        self._clock_listeners: list[Callable[[float, float], None]] = []
+        self.finished_at: Optional[float] = None  # time.monotonic() when the last cycle published
         self.state = CycleState(config, capacity)
         self.forecasts = forecasts
         self.skipped_cycles = 0
@@ -98,6 +125,36 @@ class Pipeline:
     def on_snapshot(self, listener: Callable[[Snapshot], None]) -> None:
         self._listeners.append(listener)
 
+    def on_clock_step(self, listener: Callable[[float, float], None]) -> None:
+        """`listener(seconds, now)` after a wall-clock step of `seconds` (negative: back) is found."""
+        self._clock_listeners.append(listener)
+
+    def cycle_age(self) -> Optional[float]:
+        """Seconds since the last cycle published (monotonic; None before the first)."""
+        return None if self.finished_at is None else max(0.0, time.monotonic() - self.finished_at)
+
+    def _check_clock(self, now: float) -> None:
+        """Find a wall-clock step since the previous cycle; move the state onto the new clock."""
+        if self.steady is None:
+            return
+        tick = (now, self.steady())
+        previous, self._tick = self._tick, tick
+        if previous is None:
+            return
+        jump = (tick[0] - previous[0]) - (tick[1] - previous[1])
+        if abs(jump) <= CLOCK_STEP_TOLERANCE:
+            return
+        direction = "back" if jump < 0 else "forward"
+        self.clock_steps[direction] += 1
+        log.warning("the wall clock stepped %s by %.1f s since the previous cycle; the cycle state is moved onto "
+                    "the new clock (headroom_clock_steps_total counts steps)", direction, abs(jump))
+        self.state.shift_time(jump)
+        for listener in self._clock_listeners:
+            try:
+                listener(jump, now)
+            except Exception:
+                log.exception("clock-step listener failed")
+
     # --- the cycle ---------------------------------------------------------------------------
     def run_cycle(self, wait_seconds: Optional[float] = None) -> Optional[Snapshot]:
         """One cycle; `wait_seconds` replaces the cycle deadline (default: cycle_deadline_seconds)."""
@@ -113,10 +170,13 @@ class Pipeline:
     def _cycle(self, wait_seconds: Optional[float] = None) -> Snapshot:
         started = time.monotonic()
         now = self.clock()
+        self._check_clock(now)
         deadline = None if wait_seconds is None else started + wait_seconds
         snapshot = self.advance(self.collect(now, deadline), now)
         snapshot.cycle_duration_seconds = time.monotonic() - started
+        snapshot.clock_steps = dict(self.clock_steps)
         self.publish(snapshot)
+        self.finished_at = time.monotonic()
         return snapshot
 
     def advance(self, inputs: CycleInputs, now: float) -> Snapshot:
@@ -201,21 +261,30 @@ class Pipeline:
                 text = None
                 inputs.statuses.append(_late(kind, url, result, began))
             if kind == "gateway":
-                inputs.gateways.append(self._read_gateway(index, text, now))
+                try:
+                    inputs.gateways.append(self._read_gateway(index, text, now))
+                except Exception as exc:  # never the cycle's: the gateway is down, its reason parse
+                    inputs.statuses[-1] = _unparsed(inputs.statuses[-1], exc)
+                    log.warning("gateway %s: %s", redact(url), inputs.statuses[-1].detail)
+                    src = self.config.gateways[index]
+                    inputs.gateways.append(GatewayScrape(index, redact(src.url), src.pool,
+                                                         GatewayConfig(kind=src.kind), now, error="parse"))
             elif kind == "alerts":
                 if text is not None:
                     self._read_alerts(inputs, text, url)
             elif text is not None:
                 reading = _read_dcgm(text, redact(url))
-                if reading is not None:
+                if isinstance(reading, DcgmReading):
                     inputs.dcgm.append(reading)
+                elif reading is not None:
+                    inputs.statuses[-1] = _unparsed(inputs.statuses[-1], reading)
 
     def _read_alerts(self, inputs: CycleInputs, text: str, url: str) -> None:
         try:
             inputs.alerts, dropped = read_alerts(text, self.config.alerts.kind)
-        except ValueError as exc:
-            inputs.statuses[-1] = replace(inputs.statuses[-1], up=False, error="parse", detail=str(exc))
-            log.warning("alerts %s: %s", redact(url), exc)
+        except Exception as exc:  # whatever the answer does to the reader, it is this source's error
+            inputs.statuses[-1] = _unparsed(inputs.statuses[-1], exc)
+            log.warning("alerts %s: %s", redact(url), inputs.statuses[-1].detail)
             return
         if dropped:
             count_into(inputs.anomalies, {"alerts_cut": float(dropped)})
@@ -258,12 +327,23 @@ class Pipeline:
             self._lock.release()
 
 
-def _read_dcgm(text: str, target: str) -> Optional[DcgmReading]:
+def _read_dcgm(text: str, target: str):
+    """The DCGM reading; None for a body without GPUs (a ValueError, logged); any other failure of
+    the reader is returned, for the cycle to mark the source down with it."""
     try:
         return read_dcgm(text, target)
     except ValueError as exc:
         log.warning("%s", exc)
         return None
+    except Exception as exc:
+        log.warning("dcgm %s: %s: %s", target, type(exc).__name__, str(exc)[:200])
+        return exc
+
+
+def _unparsed(status: SourceStatus, exc: BaseException) -> SourceStatus:
+    """A source whose answer could not be read: down, reason `parse`, the error named (cut short)."""
+    detail = f"{type(exc).__name__}: {str(exc)[:200]}" if not isinstance(exc, ValueError) else str(exc)[:300]
+    return replace(status, up=False, error="parse", detail=detail)
 
 
 def _fetch(fetcher: Fetcher, url: str, timeout: float) -> tuple[Optional[str], Optional[FetchError], float]:

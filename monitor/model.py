@@ -392,3 +392,4 @@ class Snapshot:
     # headroom's alerts from sources.alerts (None: no alerts source, or it did not answer this cycle)
     alerts: Optional[list[Alert]] = None
     alerts_ui: Optional[str] = None  # the alerts page of that source, for the landing page's link
+    clock_steps: dict[str, float] = field(default_factory=dict)  # wall-clock steps found, by direction (cumulative)

@@ -70,6 +70,18 @@ class CycleState:
     down: dict[tuple[str, str], str] = field(default_factory=dict)  # (source, target) -> its error, while down
     lead_times: LeadTimes = field(default_factory=LeadTimes)  # new replicas' time to their first completion
 
+    def shift_time(self, seconds: float) -> None:
+        """Move every time kept onto a wall clock that stepped by `seconds` (monitor/cycle.py), so
+        windows and rates keep measuring the true time between readings."""
+        for key, dq in self.history.items():
+            self.history[key] = deque(replace(r, timestamp=r.timestamp + seconds) for r in dq)
+        if self.last_success is not None:
+            self.last_success += seconds
+        self.last_fresh = {pool: t + seconds for pool, t in self.last_fresh.items()}
+        self.lead_times.shift_time(seconds)
+        if self.capacity is not None:
+            self.capacity.shift_time(seconds)
+
 
 def count_into(counts: dict, more: dict) -> None:
     for key, n in more.items():

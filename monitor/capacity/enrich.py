@@ -121,6 +121,13 @@ class CapacityState:
         self.seen: dict[str, float] = {}  # "target|model" -> timestamp of the newest reading observed
         self.gateway_prev: dict[tuple[int, Optional[str]], GatewayReading] = {}
 
+    def shift_time(self, seconds: float) -> None:
+        """The wall clock stepped by `seconds` (monitor/step.py CycleState.shift_time): the SLO windows,
+        the previous gateway readings and the knee's last observed reading times move with it."""
+        self.tracker.shift_time(seconds)
+        self.gateway_prev = {key: replace(r, timestamp=r.timestamp + seconds) for key, r in self.gateway_prev.items()}
+        self.seen = {key: t + seconds for key, t in self.seen.items()}
+
     def gateway_config(self, kind: str, task_label: Optional[str], session_label: Optional[str]) -> GatewayConfig:
         """How a configured gateway's body is read (the cycle parses it with this)."""
         return GatewayConfig(kind=kind, task_label=task_label, session_label=session_label,

@@ -109,6 +109,11 @@ class SloTracker:
             self._since_thin[key] = 0
             self._thin(series, timestamp)
 
+    def shift_time(self, seconds: float) -> None:
+        """The wall clock stepped by `seconds`: every point moves with it (counts unchanged)."""
+        for key, series in self._series.items():
+            self._series[key] = deque((t + seconds, total, bad) for t, total, bad in series)
+
     def _thin(self, series: deque, now: float) -> None:
         """Drop intermediate old points (cumulative counts: only resolution is lost, never counts)."""
         kept: list = []

@@ -21,6 +21,10 @@ class LeadTimes:
     waiting: dict = field(default_factory=dict)  # "target|model" -> (first scrape time, completions then)
     measured: dict = field(default_factory=dict)  # pool -> seconds, the newest measurement
 
+    def shift_time(self, seconds: float) -> None:
+        """The wall clock stepped by `seconds`: the first-scrape times move with it."""
+        self.waiting = {key: (t + seconds, done) for key, (t, done) in self.waiting.items()}
+
     def observe(self, readings: Iterable[ReplicaReading], pool_by: str, first_cycle: bool) -> None:
         for r in readings:
             key = f"{r.target}|{r.model}"

@@ -1,7 +1,9 @@
 """prometheus_client collector over the latest snapshot, and the cached exposition bytes.
 
 The exposition is rendered once per snapshot (not per scrape), so a scrape never queries a source
-and never waits for a cycle in progress.
+and never waits for a cycle in progress. Only the cadence (`Renderer.live`: the age of the last
+cycle, on the monotonic clock) is rendered at each scrape and appended: it must grow while cycles
+are stopped.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from ..catalogue import CATALOGUE
 from ..model import Snapshot
-from .samples import ProcessStatus, Renderer, Samples
+from .samples import Cadence, ProcessStatus, Renderer, Samples
 
 
 class SnapshotCollector:
@@ -44,13 +46,17 @@ class Exposition:
     `status()` gives what the daemon knows besides the cycle (its web server, the digest); it is
     read at each render. One `Renderer` per exposition keeps the cardinality cap's cut counts."""
 
-    def __init__(self, status: Optional[Callable[[], Optional[ProcessStatus]]] = None):
+    def __init__(self, status: Optional[Callable[[], Optional[ProcessStatus]]] = None,
+                 cadence: Optional[Callable[[], Optional[Cadence]]] = None):
         self._lock = threading.Lock()
         self.renderer = Renderer()
         self.status = status or (lambda: None)
+        self.cadence = cadence or (lambda: None)
         self._samples: Samples = self.renderer.render(None)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(SnapshotCollector(lambda: self._samples))
+        self.live_registry = CollectorRegistry(auto_describe=False)
+        self.live_registry.register(SnapshotCollector(lambda: self.renderer.live(self.cadence())))
         self._body = generate_latest(self.registry)
 
     def update(self, snapshot: Optional[Snapshot]) -> None:
@@ -59,7 +65,8 @@ class Exposition:
             self._body = generate_latest(self.registry)
 
     def body(self) -> bytes:
-        return self._body  # bytes are immutable: no lock needed to read the reference
+        """The snapshot's cached body (an immutable reference: no lock) and the cadence, rendered now."""
+        return self._body + generate_latest(self.live_registry)
 
     def samples(self) -> Samples:
         return self._samples

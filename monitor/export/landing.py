@@ -41,6 +41,11 @@ class Trends:
             while dq and snap.timestamp - dq[0][0] > self.keep:
                 dq.popleft()
 
+    def shift_time(self, seconds: float) -> None:
+        """The wall clock stepped by `seconds`: the chart's points move with it."""
+        for pool, dq in self.points.items():
+            self.points[pool] = deque((t + seconds, *rest) for t, *rest in dq)
+
     def seed(self, pool: str, points: list[tuple[float, float, float, float]]) -> None:
         dq = self.points.setdefault(pool, deque())
         for pt in sorted(points):

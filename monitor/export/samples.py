@@ -54,6 +54,15 @@ class ProcessStatus:
     store_errors: dict[str, float] = field(default_factory=dict)  # the history store's failures, by operation
 
 
+@dataclass(frozen=True)
+class Cadence:
+    """The cycle's cadence, read when /metrics is scraped (not when a snapshot is rendered), so the age
+    grows while cycles are stopped."""
+
+    last_cycle_age_seconds: Optional[float]  # monotonic; None before the first cycle
+    interval_seconds: float
+
+
 class Renderer:
     def __init__(self, max_series_per_metric: int = MAX_SERIES_PER_METRIC):
         self.max_series = max_series_per_metric
@@ -70,6 +79,15 @@ class Renderer:
             _status_samples(out, status)
         for what, v in sorted(self.dropped.items()):
             out.add("headroom_dropped_series", {"what": what}, v)
+        return out.samples
+
+
+    def live(self, cadence: Optional[Cadence]) -> Samples:
+        """The samples computed at each scrape: the cycle's cadence."""
+        out = Rows(self)
+        if cadence is not None:
+            out.add("headroom_last_cycle_age_seconds", {}, cadence.last_cycle_age_seconds)
+            out.add("headroom_cycle_interval_seconds", {}, cadence.interval_seconds)
         return out.samples
 
 
@@ -260,6 +278,8 @@ def _snapshot_samples(out: Rows, snap: Snapshot) -> None:
     out.add("headroom_cycle_duration_seconds", {}, snap.cycle_duration_seconds)
     out.add("headroom_last_success_timestamp_seconds", {}, snap.last_success_timestamp)
     out.add("headroom_cycles", {}, float(snap.cycles))
+    for direction, v in sorted(snap.clock_steps.items()):
+        out.add("headroom_clock_steps", {"direction": direction}, v)
     for what, v in sorted(snap.dropped.items()):
         out.add("headroom_dropped_series", {"what": what}, v)
     for kind, v in sorted(snap.anomalies.items()):
@@ -289,5 +309,5 @@ def finite_or_inf(v: Optional[float]) -> Optional[float]:
     return v
 
 
-__all__ = ["DigestStatus", "MAX_SERIES_PER_METRIC", "ProcessStatus", "Renderer", "Samples", "UnknownMetric",
+__all__ = ["Cadence", "DigestStatus", "MAX_SERIES_PER_METRIC", "ProcessStatus", "Renderer", "Samples", "UnknownMetric",
            "digest_samples", "finite_or_inf", "snapshot_samples"]

@@ -17,6 +17,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from ..model import Snapshot
 from .collector import Exposition
+from .samples import Cadence
 from .http11 import Request, Response
 from .httpd import Limits, WebServer, WebStats
 from .landing import Trends, render
@@ -50,6 +51,7 @@ class WebState:
         self.ready = False
         self.authorize: Callable[[Optional[str]], bool] = lambda header: True
         self.web_stats: Optional[WebStats] = None  # the serving server's counters, set by serve()
+        self.cadence: Callable[[], Optional[Cadence]] = exposition.cadence  # the cycle's, read at each probe
 
     def publish(self, snapshot: Snapshot) -> None:
         self.trends.add(snapshot)
@@ -63,10 +65,27 @@ def probe(state: WebState, req: Request) -> Optional[Response]:
     if req.path == "/-/healthy":
         return Response(200, b"Healthy.\n")
     if req.path == "/-/ready":
-        if state.ready:
-            return Response(200, b"Ready.\n")
-        return Response(503, b"Not ready: the first cycle has not finished.\n")
+        if not state.ready:
+            return Response(503, b"Not ready: the first cycle has not finished.\n")
+        stopped = cycles_stopped(state.cadence())
+        if stopped:
+            return Response(503, stopped.encode())
+        return Response(200, b"Ready.\n")
     return None
+
+
+READY_MISSED_INTERVALS = 3  # /-/ready turns 503 when no cycle has finished for this many intervals
+
+
+def cycles_stopped(cadence: Optional[Cadence]) -> Optional[str]:
+    """Why the daemon is not ready although it has published: no cycle finished for
+    READY_MISSED_INTERVALS intervals (monotonic, whatever the wall clock did); None when cycling."""
+    if cadence is None or cadence.last_cycle_age_seconds is None:
+        return None
+    if cadence.last_cycle_age_seconds <= READY_MISSED_INTERVALS * cadence.interval_seconds:
+        return None
+    return (f"Not ready: no cycle has finished for {cadence.last_cycle_age_seconds:.0f} s "
+            f"(interval {cadence.interval_seconds:g} s).\n")
 
 
 def handle(state: WebState, req: Request) -> Response:

@@ -243,6 +243,14 @@ class HistoryStore:
                 raise
         return int(n)
 
+    def drop_after(self, ts: float) -> int:
+        """Delete every row stamped after `ts` (points written before the wall clock stepped back:
+        no future stamp is kept); returns rows deleted."""
+        with self._lock:
+            self._check_open()
+            cur = self._db.execute("DELETE FROM points WHERE ts > ?", (_ms(ts),))
+            return int(cur.rowcount)
+
     def apply_retention(self, now: float) -> int:
         """Delete every row older than now - retention; returns rows deleted."""
         if self.retention_seconds is None:

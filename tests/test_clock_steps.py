@@ -1,0 +1,114 @@
+"""A wall-clock step between two cycles: found, counted, and the cycle state moved onto the new clock.
+
+Two copies of one warmed-up state see the same simulated fleet: one on the true clock, one on a
+clock stepped back an hour (its inputs stamped an hour earlier from the step on). The stepped one
+is moved onto its new clock (`CycleState.shift_time`, what monitor/cycle.py does when it finds the
+step); from then on both give the same rates, quantiles, knees, task numbers and burn rates, and
+timestamps exactly an hour apart. Without the move the stepped copy is wrong: that is what the
+test guards."""
+from __future__ import annotations
+
+import copy
+import json
+
+from monitor.cycle import Pipeline, step
+from monitor.export.snapshot_json import snapshot_to_dict
+from monitor.sources.vllm import readings_from_text
+from monitor.sim.exposition import render_vllm
+from test_cycle_step import fleet_and_config, inputs_at, warmed_up  # noqa: F401 (the shared simulated fleet)
+
+HOUR = 3600.0
+
+
+def stamped(inputs, seconds: float):
+    """The same inputs as read on a clock `seconds` off."""
+    from dataclasses import replace
+    out = copy.deepcopy(inputs)
+    out.readings = [replace(r, timestamp=r.timestamp + seconds) for r in out.readings]
+    out.gateways = [replace(g, timestamp=g.timestamp + seconds,
+                            reading=replace(g.reading, timestamp=g.reading.timestamp + seconds) if g.reading else None)
+                    for g in out.gateways]
+    return out
+
+
+def numbers(snapshot) -> dict:
+    """The snapshot's numbers without its timestamps."""
+    doc = snapshot_to_dict(snapshot)
+    drop = {"timestamp", "last_success_timestamp", "last_fresh_timestamp", "started", "finished"}
+
+    def clean(x):
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items() if k not in drop}
+        if isinstance(x, list):
+            return [clean(v) for v in x]
+        return x
+    return clean(doc)
+
+
+def test_a_step_back_moves_the_state_and_every_number_stays_what_it_would_have_been():
+    state, _inputs, _now = warmed_up(cycles=70)
+    fleet, urls, cfg = fleet_and_config()
+    # rebuild the fleet at the warmed-up state's time: the twin states see the same next inputs
+    true_state, stepped = copy.deepcopy(state), copy.deepcopy(state)
+    stepped.shift_time(-HOUR)
+    untouched = copy.deepcopy(state)  # stepped too, but never moved onto the new clock
+    fleet2, urls2, cfg2 = fleet_and_config()
+    for _ in range(71):
+        fleet2.advance(5.0)
+    for i in range(12):
+        fleet2.advance(5.0)
+        inputs = inputs_at(fleet2, urls2, cfg2, true_state.capacity)
+        true_state, a = step(true_state, copy.deepcopy(inputs), fleet2.t)
+        stepped, b = step(stepped, stamped(inputs, -HOUR), fleet2.t - HOUR)
+        untouched, c = step(untouched, stamped(inputs, -HOUR), fleet2.t - HOUR)
+        assert b.timestamp == a.timestamp - HOUR
+        assert b.last_success_timestamp == a.last_success_timestamp - HOUR
+        assert json.dumps(numbers(b), sort_keys=True) == json.dumps(numbers(a), sort_keys=True), i
+    pa, pc = a.pools[0], c.pools[0]
+    # the copy left on the old clock has no rates (its readings are "in the future") and its
+    # capacity layer fails on the SLO windows: what the move prevents
+    assert pa.completion_rate is not None and pa.latency["e2e"].p95 is not None
+    assert numbers(c) != numbers(a)
+    assert pc.completion_rate is None or c.errors.get("enricher|capacity")
+
+
+def test_the_pipeline_finds_a_step_once_counts_it_by_direction_and_logs_it(caplog):
+    fleet, urls, cfg = fleet_and_config()
+    wall, steady = [1_800_000_000.0], [100.0]
+    p = Pipeline(cfg, clock=lambda: wall[0], steady=lambda: steady[0])
+    shifted = []
+    p.on_clock_step(lambda seconds, now: shifted.append((seconds, now)))
+    r = readings_from_text(render_vllm(fleet.pools["p"][0], fleet.t), "http://r/metrics", wall[0])[0]
+    p.state.history["k"] = __import__("collections").deque([r])
+
+    def tick(dt_wall, dt_steady):
+        wall[0] += dt_wall
+        steady[0] += dt_steady
+        p._check_clock(wall[0])
+
+    tick(0, 0)  # the first cycle: nothing to compare with
+    tick(15.0, 15.0)
+    tick(15.4, 15.0)  # drift within the tolerance: no step
+    assert p.clock_steps == {"back": 0.0, "forward": 0.0} and shifted == []
+    with caplog.at_level("WARNING", logger="monitor.cycle"):
+        tick(15.0 - HOUR, 15.0)
+    assert p.clock_steps == {"back": 1.0, "forward": 0.0}
+    assert shifted == [(-HOUR, wall[0])]
+    assert p.state.history["k"][0].timestamp == r.timestamp - HOUR
+    lines = [x.getMessage() for x in caplog.records if "stepped" in x.getMessage()]
+    assert lines == ["the wall clock stepped back by 3600.0 s since the previous cycle; the cycle state is moved "
+                     "onto the new clock (headroom_clock_steps_total counts steps)"]
+    tick(15.0, 15.0)  # the next cycle on the new clock: no second step
+    tick(86400.0 + 15.0, 15.0)
+    assert p.clock_steps == {"back": 1.0, "forward": 1.0}
+
+
+def test_a_driven_clock_without_a_steady_one_has_no_step_check():
+    _fleet, _urls, cfg = fleet_and_config()
+    t = [0.0]
+    p = Pipeline(cfg, clock=lambda: t[0])
+    assert p.steady is None
+    for dt in (5.0, -HOUR, 86400.0):
+        t[0] += dt
+        p._check_clock(t[0])
+    assert p.clock_steps == {"back": 0.0, "forward": 0.0}
