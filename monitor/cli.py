@@ -127,7 +127,16 @@ def setup_logging(level: str, fmt: str = "logfmt") -> None:
     root.setLevel(getattr(logging, level.upper()))
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+def chosen_command(argv: list[str]) -> str | None:
+    """The subcommand named on the command line (the first word that is one), or None."""
+    return next((a for a in argv if a in SUBCOMMANDS), None)
+
+
+def build_parser(only: str | None = None, lazy: bool = False
+                 ) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The parser of every subcommand; with `lazy`, only the module of `only` is imported (the
+    others are listed with their help line), so `headroom --help` imports no subcommand at all and
+    `headroom once ...` only what `once` needs."""
     parser = argparse.ArgumentParser(prog="headroom", description=__doc__.splitlines()[0])
     parser.add_argument("--log.level", dest="log_level", default="info",
                         choices=["debug", "info", "warning", "error"],
@@ -137,6 +146,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers: dict[str, argparse.ArgumentParser] = {}
     for name, (module_name, help_text) in SUBCOMMANDS.items():
+        if lazy and name != only:
+            sub.add_parser(name, help=help_text, description=help_text, add_help=False)
+            continue
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
@@ -152,7 +164,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser, _ = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser, _ = build_parser(chosen_command(argv), lazy=True)
     args = parser.parse_args(argv)
     problems = args._global_env_problems + args._env_problems  # only the flags of this command count
     if problems:
