@@ -168,6 +168,9 @@ class Capacity:
                                      help="task type -> pool (application metrics carry no pool)")
     task_classes: dict[str, str] = key(MapOf(Choice(("interactive", "batch")), names="task type"), {},
                                        help="task type -> call class (default interactive)")
+    task_window: Optional[float] = key(Duration(gt=0, le=DAY), help="task arrival rates, calls per task and "
+                                       "sessions are counted over this window (default global.latency_window); "
+                                       "make it several task durations long: unknown until covered")
 
 
 @dataclass(frozen=True)
