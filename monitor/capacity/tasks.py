@@ -72,8 +72,8 @@ class TaskWindow:
                 return
             rs.clear()  # time went back: what was kept describes another timeline
         spacing = self.window / self.MAX_READINGS
-        if len(rs) >= 2 and reading.timestamp - rs[-2].timestamp < spacing:
-            rs[-1] = reading
+        if len(rs) >= 2 and rs[-1].timestamp - rs[-2].timestamp < spacing:
+            rs[-1] = reading  # the last kept one is too close to the one before: the newer takes its place
         else:
             rs.append(reading)
         first = self._start_index()
@@ -150,7 +150,7 @@ def derive_tasks(newer: GatewayReading, older: Optional[GatewayReading], config:
         if t.sessions_active is not None:
             sessions, sessions_source = t.sessions_active, "app"
         else:
-            sessions = _sessions_in_window(t, o) if (o is not None and covered) else None
+            sessions = _sessions_in_window(t, o) if (older is not None and covered) else None
             sessions_source = "gateway_window" if sessions is not None else None
         target = slo.task_target(tt)
         violation = None
