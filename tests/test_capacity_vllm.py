@@ -1,8 +1,9 @@
 """The capacity layer against the real vLLM CPU engine and a real LiteLLM proxy in front of it.
 
-- Agent tasks through LiteLLM (metadata task_type / session_id, as in the committed capture): tasks per
-  type and calls per task exact from the proxy's /metrics/, per-call latency quantiles within one
-  bucket of the client's own timings.
+- Agent tasks through LiteLLM (metadata task_type, as the committed config labels it; no session id
+  label, which would be unbounded): calls per task type exact from the proxy's /metrics/, calls per
+  task exact against the tasks the client (the application) started, no series per session, and
+  per-call latency quantiles within one bucket of the client's own timings.
 
 The stepped load sweep for the knee is in test_knee_vllm.py (its own engine and pytest session).
 """
@@ -60,21 +61,21 @@ def test_litellm_tasks_exact_and_call_latency_within_a_bucket(litellm_gateway):
             t.join(600)
     assert all(c[3] == 200 for c in calls), [c for c in calls if c[3] != 200][:3]
     # the proxy records a call's metrics after answering it: wait (bounded) until it has all of ours
+    cfg = GatewayConfig(kind="litellm")
     end = time.monotonic() + 60
     while True:
         text, ts = fetch_metrics(litellm_gateway.info["metrics_url"], path="")
-        reading = read_gateway(text, GatewayConfig(kind="litellm"), ts)
-        recorded = sum(c for t in reading.tasks.values() for sid, c in t.session_calls.items()
-                       if sid.startswith(prefix))
-        if recorded >= len(calls) or time.monotonic() > end:
+        reading = read_gateway(text, cfg, ts)
+        derived = derive_tasks(reading, before, cfg)
+        if sum(d.calls or 0 for d in derived.values()) >= len(calls) or time.monotonic() > end:
             break
         time.sleep(0.5)
-    derived = derive_tasks(reading, before, GatewayConfig(kind="litellm"))
+    # bounded: the body names no session, and every task type is one label value
+    assert "metadata_session_id" not in text and not any(t.session_calls for t in reading.tasks.values())
     tasks = Counter(plan)
+    assert {tt for tt, d in derived.items() if d.calls} == set(tasks)
     for tt, n in tasks.items():
-        ours = {sid: c for sid, c in reading.tasks[tt].session_calls.items() if sid.startswith(prefix)}
-        assert len(ours) == n and all(c == TASKS[tt][0] for c in ours.values())
-        assert derived[tt].calls_per_task == TASKS[tt][0]
+        assert derived[tt].calls == n * TASKS[tt][0]  # over the client's n tasks: calls per task exact
         client = np.array([c[2] for c in calls if c[0] == tt])
         h = reading.tasks[tt].call_latency
         old = before.tasks.get(tt)

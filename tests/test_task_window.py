@@ -293,3 +293,20 @@ def test_not_covered_gives_latency_but_no_counts():
     assert part.task_latency is not None and part.task_latency.count > 0
     whole = derive_tasks(new, old, GatewayConfig(kind="app"))["triage"]
     assert whole.calls_per_task == 3.0 and whole.task_latency == part.task_latency
+
+
+def test_the_shipped_configs_label_calls_by_task_type_only():
+    """The LiteLLM config the tests start the proxy with and the example read no session id label."""
+    from pathlib import Path
+
+    import yaml
+    from monitor.config import load
+
+    root = Path(__file__).parent.parent
+    litellm = yaml.safe_load((root / "tests" / "fixtures" / "gateway" / "litellm-config.yaml").read_text())
+    assert litellm["litellm_settings"]["custom_prometheus_metadata_labels"] == ["metadata.task_type"]
+    cfg = load(str(root / "examples" / "headroom-tasks.yml"))
+    state = CapacityState(cfg)
+    assert state.task_window == 600.0
+    for src in cfg.gateways:
+        assert state.gateway_config(src.kind, src.task_label, src.session_label).session is None

@@ -123,7 +123,9 @@ class GatewaySource:
     kind: str = key(Choice(GATEWAY_KINDS), required=True, help="which gateway's metrics the URL serves")
     url: str = key(Url(), required=True, help="the gateway's /metrics URL")
     task_label: Optional[str] = key(Text(), help="label naming the task type (default per kind)")
-    session_label: Optional[str] = key(Text(), help="label naming the session (default per kind)")
+    session_label: Optional[str] = key(Text(), help="label naming the session; none by default: a session id "
+                                                    "label is one series per session (unbounded), for tests only; "
+                                                    "sessions come from the app's agent_sessions_active")
     pool: Optional[str] = key(Text(), help="the pool this gateway feeds (default: by model label)")
     pools: dict[str, str] = key(MapOf(Text(), names="gateway pool"), {},
                                 help="the gateway's pool label (llm-d inference_pool) -> headroom pool, for its "
