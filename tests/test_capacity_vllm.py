@@ -72,6 +72,8 @@ def test_litellm_tasks_exact_and_call_latency_within_a_bucket(litellm_gateway):
         time.sleep(0.5)
     # bounded: the body names no session, and every task type is one label value
     assert "metadata_session_id" not in text and not any(t.session_calls for t in reading.tasks.values())
+    print(f"\n[gateway] LiteLLM /metrics/ {len(text)} bytes after {len(calls)} calls of {len(plan)} tasks "
+          f"(task-type label only)")
     tasks = Counter(plan)
     assert {tt for tt, d in derived.items() if d.calls} == set(tasks)
     for tt, n in tasks.items():

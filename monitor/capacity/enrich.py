@@ -198,8 +198,8 @@ def _observe(state: CapacityState, est: KneeEstimator, history: History) -> None
 Planned = tuple[Optional[str], GatewayConfig, GatewayReading, Optional[GatewayReading], bool]
 
 
-def _gateway_readings(state: CapacityState, pools: list[PoolSnapshot], gateways: Sequence[GatewayScrape],
-                      now: float) -> list[Planned]:
+def _gateway_readings(state: CapacityState, pools: list[PoolSnapshot], gateways: Sequence[GatewayScrape]
+                      ) -> list[Planned]:
     """[(pool or None, how it was read, reading, older reading, whether it is a whole task window
     back)] for this cycle's gateway bodies.
 
@@ -233,7 +233,7 @@ def _tasks(state: CapacityState, pools: list[PoolSnapshot], gateways: Sequence[G
     """pool -> ({task_type: TaskStats}, {call class: Quantiles})."""
     by_pool: dict[str, tuple[dict[str, TaskStats], dict[str, Quantiles]]] = {}
     names = {p.pool for p in pools}
-    for pool, gcfg, reading, prev, covered in _gateway_readings(state, pools, gateways, now):
+    for pool, gcfg, reading, prev, covered in _gateway_readings(state, pools, gateways):
         for tt, stats in derive_tasks(reading, prev, gcfg, state.slo, covered).items():
             target_pool = state.task_pools.get(tt, pool)
             if target_pool not in names:
