@@ -63,9 +63,10 @@ class Workload:
                          f'metadata_task_type="{tt}",requested_model="{POOL}",status_code="200"}} {n}')
         return "\n".join(lines) + "\n"
 
-    def app(self, t: float) -> str:
+    def app(self, t: float, full: bool = True) -> str:
         """The application convention at t (docs/capacity.md); a session is open from its first
-        task's start to its last task's end."""
+        task's start to its last task's end. `full=False`: only agent_tasks_started_total and
+        agent_sessions_active (an application that leaves counting calls to the gateway)."""
         started: dict[str, int] = {}
         done: dict[str, list[float]] = {}
         spans: dict[tuple[str, str], list[float]] = {}  # session -> [first start, last end]
@@ -87,8 +88,10 @@ class Workload:
         for tt in sorted(started):
             d = done.get(tt, [])
             lines.append(f'agent_tasks_started_total{{task_type="{tt}"}} {started[tt]}')
-            lines.append(f'agent_task_model_calls_total{{task_type="{tt}"}} {CALLS_PER_TASK * len(d)}')
             lines.append(f'agent_sessions_active{{task_type="{tt}"}} {active.get(tt, 0)}')
+            if not full:
+                continue
+            lines.append(f'agent_task_model_calls_total{{task_type="{tt}"}} {CALLS_PER_TASK * len(d)}')
             for le in (10, 30, 60, "+Inf"):
                 n = sum(1 for v in d if le == "+Inf" or v <= le)
                 lines.append(f'agent_task_duration_seconds_bucket{{le="{le}",task_type="{tt}"}} {n}')
@@ -97,7 +100,8 @@ class Workload:
         return "\n".join(lines) + "\n"
 
 
-def run_cycles(workload: Workload, minutes: float, gateways: list[dict], capacity: dict | None = None):
+def run_cycles(workload: Workload, minutes: float, gateways: list[dict], capacity: dict | None = None,
+               app_full: bool = True):
     """[(t, {task_type: TaskStats})] of every cycle, the bodies read and assessed as the cycle does.
     `gateways`: [{"kind": ..., "session_label": ...}]; bodies by kind (litellm, app)."""
     cfg = from_dict({"global": {"interval": "5s", "latency_window": "5m"}, "capacity": capacity or {},
@@ -111,7 +115,7 @@ def run_cycles(workload: Workload, minutes: float, gateways: list[dict], capacit
         t += CYCLE
         scrapes = []
         for i, src in enumerate(cfg.gateways):
-            body = workload.litellm(t) if src.kind == "litellm" else workload.app(t)
+            body = workload.litellm(t) if src.kind == "litellm" else workload.app(t, full=app_full)
             gcfg = state.gateway_config(src.kind, src.task_label, src.session_label)
             scrapes.append(read_gateway_scrape(body, gcfg, t, i, src.url, src.pool))
         pool = PoolSnapshot(pool=POOL, model=POOL, replicas=1)
@@ -142,6 +146,29 @@ def test_a_fixed_three_call_task_reads_three_calls_per_task_over_every_covered_w
         if t - T0 >= WINDOW + 40:  # once tasks have been completing for a whole window
             assert s.task_latency.count == pytest.approx(WINDOW / gap, rel=0.05)
     assert n == len(cycles) - 60  # known from the first cycle a window after the first reading
+
+
+@pytest.mark.parametrize("order", ["gateway first", "app first"])
+def test_gateway_calls_over_the_application_tasks_read_three(order):
+    """The bounded LiteLLM set-up: the proxy labels calls by task type only, the application counts
+    tasks started (and sessions), two scrapes; calls per task = the gateway's call rate over the
+    application's task rate over the window, whichever source comes first."""
+    gap = 7.0
+    w = Workload().open_loop("triage", gap, T0 + 40 * 60)
+    sources = [{"kind": "litellm"}, {"kind": "app"}]
+    cycles = run_cycles(w, 25, sources if order == "gateway first" else sources[::-1], app_full=False)
+    n = 0
+    for t, by_type, _pool in cycles:
+        s = by_type.get("triage")
+        if not covered(t):
+            assert s is None or s.calls_per_task is None
+            continue
+        n += 1
+        assert s.calls_per_task_source == "gateway_calls/app_tasks"
+        assert s.calls_per_task == pytest.approx(3.0, rel=0.05), t - T0
+        assert s.arrival_rate == pytest.approx(1 / gap, rel=0.05)
+        assert s.sessions_source == "app" and s.sessions in (4, 5)  # a 30 s task every 7 s
+    assert n == len(cycles) - 60
 
 
 def test_one_cycle_was_noise_the_window_is_not():

@@ -48,7 +48,7 @@ from monitor.capacity.headroom import CapacitySettings, pool_capacity
 from monitor.capacity.knee import KneeEstimator, prior_knee
 from monitor.capacity.power import key_map, power_by_pool
 from monitor.capacity.slo import SloTracker
-from monitor.capacity.tasks import TaskWindow, call_latency_by_class, derive_tasks
+from monitor.capacity.tasks import TaskWindow, call_latency_by_class, derive_tasks, join_sources
 from monitor.model import Capacity, Histogram, PoolSlo, PoolSnapshot, PoolTasks, Quantiles, ReplicaReading, TaskStats
 from monitor.sources.dcgm import DcgmReading
 from monitor.sources.gateway import GatewayConfig, GatewayReading, GatewayScrape
@@ -242,9 +242,9 @@ def _tasks(state: CapacityState, pools: list[PoolSnapshot], gateways: Sequence[G
             if gcfg.models and t.calls == 0 and t.call_latency is None and t.tasks_started is None:
                 continue  # no series of this pool's model for the task type
             entry = by_pool.setdefault(target_pool, ({}, {}))[0]
-            if tt in entry and entry[tt].calls_per_task_source == "app":
-                continue  # the same task type from two sources: the app's numbers win
-            entry[tt] = _slo_windows(state, target_pool, t, stats, now)
+            stats = _slo_windows(state, target_pool, t, stats, now)
+            # the same task type from two sources (the gateway and the application): joined
+            entry[tt] = join_sources(entry[tt], stats) if tt in entry else stats
         classes = call_latency_by_class(reading, prev)
         if pool in names and classes:
             by_pool.setdefault(pool, ({}, {}))[1].update(classes)

@@ -16,6 +16,7 @@ increase across a reset is the new value).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional
 
 from monitor.derive import histogram as histo
@@ -182,6 +183,37 @@ def _counts(t: TaskCumulative, o: Optional[TaskCumulative]
         # completes, and agent_task_duration_seconds observes it then: calls / completed tasks
         return tasks, calls, _delta(t.task_duration.count, o.task_duration.count if (o and o.task_duration) else None)
     return tasks, calls, tasks
+
+
+APP_TASK_SOURCES = ("app", "gateway_calls/app_tasks")  # the body carried the application's task counter
+
+
+def join_sources(a: TaskStats, b: TaskStats) -> TaskStats:
+    """One task type of one pool seen by two sources, usually the gateway and the application
+    (separate scrapes): the application's tasks, task latency and sessions; its calls per task when
+    it counts calls itself (`app`), else the gateway's call rate over the application's task rate
+    (`gateway_calls/app_tasks`: the two windows may differ by a cycle, rates do not); the gateway's
+    per-call latency and tokens. Two sources of the same kind: the application's numbers, else `b`."""
+    a_app, b_app = a.calls_per_task_source in APP_TASK_SOURCES, b.calls_per_task_source in APP_TASK_SOURCES
+    if a_app == b_app:
+        return a if a.calls_per_task_source == "app" else b
+    app, gw = (a, b) if a_app else (b, a)
+    out = replace(app, call_latency=app.call_latency or gw.call_latency, ttft=app.ttft or gw.ttft,
+                  input_tokens_per_call=_first(app.input_tokens_per_call, gw.input_tokens_per_call),
+                  output_tokens_per_call=_first(app.output_tokens_per_call, gw.output_tokens_per_call))
+    if app.sessions is None and gw.sessions is not None:
+        out = replace(out, sessions=gw.sessions, sessions_source=gw.sessions_source)
+    if app.slo_violation_ratio is None and gw.slo_violation_ratio is not None:
+        out = replace(out, slo_violation_ratio=gw.slo_violation_ratio, slo_window_seconds=gw.slo_window_seconds,
+                      slo_burn_rate=gw.slo_burn_rate)
+    if app.calls_per_task_source != "app" and app.calls is None:
+        out = replace(out, calls=gw.calls, call_rate=gw.call_rate,
+                      calls_per_task=_ratio(gw.call_rate, app.arrival_rate))
+    return out
+
+
+def _first(*values: Optional[float]) -> Optional[float]:
+    return next((v for v in values if v is not None), None)
 
 
 def call_latency_by_class(newer: GatewayReading, older: Optional[GatewayReading]) -> dict:

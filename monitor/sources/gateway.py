@@ -248,6 +248,7 @@ class _Accumulator:
         t = self.task_of(labels, label)
         if name in fam.calls:
             t.calls += value
+            t.calls_seen = True
             _track_ids(t, labels, value, self.session_label, self.config, self.reading)
         elif name in fam.failures:
             t.failed_calls += value
@@ -271,6 +272,7 @@ class _Accumulator:
             self.hists.setdefault((role, t.task_type, cls), _HistAcc()).add(hit[1], labels, value)
             if role == "call_latency" and hit[1] == "_count" and self.fam.calls_from_latency_count:
                 t.calls += value
+                t.calls_seen = True
                 _track_ids(t, labels, value, self.session_label, self.config, self.reading)
                 if labels.get("error_type"):
                     t.failed_calls += value

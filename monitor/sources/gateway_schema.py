@@ -134,6 +134,7 @@ class TaskCumulative:
 
     task_type: str
     calls: float = 0.0  # model calls seen by the gateway
+    calls_seen: bool = False  # a gateway call series of this task type was read (calls may still be 0)
     failed_calls: float = 0.0
     input_tokens: Optional[float] = None
     output_tokens: Optional[float] = None
@@ -176,9 +177,12 @@ class TaskCumulative:
         return None
 
     @property
-    def model_calls(self) -> float:
-        """Model calls: the app counter when present, else the gateway's."""
-        return self.app_model_calls if self.app_model_calls is not None else self.calls
+    def model_calls(self) -> Optional[float]:
+        """Model calls: the app counter when present, else the gateway's; None when the body has
+        neither (an application exposing only its task counter)."""
+        if self.app_model_calls is not None:
+            return self.app_model_calls
+        return self.calls if self.calls_seen else None
 
 
 @dataclass
