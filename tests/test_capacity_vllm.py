@@ -1,8 +1,13 @@
 """The capacity layer against the real vLLM CPU engine and a real LiteLLM proxy in front of it.
 
-- Agent tasks through LiteLLM (metadata task_type / session_id, as in the committed capture): tasks per
-  type and calls per task exact from the proxy's /metrics/, per-call latency quantiles within one
-  bucket of the client's own timings.
+- Agent tasks through LiteLLM (metadata task_type, as the committed config labels it; no session id
+  label, which would be unbounded): calls per task type exact from the proxy's /metrics/, calls per
+  task exact against the tasks the client (the application) started, no series per session, and
+  per-call latency quantiles within one bucket of the client's own timings.
+- The task window on real scrapes: 3 constant agent sessions running 3-call tasks through the proxy,
+  the application's task counter and session gauge from prometheus_client; calls per task and
+  sessions from the capacity layer every cycle once the window is covered; untagged calls
+  `unattributed`.
 
 The stepped load sweep for the knee is in test_knee_vllm.py (its own engine and pytest session).
 """
@@ -60,21 +65,23 @@ def test_litellm_tasks_exact_and_call_latency_within_a_bucket(litellm_gateway):
             t.join(600)
     assert all(c[3] == 200 for c in calls), [c for c in calls if c[3] != 200][:3]
     # the proxy records a call's metrics after answering it: wait (bounded) until it has all of ours
+    cfg = GatewayConfig(kind="litellm")
     end = time.monotonic() + 60
     while True:
         text, ts = fetch_metrics(litellm_gateway.info["metrics_url"], path="")
-        reading = read_gateway(text, GatewayConfig(kind="litellm"), ts)
-        recorded = sum(c for t in reading.tasks.values() for sid, c in t.session_calls.items()
-                       if sid.startswith(prefix))
-        if recorded >= len(calls) or time.monotonic() > end:
+        reading = read_gateway(text, cfg, ts)
+        derived = derive_tasks(reading, before, cfg)
+        if sum(d.calls or 0 for d in derived.values()) >= len(calls) or time.monotonic() > end:
             break
         time.sleep(0.5)
-    derived = derive_tasks(reading, before, GatewayConfig(kind="litellm"))
+    # bounded: the body names no session, and every task type is one label value
+    assert "metadata_session_id" not in text and not any(t.session_calls for t in reading.tasks.values())
+    print(f"\n[gateway] LiteLLM /metrics/ {len(text)} bytes after {len(calls)} calls of {len(plan)} tasks "
+          f"(task-type label only)")
     tasks = Counter(plan)
+    assert {tt for tt, d in derived.items() if d.calls} == set(tasks)
     for tt, n in tasks.items():
-        ours = {sid: c for sid, c in reading.tasks[tt].session_calls.items() if sid.startswith(prefix)}
-        assert len(ours) == n and all(c == TASKS[tt][0] for c in ours.values())
-        assert derived[tt].calls_per_task == TASKS[tt][0]
+        assert derived[tt].calls == n * TASKS[tt][0]  # over the client's n tasks: calls per task exact
         client = np.array([c[2] for c in calls if c[0] == tt])
         h = reading.tasks[tt].call_latency
         old = before.tasks.get(tt)
@@ -85,3 +92,85 @@ def test_litellm_tasks_exact_and_call_latency_within_a_bucket(litellm_gateway):
             est, exact = histo.quantile(h, q), float(np.quantile(client, q))
             assert abs(histo.bucket_index(h.bounds, est) - histo.bucket_index(h.bounds, exact)) <= 1, (tt, q, est, exact)
         assert h.sum / h.count <= client.mean()  # the proxy's view excludes the client's HTTP time
+
+
+def _agent_session(gw, task_type: str, started, stop: threading.Event, errors: list) -> None:
+    """One session of the agent application: 3-call tasks back to back through the proxy, each task
+    counted when it starts (agent_tasks_started_total), as the application convention asks."""
+    headers = {"Authorization": f"Bearer {gw.info['master_key']}"}
+    with requests.Session() as s:
+        while not stop.is_set():
+            started.labels(task_type=task_type).inc()
+            for i in range(3):
+                body = {"model": gw.info["served_model"], "max_tokens": 8, "temperature": 0.0,
+                        "messages": [{"role": "user", "content": f"step {i}"}],
+                        "metadata": {"task_type": task_type}}
+                r = s.post(gw.url + "/v1/chat/completions", json=body, headers=headers, timeout=300)
+                if r.status_code != 200:
+                    errors.append(r.text[:200])
+
+
+def test_live_tasks_and_sessions_over_the_task_window(litellm_gateway, vllm_small_engine):
+    """The capacity layer's task window on real scrapes: the proxy labels calls by task type only,
+    the application (this test, with prometheus_client) counts tasks and sessions. Every cycle once
+    the window is covered: calls per task = the proxy's call rate over the app's task rate, off 3 by
+    at most the calls of the tasks in flight at the window's two edges; sessions exact; a call
+    without metadata is `unattributed`, never "None"."""
+    from prometheus_client import CollectorRegistry, Counter as PCounter, Gauge, generate_latest
+
+    from monitor.capacity.enrich import CapacityState, assess
+    from monitor.config import from_dict
+    from monitor.model import PoolSnapshot
+    from monitor.sources.gateway import UNATTRIBUTED, read_gateway_scrape
+
+    model, sessions, tt, window = litellm_gateway.info["served_model"], 3, f"live_{int(time.time())}", 20.0
+    registry = CollectorRegistry()
+    started = PCounter("agent_tasks_started", "Tasks started.", ["task_type"], registry=registry)
+    Gauge("agent_sessions_active", "Sessions open.", ["task_type"], registry=registry).labels(task_type=tt).set(sessions)
+    cfg = from_dict({"capacity": {"task_window": f"{window:g}s"},
+                     "sources": {"vllm": {"targets": [vllm_small_engine.url + "/metrics"]},
+                                 "gateways": [{"kind": "litellm", "url": litellm_gateway.info["metrics_url"], "pool": model},
+                                              {"kind": "app", "url": "http://app/metrics", "pool": model}]}})
+    state = CapacityState(cfg)
+    gcfg = [state.gateway_config(g.kind, g.task_label, g.session_label) for g in cfg.gateways]
+    # one call without metadata: the proxy writes metadata_task_type="None" for it
+    r = requests.post(litellm_gateway.url + "/v1/chat/completions", timeout=300,
+                      headers={"Authorization": f"Bearer {litellm_gateway.info['master_key']}"},
+                      json={"model": model, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 200, r.text[:300]
+    stop, errors = threading.Event(), []
+    threads = [threading.Thread(target=_agent_session, args=(litellm_gateway, tt, started, stop, errors))
+               for _ in range(sessions)]
+    for th in threads:
+        th.start()
+    seen = []
+    try:
+        first, deadline = time.time(), time.monotonic() + 240
+        while len(seen) < 8 and time.monotonic() < deadline:
+            text, ts = fetch_metrics(litellm_gateway.info["metrics_url"], path="")
+            app_ts = time.time()
+            scrapes = [read_gateway_scrape(text, gcfg[0], ts, 0, "litellm", model),
+                       read_gateway_scrape(generate_latest(registry).decode(), gcfg[1], app_ts, 1, "app", model)]
+            pool = PoolSnapshot(pool=model, model=model, replicas=1)
+            assess(state, [pool], {}, scrapes, (), app_ts)
+            by_type = pool.tasks.by_type
+            assert "None" not in by_type and "" not in by_type
+            s = by_type.get(tt)
+            if s is not None and s.calls_per_task is not None:
+                seen.append((app_ts - first, s, UNATTRIBUTED in by_type))
+            time.sleep(2.0)  # the cycle's pace; nothing is asserted on time
+    finally:
+        stop.set()
+        for th in threads:
+            th.join(300)
+    assert errors == []
+    assert len(seen) == 8, f"the {window:g} s window was not covered in time"
+    for age, s, unattributed in seen:
+        assert age >= window * 0.99 and unattributed
+        assert s.calls_per_task_source == "gateway_calls/app_tasks" and s.sessions == sessions
+        # calls counted on completion, tasks on start: each session has at most one task in flight at
+        # either edge of the window, so calls are 3 per task give or take 3 per session (plus one
+        # call the proxy may record a moment late), over the tasks the window saw
+        assert abs(s.calls_per_task - 3.0) * s.tasks <= 4 * sessions + 0.03 * s.tasks, (age, s.calls_per_task, s.tasks)
+    print(f"\n[tasks] calls per task over {window:g} s windows: "
+          f"{', '.join(f'{s.calls_per_task:.2f} ({s.tasks:.0f} tasks)' for _a, s, _u in seen)}")

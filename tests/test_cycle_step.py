@@ -14,7 +14,7 @@ import time
 import pytest
 
 from monitor.capacity.enrich import CapacityState
-from monitor.config import Config, GatewaySource, PoolSettings, Target
+from monitor.config import Capacity, Config, GatewaySource, PoolSettings, Target
 from monitor.config.slo import read_slos
 from monitor.cycle import CycleInputs, CycleState, step
 from monitor.export.samples import Renderer
@@ -55,6 +55,7 @@ def fleet_and_config():
                  gateways=[GatewaySource(kind="envoy", url="http://gateway:1064/metrics"),
                            GatewaySource(kind="app", url="http://app/metrics")],
                  pools={"m": PoolSettings(max_num_seqs=16, watts_per_replica=700.0)},
+                 capacity=Capacity(task_window=30.0),  # task rates are known once a window is covered
                  slos=read_slos({"task_types": {"ask": {"p95_seconds": 5}}, "windows": ["1m", "5m"],
                                  "pools": {"m": {"ttft_p95_seconds": 0.5}}}))
     return fleet, urls, cfg

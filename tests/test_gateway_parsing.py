@@ -19,6 +19,9 @@ CAPTURE = FIX / "litellm-1.108.7-agent-tasks.prom"
 TRUTH = FIX / "litellm-1.108.7-agent-tasks.truth.csv"
 # tool waits between calls in that run (SOURCES.md): document_summary 0.1 s, search_then_email 0.3 s
 TOOL_WAIT = {"policy_question": 0.0, "document_summary": 0.1, "search_then_email": 0.3}
+# the capture was taken with metadata.session_id as a label (SOURCES.md); no default reads it any more
+CAPTURED = GatewayConfig(kind="litellm", session_label="metadata_session_id")
+ENVOY_SESSIONS = GatewayConfig(kind="envoy", session_label="session_id")
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +32,7 @@ def truth():
 
 @pytest.fixture(scope="module")
 def capture():
-    return read_gateway(CAPTURE.read_text(), GatewayConfig(kind="litellm"), timestamp=1000.0)
+    return read_gateway(CAPTURE.read_text(), CAPTURED, timestamp=1000.0)
 
 
 def test_litellm_tasks_and_calls_per_task_exact(capture, truth):
@@ -38,7 +41,7 @@ def test_litellm_tasks_and_calls_per_task_exact(capture, truth):
     for r in truth:
         calls[r["task_type"]] += int(r["model_calls"])
     assert set(capture.tasks) == set(tasks)
-    derived = derive_tasks(capture, None, GatewayConfig(kind="litellm"))
+    derived = derive_tasks(capture, None, CAPTURED)
     for tt in tasks:
         assert capture.tasks[tt].tasks == tasks[tt]
         assert capture.tasks[tt].calls == calls[tt]
@@ -91,7 +94,7 @@ def test_litellm_mean_call_latency_matches_client(capture, truth):
 
 
 def test_litellm_tokens_per_call(capture):
-    d = derive_tasks(capture, None, GatewayConfig(kind="litellm"))
+    d = derive_tasks(capture, None, CAPTURED)
     # output tokens per call fixed by the run: 24, 96 / 2 calls, 64 / 4 calls -> at most those
     assert d["policy_question"].output_tokens_per_call == pytest.approx(24.0)
     assert 0 < d["document_summary"].output_tokens_per_call <= 96
@@ -108,7 +111,8 @@ def test_litellm_end_user_as_session_label(truth):
 
 
 def test_session_cap_counts_dropped():
-    r = read_gateway(CAPTURE.read_text(), GatewayConfig(kind="litellm", max_sessions=2), 0.0)
+    cfg = GatewayConfig(kind="litellm", session_label="metadata_session_id", max_sessions=2)
+    r = read_gateway(CAPTURE.read_text(), cfg, 0.0)
     assert all(len(t.session_calls) <= 2 for t in r.tasks.values())
     assert r.dropped_sessions > 0
 
@@ -166,7 +170,7 @@ def _envoy_text(sessions):
 
 def test_envoy_header_labels():
     sessions = [("a", "triage", [0.3, 0.5, 0.7]), ("b", "triage", [0.2, 0.4, 0.6]), ("c", "draft", [1.5, 2.5])]
-    r = read_gateway(_envoy_text(sessions), GatewayConfig(kind="envoy"), 10.0)
+    r = read_gateway(_envoy_text(sessions), ENVOY_SESSIONS, 10.0)
     assert set(r.tasks) == {"triage", "draft"}
     assert r.tasks["triage"].calls == 6 and r.tasks["triage"].tasks == 2
     assert r.tasks["draft"].calls == 2 and r.tasks["draft"].tasks == 1
@@ -174,12 +178,12 @@ def test_envoy_header_labels():
     h = r.tasks["triage"].call_latency
     assert h.count == 6 and h.sum == pytest.approx(2.7)
     assert 0.32 < histo.quantile(h, 0.5) <= 0.64  # true median 0.45
-    d = derive_tasks(r, None, GatewayConfig(kind="envoy"))
+    d = derive_tasks(r, None, ENVOY_SESSIONS)
     assert d["triage"].calls_per_task == 3 and d["draft"].calls_per_task == 2
 
 
 def test_envoy_two_readings_give_rates_and_window_sessions():
-    cfg = GatewayConfig(kind="envoy")
+    cfg = ENVOY_SESSIONS
     s1 = [("a", "triage", [0.3]), ("b", "triage", [0.2])]
     s2 = [("a", "triage", [0.3, 0.5]), ("b", "triage", [0.2]), ("c", "triage", [0.4, 0.4, 0.4])]
     r1 = read_gateway(_envoy_text(s1), cfg, 100.0)

@@ -15,7 +15,8 @@ monitor/sources/dcgm.py), `now` the cycle's time. What it keeps between cycles i
   2. keeps the prior up to date from the engine's limits (pools.<name>.max_num_seqs, KV capacity
      per replica / measured KV tokens per request);
   3. turns the gateway readings of the cycle into per-task numbers (monitor/capacity/tasks.py:
-     arrival rate, calls per task, latency quantiles, sessions) with SLO shares and burn rates;
+     arrival rate, calls per task, latency quantiles, sessions) over the task window (each
+     gateway's reading one window back, `TaskWindow`) with SLO shares and burn rates;
   4. joins DCGM power to the pool's replicas (monitor/capacity/power.py);
   5. sets `pool.capacity` (a `Capacity`, monitor/capacity/headroom.py) and `pool.tasks` (a
      `PoolTasks`); monitor/export/samples.py renders both.
@@ -31,6 +32,7 @@ Configuration (`capacity:` section; every key optional):
     active_requests_per_session: 1.0
     task_pools: {policy_question: chat-8b}   # task type -> pool (app metrics carry no pool)
     task_classes: {nightly_batch: batch}     # task type -> call class (default interactive)
+    task_window: 10m              # tasks, calls per task, sessions (default global.latency_window)
 The section is declared and checked in monitor/config/headroom.py (`Capacity`); SLO targets come
 from the `slos:` section and pools.<name>.slo, read into `SloSettings` by monitor/config/slo.py.
 """
@@ -46,7 +48,7 @@ from monitor.capacity.headroom import CapacitySettings, pool_capacity
 from monitor.capacity.knee import KneeEstimator, prior_knee
 from monitor.capacity.power import key_map, power_by_pool
 from monitor.capacity.slo import SloTracker
-from monitor.capacity.tasks import call_latency_by_class, derive_tasks
+from monitor.capacity.tasks import TaskWindow, call_latency_by_class, derive_tasks, join_sources
 from monitor.model import Capacity, Histogram, PoolSlo, PoolSnapshot, PoolTasks, Quantiles, ReplicaReading, TaskStats
 from monitor.sources.dcgm import DcgmReading
 from monitor.sources.gateway import GatewayConfig, GatewayReading, GatewayScrape
@@ -119,7 +121,8 @@ class CapacityState:
         self.tracker = SloTracker(self.slo.windows, keep_seconds=max([self.window, *self.slo.windows.values()]) * 1.1)
         self.knees: dict[str, KneeEstimator] = {}
         self.seen: dict[str, float] = {}  # "target|model" -> timestamp of the newest reading observed
-        self.gateway_prev: dict[tuple[int, Optional[str]], GatewayReading] = {}
+        self.task_window = float(getattr(c, "task_window", None) or self.window)
+        self.gateway_windows: dict[tuple[int, Optional[str]], TaskWindow] = {}
 
     def shift_time(self, seconds: float) -> None:
         """The wall clock stepped by `seconds` (monitor/step.py CycleState.shift_time): the SLO windows,
@@ -199,12 +202,13 @@ def _observe(state: CapacityState, est: KneeEstimator, history: History) -> None
 
 # ---------------------------------------------------------------------- tasks
 
-Planned = tuple[Optional[str], GatewayConfig, GatewayReading, Optional[GatewayReading]]
+Planned = tuple[Optional[str], GatewayConfig, GatewayReading, Optional[GatewayReading], bool]
 
 
-def _gateway_readings(state: CapacityState, pools: list[PoolSnapshot], gateways: Sequence[GatewayScrape],
-                      now: float) -> list[Planned]:
-    """[(pool or None, how it was read, reading, previous reading)] for this cycle's gateway bodies.
+def _gateway_readings(state: CapacityState, pools: list[PoolSnapshot], gateways: Sequence[GatewayScrape]
+                      ) -> list[Planned]:
+    """[(pool or None, how it was read, reading, older reading, whether it is a whole task window
+    back)] for this cycle's gateway bodies.
 
     A gateway configured with `pool` feeds that pool; with one pool, it feeds that pool; else a
     gateway with a model label is read once per pool, keeping the series of the pool's model,
@@ -223,11 +227,11 @@ def _gateway_readings(state: CapacityState, pools: list[PoolSnapshot], gateways:
             plan = [(None, scrape.config, scrape.reading)]
         for pool, gcfg, reading in plan:
             key = (scrape.index, pool)
-            prev = state.gateway_prev.get(key)
-            if prev is not None and prev.timestamp >= now:
-                prev = None
-            state.gateway_prev[key] = reading
-            out.append((pool, gcfg, reading, prev))
+            window = state.gateway_windows.get(key)
+            if window is None:
+                window = state.gateway_windows[key] = TaskWindow(state.task_window)
+            window.add(reading)
+            out.append((pool, gcfg, reading, *window.older()))
     return out
 
 
@@ -236,8 +240,8 @@ def _tasks(state: CapacityState, pools: list[PoolSnapshot], gateways: Sequence[G
     """pool -> ({task_type: TaskStats}, {call class: Quantiles})."""
     by_pool: dict[str, tuple[dict[str, TaskStats], dict[str, Quantiles]]] = {}
     names = {p.pool for p in pools}
-    for pool, gcfg, reading, prev in _gateway_readings(state, pools, gateways, now):
-        for tt, stats in derive_tasks(reading, prev, gcfg, state.slo).items():
+    for pool, gcfg, reading, prev, covered in _gateway_readings(state, pools, gateways):
+        for tt, stats in derive_tasks(reading, prev, gcfg, state.slo, covered).items():
             target_pool = state.task_pools.get(tt, pool)
             if target_pool not in names:
                 continue
@@ -245,9 +249,9 @@ def _tasks(state: CapacityState, pools: list[PoolSnapshot], gateways: Sequence[G
             if gcfg.models and t.calls == 0 and t.call_latency is None and t.tasks_started is None:
                 continue  # no series of this pool's model for the task type
             entry = by_pool.setdefault(target_pool, ({}, {}))[0]
-            if tt in entry and entry[tt].calls_per_task_source == "app":
-                continue  # the same task type from two sources: the app's numbers win
-            entry[tt] = _slo_windows(state, target_pool, t, stats, now)
+            stats = _slo_windows(state, target_pool, t, stats, now)
+            # the same task type from two sources (the gateway and the application): joined
+            entry[tt] = join_sources(entry[tt], stats) if tt in entry else stats
         classes = call_latency_by_class(reading, prev)
         if pool in names and classes:
             by_pool.setdefault(pool, ({}, {}))[1].update(classes)

@@ -17,6 +17,7 @@ import json
 import sys
 import threading
 import time
+from dataclasses import replace
 
 from ..app import App, build
 from ..config import Config, ConfigError, EngineTarget, check_url, load
@@ -59,6 +60,8 @@ def run(args) -> int:
         print("headroom: --interval must not be negative", file=sys.stderr)
         return 2
     cfg.latency_window = max(cfg.latency_window, args.interval * 2)
+    if args.interval > 0:  # two readings: tasks and calls per task are over the interval between them
+        cfg.capacity = replace(cfg.capacity, task_window=args.interval)
     try:
         app = build(cfg)  # the daemon's sources, cycle and forecaster; no web server, nothing written
     except (ConfigError, ValueError) as exc:

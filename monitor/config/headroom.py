@@ -123,7 +123,9 @@ class GatewaySource:
     kind: str = key(Choice(GATEWAY_KINDS), required=True, help="which gateway's metrics the URL serves")
     url: str = key(Url(), required=True, help="the gateway's /metrics URL")
     task_label: Optional[str] = key(Text(), help="label naming the task type (default per kind)")
-    session_label: Optional[str] = key(Text(), help="label naming the session (default per kind)")
+    session_label: Optional[str] = key(Text(), help="label naming the session; none by default: a session id "
+                                                    "label is one series per session (unbounded), for tests only; "
+                                                    "sessions come from the app's agent_sessions_active")
     pool: Optional[str] = key(Text(), help="the pool this gateway feeds (default: by model label)")
     pools: dict[str, str] = key(MapOf(Text(), names="gateway pool"), {},
                                 help="the gateway's pool label (llm-d inference_pool) -> headroom pool, for its "
@@ -168,6 +170,9 @@ class Capacity:
                                      help="task type -> pool (application metrics carry no pool)")
     task_classes: dict[str, str] = key(MapOf(Choice(("interactive", "batch")), names="task type"), {},
                                        help="task type -> call class (default interactive)")
+    task_window: Optional[float] = key(Duration(gt=0, le=DAY), help="task arrival rates, calls per task and "
+                                       "sessions are counted over this window (default global.latency_window); "
+                                       "make it several task durations long: unknown until covered")
 
 
 @dataclass(frozen=True)

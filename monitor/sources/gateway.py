@@ -8,13 +8,15 @@ windows are derived later (monitor.capacity.tasks) from two readings. The tables
 exposes, and the reading types, are in monitor/sources/gateway_schema.py.
 
 Which label names the task type and which the session is configuration; the defaults per gateway are
-in DEFAULT_LABELS and docs/capacity.md. Series without the task label are counted under
-UNATTRIBUTED.
+in DEFAULT_LABELS and docs/capacity.md. Series without the task label, or with an empty one or one
+a gateway writes for "no value" ("None", "null": UNSET_VALUES) are counted under UNATTRIBUTED.
 
-Cardinality: a session label repeats every histogram per session (a 30-session LiteLLM scrape is
-1.86 MB). Lines of families headroom does not read are dropped before parsing, sessions beyond
-`max_sessions` per task type are not tracked (counted in `GatewayReading.dropped_sessions`), and
-calls per task come from the application's task counters whenever they are present.
+Cardinality: no kind reads a session label by default. A session label is one series per session
+and histogram (a 30-session LiteLLM scrape is 1.86 MB; after ~260 sessions LiteLLM's /metrics took
+over 30 s); sessions come from the application's `agent_sessions_active` gauge instead. When one is
+configured anyway, lines of families headroom does not read are dropped before parsing, sessions
+beyond `max_sessions` per task type are not tracked (counted in `GatewayReading.dropped_sessions`),
+and calls per task come from the application's task counters whenever they are present.
 """
 from __future__ import annotations
 
@@ -28,8 +30,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from monitor.model import Histogram
 from monitor.sources.gateway_schema import (  # noqa: F401  (re-exported: the names every reader uses)
     APP_MODEL_CALLS, APP_SESSIONS_ACTIVE, APP_TASK_DURATION, APP_TASK_LABEL, APP_TASKS_STARTED,
-    DEFAULT_LABELS, ENVOY_TOKENS, GATEWAY_FAMILIES, KINDS, UNATTRIBUTED, Families, GatewayConfig,
-    GatewayReading, TaskCumulative)
+    DEFAULT_LABELS, ENVOY_TOKENS, GATEWAY_FAMILIES, KINDS, UNATTRIBUTED, UNSET_VALUES, Families,
+    GatewayConfig, GatewayReading, TaskCumulative)
 
 if TYPE_CHECKING:
     from monitor.sources.gateway_queue import GatewayQueues
@@ -209,7 +211,7 @@ class _Accumulator:
         self.in_flight: Optional[float] = None
 
     def task_of(self, labels: dict, label: Optional[str]) -> TaskCumulative:
-        tt = (labels.get(label) if label else None) or UNATTRIBUTED
+        tt = attributed(labels.get(label) if label else None) or UNATTRIBUTED
         tasks = self.reading.tasks
         if tt not in tasks:
             tasks[tt] = TaskCumulative(task_type=tt)
@@ -246,6 +248,7 @@ class _Accumulator:
         t = self.task_of(labels, label)
         if name in fam.calls:
             t.calls += value
+            t.calls_seen = True
             _track_ids(t, labels, value, self.session_label, self.config, self.reading)
         elif name in fam.failures:
             t.failed_calls += value
@@ -269,6 +272,7 @@ class _Accumulator:
             self.hists.setdefault((role, t.task_type, cls), _HistAcc()).add(hit[1], labels, value)
             if role == "call_latency" and hit[1] == "_count" and self.fam.calls_from_latency_count:
                 t.calls += value
+                t.calls_seen = True
                 _track_ids(t, labels, value, self.session_label, self.config, self.reading)
                 if labels.get("error_type"):
                     t.failed_calls += value
@@ -297,13 +301,23 @@ def _add_opt(old: Optional[float], value: float) -> float:
     return value if old is None else old + value
 
 
+def attributed(value: Optional[str]) -> Optional[str]:
+    """A label value that names something (a task type, a task, a session), else None: missing,
+    blank, or a gateway's spelling of "no value" (UNSET_VALUES)."""
+    if value is None:
+        return None
+    value = value.strip()
+    return None if value in UNSET_VALUES else value
+
+
 def _track_ids(t: TaskCumulative, labels: dict, value: float, session_label: Optional[str],
                config: GatewayConfig, reading: GatewayReading) -> None:
-    if config.task_id_label and labels.get(config.task_id_label) and value > 0:
-        t.task_ids.add(labels[config.task_id_label])
+    tid = attributed(labels.get(config.task_id_label)) if config.task_id_label else None
+    if tid and value > 0:
+        t.task_ids.add(tid)
     if session_label:
-        sid = labels.get(session_label)
-        if sid and sid != "None":
+        sid = attributed(labels.get(session_label))
+        if sid:
             if sid in t.session_calls or len(t.session_calls) < config.max_sessions:
                 t.session_calls[sid] = t.session_calls.get(sid, 0.0) + value
             else:

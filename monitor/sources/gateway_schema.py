@@ -12,14 +12,19 @@ from typing import Optional
 from monitor.model import Histogram
 
 UNATTRIBUTED = "unattributed"
+# label values that name no task type: missing, empty, or what a gateway writes for an absent
+# value (LiteLLM puts str(None) = "None" in a metadata label the request did not carry)
+UNSET_VALUES = frozenset({"", "None", "none", "null", "NULL"})
 KINDS = ("litellm", "envoy", "llm-d", "dynamo", "app")
 
-# kind -> (task label, session label, model label)
+# kind -> (task label, session label, model label). No kind has a default session label: a session
+# id as a label is one series per session and histogram (unbounded; LiteLLM's /metrics took over
+# 30 s after ~260 sessions). Sessions come from the application's agent_sessions_active gauge.
 DEFAULT_LABELS: dict[str, tuple[Optional[str], Optional[str], Optional[str]]] = {
-    # custom_prometheus_metadata_labels: ["metadata.task_type", "metadata.session_id"]
-    "litellm": ("metadata_task_type", "metadata_session_id", "requested_model"),
-    # metricsRequestHeaderAttributes: "x-task-type:task_type,agent-session-id:session.id"
-    "envoy": ("task_type", "session_id", "gen_ai_request_model"),
+    # custom_prometheus_metadata_labels: ["metadata.task_type"]
+    "litellm": ("metadata_task_type", None, "requested_model"),
+    # metricsRequestHeaderAttributes: "x-task-type:task_type"
+    "envoy": ("task_type", None, "gen_ai_request_model"),
     # header x-llm-d-inference-fairness-id carries the task type; there is no session label
     "llm-d": ("fairness_id", None, "model_name"),
     # NVIDIA Dynamo's frontend: read for its queue only (monitor/sources/gateway_queue.py)
@@ -88,7 +93,7 @@ APP_TASK_LABEL = "task_type"
 class GatewayConfig:
     kind: str = "litellm"
     task_label: Optional[str] = None  # None: the kind's default
-    session_label: Optional[str] = None  # None: the kind's default; "" for none
+    session_label: Optional[str] = None  # None: the kind's default (none); "" for none; opt-in, unbounded
     task_id_label: Optional[str] = None  # a label naming one task (counts tasks by distinct values)
     class_label: Optional[str] = None  # a label naming the call class (interactive / batch)
     task_classes: dict = field(default_factory=dict)  # task type -> class, when no class label
@@ -129,6 +134,7 @@ class TaskCumulative:
 
     task_type: str
     calls: float = 0.0  # model calls seen by the gateway
+    calls_seen: bool = False  # a gateway call series of this task type was read (calls may still be 0)
     failed_calls: float = 0.0
     input_tokens: Optional[float] = None
     output_tokens: Optional[float] = None
@@ -171,9 +177,12 @@ class TaskCumulative:
         return None
 
     @property
-    def model_calls(self) -> float:
-        """Model calls: the app counter when present, else the gateway's."""
-        return self.app_model_calls if self.app_model_calls is not None else self.calls
+    def model_calls(self) -> Optional[float]:
+        """Model calls: the app counter when present, else the gateway's; None when the body has
+        neither (an application exposing only its task counter)."""
+        if self.app_model_calls is not None:
+            return self.app_model_calls
+        return self.calls if self.calls_seen else None
 
 
 @dataclass
