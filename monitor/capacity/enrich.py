@@ -126,9 +126,10 @@ class CapacityState:
 
     def shift_time(self, seconds: float) -> None:
         """The wall clock stepped by `seconds` (monitor/step.py CycleState.shift_time): the SLO windows,
-        the previous gateway readings and the knee's last observed reading times move with it."""
+        the gateway task windows and the knee's last observed reading times move with it."""
         self.tracker.shift_time(seconds)
-        self.gateway_prev = {key: replace(r, timestamp=r.timestamp + seconds) for key, r in self.gateway_prev.items()}
+        for window in self.gateway_windows.values():
+            window.shift_time(seconds)
         self.seen = {key: t + seconds for key, t in self.seen.items()}
 
     def gateway_config(self, kind: str, task_label: Optional[str], session_label: Optional[str]) -> GatewayConfig:
