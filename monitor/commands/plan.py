@@ -122,14 +122,14 @@ def measure_mix(query: QueryFn, window: str, kind: str = "litellm", task_label: 
     label = task_label or DEFAULT_LABELS[kind][0]
     w, notes = window, []
     gw = _gateway(query, kind, label, w)
+    arrivals = _by(query(f"sum by (task_type) (rate({APP_TASKS_STARTED}[{w}]))"), "task_type")
     model_label = DEFAULT_LABELS[kind][2]
-    if not gw["calls"] and model_label:
+    if not arrivals and not gw["calls"] and model_label:
         fallback = _gateway(query, kind, model_label, w)
         if fallback["calls"]:
             notes.append(f"no {kind} series carry the task label {label}: task types are the models "
                          f"(label {model_label})")
             label, gw = model_label, fallback
-    arrivals = _by(query(f"sum by (task_type) (rate({APP_TASKS_STARTED}[{w}]))"), "task_type")
     if arrivals:
         app_calls = _by(query(f"sum by (task_type) (rate({APP_MODEL_CALLS}[{w}]))"), "task_type")
         calls = {tt: app_calls.get(tt, gw["calls"].get(tt)) for tt in arrivals}
@@ -149,6 +149,9 @@ def _gateway_arrivals(query: QueryFn, kind: str, label: str, w: str, gw: dict, t
     how = f"no {APP_TASKS_STARTED}: task types from the {kind} gateway's label {label}"
     if task_id_label:
         tasks = _distinct_tasks(query, kind, label, task_id_label, w)
+        if not tasks:
+            raise ValueError(f"no {kind} call series carry both the task label {label} and the "
+                             f"--task-id-label {task_id_label} in the window")
         seconds = _window_seconds(w)
         notes.append(f"{how}; tasks counted as distinct {task_id_label} values in the {w} window")
         return {tt: n / seconds for tt, n in tasks.items() if tt in calls}, calls
