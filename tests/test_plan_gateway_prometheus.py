@@ -149,3 +149,28 @@ def test_without_the_task_label_task_types_are_the_models(litellm_prometheus, ca
     assert list(rows) == ["tiny"]
     assert rows["tiny"]["tasks_per_second"] == pytest.approx(calls / (2 * HALF), rel=1e-9)
     assert any("label metadata_nothing" in n and "models (label requested_model)" in n for n in result["measured"])
+
+
+ACCEPTED = ['job="vllm",namespace=~"a|b"', ' job!="x", team!~`a.*`, ', "{job='vllm'}", 'job="a\\"b"', ""]
+REFUSED = ["job=vllm", 'job="x', "foo bar", 'job="x" team="y"', 'job="x",,team="y"']
+
+
+def test_the_selector_check_agrees_with_prometheus_own_parser(litellm_prometheus):
+    """What check-config accepts, Prometheus 2.42 parses inside headroom's query; what it refuses,
+    Prometheus refuses too (HTTP 400)."""
+    import requests
+
+    from monitor.config import ConfigError, from_dict
+    from monitor.sources.prometheus import vllm_selector
+
+    def status(q: str) -> int:
+        return requests.get(litellm_prometheus["url"] + "/api/v1/query", params={"query": q}, timeout=10).status_code
+
+    src = {"url": "http://prom:9090"}
+    for sel in ACCEPTED:
+        read = from_dict({"sources": {"prometheus": {**src, "selector": sel}}}, "f.yml").prometheus.selector
+        assert status(vllm_selector(read)) == 200, sel
+    for sel in REFUSED:
+        with pytest.raises(ConfigError):
+            from_dict({"sources": {"prometheus": {**src, "selector": sel}}}, "f.yml")
+        assert status(vllm_selector(sel)) == 400, sel

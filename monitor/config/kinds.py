@@ -191,7 +191,7 @@ _MATCHER = re.compile(r"""\s*[A-Za-z_][A-Za-z0-9_]*\s*(=~|!~|!=|=)\s*"""
 
 class Selector(Kind):
     """Extra PromQL label matchers: `name="value"` (=, !=, =~, !~) separated by commas; one pair of
-    braces around the whole list is allowed (the sources strip it)."""
+    braces around the whole list and a trailing comma are allowed (the value read has neither)."""
 
     name = "PromQL matchers"
 
@@ -209,7 +209,7 @@ class Selector(Kind):
             if pos < len(inner) and inner[pos] != ",":
                 raise ValueError(_selector_problem(inner, pos, "a comma between two matchers"))
             pos += 1
-        return text
+        return inner.strip().rstrip(",").rstrip()  # the sources join it after their own matchers
 
     def rules(self) -> str:
         return 'PromQL label matchers, e.g. job="vllm",namespace=~"a|b"'
