@@ -85,3 +85,20 @@ def test_an_authorization_header_and_an_api_key_together_are_refused(tmp_path, c
                    "--api-key-file", str(key), "--header", "Authorization: Bearer sk-header"])
     err = capsys.readouterr().err
     assert rc == 2 and "not both" in err and "sk-header" not in err and "sk-file" not in err
+
+
+def test_the_html_report_says_an_unconfident_knee_was_not_used_and_what_each_request_carried():
+    from test_loadtest_units import synthetic_run  # the synthetic run of the report's unit tests
+
+    from monitor.loadtest.analyze import analyze
+    from monitor.loadtest.report import render_html
+
+    mix, plan, res = synthetic_run(knee=6)
+    tags = Tags(parse_metadata(["task_type={task_type}"]), parse_headers(["Authorization: Bearer sk-9"]))
+    rep = analyze(mix, plan, res, {"targets": ["http://h:1"], "seed": 1, "api_key": "none", **tags.shown()})
+    rep["knee_fit"] = {**rep["knee_fit"], "confidence": 0.2}
+    rep["knee"] = None
+    page = render_html(rep, {})
+    assert f"not found (confidence 0.20 &lt; {KNEE_MIN_CONFIDENCE:.2f}; the fit at" in page
+    assert "metadata task_type={task_type}; header Authorization: &lt;redacted&gt;" in page
+    assert "sk-9" not in page
