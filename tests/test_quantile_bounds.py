@@ -62,3 +62,17 @@ def test_the_landing_page_shows_bounds_as_bounds():
     assert "queue p50 ≤ 0.3 s, p95 ≤ 0.3 s" in page
     assert "end-to-end p50 0.75 s, p95 ≥ 1 s" in page
     assert "0.15" not in page and "0.285" not in page
+
+
+def test_every_quantile_carries_the_bucket_it_was_interpolated_in():
+    # vLLM's TTFT buckets around 10 s: 5, 7.5, 10, 20, 40; 100 calls, 90 by 10 s, all 100 by 20 s
+    h = Histogram((5.0, 7.5, 10.0, 20.0, 40.0, INF), (50, 80, 90, 100, 100, 100), sum=600.0, count=100)
+    q = quantiles(h)
+    # p95: rank 95, bucket (10, 20] holds 10 above 90 -> 10 + 10 x 5/10 = 15
+    assert q.p95 == pytest.approx(15.0) and q.buckets["p95"] == (10.0, 20.0)
+    assert q.buckets["p50"] == (0.0, 5.0) and q.bounds == {"p50": ("upper", 5.0)}
+    assert q.buckets["p90"] == (7.5, 10.0)
+    assert quantiles(SPREAD).buckets["p99"] == (1.0, INF)
+    d = pool_to_dict(PoolSnapshot(pool="p", model="m", replicas=1, latency={"ttft": q, "e2e": quantiles(SPREAD)}))
+    assert d["latency_seconds"]["ttft"]["buckets"]["p95"] == [10.0, 20.0]
+    assert d["latency_seconds"]["e2e"]["buckets"]["p99"] == [1.0, "+Inf"]

@@ -11,7 +11,8 @@ in the first bucket is interpolated between 0 and the first bound (a near-idle q
 wait is 22 us still reads p50 = half the first bound): the truth is "<= first bound"; a rank in
 the +Inf bucket reads the last finite bound: the truth is ">= last finite bound". The values
 are kept as PromQL computes them (dashboards and rules read the same numbers); `Quantiles.bounds`
-carries the flag to the JSON and the landing page.
+carries the flag to the JSON and the landing page, and `Quantiles.buckets` the bucket each
+quantile was interpolated in (any value inside it is as likely as the one interpolated).
 """
 from __future__ import annotations
 
@@ -82,6 +83,19 @@ def quantile_bound(h: Histogram, q: float) -> Optional[tuple[str, float]]:
     return None
 
 
+def quantile_bucket(h: Histogram, q: float) -> Optional[tuple[float, float]]:
+    """(lower, upper) bound of the bucket holding the q-quantile's rank (the lowest starts at 0, or at
+    its bound when that is <= 0; the +Inf bucket is (last finite bound, inf)); None when empty."""
+    found = _rank_bucket(h, q)
+    if found is None:
+        return None
+    idx = found[0]
+    upper = h.bounds[idx]
+    if idx == 0:
+        return (0.0 if upper > 0 else upper), upper
+    return h.bounds[idx - 1], upper
+
+
 def fraction_above(h: Histogram, threshold: float) -> Optional[float]:
     """Share of observations above `threshold`, interpolating linearly inside the bucket holding it.
 
@@ -117,9 +131,10 @@ def quantiles(h: Optional[Histogram]) -> Quantiles:
         return Quantiles(count=0.0)
     levels = {"p50": 0.5, "p90": 0.9, "p95": 0.95, "p99": 0.99}
     bounds = {name: b for name, q in levels.items() if (b := quantile_bound(h, q)) is not None}
+    buckets = {name: b for name, q in levels.items() if (b := quantile_bucket(h, q)) is not None}
     return Quantiles(
         p50=quantile(h, 0.5), p90=quantile(h, 0.9), p95=quantile(h, 0.95), p99=quantile(h, 0.99),
-        mean=(h.sum / h.count) if h.count else None, count=n, bounds=bounds,
+        mean=(h.sum / h.count) if h.count else None, count=n, bounds=bounds, buckets=buckets,
     )
 
 
