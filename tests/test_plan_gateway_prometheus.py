@@ -1,6 +1,6 @@
 """`headroom plan --from-prometheus --gateway litellm` on LiteLLM's series alone (no application task
 counters), against a real Prometheus 2.42 backfilled with promtool from the real LiteLLM 1.108.7
-capture in /work/shared/fixtures/gateway (30 agent tasks; its .truth.csv is the client-side truth).
+capture in tests/fixtures/gateway (30 agent tasks; its .truth.csv is the client-side truth).
 
 The capture is one scrape of a fresh proxy, so the backfill holds every series at 0 until the run and
 at its captured value after it (samples every 15 s over a 10 min window that the query covers
@@ -25,9 +25,9 @@ from monitor.sources.exposition import parse
 pytestmark = [pytest.mark.live, pytest.mark.skipif(not (shutil.which("prometheus") and shutil.which("promtool")),
                                                    reason="needs the prometheus and promtool binaries")]
 
-SHARED = "/work/shared/fixtures/gateway"
-CAPTURE = os.path.join(SHARED, "litellm-1.108.7-agent-tasks.prom")
-TRUTH = os.path.join(SHARED, "litellm-1.108.7-agent-tasks.truth.csv")
+GATEWAY = os.path.join(os.path.dirname(__file__), "fixtures", "gateway")
+CAPTURE = os.path.join(GATEWAY, "litellm-1.108.7-agent-tasks.prom")
+TRUTH = os.path.join(GATEWAY, "litellm-1.108.7-agent-tasks.truth.csv")
 STEP, HALF = 15, 300  # samples every 15 s from run - 300 s to run + 300 s
 FAMILIES = ("litellm_proxy_total_requests_metric_total", "litellm_input_tokens_metric_total",
             "litellm_output_tokens_metric_total", "litellm_request_total_latency_metric_sum",
