@@ -101,10 +101,20 @@ class Quantiles:
     p99: Optional[float] = None
     mean: Optional[float] = None
     count: float = 0.0  # observations in the window
+    # quantile name -> (side, bucket bound) when the value is only a bound of the true quantile:
+    # ("upper", first bound): it fell in the first bucket, the true quantile is <= that bound (the
+    # value is interpolated from 0); ("lower", last finite bound): it fell in the +Inf bucket, the
+    # true quantile is >= that bound (the value is that bound). monitor/derive/histogram.py.
+    bounds: dict[str, tuple[str, float]] = field(default_factory=dict)
+    # quantile name -> (lower, upper) bound of the bucket it was interpolated in: the truth lies
+    # there, wherever the interpolation put the value (a p95 of 14.0 s read in (10, 20] may be 11.3 s)
+    buckets: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return {"p50": self.p50, "p90": self.p90, "p95": self.p95, "p99": self.p99,
-                "mean": self.mean, "count": self.count}
+                "mean": self.mean, "count": self.count,
+                "bounds": {k: {"bound": side, "value": v} for k, (side, v) in self.bounds.items()},
+                "buckets": {k: list(b) for k, b in self.buckets.items()}}
 
 
 @dataclass

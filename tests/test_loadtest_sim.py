@@ -448,3 +448,31 @@ def test_ramp_finds_a_kv_bound_knee(tmp_path):
     assert knee is not None and knee["concurrency"] == pytest.approx(truth["per_replica"], rel=0.10)
     assert rep["server"]["kv_usage_max"] > 0.9
     assert rep["server"]["running_max"] < 64
+
+
+def test_metadata_and_headers_reach_the_server_per_task_and_credentials_never_show(tmp_path, capsys, caplog):
+    """--metadata goes in each request body's `metadata` (as LiteLLM reads it), --header on every
+    request, placeholders filled per call; a credential header reaches the server but no output."""
+    mix_path = write(tmp_path, "mix.yaml", BURST_MIX.replace("sessions: 16", "sessions: 3"))
+    caplog.set_level(logging.DEBUG)
+    with SimTarget(pool(max_num_seqs=8), api_key=SECRET) as st:
+        rep = run(["--target", st.urls[0], "--mix", mix_path, "--pattern", "burst", "--duration", "4s",
+                   "--probes", "1", "--metadata", "task_type={task_type}", "--metadata", "session_id={task}",
+                   "--metadata", "team=capacity", "--header", "agent-session-id: {task}",
+                   "--header", f"Authorization: Bearer {SECRET}"], tmp_path / "out")
+        seen = list(st.seen)
+    assert rep["_rc"] == 0 and rep["counts"]["failed"] == 0  # the Authorization header opened the door
+    load = [s for s in seen if s["metadata"]["task_type"] == "agent"]
+    assert len(load) == rep["counts"]["calls"] == 6 and len(seen) == 7  # 3 tasks x 2 calls + 1 probe
+    for s in load:
+        assert s["metadata"]["team"] == "capacity"
+        assert s["metadata"]["session_id"] == s["headers"]["agent-session-id"]
+        assert s["headers"]["Authorization"] == f"Bearer {SECRET}"
+    tasks = {s["metadata"]["session_id"] for s in load}
+    assert len(tasks) == 3 and all(sum(x["metadata"]["session_id"] == t for x in load) == 2 for t in tasks)
+    assert rep["run"]["metadata"] == {"task_type": "{task_type}", "session_id": "{task}", "team": "capacity"}
+    assert rep["run"]["headers"] == {"agent-session-id": "{task}", "Authorization": "<redacted>"}
+    out = capsys.readouterr()
+    texts = [out.out, out.err, caplog.text, (tmp_path / "out" / "report.json").read_text(),
+             (tmp_path / "out" / "report.html").read_text()]
+    assert all(SECRET not in t for t in texts)

@@ -196,8 +196,8 @@ def render_table(result: dict) -> str:
         lines.append("  ".join(c.ljust(widths[j]) if j == 0 else c.rjust(widths[j]) for j, c in enumerate(r)))
         if i == 0 or i == len(rows) - 2:
             lines.append("  ".join("-" * w for w in widths))
+    lines += [""] + [f"Measured: {note}" for note in result.get("measured", ())]
     lines += [
-        "",
         "Average active calls (Little's law) are averages, not peak limits.",
         f"Busy-period load: {_fmt(base['busy_period_active_calls'])} active calls ({base['busy_period_method']})",
         f"Knee per replica: {_fmt(inp['knee_requests_per_replica'])} requests; margin {inp['margin']:.0%} "

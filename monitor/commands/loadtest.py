@@ -7,12 +7,13 @@ import sys
 import time
 
 from monitor.config import parse_duration
-from monitor.loadtest.analyze import analyze
+from monitor.loadtest.analyze import KNEE_MIN_CONFIDENCE, analyze
 from monitor.loadtest.client import TargetError, api_base
 from monitor.loadtest.mix import MixError, load_mix
 from monitor.loadtest.report import write
 from monitor.loadtest.runner import Runner, detect_model, terminal_progress
 from monitor.loadtest.schedule import PATTERNS, build_plan
+from monitor.loadtest.tags import Tags, is_secret, parse_headers, parse_metadata
 
 
 def _duration(v: str) -> float:
@@ -45,6 +46,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scrape-interval", type=float, default=1.0, help="seconds between metric reads (default 1)")
     p.add_argument("--probes", type=int, default=3,
                    help="unloaded sequential calls before the load, for the unloaded TTFT (default 3)")
+    p.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE",
+                   help="put KEY: VALUE in every request body's metadata (LiteLLM reads metadata.KEY); VALUE may "
+                        "hold {task_type}, {task}, {session}, {call}, e.g. session_id={task}; repeatable")
+    p.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'",
+                   help="send this HTTP header on every request (placeholders as --metadata; values of "
+                        "credential-like headers such as Authorization are never printed); repeatable")
 
 
 def _api_key(args) -> tuple[str | None, str]:
@@ -97,30 +104,60 @@ def run(args) -> int:
         if args.scrape_interval <= 0:
             raise ValueError("--scrape-interval must be > 0")
         plan = build_plan(mix, args.pattern, args.duration, args.seed, args.sessions)
+        tags = Tags(parse_metadata(args.metadata), parse_headers(args.header))
+        if key and any(h.lower() == "authorization" for h in tags.headers):
+            raise ValueError("give the key with --api-key-file/--api-key-env or an Authorization --header, not both")
         headers = {"Authorization": f"Bearer {key}"} if key else {}
+        headers.update({k: v for k, v in tags.headers.items() if is_secret(k) or "{" not in v})
         model = args.model or detect_model(api_base(targets[0]), headers)
     except (MixError, TargetError, ValueError, ConnectionError) as exc:
         err.write(f"headroom loadtest: {exc}\n")
         return 2
     out = args.out or f"loadtest-{time.strftime('%Y%m%d-%H%M%S')}"
     runner = Runner(mix, plan, targets, model, args.seed, api_key=key, metrics=metrics,
-                    scrape_interval=args.scrape_interval, probes=args.probes, progress=terminal_progress(err))
+                    scrape_interval=args.scrape_interval, probes=args.probes, progress=terminal_progress(err),
+                    tags=tags)
     res = runner.run()
     meta = {"targets": targets, "metrics": metrics, "seed": args.seed, "mix_file": os.path.basename(args.mix),
-            "api_key": key_source, "reduced_capacity": reduced}
+            "api_key": key_source, "reduced_capacity": reduced, **tags.shown()}
     rep = analyze(mix, plan, res, meta)
     paths = write(rep, out)
-    c, k, op, u = rep["counts"], rep["knee"], rep["operating_point"], rep["usable_capacity"]
-    print(f"calls {c['calls']} ok {c['succeeded']} failed {c['failed']} (timed out {c['timed_out']}); "
-          f"tasks {c['tasks']} completed {c['tasks_completed']}")
-    print(f"knee: {'%.1f calls in flight (confidence %.2f)' % (k['concurrency'], k['confidence']) if k else 'not found'}")
-    print(f"usable capacity at the SLO: {u['concurrency']:.1f} calls in flight, {u['calls_per_second']:.2f} calls/s")
+    for line in summary(rep):
+        print(line)
+    print(f"report: {paths['html']} and {paths['json']}")
+    c = rep["counts"]
+    return 0 if c["succeeded"] > 0 else 1
+
+
+def _n(v, digits: int = 2) -> str:
+    """A figure for the terminal: rounded, thousands separated; '-' when unknown."""
+    if v is None:
+        return "-"
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return f"{v:,.{digits}f}" if abs(v) >= 1e-3 or v == 0 else f"{v:.2g}"
+    return str(v)
+
+
+def summary(rep: dict) -> list[str]:
+    """The lines printed after a run: counts, the knee (or why none was taken), capacity, agreement."""
+    c, k, fit, op, u = rep["counts"], rep["knee"], rep.get("knee_fit"), rep["operating_point"], rep["usable_capacity"]
+    lines = [f"calls {c['calls']} ok {c['succeeded']} failed {c['failed']} (timed out {c['timed_out']}); "
+             f"tasks {c['tasks']} completed {c['tasks_completed']}"]
+    if k:
+        lines.append(f"knee: {_n(k['concurrency'], 1)} calls in flight (confidence {_n(k['confidence'])})")
+    elif fit:
+        lines.append(f"knee: not found (confidence {_n(fit['confidence'])} < {_n(KNEE_MIN_CONFIDENCE)}; the fit at "
+                     f"{_n(fit['concurrency'], 1)} calls in flight is not used)")
+    else:
+        lines.append("knee: not found (too few load levels to fit)")
+    lines.append(f"usable capacity at the SLO: {_n(u.get('concurrency'), 1)} calls in flight, "
+                 f"{_n(u.get('calls_per_second'))} calls/s")
     if op.get("concurrency") is not None:
-        print(f"recommended operating point: {op['concurrency']:.1f} calls in flight ({op['basis']}, "
-              f"margin {op['margin']:.0%})")
+        lines.append(f"recommended operating point: {_n(op['concurrency'], 1)} calls in flight ({op['basis']}, "
+                     f"margin {op['margin']:.0%})")
     if rep.get("agreement"):
         a = rep["agreement"]
-        print(f"client vs server: succeeded {a['succeeded']['client']} vs {a['succeeded']['server']}; mean queue "
-              f"{a['queue_mean_seconds']['client_estimate']} vs {a['queue_mean_seconds']['server']} s")
-    print(f"report: {paths['html']} and {paths['json']}")
-    return 0 if c["succeeded"] > 0 else 1
+        q = a["queue_mean_seconds"]
+        lines.append(f"client vs server: succeeded {a['succeeded']['client']} vs {a['succeeded']['server']}; mean queue "
+                     f"{_n(q['client_estimate'], 3)} vs {_n(q['server'], 3)} s")
+    return lines

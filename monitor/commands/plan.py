@@ -12,7 +12,9 @@ from monitor.capacity.plan import plan, render_table
 from monitor.config import ConfigError
 from monitor.config.plan import parse_mix
 from monitor.config.reader import read_yaml
-from monitor.sources.gateway import GATEWAY_FAMILIES, KINDS, DEFAULT_LABELS
+from monitor.config.values import parse_duration
+from monitor.sources.gateway import (APP_MODEL_CALLS, APP_TASKS_STARTED, DEFAULT_LABELS, ENVOY_TOKENS,
+                                    GATEWAY_FAMILIES, KINDS)
 
 QueryFn = Callable[[str], list]  # PromQL -> [(labels, value)]
 
@@ -28,6 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="gateway whose per-call latency and tokens to read (--from-prometheus)")
     p.add_argument("--task-label", dest="task_label", default=None,
                    help="gateway label holding the task type (default: the gateway's default)")
+    p.add_argument("--task-id-label", dest="task_id_label", default=None,
+                   help="gateway label naming one task (e.g. metadata_session_id when a session is one task): "
+                        "without the application counters, tasks are counted as its distinct values")
     p.add_argument("--pool", default=None,
                    help="pool whose learned knee and replicas to read from headroom's own metrics")
     p.add_argument("--knee", dest="knee", type=float, default=None, help="knee requests per replica (override)")
@@ -52,55 +57,132 @@ def _by(result: list, label: str) -> dict[str, float]:
     return out
 
 
-def measure_mix(query: QueryFn, window: str, kind: str = "litellm", task_label: Optional[str] = None) -> dict:
-    """Task types measured in Prometheus -> the `task_types` mapping of a mix.
+def _window_seconds(window: str) -> float:
+    try:
+        return float(parse_duration(window))
+    except ValueError as exc:
+        raise ValueError(f"--window {window!r}: {exc}") from None
 
-    tasks/s and calls per task from the application convention (agent_tasks_started_total,
-    agent_task_model_calls_total); seconds per call and KV tokens per call from the gateway's
-    per-call latency histogram and token counters by task label. KV tokens per call =
-    input + output / 2 (a call's KV grows through decode; this is its average over the call).
-    """
+
+def _gateway(query: QueryFn, kind: str, label: str, w: str) -> dict[str, dict[str, float]]:
+    """The gateway's per-call series by `label`: calls/s, latency _sum and _count rates, tokens/s."""
     fam = GATEWAY_FAMILIES[kind]
-    label = task_label or DEFAULT_LABELS[kind][0]
-    w = window
-    arrivals = _by(query(f"sum by (task_type) (rate(agent_tasks_started_total[{w}]))"), "task_type")
-    if not arrivals:
-        raise ValueError("Prometheus has no agent_tasks_started_total series in the window: "
-                         "the application-side task counters are needed for --from-prometheus")
-    app_calls = _by(query(f"sum by (task_type) (rate(agent_task_model_calls_total[{w}]))"), "task_type")
-    gw_calls: dict[str, float] = {}
+    out: dict[str, dict[str, float]] = {"calls": {}, "lat_sum": {}, "lat_count": {}, "tok_in": {}, "tok_out": {}}
     if fam.calls:
-        gw_calls = _by(query(f"sum by ({label}) (rate({fam.calls[0]}[{w}]))"), label)
-    lat_sum = lat_count = {}
+        out["calls"] = _by(query(f"sum by ({label}) (rate({fam.calls[0]}[{w}]))"), label)
     if fam.call_latency:
         base = fam.call_latency[0]
-        lat_sum = _by(query(f"sum by ({label}) (rate({base}_sum[{w}]))"), label)
-        lat_count = _by(query(f"sum by ({label}) (rate({base}_count[{w}]))"), label)
-        if not gw_calls:
-            gw_calls = lat_count
-    tok_in = tok_out = {}
+        out["lat_sum"] = _by(query(f"sum by ({label}) (rate({base}_sum[{w}]))"), label)
+        out["lat_count"] = _by(query(f"sum by ({label}) (rate({base}_count[{w}]))"), label)
+        if not out["calls"]:
+            out["calls"] = out["lat_count"]
     if fam.input_tokens:
-        tok_in = _by(query(f"sum by ({label}) (rate({fam.input_tokens[0]}[{w}]))"), label)
-        tok_out = _by(query(f"sum by ({label}) (rate({fam.output_tokens[0]}[{w}]))"), label)
+        out["tok_in"] = _by(query(f"sum by ({label}) (rate({fam.input_tokens[0]}[{w}]))"), label)
+        out["tok_out"] = _by(query(f"sum by ({label}) (rate({fam.output_tokens[0]}[{w}]))"), label)
     elif kind == "envoy":
-        tok_in = _by(query(f'sum by ({label}) (rate(gen_ai_client_token_usage_sum{{gen_ai_token_type="input"}}[{w}]))'), label)
-        tok_out = _by(query(f'sum by ({label}) (rate(gen_ai_client_token_usage_sum{{gen_ai_token_type="output"}}[{w}]))'), label)
+        for key, typ in (("tok_in", "input"), ("tok_out", "output")):
+            sel = f'{ENVOY_TOKENS[0]}{{gen_ai_token_type="{typ}"}}'
+            out[key] = _by(query(f"sum by ({label}) (rate({sel}[{w}]))"), label)
+    return out
+
+
+def _distinct_tasks(query: QueryFn, kind: str, label: str, id_label: str, w: str) -> dict[str, float]:
+    """Tasks per task type in the window: distinct values of `id_label` whose calls grew in it."""
+    fam = GATEWAY_FAMILIES[kind]
+    calls = fam.calls[0] if fam.calls else f"{fam.call_latency[0]}_count"
+    return _by(query(f"count by ({label}) (count by ({label}, {id_label}) (increase({calls}[{w}]) > 0))"), label)
+
+
+def _per_call(tt: str, rate: float, calls: float, gw: dict, kind: str, label: str) -> dict:
+    lat_count = gw["lat_count"].get(tt)
+    if not lat_count:
+        raise ValueError(f"{tt}: no per-call latency from the {kind} gateway (label {label})")
+    entry = {"tasks_per_second": rate, "calls_per_task": calls / rate,
+             "seconds_per_call": gw["lat_sum"].get(tt, 0.0) / lat_count}
+    gw_calls = gw["calls"].get(tt)
+    if tt in gw["tok_in"] and gw_calls:
+        entry["kv_tokens_per_call"] = (gw["tok_in"][tt] + 0.5 * gw["tok_out"].get(tt, 0.0)) / gw_calls
+    return entry
+
+
+def measure_mix(query: QueryFn, window: str, kind: str = "litellm", task_label: Optional[str] = None,
+                task_id_label: Optional[str] = None, known_calls: Optional[dict] = None) -> tuple[dict, list[str]]:
+    """Task types measured in Prometheus -> (the `task_types` mapping of a mix, notes on how).
+
+    Seconds and KV tokens per call always come from the gateway's per-call latency histogram and
+    token counters by task label (KV tokens per call = input + output / 2: a call's KV grows through
+    decode; this is its average over the call). Tasks/s and calls per task, first that applies:
+      1. the application convention (agent_tasks_started_total, agent_task_model_calls_total);
+      2. `task_id_label`: tasks = distinct values of that gateway label whose calls grew in the window;
+      3. `known_calls` (task type -> calls per task, from the mix file): tasks/s = calls/s / that;
+      4. else one call per task (tasks/s = the gateway's calls/s), said in the notes.
+    The gateway's task label defaults to the kind's; when no series carries it (a proxy without
+    metadata labels), task types are the gateway's models (its model label), said in the notes.
+    """
+    label = task_label or DEFAULT_LABELS[kind][0]
+    w, notes = window, []
+    gw = _gateway(query, kind, label, w)
+    arrivals = _by(query(f"sum by (task_type) (rate({APP_TASKS_STARTED}[{w}]))"), "task_type")
+    model_label = DEFAULT_LABELS[kind][2]
+    if not arrivals and not gw["calls"] and model_label:
+        fallback = _gateway(query, kind, model_label, w)
+        if fallback["calls"]:
+            notes.append(f"no {kind} series carry the task label {label}: task types are the models "
+                         f"(label {model_label})")
+            label, gw = model_label, fallback
+    if arrivals:
+        app_calls = _by(query(f"sum by (task_type) (rate({APP_MODEL_CALLS}[{w}]))"), "task_type")
+        calls = {tt: app_calls.get(tt, gw["calls"].get(tt)) for tt in arrivals}
+        notes.append(f"tasks/s and calls per task from {APP_TASKS_STARTED} and {APP_MODEL_CALLS}")
+    else:
+        arrivals, calls = _gateway_arrivals(query, kind, label, w, gw, task_id_label, known_calls or {}, notes)
+    return _assemble(arrivals, calls, gw, kind, label), notes
+
+
+def _gateway_arrivals(query: QueryFn, kind: str, label: str, w: str, gw: dict, task_id_label: Optional[str],
+                      known_calls: dict, notes: list[str]) -> tuple[dict, dict]:
+    """Tasks/s per task type from the gateway alone (no application counters)."""
+    if not gw["calls"]:
+        raise ValueError(f"Prometheus has neither {APP_TASKS_STARTED} nor {kind} gateway call series by "
+                         f"label {label} in the window (--gateway, --task-label)")
+    calls = dict(gw["calls"])
+    how = f"no {APP_TASKS_STARTED}: task types from the {kind} gateway's label {label}"
+    if task_id_label:
+        tasks = _distinct_tasks(query, kind, label, task_id_label, w)
+        if not tasks:
+            raise ValueError(f"no {kind} call series carry both the task label {label} and the "
+                             f"--task-id-label {task_id_label} in the window")
+        seconds = _window_seconds(w)
+        notes.append(f"{how}; tasks counted as distinct {task_id_label} values in the {w} window")
+        return {tt: n / seconds for tt, n in tasks.items() if tt in calls}, calls
+    arrivals, assumed = {}, []
+    for tt, rate in calls.items():
+        per_task = known_calls.get(tt)
+        if per_task is None:
+            assumed.append(tt)
+        arrivals[tt] = rate / (per_task or 1.0)
+    known = sorted(set(calls) - set(assumed))
+    notes.append(how + (f"; calls per task from the mix file for {', '.join(known)}" if known else ""))
+    if assumed:
+        notes.append(f"calls per task = 1 ASSUMED for {', '.join(sorted(assumed))} (not measured: give "
+                     f"--task-id-label, the application counters, or calls_per_task in the mix file)")
+    return arrivals, calls
+
+
+def _assemble(arrivals: dict, calls: dict, gw: dict, kind: str, label: str) -> dict:
     tasks: dict[str, dict] = {}
     missing = []
     for tt, rate in sorted(arrivals.items()):
-        calls_rate = app_calls.get(tt, gw_calls.get(tt))
-        if not rate or calls_rate is None:
-            if rate:
-                missing.append(f"{tt}: no model-call counter")
+        calls_rate = calls.get(tt)
+        if not rate:
             continue
-        if not lat_count.get(tt):
-            missing.append(f"{tt}: no per-call latency from the {kind} gateway (label {label})")
+        if calls_rate is None:
+            missing.append(f"{tt}: no model-call counter")
             continue
-        entry = {"tasks_per_second": rate, "calls_per_task": calls_rate / rate,
-                 "seconds_per_call": lat_sum.get(tt, 0.0) / lat_count[tt]}
-        if tt in tok_in and gw_calls.get(tt):
-            entry["kv_tokens_per_call"] = (tok_in[tt] + 0.5 * tok_out.get(tt, 0.0)) / gw_calls[tt]
-        tasks[tt] = entry
+        try:
+            tasks[tt] = _per_call(tt, rate, calls_rate, gw, kind, label)
+        except ValueError as exc:
+            missing.append(str(exc))
     if missing:
         raise ValueError("cannot measure the mix for every task type: " + "; ".join(missing))
     if not tasks:
@@ -119,6 +201,16 @@ def read_pool(query: QueryFn, pool: str) -> dict:
     return out
 
 
+def _known_calls(data) -> dict[str, float]:
+    """Calls per task the mix file states per task type (used only when Prometheus cannot measure it)."""
+    types = data.get("task_types") if isinstance(data, dict) else None
+    if not isinstance(types, dict):
+        return {}
+    return {str(name): float(t["calls_per_task"]) for name, t in types.items()
+            if isinstance(t, dict) and isinstance(t.get("calls_per_task"), (int, float))
+            and not isinstance(t["calls_per_task"], bool) and t["calls_per_task"] > 0}
+
+
 def run(args: argparse.Namespace) -> int:
     if not args.mix and not args.from_prometheus:
         print("headroom plan: give --mix FILE or --from-prometheus URL (or both)", file=sys.stderr)
@@ -131,10 +223,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"headroom plan: {exc}", file=sys.stderr)
             return 2
     overrides: dict = {}
+    notes: list[str] = []
     try:
         if args.from_prometheus:
             query = _query_fn(args.from_prometheus, args.at if args.at is not None else time.time())
-            overrides["task_types"] = measure_mix(query, args.window, args.gateway_kind, args.task_label)
+            overrides["task_types"], notes = measure_mix(query, args.window, args.gateway_kind, args.task_label,
+                                                         args.task_id_label, _known_calls(data))
             if args.pool:
                 measured = read_pool(query, args.pool)
                 for k, v in measured.items():
@@ -149,6 +243,8 @@ def run(args: argparse.Namespace) -> int:
             overrides["margin"] = args.margin
         mix = parse_mix(data, where=args.mix or "mix", overrides=overrides)
         result = plan(mix)
+        if notes:
+            result["measured"] = notes
     except ValueError as exc:
         print(f"headroom plan: {exc}", file=sys.stderr)
         return 2

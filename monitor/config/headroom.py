@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Optional
 from monitor.capacity.slo import SloSettings
 
 from .kinds import (Choice, Duration, File, Flag, Int, Labels, ListenAddress, Mapping, Number, SecretEnv,
-                    SecretFile, Shard, StorePath, Text, Url)
+                    SecretFile, Selector, Shard, StorePath, Text, Url)
 from .reader import ConfigError, Reader, group, join, key
 from .shapes import ListOf, MapOf, Sub
 from .calendar import CalendarSection
@@ -27,7 +27,7 @@ KNEE_SIGNALS = ("queue", "ttft", "e2e_per_token", "e2e", "itl")
 @dataclass
 class Target:
     SHORTHAND: ClassVar[str] = "a URL"
-    url: str = key(Url(), required=True, help="the /metrics URL")
+    url: str = key(Url(metrics=True), required=True, help="the /metrics URL")
     labels: dict[str, str] = key(Labels(), {}, help="labels added to the target's series (e.g. pool)")
 
     @staticmethod
@@ -111,7 +111,7 @@ class HttpAuth:
 @dataclass
 class PrometheusSource:
     url: str = key(Url(), required=True, help="query API base URL (Prometheus, VictoriaMetrics, Thanos, Mimir)")
-    selector: str = key(Text(empty=True), "", help="extra matchers for every query, e.g. 'job=\"vllm\"'")
+    selector: str = key(Selector(), "", help="extra matchers for every query, e.g. 'job=\"vllm\"'")
     instance_label: str = key(Text(), "instance", help="the label naming a replica")
     timeout: float = key(Duration(gt=0, le=3600), 10.0, help="time box of one query")
     retries: int = key(Int(ge=0, le=10), 3, help="retries of a failed query (exponential backoff)")
@@ -121,7 +121,7 @@ class PrometheusSource:
 @dataclass
 class GatewaySource:
     kind: str = key(Choice(GATEWAY_KINDS), required=True, help="which gateway's metrics the URL serves")
-    url: str = key(Url(), required=True, help="the gateway's /metrics URL")
+    url: str = key(Url(metrics=True), required=True, help="the gateway's /metrics URL")
     task_label: Optional[str] = key(Text(), help="label naming the task type (default per kind)")
     session_label: Optional[str] = key(Text(), help="label naming the session; none by default: a session id "
                                                     "label is one series per session (unbounded), for tests only; "

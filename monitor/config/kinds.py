@@ -10,6 +10,7 @@ import math
 import os
 import re
 import unicodedata
+from urllib.parse import urlsplit
 from typing import Any, Callable, Optional, Sequence, Union
 
 from .reader import Reader, type_name
@@ -168,14 +169,67 @@ class Subset(Choice):
 class Url(Kind):
     name = "URL"
 
-    def __init__(self, *, secret: bool = False):
-        self.secret = secret
+    def __init__(self, *, secret: bool = False, metrics: bool = False):
+        self.secret, self.metrics = secret, metrics
 
     def parse(self, v: Any) -> str:
-        return check_url(v, self.secret)
+        url = check_url(v, self.secret)
+        if self.metrics and urlsplit(url).path in ("", "/"):
+            raise ValueError(f"the URL has no path: a scrape target is the metrics page itself, "
+                             f"add /metrics (e.g. {url.rstrip('/')}/metrics)")
+        return url
 
     def rules(self) -> str:
+        if self.metrics:
+            return "http(s), with the path of the metrics page (e.g. /metrics)"
         return "http(s), never shown in messages" if self.secret else "http(s)"
+
+
+_MATCHER = re.compile(r"""\s*[A-Za-z_][A-Za-z0-9_]*\s*(=~|!~|!=|=)\s*"""
+                      r"""("(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*'|`[^`]*`)\s*""")
+
+
+class Selector(Kind):
+    """Extra PromQL label matchers: `name="value"` (=, !=, =~, !~) separated by commas; one pair of
+    braces around the whole list and a trailing comma are allowed (the value read has neither)."""
+
+    name = "PromQL matchers"
+
+    def parse(self, v: Any) -> str:
+        if not isinstance(v, str):
+            raise ValueError(f"expected a string of PromQL label matchers, got {type_name(v)}")
+        text = v.strip()
+        inner = text[1:-1] if text.startswith("{") and text.endswith("}") else text
+        pos = 0
+        while pos < len(inner):
+            m = _MATCHER.match(inner, pos)
+            if m is None:
+                raise ValueError(_selector_problem(inner, pos))
+            pos = m.end()
+            if pos < len(inner) and inner[pos] != ",":
+                raise ValueError(_selector_problem(inner, pos, "a comma between two matchers"))
+            pos += 1
+        return inner.strip().rstrip(",").rstrip()  # the sources join it after their own matchers
+
+    def rules(self) -> str:
+        return 'PromQL label matchers, e.g. job="vllm",namespace=~"a|b"'
+
+
+def _selector_problem(text: str, pos: int, expected: str = "") -> str:
+    """What is wrong at `pos` of a matcher list, in words."""
+    rest = text[pos:]
+    if expected:
+        hint = f"expected {expected}"
+    elif "{" in rest or "}" in rest:
+        hint = "braces must enclose the whole list (or leave them out)"
+    elif re.match(r"\s*[A-Za-z_][A-Za-z0-9_]*\s*(=~|!~|!=|=)\s*[^\s\"'`]", rest):
+        hint = "quote the value (job=\"vllm\", not job=vllm)"
+    elif re.match(r"\s*[A-Za-z_][A-Za-z0-9_]*\s*(=~|!~|!=|=)\s*[\"'`]", rest):
+        hint = "a quoted value is not closed"
+    else:
+        hint = "expected name=\"value\" (operators =, !=, =~, !~), matchers separated by commas"
+    return (f"not a PromQL label-matcher list at character {pos + 1} ({rest[:30]!r}): {hint}; "
+            f"e.g. job=\"vllm\",namespace=~\"a|b\"")
 
 
 class ListenAddress(Kind):

@@ -61,6 +61,28 @@ def _fmt(v: Optional[float], digits: int = 0) -> str:
     return f"{v:,.{digits}f}"
 
 
+def _quantile(q: Optional[Quantiles], name: str, digits: int = 2) -> str:
+    """A histogram quantile for the page: "≤ 0.3" when it fell in the first bucket, "≥ 10" past the
+    last finite bound (the value then is only a bound; monitor/derive/histogram.py)."""
+    v = getattr(q, name, None) if q is not None else None
+    if v is None:
+        return "–"
+    side = q.bounds.get(name)
+    if side is not None:
+        return f"{'≤' if side[0] == 'upper' else '≥'} {side[1]:g}"
+    return _fmt(v, digits)
+
+
+def _latency_line(p: PoolSnapshot) -> str:
+    """p50 / p95 of the engines' TTFT, queue time and end-to-end latency, bounds shown as bounds."""
+    parts = []
+    for kind, label in (("ttft", "TTFT"), ("queue", "queue"), ("e2e", "end-to-end")):
+        q = p.latency.get(kind)
+        if q is not None and q.count:
+            parts.append(f"{label} p50 {_quantile(q, 'p50')} s, p95 {_quantile(q, 'p95')} s")
+    return f'<p class="muted">{" · ".join(parts)}</p>' if parts else ""
+
+
 MAX_CHART_POINTS = 180
 
 
@@ -174,11 +196,10 @@ def _tasks_table(p: PoolSnapshot) -> str:
     e = html.escape
     rows = []
     for name, t in sorted(p.tasks.by_type.items()):
-        p95 = t.task_latency.p95 if t.task_latency is not None else None
         target = f"{t.slo_target_seconds:g} s" if t.slo_target_seconds is not None else "–"
         over = (f"{t.slo_violation_ratio * 100:.1f} %" if t.slo_violation_ratio is not None else "–")
         rows.append(f"<tr><td>{e(name)}</td><td>{_fmt(t.arrival_rate, 2)}</td><td>{_fmt(t.calls_per_task, 1)}</td>"
-                    f"<td>{_fmt(t.sessions)}</td><td>{_fmt(p95, 1)}</td><td>{target}</td><td>{over}</td></tr>")
+                    f"<td>{_fmt(t.sessions)}</td><td>{_quantile(t.task_latency, 'p95', 1)}</td><td>{target}</td><td>{over}</td></tr>")
     return ('<table class="tasks"><tr><th>task type</th><th>tasks/s</th><th>calls/task</th><th>sessions</th>'
             '<th>task p95 s</th><th>target</th><th>over target</th></tr>' + "".join(rows) + "</table>")
 
@@ -218,6 +239,7 @@ def _pool_card(p: PoolSnapshot, trend: list, alerts: Optional[list[Alert]] = Non
     {_forecast_kpi(p)}
   </div>
   <div class="bar"><div style="width:{min(kv_pct, 100):.0f}%"></div></div>
+  {_latency_line(p)}
   {_svg(trend, knee)}
   <p class="legend"><i style="background:#2a9d8f"></i>active <i style="background:#f4a261"></i>queued
   <i style="background:#e63946"></i>knee</p>

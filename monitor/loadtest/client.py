@@ -3,7 +3,8 @@
 Time to first token (TTFT) ends at the first streamed chunk that carries a choice (vLLM sends the
 first one when the first token is out; for chat that chunk may only carry the role). Usage comes
 from the final chunk (`stream_options.include_usage`). The API key goes in the Authorization header
-only; it is never put in a record, an error text or a log line.
+only; it is never put in a record, an error text or a log line; nor are the values of credential
+headers given with --header (monitor/loadtest/tags.py).
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import json
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Union
 from urllib.parse import urlparse
 
 import requests
@@ -104,12 +105,15 @@ class CallSpec:
     ignore_eos: bool = False
     temperature: float = 0.0
     headers: dict = field(default_factory=dict)
+    metadata: dict = field(default_factory=dict)  # request-body `metadata` (LiteLLM), omitted when empty
 
 
-def _scrub(text: str, secret: Optional[str]) -> str:
+def _scrub(text: str, secret: Union[None, str, tuple[str, ...]]) -> str:
+    """At most 300 characters with every secret (the API key, credential header values) cut out."""
     text = text[:300]
-    if secret:
-        text = text.replace(secret, "<redacted>")
+    for s in ((secret,) if isinstance(secret, str) else (secret or ())):
+        if s:
+            text = text.replace(s, "<redacted>")
     return text
 
 
@@ -117,7 +121,8 @@ def retryable(rec: CallRecord) -> bool:
     return rec.error in ("timeout", "connect", "http_5xx", "http_429", "stream")
 
 
-def stream_call(http: requests.Session, spec: CallSpec, rec: CallRecord, secret: Optional[str] = None,
+def stream_call(http: requests.Session, spec: CallSpec, rec: CallRecord,
+                secret: Union[None, str, tuple[str, ...]] = None,
                 clock=time.time) -> CallRecord:
     """Send one streamed request; fills rec's times, status, usage and error reason."""
     if spec.api == "chat":
@@ -130,6 +135,8 @@ def stream_call(http: requests.Session, spec: CallSpec, rec: CallRecord, secret:
                  "stream_options": {"include_usage": True}})
     if spec.ignore_eos:
         body["ignore_eos"] = True
+    if spec.metadata:
+        body["metadata"] = dict(spec.metadata)
     deadline_s = spec.timeout
     rec.start = clock()
     resp = None

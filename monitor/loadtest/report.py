@@ -14,6 +14,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from .analyze import KNEE_MIN_CONFIDENCE  # noqa: E402
+
 
 def _png(fig) -> str:
     buf = io.BytesIO()
@@ -108,12 +110,19 @@ def render_html(rep: dict, pngs: dict[str, str]) -> str:
              f"<p>model {html.escape(str(run.get('model')))}, {len(run.get('targets', []))} target(s), "
              f"duration {run['duration_seconds']:g} s, seed {run.get('seed')}, mix {html.escape(str(run.get('mix_file')))} "
              f"(digest {run['mix_digest']}), API key: {html.escape(str(run.get('api_key')))}</p>"]
+    tagged = [f"metadata {k}={v}" for k, v in (run.get("metadata") or {}).items()]
+    tagged += [f"header {k}: {v}" for k, v in (run.get("headers") or {}).items()]  # credentials already redacted
+    if tagged:
+        parts.append(f"<p>each request carried: {html.escape('; '.join(tagged))}</p>")
     k = rep.get("knee")
     op = rep["operating_point"]
     u = rep["usable_capacity"]
     parts.append("<h2>Capacity</h2>")
+    fit = rep.get("knee_fit")
+    unconfident = (f"not found (confidence {fit['confidence']:.2f} < {KNEE_MIN_CONFIDENCE:.2f}; the fit at "
+                   f"{fit['concurrency']:.1f} is not used)") if (fit and not k) else None
     parts.append(_table(["", "value"], [
-        ["knee (calls in flight, client TTFT)", k["concurrency"] if k else None],
+        ["knee (calls in flight, client TTFT)", k["concurrency"] if k else (unconfident or "not found")],
         ["knee confidence", k["confidence"] if k else None],
         ["recommended operating point (calls in flight)", op.get("concurrency")],
         ["operating point basis", op.get("basis")],

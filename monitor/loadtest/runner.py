@@ -17,6 +17,7 @@ import requests
 from ..config import Config, Target
 from ..cycle import Pipeline
 from .client import CallRecord, CallSpec, api_base, make_prompt, retryable, stream_call
+from .tags import Tags
 from .mix import LoadMix
 from .schedule import Plan, task_plan
 
@@ -159,7 +160,7 @@ class Runner:
     def __init__(self, mix: LoadMix, plan: Plan, targets: list[str], model: str, seed: int,
                  api_key: Optional[str] = None, metrics: Optional[list[str]] = None,
                  scrape_interval: float = 1.0, probes: int = 3,
-                 progress: Optional[Callable[[dict], None]] = None):
+                 progress: Optional[Callable[[dict], None]] = None, tags: Optional[Tags] = None):
         self.mix = mix
         self.plan = plan
         self.bases = [api_base(t) for t in targets]
@@ -167,6 +168,8 @@ class Runner:
         self.seed = seed
         self._key = api_key
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.tags = tags or Tags()
+        self._secrets = tuple(s for s in (api_key, *self.tags.secrets()) if s)
         self.metrics = list(metrics or [])
         self.scrape_interval = scrape_interval
         self.probes = probes
@@ -211,9 +214,10 @@ class Runner:
                 self._batch_in_flight += 1
             self._calls_sent += 1
         try:
+            meta, heads = self.tags.for_call(rec.task_type, rec.task, rec.session, rec.call)
             spec = CallSpec(self.bases[idx], rec.api, self.model, prompt, max_tokens, req.timeout_seconds,
-                            req.ignore_eos, req.temperature, self.headers)
-            stream_call(http, spec, rec, self._key)
+                            req.ignore_eos, req.temperature, {**self.headers, **heads}, meta)
+            stream_call(http, spec, rec, self._secrets)
         finally:
             with self._lock:
                 self._in_flight -= 1

@@ -29,6 +29,7 @@ import json
 import logging
 import threading
 import time
+from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Optional
 
@@ -78,6 +79,9 @@ class SimTarget:
         self.error_rate = error_rate  # share of requests answered 503 before they reach the engine
         self._rng = random.Random(seed)
         self.rejected = 0
+        # what each accepted POST carried for attribution: {"headers": {...}, "metadata": ...}, the
+        # last 10 000 (the load test's --header and --metadata are checked against it)
+        self.seen: deque = deque(maxlen=10000)
         self.pool = pool
         self.host = host
         self.api_key = api_key
@@ -249,6 +253,7 @@ def _handler(st: SimTarget, rep: Replica):
             chat = path.endswith("chat/completions")
             try:
                 body = json.loads(raw or b"{}")
+                st.seen.append({"headers": dict(self.headers.items()), "metadata": body.get("metadata")})
                 if body.get("model") != model:
                     self._error(404, f"The model `{body.get('model')}` does not exist.")
                     return
