@@ -17,6 +17,7 @@ from monitor.capacity.slo import SloTracker, Target
 from monitor.config import Config, GatewaySource, Target as ScrapeTarget
 from monitor.config.slo import read_slos
 from monitor.cycle import CycleInputs, Pipeline
+from monitor.export.landing import Trends, render
 from monitor.export.samples import snapshot_samples
 from monitor.export.snapshot_json import snapshot_to_dict
 from monitor.forecast.store import HistoryStore
@@ -120,6 +121,8 @@ def test_the_daemon_reports_null_until_covered_exports_only_covered_windows_and_
     exported = {lab["window"] for lab, _ in snapshot_samples(snaps[100])["headroom_slo_burn_rate"]
                 if lab["task_type"] == "summarise"}
     assert exported == {"5m"}  # the uncovered 1h window is not exported: the alerts' `and` needs both
+    page = render(snaps[100], Trends())
+    assert f"5m {expected(100, 300.0):.1f}" in page and '<span class="muted" title="not yet covered">1h —</span>' in page
     assert burn(snaps[238])["1h"] is None
     assert burn(snaps[239])["1h"] == pytest.approx(expected(239, 3600.0), rel=1e-12)
     before = burn(snaps[260])
