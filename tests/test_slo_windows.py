@@ -218,3 +218,37 @@ def test_the_schema_docstring_documents_the_slo_counts_table_column_by_column(tm
     with sqlite3.connect(str(tmp_path / "h.sqlite")) as db:
         columns = [r[1] for r in db.execute("PRAGMA table_info(slo_counts)")]
     assert columns == list(schema.SLO_COUNTS_COLUMNS)
+
+
+def test_prometheus_windows_fall_back_to_the_tracker_when_a_query_fails(tmp_path, caplog):
+    from monitor.sources.prometheus import PrometheusError
+    d = Daemon(str(tmp_path / "h.sqlite"))
+    calls = []
+
+    def failing(now):
+        calls.append(now)
+        raise PrometheusError("connect", "refused")
+    d.pipeline.state.capacity.slo_windows = failing
+    try:
+        snaps = [d.cycle(i) for i in range(0, 25)]
+    finally:
+        d.stop()
+    assert len(calls) == 25  # asked once per cycle, at the cycle's time
+    assert calls[0] == T0 and calls[-1] == T0 + 24 * STEP
+    t = snaps[-1].pools[0].tasks.by_type["summarise"]
+    assert t.slo_source == "tracker" and t.slo_burn_rate["5m"] == pytest.approx(expected(24, 300.0))
+    warned = [r for r in caplog.records if "SLO windows from Prometheus failed" in r.getMessage()]
+    assert len(warned) == 1 and "connect" in warned[0].getMessage()  # once, not every cycle
+
+
+def test_window_queries_are_one_per_window_and_family():
+    from monitor.history.slo import PrometheusWindows, families, window_query
+    q = window_query("agent_task_duration_seconds", "task_type", 3600.0, 15.0)
+    assert q == ('sum by (task_type, le) (increase(agent_task_duration_seconds_bucket{task_type!=""}[3600s]))'
+                 ' or label_replace(count by (task_type) (agent_task_duration_seconds_count{task_type!=""}'
+                 ' offset 3585s), "le", "covered", "", "")')
+    assert families("call", [("litellm", None), ("envoy", "x_task")]) == [
+        ("litellm_request_total_latency_metric", "metadata_task_type"), ("gen_ai_server_request_duration_seconds", "x_task")]
+    assert families("task", [("litellm", None)]) == [("agent_task_duration_seconds", "task_type")]
+    reader = PrometheusWindows(None, {"5m": 300.0, "1h": 3600.0}, {"task", "call"}, [("litellm", None)])
+    assert reader.queries() == 4

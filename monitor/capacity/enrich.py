@@ -132,6 +132,7 @@ class CapacityState:
         # Prometheus mode: now -> {(signal, task type): {window: histogram or None}} (history/slo.py)
         self.slo_windows: Optional[Callable[[float], dict]] = None
         self.slo_cycle_windows: Optional[dict] = None  # what it read this cycle (None: not read / failed)
+        self.slo_windows_failing = False
         self.slo_task_pools: dict[str, set] = {}  # task type -> pools it was seen in
         self.knees: dict[str, KneeEstimator] = {}
         self.seen: dict[str, float] = {}  # "target|model" -> timestamp of the newest reading observed
@@ -296,11 +297,17 @@ def _read_slo_windows(state: CapacityState, now: float) -> Optional[dict]:
     if state.slo_windows is None:
         return None
     try:
-        return state.slo_windows(now)
+        out = state.slo_windows(now)
     except Exception as exc:  # the windows fall back to the tracker; the cycle goes on
-        log.warning("SLO windows from Prometheus failed (the tracker's are used): %s",
-                    getattr(exc, "reason", type(exc).__name__))
+        if not state.slo_windows_failing:  # logged when it starts failing and when it is back
+            log.warning("SLO windows from Prometheus failed (the tracker's are used until it answers): %s",
+                        getattr(exc, "reason", type(exc).__name__))
+        state.slo_windows_failing = True
         return None
+    if state.slo_windows_failing:
+        log.info("SLO windows from Prometheus are back")
+    state.slo_windows_failing = False
+    return out
 
 
 def _burn_rates(state: CapacityState, key: tuple, target: Target) -> tuple[dict, str]:
