@@ -252,3 +252,23 @@ def test_window_queries_are_one_per_window_and_family():
     assert families("task", [("litellm", None)]) == [("agent_task_duration_seconds", "task_type")]
     reader = PrometheusWindows(None, {"5m": 300.0, "1h": 3600.0}, {"task", "call"}, [("litellm", None)])
     assert reader.queries() == 4
+
+
+def test_a_window_whose_start_falls_in_a_gap_of_the_history_is_null_until_the_gap_scrolls_out():
+    """The daemon was down for 2 hours: the counts of the first cycle after it cannot be split
+    between the 2 hours; a window starting inside the gap is null, one spanning it is exact."""
+    tr = SloTracker({"5m": 300.0, "1h": 3600.0, "6h": 21600.0}, tolerance=STEP)
+    target = Target(30.0, 0.95)
+    steps = [*range(0, 1440), *range(1920, 2200)]  # 6 hours, 2 hours down, 70 minutes
+    for i in steps:
+        tr.observe("k", T0 + STEP * i, 10.0 * i, bad_at(i))
+        rates = tr.burn_rates("k", target)
+        up_for = (i - 1920) * STEP if i >= 1920 else None
+        if up_for is not None and up_for < 300.0 - 2 * STEP:
+            assert rates["5m"] is None, i  # the 5m window starts inside the gap
+        if up_for is not None and up_for < 3600.0 - 360.0:
+            assert rates["1h"] is None, i
+    # 70 minutes after the gap: 5m and 1h start after it again; the 6h window spans it, exact counts
+    assert rates["5m"] == pytest.approx(expected(2199, 300.0))
+    assert rates["1h"] == pytest.approx(expected(2199, 3600.0))
+    assert rates["6h"] == pytest.approx(0.3 / 0.05)  # 3 in 10 over target since minute 50, the gap too

@@ -11,7 +11,9 @@ answered from one series of scrapes; it is stateful but does no I/O and reads no
 
 A window is *covered* when the key's oldest point held is at or before the window's start (within
 `tolerance` seconds, a cycle's jitter); an uncovered window's burn rate is None (never the rate of
-the shorter history there is). What the tracker holds can be saved and restored (`journal=True`,
+the shorter history there is). So is a window whose start falls in a gap of the history (the daemon
+was down): its counts there cannot be told from the older ones. The start point may lie up to
+`slack(window)` before the start: two cycles or a tenth of the window, plus the thinned spacing. What the tracker holds can be saved and restored (`journal=True`,
 `drain`, `restore`: monitor/history/slo.py keeps it in the embedded store), so a restart keeps the
 windows covered. `window_burn` turns counts read elsewhere (Prometheus' `increase` over the window)
 into the same burn rate.
@@ -205,11 +207,27 @@ class SloTracker:
             return None
         return (now_bad - start[2]) / d_total
 
+    def slack(self, window_seconds: float) -> float:
+        """How far before a window's start its start point may lie (module docstring)."""
+        thinned = self.sparse_step if window_seconds > self.dense_seconds else 0.0
+        return max(2.0 * self.tolerance, 0.1 * window_seconds) + thinned
+
+    def window_ratio(self, key, window_seconds: float) -> Optional[float]:
+        """`ratio` over a covered window whose start is not in a gap of the history, else None."""
+        if not self.covered(key, window_seconds):
+            return None
+        series = self._series[key]
+        start = series[-1][0] - window_seconds
+        before = [p[0] for p in series if p[0] <= start]
+        if before and before[-1] < start - self.slack(window_seconds):
+            return None
+        return self.ratio(key, window_seconds)
+
     def burn_rates(self, key, target: Target) -> dict[str, Optional[float]]:
-        """window -> burn rate; None for a window the history does not cover yet (or without
-        observations in it)."""
+        """window -> burn rate; None for a window the history does not cover yet, whose start is in
+        a gap of the history, or without observations in it."""
         out = {}
         for name, secs in self.windows.items():
-            r = self.ratio(key, secs) if self.covered(key, secs) else None
+            r = self.window_ratio(key, secs)
             out[name] = None if r is None else r / target.budget
         return out
