@@ -261,6 +261,8 @@ no digest, no web).
         app.cycle = app.add(Cycle(cfg))
         if cfg.store_path and (daemon or os.path.exists(cfg.store_path)):
             app.store_component = app.add(Store(cfg, app.pipeline, writable=daemon))
+        from .history.slo import attach  # noqa: PLC0415  (the SLO windows' history: store, Prometheus)
+        attach(app.pipeline, cfg, app.store, writable=daemon)
         if daemon and (cfg.prometheus is not None or app.store is not None):
             app.forecasts = app.add(Forecasts(cfg, app.pipeline, history_source(cfg, app.store)))
         elif app.store is not None:  # once: one refit from the store it found (monitor/commands/once.py)

@@ -112,6 +112,9 @@ class Pipeline:
                                      for gw in config.gateways]
         self._aux_fetchers: dict[int, Fetcher] = {}
         self._sources: Optional[DeadlinePool] = None
+        # Prometheus mode: now -> the SLO burn windows from Prometheus (monitor/history/slo.py attach)
+        self.slo_windows: Optional[Callable[[float], dict]] = None
+        self._slo_windows_failing = False
 
     # the state between cycles, as the pipeline's callers read it
     history = property(lambda self: self.state.history)
@@ -196,6 +199,7 @@ class Pipeline:
             deadline = began + cycle_deadline_seconds(self.config)
         pool = self._source_pool()
         prom = pool.start([("prometheus", lambda: self.prom.read(now, deadline))]) if self.prom else []
+        slo = pool.start([("slo-windows", lambda: self.slo_windows(now))]) if self.slo_windows else []
         aux = self._start_aux(pool)
         inputs = CycleInputs([], [])
         if self.scraper is not None:
@@ -214,14 +218,30 @@ class Pipeline:
             else:
                 inputs.statuses.append(_late("prometheus", self.config.prometheus.url, result, began))
         self._collect_aux(inputs, now, deadline, aux, began)
+        if slo:
+            inputs.slo_windows = self.slo_windows_result(pool.wait(slo, deadline)[0])
         inputs.forecast = self.forecasts() if self.forecasts is not None else None
         return inputs
+
+    def slo_windows_result(self, result: object) -> Optional[dict]:
+        """The SLO windows Prometheus gave, or None (the tracker's are used): a failure is logged when
+        it starts and when it is over, not every cycle."""
+        if isinstance(result, dict):
+            if self._slo_windows_failing:
+                log.info("SLO windows from Prometheus are back")
+            self._slo_windows_failing = False
+            return result
+        if not self._slo_windows_failing:
+            why = result.detail(0.0) if isinstance(result, Late) else getattr(result, "reason", type(result).__name__)
+            log.warning("SLO windows from Prometheus failed (the tracker's are used until it answers): %s", why)
+        self._slo_windows_failing = True
+        return None
 
     def _source_pool(self) -> DeadlinePool:
         """Workers for Prometheus, gateways and DCGM (vLLM targets have the scraper's own)."""
         if self._sources is None:
             cfg = self.config
-            self._sources = DeadlinePool(2 + len(cfg.gateways) + len(cfg.dcgm_targets), "sources")
+            self._sources = DeadlinePool(3 + len(cfg.gateways) + len(cfg.dcgm_targets), "sources")
         return self._sources
 
     def _fetcher_for(self, auth) -> Fetcher:

@@ -245,7 +245,8 @@ class TaskStats:
     slo_objective: Optional[float] = None
     slo_violation_ratio: Optional[float] = None
     slo_window_seconds: Optional[float] = None  # set when the ratio is over the SLO window
-    slo_burn_rate: dict[str, Optional[float]] = field(default_factory=dict)  # window -> rate
+    slo_burn_rate: dict[str, Optional[float]] = field(default_factory=dict)  # window -> rate (None: not covered)
+    slo_source: Optional[str] = None  # where the burn windows came from: "prometheus" | "tracker"
 
     def as_dict(self) -> dict:
         """The JSON shape; the SLO window's keys only when the task type has an SLO window."""
@@ -264,6 +265,7 @@ class TaskStats:
             out["slo_window_seconds"] = self.slo_window_seconds
         if self.slo_burn_rate:
             out["slo_burn_rate"] = dict(self.slo_burn_rate)
+            out["slo_source"] = self.slo_source
         return out
 
 
@@ -283,7 +285,8 @@ class PoolSlo:
 
     def as_dict(self) -> dict:
         return {"slo_target_seconds": self.slo_target_seconds, "slo_objective": self.slo_objective,
-                "slo_violation_ratio": self.slo_violation_ratio, "slo_burn_rate": dict(self.slo_burn_rate)}
+                "slo_violation_ratio": self.slo_violation_ratio, "slo_burn_rate": dict(self.slo_burn_rate),
+                "slo_source": "tracker"}  # the pool's summed replica histograms: always the tracker
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,8 @@ class CycleInputs:
     forecast: Optional["RefitResult"] = None  # the forecaster's latest result (None: no forecaster yet)
     alerts: Optional[list[Alert]] = None  # headroom's alerts from sources.alerts (None: not read this cycle)
     alerts_ui: Optional[str] = None  # that source's alerts page
+    # Prometheus mode: the SLO burn windows read from Prometheus (monitor/history/slo.py); None: not read
+    slo_windows: Optional[dict] = None
 
 
 @dataclass
@@ -109,7 +111,7 @@ def step(state: CycleState, inputs: CycleInputs, now: float) -> tuple[CycleState
     count_into(state.anomalies, queue_anomalies)
     if state.capacity is not None:
         try:
-            assess(state.capacity, pools, history, inputs.gateways, inputs.dcgm, now)
+            assess(state.capacity, pools, history, inputs.gateways, inputs.dcgm, now, inputs.slo_windows)
         except Exception:  # the capacity layer must never take the cycle down
             log.exception("capacity assessment failed")
             count_into(state.errors, {("enricher", "capacity"): 1.0})

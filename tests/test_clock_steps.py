@@ -112,3 +112,29 @@ def test_a_driven_clock_without_a_steady_one_has_no_step_check():
         t[0] += dt
         p._check_clock(t[0])
     assert p.clock_steps == {"back": 0.0, "forward": 0.0}
+
+
+def test_a_step_moves_the_saved_slo_windows_too(tmp_path):
+    """The tracker's saved points (the store's slo_counts) follow it onto the new clock: after the
+    next save the store holds exactly the moved points, also where a moved point lands on the time
+    of an old one."""
+    from monitor.capacity.slo import SloTracker, Target
+    from monitor.forecast.store import HistoryStore
+    from monitor.history.slo import restore, save
+    tracker = SloTracker({"5m": 300.0, "1h": HOUR}, tolerance=5.0, journal=True)
+    t0 = 1_800_000_000.0
+    with HistoryStore(str(tmp_path / "h.sqlite")) as store:
+        for i in range(1500):  # ~2 h at 5 s: points an hour apart exist on both sides of the step
+            tracker.observe(("p", "ask", "task<=30"), t0 + 5 * i, 10.0 * i, 1.0 * i)
+            if i % 50 == 0:
+                save(tracker, store, t0 + 5 * i)
+        save(tracker, store, t0 + 5 * 1499)
+        before = tracker.burn_rates(("p", "ask", "task<=30"), Target(30.0))
+        tracker.shift_time(-HOUR)
+        save(tracker, store, t0 + 5 * 1499 - HOUR)
+        again = SloTracker({"5m": 300.0, "1h": HOUR}, tolerance=5.0)
+        restore(again, store)
+    key = ("p", "ask", "task<=30")
+    assert list(again._series[key]) == list(tracker._series[key])
+    assert tracker._series[key][-1][0] == t0 + 5 * 1499 - HOUR
+    assert again.burn_rates(key, Target(30.0)) == before  # the same windows on the new clock

@@ -6,7 +6,16 @@
 `assess` reads no clock and does no I/O: `history` is the cycle's recent readings per replica,
 `gateways` and `dcgm` the cycle's parsed gateway and DCGM bodies (monitor/sources/gateway.py,
 monitor/sources/dcgm.py), `now` the cycle's time. What it keeps between cycles is `state`: one
-`KneeEstimator` per pool, the SLO windows, each gateway's previous reading. For each pool it
+`KneeEstimator` per pool, the SLO windows, each gateway's previous reading.
+
+SLO burn windows: a window is None until its history covers it (monitor/capacity/slo.py). The
+application hands the state its history (monitor/history/slo.py `attach`): in direct mode the
+tracker is restored from the embedded store and saved after every cycle; in Prometheus mode the
+cycle's `collect` reads the task targets' windows from Prometheus (monitor/cycle.py) and `assess`
+gets them as `slo_windows` (None: not read, or the read failed: the tracker's are used; so are they
+for a task type Prometheus has no series of). Each task type's `slo_source` says which
+("prometheus" | "tracker").
+For each pool it
   1. feeds the pool's `KneeEstimator` one observation per replica and cycle, from the replica's
      newest reading and the newest one at least `knee_min_span_seconds` (30) older:
      load = e2e seconds finished in the interval / interval (Little's law: the
@@ -38,6 +47,7 @@ from the `slos:` section and pools.<name>.slo, read into `SloSettings` by monito
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from typing import Any, Mapping, Optional, Sequence
 
@@ -47,7 +57,7 @@ from monitor.derive.counters import histogram_increase, increase
 from monitor.capacity.headroom import CapacitySettings, pool_capacity
 from monitor.capacity.knee import KneeEstimator, prior_knee
 from monitor.capacity.power import key_map, power_by_pool
-from monitor.capacity.slo import SloTracker
+from monitor.capacity.slo import SloTracker, Target, bad_count, window_burn
 from monitor.capacity.tasks import TaskWindow, call_latency_by_class, derive_tasks, join_sources
 from monitor.model import Capacity, Histogram, PoolSlo, PoolSnapshot, PoolTasks, Quantiles, ReplicaReading, TaskStats
 from monitor.sources.dcgm import DcgmReading
@@ -57,6 +67,8 @@ SIGNAL_HIST = {"queue": "queue", "ttft": "ttft", "e2e": "e2e", "itl": "itl", "e2
 STALE = "pool is stale: values withheld"
 
 History = Mapping[str, Sequence[ReplicaReading]]  # "target|model" -> readings, oldest first
+
+log = logging.getLogger(__name__)
 
 
 def interval_observation(newer, older, signal: str) -> Optional[tuple[float, Optional[float], float]]:
@@ -118,7 +130,12 @@ class CapacityState:
         self.slo = replace(cfg.slos, pool_targets={**cfg.slos.pool_targets, **{
             pool: list(ps.slo) for pool, ps in (cfg.pools or {}).items() if ps.slo}})
         self.window = float(getattr(cfg, "latency_window", 300.0))
-        self.tracker = SloTracker(self.slo.windows, keep_seconds=max([self.window, *self.slo.windows.values()]) * 1.1)
+        self.tracker = SloTracker(self.slo.windows, keep_seconds=max([self.window, *self.slo.windows.values()]) * 1.1,
+                                  tolerance=float(getattr(cfg, "interval", 0.0)))
+        # Prometheus mode: {(signal, task type): {window: histogram or None}} read by this cycle's
+        # collect (monitor/history/slo.py PrometheusWindows); None: not read, or the read failed
+        self.slo_cycle_windows: Optional[dict] = None
+        self.slo_task_pools: dict[str, set] = {}  # task type -> pools it was seen in
         self.knees: dict[str, KneeEstimator] = {}
         self.seen: dict[str, float] = {}  # "target|model" -> timestamp of the newest reading observed
         self.task_window = float(getattr(c, "task_window", None) or self.window)
@@ -158,8 +175,10 @@ class CapacityState:
 # ---------------------------------------------------------------------- the cycle's assessment
 
 def assess(state: CapacityState, pools: list[PoolSnapshot], history: History,
-           gateways: Sequence[GatewayScrape] = (), dcgm: Sequence[DcgmReading] = (), now: float = 0.0) -> None:
+           gateways: Sequence[GatewayScrape] = (), dcgm: Sequence[DcgmReading] = (), now: float = 0.0,
+           slo_windows: Optional[dict] = None) -> None:
     """Set `capacity` and `tasks` on every pool of the cycle (see the module docstring)."""
+    state.slo_cycle_windows = slo_windows
     tasks = _tasks(state, pools, gateways, now)
     power = _power(state, history, dcgm)
     by_pool: dict[str, dict] = {}  # one pass over the history: the work stays linear in series
@@ -269,7 +288,7 @@ def _slo_windows(state: CapacityState, pool: str, t, stats: TaskStats, now: floa
         return stats
     total = histo.total(h)
     bad = (histo.fraction_above(h, target.seconds) or 0.0) * total
-    key = (pool, stats.task_type)
+    key = (pool, stats.task_type, _target_tag(target))
     try:
         state.tracker.observe(key, now, total, bad)
     except ValueError:
@@ -277,7 +296,25 @@ def _slo_windows(state: CapacityState, pool: str, t, stats: TaskStats, now: floa
     ratio = state.tracker.ratio(key, state.window)
     if ratio is not None:
         stats = replace(stats, slo_violation_ratio=ratio, slo_window_seconds=state.window)
-    return replace(stats, slo_burn_rate=state.tracker.burn_rates(key, target))
+    rates, source = _burn_rates(state, key, target)
+    return replace(stats, slo_burn_rate=rates, slo_source=source)
+
+
+def _target_tag(target: Target) -> str:
+    """Part of a tracker key: counts over another target (a changed config) are not mixed in."""
+    return f"{target.signal}<={target.seconds:g}"
+
+
+def _burn_rates(state: CapacityState, key: tuple, target: Target) -> tuple[dict, str]:
+    """(window -> burn rate, source): Prometheus' counts when it has the task type's series and the
+    task type feeds one pool only (its series carry no pool), else the tracker's."""
+    pool, task_type = key[0], key[1]
+    seen = state.slo_task_pools.setdefault(task_type, set())
+    seen.add(pool)
+    windows = (state.slo_cycle_windows or {}).get((target.signal, task_type))
+    if windows is None or len(seen) > 1:
+        return state.tracker.burn_rates(key, target), "tracker"
+    return {name: window_burn(bad_count(windows.get(name), target), target) for name in state.slo.windows}, "prometheus"
 
 
 def _pool_slos(state: CapacityState, p: PoolSnapshot, history: History, now: float) -> dict[str, PoolSlo]:
@@ -293,13 +330,13 @@ def _pool_slos(state: CapacityState, p: PoolSnapshot, history: History, now: flo
             continue
         slo = PoolSlo(target.signal, target.seconds, target.objective)
         total = histo.total(h)
+        key = (p.pool, slo.key, _target_tag(target))
         try:
-            state.tracker.observe((p.pool, slo.key), now, total,
-                                  (histo.fraction_above(h, target.seconds) or 0.0) * total)
+            state.tracker.observe(key, now, total, (histo.fraction_above(h, target.seconds) or 0.0) * total)
         except ValueError:
             continue
-        out[slo.key] = replace(slo, slo_violation_ratio=state.tracker.ratio((p.pool, slo.key), state.window),
-                               slo_burn_rate=state.tracker.burn_rates((p.pool, slo.key), target))
+        out[slo.key] = replace(slo, slo_violation_ratio=state.tracker.ratio(key, state.window),
+                               slo_burn_rate=state.tracker.burn_rates(key, target))
     return out
 
 

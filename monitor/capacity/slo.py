@@ -8,6 +8,15 @@ exact when the target is a bucket bound and interpolated inside the bucket other
 
 `SloTracker` keeps (timestamp, cumulative total, cumulative bad) per key so several windows can be
 answered from one series of scrapes; it is stateful but does no I/O and reads no clock.
+
+A window is *covered* when the key's oldest point held is at or before the window's start (within
+`tolerance` seconds, a cycle's jitter); an uncovered window's burn rate is None (never the rate of
+the shorter history there is). So is a window whose start falls in a gap of the history (the daemon
+was down): its counts there cannot be told from the older ones. The start point may lie up to
+`slack(window)` before the start: two cycles or a tenth of the window, plus the thinned spacing. What the tracker holds can be saved and restored (`journal=True`,
+`drain`, `restore`: monitor/history/slo.py keeps it in the embedded store), so a restart keeps the
+windows covered. `window_burn` turns counts read elsewhere (Prometheus' `increase` over the window)
+into the same burn rate.
 """
 from __future__ import annotations
 
@@ -71,14 +80,33 @@ def bad_count(h: Optional[Histogram], target: Target) -> Optional[tuple[float, f
     return n, (frac or 0.0) * n
 
 
+def window_burn(counts: Optional[tuple[float, float]], target: Target) -> Optional[float]:
+    """Burn rate of (total, bad) counts over a window; None without observations."""
+    if counts is None or not counts[0] > 0:
+        return None
+    return (counts[1] / counts[0]) / target.budget
+
+
+# a point as saved: (key, ts, total, bad, raw total, raw bad); total/bad are rebased over resets
+Row = tuple[object, float, float, float, float, float]
+
+
 class SloTracker:
     """Cumulative (total, bad) per key over time -> burn rates over several windows."""
 
-    def __init__(self, windows: dict[str, float], keep_seconds: Optional[float] = None) -> None:
+    def __init__(self, windows: dict[str, float], keep_seconds: Optional[float] = None,
+                 tolerance: float = 0.0, journal: bool = False) -> None:
         if not windows:
             raise ValueError("SloTracker needs at least one window")
+        if not tolerance >= 0:
+            raise ValueError(f"SloTracker tolerance must be >= 0 seconds, got {tolerance!r}")
         self.windows = dict(windows)
         self.keep = keep_seconds or max(self.windows.values()) * 1.1
+        self.tolerance = float(tolerance)
+        # with `journal`, what changed since the last `drain` (points added, (key, ts) dropped)
+        self.journal = journal
+        self._added: list[Row] = []
+        self._dropped: list[tuple[object, float]] = []
         self._series: dict[object, deque] = {}
         self._offset: dict[object, tuple[float, float]] = {}
         self._last_raw: dict[object, tuple[float, float]] = {}
@@ -101,29 +129,82 @@ class SloTracker:
         if series and timestamp <= series[-1][0]:
             raise ValueError(f"SLO observations must move forward in time ({timestamp} <= {series[-1][0]})")
         series.append((timestamp, total + off_t, bad + off_b))
+        if self.journal:
+            self._added.append((key, timestamp, total + off_t, bad + off_b, total, bad))
         while len(series) > 2 and series[1][0] <= timestamp - self.keep:
-            series.popleft()
+            self._drop(key, series.popleft())
         n = self._since_thin.get(key, 0) + 1
         self._since_thin[key] = n
         if n >= 100:
             self._since_thin[key] = 0
-            self._thin(series, timestamp)
+            self._thin(key, series, timestamp)
 
     def shift_time(self, seconds: float) -> None:
-        """The wall clock stepped by `seconds`: every point moves with it (counts unchanged)."""
+        """The wall clock stepped by `seconds` (monitor/cycle.py): every point moves with it, counts
+        unchanged; with `journal`, the saved points are replaced by the moved ones at the next save."""
         for key, series in self._series.items():
-            self._series[key] = deque((t + seconds, total, bad) for t, total, bad in series)
+            for point in series:
+                self._drop(key, point)
+            moved = deque((t + seconds, total, bad) for t, total, bad in series)
+            self._series[key] = moved
+            if self.journal:
+                off_t, off_b = self._offset.get(key, (0.0, 0.0))
+                self._added.extend((key, t, total, bad, total - off_t, bad - off_b) for t, total, bad in moved)
 
-    def _thin(self, series: deque, now: float) -> None:
+    def _drop(self, key, point: tuple) -> None:
+        """Journal a dropped point: deleted from the store (deletes go before inserts, monitor/forecast/
+        store.py slo_apply), and no longer inserted if it was added since the last save."""
+        if self.journal:
+            ts = point[0]
+            self._added = [row for row in self._added if row[1] != ts or row[0] != key]
+            self._dropped.append((key, ts))
+
+    def _thin(self, key, series: deque, now: float) -> None:
         """Drop intermediate old points (cumulative counts: only resolution is lost, never counts)."""
         kept: list = []
         for point in series:
             if kept and now - point[0] > self.dense_seconds and point[0] - kept[-1][0] < self.sparse_step:
+                self._drop(key, point)
                 continue
             kept.append(point)
         if len(kept) < len(series):
             series.clear()
             series.extend(kept)
+
+    # ------------------------------------------------------------------ saving and restoring
+    def drain(self) -> tuple[list[Row], list[tuple[object, float]]]:
+        """(points added, (key, ts) of points dropped) since the last drain (`journal=True`)."""
+        added, dropped = self._added, self._dropped
+        self._added, self._dropped = [], []
+        return added, dropped
+
+    def restore(self, rows) -> None:
+        """Rebuild from saved rows (any order): each key's points, its rebase offset and last raw
+        counts, so observing goes on as if the process had never stopped. Points older than
+        `keep` before a key's newest are left out, as `observe` would have dropped them."""
+        by_key: dict[object, list] = {}
+        for key, ts, total, bad, raw_total, raw_bad in rows:
+            by_key.setdefault(key, []).append((float(ts), float(total), float(bad), float(raw_total), float(raw_bad)))
+        for key, points in by_key.items():
+            points.sort()
+            newest = points[-1]
+            while len(points) > 2 and points[1][0] <= newest[0] - self.keep:
+                points.pop(0)
+            self._series[key] = deque((p[0], p[1], p[2]) for p in points)
+            self._offset[key] = (newest[1] - newest[3], newest[2] - newest[4])
+            self._last_raw[key] = (newest[3], newest[4])
+            self._since_thin[key] = 0
+
+    def keys(self) -> list:
+        return list(self._series)
+
+    # ------------------------------------------------------------------ windows
+    def covered(self, key, window_seconds: float) -> bool:
+        """Whether the key's history reaches back to the window's start (within `tolerance`)."""
+        series = self._series.get(key)
+        if not series or len(series) < 2:
+            return False
+        return series[0][0] <= series[-1][0] - window_seconds + self.tolerance
 
     def ratio(self, key, window_seconds: float) -> Optional[float]:
         """Share of bad observations in the last window_seconds (None without observations)."""
@@ -142,9 +223,27 @@ class SloTracker:
             return None
         return (now_bad - start[2]) / d_total
 
+    def slack(self, window_seconds: float) -> float:
+        """How far before a window's start its start point may lie (module docstring)."""
+        thinned = self.sparse_step if window_seconds > self.dense_seconds else 0.0
+        return max(2.0 * self.tolerance, 0.1 * window_seconds) + thinned
+
+    def window_ratio(self, key, window_seconds: float) -> Optional[float]:
+        """`ratio` over a covered window whose start is not in a gap of the history, else None."""
+        if not self.covered(key, window_seconds):
+            return None
+        series = self._series[key]
+        start = series[-1][0] - window_seconds
+        before = [p[0] for p in series if p[0] <= start]
+        if before and before[-1] < start - self.slack(window_seconds):
+            return None
+        return self.ratio(key, window_seconds)
+
     def burn_rates(self, key, target: Target) -> dict[str, Optional[float]]:
+        """window -> burn rate; None for a window the history does not cover yet, whose start is in
+        a gap of the history, or without observations in it."""
         out = {}
         for name, secs in self.windows.items():
-            r = self.ratio(key, secs)
+            r = self.window_ratio(key, secs)
             out[name] = None if r is None else r / target.budget
         return out

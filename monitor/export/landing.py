@@ -199,9 +199,20 @@ def _tasks_table(p: PoolSnapshot) -> str:
         target = f"{t.slo_target_seconds:g} s" if t.slo_target_seconds is not None else "–"
         over = (f"{t.slo_violation_ratio * 100:.1f} %" if t.slo_violation_ratio is not None else "–")
         rows.append(f"<tr><td>{e(name)}</td><td>{_fmt(t.arrival_rate, 2)}</td><td>{_fmt(t.calls_per_task, 1)}</td>"
-                    f"<td>{_fmt(t.sessions)}</td><td>{_quantile(t.task_latency, 'p95', 1)}</td><td>{target}</td><td>{over}</td></tr>")
+                    f"<td>{_fmt(t.sessions)}</td><td>{_quantile(t.task_latency, 'p95', 1)}</td><td>{target}</td><td>{over}</td>"
+                    f"<td>{_burn_cell(t.slo_burn_rate)}</td></tr>")
     return ('<table class="tasks"><tr><th>task type</th><th>tasks/s</th><th>calls/task</th><th>sessions</th>'
-            '<th>task p95 s</th><th>target</th><th>over target</th></tr>' + "".join(rows) + "</table>")
+            '<th>task p95 s</th><th>target</th><th>over target</th><th>budget burn</th></tr>'
+            + "".join(rows) + "</table>")
+
+
+def _burn_cell(rates: dict) -> str:
+    """Each burn window's rate; a window the history does not cover yet reads "—", titled so."""
+    if not rates:
+        return "–"
+    return " ".join(f"{html.escape(w)} {v:.1f}" if v is not None else
+                    f'<span class="muted" title="not yet covered">{html.escape(w)} —</span>'
+                    for w, v in rates.items())
 
 
 def _pool_card(p: PoolSnapshot, trend: list, alerts: Optional[list[Alert]] = None, now: float = 0.0) -> str:

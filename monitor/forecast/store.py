@@ -7,6 +7,10 @@ process (WAL + synchronous=FULL by default). Old raw points are downsampled into
 (max, sum, count per bucket) so `query(..., agg="max"|"mean")` stays exact across resolutions;
 retention deletes rows older than a cut-off. Timestamps are stored in integer milliseconds.
 No clock is read here: callers pass `now`.
+
+A second table, `slo_counts`, holds the SLO tracker's cumulative counts per key (its columns are
+in monitor/history/schema.py; monitor/history/slo.py writes and reads it): `slo_apply` adds and
+drops points in one transaction, `slo_rows` reads them all back.
 """
 from __future__ import annotations
 
@@ -32,6 +36,15 @@ CREATE TABLE IF NOT EXISTS points (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS points_ts ON points (ts);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS slo_counts (
+    key TEXT NOT NULL,          -- the tracker's key (JSON)
+    ts INTEGER NOT NULL,        -- milliseconds since the epoch
+    total REAL NOT NULL,        -- cumulative observations, rebased over counter resets
+    bad REAL NOT NULL,          -- cumulative observations over the target, rebased
+    raw_total REAL NOT NULL,    -- the counters as read (a reset shows as a drop)
+    raw_bad REAL NOT NULL,
+    PRIMARY KEY (key, ts)
+) WITHOUT ROWID;
 """
 SCHEMA_VERSION = "2"
 # Schema 1 stored active + queued as `active_requests`; 2 stores the history schema's names
@@ -214,6 +227,53 @@ class HistoryStore:
             self._check_open()
             return [tuple(r) for r in self._db.execute(
                 "SELECT DISTINCT pool, series FROM points ORDER BY pool, series")]
+
+    # --- the SLO tracker's counts
+    def slo_apply(self, added: Iterable[tuple], dropped: Iterable[tuple[str, float]] = (),
+                  expire_before: Optional[float] = None) -> int:
+        """Delete (key, ts) points, then insert (key, ts, total, bad, raw_total, raw_bad) ones, in one
+        transaction; with `expire_before`, also every key whose newest point is older (a target
+        no longer configured). Returns the points written."""
+        rows = []
+        for i, p in enumerate(added):
+            try:
+                key, ts, *values = p
+                values = [float(v) for v in values]
+                ts = float(ts)
+            except (TypeError, ValueError):
+                raise StoreError(f"SLO point {i}: expected (key, ts, total, bad, raw_total, raw_bad), "
+                                 f"got {p!r}") from None
+            if not isinstance(key, str) or not key or len(values) != 4:
+                raise StoreError(f"SLO point {i}: expected (key, ts, total, bad, raw_total, raw_bad), got {p!r}")
+            if not all(math.isfinite(v) for v in (ts, *values)):
+                raise StoreError(f"SLO point {i}: values must be finite, got {p!r}")
+            rows.append((key, _ms(ts), *values))
+        gone = [(k, _ms(ts)) for k, ts in dropped]
+        with self._lock:
+            self._check_open()
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.executemany("DELETE FROM slo_counts WHERE key = ? AND ts = ?", gone)
+                self._db.executemany(
+                    "INSERT INTO slo_counts (key, ts, total, bad, raw_total, raw_bad) VALUES (?, ?, ?, ?, ?, ?) "
+                    "ON CONFLICT (key, ts) DO UPDATE SET total = excluded.total, bad = excluded.bad, "
+                    "raw_total = excluded.raw_total, raw_bad = excluded.raw_bad", rows)
+                if expire_before is not None:
+                    self._db.execute("DELETE FROM slo_counts WHERE key IN (SELECT key FROM slo_counts "
+                                     "GROUP BY key HAVING MAX(ts) < ?)", (_ms(expire_before),))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return len(rows)
+
+    def slo_rows(self) -> list[tuple[str, float, float, float, float, float]]:
+        """Every saved SLO point: (key, ts seconds, total, bad, raw_total, raw_bad), by key and time."""
+        with self._lock:
+            self._check_open()
+            rows = self._db.execute("SELECT key, ts, total, bad, raw_total, raw_bad FROM slo_counts "
+                                    "ORDER BY key, ts").fetchall()
+        return [(k, ts / 1000.0, t, b, rt, rb) for k, ts, t, b, rt, rb in rows]
 
     # --- maintenance
     def downsample(self, now: float) -> int:

@@ -5,6 +5,7 @@
 | `schema.py` | the series (one name, one meaning, one per-step aggregation each), the bucket rule, `HistorySource` |
 | `store.py` | `points_from_snapshot` (what a cycle writes to the embedded store) and `StoreHistory` (direct mode) |
 | `prometheus.py` | `read_range` (the chunked `query_range` loop) and `PrometheusHistory` (Prometheus mode: headroom's series, else vLLM's) |
+| `slo.py` | the SLO burn windows' history: the tracker saved in / restored from the store, or `PrometheusWindows` (Prometheus mode) |
 
 The forecasts (monitor/forecast/history.py) and the digest (monitor/digest/sources.py) read through
 a `HistorySource`; neither knows which one.

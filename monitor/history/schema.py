@@ -31,6 +31,21 @@ seconds, float). The value is the bucket's maximum ("max") or mean ("mean") as t
 bucket with nothing in it is absent (never 0, never NaN).
 
 Readers return `{pool: {series: pandas.Series}}` (see `HistorySource`). Nothing here reads a clock.
+
+The SLO burn windows' history (direct mode) is not a series of values per step but the SLO tracker's
+cumulative counts (monitor/capacity/slo.py `SloTracker`), kept in the store's table `slo_counts`,
+written and read by monitor/history/slo.py only; about 1,000 points per key cover 3 days:
+
+| column      | meaning                                                                        |
+| ----------- | ------------------------------------------------------------------------------ |
+| `key`       | the tracker's key as JSON: `[pool, task type or "pool:<signal>", "<signal><=<seconds>"]` |
+| `ts`        | the cycle's time, milliseconds since the epoch                                 |
+| `total`     | observations so far, rebased over counter resets                               |
+| `bad`       | observations over the target so far, rebased over counter resets               |
+| `raw_total` | the total as read this cycle (a drop is a counter reset)                       |
+| `raw_bad`   | the bad count as read this cycle                                               |
+
+In Prometheus mode the windows are read from Prometheus' histograms instead (monitor/history/slo.py).
 """
 from __future__ import annotations
 
@@ -68,6 +83,8 @@ _SPECS = (  # the docstring's table, row by row (a test holds them equal)
     Spec("task_latency", "task latency per interval (demo estimate)", "s", "max", per_task=True),
 )
 SERIES: dict[str, Spec] = {s.name: s for s in _SPECS}
+# the store's `slo_counts` table, column by column (the docstring's second table; a test holds both)
+SLO_COUNTS_COLUMNS = ("key", "ts", "total", "bad", "raw_total", "raw_bad")
 TASK_LABEL = "task_type"
 
 

@@ -1,0 +1,196 @@
+"""Where the SLO burn windows' history is kept and read: the embedded store, or Prometheus.
+
+    restore(tracker, store)        the tracker rebuilt from the store's `slo_counts` table (a restart)
+    save(tracker, store, now)      what the tracker added and dropped since the last save, one transaction
+    PrometheusWindows(client, ...) Prometheus mode: each window's counts per task type, read at the
+                                   cycle's time with one query per window and histogram family
+
+Direct mode: the tracker (monitor/capacity/slo.py `SloTracker`) journals its points and the store
+holds exactly the points the tracker holds (about 1,000 per key over 3 days), so a daemon that
+restarts finds its windows still covered. Keys are saved as JSON (`["chat-8b", "summarise"]`).
+
+Prometheus mode: Prometheus holds the histograms' history, so a window is read from it, not from
+the process' memory. For a histogram family `m` with task label `L`, window `w` and a cycle's
+tolerance `tol` (the cycle interval), the one query of the window is
+
+    sum by (L, le) (increase(m_bucket[w]))
+      or label_replace(count by (L) (m_count offset (w - tol)), "le", "covered", "", "")
+
+its bucket rows are the window's histogram per task type (the bad share is read from it as the
+tracker does); the `covered` row says Prometheus held the series at the window's start (a sample in
+the lookback before `now - w + tol`). A task type with bucket rows but no `covered` row is not yet
+covered (its burn rate is None); a task type with no row at all is not in Prometheus (the gateway
+is scraped directly, not by Prometheus): the caller falls back to the persisted tracker.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from typing import Iterable, Optional
+
+from monitor.capacity.slo import SloTracker
+from monitor.model import Histogram
+from monitor.sources.gateway_schema import APP_TASK_DURATION, APP_TASK_LABEL, DEFAULT_LABELS, GATEWAY_FAMILIES
+
+log = logging.getLogger(__name__)
+COVERED = "covered"  # the `le` value of a window's coverage rows
+
+
+def _encode(key) -> str:
+    return json.dumps(list(key) if isinstance(key, tuple) else key, separators=(",", ":"))
+
+
+def _decode(text: str):
+    value = json.loads(text)
+    return tuple(value) if isinstance(value, list) else value
+
+
+def restore(tracker: SloTracker, store) -> int:
+    """Load the store's saved points into `tracker`; returns the number of keys restored. Rows whose
+    key is not valid JSON are skipped (they cannot be placed)."""
+    rows = []
+    for key, ts, total, bad, raw_total, raw_bad in store.slo_rows():
+        try:
+            k = _decode(key)
+        except ValueError:
+            continue
+        rows.append((k, ts, total, bad, raw_total, raw_bad))
+    tracker.restore(rows)
+    return len({r[0] for r in rows})
+
+
+def save(tracker: SloTracker, store, now: float) -> int:
+    """Write what the tracker added and dropped since the last save (one transaction); keys not
+    observed for longer than the tracker keeps history are deleted. Returns the points written."""
+    added, dropped = tracker.drain()
+    return store.slo_apply([(_encode(k), *rest) for k, *rest in added],
+                           [(_encode(k), ts) for k, ts in dropped], expire_before=now - tracker.keep)
+
+
+def _seconds(value: float) -> str:
+    return f"{max(1, int(round(value)))}s"
+
+
+def window_query(metric: str, label: str, window: float, tolerance: float) -> str:
+    """The one PromQL query of a window (module docstring)."""
+    offset = window - tolerance
+    present = f"count by ({label}) ({metric}_count{{{label}!=\"\"}}"
+    present += f" offset {_seconds(offset)})" if offset >= 1 else ")"
+    return (f"sum by ({label}, le) (increase({metric}_bucket{{{label}!=\"\"}}[{_seconds(window)}]))"
+            f" or label_replace({present}, \"le\", \"{COVERED}\", \"\", \"\")")
+
+
+def families(signal: str, gateways: Iterable[tuple[str, Optional[str]]]) -> list[tuple[str, str]]:
+    """(histogram base name, task label) read for a target signal ("task", "call", "ttft"), given the
+    configured gateways as (kind, task label or None for the kind's default)."""
+    if signal == "task":
+        return [(APP_TASK_DURATION, APP_TASK_LABEL)]
+    out: list[tuple[str, str]] = []
+    for kind, task_label in gateways:
+        fam = GATEWAY_FAMILIES[kind]
+        label = task_label if task_label is not None else DEFAULT_LABELS[kind][0]
+        if not label:
+            continue
+        for metric in (fam.call_latency if signal == "call" else fam.ttft if signal == "ttft" else ()):
+            if (metric, label) not in out:
+                out.append((metric, label))
+    return out
+
+
+def histogram_of(rows: dict[float, float]) -> Optional[Histogram]:
+    """le -> increase, as a cumulative `Histogram` (None without a +Inf bucket)."""
+    if not rows or not any(math.isinf(b) for b in rows):
+        return None
+    bounds = tuple(sorted(rows))
+    counts = tuple(max(0.0, rows[b]) for b in bounds)
+    return Histogram(bounds, counts, 0.0, counts[-1])
+
+
+Windows = dict[tuple[str, str], dict[str, Optional[Histogram]]]  # (signal, task type) -> window -> histogram
+
+
+class PrometheusWindows:
+    """Reads every window's histogram per task type from Prometheus (`client.query`, the client of
+    monitor/sources/prometheus.py) at the cycle's time. `signals`: the target signals configured;
+    `gateways`: (kind, task label) of the configured gateways; `budget`: seconds all the cycle's
+    queries may take together."""
+
+    def __init__(self, client, windows: dict[str, float], signals: Iterable[str],
+                 gateways: Iterable[tuple[str, Optional[str]]] = (), tolerance: float = 0.0,
+                 budget: float = 5.0) -> None:
+        self.client, self.windows, self.tolerance, self.budget = client, dict(windows), float(tolerance), budget
+        gws = list(gateways)
+        self.plan = {sig: families(sig, gws) for sig in sorted(set(signals))}
+
+    def queries(self) -> int:
+        """Queries one read sends: one per window and histogram family."""
+        return len(self.windows) * sum(len(f) for f in self.plan.values())
+
+    def read(self, now: float) -> Windows:
+        """(signal, task type) -> {window: histogram of the window, None when not covered}; a task type
+        Prometheus holds no series of is absent. Raises the client's error (PrometheusError) when a
+        query fails: the caller falls back to the tracker."""
+        deadline = time.monotonic() + self.budget
+        out: Windows = {}
+        for signal, fams in self.plan.items():
+            for name, secs in self.windows.items():
+                buckets: dict[str, dict[float, float]] = {}
+                covered: set[str] = set()
+                for metric, label in fams:
+                    for labels, value in self.client.query(window_query(metric, label, secs, self.tolerance),
+                                                           at=now, deadline=deadline):
+                        task = labels.get(label)
+                        le = labels.get("le")
+                        if not task or le is None:
+                            continue
+                        if le == COVERED:
+                            covered.add(task)
+                            continue
+                        try:
+                            bound = float(le)
+                        except ValueError:
+                            continue
+                        if math.isfinite(value):
+                            rows = buckets.setdefault(task, {})
+                            rows[bound] = rows.get(bound, 0.0) + value
+                for task in sorted(set(buckets) | covered):
+                    h = histogram_of(buckets.get(task, {})) if task in covered else None
+                    out.setdefault((signal, task), {})[name] = h
+        return out
+
+
+def attach(pipeline, cfg, store, writable: bool) -> None:
+    """Hand the SLO windows' history to the pipeline's capacity state: the tracker restored from
+    `store` (and, when `writable`, saved after every published snapshot), and in Prometheus mode
+    (`cfg.prometheus`) a `PrometheusWindows` over the pipeline's Prometheus client, which the
+    cycle's `collect` reads (monitor/cycle.py)."""
+    state = getattr(pipeline.state, "capacity", None)
+    if state is None:
+        return
+    tracker = state.tracker
+    if store is not None:
+        restore(tracker, store)
+        if writable:
+            tracker.journal = True
+            pipeline.on_snapshot(lambda snapshot: _save_logged(tracker, store, snapshot.timestamp))
+    if cfg.prometheus is not None:
+        prom = getattr(pipeline, "prom", None)
+        if prom is not None:
+            client = prom.client
+        else:
+            from monitor.sources.prometheus import PrometheusClient  # noqa: PLC0415
+            client = PrometheusClient.from_config(cfg.prometheus)
+        targets = [*state.slo.task_targets.values(), state.slo.default_task_target]
+        reader = PrometheusWindows(client, state.slo.windows, {t.signal for t in targets if t is not None},
+                                   [(gw.kind, gw.task_label) for gw in cfg.gateways], tolerance=cfg.interval,
+                                   budget=min(cfg.prometheus.timeout, max(1.0, 0.5 * cfg.interval)))
+        pipeline.slo_windows = reader.read  # read by the cycle's collect, beside the other sources
+
+
+def _save_logged(tracker: SloTracker, store, now: float) -> None:
+    try:
+        save(tracker, store, now)
+    except Exception as exc:  # a full disk: the windows go on in memory
+        log.warning("saving the SLO windows to the history store failed: %s: %s", type(exc).__name__, exc)
