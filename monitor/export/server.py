@@ -30,8 +30,10 @@ __all__ = ["Limits", "WebServer", "WebState", "WebStats", "parse_listen_address"
 def parse_listen_address(addr: str) -> tuple[str, int]:
     """':9880' -> ('0.0.0.0', 9880); '127.0.0.1:0' -> ('127.0.0.1', 0); '[::1]:9880' -> ('::1', 9880)."""
     host, sep, port = addr.rpartition(":")
-    if not sep or not port.isdigit():
+    if not sep or not re.fullmatch(r"[0-9]{1,5}", port):
         raise ValueError(f"listen address must be HOST:PORT or :PORT, got {addr!r}")
+    if int(port) > 65535:  # the kernel would not refuse it: getaddrinfo wraps it into another port
+        raise ValueError(f"listen address port must be 0 to 65535, got {addr!r}")
     host = host.strip("[]") or "0.0.0.0"
     return host, int(port)
 
