@@ -64,7 +64,7 @@ CATALOGUE: tuple[MetricDef, ...] = (
     _m("headroom_build_info", "gauge", "Build information, always 1.", ["version"]),
     _m("headroom_web_events", "counter", "headroom's own web server, by event: connections_accepted, connections_refused, connections_evicted (a connection that had not sent a whole request, shed at the connection cap), client_disconnects, header_timeouts, idle_timeouts, write_timeouts, tls_handshake_timeouts, tls_handshake_errors, tls_client_cert_rejected, bad_requests, overloaded (503: every worker busy), requests, handler_errors.", ["event"]),
     _m("headroom_web_open_connections", "gauge", "Connections open on headroom's own web server."),
-    _m("headroom_store_errors", "counter", "Failed operations of the embedded history store, by operation (append: a cycle's points not written; maintain: expiry and downsampling). The cycle and the other pools' numbers go on; history has a gap.", ["operation"]),
+    _m("headroom_store_errors", "counter", "Failed operations of the embedded history store, by operation (open: 1 when the store could not be opened as configured at start-up, said in one log line: a corrupt file moved aside and a fresh store started, one that cannot be written read only, one that cannot be read not used; append: a cycle's points not written; maintain: expiry and downsampling). The cycle and the other pools' numbers go on; history has a gap.", ["operation"]),
     # --- capacity model
     _m("headroom_knee_requests", "gauge", "Concurrent requests (active + queued) per pool at the utilisation knee, where latency turns up; source says learned or prior.", ["pool"], "capacity"),
     _m("headroom_knee_kv_tokens", "gauge", "Live KV tokens at the utilisation knee.", ["pool"], "capacity"),
