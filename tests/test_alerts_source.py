@@ -188,3 +188,19 @@ def test_small_answers_are_not_cut():
     alerts, cut = read_alerts(json.dumps(_flood(3, 200)), "prometheus")
     assert cut == 0 and len(alerts) == 3 and alerts[0].summary == "s" * 200
     assert "cut since start" not in render(_snapshot(alerts), Trends(), has_alerts_source=True)
+
+
+def test_the_cycle_marks_a_deeply_nested_answer_as_a_parse_error():
+    from monitor.cycle import Pipeline
+    from monitor.model import SourceStatus
+    from monitor.step import CycleInputs
+    cfg = from_dict({"sources": {"vllm": {"targets": ["http://a:1/metrics"]},
+                                 "alerts": {"url": "http://prom:9090", "kind": "prometheus"}}})
+    pipeline = Pipeline(cfg)
+    inputs = CycleInputs(readings=[], statuses=[SourceStatus("alerts", "http://prom:9090/api/v1/alerts", True)])
+    pipeline._read_alerts(inputs, '{"status": "success", "data": ' + "[" * 100_000 + "]" * 100_000 + "}",
+                          "http://prom:9090/api/v1/alerts")  # the cycle's own reading of the body
+    assert inputs.alerts is None
+    assert (inputs.statuses[-1].up, inputs.statuses[-1].error) == (False, "parse")
+    assert inputs.statuses[-1].detail == "alerts answer is nested too deeply to read"
+    pipeline.close()
