@@ -30,3 +30,21 @@ def test_a_hash_within_the_bound_checks_passwords():
     assert webconfig.MAX_BCRYPT_COST == 14
     assert not authorize("Basic cHJvbTp3cm9uZw==")  # prom:wrong
     assert authorize("Basic cHJvbTpwdw==")  # prom:pw
+
+
+@pytest.mark.live  # starts `headroom run`
+def test_the_daemon_refuses_a_cost_31_hash_at_once(tmp_path):
+    import subprocess
+    import sys
+    web = tmp_path / "web.yml"
+    web.write_text(f"basic_auth_users:\n  prom: '$2b$31${SALT_AND_HASH}'\n")
+    cfg = tmp_path / "headroom.yml"
+    cfg.write_text("sources:\n  vllm:\n    targets: ['http://127.0.0.1:1/metrics']\n")
+    # before the bound, start-up hashed once at cost 31 (over an hour) and did not hear SIGTERM
+    done = subprocess.run([sys.executable, "-m", "monitor.cli", "run", "--config.file", str(cfg),
+                           "--web.config.file", str(web), "--web.listen-address", "127.0.0.1:0"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip() == (f"headroom: {web}: basic_auth_users.prom: bcrypt cost 31 is above 14, the most a "
+                                   f"check can do in time (each step doubles it; start-up and every new login would "
+                                   f"wait); hash the password again with a cost of 14 or less (htpasswd -B -C 12)")

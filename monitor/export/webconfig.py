@@ -328,9 +328,9 @@ def basic_auth(path: str, users: dict[str, str]) -> Authorize:
                               "not a bcrypt hash (expected $2a$/$2b$/$2y$, a cost 04-31 and 53 characters)")
         if int(hashed[4:6]) > MAX_BCRYPT_COST:  # refused before anything is hashed
             raise ConfigError(path, f"basic_auth_users.{user}",
-                              f"bcrypt cost {int(hashed[4:6])} is above {MAX_BCRYPT_COST}: each check would "
-                              f"hold a worker for minutes or more; hash the password again with a cost of "
-                              f"{MAX_BCRYPT_COST} or less (htpasswd -B -C 12)")
+                              f"bcrypt cost {int(hashed[4:6])} is above {MAX_BCRYPT_COST}, the most a check can "
+                              f"do in time (each step doubles it; start-up and every new login would wait); hash "
+                              f"the password again with a cost of {MAX_BCRYPT_COST} or less (htpasswd -B -C 12)")
         try:
             bcrypt.checkpw(b"x", hashed.encode())
         except ValueError as exc:
