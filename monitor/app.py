@@ -59,53 +59,69 @@ class Cycle(Component):
 
 class Store(Component):
     """The embedded history store: each snapshot's pool series appended (unless read-only), expired
-    and downsampled hourly."""
+    and downsampled hourly. Optional at run time (it only feeds the forecasts): a corrupt file is moved
+    aside and a fresh store started, one that cannot be written is read only, one that cannot be read
+    is not used; each said in one log line and as headroom_store_errors_total{operation="open"}."""
     name = "store"
 
     def __init__(self, cfg: Config, pipeline: Pipeline, writable: bool):
-        from .forecast.store import HistoryStore  # noqa: PLC0415
-        self.store = HistoryStore(cfg.store_path, retention_seconds=cfg.store_retention)
+        from .forecast.store import open_store  # noqa: PLC0415
         self.clock = pipeline.clock
-        if writable:
-            pipeline.on_snapshot(self.persist)
-            pipeline.on_clock_step(self.clock_stepped)
-        self.writable = writable
+        opened = open_store(cfg.store_path, writable=writable, now=self.clock(), retention_seconds=cfg.store_retention)
+        self.store = opened.store
+        self.writable = opened.writable
         # failures by operation (headroom_store_errors_total): the first is logged with its traceback,
         # the rest as one line each, so a full disk does not fill the log with tracebacks
-        self.errors = {"append": 0.0, "maintain": 0.0} if writable else {}
+        self.errors = {"open": 0.0, "append": 0.0, "maintain": 0.0} if writable else {}
+        self._lock = threading.Lock()  # a persist or maintenance in flight finishes before stop() closes
+        self._closed = False
+        if opened.problem:
+            self.errors["open"] = 1.0
+            log.warning("history store %s: %s; %s", cfg.store_path, opened.problem, _store_fallback(opened))
+        if self.writable:
+            pipeline.on_snapshot(self.persist)
+            pipeline.on_clock_step(self.clock_stepped)
 
-    def _guarded(self, operation: str, fn) -> None:
-        try:
-            fn()
-        except Exception as exc:
-            first = not any(self.errors.values())
-            self.errors[operation] = self.errors.get(operation, 0.0) + 1
-            if first:
-                log.exception("history store %s failed (headroom_store_errors_total counts them)", operation)
-            else:
-                log.warning("history store %s failed: %s: %s", operation, type(exc).__name__, exc)
+    def guarded(self, operation: str, fn) -> None:
+        with self._lock:
+            if self._closed:  # a cycle that ends after stop(): its points are not written
+                return
+            try:
+                fn()
+            except Exception as exc:
+                first = not any(v for k, v in self.errors.items() if k != "open")
+                self.errors[operation] = self.errors.get(operation, 0.0) + 1
+                if first:
+                    log.exception("history store %s failed (headroom_store_errors_total counts them)", operation)
+                else:
+                    log.warning("history store %s failed: %s: %s", operation, type(exc).__name__, exc)
 
     def persist(self, snapshot) -> None:
         from .history.store import points_from_snapshot  # noqa: PLC0415
-        self._guarded("append", lambda: self.store.append(points_from_snapshot(snapshot)))
+        self.guarded("append", lambda: self.store.append(points_from_snapshot(snapshot)))
 
     def clock_stepped(self, seconds: float, now: float) -> None:
         """After a step back, points stamped after the new now are dropped: no future stamp is kept."""
         if seconds < 0:
-            self._guarded("maintain", lambda: log.warning(
+            self.guarded("maintain", lambda: log.warning(
                 "history store: %d points stamped after the stepped-back clock dropped", self.store.drop_after(now)))
 
     def start(self, scheduler) -> None:
         if self.writable:
             hours = STORE_MAINTENANCE_HOURS * 3600.0
-            scheduler.every("store-maintenance", hours, lambda: self._guarded(
+            scheduler.every("store-maintenance", hours, lambda: self.guarded(
                 "maintain", lambda: self.store.maintain(self.clock())), first_delay=hours)
 
     def stop(self) -> None:
-        self.store.close()
+        with self._lock:
+            self._closed = True
+            if self.store is not None:
+                self.store.close()
 
     def seed_trends(self, trends) -> None:
         """The landing chart starts with the stored hours (active and queued apart)."""
+        if self.store is None:
+            return
         now = self.clock()
         since = now - trends.keep
         for pool, series in self.store.series_keys():
@@ -113,6 +129,15 @@ class Store(Component):
                 active = self.store.query(pool, "active_requests", since, now, step=300, agg="mean")
                 queued = self.store.query(pool, "queued_requests", since, now, step=300, agg="mean")
                 trends.seed(pool, [(float(t), float(v), float(queued.get(t, 0.0)), 0.0) for t, v in active.items()])
+
+
+def _store_fallback(opened) -> str:
+    """What the daemon does instead of writing the configured store."""
+    if opened.moved_to:
+        return f"a fresh store was started (the old file is kept as {opened.moved_to})"
+    if opened.store is not None:
+        return "it is used read-only: the forecasts read it, no new history is written"
+    return "it is not used: live numbers only, no forecasts from the store"
 
 
 class Forecasts(Component):
@@ -262,7 +287,9 @@ no digest, no web).
         if cfg.store_path and (daemon or os.path.exists(cfg.store_path)):
             app.store_component = app.add(Store(cfg, app.pipeline, writable=daemon))
         from .history.slo import attach  # noqa: PLC0415  (the SLO windows' history: store, Prometheus)
-        attach(app.pipeline, cfg, app.store, writable=daemon)
+        store = app.store_component
+        attach(app.pipeline, cfg, app.store, writable=daemon and store is not None and store.writable,
+               guard=store.guarded if store is not None else None)
         if daemon and (cfg.prometheus is not None or app.store is not None):
             app.forecasts = app.add(Forecasts(cfg, app.pipeline, history_source(cfg, app.store)))
         elif app.store is not None:  # once: one refit from the store it found (monitor/commands/once.py)

@@ -54,6 +54,17 @@ def seconds(text: str) -> float:
     return value
 
 
+def listen_address(text: str) -> str:
+    """argparse type of --web.listen-address: HOST:PORT or :PORT, the port 0 to 65535 (the flag and
+    its HEADROOM_ variable are refused naming themselves; bound as given)."""
+    from monitor.export.server import parse_listen_address  # noqa: PLC0415
+    try:
+        parse_listen_address(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
 
 

@@ -135,3 +135,72 @@ def test_the_landing_page_links_the_digest_when_one_is_written(tmp_path):
     assert digest_directory(from_dict(base)) is None
     cfg = from_dict({**base, "digest": {"destinations": [{"type": "directory", "path": str(tmp_path / "d")}]}})
     assert digest_directory(cfg) == str(tmp_path / "d")
+
+
+@pytest.mark.parametrize("kind, wrap", [("prometheus", lambda deep: {"status": "success", "data": deep}),
+                                        ("alertmanager", lambda deep: [deep])])
+def test_a_deeply_nested_answer_is_a_parse_error_not_a_stop(kind, wrap):
+    deep = "[" * 100_000 + "]" * 100_000  # json.loads raised RecursionError, which stopped every cycle
+    body = json.dumps(wrap("DEEP")).replace('"DEEP"', deep)
+    with pytest.raises(ValueError, match="nested too deeply"):
+        read_alerts(body, kind)
+
+
+def test_any_other_failure_reading_the_answer_is_a_value_error(monkeypatch):
+    import monitor.sources.alerts as source
+
+    def broken(value):
+        raise TypeError("unexpected type")
+    monkeypatch.setattr(source, "_when", broken)
+    with pytest.raises(ValueError, match="alerts answer could not be read: TypeError: unexpected type"):
+        read_alerts(json.dumps(PROM), "prometheus")
+
+
+def _flood(n, summary_bytes, label_bytes=0):
+    return {"status": "success", "data": {"alerts": [
+        {"labels": {"alertname": "HeadroomLow", "pool": "meta-llama/Llama-3.1-8B-Instruct", "severity": "warning",
+                    "n": str(i), "junk": "j" * label_bytes},
+         "annotations": {"summary": "s" * summary_bytes, "description": "d" * summary_bytes},
+         "state": "firing", "activeAt": "2026-12-03T09:05:30Z"} for i in range(n)]}}
+
+
+def test_big_alert_text_is_cut_per_alert_and_per_page():
+    from monitor.sources.alerts import CUT_MARK, MAX_PAGE_TEXT, MAX_TEXT
+    body = json.dumps(_flood(200, 100_000, label_bytes=5_000))  # 200 alerts, 40 MB of text
+    alerts, cut = read_alerts(body, "prometheus")
+    for a in alerts:
+        assert len(a.summary) == MAX_TEXT and a.summary.endswith(CUT_MARK)
+        assert sum(len(k) + len(v) for k, v in a.labels.items()) <= MAX_TEXT and "junk" not in a.labels
+    text = sum(len(a.name) + len(a.summary) + sum(len(k) + len(v) for k, v in a.labels.items()) for a in alerts)
+    assert 0 < len(alerts) < 200 and text <= MAX_PAGE_TEXT
+    # every alert left out for the page's budget, and every one kept (each had its text cut)
+    assert cut == 200
+    snap = _snapshot(alerts)
+    snap.anomalies["alerts_cut"] = float(cut)  # what the cycle counts (monitor/cycle.py)
+    page = render(snap, Trends(), has_alerts_source=True)
+    assert f"{cut:,} alerts or alert texts cut since start" in page
+    assert len(page.encode()) < 8 * MAX_PAGE_TEXT  # was the whole 40 MB, once per view
+    doc = snapshot_to_dict(snap)
+    assert doc["alerts_cut_total"] == float(cut) and len(json.dumps(doc)) < 2 * MAX_PAGE_TEXT
+
+
+def test_small_answers_are_not_cut():
+    alerts, cut = read_alerts(json.dumps(_flood(3, 200)), "prometheus")
+    assert cut == 0 and len(alerts) == 3 and alerts[0].summary == "s" * 200
+    assert "cut since start" not in render(_snapshot(alerts), Trends(), has_alerts_source=True)
+
+
+def test_the_cycle_marks_a_deeply_nested_answer_as_a_parse_error():
+    from monitor.cycle import Pipeline
+    from monitor.model import SourceStatus
+    from monitor.step import CycleInputs
+    cfg = from_dict({"sources": {"vllm": {"targets": ["http://a:1/metrics"]},
+                                 "alerts": {"url": "http://prom:9090", "kind": "prometheus"}}})
+    pipeline = Pipeline(cfg)
+    inputs = CycleInputs(readings=[], statuses=[SourceStatus("alerts", "http://prom:9090/api/v1/alerts", True)])
+    pipeline._read_alerts(inputs, '{"status": "success", "data": ' + "[" * 100_000 + "]" * 100_000 + "}",
+                          "http://prom:9090/api/v1/alerts")  # the cycle's own reading of the body
+    assert inputs.alerts is None
+    assert (inputs.statuses[-1].up, inputs.statuses[-1].error) == (False, "parse")
+    assert inputs.statuses[-1].detail == "alerts answer is nested too deeply to read"
+    pipeline.close()

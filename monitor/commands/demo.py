@@ -25,7 +25,7 @@ from typing import Optional
 
 import yaml
 
-from ..cli import seconds
+from ..cli import listen_address, seconds
 from ..config import from_dict
 from ..process import stop_process
 from ..app import build
@@ -52,7 +52,7 @@ def add_arguments(p) -> None:
                    help="what the simulated fleet does (default: morning): "
                         + "; ".join(f"{k}: {v}" for k, v in SCENARIOS.items()).replace("%", "%%"))
     p.add_argument("--duration", type=seconds, default=None, help="stop after this many seconds (default: until Ctrl-C)")
-    p.add_argument("--web.listen-address", dest="listen_address", default="127.0.0.1:9880",
+    p.add_argument("--web.listen-address", dest="listen_address", type=listen_address, default="127.0.0.1:9880",
                    help="where headroom serves /metrics and the landing page")
     p.add_argument("--prometheus.listen-address", dest="prom_address", default="127.0.0.1:9090",
                    help="where the demo's Prometheus listens (when installed)")

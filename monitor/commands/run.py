@@ -6,7 +6,7 @@ import signal
 import sys
 
 from ..app import build
-from ..cli import seconds
+from ..cli import listen_address, seconds
 from ..config import ConfigError, load
 from ..export.server import parse_listen_address
 from ..process import exit_if_stuck
@@ -18,7 +18,7 @@ EXIT_GRACE = 8.0  # seconds from the stop to a forced exit, should a thread stil
 
 def add_arguments(p) -> None:
     p.add_argument("--config.file", dest="config_file", required=True, help="configuration file (YAML)")
-    p.add_argument("--web.listen-address", dest="listen_address", default=None,
+    p.add_argument("--web.listen-address", dest="listen_address", type=listen_address, default=None,
                    help="address to serve /metrics on (default :9880, or web.listen_address in the file)")
     p.add_argument("--web.config.file", dest="web_config_file", default=None,
                    help="TLS and basic-auth settings for headroom's own endpoints (exporter-toolkit style)")

@@ -46,7 +46,8 @@ class _Conn:
 
 class ConnectionSteps:
     """The per-connection half of WebServer (a mixin). It uses the server's limits, stats,
-    ssl_context, fast, _sel (selector), _conns, _waiting (evictable, oldest first), _ready and _jobs."""
+    ssl_context, fast, _sel (selector), _conns, _waiting (evictable, oldest first), _ready, priority,
+    _lanes (a job queue per lane: workers, priority workers) and _in_lane."""
 
     def _on_event(self, c: _Conn) -> None:
         if c.closed:
@@ -136,14 +137,17 @@ class ConnectionSteps:
         if resp is not None:
             log.debug("web: %s %s %s -> %d", c.addr[0], req.method, req.path, resp.status)
             return self._respond(c, resp, req.keep_alive, req.method)
-        if self.stats.requests_in_progress >= self.limits.workers + self.limits.queue:
+        lane = int(self.priority is not None and self.priority(req))
+        threads = self.limits.priority_workers if lane else self.limits.workers
+        if self._in_lane[lane] >= threads + self.limits.queue:
             self.stats.overloaded += 1
             busy = Response(503, b"Overloaded: try again shortly.\n", headers={"Retry-After": "1"})
             return self._refuse(c, busy, req.method)
         c.state, c.deadline = WORK, NO_DEADLINE
         self._set_events(c, 0)  # nothing to read or write until the worker answers
         self.stats.requests_in_progress += 1
-        self._jobs.put((c, req))
+        self._in_lane[lane] += 1
+        self._lanes[lane].put((c, req))
 
     def _respond(self, c: _Conn, resp: Response, keep: bool, method: str) -> None:
         self._start_write(c, encode(resp, method, keep), keep)

@@ -8,7 +8,9 @@ accept(): one silent client stalled every endpoint, probes included. Here:
   keep-alive request) and writes responses (deadline `write_timeout`). A peer that sends nothing
   costs a file descriptor until its deadline, never a thread, and never delays anyone else;
 - probes (`fast(request)`, no auth, nothing rendered) are answered on the selector thread; the rest
-  goes to `workers` threads through a bounded queue (full: 503 at once);
+  goes to `workers` threads through a bounded queue (full: 503 at once), except what `priority(request)`
+  picks (/metrics): it has its own lane (`priority_workers` threads, its own bound), so renders of the
+  landing page or the JSON on every worker never hold a scrape;
 - at `max_connections`, a new connection evicts the one that has waited longest without sending a
   whole request, so a probe still gets in during a flood (and the flood's connections are shed fast);
 - a peer that goes away is counted in `stats`, never logged with a traceback.
@@ -40,7 +42,8 @@ _R = selectors.EVENT_READ
 @dataclass
 class Limits:
     max_connections: int = 512     # open connections; past it a waiting one is evicted (or the new one refused)
-    workers: int = 4               # threads rendering /metrics, /, /api/v1/snapshot (and checking bcrypt)
+    workers: int = 4               # threads rendering /, /api/v1/snapshot (and checking bcrypt)
+    priority_workers: int = 1      # threads answering what `priority` picks (/metrics) and nothing else
     queue: int = 64                # requests waiting for a worker beyond `workers`; past it: 503
     handshake_timeout: float = 5.0
     header_timeout: float = 10.0   # request line + headers
@@ -78,9 +81,10 @@ class WebServer(ConnectionSteps):
 
     def __init__(self, address: tuple[str, int], app: Callable[[Request], Response],
                  fast: Optional[Callable[[Request], Optional[Response]]] = None,
-                 ssl_context: Optional[ssl.SSLContext] = None, limits: Optional[Limits] = None):
+                 ssl_context: Optional[ssl.SSLContext] = None, limits: Optional[Limits] = None,
+                 priority: Optional[Callable[[Request], bool]] = None):
         self.limits = limits or Limits()
-        self.app, self.fast, self.ssl_context = app, fast, ssl_context
+        self.app, self.fast, self.ssl_context, self.priority = app, fast, ssl_context, priority
         self.stats = WebStats()
         self.socket = _listen(*address)
         self.server_address = self.socket.getsockname()
@@ -93,7 +97,9 @@ class WebServer(ConnectionSteps):
         self._conns: set[_Conn] = set()
         self._waiting: OrderedDict[_Conn, None] = OrderedDict()  # evictable, longest waiting first
         self._ready: list[_Conn] = []   # to read again: bytes may already be buffered
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        # two lanes, each its queue, its threads and its count of requests in it (the selector thread's)
+        self._lanes = (queue.SimpleQueue(), queue.SimpleQueue())  # (the workers', the priority workers')
+        self._in_lane = [0, 0]
         self._done: deque = deque()
         self._reserve_fd: Optional[int] = os.open(os.devnull, os.O_RDONLY)  # freed to shed a connection at EMFILE
         self._lock = threading.Lock()
@@ -101,8 +107,10 @@ class WebServer(ConnectionSteps):
         self._stopped = threading.Event()
         self._stopped.set()
         self._closed = False
-        self._workers = [threading.Thread(target=self._work_loop, name=f"web-worker-{i}", daemon=True)
+        self._workers = [threading.Thread(target=self._work_loop, args=(0,), name=f"web-worker-{i}", daemon=True)
                          for i in range(self.limits.workers)]
+        self._workers += [threading.Thread(target=self._work_loop, args=(1,), name=f"web-priority-{i}", daemon=True)
+                          for i in range(self.limits.priority_workers if priority is not None else 0)]
         for t in self._workers:
             t.start()
 
@@ -158,8 +166,8 @@ class WebServer(ConnectionSteps):
         self._closed = True
         for c in list(self._conns):
             self._close(c)
-        for _ in self._workers:
-            self._jobs.put(None)
+        for t in self._workers:
+            self._lanes[t.name.startswith("web-priority")].put(None)
         for s in (self.socket, self._wake_r, self._wake_w):
             s.close()
         self._sel.close()
@@ -237,8 +245,9 @@ class WebServer(ConnectionSteps):
 
     def _finish_jobs(self) -> None:
         while self._done:
-            c, data, keep, failed = self._done.popleft()
+            c, data, keep, failed, lane = self._done.popleft()
             self.stats.requests_in_progress -= 1
+            self._in_lane[lane] -= 1
             if failed:
                 self.stats.handler_errors += 1
             if not c.closed:
@@ -285,9 +294,9 @@ class WebServer(ConnectionSteps):
 
     # ---- workers ------------------------------------------------------------------------------
 
-    def _work_loop(self) -> None:
+    def _work_loop(self, lane: int) -> None:
         while True:
-            job = self._jobs.get()
+            job = self._lanes[lane].get()
             if job is None:
                 return
             c, req = job
@@ -301,7 +310,7 @@ class WebServer(ConnectionSteps):
                 resp = Response(500, b"Internal error.\n")
                 data = encode(resp, req.method, req.keep_alive)
             log.debug("web: %s %s %s -> %d", req.client[0] if req.client else "?", req.method, req.path, resp.status)
-            self._done.append((c, data, req.keep_alive, failed))
+            self._done.append((c, data, req.keep_alive, failed, lane))
             self._wake()
 
 

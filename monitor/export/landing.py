@@ -183,9 +183,12 @@ def _alerts_section(snapshot: Snapshot, has_source: bool) -> str:
         return f'<p class="muted">The alerts source did not answer this cycle.{link}</p>'
     firing = [a for a in snapshot.alerts if a.state == "firing"]
     pending = [a for a in snapshot.alerts if a.state != "firing"]
+    cut = snapshot.anomalies.get("alerts_cut", 0.0)  # monitor/sources/alerts.py caps the answer
+    cut_note = (f'<p class="muted">{cut:,.0f} alerts or alert texts cut since start (too many, or too long: '
+                f'see the source{link}).</p>') if cut else ""
     if not snapshot.alerts:
-        return f"<p>No headroom alert is firing.{link}</p>"
-    return (f'<p>{len(firing)} firing, {len(pending)} pending.{link}</p>'
+        return f"<p>No headroom alert is firing.{link}</p>{cut_note}"
+    return (f'<p>{len(firing)} firing, {len(pending)} pending.{link}</p>{cut_note}'
             f'<ul class="alerts">{_alert_items(snapshot.alerts[:30], snapshot.timestamp)}</ul>')
 
 

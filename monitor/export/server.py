@@ -1,7 +1,9 @@
 """headroom's endpoints: /metrics, /, /-/healthy, /-/ready, /api/v1/snapshot, /digest, on its own web server.
 
 The probes are answered on the server's selector thread (no auth, nothing rendered), so they answer
-while a flood holds connections or the workers are busy; the rest runs on the server's workers.
+while a flood holds connections or the workers are busy; /metrics has its own worker (a body rendered
+once per snapshot), so renders of pages never hold a scrape; the rest runs on the server's workers.
+The landing page and the JSON are rendered once per snapshot too, however many view them.
 The server itself (timeouts, connection cap, TLS handshakes off the accept path) is in httpd.py.
 """
 from __future__ import annotations
@@ -31,8 +33,10 @@ __all__ = ["Limits", "WebServer", "WebState", "WebStats", "parse_listen_address"
 def parse_listen_address(addr: str) -> tuple[str, int]:
     """':9880' -> ('0.0.0.0', 9880); '127.0.0.1:0' -> ('127.0.0.1', 0); '[::1]:9880' -> ('::1', 9880)."""
     host, sep, port = addr.rpartition(":")
-    if not sep or not port.isdigit():
+    if not sep or not re.fullmatch(r"[0-9]{1,5}", port):
         raise ValueError(f"listen address must be HOST:PORT or :PORT, got {addr!r}")
+    if int(port) > 65535:  # the kernel would not refuse it: getaddrinfo wraps it into another port
+        raise ValueError(f"listen address port must be 0 to 65535, got {addr!r}")
     host = host.strip("[]") or "0.0.0.0"
     return host, int(port)
 
@@ -52,12 +56,25 @@ class WebState:
         self.authorize: Callable[[Optional[str]], bool] = lambda header: True
         self.web_stats: Optional[WebStats] = None  # the serving server's counters, set by serve()
         self.cadence: Callable[[], Optional[Cadence]] = exposition.cadence  # the cycle's, read at each probe
+        self._rendered: dict[str, tuple[object, bytes]] = {}  # page -> (the snapshot it shows, its body)
+        self._render_locks: dict[str, threading.Lock] = {}  # one a page: the JSON does not wait for the page
 
     def publish(self, snapshot: Snapshot) -> None:
         self.trends.add(snapshot)
         self.exposition.update(snapshot)
         self.snapshot = snapshot
         self.ready = True
+
+    def rendered(self, page: str, render_fn: Callable[[Optional[Snapshot]], bytes]) -> bytes:
+        """`page`'s body for the current snapshot: rendered by the first viewer after a publish, the
+        others meanwhile wait for it (one render per snapshot, one copy in memory, however many view it)."""
+        snap = self.snapshot
+        with self._render_locks.setdefault(page, threading.Lock()):
+            held = self._rendered.get(page)
+            if held is None or held[0] is not snap:
+                held = (snap, render_fn(snap))
+                self._rendered[page] = held
+            return held[1]
 
 
 def probe(state: WebState, req: Request) -> Optional[Response]:
@@ -95,14 +112,15 @@ def handle(state: WebState, req: Request) -> Response:
     if path == "/metrics":
         return Response(200, state.exposition.body(), CONTENT_TYPE_LATEST)
     if path in ("/", "/index.html"):
-        page = render(state.snapshot, state.trends, state.title, state.links, state.has_alerts_source)
-        return Response(200, page.encode("utf-8"), "text/html; charset=utf-8")
+        page = state.rendered("/", lambda snap: render(snap, state.trends, state.title, state.links,
+                                                       state.has_alerts_source).encode("utf-8"))
+        return Response(200, page, "text/html; charset=utf-8")
     if path in ("/digest", "/digest/"):
         return latest_digest(state.digest_dir)
     if path == "/api/v1/snapshot":
-        snap = state.snapshot
-        body = json.dumps(snapshot_to_dict(snap) if snap else {"pools": [], "sources": []}, allow_nan=False)
-        return Response(200, body.encode(), "application/json")
+        body = state.rendered(path, lambda snap: json.dumps(snapshot_to_dict(snap) if snap else
+                                                            {"pools": [], "sources": []}, allow_nan=False).encode())
+        return Response(200, body, "application/json")
     return probe(state, req) or Response(404, b"Not found. Try /metrics or /.\n")
 
 
@@ -138,7 +156,7 @@ def serve(state: WebState, address: str, ssl_context=None,
     """Listen on `address` and serve in a daemon thread; stop with server.shutdown(), server.server_close()."""
     host, port = parse_listen_address(address)
     server = WebServer((host, port), app=lambda req: handle(state, req), fast=lambda req: probe(state, req),
-                       ssl_context=ssl_context, limits=limits)
+                       ssl_context=ssl_context, limits=limits, priority=lambda req: req.path == "/metrics")
     state.web_stats = server.stats
     thread = threading.Thread(target=server.serve_forever, name="web", daemon=True)
     thread.start()

@@ -80,4 +80,6 @@ def snapshot_to_dict(s: Snapshot) -> dict:
                            "detail": st.detail}) for st in s.sources],
         "cycle_duration_seconds": clean(s.cycle_duration_seconds),
         "alerts": [clean(a.as_dict()) for a in s.alerts] if s.alerts is not None else None,
+        # alerts past the cap and alert texts cut to it, since start (monitor/sources/alerts.py)
+        "alerts_cut_total": s.anomalies.get("alerts_cut", 0.0),
     }

@@ -72,6 +72,11 @@ CLIENT_AUTH_REFUSED = {
     for name in ("RequestClientCert", "RequireAnyClientCert", "RequireClientCert")}
 
 BCRYPT_RE = re.compile(r"^\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}$")
+# The highest bcrypt cost accepted. Each step doubles the work: cost 12 (htpasswd's and most tools'
+# default) takes ~0.25 s on one core, 14 ~1 s; every request with new credentials (and every unknown
+# user, checked against a dummy of the same cost) holds a worker that long, and start-up validates each
+# hash once. 31 would take hours (start-up blocked, SIGTERM unheard); Apache's htpasswd stops at 17.
+MAX_BCRYPT_COST = 14
 
 
 class ServerTLS(ssl.SSLContext):
@@ -321,6 +326,11 @@ def basic_auth(path: str, users: dict[str, str]) -> Authorize:
         if not BCRYPT_RE.match(hashed):
             raise ConfigError(path, f"basic_auth_users.{user}",
                               "not a bcrypt hash (expected $2a$/$2b$/$2y$, a cost 04-31 and 53 characters)")
+        if int(hashed[4:6]) > MAX_BCRYPT_COST:  # refused before anything is hashed
+            raise ConfigError(path, f"basic_auth_users.{user}",
+                              f"bcrypt cost {int(hashed[4:6])} is above {MAX_BCRYPT_COST}, the most a check can "
+                              f"do in time (each step doubles it; start-up and every new login would wait); hash "
+                              f"the password again with a cost of {MAX_BCRYPT_COST} or less (htpasswd -B -C 12)")
         try:
             bcrypt.checkpw(b"x", hashed.encode())
         except ValueError as exc:

@@ -18,6 +18,10 @@ import math
 import os
 import sqlite3
 import threading
+import time
+import urllib.parse
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Optional
 
 if TYPE_CHECKING:  # pandas is imported when querying only: writers start fast
@@ -77,7 +81,7 @@ def _ms(ts: float) -> int:
 class HistoryStore:
     def __init__(self, path: str, *, retention_seconds: Optional[float] = 35 * 86400.0,
                  downsample_after_seconds: Optional[float] = 7 * 86400.0,
-                 downsample_step_seconds: int = 3600, synchronous: str = "FULL"):
+                 downsample_step_seconds: int = 3600, synchronous: str = "FULL", read_only: bool = False):
         if retention_seconds is not None and retention_seconds <= 0:
             raise StoreError(f"retention_seconds must be positive, got {retention_seconds!r}")
         if downsample_after_seconds is not None and downsample_after_seconds <= 0:
@@ -93,34 +97,69 @@ class HistoryStore:
         self.retention_seconds = retention_seconds
         self.downsample_after_seconds = downsample_after_seconds
         self.downsample_step = int(downsample_step_seconds)
+        self.read_only = read_only
         self._lock = threading.RLock()
-        self._db = sqlite3.connect(path, timeout=30.0, isolation_level=None,
-                                   check_same_thread=False)
-        mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-        if str(mode).lower() != "wal":
-            raise StoreError(f"could not put {path} in WAL mode (got {mode})")
-        self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
-        self._db.executescript(SCHEMA)
+        self._closed = True
+        if read_only:
+            self._db = _connect_read_only(path)
+        else:
+            self._db = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
         self._closed = False
-        self._upgrade()
+        try:
+            self._prepare(synchronous)
+        except BaseException:
+            self.close()
+            raise
+
+    def _prepare(self, synchronous: str) -> None:
+        """WAL mode, the schema, an upgrade; then a check of every page (sqlite3.DatabaseError: corrupt)."""
+        if self.read_only:
+            self._check_version(self._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone())
+        else:
+            mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise StoreError(f"could not put {self.path} in WAL mode (got {mode})")
+            self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
+            self._db.executescript(SCHEMA)
+            self._upgrade()
+        problem = self._db.execute("PRAGMA quick_check(1)").fetchone()[0]
+        if problem != "ok":  # a file cut short reads its first pages well, then fails here
+            raise sqlite3.DatabaseError(f"database disk image is malformed ({problem})")
 
     def _upgrade(self) -> None:
         row = self._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         if row is None:
             self._db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (SCHEMA_VERSION,))
         elif row[0] == "1":
-            with self._lock:
-                self._db.execute("BEGIN IMMEDIATE")
-                try:
-                    for statement in _MIGRATE_1_TO_2:
-                        self._db.execute(statement)
-                except BaseException:
-                    self._db.execute("ROLLBACK")
-                    raise
-                self._db.execute("COMMIT")
-        elif row[0] != SCHEMA_VERSION:
+            with self._lock, self._transaction():
+                for statement in _MIGRATE_1_TO_2:
+                    self._db.execute(statement)
+        else:
+            self._check_version(row)
+
+    def _check_version(self, row) -> None:
+        if row is None or row[0] in ("1",):
+            raise StoreError(f"{self.path}: history store schema {row[0] if row else 'none'!r} is older than "
+                             f"{SCHEMA_VERSION} and this store is read-only: it cannot be upgraded")
+        if row[0] != SCHEMA_VERSION:
             raise StoreError(f"{self.path}: history store schema {row[0]!r} is newer than this headroom "
                              f"({SCHEMA_VERSION}); upgrade headroom or point store.path elsewhere")
+
+    @contextmanager
+    def _transaction(self):
+        """BEGIN IMMEDIATE .. COMMIT; on any failure a ROLLBACK if SQLite has not rolled back itself.
+        The failure raised is the first one (a full disk), never the rollback's ("cannot rollback")."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            self._db.execute("COMMIT")
+        except BaseException:
+            if self._db.in_transaction:
+                try:
+                    self._db.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass  # the first failure below says what went wrong
+            raise
 
     # --- lifecycle
     def close(self) -> None:
@@ -135,9 +174,11 @@ class HistoryStore:
     def __exit__(self, *exc):
         self.close()
 
-    def _check_open(self):
+    def _check_open(self, write: bool = False):
         if self._closed:
             raise StoreError("history store is closed")
+        if write and self.read_only:
+            raise StoreError(f"history store {self.path} is open read-only")
 
     # --- writing
     def append(self, points: Iterable[tuple[str, str, float, float]]) -> int:
@@ -165,17 +206,12 @@ class HistoryStore:
         if not rows:
             return 0
         with self._lock:
-            self._check_open()
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
+            self._check_open(write=True)
+            with self._transaction():
                 self._db.executemany(
                     "INSERT INTO points (pool, series, res, ts, vmax, vsum, cnt) VALUES (?, ?, 0, ?, ?, ?, 1) "
                     "ON CONFLICT (pool, series, res, ts) DO UPDATE SET vmax = excluded.vmax, "
                     "vsum = excluded.vsum, cnt = 1", rows)
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
         return len(rows)
 
     # --- reading
@@ -284,9 +320,8 @@ class HistoryStore:
         cutoff = _ms(now - self.downsample_after_seconds)
         b = self.downsample_step * 1000
         with self._lock:
-            self._check_open()
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
+            self._check_open(write=True)
+            with self._transaction():
                 n = self._db.execute("SELECT COUNT(*) FROM points WHERE res = 0 AND ts < ?",
                                      (cutoff,)).fetchone()[0]
                 self._db.execute(
@@ -297,10 +332,6 @@ class HistoryStore:
                     "vmax = MAX(vmax, excluded.vmax), vsum = vsum + excluded.vsum, cnt = cnt + excluded.cnt",
                     (self.downsample_step, b, b, cutoff, b, b))
                 self._db.execute("DELETE FROM points WHERE res = 0 AND ts < ?", (cutoff,))
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
         return int(n)
 
     def drop_after(self, ts: float) -> int:
@@ -316,10 +347,92 @@ class HistoryStore:
         if self.retention_seconds is None:
             return 0
         with self._lock:
-            self._check_open()
+            self._check_open(write=True)
             cur = self._db.execute("DELETE FROM points WHERE ts < ?",
                                    (_ms(now - self.retention_seconds),))
             return int(cur.rowcount)
 
     def maintain(self, now: float) -> dict:
         return {"downsampled": self.downsample(now), "expired": self.apply_retention(now)}
+
+
+# --- opening as the daemon does: never stopped by the store (it only feeds the forecasts)
+def _connect_read_only(path: str) -> sqlite3.Connection:
+    """A read-only connection. On a read-only mount SQLite cannot create the -shm file a WAL store
+    needs to share; then the file is read as immutable (nothing else can be writing it there)."""
+    if not os.path.isfile(path):
+        raise StoreError(f"history store {path} does not exist")
+    uri = "file:" + urllib.parse.quote(os.path.abspath(path))
+    db = sqlite3.connect(uri + "?mode=ro", uri=True, timeout=30.0, isolation_level=None, check_same_thread=False)
+    try:
+        db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+        return db
+    except sqlite3.OperationalError:
+        db.close()
+    return sqlite3.connect(uri + "?immutable=1", uri=True, isolation_level=None, check_same_thread=False)
+
+
+def store_problem(path: str) -> Optional[str]:
+    """Why the daemon could not write the store at `path` (None: it can). `headroom run` and
+    `headroom check-config` both ask this."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        return f"directory {parent} does not exist"
+    if os.path.exists(path) and not os.path.isfile(path):
+        return f"{path} is not a file"
+    for what in ([path] if os.path.exists(path) else []) + [parent]:
+        if not os.access(what, os.W_OK):  # a read-only mount too (EROFS)
+            return f"{what} is read-only" + (" (SQLite writes its -wal and -shm files beside the store)"
+                                             if what == parent else "")
+    return None
+
+
+@dataclass
+class Opened:
+    """What `open_store` made of the configured store: `store` None when it is not used at all;
+    `problem` (one line) when it is not read-write as configured; `moved_to` the corrupt file's new name."""
+    store: Optional[HistoryStore]
+    problem: Optional[str] = None
+    moved_to: Optional[str] = None
+
+    @property
+    def writable(self) -> bool:
+        return self.store is not None and not self.store.read_only
+
+
+def _move_aside(path: str, stamp: str) -> str:
+    """Rename a corrupt store (and its -wal / -shm, which belong to it) to PATH.corrupt-STAMP."""
+    target = f"{path}.corrupt-{stamp}"
+    for suffix in ("", "-wal", "-shm"):
+        if os.path.exists(path + suffix):
+            os.replace(path + suffix, target + suffix)
+    return target
+
+
+def open_store(path: str, *, writable: bool, now: float, **settings) -> Opened:
+    """The store at `path` as far as it can be used, never an exception for a broken one: read-write
+    if `writable` and it can be written; a corrupt file moved aside (never overwritten) and a fresh
+    store started; read-only when it cannot be written (or `writable` is False); else none."""
+    problem = store_problem(path) if writable else None
+    if writable and problem is None:
+        try:
+            return Opened(HistoryStore(path, **settings))
+        except StoreError as exc:  # a schema of a newer headroom: kept as it is
+            problem = str(exc)
+        except sqlite3.DatabaseError as exc:
+            if isinstance(exc, sqlite3.OperationalError):  # unable to open, locked, read-only: not corrupt
+                problem = f"cannot be written: {exc}"
+            else:
+                stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
+                try:
+                    moved = _move_aside(path, stamp)
+                    return Opened(HistoryStore(path, **settings), f"corrupt ({exc}): moved aside", moved)
+                except (OSError, sqlite3.Error) as again:
+                    return Opened(None, f"corrupt ({exc}) and could not be replaced: {again}")
+    if not os.path.isfile(path):
+        return Opened(None, problem)
+    try:
+        store = HistoryStore(path, read_only=True, **settings)
+    except (sqlite3.Error, StoreError, OSError) as exc:
+        return Opened(None, f"{problem + '; ' if problem else ''}cannot be read: {exc}")
+    return Opened(store, problem)

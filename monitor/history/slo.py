@@ -161,11 +161,12 @@ class PrometheusWindows:
         return out
 
 
-def attach(pipeline, cfg, store, writable: bool) -> None:
+def attach(pipeline, cfg, store, writable: bool, guard=None) -> None:
     """Hand the SLO windows' history to the pipeline's capacity state: the tracker restored from
     `store` (and, when `writable`, saved after every published snapshot), and in Prometheus mode
     (`cfg.prometheus`) a `PrometheusWindows` over the pipeline's Prometheus client, which the
-    cycle's `collect` reads (monitor/cycle.py)."""
+    cycle's `collect` reads (monitor/cycle.py). `guard(operation, fn)`: how the application runs a
+    store write (monitor/app.py Store.guarded: counted, logged once, never after the store closed)."""
     state = getattr(pipeline.state, "capacity", None)
     if state is None:
         return
@@ -174,7 +175,10 @@ def attach(pipeline, cfg, store, writable: bool) -> None:
         restore(tracker, store)
         if writable:
             tracker.journal = True
-            pipeline.on_snapshot(lambda snapshot: _save_logged(tracker, store, snapshot.timestamp))
+            if guard is not None:
+                pipeline.on_snapshot(lambda snapshot: guard("append", lambda: save(tracker, store, snapshot.timestamp)))
+            else:
+                pipeline.on_snapshot(lambda snapshot: _save_logged(tracker, store, snapshot.timestamp))
     if cfg.prometheus is not None:
         prom = getattr(pipeline, "prom", None)
         if prom is not None:

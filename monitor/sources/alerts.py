@@ -16,7 +16,14 @@ from ..model import Alert
 KINDS = ("prometheus", "alertmanager")
 API_PATH = {"prometheus": "/api/v1/alerts", "alertmanager": "/api/v2/alerts"}
 UI_PATH = {"prometheus": "/alerts", "alertmanager": "/#/alerts"}
-MAX_ALERTS = 200  # a flood of alerts is cut (counted in the snapshot's alerts_dropped)
+# A flood is cut, so a hostile or broken source cannot inflate the landing page or the JSON: each
+# text (the summary, each label value, all labels together) to MAX_TEXT characters, the list to
+# MAX_ALERTS alerts and MAX_PAGE_TEXT characters of text in all. What was cut is counted (the cycle
+# adds it to headroom_input_anomalies_total{kind="alerts_cut"}; the page and the JSON show it).
+MAX_ALERTS = 200
+MAX_TEXT = 1024
+MAX_PAGE_TEXT = 64 * 1024
+CUT_MARK = " …[cut]"
 
 
 def api_url(base: str, kind: str) -> str:
@@ -42,49 +49,101 @@ def _when(value: object) -> Optional[float]:
         return None
 
 
-def _alert(labels: object, annotations: object, state: str, since: object) -> Optional[Alert]:
+class _Cuts:
+    """Texts cut while reading one answer."""
+
+    def __init__(self) -> None:
+        self.texts = 0
+
+    def text(self, value: object, limit: int = MAX_TEXT) -> str:
+        out = value if isinstance(value, str) else str(value)
+        if len(out) <= limit:
+            return out
+        self.texts += 1
+        return out[:max(0, limit - len(CUT_MARK))] + CUT_MARK
+
+    def labels(self, labels: dict) -> dict:
+        """Each value cut to MAX_TEXT; the labels past MAX_TEXT characters in all left out."""
+        out, size = {}, 0
+        for k, v in labels.items():
+            key, value = self.text(k, 128), self.text(v)
+            size += len(key) + len(value)
+            if size > MAX_TEXT:
+                self.texts += 1
+                break
+            out[key] = value
+        return out
+
+
+def _size(alert: Alert) -> int:
+    return len(alert.name) + len(alert.summary) + sum(len(k) + len(v) for k, v in alert.labels.items())
+
+
+def _alert(labels: object, annotations: object, state: str, since: object, cuts: _Cuts) -> Optional[Alert]:
     if not isinstance(labels, dict):
         return None
     name = labels.get("alertname")
     if not isinstance(name, str) or not name.startswith("Headroom"):
         return None
     ann = annotations if isinstance(annotations, dict) else {}
-    return Alert(name=name, state=state, severity=str(labels.get("severity", "")),
-                 pool=labels.get("pool") if isinstance(labels.get("pool"), str) else None,
-                 summary=str(ann.get("summary", "")), since=_when(since),
-                 labels={str(k): str(v) for k, v in labels.items()})
+    pool = labels.get("pool")
+    return Alert(name=cuts.text(name, 256), state=state, severity=cuts.text(labels.get("severity", ""), 64),
+                 pool=cuts.text(pool) if isinstance(pool, str) else None,
+                 summary=cuts.text(ann.get("summary", "")), since=_when(since), labels=cuts.labels(labels))
 
 
-def read_alerts(text: str, kind: str) -> tuple[list[Alert], int]:
-    """(headroom's alerts, firing first then by name and pool; how many were cut past MAX_ALERTS).
-
-    Raises ValueError naming what is wrong with a body that is not such an answer."""
-    if kind not in KINDS:
-        raise ValueError(f"unknown alerts source kind {kind!r} (known: {', '.join(KINDS)})")
-    try:
-        doc = json.loads(text)
-    except ValueError as exc:
-        raise ValueError(f"alerts answer is not JSON: {exc}") from None
-    out: list[Alert] = []
+def _items(doc: object, kind: str) -> list:
+    """The answer's alerts, each as (labels, annotations, state, since), before headroom's are picked."""
     if kind == "prometheus":
         if not isinstance(doc, dict) or doc.get("status") != "success":
             raise ValueError("alerts answer is not a Prometheus API success (status != success)")
         items = (doc.get("data") or {}).get("alerts") if isinstance(doc.get("data"), dict) else None
         if not isinstance(items, list):
             raise ValueError("alerts answer has no data.alerts list")
-        for a in items:
-            if isinstance(a, dict) and a.get("state") in ("firing", "pending"):
-                alert = _alert(a.get("labels"), a.get("annotations"), a["state"], a.get("activeAt"))
-                if alert is not None:
-                    out.append(alert)
-    else:
-        if not isinstance(doc, list):
-            raise ValueError("alerts answer is not an Alertmanager v2 alert list")
-        for a in doc:
-            status = a.get("status") if isinstance(a, dict) else None
-            if isinstance(status, dict) and status.get("state") == "active":
-                alert = _alert(a.get("labels"), a.get("annotations"), "firing", a.get("startsAt"))
-                if alert is not None:
-                    out.append(alert)
+        return [(a.get("labels"), a.get("annotations"), a["state"], a.get("activeAt")) for a in items
+                if isinstance(a, dict) and a.get("state") in ("firing", "pending")]
+    if not isinstance(doc, list):
+        raise ValueError("alerts answer is not an Alertmanager v2 alert list")
+    return [(a.get("labels"), a.get("annotations"), "firing", a.get("startsAt")) for a in doc
+            if isinstance(a, dict) and isinstance(a.get("status"), dict) and a["status"].get("state") == "active"]
+
+
+def _read(text: str, kind: str) -> tuple[list[Alert], int]:
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"alerts answer is not JSON: {exc}") from None
+    cuts, out, shortened = _Cuts(), [], set()
+    for item in _items(doc, kind):
+        before = cuts.texts
+        alert = _alert(*item, cuts)
+        if alert is not None:
+            out.append(alert)
+            if cuts.texts > before:
+                shortened.add(id(alert))
     out.sort(key=lambda x: (x.state != "firing", x.name, x.pool or ""))
-    return out[:MAX_ALERTS], max(0, len(out) - MAX_ALERTS)
+    kept, size = [], 0
+    for alert in out[:MAX_ALERTS]:
+        size += _size(alert)
+        if size > MAX_PAGE_TEXT:
+            break
+        kept.append(alert)
+    return kept, len(out) - len(kept) + sum(id(a) in shortened for a in kept)
+
+
+def read_alerts(text: str, kind: str) -> tuple[list[Alert], int]:
+    """(headroom's alerts, firing first then by name and pool; how many were cut: the alerts left
+    out past MAX_ALERTS or MAX_PAGE_TEXT, plus those kept with a text cut to MAX_TEXT).
+
+    Raises ValueError naming what is wrong with a body that is not such an answer, whatever the failure
+    (a nesting too deep for the parser, a value of an unexpected type)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown alerts source kind {kind!r} (known: {', '.join(KINDS)})")
+    try:
+        return _read(text, kind)
+    except ValueError:
+        raise
+    except RecursionError:
+        raise ValueError("alerts answer is nested too deeply to read") from None
+    except Exception as exc:  # any other surprise in a hostile answer is a parse failure, not a stop
+        raise ValueError(f"alerts answer could not be read: {type(exc).__name__}: {exc}"[:300]) from None
