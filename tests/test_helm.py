@@ -927,6 +927,7 @@ def test_rendered_shards_start_the_daemon_and_split_the_pools(chart, tmp_path):
                 name = f"shard{shard[0]}-{twin}"
                 port = _free_port()
                 # each pod has its own /var/lib/headroom
+                (tmp_path / name).mkdir()  # the pod's /var/lib/headroom volume
                 own = {**config, "store": {"path": str(tmp_path / name / "store")}}
                 (tmp_path / f"{name}.yml").write_text(yaml.safe_dump(own))
                 args = [a.replace("/etc/headroom/headroom.yml", str(tmp_path / f"{name}.yml"))
