@@ -30,6 +30,7 @@ import pandas as pd
 
 from monitor.capacity.headroom import CapacitySettings, compute_capacity, recommended_replicas
 from monitor.capacity.knee import Knee
+from monitor.digest import coverage
 from monitor.digest.settings import DigestSettings, TaskFacts
 from monitor.forecast.backtest import ForecastSettings, forecast_series
 from monitor.forecast.pool import exhaustion_seconds
@@ -51,7 +52,8 @@ class PoolInput:
     series: dict[str, pd.Series]
     replicas: int
     knee_requests_per_replica: Optional[float]
-    knee_source: str = "prior"  # prior | learned | construction
+    knee_source: str = "prior"  # learned | configured | prior | construction (monitor/digest/knee.py)
+    knee_note: str = ""  # where the knee came from, in words
     gpus_per_replica: int = 1
     max_num_seqs: Optional[int] = None
     kv_capacity_tokens_per_replica: Optional[float] = None
@@ -66,6 +68,7 @@ class DigestInput:
     week_end: float  # Unix seconds; the digest covers [week_end - 7 d, week_end)
     pools: list[PoolInput]
     source: str = ""  # where the history came from (shown in the footer)
+    step: Optional[float] = None  # seconds each history value covers (else the series' spacing)
 
 
 # ---- small helpers ------------------------------------------------------------------------------
@@ -312,16 +315,6 @@ def _slo(p: PoolInput, task: str, start: float, end: float, settings: DigestSett
     return out
 
 
-def _completed(arr: pd.Series, start: float, end: float) -> float:
-    """Tasks in the week from a tasks-per-second series (rate x the interval it covers)."""
-    w = _window(arr, start, end)
-    if len(w) < 2:
-        return float(w.sum())
-    dt = np.diff(w.index.to_numpy())
-    step = float(np.median(dt))
-    return float(w.sum() * step)
-
-
 def _recommend(name: str, replicas: int, per_rep: Optional[float], fc: dict, level: float,
                tz: str) -> dict:
     if not per_rep or not fc.get("defined"):
@@ -369,9 +362,24 @@ def _recommend(name: str, replicas: int, per_rep: Optional[float], fc: dict, lev
             f"fits N-1 capacity ({cap_n1:,.0f}) with none to spare."}
 
 
-def build_pool(p: PoolInput, start: float, end: float, settings: DigestSettings) -> dict:
+CHART_HOURLY_AFTER = 2 * 86400.0  # covered spans at least this long are charted as hourly peaks
+
+
+def _chart_points(load: pd.Series, start: float, end: float, step: float, cover: dict) -> tuple[pd.Series, float]:
+    """What the charts draw of `load` in [start, end): hourly peaks once the history spans two days,
+    else every bucket of the history (20 minutes are 4 five-minute peaks, not one hourly point)."""
+    w = _window(load, start, end)
+    first = cover["first"]
+    span = (cover["last_end"] - first) if first is not None else 0.0
+    chart_step = HOUR if span >= CHART_HOURLY_AFTER else step
+    return hourly_max(w, chart_step), chart_step
+
+
+def build_pool(p: PoolInput, start: float, end: float, settings: DigestSettings,
+               step: Optional[float] = None) -> dict:
     tz, prices = settings.timezone, settings.prices
     series = {k: _secs(v) for k, v in p.series.items()}
+    step = float(step) if step else coverage.step_of(series.values(), settings.history_step)
     p = PoolInput(**{**p.__dict__, "series": series})
     if p.replicas is None or p.replicas < 1:
         raise DigestError(f"pool {p.name}: replicas must be known and >= 1 (set digest.pools."
@@ -379,10 +387,15 @@ def build_pool(p: PoolInput, start: float, end: float, settings: DigestSettings)
     load = load_series(series)
     per_rep = p.knee_requests_per_replica
     cap = per_rep * p.replicas if per_rep else None
+    cover = coverage.covered(series.values(), start, end, step)
     out: dict = {"name": p.name, "model": p.model, "replicas": p.replicas,
                  "gpus_per_replica": p.gpus_per_replica,
                  "knee": {"requests_per_replica": per_rep, "requests": cap, "source": p.knee_source,
-                          "requests_n_minus_1": per_rep * (p.replicas - 1) if per_rep else None}}
+                          "note": p.knee_note,
+                          "requests_n_minus_1": per_rep * (p.replicas - 1) if per_rep else None},
+                 "coverage": {"step_seconds": step, "hours": cover["hours"], "share": cover["share"],
+                              "first": cover["first"], "first_text": fmt_time(cover["first"], tz)},
+                 "_week": (start, end)}
     out["peaks"] = {k: peak_of(series.get(k), start, end, tz) for k in PEAK_SERIES}
     out["peaks"]["load"] = peak_of(load, start, end, tz) if load is not None else None
 
@@ -394,7 +407,7 @@ def build_pool(p: PoolInput, start: float, end: float, settings: DigestSettings)
         out["capacity_at_peak"] = _capacity_at(p, out["peaks"]["load"]["timestamp"], load, power)
         out["sessions_per_megawatt"] = out["capacity_at_peak"]["sessions_per_megawatt"]
         out["utilisation_mean"] = float(wl.mean() / cap) if cap else None
-        hr = hourly_max(wl)
+        hr, out["_chart_step"] = _chart_points(load, start, end, step, cover)
         out["_headroom"] = {"times": hr.index.to_numpy(),
                             "current": (1.0 - hr.to_numpy() / cap) if cap else None,
                             "n_minus_1": (1.0 - hr.to_numpy() / (per_rep * (p.replicas - 1)))
@@ -411,7 +424,9 @@ def build_pool(p: PoolInput, start: float, end: float, settings: DigestSettings)
         out["_forecast_last"] = last
         out["forecast_next_week"] = {k: v for k, v in nxt.items() if not k.startswith("_")}
         out["_forecast_next"] = nxt
-        out["_actual"] = hourly_max(_window(load, start - WEEK, end))
+        before = coverage.covered([load], start - WEEK, start, step)
+        actual_from = start - WEEK if before["seconds"] >= CHART_HOURLY_AFTER else start
+        out["_actual"] = _chart_points(load, actual_from, end, step, coverage.covered([load], actual_from, end, step))[0]
         if nxt.get("defined") and cap:
             cur = float(load.iloc[-1])
             ex = exhaustion_seconds(nxt["_times"], nxt["_bands"][settings.recommend_level][1], cap, end, cur)
@@ -428,65 +443,46 @@ def build_pool(p: PoolInput, start: float, end: float, settings: DigestSettings)
         out["forecast_last_week"] = out["forecast_next_week"] = out["exhaustion"] = None
         out["recommendation"] = {"action": "unknown", "text": f"Pool {p.name}: no load history."}
 
-    # tasks: peaks, SLO, volumes, forecast, tokens
-    tasks = []
-    total_tasks = 0.0
-    api_total, tokens_total = 0.0, 0.0
-    for name in sorted(k.split(":", 1)[1] for k in series if k.startswith("task_arrivals:")):
-        arr = series[f"task_arrivals:{name}"]
-        facts = p.tasks.get(name) or settings.tasks.get(name) or TaskFacts(pool=p.name)
-        done = _completed(arr, start, end)
-        total_tasks += done
-        nxt = forecast_week(arr, end, settings, tz, agg="mean")
-        t = {"name": name, "completed": done, "peak_arrival_rate": peak_of(arr, start, end, tz),
-             "slo": _slo(p, name, start, end, settings, arr),
-             "forecast_next_week": {k: v for k, v in nxt.items() if not k.startswith("_")},
-             "calls_per_task": facts.calls_per_task}
-        tin = facts.input_tokens_per_call
-        tout = facts.output_tokens_per_call
-        if tin is not None and tout is not None:
-            per_task_in, per_task_out = facts.calls_per_task * tin, facts.calls_per_task * tout
-            api = (per_task_in * prices.api.input_per_million + per_task_out * prices.api.output_per_million) / 1e6
-            t.update(input_tokens_per_task=per_task_in, output_tokens_per_task=per_task_out,
-                     api_cost_per_1000=api * 1000.0)
-            api_total += api * done
-            tokens_total += (per_task_in + per_task_out) * done
-        tasks.append(t)
+    # tasks (one whole count per task type) and the cost over the covered hours
+    tasks = _tasks(p, series, start, end, step, settings)
     out["tasks"] = tasks
-    out["completed_tasks"] = total_tasks
+    out["completed_tasks"] = sum(t["completed"] for t in tasks)
 
     # SLO of the pool: arrival-weighted over its task types
     viol = [(t["slo"]["violation_ratio"], t["completed"]) for t in tasks if t["slo"]["violation_ratio"] is not None]
     out["slo_violation_ratio"] = (sum(v * w for v, w in viol) / sum(w for _, w in viol)) \
         if viol and sum(w for _, w in viol) > 0 else None
 
-    # cost: GPU-hours and energy at the measured utilisation vs the same tokens at API prices
-    hours = (end - start) / 3600.0
-    gpu_hours = p.replicas * p.gpus_per_replica * hours
-    gpu_cost = gpu_hours * prices.gpu_hour
-    energy_kwh = None
-    if power is not None:
-        pw = _window(power, start, end)
-        if len(pw) > 1:
-            dt = float(np.median(np.diff(pw.index.to_numpy())))
-            energy_kwh = float(pw.sum() * dt / 3.6e6)
-    energy_cost = energy_kwh * prices.energy_kwh if energy_kwh is not None else None
-    private = gpu_cost + (energy_cost or 0.0)
-    cost = {"currency": prices.currency, "gpu_hours": gpu_hours, "gpu_cost": gpu_cost,
-            "energy_kwh": energy_kwh, "energy_cost": energy_cost, "private_cost": private,
-            "utilisation_mean": out["utilisation_mean"], "completed_tasks": total_tasks,
-            "private_per_1000": (private / total_tasks * 1000.0) if total_tasks > 0 else None,
-            "api_name": prices.api.name,
-            "api_cost": api_total if tokens_total > 0 else None,
-            "api_per_1000": (api_total / total_tasks * 1000.0) if (total_tasks > 0 and tokens_total > 0) else None}
-    cost["private_over_api"] = (cost["private_per_1000"] / cost["api_per_1000"]) \
-        if cost["private_per_1000"] and cost["api_per_1000"] else None
-    for t in tasks:  # private cost shared out by tokens
-        if tokens_total > 0 and t.get("input_tokens_per_task") is not None and t["completed"] > 0:
-            share = (t["input_tokens_per_task"] + t["output_tokens_per_task"]) * t["completed"] / tokens_total
-            t["private_cost_per_1000"] = private * share / t["completed"] * 1000.0
-    out["cost"] = cost
+    out["cost"] = coverage.cost(replicas=p.replicas, gpus_per_replica=p.gpus_per_replica,
+                                covered_hours=cover["hours"], tasks=tasks, prices=prices,
+                                kwh=coverage.energy_kwh(power, start, end, step),
+                                utilisation_mean=out["utilisation_mean"])
     return out
+
+
+def _tasks(p: PoolInput, series: dict[str, pd.Series], start: float, end: float, step: float,
+           settings: DigestSettings) -> list[dict]:
+    """Per task type: tasks completed (a whole number, `coverage.completed`), peak arrivals, SLO,
+    next week's forecast and, where tokens per call are known, the managed API's price per 1,000."""
+    tz, prices = settings.timezone, settings.prices
+    tasks = []
+    for name in sorted(k.split(":", 1)[1] for k in series if k.startswith("task_arrivals:")):
+        arr = series[f"task_arrivals:{name}"]
+        facts = p.tasks.get(name) or settings.tasks.get(name) or TaskFacts(pool=p.name)
+        nxt = forecast_week(arr, end, settings, tz, agg="mean")
+        t = {"name": name, "completed": coverage.completed(arr, start, end, step),
+             "peak_arrival_rate": peak_of(arr, start, end, tz),
+             "slo": _slo(p, name, start, end, settings, arr),
+             "forecast_next_week": {k: v for k, v in nxt.items() if not k.startswith("_")},
+             "calls_per_task": facts.calls_per_task}
+        tin, tout = facts.input_tokens_per_call, facts.output_tokens_per_call
+        if tin is not None and tout is not None:
+            per_task_in, per_task_out = facts.calls_per_task * tin, facts.calls_per_task * tout
+            api = (per_task_in * prices.api.input_per_million + per_task_out * prices.api.output_per_million) / 1e6
+            t.update(input_tokens_per_task=per_task_in, output_tokens_per_task=per_task_out,
+                     api_cost_per_1000=api * 1000.0)
+        tasks.append(t)
+    return tasks
 
 
 def build_digest(inp: DigestInput, settings: DigestSettings, generated_at: Optional[float] = None) -> dict:
@@ -494,7 +490,7 @@ def build_digest(inp: DigestInput, settings: DigestSettings, generated_at: Optio
         raise DigestError("no pools in the history: nothing to report")
     end = float(inp.week_end)
     start = end - WEEK
-    pools = [build_pool(p, start, end, settings) for p in sorted(inp.pools, key=lambda p: p.name)]
+    pools = [build_pool(p, start, end, settings, inp.step) for p in sorted(inp.pools, key=lambda p: p.name)]
     recs = [p["recommendation"]["text"] for p in pools]
     tz = settings.timezone
     summary = []
