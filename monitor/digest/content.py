@@ -69,6 +69,7 @@ class DigestInput:
     pools: list[PoolInput]
     source: str = ""  # where the history came from (shown in the footer)
     step: Optional[float] = None  # seconds each history value covers (else the series' spacing)
+    shard: Optional[tuple[int, int]] = None  # (index, total) of a sharded daemon: its pools only
 
 
 # ---- small helpers ------------------------------------------------------------------------------
@@ -113,6 +114,16 @@ def digest_week(week_end: float, tz: str = "UTC") -> str:
     """The ISO week a digest covers: that of the middle of [week_end - 7 d, week_end). It names
     the digest and is half of every delivery's idempotency key."""
     return iso_week(week_end - WEEK / 2, tz)
+
+
+def digest_edition(week: str, shard: Optional[tuple[int, int]] = None) -> str:
+    """What one digest delivery is: the ISO week, and for a sharded daemon (monitor/shard.py, more
+    than one shard) its shard too (`2025-W48-shard-1-of-2`). It names the outbox payload and the
+    directory, and is half of every delivery's idempotency key, so a receiver that drops repeated
+    keys keeps every shard's digest."""
+    if shard is None or shard[1] <= 1:
+        return week
+    return f"{week}-shard-{shard[0]}-of-{shard[1]}"
 
 
 def peak_of(s: Optional[pd.Series], start: float, end: float, tz: str) -> Optional[dict]:
@@ -507,6 +518,8 @@ def build_digest(inp: DigestInput, settings: DigestSettings, generated_at: Optio
     return {
         "title": settings.title,
         "iso_week": digest_week(end, tz),
+        "edition": digest_edition(digest_week(end, tz), inp.shard),
+        "shard": f"{inp.shard[0]}/{inp.shard[1]}" if inp.shard and inp.shard[1] > 1 else None,
         "week": {"start": start, "end": end, "start_text": fmt_time(start, tz), "end_text": fmt_time(end, tz)},
         "generated_at": generated_at if generated_at is not None else end,
         "timezone": tz, "currency": settings.prices.currency,
