@@ -1,9 +1,13 @@
 """Charts of the digest as PNG bytes (matplotlib, Agg backend; no display, no files).
 
 Per pool:
-  forecast   hourly peak concurrent requests last week, last week's forecast (made before it) and
+  forecast   peak concurrent requests last week, last week's forecast (made before it) and
              next week's forecast, each with 80% and 95% bands; capacity at the knee and at N-1
   headroom   headroom ratio over last week, current and with the largest replica lost
+
+Short history (a fresh install: 20 minutes) is drawn at the history's own step, not as hourly peaks
+(one hourly point draws no line); the x axis is limited to what is shown and ticked by an automatic
+date locator, so 20 minutes get minute ticks and three weeks day ticks (content.py `_chart_points`).
 """
 from __future__ import annotations
 
@@ -78,6 +82,15 @@ def _band(ax, fc: dict, color: str, label: str, tz: str):
 
 
 def forecast_chart(pool: dict, tz: str) -> bytes:
+    return _png(forecast_figure(pool, tz))
+
+
+def headroom_chart(pool: dict, tz: str) -> bytes:
+    return _png(headroom_figure(pool, tz))
+
+
+def forecast_figure(pool: dict, tz: str):
+    """The forecast chart's figure (close it with plt.close, or let forecast_chart encode it)."""
     fig, ax = plt.subplots(figsize=(10, 4.0))
     actual = pool.get("_actual")
     last, nxt = pool.get("_forecast_last"), pool.get("_forecast_next")
@@ -101,10 +114,11 @@ def forecast_chart(pool: dict, tz: str) -> bytes:
                    label=f"N-1 ({knee['requests_n_minus_1']:,.0f})")
     ax.set_ylabel("concurrent requests")
     ax.set_ylim(bottom=0)
+    ax.set_ylim(-0.02 * ax.get_ylim()[1], None)  # a quiet pool's line at 0 stays visible above the axis
     _axis(ax, tz, _span(*shown) if shown else _week(pool))
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), fontsize=7, ncol=5, frameon=False)
     fig.tight_layout()
-    return _png(fig)
+    return fig
 
 
 def _week(pool: dict) -> tuple[float, float]:
@@ -112,7 +126,8 @@ def _week(pool: dict) -> tuple[float, float]:
     return float(w[0]), float(w[1])
 
 
-def headroom_chart(pool: dict, tz: str) -> bytes:
+def headroom_figure(pool: dict, tz: str):
+    """The headroom chart's figure (as forecast_figure)."""
     fig, ax = plt.subplots(figsize=(10, 3.0))
     h = pool.get("_headroom")
     span = _week(pool)
@@ -135,7 +150,7 @@ def headroom_chart(pool: dict, tz: str) -> bytes:
     _axis(ax, tz, span)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), fontsize=7, ncol=3, frameon=False)
     fig.tight_layout()
-    return _png(fig)
+    return fig
 
 
 def charts_for(digest: dict) -> dict[str, bytes]:

@@ -66,7 +66,7 @@ def hours(h) -> str:
 def per_1000(c: dict, key: str, currency: str) -> str:
     """A cost per 1,000 tasks, or why there is none (fewer tasks than the minimum)."""
     if c.get(key) is None and c.get("per_task_note"):
-        return f"{c['per_task_note']} ({num(c['completed_tasks'])} < {num(c['min_tasks'])})"
+        return f"{c['per_task_note']} ({num(c['completed_tasks'])}; a cost per task needs {num(c['min_tasks'])})"
     return money(c.get(key), currency)
 
 
