@@ -116,7 +116,8 @@ def forecast_figure(pool: dict, tz: str):
     ax.set_ylim(bottom=0)
     ax.set_ylim(-0.02 * ax.get_ylim()[1], None)  # a quiet pool's line at 0 stays visible above the axis
     _axis(ax, tz, _span(*shown) if shown else _week(pool))
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), fontsize=7, ncol=5, frameon=False)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), fontsize=7, ncol=5, frameon=False)
     fig.tight_layout()
     return fig
 
@@ -145,10 +146,14 @@ def headroom_figure(pool: dict, tz: str):
             lo = min(lo, float(np.nanmin(n1)) - 5)
         ax.set_ylim(max(lo, -200.0), 105)
         span = _span(times)
+    else:
+        ax.text(0.5, 0.5, "headroom not known: no knee or no load history in the week", transform=ax.transAxes,
+                ha="center", va="center", color=ACTUAL)
     ax.axhline(0, color=KNEE, linewidth=1.0)
     ax.set_ylabel("headroom (%)")
     _axis(ax, tz, span)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), fontsize=7, ncol=3, frameon=False)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), fontsize=7, ncol=3, frameon=False)
     fig.tight_layout()
     return fig
 
