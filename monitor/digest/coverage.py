@@ -16,18 +16,36 @@ tasks over a few minutes says nothing about what a task costs (the digest says "
 """
 from __future__ import annotations
 
+import math
+from datetime import datetime, timezone
 from typing import Iterable, Optional
+from zoneinfo import ZoneInfo
 
 import numpy as np
 import pandas as pd
 
+WEEK = 7 * 86400.0
+HOUR = 3600.0
 MIN_TASKS_FOR_COST = 100  # tasks completed in the covered hours below which no cost per task is given
 TOO_FEW_TASKS = "too few tasks"
 
 
-def _in(s: pd.Series, start: float, end: float) -> pd.Series:
+def window(s: pd.Series, start: float, end: float) -> pd.Series:
+    """The part of `s` (indexed by Unix seconds) in [start, end)."""
     idx = s.index.to_numpy(dtype=float)
     return s[(idx >= start) & (idx < end)]
+
+
+_in = window
+
+
+def fmt_time(ts: Optional[float], tz: str, with_date: bool = True) -> Optional[str]:
+    """'Tue 2026-11-24 10:00 UTC', or 'Tuesday 10:00 UTC' without the date."""
+    if ts is None or not math.isfinite(ts):
+        return None
+    d = datetime.fromtimestamp(ts, tz=timezone.utc).astimezone(ZoneInfo(tz))
+    text = d.strftime("%a %Y-%m-%d %H:%M" if with_date else "%A %H:%M")
+    return f"{text} {d.tzname()}"
 
 
 def step_of(series: Iterable[Optional[pd.Series]], default: float) -> float:
