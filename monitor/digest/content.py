@@ -279,31 +279,7 @@ def build_pool(p: PoolInput, start: float, end: float, settings: DigestSettings,
         out["sessions_per_megawatt"] = out["utilisation_mean"] = None
 
     # forecasts: last week (trained before it) and next week (trained on everything)
-    if load is not None:
-        last = forecast_week(load, start, settings, tz)
-        nxt = forecast_week(load, end, settings, tz)
-        out["forecast_last_week"] = forecast_check(last, _window(load, start, end))
-        out["_forecast_last"] = last
-        out["forecast_next_week"] = {k: v for k, v in nxt.items() if not k.startswith("_")}
-        out["_forecast_next"] = nxt
-        before = coverage.covered([load], start - WEEK, start, step)
-        actual_from = start - WEEK if before["seconds"] >= CHART_HOURLY_AFTER else start
-        out["_actual"] = _chart_points(load, actual_from, end, step, coverage.covered([load], actual_from, end, step))[0]
-        if nxt.get("defined") and cap:
-            cur = float(load.iloc[-1])
-            ex = exhaustion_seconds(nxt["_times"], nxt["_bands"][settings.recommend_level][1], cap, end, cur)
-            ex_n1 = exhaustion_seconds(nxt["_times"], nxt["_bands"][settings.recommend_level][1],
-                                       per_rep * (p.replicas - 1), end, cur) if p.replicas > 1 else None
-            out["exhaustion"] = {"seconds": ex, "at": fmt_time(end + ex, tz) if ex is not None and math.isfinite(ex) else None,
-                                 "n_minus_1_seconds": ex_n1,
-                                 "n_minus_1_at": fmt_time(end + ex_n1, tz) if ex_n1 is not None and math.isfinite(ex_n1) else None,
-                                 "level": settings.recommend_level}
-        else:
-            out["exhaustion"] = None
-        out["recommendation"] = _recommend(p.name, p.replicas, per_rep, nxt, settings.recommend_level, tz)
-    else:
-        out["forecast_last_week"] = out["forecast_next_week"] = out["exhaustion"] = None
-        out["recommendation"] = {"action": "unknown", "text": f"Pool {p.name}: no load history."}
+    out.update(_forecasts(p, load, start, end, step, settings))
 
     # tasks (one whole count per task type) and the cost over the covered hours
     tasks = _tasks(p, series, start, end, step, settings)
@@ -319,6 +295,41 @@ def build_pool(p: PoolInput, start: float, end: float, settings: DigestSettings,
                                 covered_hours=cover["hours"], tasks=tasks, prices=prices,
                                 kwh=coverage.energy_kwh(power, start, end, step),
                                 utilisation_mean=out["utilisation_mean"])
+    return out
+
+
+def _forecasts(p: PoolInput, load: Optional[pd.Series], start: float, end: float, step: float,
+               settings: DigestSettings) -> dict:
+    """Last week's forecast (trained before it) against what happened, next week's, the time to
+    exhaustion, the recommendation and the chart's actual line."""
+    tz, per_rep = settings.timezone, p.knee_requests_per_replica
+    cap = per_rep * p.replicas if per_rep else None
+    out: dict = {}
+    if load is None:
+        out["forecast_last_week"] = out["forecast_next_week"] = out["exhaustion"] = None
+        out["recommendation"] = {"action": "unknown", "text": f"Pool {p.name}: no load history."}
+        return out
+    last = forecast_week(load, start, settings, tz)
+    nxt = forecast_week(load, end, settings, tz)
+    out["forecast_last_week"] = forecast_check(last, _window(load, start, end))
+    out["_forecast_last"] = last
+    out["forecast_next_week"] = {k: v for k, v in nxt.items() if not k.startswith("_")}
+    out["_forecast_next"] = nxt
+    before = coverage.covered([load], start - WEEK, start, step)
+    actual_from = start - WEEK if before["seconds"] >= CHART_HOURLY_AFTER else start
+    out["_actual"] = _chart_points(load, actual_from, end, step, coverage.covered([load], actual_from, end, step))[0]
+    if nxt.get("defined") and cap:
+        cur = float(load.iloc[-1])
+        ex = exhaustion_seconds(nxt["_times"], nxt["_bands"][settings.recommend_level][1], cap, end, cur)
+        ex_n1 = exhaustion_seconds(nxt["_times"], nxt["_bands"][settings.recommend_level][1],
+                                   per_rep * (p.replicas - 1), end, cur) if p.replicas > 1 else None
+        out["exhaustion"] = {"seconds": ex, "at": fmt_time(end + ex, tz) if ex is not None and math.isfinite(ex) else None,
+                             "n_minus_1_seconds": ex_n1,
+                             "n_minus_1_at": fmt_time(end + ex_n1, tz) if ex_n1 is not None and math.isfinite(ex_n1) else None,
+                             "level": settings.recommend_level}
+    else:
+        out["exhaustion"] = None
+    out["recommendation"] = _recommend(p.name, p.replicas, per_rep, nxt, settings.recommend_level, tz)
     return out
 
 
