@@ -95,6 +95,24 @@ def test_costs_are_over_the_hours_covered(fleet, span, hours):
         len(fleet[span]["pools"])
 
 
+def test_costs_are_over_the_hours_the_tasks_were_counted_in(fleet, tmp_path):
+    """A Prometheus holding a week of vLLM load and 20 minutes of headroom's task counts: the load
+    covers 168 h, the cost is over the 20 minutes the tasks were counted in."""
+    truth, s = fleet["truth"], fleet["settings"]
+    tasks = truth["series"].str.startswith("task_arrivals:")
+    rows = truth[(~tasks & (truth["timestamp"] >= END - 7 * 86400.0)) | (tasks & (truth["timestamp"] >= END - SHORT))]
+    with HistoryStore(str(tmp_path / "mixed.sqlite"), retention_seconds=None, downsample_after_seconds=None) as st:
+        st.append((r.pool, r.series, float(r.timestamp), float(r.value)) for r in rows.itertuples(index=False))
+        d = build_digest(from_store(st, END, s), s)
+    short = {p["name"]: p for p in fleet["short"]["pools"]}
+    for p in d["pools"]:
+        assert p["coverage"]["hours"] == pytest.approx(168.0)
+        c, c20 = p["cost"], short[p["name"]]["cost"]
+        assert c["covered_hours"] == pytest.approx(1 / 3) and c["completed_tasks"] == c20["completed_tasks"]
+        assert c["gpu_hours"] == pytest.approx(c20["gpu_hours"]) and c["private_per_1000"] == pytest.approx(
+            c["private_cost"] / c["completed_tasks"] * 1000.0)
+
+
 def _pool_sections(md: str) -> dict[str, str]:
     parts = re.split(r"^## Pool (.+)$", md, flags=re.M)
     return {parts[i].strip(): parts[i + 1] for i in range(1, len(parts), 2)}

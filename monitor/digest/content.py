@@ -291,9 +291,13 @@ def build_pool(p: PoolInput, start: float, end: float, settings: DigestSettings,
     out["slo_violation_ratio"] = (sum(v * w for v, w in viol) / sum(w for _, w in viol)) \
         if viol and sum(w for _, w in viol) > 0 else None
 
+    # the cost is over the hours the tasks were counted in (Prometheus may hold a week of vLLM load
+    # before headroom counted its first task), else over every hour the history covers
+    counted = [series[k] for k in series if k.startswith("task_arrivals:")]
+    hours = coverage.covered(counted, start, end, step) if counted else cover
     out["cost"] = coverage.cost(replicas=p.replicas, gpus_per_replica=p.gpus_per_replica,
-                                covered_hours=cover["hours"], tasks=tasks, prices=prices,
-                                kwh=coverage.energy_kwh(power, start, end, step),
+                                covered_hours=hours["hours"], tasks=tasks, prices=prices,
+                                kwh=coverage.energy_kwh(power, start, end, step, hours["buckets"]),
                                 utilisation_mean=out["utilisation_mean"])
     return out
 

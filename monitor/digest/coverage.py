@@ -8,6 +8,7 @@ nominal 168 hours:
     covered(series, start, end, s)  the buckets [b, b + s) of the week holding a value, as seconds
     completed(rate, start, end, s)  tasks in the week from a tasks-per-second series: a whole number
     cost(...)                       GPU-hours, energy and cost per 1,000 tasks over the covered hours
+                                    (content.py passes the hours the tasks were counted in)
 
 One count of tasks: `completed` rounds each task type's count to a whole number once, and every
 table and figure (the task table, the cost table, the per-task costs, the JSON) uses those numbers
@@ -63,8 +64,8 @@ def step_of(series: Iterable[Optional[pd.Series]], default: float) -> float:
 
 def covered(series: Iterable[Optional[pd.Series]], start: float, end: float, step: float) -> dict:
     """The part of [start, end) the history covers: buckets of `step` seconds in which any of
-    `series` has a value. {"seconds", "hours", "first", "last_end", "share"}; first / last_end
-    None when nothing is covered."""
+    `series` has a value. {"seconds", "hours", "first", "last_end", "share", "buckets"}; first /
+    last_end None when nothing is covered."""
     buckets: set[float] = set()
     for s in series:
         if s is None or s.empty:
@@ -75,7 +76,7 @@ def covered(series: Iterable[Optional[pd.Series]], start: float, end: float, ste
     return {"seconds": seconds, "hours": seconds / 3600.0,
             "first": min(buckets) if buckets else None,
             "last_end": (max(buckets) + step) if buckets else None,
-            "share": seconds / (end - start) if end > start else 0.0}
+            "share": seconds / (end - start) if end > start else 0.0, "buckets": buckets}
 
 
 def completed(rate: pd.Series, start: float, end: float, step: float) -> int:
@@ -85,11 +86,15 @@ def completed(rate: pd.Series, start: float, end: float, step: float) -> int:
     return int(round(float(w.sum()) * step))
 
 
-def energy_kwh(power: Optional[pd.Series], start: float, end: float, step: float) -> Optional[float]:
-    """kWh of a watts series whose values cover `step` seconds each (None without one)."""
+def energy_kwh(power: Optional[pd.Series], start: float, end: float, step: float,
+               buckets: Optional[set] = None) -> Optional[float]:
+    """kWh of a watts series whose values cover `step` seconds each (None without one), over the
+    buckets `covered` returned when given (the hours the tasks were counted in)."""
     if power is None:
         return None
     w = _in(power, start, end)
+    if buckets is not None:
+        w = w[np.isin(np.floor(w.index.to_numpy(dtype=float) / step) * step, sorted(buckets))]
     if w.empty:
         return None
     return float(w.sum()) * step / 3.6e6
