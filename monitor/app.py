@@ -165,11 +165,13 @@ class Digest(Component):
     """The weekly digest: its cron job and the outbox retries; the outbox's state on /metrics."""
     name = "digest"
 
-    def __init__(self, cfg: Config, store):
+    def __init__(self, cfg: Config, store, pipeline: Optional[Pipeline] = None):
+        from .digest.knee import knees_from_snapshot  # noqa: PLC0415
         from .digest.schedule import history_build_fn, open_outbox  # noqa: PLC0415
         from .digest.settings import from_dict  # noqa: PLC0415
         self.settings = from_dict(cfg.digest, cfg.file, cfg.slos)  # ConfigError before anything starts
-        self.build_fn = history_build_fn(cfg, self.settings, store)
+        knees = (lambda: knees_from_snapshot(pipeline.latest)) if pipeline is not None else None
+        self.build_fn = history_build_fn(cfg, self.settings, store, knees)  # the knee the daemon learned
         self.outbox = open_outbox(self.settings)
 
     def start(self, scheduler) -> None:
@@ -296,7 +298,7 @@ no digest, no web).
             from .history.store import StoreHistory  # noqa: PLC0415
             app.forecasts = app.add(Forecasts(cfg, app.pipeline, StoreHistory(app.store)))
         if daemon and cfg.digest:
-            app.digest = app.add(Digest(cfg, app.store))
+            app.digest = app.add(Digest(cfg, app.store, app.pipeline))
         if daemon:
             app.web = app.add(Web(cfg, app.pipeline, listen_address, web_config_file, app.status))
             if app.store_component is not None:

@@ -564,3 +564,49 @@ def test_a_slow_destination_holds_none_of_the_others(files, tmp_path):
     assert out == {f"{week}:slow": "retry", f"{week}:fast": "done", f"{week}:disk": "done"}
     assert set(delivered) == {"fast", "disk"} and len(rx.received) == 1
     assert took < 3.0, took  # the slow one's 2 s, in parallel with the others
+
+
+def test_sharded_daemons_deliver_every_shards_pools_under_their_own_keys(tmp_path):
+    """Two daemons sharding one fleet (`--shard 0/2`, `1/2`: chat-8b and agent-70b apart) post to one
+    receiver that keeps the first body per Idempotency-Key: it keeps both shards' pools (with one
+    key per week it kept one shard's). A second run of a shard in the same week sends nothing."""
+    from monitor.digest.schedule import HistoryBuild, run_digest
+    from monitor.digest.sources import from_store
+    from monitor.forecast.store import HistoryStore
+    from monitor.shard import owner
+    inp, _ = demo_input(WEEK_END, days=9)
+    assert {p.name: owner(p.name, 2) for p in inp.pools} == {"chat-8b": 0, "agent-70b": 1}
+    rx = Receiver()
+    with HistoryStore(str(tmp_path / "h.sqlite"), retention_seconds=None, downsample_after_seconds=None) as st:
+        st.append((p.name, k, float(t), float(v)) for p in inp.pools for k, s in p.series.items()
+                  for t, v in s.items())
+        try:
+            for i in (0, 1):
+                (tmp_path / f"s{i}").mkdir()
+                s = from_dict({**FAST, "outbox": str(tmp_path / f"s{i}" / "outbox.sqlite"),
+                               "pools": {p.name: {"replicas": p.replicas} for p in inp.pools},
+                               "destinations": [
+                                   {"name": "hook", "type": "webhook", "url": f"http://127.0.0.1:{rx.port}/h"},
+                                   {"name": "archive", "type": "directory", "path": str(tmp_path / "archive")}]},
+                              "<test>")
+                build = HistoryBuild(lambda week_end, sh=(i, 2), s=s: from_store(st, week_end, s, shard=sh), (i, 2))
+                with open_outbox(s) as box:
+                    r = run_digest(s, build, WEEK_END + 60, box)
+                    edition = f"2025-W48-shard-{i}-of-2"
+                    assert r["week"] == edition and r["pending"] == 0
+                    assert sorted(r["queued"]) == [f"{edition}:archive", f"{edition}:hook"]
+                    again = run_digest(s, build, WEEK_END + 120, box)
+                    assert again["queued"] == [] and again["outcomes"] == {}
+        finally:
+            rx.close()
+    kept: dict[str, dict] = {}
+    for got in rx.received:  # a de-duplicating receiver
+        kept.setdefault(got["headers"]["Idempotency-Key"], got["body"])
+    assert len(rx.received) == 2
+    assert sorted(kept) == ["2025-W48-shard-0-of-2:hook", "2025-W48-shard-1-of-2:hook"]
+    pools = {k: [b["text"]["text"] for b in body["blocks"] if b["type"] == "section" and "fields" in b]
+             for k, body in kept.items()}
+    assert pools == {"2025-W48-shard-0-of-2:hook": ["*Pool chat-8b*"], "2025-W48-shard-1-of-2:hook": ["*Pool agent-70b*"]}
+    for i, pool in ((0, "chat-8b"), (1, "agent-70b")):
+        doc = json.loads((tmp_path / "archive" / f"2025-W48-shard-{i}-of-2" / "digest.json").read_text())
+        assert [p["name"] for p in doc["pools"]] == [pool] and doc["shard"] == f"{i}/2"

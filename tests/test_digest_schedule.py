@@ -204,3 +204,32 @@ def test_digest_from_a_real_backfilled_prometheus(tmp_path):
             assert p["peaks"][s]["value"] == pytest.approx(rows["value"].iloc[i], rel=1e-9, abs=1e-9)
             assert abs(p["peaks"][s]["timestamp"] - rows["timestamp"].iloc[i]) <= 300  # 5 min windows
         assert {t["name"] for t in p["tasks"]} and p["forecast_next_week"]["defined"]
+
+
+def test_the_daemons_digest_reports_the_knee_of_its_newest_cycle(tmp_path):
+    """Direct mode: the store carries no knee; the digest component reads the knee of the daemon's
+    newest snapshot (learned there, so the digest says learned, not the max_num_seqs prior)."""
+    from monitor import config
+    from monitor.app import build
+    from monitor.capacity.headroom import CapacitySettings, pool_capacity
+    from monitor.capacity.knee import Knee
+    from monitor.model import PoolSnapshot, Snapshot
+    cfg = config.from_dict({
+        "sources": {"prometheus": {"url": "http://127.0.0.1:9"}}, "store": {"path": str(tmp_path / "h.sqlite")},
+        "digest": {"outbox": str(tmp_path / "o.sqlite"), "forecast": {"models": ["snaive_day"]},
+                   "pools": {"tiny": {"replicas": 1, "max_num_seqs": 8}}}}, "t.yaml")
+    daemon = build(cfg, "127.0.0.1:0")
+    try:
+        daemon.store.append([("tiny", "load", WEEK_END - 600 + 10 * i, 3.0 + i % 4) for i in range(60)])
+        build_fn = daemon.digest.build_fn
+        assert build_fn(WEEK_END).pools[0].knee_source == "prior"  # no cycle yet: nothing learned
+        pool = PoolSnapshot(pool="tiny", model="m", replicas=1, active_requests=5.0, queued_requests=0.0)
+        pool.capacity = pool_capacity(pool, Knee(7.0, None, "learned", "queue", confidence=0.8), CapacitySettings())
+        daemon.pipeline.latest = Snapshot(timestamp=WEEK_END - 10, pools=[pool])
+        d = build_digest(build_fn(WEEK_END), daemon.digest.settings)
+        (p,) = d["pools"]
+        assert (p["knee"]["source"], p["knee"]["requests"]) == ("learned", 7.0)
+        assert p["knee"]["note"].startswith("learned by headroom from latency on queue")
+        assert p["cost"]["covered_hours"] == pytest.approx(10 / 60)
+    finally:
+        daemon.stop()

@@ -19,7 +19,7 @@ import ssl as ssl_mod
 import tempfile
 import threading
 from email.message import EmailMessage
-from email.utils import formatdate, make_msgid
+from email.utils import formatdate
 from typing import Callable
 from urllib.parse import urlsplit
 
@@ -43,6 +43,7 @@ def render_files(digest: dict) -> dict[str, bytes]:
     files["slack.json"] = json.dumps(render_slack(digest)).encode()
     files["summary.txt"] = summary_text(digest).encode()
     files["meta.json"] = json.dumps({"title": digest["title"], "iso_week": digest["iso_week"],
+                                     "edition": digest.get("edition", digest["iso_week"]),
                                      "charts": sorted(charts)}).encode()
     return files
 
@@ -122,12 +123,12 @@ def webhook_sender(dest: Destination) -> Callable:
 def build_email(dest: Destination, key: str, payload: dict) -> EmailMessage:
     meta = json.loads(payload["meta.json"])
     msg = EmailMessage()
-    msg["Subject"] = f"{dest.subject_prefix} {meta['title']}: {meta['iso_week']}".strip()
+    msg["Subject"] = f"{dest.subject_prefix} {meta['title']}: {meta.get('edition', meta['iso_week'])}".strip()
     msg["From"] = dest.sender
     msg["To"] = ", ".join(dest.to)
     msg["Date"] = formatdate(localtime=False)
     digest = hashlib.sha256(key.encode()).hexdigest()[:24]
-    msg["Message-ID"] = make_msgid(idstring=digest, domain="headroom.digest")
+    msg["Message-ID"] = f"<{digest}@headroom.digest>"  # the same on every attempt (make_msgid adds time and randomness)
     msg["X-Headroom-Idempotency-Key"] = key
     msg.set_content(payload["summary.txt"].decode() + "\n\n" + payload["digest.md"].decode())
     msg.add_alternative(payload["email.html"].decode(), subtype="html")

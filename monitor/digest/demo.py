@@ -97,6 +97,7 @@ def demo_input(week_end: float, days: float = 14.0, step_s: int = 300, seed: int
         pools.append(PoolInput(
             name=rename.get(pp.name, pp.name), series=series, replicas=pp.replicas,
             knee_requests_per_replica=float(knee["per_replica"]), knee_source="construction",
+            knee_note="the simulated fleet's knee by construction (monitor.sim.fleet.theoretical_knee)",
             gpus_per_replica=pp.gpus_per_replica, max_num_seqs=pp.max_num_seqs,
             kv_capacity_tokens_per_replica=float(pp.kv_capacity_tokens),
             idle_watts_per_gpu=float(pp.idle_watts), max_watts_per_gpu=float(pp.max_watts),

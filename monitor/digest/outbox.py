@@ -2,8 +2,10 @@
 
 Rows:
   payloads    (week, name) -> bytes        the rendered digest (md, html, json, slack.json, PNGs)
-  deliveries  key = "<ISO week>:<destination>"  state pending | done | failed, attempts,
+  deliveries  key = "<edition>:<destination>"  state pending | done | failed, attempts,
               next_attempt, last_error, lease_until, delivered
+The `week` column holds the digest's edition: its ISO week (`2025-W48`), and for a sharded daemon
+its shard too (`2025-W48-shard-1-of-2`, monitor.digest.content.digest_edition).
 
 `enqueue` writes the payload and one pending row per destination in one transaction; a key that
 already exists (pending, done or failed) is left alone, so building the same week's digest twice

@@ -54,6 +54,36 @@ def interval(iv) -> str:
     return "n/a" if not iv else f"{num(iv[0])} - {num(iv[1])}"
 
 
+def hours(h) -> str:
+    """Covered hours: '0.33 h (20 min)' below an hour, else '12.5 h' / '168 h'."""
+    if h is None:
+        return "n/a"
+    if h < 1:
+        return f"{h:.2f} h ({h * 60:.0f} min)"
+    return f"{h:,.1f} h" if h < 100 else f"{h:,.0f} h"
+
+
+def per_1000(c: dict, key: str, currency: str) -> str:
+    """A cost per 1,000 tasks, or why there is none (fewer tasks than the minimum)."""
+    if c.get(key) is None and c.get("per_task_note"):
+        return f"{c['per_task_note']} ({num(c['completed_tasks'])}; a cost per task needs {num(c['min_tasks'])})"
+    return money(c.get(key), currency)
+
+
+def knee_text(p: dict) -> str:
+    k = p["knee"]
+    text = f"{num(k['requests'])} ({num(k['requests_per_replica'], 1)} per replica x {p['replicas']}, {k['source']})"
+    return f"{text}: {k['note']}" if k.get("note") else text
+
+
+def coverage_text(p: dict) -> str:
+    c = p.get("coverage") or {}
+    if not c.get("first"):
+        return "no history in the week"
+    return (f"{hours(c['hours'])} of the week's 168 h ({pct(c['share'])}), from {c['first_text']}, "
+            f"in {num(c['step_seconds'])} s steps")
+
+
 # ---- rows shared by every format -----------------------------------------------------------------
 
 def pool_sections(p: dict, currency: str) -> list[tuple[str, list[str], list[list[str]]]]:
@@ -68,8 +98,8 @@ def pool_sections(p: dict, currency: str) -> list[tuple[str, list[str], list[lis
 
     k, now, at_peak = p["knee"], p.get("capacity_now") or {}, p.get("capacity_at_peak") or {}
     rows = [
-        ["knee (concurrent requests)", f"{num(k['requests'])} ({num(k['requests_per_replica'], 1)} per replica x "
-                                       f"{p['replicas']}, {k['source']})"],
+        ["history covered", coverage_text(p)],
+        ["knee (concurrent requests)", knee_text(p)],
         ["knee with one replica lost (N-1)", num(k["requests_n_minus_1"])],
         ["headroom now", f"{pct((now.get('ratio') or {}).get('current'))} "
                          f"({num((now.get('headroom_requests') or {}).get('current'))} requests)"],
@@ -113,7 +143,7 @@ def pool_sections(p: dict, currency: str) -> list[tuple[str, list[str], list[lis
         s = t["slo"]
         pk = t.get("peak_arrival_rate") or {}
         f = t.get("forecast_next_week") or {}
-        rows.append([t["name"], num(t["completed"]), f"{num(pk.get('value'), 2)}/s ({pk.get('when', 'n/a')})",
+        rows.append([t["name"], f"{t['completed']:,d}", f"{num(pk.get('value'), 2)}/s ({pk.get('when', 'n/a')})",
                      f"{num(f.get('peak'), 2)}/s (95% to {num((f.get('interval95') or [None, None])[1], 2)})"
                      if f.get("defined") else "n/a",
                      "n/a" if not s["target_seconds"] else f"p{s['objective'] * 100:g} ≤ {num(s['target_seconds'], 1)} s",
@@ -123,16 +153,18 @@ def pool_sections(p: dict, currency: str) -> list[tuple[str, list[str], list[lis
                                "over target", "SLO"], rows))
 
     c = p["cost"]
-    rows = [["GPU-hours", f"{num(c['gpu_hours'])} ({money(c['gpu_cost'], currency)})"],
-            ["energy", f"{num(c['energy_kwh'], 1)} kWh ({money(c['energy_cost'], currency)})"],
-            ["completed tasks", num(c["completed_tasks"])],
-            ["private cost per 1,000 tasks", money(c["private_per_1000"], currency)],
-            [f"{c['api_name']} per 1,000 tasks (same tokens)", money(c["api_per_1000"], currency)],
+    rows = [["hours covered by history", hours(c["covered_hours"])],
+            ["GPU-hours", f"{num(c['gpu_hours'], 2)} ({money(c['gpu_cost'], currency)})"],
+            ["energy", f"{num(c['energy_kwh'], 2)} kWh ({money(c['energy_cost'], currency)})"],
+            ["completed tasks", f"{c['completed_tasks']:,d}"],
+            ["private cost per 1,000 tasks", per_1000(c, "private_per_1000", currency)],
+            [f"{c['api_name']} per 1,000 tasks (same tokens)", per_1000(c, "api_per_1000", currency)],
             ["private / API", "n/a" if c["private_over_api"] is None else f"{c['private_over_api']:.2f}x"]]
     for t in p["tasks"]:
         if t.get("api_cost_per_1000") is not None:
-            rows.append([f"{t['name']}: private vs API per 1,000",
-                         f"{money(t.get('private_cost_per_1000'), currency)} vs {money(t['api_cost_per_1000'], currency)}"])
+            private = money(t["private_cost_per_1000"], currency) if t.get("private_cost_per_1000") is not None \
+                else (c["per_task_note"] or "n/a")
+            rows.append([f"{t['name']}: private vs API per 1,000", f"{private} vs {money(t['api_cost_per_1000'], currency)}"])
     out.append(("Cost", ["", "value"], rows))
     return out
 
@@ -293,8 +325,8 @@ def render_slack(d: dict) -> dict:
                   f"*Next week's peak*\n{num(fn.get('peak'))} (95%: {interval(fn.get('interval95'))})"
                   if fn.get("defined") else "*Next week's peak*\nn/a",
                   f"*Over SLO target*\n{pct(slo, 2)}",
-                  f"*Per 1,000 tasks*\n{money(c['private_per_1000'], slack_escape(c['currency']))} private vs "
-                  f"{money(c['api_per_1000'], slack_escape(c['currency']))} API",
+                  f"*Per 1,000 tasks*\n{per_1000(c, 'private_per_1000', slack_escape(c['currency']))} private vs "
+                  f"{per_1000(c, 'api_per_1000', slack_escape(c['currency']))} API",
                   f"*Sessions per MW*\n{num(p.get('sessions_per_megawatt'))}"]
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": f"*Pool {slack_escape(p['name'])}*"[:3000]},
                        "fields": [{"type": "mrkdwn", "text": f[:2000]} for f in fields]})

@@ -5,9 +5,11 @@
     schedule_digest(scheduler, settings, build_fn)   cron job (day, hour, minute, time zone) plus a
                                                      retry job that drains the outbox
 
-`build_fn(week_end) -> DigestInput` loads history (monitor.digest.sources or .demo). A week whose
-payload is already in the outbox is not rebuilt: a restart or a second run in the same week queues
-only destinations that are missing, so nothing is sent twice.
+`build_fn(week_end) -> DigestInput` loads history (monitor.digest.sources or .demo); its `shard`
+attribute, when set (`history_build_fn` sets the configuration's `global.shard`), makes every
+delivery's key unique per shard and week (`content.digest_edition`). A week whose payload is already
+in the outbox is not rebuilt: a restart or a second run in the same week queues only destinations
+that are missing, so nothing is sent twice.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import math
 import time
 from typing import Callable, Optional
 
-from monitor.digest.content import DigestInput, build_digest, digest_week
+from monitor.digest.content import DigestInput, build_digest, digest_edition, digest_week
 from monitor.digest.deliver import render_files, senders_for
 from monitor.digest.outbox import Outbox
 from monitor.digest.settings import DigestSettings
@@ -44,53 +46,51 @@ def run_digest(settings: DigestSettings, build_fn: Callable[[float], DigestInput
     """Build (unless this week's payload is queued already), queue one delivery per destination,
     then try every due delivery once. Returns {"week", "queued", "outcomes", "pending"}."""
     end = week_end_for(now)
-    week = digest_week(end, settings.timezone)
+    week = digest_edition(digest_week(end, settings.timezone), getattr(build_fn, "shard", None))
     dests = [d.name for d in settings.destinations]
     if outbox.has_week(week):
         log.info("digest %s is already in the outbox; queueing only missing destinations", week)
         queued = outbox.enqueue(week, {}, dests, now)
     else:
         digest = build_digest(build_fn(end), settings, generated_at=now)
-        queued = outbox.enqueue(digest["iso_week"], render_files(digest), dests, now)
+        if digest["edition"] != week:
+            raise ValueError(f"the digest built is {digest['edition']}, expected {week} (shard mismatch)")
+        queued = outbox.enqueue(week, render_files(digest), dests, now)
     outcomes = drain(settings, outbox, now, clock) if deliver else {}
     return {"week": week, "queued": queued, "outcomes": outcomes, "pending": outbox.pending_count()}
 
 
-def history_build_fn(cfg, settings: DigestSettings, store=None) -> Callable[[float], DigestInput]:
+class HistoryBuild:
+    """`build_fn(week_end) -> DigestInput` with the shard whose pools it reports (None: every pool)."""
+
+    def __init__(self, fn: Callable[[float], DigestInput], shard: Optional[tuple[int, int]] = None):
+        self.fn, self.shard = fn, shard
+
+    def __call__(self, week_end: float) -> DigestInput:
+        return self.fn(week_end)
+
+
+def history_build_fn(cfg, settings: DigestSettings, store=None,
+                     knees: Optional[Callable[[], dict]] = None) -> HistoryBuild:
     """`build_fn(week_end)` reading headroom's history: the HistoryStore (`store`, else one opened
-    on `store.path` per run) or Prometheus, as `digest.history.source` says (auto: store first)."""
+    on `store.path` per run) or Prometheus, as `digest.history.source` says (auto: store first).
+    The knee: in Prometheus mode headroom's exported knee series; with the store, `knees()` (the
+    daemon passes its newest snapshot's: `monitor.digest.knee.knees_from_snapshot`). Only the pools
+    of `global.shard` are reported, under a key unique to the shard."""
     from monitor.config import ConfigError
-    from monitor.digest import sources
     src = settings.history_source
     if src == "auto":
         src = "store" if (store is not None or cfg.store_path) else ("prometheus" if cfg.prometheus else "")
+    shard = getattr(cfg, "shard", None)
     if src == "store":
         if store is None and not cfg.store_path:
             raise ConfigError(cfg.file, "store.path", "digest.history.source is store but no store is configured")
-
-        def build(week_end: float) -> DigestInput:
-            if store is not None:
-                return sources.from_store(store, week_end, settings)
-            import os
-            from monitor.forecast.store import HistoryStore
-            if not os.path.isfile(cfg.store_path):
-                raise ValueError(f"history store {cfg.store_path} does not exist (has the daemon run?)")
-            with HistoryStore(cfg.store_path, retention_seconds=None, downsample_after_seconds=None) as st:
-                return sources.from_store(st, week_end, settings)
-        return build
+        return HistoryBuild(_store_build(cfg, settings, store, knees, shard), shard)
     if src == "prometheus":
         if cfg.prometheus is None:
             raise ConfigError(cfg.file, "sources.prometheus",
                               "digest.history.source is prometheus but none is configured")
-
-        def build(week_end: float) -> DigestInput:
-            from monitor.history.prometheus import PrometheusHistory
-            history = PrometheusHistory.from_config(cfg.prometheus, pool_by=cfg.pool_by)
-            try:
-                return sources.from_source(history, week_end, settings)
-            finally:
-                history.client.close()
-        return build
+        return HistoryBuild(_prometheus_build(cfg, settings, shard), shard)
     raise ConfigError(cfg.file, "digest.history", "no history: configure store.path or sources.prometheus")
 
 
@@ -107,6 +107,37 @@ def weekly_fire_times(settings: DigestSettings) -> Callable[[float], Optional[fl
         fire = trigger.get_next_fire_time(None, start)
         return None if fire is None else fire.timestamp()
     return next_fire
+
+
+def _store_build(cfg, settings: DigestSettings, store, knees, shard) -> Callable[[float], DigestInput]:
+    from monitor.digest import sources
+    knee_fn = (lambda start, end, step: knees() or {}) if knees is not None else None
+
+    def build(week_end: float) -> DigestInput:
+        if store is not None:
+            return sources.from_store(store, week_end, settings, knees=knee_fn, shard=shard)
+        import os
+        from monitor.forecast.store import HistoryStore
+        if not os.path.isfile(cfg.store_path):
+            raise ValueError(f"history store {cfg.store_path} does not exist (has the daemon run?)")
+        with HistoryStore(cfg.store_path, retention_seconds=None, downsample_after_seconds=None) as st:
+            return sources.from_store(st, week_end, settings, knees=knee_fn, shard=shard)
+    return build
+
+
+def _prometheus_build(cfg, settings: DigestSettings, shard) -> Callable[[float], DigestInput]:
+    from monitor.digest import sources
+
+    def build(week_end: float) -> DigestInput:
+        from monitor.history.prometheus import PrometheusHistory
+        history = PrometheusHistory.from_config(cfg.prometheus, pool_by=cfg.pool_by,
+                                                resolution=sources.resolution_for(settings.history_step))
+        try:
+            return sources.from_source(history, week_end, settings, shard=shard,
+                                       knees=sources.prometheus_knees(history.client, history.selector))
+        finally:
+            history.client.close()
+    return build
 
 
 def schedule_digest(scheduler, settings: DigestSettings, build_fn: Callable[[float], DigestInput],

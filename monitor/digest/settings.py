@@ -62,7 +62,7 @@ class PoolFacts:
 
     replicas: Optional[int] = key(Int(ge=1), help="replicas running")
     gpus_per_replica: int = key(Int(ge=1), 1, help="GPUs per replica")
-    knee_requests_per_replica: Optional[float] = key(Number(gt=0), help="knee per replica (else the prior)")
+    knee_requests_per_replica: Optional[float] = key(Number(gt=0), help="pins the knee per replica (else the one headroom learned, else a prior)")
     max_num_seqs: Optional[int] = key(Int(ge=1), help="vLLM --max-num-seqs (the prior's slots)")
     kv_capacity_tokens_per_replica: Optional[float] = key(Number(gt=0), help="KV-cache tokens per replica")
     idle_watts_per_gpu: Optional[float] = key(Number(gt=0), help="GPU power when idle (modelled power)")

@@ -4,17 +4,20 @@ embedded HistoryStore (direct mode) or Prometheus (headroom's exported series, e
 History covers the two weeks before `week_end` plus one more (for "how last week's forecast did"
 the forecast is refitted on what came before last week), in `digest.history.step` buckets, with the
 schema's names and meanings (active and queued apart, `load` their sum at the same instant). What
-history does not carry comes from `digest.pools.<name>` (replicas, knee per replica, GPUs, watts)
-and `digest.tasks.<name>` (tokens per call, calls per task). A pool without replicas or a knee
-there is reported with "n/a".
+history does not carry comes from `digest.pools.<name>` (replicas, GPUs, watts, optionally a pinned
+knee) and `digest.tasks.<name>` (tokens per call, calls per task). The knee is the one headroom
+learned where it learned one (`knees`: monitor/digest/knee.py reads it from Prometheus or the
+daemon's newest snapshot), else a prior, and the digest says which. A sharded daemon reports its
+own pools only (monitor/shard.py).
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import pandas as pd
 
-from monitor.digest.content import WEEK, DigestError, DigestInput, PoolInput
+from monitor.digest.content import WEEK, DigestError, DigestInput, PoolInput, fmt_time
+from monitor.digest.knee import KneeReading, choose, knees_from_prometheus
 from monitor.digest.settings import DigestSettings, PoolFacts
 from monitor.history.prometheus import MAX_POINTS, PrometheusHistory
 from monitor.history.schema import HistorySource
@@ -23,16 +26,19 @@ from monitor.history.store import StoreHistory
 HISTORY_WEEKS = 3
 
 
-def _pool_input(name: str, series: dict[str, pd.Series], settings: DigestSettings) -> PoolInput:
+KneeFn = Callable[[float, float, float], dict[str, KneeReading]]  # (start, end, step) -> {pool: knee}
+
+
+def _pool_input(name: str, series: dict[str, pd.Series], settings: DigestSettings,
+                knee: Optional[KneeReading] = None) -> PoolInput:
     f = settings.pools.get(name) or settings.pools.get("*") or PoolFacts()
     if not f.replicas:
         raise DigestError(f"pool {name}: set digest.pools.{name}.replicas (history does not carry it)")
-    knee = f.knee_requests_per_replica
-    if knee is None and f.max_num_seqs:
-        knee = float(f.max_num_seqs)  # the engine's slot limit: a prior, until a knee is configured
+    per_rep, source, note = choose(f.knee_requests_per_replica, knee, f.max_num_seqs,
+                                   lambda t: fmt_time(t, settings.timezone))
     tasks = {t: tf for t, tf in settings.tasks.items() if tf.pool in (None, name)}
-    return PoolInput(name=name, series=series, replicas=f.replicas, knee_requests_per_replica=knee,
-                     knee_source="configured" if f.knee_requests_per_replica else "prior",
+    return PoolInput(name=name, series=series, replicas=f.replicas, knee_requests_per_replica=per_rep,
+                     knee_source=source, knee_note=note,
                      gpus_per_replica=f.gpus_per_replica, max_num_seqs=f.max_num_seqs,
                      kv_capacity_tokens_per_replica=f.kv_capacity_tokens_per_replica,
                      idle_watts_per_gpu=f.idle_watts_per_gpu, max_watts_per_gpu=f.max_watts_per_gpu,
@@ -40,22 +46,49 @@ def _pool_input(name: str, series: dict[str, pd.Series], settings: DigestSetting
 
 
 def from_source(source: HistorySource, week_end: float, settings: DigestSettings,
-                pools: Optional[list[str]] = None) -> DigestInput:
-    """Every pool of the source (or `pools`) with its series over the last HISTORY_WEEKS weeks."""
-    data = source.load(pools, week_end - HISTORY_WEEKS * WEEK, week_end, settings.history_step)
-    out = [_pool_input(pool, series, settings) for pool, series in sorted(data.items()) if series]
+                pools: Optional[list[str]] = None, knees: Optional[KneeFn] = None,
+                shard: Optional[tuple[int, int]] = None) -> DigestInput:
+    """Every pool of the source (or `pools`; with `shard`, those the shard owns) with its series
+    over the last HISTORY_WEEKS weeks, and its knee from `knees(start, end, step)`."""
+    start, step = week_end - HISTORY_WEEKS * WEEK, settings.history_step
+    data = source.load(pools, start, week_end, step)
+    if shard is not None:
+        from monitor.shard import owns  # noqa: PLC0415
+        data = {pool: series for pool, series in data.items() if owns(pool, shard)}
+    known = knees(start, week_end, step) if (knees is not None and data) else {}
+    out = [_pool_input(pool, series, settings, known.get(pool)) for pool, series in sorted(data.items()) if series]
     if not out:
         raise DigestError(f"the {source.describe} holds no pool series in the {HISTORY_WEEKS} weeks "
                           f"before {week_end:.0f}")
-    return DigestInput(week_end, out, source=source.describe)
+    return DigestInput(week_end, out, source=source.describe, step=step, shard=shard)
 
 
-def from_store(store, week_end: float, settings: DigestSettings, pools: Optional[list[str]] = None) -> DigestInput:
-    return from_source(StoreHistory(store), week_end, settings, pools)
+def from_store(store, week_end: float, settings: DigestSettings, pools: Optional[list[str]] = None,
+               knees: Optional[KneeFn] = None, shard: Optional[tuple[int, int]] = None) -> DigestInput:
+    return from_source(StoreHistory(store), week_end, settings, pools, knees, shard)
+
+
+# Prometheus history is sampled every RESOLUTION seconds within each step: a scrape interval of 15 s
+# or more has every scrape seen, so the store (every cycle) and Prometheus (every scrape) give the
+# same peaks within one scrape. (PrometheusHistory's own default, 60 s, sees one scrape in four.)
+RESOLUTION = 15.0
+
+
+def prometheus_knees(client, selector: str = "", max_points: int = MAX_POINTS) -> KneeFn:
+    return lambda start, end, step: knees_from_prometheus(client, start, end, step, selector, max_points)
 
 
 def from_prometheus(client, week_end: float, settings: DigestSettings, max_points: int = MAX_POINTS,
-                    **history) -> DigestInput:
+                    shard: Optional[tuple[int, int]] = None, **history) -> DigestInput:
     """`client.query_range` as in monitor.sources.prometheus; `history` goes to PrometheusHistory
-    (e.g. vllm_selector, vllm_pool_label)."""
-    return from_source(PrometheusHistory(client, max_points=max_points, **history), week_end, settings)
+    (e.g. vllm_selector, vllm_pool_label, resolution: default RESOLUTION where the step allows)."""
+    history.setdefault("resolution", resolution_for(settings.history_step))
+    source = PrometheusHistory(client, max_points=max_points, **history)
+    return from_source(source, week_end, settings, knees=prometheus_knees(client, source.selector, max_points),
+                       shard=shard)
+
+
+def resolution_for(step: float) -> Optional[float]:
+    """RESOLUTION when the step is a whole multiple of it, else None (PrometheusHistory's default)."""
+    ms = round(step * 1000)
+    return RESOLUTION if ms % round(RESOLUTION * 1000) == 0 else None

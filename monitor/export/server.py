@@ -124,7 +124,7 @@ def handle(state: WebState, req: Request) -> Response:
     return probe(state, req) or Response(404, b"Not found. Try /metrics or /.\n")
 
 
-WEEK_DIR = re.compile(r"\d{4}-W\d{2}\Z")  # monitor/digest/deliver.py writes PATH/<iso week>/
+WEEK_DIR = re.compile(r"\d{4}-W\d{2}(-shard-\d+-of-\d+)?\Z")  # monitor/digest/deliver.py writes PATH/<edition>/ (the ISO week, -shard-I-of-N when sharded)
 MAX_DIGEST_BYTES = 32 * 1024 * 1024
 
 

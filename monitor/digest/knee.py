@@ -1,0 +1,92 @@
+"""The knee the digest reports: the one headroom learned where it learned one.
+
+The history schema (monitor/history/schema.py) carries loads, not the knee. headroom records its
+knee in two places, and the digest reads it from whichever it has:
+
+- Prometheus mode: headroom's exported `headroom_knee_requests` (per pool: knee per replica x the
+  replicas answering), `headroom_replicas` and `headroom_knee_info{source="learned"|"prior"}`.
+  `knees_from_prometheus` reads them over the digest's history range with the history module's
+  `read_range` and keeps, per pool, the newest learned knee (a restart starts from the prior
+  again; the knee learned before it is still the best one known), else the newest prior.
+- Direct mode (the daemon's store): the daemon's newest snapshot, `knees_from_snapshot`.
+
+`choose` picks what a pool's digest uses, and says which:
+    configured   digest.pools.<pool>.knee_requests_per_replica (the operator pinned it)
+    learned      headroom learned it from latency (the reading above)
+    prior        nothing learned: headroom's prior from the engine's limits, else max_num_seqs
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+from monitor.history.prometheus import read_range
+
+
+@dataclass(frozen=True)
+class KneeReading:
+    per_replica: float  # concurrent requests (active + queued) per replica at the knee
+    source: str  # "learned" or "prior", as headroom labelled it
+    at: Optional[float] = None  # Unix seconds of the reading
+    signal: str = ""  # latency signal of a learned knee
+
+
+def _per_replica_query(source: str, selector: str) -> str:
+    m = f"{{{selector}}}" if selector else ""
+    info = f'{{source="{source}"{", " + selector if selector else ""}}}'
+    return (f"max by (pool) (headroom_knee_requests{m}) / max by (pool) (headroom_replicas{m} > 0) "
+            f"and on (pool) max by (pool) (headroom_knee_info{info})")
+
+
+def knees_from_prometheus(client, start: float, end: float, step: float, selector: str = "",
+                          max_points: int = 10_000) -> dict[str, KneeReading]:
+    """{pool: newest learned knee in [start, end], else newest prior} from headroom's exported
+    knee series (`client.query_range` as in monitor.sources.prometheus)."""
+    out: dict[str, KneeReading] = {}
+    for source in ("learned", "prior"):
+        for labels, points in read_range(client, _per_replica_query(source, selector), start, end, step,
+                                         max_points):
+            pool = labels.get("pool")
+            good = {t: v for t, v in points.items() if math.isfinite(v) and v > 0}
+            if not pool or not good or pool in out:
+                continue
+            t = max(good)
+            out[pool] = KneeReading(float(good[t]), source, float(t))
+    return out
+
+
+def knees_from_snapshot(snapshot) -> dict[str, KneeReading]:
+    """{pool: its knee} from a `monitor.model.Snapshot` (the daemon's newest cycle)."""
+    out: dict[str, KneeReading] = {}
+    if snapshot is None:
+        return out
+    for p in snapshot.pools:
+        c = p.capacity
+        n = p.replicas - p.stalled_replicas
+        if c is None or c.withheld or not c.knee_requests or n <= 0 or c.knee_source not in ("learned", "prior"):
+            continue
+        out[p.pool] = KneeReading(float(c.knee_requests) / n, c.knee_source, float(snapshot.timestamp),
+                                  c.knee_signal or "")
+    return out
+
+
+def choose(configured: Optional[float], reading: Optional[KneeReading], max_num_seqs: Optional[int],
+           fmt_time=None) -> tuple[Optional[float], str, str]:
+    """(knee per replica, source, note in words) for one pool."""
+    when = (lambda t: fmt_time(t)) if fmt_time else (lambda t: f"{t:.0f}")
+    learned = reading if (reading is not None and reading.source == "learned") else None
+    if configured:
+        note = "configured in digest.pools"
+        if learned is not None:
+            note += f" (headroom learned {learned.per_replica:.1f} per replica)"
+        return float(configured), "configured", note
+    if learned is not None:
+        signal = f" on {learned.signal}" if learned.signal else ""
+        at = f", newest at {when(learned.at)}" if learned.at is not None else ""
+        return learned.per_replica, "learned", f"learned by headroom from latency{signal}{at}"
+    if reading is not None:
+        return reading.per_replica, "prior", "nothing learned yet: headroom's prior from the engine's limits"
+    if max_num_seqs:
+        return float(max_num_seqs), "prior", "nothing learned yet: the prior max_num_seqs"
+    return None, "prior", "nothing learned and no max_num_seqs: no knee"

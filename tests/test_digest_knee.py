@@ -1,0 +1,109 @@
+"""Which knee the digest uses (monitor/digest/knee.py): the learned one where headroom has one, read
+from its exported series (Prometheus) or its newest snapshot (the daemon); else configured or a prior."""
+from __future__ import annotations
+
+import pytest
+
+from monitor.capacity.headroom import CapacitySettings, pool_capacity
+from monitor.capacity.knee import Knee
+from monitor.digest.content import build_digest
+from monitor.digest.knee import KneeReading, choose, knees_from_prometheus, knees_from_snapshot
+from monitor.digest.settings import from_dict
+from monitor.digest.sources import from_source
+from monitor.model import PoolSnapshot, Snapshot
+
+T0 = 1764547200.0
+
+
+class Recorded:
+    """A range client answering recorded Prometheus results by the knee source in the query."""
+
+    def __init__(self, answers: dict[str, list]):
+        self.answers, self.queries = answers, []
+
+    def query_range(self, query, start, end, step):
+        self.queries.append(query)
+        source = "learned" if 'source="learned"' in query else "prior"
+        return self.answers.get(source, [])
+
+
+def test_the_newest_learned_knee_wins_over_a_newer_prior():
+    client = Recorded({
+        # learned, then a restart put the daemon back on its prior: the learned knee is still the one
+        "learned": [({"pool": "a"}, [(T0 + 60, 7.4), (T0 + 120, 7.0)])],
+        "prior": [({"pool": "a"}, [(T0 + 600, 8.0)]), ({"pool": "b"}, [(T0 + 60, 16.0), (T0 + 120, 12.0)]),
+                  ({"pool": "c"}, [(T0, float("nan"))])],
+    })
+    got = knees_from_prometheus(client, T0, T0 + 900, 300.0)
+    assert got == {"a": KneeReading(7.0, "learned", T0 + 120), "b": KneeReading(12.0, "prior", T0 + 120)}
+    learned = client.queries[0]
+    assert learned.startswith("max by (pool) (headroom_knee_requests) / max by (pool) (headroom_replicas > 0)")
+    assert learned.endswith('and on (pool) max by (pool) (headroom_knee_info{source="learned"})')
+
+
+def test_the_selector_reaches_every_series():
+    client = Recorded({})
+    knees_from_prometheus(client, T0, T0 + 300, 300.0, selector='job="headroom"')
+    assert all(q.count('job="headroom"') == 3 for q in client.queries) and len(client.queries) == 2
+
+
+def test_a_snapshots_knee_per_replica_and_source():
+    pool = PoolSnapshot(pool="p", model="m", replicas=3, stalled_replicas=1, active_requests=5.0, queued_requests=1.0)
+    pool.capacity = pool_capacity(pool, Knee(7.0, None, "learned", "queue", confidence=0.9), CapacitySettings())
+    assert pool.capacity.knee_requests == 14.0  # 7 x the 2 working replicas
+    idle = PoolSnapshot(pool="q", model="m", replicas=2)
+    idle.capacity = pool_capacity(idle, Knee(8.0, None, "prior", "limits"), CapacitySettings())
+    none = PoolSnapshot(pool="r", model="m", replicas=2)
+    got = knees_from_snapshot(Snapshot(timestamp=T0, pools=[pool, idle, none]))
+    assert got == {"p": KneeReading(7.0, "learned", T0, "queue"), "q": KneeReading(8.0, "prior", T0, "limits")}
+    assert knees_from_snapshot(None) == {}
+
+
+@pytest.mark.parametrize("configured, reading, max_num_seqs, expected", [
+    (None, KneeReading(7.0, "learned", T0, "queue"), 8, (7.0, "learned")),
+    (86.0, KneeReading(7.0, "learned", T0), 8, (86.0, "configured")),
+    (None, KneeReading(6.5, "prior", T0), 8, (6.5, "prior")),
+    (None, None, 8, (8.0, "prior")),
+    (None, None, None, (None, "prior")),
+])
+def test_choose(configured, reading, max_num_seqs, expected):
+    per_rep, source, note = choose(configured, reading, max_num_seqs)
+    assert (per_rep, source) == expected
+    if source == "learned":
+        assert note == f"learned by headroom from latency on queue, newest at {T0:.0f}"
+    elif source == "configured":
+        assert note == "configured in digest.pools (headroom learned 7.0 per replica)"
+    else:
+        assert note.startswith("nothing learned")
+
+
+class OneSource:
+    describe = "test history"
+
+    def __init__(self, data):
+        self.data = data
+
+    def load(self, pools, start, end, step, series=None):
+        return self.data
+
+
+def test_from_source_uses_the_knees_and_the_shard():
+    import pandas as pd
+    s = pd.Series([3.0, 4.0], index=[T0 - 600.0, T0 - 300.0])
+    data = {"chat-8b": {"load": s}, "agent-70b": {"load": s}}
+    settings = from_dict({"forecast": {"models": ["snaive_day"]},
+                          "pools": {"*": {"replicas": 2, "max_num_seqs": 8}}}, "<t>")
+    asked = []
+
+    def knees(start, end, step):
+        asked.append((start, end, step))
+        return {"chat-8b": KneeReading(7.0, "learned", T0 - 300.0)}
+    inp = from_source(OneSource(data), T0, settings, knees=knees)
+    assert asked == [(T0 - 21 * 86400.0, T0, 300.0)]
+    got = {p.name: (p.knee_requests_per_replica, p.knee_source) for p in inp.pools}
+    assert got == {"chat-8b": (7.0, "learned"), "agent-70b": (8.0, "prior")}
+    d = build_digest(inp, settings)
+    assert [p["knee"]["requests"] for p in d["pools"]] == [16.0, 14.0] and d["edition"] == d["iso_week"]
+    one = from_source(OneSource(data), T0, settings, knees=knees, shard=(1, 2))  # agent-70b's shard
+    assert [p.name for p in one.pools] == ["agent-70b"] and one.shard == (1, 2)
+    assert build_digest(one, settings)["edition"] == "2025-W48-shard-1-of-2"
