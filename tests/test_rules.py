@@ -134,6 +134,16 @@ MUTATIONS = [
     (A, "headroom_last_success_timestamp_seconds) > 300", "headroom_last_success_timestamp_seconds) > 0", "HeadroomDataStale"),
     (A, "headroom_pool_stale) == 1", "headroom_pool_stale) >= 0", "HeadroomPoolStale"),
     (A, 'absent(up{job="headroom"} == 1)', 'absent(up{job="headroom"})', "HeadroomAbsent"),
+    (A, "> 3 * headroom_cycle_interval_seconds", "> 2 * headroom_cycle_interval_seconds", "HeadroomCyclesStopped"),
+    (A, "> 3 * headroom_cycle_interval_seconds", ">= 3 * headroom_cycle_interval_seconds", "HeadroomCyclesStopped"),
+    (A, "max without (instance, pod) (\n              headroom_last_cycle_age_seconds",
+     "min without (instance, pod) (\n              headroom_last_cycle_age_seconds", "HeadroomCyclesStopped"),
+    (A, '\n          and on (job)\n          count by (job) (up{job="headroom"} == 1) > 0', "", "HeadroomInstanceDown"),
+    (A, 'up{job="headroom"} == 0\n', 'up{job="headroom"} < 0\n', "HeadroomInstanceDown"),
+    (A, "\n            < max without (instance, pod, headroom_shard, shard) (headroom_shards)",
+     "\n            <= max without (instance, pod, headroom_shard, shard) (headroom_shards)", "HeadroomShardDown"),
+    (A, "count without (shard) (max without (instance, pod, headroom_shard) (headroom_shards))",
+     "count without (shard) (headroom_shards)", "HeadroomShardDown"),
     (A, "#headroomlow", "#headroom-low", "HeadroomLow "),
     # HA pairs: dropping the dedup (or aggregating the wrong way) must be noticed by the HA cases
     (A, 'min without (instance, pod) (\n            quantile_over_time(0.5, headroom_ratio{scenario="current"}[10m])',
@@ -271,7 +281,9 @@ def test_the_brief_s_alerts_are_all_there():
         "headroom_source_up": {"HeadroomSourceDown"},
         "headroom_last_success_timestamp_seconds": {"HeadroomDataStale"},
         "headroom_pool_stale": {"HeadroomPoolStale"},
-        'up{job="headroom"}': {"HeadroomAbsent"},
+        'up{job="headroom"}': {"HeadroomAbsent", "HeadroomInstanceDown"},
+        "headroom_last_cycle_age_seconds": {"HeadroomCyclesStopped"},
+        "headroom_shards": {"HeadroomShardDown"},
         "pool:vllm_num_requests_waiting:sum": {"HeadroomQueueBuilding"},
         "pool:vllm_kv_cache_usage:avg": {"HeadroomKVCachePressure"},
         "pool:vllm_num_preemptions:rate5m": {"HeadroomPreemptions"},
@@ -289,8 +301,8 @@ def test_the_brief_s_alerts_are_all_there():
 
 def test_job_selector_is_in_one_documented_place():
     with_job = [r for r in _alert_rules() if re.search(r"\bjob\s*=", r["expr"])]
-    assert [r["alert"] for r in with_job] == ["HeadroomAbsent"]
-    assert 'up{job="headroom"}' in with_job[0]["expr"]
+    assert [r["alert"] for r in with_job] == ["HeadroomInstanceDown", "HeadroomAbsent"]
+    assert all('up{job="headroom"}' in r["expr"] for r in with_job)
     assert 'up{job="headroom"}' in RUNBOOK.read_text(), "runbook must say how to change the job"
 
 
@@ -534,3 +546,10 @@ def test_recording_rules_on_a_real_vllm_capture(tmp_path, capture):
     assert capacity > 0 and len(input_series) > 20
     res = _promtool("test", "rules", str(path))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+
+
+def test_the_daemon_exports_its_shard_for_the_shard_alert():
+    """HeadroomShardDown counts the shards exporting headroom_shards{shard} against its value."""
+    from monitor.export.samples import ProcessStatus, snapshot_samples
+    assert snapshot_samples(None, ProcessStatus(shard=(1, 3)))["headroom_shards"] == [({"shard": "1"}, 3.0)]
+    assert "headroom_shards" not in snapshot_samples(None, ProcessStatus())
