@@ -143,3 +143,26 @@ def test_a_steady_kv_figure_from_the_cycle_replaces_the_snapshot_s_own():
     assert c.capacity_requests.kv == pytest.approx(400_000 / 4_000)
     assert c.kv_tokens_per_request == 4_000.0 and c.kv_tokens_per_request_source == "measured"
     assert pool_capacity(pool(), LEARNED, CapacitySettings()).capacity_requests.kv == pytest.approx(200.0)
+
+
+def test_one_replica_pool_shows_no_n_minus_1_on_the_page_json_and_metrics():
+    """Under load a one-replica pool used to show "-inf%" on the page and export -Inf."""
+    from monitor.capacity.headroom import pool_capacity
+    from monitor.export.landing import Trends, render
+    from monitor.export.samples import snapshot_samples
+    from monitor.export.snapshot_json import pool_to_dict
+    from monitor.model import Snapshot
+    one = pool(caps=(100_000.0,))
+    one.capacity = pool_capacity(one, LEARNED, CapacitySettings())
+    snap = Snapshot(timestamp=1796289000.0, pools=[one])
+    page = render(snap, Trends())
+    assert "N-1: no N-1" in page and "inf%" not in page
+    assert "headroom now" in page and "-200%" in page  # current headroom 1 - 36 / 12 is still shown
+    doc = pool_to_dict(one)
+    assert doc["capacity"]["ratio"] == {"current": pytest.approx(-2.0), "n_minus_1": None}
+    scenarios = [lbl["scenario"] for lbl, _ in snapshot_samples(snap)["headroom_ratio"]]
+    assert scenarios == ["current"]
+    # two replicas: a number on the page
+    two = pool(caps=(100_000.0,) * 2)
+    two.capacity = pool_capacity(two, LEARNED, CapacitySettings())
+    assert "N-1: -200%" in render(Snapshot(timestamp=1796289000.0, pools=[two]), Trends())
