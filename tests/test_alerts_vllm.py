@@ -149,7 +149,13 @@ def test_capacity_alerts_fire_through_a_real_overload_and_clear_at_idle(stack):
     changes = _value(prom, f'changes(headroom_knee_requests{{pool="{pool}"}}[{span}s])')
     knees = prom.query(f'max_over_time(headroom_knee_requests{{pool="{pool}"}}[{span}s]) - '
                        f'min_over_time(headroom_knee_requests{{pool="{pool}"}}[{span}s])')
+    # what the prior was before it was kept steady: each cycle's KV limit, capacity / (live KV /
+    # running), capped by the slots (printed: the range it would have jumped over in this run)
+    per_cycle = (f'clamp_max(headroom_kv_capacity_tokens{{pool="{pool}"}} / (headroom_kv_tokens{{pool="{pool}"}}'
+                 f' / headroom_active_requests{{pool="{pool}"}}), {engine.info["max_num_seqs"]})[{span}s:1s]')
+    old_lo, old_hi = _value(prom, f"min_over_time({per_cycle})"), _value(prom, f"max_over_time({per_cycle})")
     sys.stderr.write(f"\n[alerts] max load {load}, min headroom {overloaded:.2f}; both fired "
                      f"{t_fired - t0:.0f} s and cleared {t_cleared - t0:.0f} s after the start; "
-                     f"knee changed {changes:.0f} times over {span} s (spread {knees[0]['value'][1]})\n")
+                     f"knee changed {changes:.0f} times over {span} s (spread {knees[0]['value'][1]}); "
+                     f"a per-cycle prior would have ranged {old_lo} to {old_hi}\n")
     assert changes is not None and changes <= 2, changes
