@@ -9,7 +9,7 @@ runs them): every `for:` SHORTENED 30x, and every range window of an alert expre
 out in seconds. Prometheus scrapes and evaluates every second, headroom cycles every
 2 s. The test asserts, waiting on conditions with deadlines:
   1. at idle the pool has all its headroom and no capacity alert is pending or firing;
-  2. 20 clients on 8 slots (requests queue in the engine): HeadroomCriticallyLow and HeadroomLow fire
+  2. 20 clients with long prompts on 8 slots (requests queue in the engine): HeadroomCriticallyLow and HeadroomLow fire
      for the engine's pool, with the bundled severity and runbook link;
   3. the load stopped: both clear (neither pending nor firing) once the engine is idle;
   4. the knee the page and the rules used did not jump from cycle to cycle (before the steady prior
@@ -30,7 +30,11 @@ from servers import Prometheus, wait_for, wait_http
 
 ROOT = Path(__file__).resolve().parents[1]
 FACTOR = 30  # the demo's DEMO_FOR_FACTOR: `for:` and range windows on a 30x shorter time scale
-CLIENTS = 20  # on 8 slots: about 12 requests wait at any time
+CLIENTS = 20  # on 8 slots: 12 or more requests wait at any time
+# prompts of 250-450 tokens and 150-250 generated: 400-700 KV tokens per request at the end, so the
+# KV cache (3 072 tokens) holds 4 to 8 of them and the KV limit crosses the slot limit from one
+# cycle to the next, as in the SRE trial whose prior jumped between 3.6 and 8
+PROMPT_TOKENS = (250, 450)
 CAPACITY_ALERTS = ("HeadroomLow", "HeadroomCriticallyLow")
 
 pytestmark = pytest.mark.vllm
@@ -112,7 +116,8 @@ def test_capacity_alerts_fire_through_a_real_overload_and_clear_at_idle(stack):
     # 2. overload: 20 closed-loop clients on 8 slots
     vocab = engine.info["vocab_size"]
     loop = ClosedLoop(engine.url, clients=CLIENTS, duration=240.0, max_tokens=[150, 250],
-                      prompt=lambda rng: token_prompt(rng, rng.randint(16, 64), vocab), seed=21, stagger=1.0)
+                      prompt=lambda rng: token_prompt(rng, rng.randint(*PROMPT_TOKENS), vocab), seed=21,
+                      stagger=1.0)
     loop.start()
     try:
         fired = wait_for(lambda: _alerts(prom, pool),
@@ -143,8 +148,9 @@ def test_capacity_alerts_fire_through_a_real_overload_and_clear_at_idle(stack):
     t_cleared = time.monotonic()
     assert _value(prom, f"headroom_ratio{sel}") == 1.0
 
-    # 4. the knee held still: one value for the prior (the slot limit, or the KV limit once a steady
-    #    figure for KV per request exists), at most one more when a learned knee is published
+    # 4. the knee held still: the slot limit until 5 measurements of KV per request exist, then the
+    #    prior from their median (a change only if it moves by half), and perhaps a learned knee:
+    #    a few changes at most, where the per-cycle prior moved every cycle or two
     span = int(time.monotonic() - t0) + 5
     changes = _value(prom, f'changes(headroom_knee_requests{{pool="{pool}"}}[{span}s])')
     knees = prom.query(f'max_over_time(headroom_knee_requests{{pool="{pool}"}}[{span}s]) - '
@@ -158,4 +164,4 @@ def test_capacity_alerts_fire_through_a_real_overload_and_clear_at_idle(stack):
                      f"{t_fired - t0:.0f} s and cleared {t_cleared - t0:.0f} s after the start; "
                      f"knee changed {changes:.0f} times over {span} s (spread {knees[0]['value'][1]}); "
                      f"a per-cycle prior would have ranged {old_lo} to {old_hi}\n")
-    assert changes is not None and changes <= 2, changes
+    assert changes is not None and changes <= 3, changes
