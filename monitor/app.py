@@ -257,7 +257,7 @@ class App:
             open_connections = float(stats.open_connections)
         store = self.store_component
         return ProcessStatus(events, open_connections, digest_status(self.digest_outbox),
-                             dict(store.errors) if store is not None else {})
+                             dict(store.errors) if store is not None else {}, shard=self.cfg.shard or (0, 1))
 
     def start(self) -> None:
         for c in self.components:

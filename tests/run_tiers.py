@@ -26,7 +26,8 @@ SIDE_SHARD = ["tests/test_demo.py", "tests/test_loadtest_sim.py", "tests/test_re
               "tests/test_prometheus_mode_forecasts.py"]
 # one pytest session, one shared engine; the knee sweep stops the other engines first, so it runs last
 ENGINE_FILES = ["tests/test_vllm_pipeline.py", "tests/test_vllm_sim_calibration.py",
-                "tests/test_capacity_vllm.py", "tests/test_loadtest_vllm.py", "tests/test_knee_vllm.py"]
+                "tests/test_capacity_vllm.py", "tests/test_loadtest_vllm.py", "tests/test_alerts_vllm.py",
+                "tests/test_knee_vllm.py"]
 TIERS = ("unit", "live", "engine")
 _COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|deselected|xfailed|xpassed)")
 _CLOSING = re.compile(r"^=*\s*(no tests ran|\d+ (passed|failed|errors?|skipped|deselected)\b.*\bin [\d.]+s)")

@@ -82,7 +82,19 @@ def test_prior_knee_configured_power_and_idle_pool():
 def test_single_replica_has_no_n_minus_1_and_unknowns_stay_none():
     p = pool(caps=(100_000.0,))
     c = compute_capacity(p, LEARNED, CapacitySettings())
-    assert c["ratio"]["n_minus_1"] == -math.inf
+    # one replica has no N-1: null, never -Inf (under load) - and the current headroom is still there
+    assert c["ratio"]["n_minus_1"] is None and c["headroom_requests"]["n_minus_1"] is None
+    assert c["n_minus_1_share"] is None
+    assert c["ratio"]["current"] == pytest.approx(1 - 36 / 12)  # load 36 on a knee of 12: -2
+    idle = compute_capacity(pool(active=0, queued=0, kv_live=0.0, caps=(100_000.0,)), LEARNED, CapacitySettings())
+    assert idle["ratio"]["n_minus_1"] is None and idle["ratio"]["current"] == 1.0
+    # two replicas, one stalled: one working replica left, no N-1 either
+    two = pool(caps=(100_000.0, 100_000.0))
+    two.stalled_replicas, two.stalled_kv_tokens_capacity = 1, 100_000.0
+    assert compute_capacity(two, LEARNED, CapacitySettings())["ratio"]["n_minus_1"] is None
+    # two working replicas do have one: 24 x 1/2 = 12 for a load of 36
+    assert compute_capacity(pool(caps=(100_000.0,) * 2), LEARNED, CapacitySettings())["ratio"]["n_minus_1"] == \
+        pytest.approx(1 - 36 / 12)
     c = compute_capacity(pool(), Knee(None, None, "prior", "limits"), CapacitySettings(), sessions=None)
     # KV still bounds the pool (measured tokens per request); nothing else is known
     assert c["capacity_requests"]["slots"] is None and c["capacity_requests"]["knee"] is None
@@ -122,3 +134,35 @@ def test_node_shared_by_two_pools_falls_back_to_pod():
     assert keys["node-b"] is None
     watts, _ = power_by_pool(iter_samples(DCGM), keys)
     assert watts == {"batch": 600.0}
+
+
+def test_a_steady_kv_figure_from_the_cycle_replaces_the_snapshot_s_own():
+    # the snapshot measures 60 000 / 30 = 2 000 tokens per request; the cycle's steady figure is 4 000
+    from monitor.capacity.headroom import pool_capacity
+    c = pool_capacity(pool(), LEARNED, CapacitySettings(max_num_seqs=16), kv_per_request=(4_000.0, "measured"))
+    assert c.capacity_requests.kv == pytest.approx(400_000 / 4_000)
+    assert c.kv_tokens_per_request == 4_000.0 and c.kv_tokens_per_request_source == "measured"
+    assert pool_capacity(pool(), LEARNED, CapacitySettings()).capacity_requests.kv == pytest.approx(200.0)
+
+
+def test_one_replica_pool_shows_no_n_minus_1_on_the_page_json_and_metrics():
+    """Under load a one-replica pool used to show "-inf%" on the page and export -Inf."""
+    from monitor.capacity.headroom import pool_capacity
+    from monitor.export.landing import Trends, render
+    from monitor.export.samples import snapshot_samples
+    from monitor.export.snapshot_json import pool_to_dict
+    from monitor.model import Snapshot
+    one = pool(caps=(100_000.0,))
+    one.capacity = pool_capacity(one, LEARNED, CapacitySettings())
+    snap = Snapshot(timestamp=1796289000.0, pools=[one])
+    page = render(snap, Trends())
+    assert "N-1: no N-1" in page and "inf%" not in page
+    assert "headroom now" in page and "-200%" in page  # current headroom 1 - 36 / 12 is still shown
+    doc = pool_to_dict(one)
+    assert doc["capacity"]["ratio"] == {"current": pytest.approx(-2.0), "n_minus_1": None}
+    scenarios = [lbl["scenario"] for lbl, _ in snapshot_samples(snap)["headroom_ratio"]]
+    assert scenarios == ["current"]
+    # two replicas: a number on the page
+    two = pool(caps=(100_000.0,) * 2)
+    two.capacity = pool_capacity(two, LEARNED, CapacitySettings())
+    assert "N-1: -200%" in render(Snapshot(timestamp=1796289000.0, pools=[two]), Trends())

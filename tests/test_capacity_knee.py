@@ -140,3 +140,82 @@ def test_bad_settings_named():
         KneeEstimator("latency")
     with pytest.raises(ValueError, match="max_num_seqs"):
         prior_knee(max_num_seqs=0)
+
+
+# ------------------------------------------------------------------ the steady prior
+
+def test_steady_prior_does_not_follow_a_measurement_that_moves_every_cycle():
+    """The SRE trial: 8 slots, 24 blocks x 128 = 3 072 KV tokens per replica, and a measured KV per
+    running request that alternates between 853.33 (3 072 / 853.33 = 3.6 requests) and 300 (3 072 /
+    300 = 10.24: the 8 slots limit). Taken as is, the prior jumped 3.6 <-> 8 every cycle."""
+    from monitor.capacity.knee import SteadyPrior
+    jumping = [prior_knee(8, 3072, 3072 / 3.6).requests, prior_knee(8, 3072, 300).requests]
+    assert jumping == [pytest.approx(3.6), 8.0]  # what the cycle used to publish in turn
+    sp = SteadyPrior(window=60, min_samples=5, hysteresis=0.5)
+    seen = []
+    for i in range(200):
+        seen.append(sp.update(8, 3072, 3072 / 3.6 if i % 2 == 0 else 300.0).requests)
+    # no figure until 5 measurements: the slots limit; then the median of [853.33, 300, 853.33, 300,
+    # 853.33] = 853.33 -> 3.6, and it stays: every later median is 853.33 (odd count, the 853.33s
+    # one ahead) or (853.33 + 300) / 2 = 576.67 (even count), 32% below: within the 50% hysteresis
+    assert seen[:4] == [8.0] * 4
+    assert seen[4:] == [pytest.approx(3.6)] * 196
+    assert sp.kv_source == "measured" and sp.kv_tokens_per_request == pytest.approx(3072 / 3.6)
+
+
+def test_steady_prior_moves_when_the_limits_do():
+    from monitor.capacity.knee import SteadyPrior
+    sp = SteadyPrior(2000.0, window=10, min_samples=3, hysteresis=0.5)
+    # configured 2 000 tokens per request: 3 072 / 2 000 = 1.536 < 8 slots
+    first = sp.update(8, 3072, None)
+    assert first.requests == pytest.approx(1.536) and sp.kv_source == "configured"
+    assert sp.update(8, 3072, None) is first  # nothing moved: the same prior
+    assert sp.update(8, 3072 * 1.005, None) is first  # within 1%: not a change of the limits
+    for _ in range(3):
+        k = sp.update(8, 3072, 600.0)
+    assert k.requests == pytest.approx(3072 / 600) and sp.kv_source == "measured"  # 5.12
+    # a measurement 40% higher for a whole window stays within the hysteresis: no move
+    for _ in range(10):
+        k = sp.update(8, 3072, 840.0)
+    assert k.requests == pytest.approx(5.12)
+    # 900 (+50%) is still not more than half: no move; 1 000 (+66.7%) is
+    for _ in range(10):
+        k = sp.update(8, 3072, 900.0)
+    assert k.requests == pytest.approx(5.12)
+    for _ in range(4):  # window 6 x 900 + 4 x 1 000: median 900, exactly +50%: no move
+        k = sp.update(8, 3072, 1000.0)
+    assert k.requests == pytest.approx(5.12)
+    k = sp.update(8, 3072, 1000.0)  # 5 + 5: median 950 = +58%: adopted, 3 072 / 950
+    assert k.requests == pytest.approx(3072 / 950)
+    k = sp.update(8, 3072, 1000.0)  # median 1 000 is 5% from 950: stays
+    assert k.requests == pytest.approx(3072 / 950)
+    # the engine's limits: KV capacity doubled -> 6 144 / 950 = 6.467; max_num_seqs 4 -> 4
+    assert sp.update(8, 6144, None).requests == pytest.approx(6144 / 950)
+    assert sp.update(4, 6144, None).requests == 4.0
+    assert sp.update(None, None, None).requests is None
+    with pytest.raises(ValueError, match="SteadyPrior"):
+        SteadyPrior(window=0)
+
+
+def test_the_cycle_keeps_the_prior_and_the_kv_limit_steady():
+    """Through `assess`: one 8-slot replica of 3 072 KV tokens whose measured KV per running
+    request alternates 853.33 / 300 every cycle; the prior knee, the KV limit and the headroom
+    they give stay put (before: 3.6 <-> 8 and headroom 1 - 3/3.6 = 17% <-> 1 - 3/8 = 63%)."""
+    from monitor.capacity.enrich import CapacityState, assess
+    from monitor.config import Config, PoolSettings
+    from monitor.model import PoolSnapshot
+    cfg = Config(pools={"m": PoolSettings(max_num_seqs=8)})
+    state = CapacityState(cfg)
+    knees, kv_caps, ratios = [], [], []
+    for i in range(40):
+        per_req = 3072 / 3.6 if i % 2 == 0 else 300.0
+        p = PoolSnapshot(pool="m", model="m", replicas=1, replicas_configured=1, active_requests=3.0,
+                         queued_requests=0.0, kv_tokens_live=3 * per_req, kv_tokens_capacity=3072.0)
+        assess(state, [p], {}, now=1000.0 + 10 * i)
+        knees.append(p.capacity.knee_requests)
+        kv_caps.append(p.capacity.capacity_requests.kv)
+        ratios.append(p.capacity.ratio.current)
+    assert knees[:4] == [8.0] * 4  # the slots limit until 5 measurements
+    assert knees[4:] == [pytest.approx(3.6)] * 36
+    assert kv_caps[4:] == [pytest.approx(3.6)] * 36
+    assert ratios[4:] == [pytest.approx(1 - 3 / 3.6)] * 36

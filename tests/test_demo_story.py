@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from monitor.commands.demo import demo_history, demo_rules, seed_history
+from monitor.commands.demo import demo_history, demo_rules, scale_windows, seed_history
 from monitor.forecast.pool import forecast_pool
 from monitor.forecast.store import HistoryStore
 from monitor.history.store import StoreHistory
@@ -109,10 +109,15 @@ def test_demo_rules_shorten_every_for_and_keep_the_rest(tmp_path):
         orig, demo = yaml.safe_load(open(a)), yaml.safe_load(open(b))
         for g1, g2 in zip(orig["groups"], demo["groups"]):
             for r1, r2 in zip(g1["rules"], g2["rules"]):
-                assert {k: v for k, v in r1.items() if k != "for"} == {k: v for k, v in r2.items() if k != "for"}
+                assert {k: v for k, v in r1.items() if k not in ("for", "expr")} == \
+                    {k: v for k, v in r2.items() if k not in ("for", "expr")}
                 if "for" in r1:
                     assert r2["for"].endswith("s")
+                # an alert's windows shrink with its `for:`; a recording rule is kept as it is
+                assert r2["expr"] == (scale_windows(r1["expr"], 30) if "alert" in r1 else r1["expr"])
     alerts_file = next(o for o in out if o.endswith("headroom.alerts.yaml"))
     low = next(r for g in yaml.safe_load(open(alerts_file))["groups"] for r in g["rules"]
                if r.get("alert") == "HeadroomLow")
-    assert low["for"] == "30s"  # 15m / 30
+    assert low["for"] == "20s"  # 10m / 30
+    assert "headroom_ratio{scenario=\"current\"}[20s]" in low["expr"]  # the 10m median window / 30
+    assert scale_windows("rate(x[5m]) + y[1h] + z[1d] + w[30s]", 30) == "rate(x[10s]) + y[120s] + z[2880s] + w[10s]"

@@ -94,13 +94,27 @@ def test_promtool_rejects_a_broken_rule(tmp_path):
 # notice it. Only those cases are run per mutation, to keep the suite fast on a shared machine.
 A, R = "headroom.alerts.yaml", "headroom.rules.yaml"
 MUTATIONS = [
-    (A, 'headroom_ratio{scenario="current"}) < 0.2', 'headroom_ratio{scenario="current"}) <= 0.2', "HeadroomLow "),
-    (A, "< 0.2  # threshold\n        for: 15m", "< 0.2  # threshold\n        for: 10m", "HeadroomLow "),
-    (A, 'headroom_ratio{scenario="current"}) < 0.05', 'headroom_ratio{scenario="current"}) < 0.01', "HeadroomCriticallyLow"),
-    (A, 'headroom_ratio{scenario="n_minus_1"}) < 0', 'headroom_ratio{scenario="n_minus_1"}) <= 0', "HeadroomNMinus1Lost"),
-    (A, "headroom_utilisation_ratio) > 1", "headroom_utilisation_ratio) >= 1", "HeadroomAboveKnee"),
-    (A, "headroom_exhaustion_seconds) < 86400  #", "headroom_exhaustion_seconds) <= 86400  #", "HeadroomExhaustionWithinDay"),
-    (A, "headroom_exhaustion_seconds) < 604800", "headroom_exhaustion_seconds) <= 604800", "HeadroomExhaustionWithinWeek"),
+    (A, "\n          ) < 0.2  # threshold", "\n          ) <= 0.2  # threshold", "HeadroomLow "),
+    (A, "< 0.2  # threshold\n        for: 10m", "< 0.2  # threshold\n        for: 5m", "HeadroomLow "),
+    (A, "\n          ) < 0.05  # threshold", "\n          ) < 0.01  # threshold", "HeadroomCriticallyLow"),
+    (A, "< 0.05  # threshold\n        for: 3m", "< 0.05  # threshold\n        for: 1m", "HeadroomCriticallyLow"),
+    (A, "\n          ) < 0  # threshold", "\n          ) <= 0  # threshold", "HeadroomNMinus1Lost"),
+    (A, "\n          ) > 1  # threshold", "\n          ) >= 1  # threshold", "HeadroomAboveKnee"),
+    # sustained, not momentary: the latest sample instead of the window's median must be noticed
+    # (the noisy overloads then never fire), and so must a window short enough for a brief spike
+    (A, 'quantile_over_time(0.5, headroom_ratio{scenario="current"}[10m])', 'headroom_ratio{scenario="current"}', "HeadroomLow "),
+    (A, 'headroom_ratio{scenario="current"}[10m]', 'headroom_ratio{scenario="current"}[3m]', "HeadroomLow "),
+    (A, 'quantile_over_time(0.5, headroom_ratio{scenario="current"}[5m])', 'headroom_ratio{scenario="current"}', "HeadroomCriticallyLow"),
+    (A, 'headroom_ratio{scenario="current"}[5m]', 'headroom_ratio{scenario="current"}[1m]', "HeadroomCriticallyLow"),
+    (A, 'quantile_over_time(0.5, headroom_ratio{scenario="n_minus_1"}[10m])', 'headroom_ratio{scenario="n_minus_1"}', "HeadroomNMinus1Lost"),
+    (A, "quantile_over_time(0.5, headroom_utilisation_ratio[10m])", "headroom_utilisation_ratio", "HeadroomAboveKnee"),
+    (A, "quantile_over_time(0.5, headroom_utilisation_ratio[10m])", "max_over_time(headroom_utilisation_ratio[10m])", "HeadroomAboveKnee"),
+    (A, "quantile_over_time(0.5, pool:vllm_num_requests_waiting:sum[10m])", "pool:vllm_num_requests_waiting:sum", "HeadroomQueueBuilding"),
+    (A, "quantile_over_time(0.5, pool:vllm_kv_cache_usage:avg[10m])", "pool:vllm_kv_cache_usage:avg", "HeadroomKVCachePressure"),
+    (A, "headroom_exhaustion_seconds[30m])) < 86400  #", "headroom_exhaustion_seconds[30m])) <= 86400  #", "HeadroomExhaustionWithinDay"),
+    (A, "headroom_exhaustion_seconds[1h])) < 604800", "headroom_exhaustion_seconds[1h])) <= 604800", "HeadroomExhaustionWithinWeek"),
+    (A, "quantile_over_time(0.5, headroom_exhaustion_seconds[5m])", "headroom_exhaustion_seconds", "HeadroomExhaustionWithinLeadTime"),
+    (A, "< 86400  # threshold: 1 day\n        for: 15m", "< 86400  # threshold: 1 day\n        for: 10m", "HeadroomExhaustionWithinDay"),
     (A, "\n            < on (job, pool)\n", "\n            <= on (job, pool)\n", "HeadroomExhaustionWithinLeadTime"),
     (A, "min without (instance, pod) (headroom_source_missing_families) > 0",
      "min without (instance, pod) (headroom_source_missing_families) >= 0", "HeadroomMetricsMissing"),
@@ -115,31 +129,41 @@ MUTATIONS = [
     (A, 'headroom_slo_burn_rate{window="6h"}) > 6  #', 'headroom_slo_burn_rate{window="6h"}) >= 6  #', "HeadroomTaskLatencyBudgetBurn"),
     (A, 'headroom_slo_burn_rate{window="2h"}) > 3', 'headroom_slo_burn_rate{window="2h"}) >= 3', "HeadroomTaskLatencyBudgetBurn"),
     (A, 'headroom_slo_burn_rate{window="3d"}) > 1', 'headroom_slo_burn_rate{window="3d"}) >= 1', "HeadroomTaskLatencyBudgetBurn"),
-    (A, "deriv(pool:vllm_num_requests_waiting:sum[10m]) > 0", "deriv(pool:vllm_num_requests_waiting:sum[10m]) >= 0", "HeadroomQueueBuilding"),
-    (A, "pool:vllm_kv_cache_usage:avg > 0.9", "pool:vllm_kv_cache_usage:avg >= 0.9", "HeadroomKVCachePressure"),
+    (A, "pool:vllm_num_requests_waiting:sum[10m]) > 0", "pool:vllm_num_requests_waiting:sum[10m]) >= 0", "HeadroomQueueBuilding"),
+    (A, "pool:vllm_kv_cache_usage:avg[10m]) > 0.9", "pool:vllm_kv_cache_usage:avg[10m]) >= 0.9", "HeadroomKVCachePressure"),
     (A, "pool:vllm_num_preemptions:rate5m > 0", "pool:vllm_num_preemptions:rate5m >= 0", "HeadroomPreemptions"),
     (A, "headroom_source_up) == 0\n        for: 5m", "headroom_source_up) == 0\n        for: 3m", "HeadroomSourceDown"),
     (A, "headroom_last_success_timestamp_seconds) > 300", "headroom_last_success_timestamp_seconds) > 0", "HeadroomDataStale"),
     (A, "headroom_pool_stale) == 1", "headroom_pool_stale) >= 0", "HeadroomPoolStale"),
     (A, 'absent(up{job="headroom"} == 1)', 'absent(up{job="headroom"})', "HeadroomAbsent"),
+    (A, "> 3 * headroom_cycle_interval_seconds", "> 2 * headroom_cycle_interval_seconds", "HeadroomCyclesStopped"),
+    (A, "> 3 * headroom_cycle_interval_seconds", ">= 3 * headroom_cycle_interval_seconds", "HeadroomCyclesStopped"),
+    (A, "max without (instance, pod) (\n              headroom_last_cycle_age_seconds",
+     "min without (instance, pod) (\n              headroom_last_cycle_age_seconds", "HeadroomCyclesStopped"),
+    (A, '\n          and on (job)\n          count by (job) (up{job="headroom"} == 1) > 0', "", "HeadroomInstanceDown"),
+    (A, 'up{job="headroom"} == 0\n', 'up{job="headroom"} < 0\n', "HeadroomInstanceDown"),
+    (A, "\n            < max without (instance, pod, headroom_shard, shard) (headroom_shards)",
+     "\n            <= max without (instance, pod, headroom_shard, shard) (headroom_shards)", "HeadroomShardDown"),
+    (A, "count without (shard) (max without (instance, pod, headroom_shard) (headroom_shards))",
+     "count without (shard) (headroom_shards)", "HeadroomShardDown"),
     (A, "#headroomlow", "#headroom-low", "HeadroomLow "),
     # HA pairs: dropping the dedup (or aggregating the wrong way) must be noticed by the HA cases
-    (A, 'min without (instance, pod) (headroom_ratio{scenario="current"}) < 0.2', 'headroom_ratio{scenario="current"} < 0.2',
-     "HeadroomLow "),
-    (A, 'min without (instance, pod) (headroom_ratio{scenario="current"}) < 0.2',
-     'max without (instance, pod) (headroom_ratio{scenario="current"}) < 0.2', "HeadroomLow "),
-    (A, 'min without (instance, pod) (headroom_ratio{scenario="current"}) < 0.05',
-     'min without (pod) (headroom_ratio{scenario="current"}) < 0.05', "HeadroomCriticallyLow"),
-    (A, 'min without (instance, pod) (headroom_ratio{scenario="n_minus_1"})', 'headroom_ratio{scenario="n_minus_1"}',
-     "HeadroomNMinus1Lost"),
-    (A, "max without (instance, pod) (headroom_utilisation_ratio)", "min without (instance, pod) (headroom_utilisation_ratio)",
-     "HeadroomAboveKnee"),
-    (A, "min without (instance, pod) (headroom_exhaustion_seconds) < 86400", "headroom_exhaustion_seconds < 86400",
-     "HeadroomExhaustionWithinDay"),
-    (A, "min without (instance, pod) (headroom_exhaustion_seconds) >= 86400",
-     "max without (instance, pod) (headroom_exhaustion_seconds) >= 86400", "HeadroomExhaustionWithinWeek"),
-    (A, "min without (instance, pod) (headroom_exhaustion_seconds) < 604800", "headroom_exhaustion_seconds < 604800",
-     "HeadroomExhaustionWithinWeek"),
+    (A, 'min without (instance, pod) (\n            quantile_over_time(0.5, headroom_ratio{scenario="current"}[10m])',
+     '(\n            quantile_over_time(0.5, headroom_ratio{scenario="current"}[10m])', "HeadroomLow "),
+    (A, 'min without (instance, pod) (\n            quantile_over_time(0.5, headroom_ratio{scenario="current"}[10m])',
+     'max without (instance, pod) (\n            quantile_over_time(0.5, headroom_ratio{scenario="current"}[10m])', "HeadroomLow "),
+    (A, 'min without (instance, pod) (\n            quantile_over_time(0.5, headroom_ratio{scenario="current"}[5m])',
+     'min without (pod) (\n            quantile_over_time(0.5, headroom_ratio{scenario="current"}[5m])', "HeadroomCriticallyLow"),
+    (A, 'min without (instance, pod) (\n            quantile_over_time(0.5, headroom_ratio{scenario="n_minus_1"}',
+     '(\n            quantile_over_time(0.5, headroom_ratio{scenario="n_minus_1"}', "HeadroomNMinus1Lost"),
+    (A, "max without (instance, pod) (\n            quantile_over_time(0.5, headroom_utilisation_ratio",
+     "min without (instance, pod) (\n            quantile_over_time(0.5, headroom_utilisation_ratio", "HeadroomAboveKnee"),
+    (A, "min without (instance, pod) (quantile_over_time(0.5, headroom_exhaustion_seconds[30m])) < 86400",
+     "quantile_over_time(0.5, headroom_exhaustion_seconds[30m]) < 86400", "HeadroomExhaustionWithinDay"),
+    (A, "min without (instance, pod) (quantile_over_time(0.5, headroom_exhaustion_seconds[1h])) >= 86400",
+     "max without (instance, pod) (quantile_over_time(0.5, headroom_exhaustion_seconds[1h])) >= 86400", "HeadroomExhaustionWithinWeek"),
+    (A, "min without (instance, pod) (quantile_over_time(0.5, headroom_exhaustion_seconds[1h])) < 604800",
+     "quantile_over_time(0.5, headroom_exhaustion_seconds[1h]) < 604800", "HeadroomExhaustionWithinWeek"),
     (A, "max without (instance, pod) (headroom_forecast_mase)", "headroom_forecast_mase", "HeadroomForecastSkillDegraded"),
     (A, 'max without (window) (\n              max without (instance, pod) (headroom_slo_burn_rate{window="1h"})',
      'max without (window) (\n              min without (instance, pod) (headroom_slo_burn_rate{window="1h"})',
@@ -259,7 +283,9 @@ def test_the_brief_s_alerts_are_all_there():
         "headroom_source_up": {"HeadroomSourceDown"},
         "headroom_last_success_timestamp_seconds": {"HeadroomDataStale"},
         "headroom_pool_stale": {"HeadroomPoolStale"},
-        'up{job="headroom"}': {"HeadroomAbsent"},
+        'up{job="headroom"}': {"HeadroomAbsent", "HeadroomInstanceDown"},
+        "headroom_last_cycle_age_seconds": {"HeadroomCyclesStopped"},
+        "headroom_shards": {"HeadroomShardDown"},
         "pool:vllm_num_requests_waiting:sum": {"HeadroomQueueBuilding"},
         "pool:vllm_kv_cache_usage:avg": {"HeadroomKVCachePressure"},
         "pool:vllm_num_preemptions:rate5m": {"HeadroomPreemptions"},
@@ -277,8 +303,8 @@ def test_the_brief_s_alerts_are_all_there():
 
 def test_job_selector_is_in_one_documented_place():
     with_job = [r for r in _alert_rules() if re.search(r"\bjob\s*=", r["expr"])]
-    assert [r["alert"] for r in with_job] == ["HeadroomAbsent"]
-    assert 'up{job="headroom"}' in with_job[0]["expr"]
+    assert [r["alert"] for r in with_job] == ["HeadroomInstanceDown", "HeadroomAbsent"]
+    assert all('up{job="headroom"}' in r["expr"] for r in with_job)
     assert 'up{job="headroom"}' in RUNBOOK.read_text(), "runbook must say how to change the job"
 
 
@@ -522,3 +548,10 @@ def test_recording_rules_on_a_real_vllm_capture(tmp_path, capture):
     assert capacity > 0 and len(input_series) > 20
     res = _promtool("test", "rules", str(path))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+
+
+def test_the_daemon_exports_its_shard_for_the_shard_alert():
+    """HeadroomShardDown counts the shards exporting headroom_shards{shard} against its value."""
+    from monitor.export.samples import ProcessStatus, snapshot_samples
+    assert snapshot_samples(None, ProcessStatus(shard=(1, 3)))["headroom_shards"] == [({"shard": "1"}, 3.0)]
+    assert "headroom_shards" not in snapshot_samples(None, ProcessStatus())

@@ -22,7 +22,9 @@ For each pool it
      time-averaged active + queued requests), latency = the interval's mean of the knee signal's
      histogram (queue time by default), KV = live KV tokens;
   2. keeps the prior up to date from the engine's limits (pools.<name>.max_num_seqs, KV capacity
-     per replica / measured KV tokens per request);
+     per replica / KV tokens per request), steady between cycles (monitor/capacity/knee.py
+     `SteadyPrior`: the measured KV tokens per request enter as a median with hysteresis, and the
+     capacity's KV limit counts with the same figure);
   3. turns the gateway readings of the cycle into per-task numbers (monitor/capacity/tasks.py:
      arrival rate, calls per task, latency quantiles, sessions) over the task window (each
      gateway's reading one window back, `TaskWindow`) with SLO shares and burn rates;
@@ -55,7 +57,7 @@ from monitor.derive import histogram as histo
 from monitor.derive.core import pool_of
 from monitor.derive.counters import histogram_increase, increase
 from monitor.capacity.headroom import CapacitySettings, pool_capacity
-from monitor.capacity.knee import KneeEstimator, prior_knee
+from monitor.capacity.knee import KneeEstimator, SteadyPrior
 from monitor.capacity.power import key_map, power_by_pool
 from monitor.capacity.slo import SloTracker, Target, bad_count, window_burn
 from monitor.capacity.tasks import TaskWindow, call_latency_by_class, derive_tasks, join_sources
@@ -137,6 +139,7 @@ class CapacityState:
         self.slo_cycle_windows: Optional[dict] = None
         self.slo_task_pools: dict[str, set] = {}  # task type -> pools it was seen in
         self.knees: dict[str, KneeEstimator] = {}
+        self.priors: dict[str, SteadyPrior] = {}
         self.seen: dict[str, float] = {}  # "target|model" -> timestamp of the newest reading observed
         self.task_window = float(getattr(c, "task_window", None) or self.window)
         self.gateway_windows: dict[tuple[int, Optional[str]], TaskWindow] = {}
@@ -160,14 +163,20 @@ class CapacityState:
             est = self.knees[pool] = KneeEstimator(self.signal, **self.knee_opts)
         return est
 
+    def steady_prior(self, pool: str) -> SteadyPrior:
+        sp = self.priors.get(pool)
+        if sp is None:
+            sp = self.priors[pool] = SteadyPrior(float(self.kv_per_request) if self.kv_per_request else None)
+        return sp
+
     def prior(self, p: PoolSnapshot, max_num_seqs: Optional[int]):
+        """The pool's prior knee, steady between cycles: it changes only when the limits do
+        (`SteadyPrior`: the measured KV tokens per request enter as a median, with hysteresis)."""
         kv_cap = (p.kv_tokens_capacity / p.replicas) if (p.kv_tokens_capacity and p.replicas) else None
         per_req = None
-        if p.kv_tokens_live and p.active_requests:
+        if p.kv_tokens_live and p.active_requests and not p.stale:
             per_req = p.kv_tokens_live / p.active_requests
-        elif self.kv_per_request:
-            per_req = float(self.kv_per_request)
-        return prior_knee(max_num_seqs, kv_cap, per_req)
+        return self.steady_prior(p.pool).update(max_num_seqs, kv_cap, per_req)
 
 
 
@@ -202,7 +211,9 @@ def assess(state: CapacityState, pools: list[PoolSnapshot], history: History,
         if p.stale or p.replicas == 0:
             p.capacity = Capacity(knee_detail=STALE, withheld=True)
         else:
-            p.capacity = pool_capacity(p, knee, settings, power.get(p.pool), sessions)
+            sp = state.steady_prior(p.pool)
+            steady = (sp.kv_tokens_per_request, sp.kv_source) if sp.kv_tokens_per_request else None
+            p.capacity = pool_capacity(p, knee, settings, power.get(p.pool), sessions, kv_per_request=steady)
         p.tasks = PoolTasks(by_type, _pool_slos(state, p, mine, now), classes)
 
 

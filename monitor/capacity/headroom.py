@@ -26,13 +26,15 @@ and must not be exported.
 Definitions (per pool, N = replicas answering):
   load              = active + queued requests
   slots capacity    = max_num_seqs x N
-  kv capacity       = KV capacity tokens / mean KV tokens per request (live KV / running requests,
-                      else the configured kv_tokens_per_request)
+  kv capacity       = KV capacity tokens / mean KV tokens per request (the steady figure the cycle
+                      keeps when given, else live KV / running requests, else the configured
+                      kv_tokens_per_request)
   knee capacity     = knee requests per replica x N
   effective         = the smallest of those known; its name is the limiting factor
   utilisation       = load / effective;   headroom ratio = 1 - load / effective (negative when over)
   N-1               = effective x (1 - largest replica's share), the share from per-replica KV
-                      capacity when every replica reports it, else 1/N
+                      capacity when every replica reports it, else 1/N; None ("no N-1", not
+                      exported) for a pool of one working replica
   session capacity  = effective / (load / sessions) - the active requests one session holds today
                       (configured active_requests_per_session when there is no load to measure)
   sessions per MW   = session capacity / (power in MW); power from DCGM (passed in) or
@@ -109,7 +111,11 @@ def _kv_per_request(pool: PoolSnapshot, knee: Knee, settings: CapacitySettings
 
 
 def pool_capacity(pool: PoolSnapshot, knee: Knee, settings: CapacitySettings,
-                  power_watts: Optional[float] = None, sessions: Optional[float] = None) -> Capacity:
+                  power_watts: Optional[float] = None, sessions: Optional[float] = None, *,
+                  kv_per_request: Optional[tuple[float, str]] = None) -> Capacity:
+    """`kv_per_request`: (KV tokens per request, its source) kept steady by the caller (the cycle's
+    `SteadyPrior`), used for the KV limit instead of this snapshot's own measurement, which moves
+    with every cycle."""
     if not isinstance(pool, PoolSnapshot):
         raise TypeError("pool_capacity needs a PoolSnapshot")
     # a stalled replica holds work but completes none: it is no capacity (as if lost)
@@ -117,7 +123,7 @@ def pool_capacity(pool: PoolSnapshot, knee: Knee, settings: CapacitySettings,
     if n < 0:
         raise ValueError(f"pool {pool.pool}: replicas must be >= 0, got {n}")
     load = pool.load_requests  # None: the engines' active or queued count is unknown
-    kv_per_req, kv_src = _kv_per_request(pool, knee, settings)
+    kv_per_req, kv_src = kv_per_request or _kv_per_request(pool, knee, settings)
     kv_capacity = (pool.kv_tokens_capacity or 0.0) - pool.stalled_kv_tokens_capacity
 
     caps: dict[str, Optional[float]] = {"slots": None, "kv": None, "knee": None}
@@ -131,7 +137,8 @@ def pool_capacity(pool: PoolSnapshot, knee: Knee, settings: CapacitySettings,
     limiting = min(known, key=known.get) if known else None
     effective = known[limiting] if known else None
 
-    share = largest_replica_share(pool)
+    # a pool of one working replica has no N-1 (losing it leaves nothing): None, never -Inf
+    share = largest_replica_share(pool) if n >= 2 else None
     cap_n1 = effective * (1.0 - share) if (effective is not None and share is not None) else None
 
     # sessions

@@ -18,7 +18,8 @@ far past every engine limit says nothing about where latency turned up.
 
 Until a fit is confident the estimator answers with the prior from the engine's limits
 (`prior_knee`: max_num_seqs, or KV capacity / mean KV tokens per request, whichever is smaller),
-labelled source="prior". The published knee moves only when `confirmations` consecutive confident
+labelled source="prior". `SteadyPrior` keeps that prior from jumping between cycles: it changes
+only when the limits do (the KV tokens per request, a median of measurements, with hysteresis). The published knee moves only when `confirmations` consecutive confident
 fits agree with each other and all differ from the published knee by at least `min_change`
 (relative): noise does not move it, a real change does after a few cycles.
 """
@@ -65,6 +66,62 @@ def prior_knee(max_num_seqs: Optional[float] = None, kv_capacity_tokens: Optiona
     kv = requests * mean_kv_tokens_per_request if mean_kv_tokens_per_request else kv_capacity_tokens
     text = detail or f"prior from {which} limit ({', '.join(f'{k}={v:g}' for k, v in limits.items())})"
     return Knee(requests, kv, "prior", "limits", 0.0, 0, text)
+
+
+class SteadyPrior:
+    """The prior knee of one pool, kept steady from cycle to cycle (pure: no I/O, no clock).
+
+    `update(max_num_seqs, kv_capacity_tokens, kv_per_request)` once a cycle, with the replica's
+    limits and this cycle's measured KV tokens per running request (None when nothing runs). The
+    measured figure moves with every cycle (a request's KV grows while it decodes, and which
+    requests run changes), so it is not used as is: the prior uses the median of the last `window`
+    measurements, adopted only when it differs from the figure in use by more than `hysteresis`
+    (relative; 0.5: by half). Until `min_samples` measurements exist the configured figure is
+    used (capacity.kv_tokens_per_request), else the first median. The prior (a `Knee`) is
+    re-derived only when max_num_seqs, the KV capacity (by more than 1%) or the figure in use
+    change; `kv_tokens_per_request` / `kv_source` give the figure in use, so the capacity's KV
+    limit (monitor/capacity/headroom.py) counts with the same steady number."""
+
+    def __init__(self, configured_kv_per_request: Optional[float] = None, *, window: int = 60,
+                 min_samples: int = 5, hysteresis: float = 0.5) -> None:
+        if window < 1 or min_samples < 1 or hysteresis < 0:
+            raise ValueError("SteadyPrior needs window >= 1, min_samples >= 1 and hysteresis >= 0")
+        self.configured = configured_kv_per_request
+        self.window, self.min_samples, self.hysteresis = window, min(min_samples, window), hysteresis
+        self._samples: deque = deque(maxlen=window)
+        self.kv_tokens_per_request: Optional[float] = configured_kv_per_request
+        self.kv_source: Optional[str] = "configured" if configured_kv_per_request else None
+        self._limits: Optional[tuple] = None
+        self.knee: Knee = prior_knee()
+
+    def _follow_measurements(self, sample: Optional[float]) -> None:
+        if sample is not None and math.isfinite(sample) and sample > 0:
+            self._samples.append(float(sample))
+        if len(self._samples) < self.min_samples:
+            return
+        median = float(np.median(self._samples))
+        cur = self.kv_tokens_per_request if self.kv_source == "measured" else None
+        if cur is None or abs(median - cur) > self.hysteresis * cur:
+            self.kv_tokens_per_request, self.kv_source = median, "measured"
+
+    def update(self, max_num_seqs: Optional[float], kv_capacity_tokens: Optional[float],
+               kv_per_request: Optional[float] = None) -> Knee:
+        """The prior after this cycle's limits and measurement (the same object while nothing moved)."""
+        self._follow_measurements(kv_per_request)
+        limits = (max_num_seqs, kv_capacity_tokens, self.kv_tokens_per_request)
+        if self._limits is None or not _same_limits(self._limits, limits):
+            self._limits = limits
+            self.knee = prior_knee(max_num_seqs, kv_capacity_tokens, self.kv_tokens_per_request)
+        return self.knee
+
+
+def _same_limits(a: tuple, b: tuple, tolerance: float = 0.01) -> bool:
+    for x, y in zip(a, b):
+        if (x is None) != (y is None):
+            return False
+        if x is not None and abs(x - y) > tolerance * max(abs(x), abs(y)):
+            return False
+    return True
 
 
 @dataclass(frozen=True)

@@ -117,9 +117,18 @@ def week_graph(prom_url: str) -> str:
     return f"{prom_url}/graph?g0.expr={quote(expr)}&g0.tab=0&g0.range_input=1w"
 
 
+def scale_windows(expr: str, factor: int = DEMO_FOR_FACTOR) -> str:
+    """Every range window of `expr` divided by `factor`, at least 10 s: `[10m]` -> `[20s]` for 30."""
+    import re
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    return re.sub(r"\[(\d+)([smhd])\]", lambda m: f"[{max(10, int(m.group(1)) * units[m.group(2)] // factor)}s]", expr)
+
+
 def demo_rules(paths: list[str], out_dir: str, factor: int = DEMO_FOR_FACTOR) -> list[str]:
     """Copies of the bundled rule files with every alert's `for:` divided by `factor` (at least 5 s,
-    the demo Prometheus's evaluation interval): the same expressions, on a demo's time scale."""
+    the demo Prometheus's evaluation interval) and the range windows of its expression too (the
+    alerts judge the median of a window; `scale_windows`): the same expressions, on a demo's time
+    scale. Recording rules are left as they are."""
     from ..config import parse_duration
     out = []
     for path in paths:
@@ -129,6 +138,8 @@ def demo_rules(paths: list[str], out_dir: str, factor: int = DEMO_FOR_FACTOR) ->
             for rule in group.get("rules") or []:
                 if "for" in rule:
                     rule["for"] = f"{max(5, int(parse_duration(str(rule['for'])) // factor))}s"
+                if "alert" in rule:
+                    rule["expr"] = scale_windows(rule["expr"], factor)
         target = os.path.join(out_dir, "demo-" + os.path.basename(path))
         with open(target, "w", encoding="utf-8") as f:
             yaml.safe_dump(doc, f, sort_keys=False)

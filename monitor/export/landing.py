@@ -234,6 +234,8 @@ def _pool_card(p: PoolSnapshot, trend: list, alerts: Optional[list[Alert]] = Non
     sessions, session_cap, spmw = cap.sessions, cap.session_capacity, cap.sessions_per_megawatt
     headroom = f"{ratio * 100:.0f}%" if ratio is not None else "–"
     headroom_n1 = f"{ratio_n1 * 100:.0f}%" if ratio_n1 is not None else "–"
+    if ratio_n1 is None and ratio is not None and p.replicas - p.stalled_replicas == 1:
+        headroom_n1 = "no N-1"  # one working replica: nothing is left when it is lost
     mine = [a for a in alerts or () if a.pool in (p.pool, p.model) and a.state == "firing"]  # pending: above
     if mine:
         stale += ' <span class="badge bad">alert firing</span>'

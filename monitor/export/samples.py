@@ -52,6 +52,7 @@ class ProcessStatus:
     web_open_connections: Optional[float] = None
     digest: Optional[DigestStatus] = None
     store_errors: dict[str, float] = field(default_factory=dict)  # the history store's failures, by operation
+    shard: Optional[tuple[int, int]] = None  # (index, total) of this daemon: headroom_shards
 
 
 @dataclass(frozen=True)
@@ -296,6 +297,8 @@ def _status_samples(out: Rows, status: ProcessStatus) -> None:
         out.add("headroom_store_errors", {"operation": operation}, v)
     if status.digest is not None:
         _digest(out, status.digest)
+    if status.shard is not None:
+        out.add("headroom_shards", {"shard": str(status.shard[0])}, float(status.shard[1]))
 
 
 def _digest(out: Rows, status: DigestStatus) -> None:
