@@ -120,6 +120,19 @@ class CapacityState:
         self.knees: dict[str, KneeEstimator] = {}
         self.seen: dict[str, float] = {}  # "target|model" -> timestamp of the newest reading observed
         self.gateway_prev: dict[tuple[int, Optional[str]], GatewayReading] = {}
+        self.pool_seen: dict[str, float] = {}  # pool -> the last cycle it was assessed
+
+    def expire(self, before: float) -> None:
+        """Forget what was last seen before `before` (global.forget_after ago): the knee estimator of
+        a pool not assessed since, replicas' last observed readings, gateway readings, SLO windows."""
+        for pool in [p for p, t in self.pool_seen.items() if t < before]:
+            del self.pool_seen[pool]
+            self.knees.pop(pool, None)
+        for key in [k for k, t in self.seen.items() if t < before]:
+            del self.seen[key]
+        for key in [k for k, r in self.gateway_prev.items() if r.timestamp < before]:
+            del self.gateway_prev[key]
+        self.tracker.forget(before)
 
     def gateway_config(self, kind: str, task_label: Optional[str], session_label: Optional[str]) -> GatewayConfig:
         """How a configured gateway's body is read (the cycle parses it with this)."""
@@ -159,6 +172,7 @@ def assess(state: CapacityState, pools: list[PoolSnapshot], history: History,
         mine = by_pool.get(p.pool, {})
         ps = state.cfg.pool_settings(p.pool)
         est = state.estimator(p.pool)
+        state.pool_seen[p.pool] = now
         est.set_prior(state.prior(p, ps.max_num_seqs))
         if not p.stale:
             _observe(state, est, mine)

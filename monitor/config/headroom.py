@@ -201,6 +201,10 @@ class Config:
                                    "(not counted as capacity); 0 turns the check off")
     history_keep: float = key(Duration(gt=0, le=7 * DAY), 3600.0, path="global.history_keep",
                               help="readings kept in memory per target (at least twice latency_window)")
+    forget_after: float = key(Duration(gt=0, le=7 * DAY), 3600.0, path="global.forget_after",
+                              help="what is kept per replica, instance, pool or gateway (knee estimators, SLO "
+                                   "windows, lead times, down sources, last fresh times) is forgotten after "
+                                   "this long unseen, so replica churn cannot grow memory")
     max_models_per_target: int = key(Int(ge=1), 64, path="global.max_models_per_target",
                                      help="models read from one target (or one instance in Prometheus mode); "
                                           "the rest are dropped and counted, so one runaway target cannot "

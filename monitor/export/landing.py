@@ -40,6 +40,9 @@ class Trends:
                 dq.append(point)
             while dq and snap.timestamp - dq[0][0] > self.keep:
                 dq.popleft()
+        # a pool gone for longer than the chart shows has nothing left to chart: forget it (churn)
+        for pool in [k for k, dq in self.points.items() if not dq or snap.timestamp - dq[-1][0] > self.keep]:
+            del self.points[pool]
 
     def seed(self, pool: str, points: list[tuple[float, float, float, float]]) -> None:
         dq = self.points.setdefault(pool, deque())
