@@ -231,8 +231,10 @@ def _derive(state: CycleState, history: dict[str, list[ReplicaReading]], inputs:
         if key not in fresh_keys:
             stale_targets.add(readings[-1].target)
         expected.setdefault(pool_of(readings[-1], cfg.pool_by), set()).add(readings[-1].target)
-    pools = derive_pools(history, now, cfg.latency_window, cfg.pool_by,
-                         down_targets=stale_targets, expected=expected, stall_window=cfg.stall_window)
+    overflow: dict = {}
+    pools = derive_pools(history, now, cfg.latency_window, cfg.pool_by, down_targets=stale_targets,
+                         expected=expected, stall_window=cfg.stall_window, anomalies=overflow)
+    count_into(state.anomalies, overflow)
     if cfg.shard is not None:
         from .shard import owns  # noqa: PLC0415
         pools = [p for p in pools if owns(p.pool, cfg.shard)]

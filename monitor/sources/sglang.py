@@ -29,7 +29,7 @@ from typing import Optional
 
 from ..model import ReplicaReading
 from .exposition import ParsedScrape, parse
-from .vllm import _histograms, checked, missing_in, sample_names
+from .vllm import _histograms, checked, missing_in, sample_names, unknown_if_overflowed
 
 P = "sglang:"
 
@@ -235,6 +235,8 @@ def readings_from_scrape(scrape: ParsedScrape, target: str, timestamp: float,
             for model, hist in _histograms(*parts, scrape).items():
                 reading(model).histograms[key] = hist
             break
+    for r in by_model.values():
+        unknown_if_overflowed(scrape, r)
     return list(by_model.values())
 
 

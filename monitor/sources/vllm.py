@@ -253,7 +253,27 @@ def readings_from_scrape(scrape: ParsedScrape, target: str, timestamp: float,
             r.kv_usage = r.kv_live_tokens = None
         elif r.kv_capacity_tokens:
             r.kv_usage = (r.kv_live_tokens or 0.0) / r.kv_capacity_tokens
+        unknown_if_overflowed(scrape, r)
     return list(by_model.values())
+
+
+SUMMED_FIELDS = ("running", "waiting", "kv_capacity_tokens", "kv_live_tokens", "kv_usage")
+
+
+def unknown_if_overflowed(scrape: ParsedScrape, r: ReplicaReading) -> None:
+    """Engines' (and series') values are each finite (`checked`); a sum of them that overflowed to
+    +Inf is unknown (None), counted once per reading as the anomaly `overflow`, never +Inf."""
+    over = [name for name in SUMMED_FIELDS if getattr(r, name) is not None and not math.isfinite(getattr(r, name))]
+    if {"kv_capacity_tokens", "kv_live_tokens"} & set(over):
+        over.append("kv_usage")  # live / capacity: unknown with either
+    for name in over:
+        setattr(r, name, None)
+    for table in (r.waiting_by_reason, r.counters):
+        for key in [k for k, v in table.items() if not math.isfinite(v)]:
+            del table[key]
+            over.append(key)
+    if over:
+        scrape.anomaly("overflow")
 
 
 _BOUNDS: dict[str, float] = {}
