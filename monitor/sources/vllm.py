@@ -9,7 +9,7 @@ label set on `cache_config_info`. KV capacity in tokens is `kv_cache_size_tokens
 from __future__ import annotations
 
 import math
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Union
 
 from ..model import Histogram, ReplicaReading
 from .exposition import ParsedScrape, parse
@@ -72,6 +72,18 @@ def missing_in(contract: dict[str, tuple[str, ...]], scrape: ParsedScrape) -> tu
 
 def missing_families(scrape: ParsedScrape) -> tuple[str, ...]:
     return missing_in(CONTRACT, scrape)
+
+
+def families_present(contract: dict[str, tuple[str, ...]], body: Union[str, ParsedScrape]) -> int:
+    """How many families of an engine's contract have a series in a body (text: a sample line
+    starting with one of the names, `:` or `_` spelling; a parse: a sample). One substring search
+    per name: bounded whatever the body (engine detection, when a body carries both engines' names)."""
+    if isinstance(body, ParsedScrape):
+        return len(contract) - len(missing_in(contract, body))
+    def has(name: str) -> bool:
+        under = name.replace(":", "_", 1)
+        return ("\n" + name) in body or ("\n" + under) in body or body.startswith((name, under))
+    return sum(1 for names in contract.values() if any(has(n) for n in names))
 
 
 def sample_names(gauges: Iterable[str], counters: dict[str, tuple[str, ...]],
