@@ -110,6 +110,7 @@ def child(forget_after: float, cycles: int) -> dict:
     from monitor.cycle import Pipeline
     from monitor.export.collector import Exposition
     from monitor.export.landing import Trends
+    from monitor.sources.exposition import _LABEL_CACHE  # the parser's label-set cache (bounded: 200,000)
     logging.disable(logging.WARNING)  # every churned replica is a 404 once: not the point here
     fleet = ChurningFleet()
     srv = serve(fleet)
@@ -134,7 +135,8 @@ def child(forget_after: float, cycles: int) -> dict:
                             "history": len(st.history), "knees": len(cap.knees), "seen": len(cap.seen),
                             "lead_times": len(st.lead_times.seen), "down": len(st.down),
                             "last_fresh": len(st.last_fresh), "trend_pools": len(trends.points),
-                            "pools": len(snap.pools), "metrics_bytes": len(exposition.body())})
+                            "pools": len(snap.pools), "metrics_bytes": len(exposition.body()),
+                            "parser_label_cache": len(_LABEL_CACHE)})
     wall = time.monotonic() - wall0
     pipe.close()
     srv.shutdown()
@@ -145,8 +147,10 @@ def child(forget_after: float, cycles: int) -> dict:
 def summary(run: dict, expiry_minute: int) -> dict:
     after = [s["rss_mb"] for s in run["samples"] if s["minute"] >= expiry_minute]
     at = after[0]
+    last = run["samples"][-31:]  # the last half hour
     return {"rss_at_first_expiry_mb": at, "rss_end_mb": after[-1], "rss_max_after_mb": max(after),
             "rss_min_after_mb": min(after), "max_drift_ratio": round(max(abs(v - at) for v in after) / at, 4),
+            "last_30min_mb_per_min": round((last[-1]["rss_mb"] - last[0]["rss_mb"]) / 30.0, 4),
             "end": {k: v for k, v in run["samples"][-1].items() if k not in ("minute", "rss_mb")}}
 
 
