@@ -25,6 +25,8 @@ def apply_gateway_queues(pools: Sequence[PoolSnapshot], gateways: Sequence[Gatew
     by_name = {p.pool: p for p in pools}
     served = {p.pool: p.model for p in pools}
     for scrape in gateways:
+        if scrape.error is not None and scrape.error.startswith("too_large"):
+            anomalies["gateway_too_large"] = anomalies.get("gateway_too_large", 0.0) + 1  # not parsed
         queues = scrape.queues
         if queues is None:
             continue

@@ -36,7 +36,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Mapping, Optional, Union
 
-from monitor.sources.gateway import iter_samples
+from monitor.sources.gateway import iter_samples, too_large
 
 KINDS = ("llm-d", "dynamo")
 
@@ -105,6 +105,8 @@ def read_gateway_queues(text: str, kind: str) -> GatewayQueues:
         raise ValueError(f"gateway queue kind {kind!r} is not one of {', '.join(KINDS)}")
     if not isinstance(text, str):
         raise TypeError("read_gateway_queues needs the exposition text as str")
+    if too_large(text, "router"):
+        raise ValueError(too_large(text, "router"))
     return queues_from_samples(iter_samples(text, set(QUEUE_SAMPLE_NAMES[kind])), kind)
 
 
