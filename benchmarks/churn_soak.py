@@ -43,7 +43,9 @@ def rss_mb() -> float:
 
 
 class ChurningFleet:
-    """The simulated fleet's pages, each replica under its current name, the model renamed per minute."""
+    """The simulated fleet's pages, each replica under its current name, the model renamed per minute.
+    It runs in the measured process (one clock for both), without the simulator's per-task truth log,
+    which would grow with the hour and is not headroom's."""
 
     def __init__(self):
         from monitor.sim.fleet import Fleet, config_from_dict
@@ -55,7 +57,7 @@ class ChurningFleet:
                 {"calls": 1, "prompt": {"mean": 600, "cv": 0.3, "max": 2000},
                  "output": {"mean": 120, "cv": 0.5, "max": 1000}}]}}},
         })
-        self.fleet = Fleet(sim, "steady", seed=5, start_time=START)
+        self.fleet = Fleet(sim, "steady", seed=5, start_time=START, record_truth=False)  # no growing truth log
         self.replicas = list(self.fleet.pools["p"])
         self.generation = [0] * len(self.replicas)
         self.model = "m-0"
@@ -95,8 +97,13 @@ def serve(fleet: ChurningFleet) -> ThreadingHTTPServer:
         def log_message(self, *args):
             pass
 
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
-    srv.daemon_threads = True
+    class Quiet(ThreadingHTTPServer):
+        daemon_threads = True
+
+        def handle_error(self, request, client_address):
+            pass  # a scrape given up at its timeout: the cycle counts it
+
+    srv = Quiet(("127.0.0.1", 0), H)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     return srv
 

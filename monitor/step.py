@@ -126,8 +126,8 @@ def step(state: CycleState, inputs: CycleInputs, now: float) -> tuple[CycleState
 
 def expire(state: CycleState, now: float, present: frozenset | set = frozenset()) -> None:
     """Forget what has not been seen for global.forget_after: sources no longer reported down, pools'
-    last fresh times (but not of the `present` pools), lead-time bookkeeping and the capacity layer's per-pool and per-replica state
-    (the readings themselves go after global.history_keep, in `_remember`)."""
+    last fresh times (not of the `present` pools), lead-time bookkeeping, the capacity layer's
+    per-pool and per-replica state (the readings themselves go after global.history_keep)."""
     before = now - state.config.forget_after
     for key in [k for k, t in state.down_seen.items() if t < before]:
         del state.down_seen[key]
