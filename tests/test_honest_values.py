@@ -128,3 +128,21 @@ def test_two_gateways_whose_finite_queues_overflow_together_are_unknown():
     apply_gateway_queues([pool], scrapes, [{}, {}], anomalies)
     assert pool.gateway_queued == {} and pool.load_requests == 2.0
     assert anomalies == {"gateway_queue_overflow": 1.0}
+
+
+def test_replicas_histograms_summing_past_the_largest_float_are_unknown_and_counted():
+    from monitor.derive.core import derive_pools
+    from monitor.model import Histogram, ReplicaReading
+    bounds = (0.5, 1.0, float("inf"))
+
+    def reading(target: str, t: float, n: float) -> ReplicaReading:
+        h = Histogram(bounds, (n / 2, n, n), sum=n / 2, count=n)
+        ttft = Histogram(bounds, (1.0, 2.0, 2.0), 0.5, 2.0) if n else Histogram(bounds, (0.0, 0.0, 0.0), 0.0, 0.0)
+        return ReplicaReading(target=target, model="m", timestamp=t, running=1.0, waiting=0.0,
+                              histograms={"e2e": h, "ttft": ttft})
+    history = {f"r{i}|m": [reading(f"r{i}", T0, 0.0), reading(f"r{i}", T0 + 15, 1.7e308)] for i in range(2)}
+    anomalies: dict = {}
+    [p] = derive_pools(history, T0 + 15, 60.0, anomalies=anomalies)
+    assert p.latency["e2e"].p95 is None and p.latency["e2e"].mean is None  # unknown, not the last bucket
+    assert p.latency["ttft"].p50 is not None  # the other kinds are read as usual
+    assert anomalies == {"overflow": 1.0}

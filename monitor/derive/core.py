@@ -130,8 +130,8 @@ def derive_pools(history: dict[str, list[ReplicaReading]], now: float, window_se
                 kv_usage_ratio=r.kv_usage if up else None,
                 stalled=stuck,
             ))
-        _rates(snap, fresh, now, window_seconds)
-        _unknown_if_overflowed(snap, anomalies if anomalies is not None else {})
+        overflowed = _rates(snap, fresh, now, window_seconds)
+        _unknown_if_overflowed(snap, anomalies if anomalies is not None else {}, overflowed)
     return sorted(pools.values(), key=lambda p: p.pool)
 
 
@@ -140,10 +140,10 @@ SUMMED = ("active_requests", "queued_requests", "kv_tokens_live", "kv_tokens_cap
           "preemption_rate", "mean_concurrency", "littles_law_ratio", "stalled_kv_tokens_capacity")
 
 
-def _unknown_if_overflowed(snap: PoolSnapshot, anomalies: dict) -> None:
+def _unknown_if_overflowed(snap: PoolSnapshot, anomalies: dict, over: int = 0) -> None:
     """The replicas' values are finite (sources/vllm.py `checked`); a pool sum of them that is not
-    (two replicas at 1.7e308) is unknown, counted as `overflow`. The load (active + queued) too."""
-    over = 0
+    (two replicas at 1.7e308) is unknown, counted as `overflow` (with the `over` latency histograms
+    `_rates` left out). The load (active + queued) too."""
     for name in SUMMED:
         v = getattr(snap, name)
         if v is not None and not math.isfinite(v):
@@ -188,7 +188,9 @@ def _gauges(snap: PoolSnapshot, fresh: list[list[ReplicaReading]]) -> None:
         snap.kv_usage_ratio = (_sum(r.kv_live_tokens for r in known) or 0.0) / capacity
 
 
-def _rates(snap: PoolSnapshot, fresh: list[list[ReplicaReading]], now: float, window: float) -> None:
+def _rates(snap: PoolSnapshot, fresh: list[list[ReplicaReading]], now: float, window: float) -> int:
+    """Rates, latency quantiles and Little's law over the window; returns how many latency kinds were
+    left unknown because the replicas' histogram increases summed past the largest float."""
     deltas: dict[str, float] = {}
     seconds: dict[str, float] = {}
     hists: dict[str, Histogram] = {}
@@ -223,7 +225,11 @@ def _rates(snap: PoolSnapshot, fresh: list[list[ReplicaReading]], now: float, wi
             conc_n += 1
     snap.window_seconds = window_used
     if window_used is None:
-        return
+        return 0
+    overflowed = [kind for kind, h in hists.items()
+                  if not (math.isfinite(h.sum) and math.isfinite(h.count) and all(map(math.isfinite, h.counts)))]
+    for kind in overflowed:
+        del hists[kind]  # unknown: its quantiles would read the last bucket, its mean NaN
     snap.completion_rate = deltas.get("_rate_request_success")
     snap.prompt_tokens_rate = deltas.get("_rate_prompt_tokens")
     snap.generation_tokens_rate = deltas.get("_rate_generation_tokens")
@@ -239,6 +245,7 @@ def _rates(snap: PoolSnapshot, fresh: list[list[ReplicaReading]], now: float, wi
     if (snap.completion_rate is not None and e2e is not None and e2e.mean is not None
             and snap.mean_concurrency):
         snap.littles_law_ratio = snap.completion_rate * e2e.mean / snap.mean_concurrency
+    return len(overflowed)
 
 
 def _time_weighted_concurrency(readings: list[ReplicaReading]) -> Optional[float]:
