@@ -309,7 +309,7 @@ def fleet_capacity() -> dict:
                    "{{model_name}} queue"),
         ], unit="s", description="From vLLM histogram buckets over 5 minutes (recording rules)."),
         timeseries("Engine latency (headroom)", [
-            target(f'headroom_latency_seconds{{quantile=~"0.5|0.95",{P}}}', "{{pool}} {{kind}} p{{quantile}}"),
+            target(f'headroom_latency_seconds{{q=~"0.5|0.95",{P}}}', "{{pool}} {{kind}} p{{q}}"),
         ], unit="s", description="headroom's latency quantiles from histogram bucket deltas."),
         timeseries("Little's law check", [target(f"headroom_littles_law_ratio{{{P}}}", "{{pool}}")],
                    description="Completion rate x mean latency over mean observed concurrency; near 1 when the "
@@ -355,11 +355,11 @@ def tasks_sessions() -> dict:
     panels = [
         row("Tasks"),
         timeseries("Task latency p95 by task type", [
-            target(f'headroom_task_latency_seconds{{quantile="0.95",{P},{T}}}', "{{pool}} {{task_type}}"),
+            target(f'headroom_task_latency_seconds{{q="0.95",{P},{T}}}', "{{pool}} {{task_type}}"),
         ], unit="s", description="Whole-task latency (all model calls and tool waits of one agent task)."),
         timeseries("Task latency quantiles", [
-            target(f'headroom_task_latency_seconds{{quantile=~"0.5|0.9|0.99",{P},{T}}}',
-                   "{{task_type}} p{{quantile}}"),
+            target(f'headroom_task_latency_seconds{{q=~"0.5|0.9|0.99",{P},{T}}}',
+                   "{{task_type}} p{{q}}"),
         ], unit="s"),
         timeseries("Model calls per task", [target(f"headroom_task_calls_per_task{{{P},{T}}}", "{{pool}} {{task_type}}")],
                    description="More calls per task multiplies per-call latency; a change here is usually an agent change."),
@@ -386,7 +386,7 @@ def tasks_sessions() -> dict:
             target(f"headroom_session_capacity{{{P}}}", "{{pool}} capacity"),
         ]),
         timeseries("Call latency p95 by class", [
-            target(f'headroom_call_latency_seconds{{quantile="0.95",{P}}}', "{{pool}} {{class}}"),
+            target(f'headroom_call_latency_seconds{{q="0.95",{P}}}', "{{pool}} {{class}}"),
         ], unit="s", description="Per model call, interactive vs batch."),
         row("Gateway (straight from gateway metrics)"),
         timeseries("Gateway call latency p95 by task type (LiteLLM)", [

@@ -33,7 +33,7 @@ from .config import Config, Target
 from .model import ReplicaReading, Snapshot, SourceStatus
 from .sources.alerts import api_url, read_alerts, ui_url
 from .sources.dcgm import DcgmReading, read_dcgm
-from .sources.gateway import GatewayConfig, GatewayScrape, read_gateway_scrape
+from .sources.gateway import AUX_MAX_BODY_BYTES, GatewayConfig, GatewayScrape, read_gateway_scrape
 from .sources.gateway_queue import KINDS as QUEUE_KINDS, read_gateway_queues
 from .sources.http import BodyBudget, FetchError, Fetcher, redact
 from .sources.prometheus import PrometheusSourceReader
@@ -104,7 +104,7 @@ class Pipeline:
             self.scraper = Scraper(Fetcher(config.vllm_auth, self.budget),
                                    config.scrape_timeout, config.scrape_concurrency)
         if config.prometheus:
-            self.prom = PrometheusSourceReader(config.prometheus, budget=self.budget)
+            self.prom = PrometheusSourceReader(config.prometheus, budget=self.budget, forget_after=config.forget_after)
         # how each gateway body is read: for the capacity layer, the only reader of task metrics
         self._gateway_configs: Optional[list[GatewayConfig]] = None
         if capacity is not None:
@@ -248,7 +248,7 @@ class Pipeline:
         key = id(auth)
         f = self._aux_fetchers.get(key)
         if f is None:
-            f = self._aux_fetchers[key] = Fetcher(auth, self.budget)
+            f = self._aux_fetchers[key] = Fetcher(auth, self.budget, max_body=AUX_MAX_BODY_BYTES)  # gateways, DCGM, alerts
         return f
 
     def _start_aux(self, pool: DeadlinePool) -> list:

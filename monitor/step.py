@@ -14,7 +14,8 @@ In order:
   4. derive the pools (monitor/derive/core.py); a replica that did not answer is stale;
   5. keep the shard's pools (global.shard) and each pool's last fresh time;
   6. capacity, tasks and power (monitor/capacity/enrich.py `assess`), when the state has them;
-  7. each pool's forecast: the forecaster's latest result, as `collect` found it.
+  7. each pool's forecast: the forecaster's latest result, as `collect` found it;
+  8. forget what has not been seen for global.forget_after (`expire`): state stays bounded under churn.
 """
 from __future__ import annotations
 
@@ -70,6 +71,7 @@ class CycleState:
     last_success: Optional[float] = None
     last_fresh: dict[str, float] = field(default_factory=dict)  # pool -> last time it was not stale
     down: dict[tuple[str, str], str] = field(default_factory=dict)  # (source, target) -> its error, while down
+    down_seen: dict[tuple[str, str], float] = field(default_factory=dict)  # (source, target) -> last time down
     lead_times: LeadTimes = field(default_factory=LeadTimes)  # new replicas' time to their first completion
 
     def shift_time(self, seconds: float) -> None:
@@ -80,6 +82,7 @@ class CycleState:
         if self.last_success is not None:
             self.last_success += seconds
         self.last_fresh = {pool: t + seconds for pool, t in self.last_fresh.items()}
+        self.down_seen = {key: t + seconds for key, t in self.down_seen.items()}
         self.lead_times.shift_time(seconds)
         if self.capacity is not None:
             self.capacity.shift_time(seconds)
@@ -99,7 +102,9 @@ def step(state: CycleState, inputs: CycleInputs, now: float) -> tuple[CycleState
             if key not in state.down:  # logged when it goes down and when it comes back, not every cycle
                 log.warning("source %s %s down: %s", st.source, st.target, st.error)
             state.down[key] = st.error or "unknown"
+            state.down_seen[key] = now
         elif st.up and state.down.pop(key, None) is not None:
+            state.down_seen.pop(key, None)
             log.info("source %s %s is back", st.source, st.target)
     count_into(state.anomalies, inputs.anomalies)
     readings = _cap(state, inputs.readings)
@@ -126,11 +131,27 @@ def step(state: CycleState, inputs: CycleInputs, now: float) -> tuple[CycleState
         _recommend(p)
     if any(st.up for st in inputs.statuses if st.source in ("vllm", "prometheus")):
         state.last_success = now
+    expire(state, now, {p.pool for p in pools})
     return state, Snapshot(timestamp=now, pools=pools, sources=list(inputs.statuses),
                            last_success_timestamp=state.last_success,
                            errors={f"{s}|{r}": v for (s, r), v in state.errors.items()},
                            cycles=state.cycles, dropped=dict(state.dropped), anomalies=dict(state.anomalies),
                            forecast=inputs.forecast, alerts=inputs.alerts, alerts_ui=inputs.alerts_ui)
+
+
+def expire(state: CycleState, now: float, present: frozenset | set = frozenset()) -> None:
+    """Forget what has not been seen for global.forget_after: sources no longer reported down, pools'
+    last fresh times (not of the `present` pools), lead-time bookkeeping, the capacity layer's
+    per-pool and per-replica state (the readings themselves go after global.history_keep)."""
+    before = now - state.config.forget_after
+    for key in [k for k, t in state.down_seen.items() if t < before]:
+        del state.down_seen[key]
+        state.down.pop(key, None)
+    for pool in [p for p, t in state.last_fresh.items() if t < before and p not in present]:
+        del state.last_fresh[pool]
+    state.lead_times.expire(before)
+    if state.capacity is not None:
+        state.capacity.expire(before)
 
 
 def _exhaustion_now(fc, p: PoolSnapshot, now: float):
@@ -225,8 +246,10 @@ def _derive(state: CycleState, history: dict[str, list[ReplicaReading]], inputs:
         if key not in fresh_keys:
             stale_targets.add(readings[-1].target)
         expected.setdefault(pool_of(readings[-1], cfg.pool_by), set()).add(readings[-1].target)
-    pools = derive_pools(history, now, cfg.latency_window, cfg.pool_by,
-                         down_targets=stale_targets, expected=expected, stall_window=cfg.stall_window)
+    overflow: dict = {}
+    pools = derive_pools(history, now, cfg.latency_window, cfg.pool_by, down_targets=stale_targets,
+                         expected=expected, stall_window=cfg.stall_window, anomalies=overflow)
+    count_into(state.anomalies, overflow)
     if cfg.shard is not None:
         from .shard import owns  # noqa: PLC0415
         pools = [p for p in pools if owns(p.pool, cfg.shard)]

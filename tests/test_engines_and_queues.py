@@ -134,3 +134,26 @@ def test_prometheus_mode_tells_the_engines_apart_per_instance():
     assert list(scrapes["a"].samples) == ["sglang:num_running_reqs"]
     missing = sglang.missing_families(scrapes["a"])
     assert "num_running_reqs" not in missing and "num_queue_reqs" in missing
+
+
+def test_a_stray_series_of_the_other_engine_does_not_decide_the_engine():
+    """Detection by which engine's contract families dominate: a real SGLang capture with one stray
+    `vllm:` series is SGLang's (and read as such), a real vLLM capture with one stray `sglang:` series
+    is vLLM's; in Prometheus mode the same per instance."""
+    from monitor.sources.exposition import parse
+    from monitor.sources.prometheus import engine_of_scrape, scrapes_from_vector
+    stray_vllm = f'vllm:num_requests_running{{model_name="{MODEL}"}} 1\n'
+    stray_sglang = f'sglang:num_running_reqs{{model_name="{MODEL}"}} 1\n'
+    assert engine_of(SGLANG + stray_vllm) is sglang and engine_of(stray_vllm + SGLANG) is sglang
+    assert engine_of(VLLM + stray_sglang) is vllm and engine_of(stray_sglang + VLLM) is vllm
+    r = scrape_one(Body(stray_vllm + SGLANG), Target("http://sg:30000/metrics"), 5.0, clock=lambda: NOW)
+    assert r.status.up and {x.naming for x in r.readings} == {"sglang"}
+    assert sglang.looks_like_sglang(parse(SGLANG + stray_vllm))
+    assert not sglang.looks_like_sglang(parse(VLLM + stray_sglang))
+    scrapes = scrapes_from_vector([
+        *[({"__name__": n, "instance": "a", "model_name": MODEL}, 1.0)
+          for n in ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:max_total_num_tokens")],
+        ({"__name__": "vllm:num_requests_running", "instance": "a", "model_name": MODEL}, 2.0)])
+    assert engine_of_scrape(scrapes["a"]) is sglang
+    # a tie is vLLM's, as before
+    assert engine_of(stray_vllm + stray_sglang) is vllm

@@ -143,6 +143,7 @@ class CapacityState:
         self.seen: dict[str, float] = {}  # "target|model" -> timestamp of the newest reading observed
         self.task_window = float(getattr(c, "task_window", None) or self.window)
         self.gateway_windows: dict[tuple[int, Optional[str]], TaskWindow] = {}
+        self.pool_seen: dict[str, float] = {}  # pool -> the last cycle it was assessed
 
     def shift_time(self, seconds: float) -> None:
         """The wall clock stepped by `seconds` (monitor/step.py CycleState.shift_time): the SLO windows,
@@ -151,6 +152,19 @@ class CapacityState:
         for window in self.gateway_windows.values():
             window.shift_time(seconds)
         self.seen = {key: t + seconds for key, t in self.seen.items()}
+        self.pool_seen = {pool: t + seconds for pool, t in self.pool_seen.items()}
+
+    def expire(self, before: float) -> None:
+        """Forget what was last seen before `before` (global.forget_after ago): the knee estimator of
+        a pool not assessed since, replicas' last observed readings, gateway task windows, SLO windows."""
+        for pool in [p for p, t in self.pool_seen.items() if t < before]:
+            del self.pool_seen[pool]
+            self.knees.pop(pool, None)
+        for key in [k for k, t in self.seen.items() if t < before]:
+            del self.seen[key]
+        for key in [k for k, w in self.gateway_windows.items() if not w.readings or w.readings[-1].timestamp < before]:
+            del self.gateway_windows[key]
+        self.tracker.forget(before)
 
     def gateway_config(self, kind: str, task_label: Optional[str], session_label: Optional[str]) -> GatewayConfig:
         """How a configured gateway's body is read (the cycle parses it with this)."""
@@ -198,6 +212,7 @@ def assess(state: CapacityState, pools: list[PoolSnapshot], history: History,
         mine = by_pool.get(p.pool, {})
         ps = state.cfg.pool_settings(p.pool)
         est = state.estimator(p.pool)
+        state.pool_seen[p.pool] = now
         est.set_prior(state.prior(p, ps.max_num_seqs))
         if not p.stale:
             _observe(state, est, mine)

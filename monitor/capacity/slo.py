@@ -239,6 +239,15 @@ class SloTracker:
             return None
         return self.ratio(key, window_seconds)
 
+    def forget(self, before: float) -> None:
+        """Drop every key whose newest observation is older than `before` (a task type or pool gone)."""
+        for key in [k for k, series in self._series.items() if not series or series[-1][0] < before]:
+            for held in (self._series, self._offset, self._last_raw, self._since_thin):
+                held.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._series)
+
     def burn_rates(self, key, target: Target) -> dict[str, Optional[float]]:
         """window -> burn rate; None for a window the history does not cover yet, whose start is in
         a gap of the history, or without observations in it."""

@@ -146,9 +146,9 @@ class AlertsSource:
 class PoolSettings:
     REMOVED: ClassVar[dict] = {"knee_margin": "removed: it was read but never used (the knee is learned "
                                              "from the data; the alert thresholds keep headroom free); delete it"}
-    max_num_seqs: Optional[int] = key(Int(ge=1), help="vLLM --max-num-seqs per replica: the slots limit")
-    watts_per_replica: Optional[float] = key(Number(gt=0), help="power per replica when DCGM gives none")
-    replica_lead_time: Optional[float] = key(Duration(gt=0), help="how long a new replica takes to serve "
+    max_num_seqs: Optional[int] = key(Int(ge=1, le=1_000_000), help="vLLM --max-num-seqs per replica: the slots limit")
+    watts_per_replica: Optional[float] = key(Number(gt=0, le=1e6), help="power per replica when DCGM gives none")
+    replica_lead_time: Optional[float] = key(Duration(gt=0, le=DAY), help="how long a new replica takes to serve "
                                              "(scheduling, image pull, model load); alerts compare it with "
                                              "the time to exhaustion")
     slo: list = key(PoolTargets(), [], help="pool latency targets like {ttft_p95_seconds: 0.5} (docs/capacity.md)")
@@ -159,13 +159,14 @@ class Capacity:
     """The capacity enricher's knobs (monitor/capacity/enrich.py)."""
 
     knee_signal: str = key(Choice(KNEE_SIGNALS), "queue", help="latency signal the knee is found on")
-    knee_min_span_seconds: float = key(Number(gt=0), 30.0, help="Little's-law window of one knee observation")
+    knee_min_span_seconds: float = key(Number(gt=0, le=DAY), 30.0, help="Little's-law window of one knee observation")
     min_confidence: float = key(Number(ge=0, le=1), 0.6, help="a learned knee is published above this confidence")
-    min_change: float = key(Number(ge=0), 0.10, help="relative change needed to move a published knee")
-    confirmations: int = key(Int(ge=1), 3, help="fits in a row that must agree before the knee moves")
-    min_observations: int = key(Int(ge=10), 60, help="observations before a knee is fitted")
-    kv_tokens_per_request: Optional[float] = key(Number(gt=0), help="KV tokens per request when none is running")
-    active_requests_per_session: Optional[float] = key(Number(gt=0), help="session size when the pool is idle")
+    min_change: float = key(Number(ge=0, le=10), 0.10, help="relative change needed to move a published knee")
+    confirmations: int = key(Int(ge=1, le=1000), 3, help="fits in a row that must agree before the knee moves")
+    min_observations: int = key(Int(ge=10, le=1_000_000), 60, help="observations before a knee is fitted")
+    kv_tokens_per_request: Optional[float] = key(Number(gt=0, le=1e8),
+                                                 help="KV tokens per request when none is running")
+    active_requests_per_session: Optional[float] = key(Number(gt=0, le=1e6), help="session size when the pool is idle")
     task_pools: dict[str, str] = key(MapOf(Text(), names="task type"), {},
                                      help="task type -> pool (application metrics carry no pool)")
     task_classes: dict[str, str] = key(MapOf(Choice(("interactive", "batch")), names="task type"), {},
@@ -206,11 +207,15 @@ class Config:
                                    "(not counted as capacity); 0 turns the check off")
     history_keep: float = key(Duration(gt=0, le=7 * DAY), 3600.0, path="global.history_keep",
                               help="readings kept in memory per target (at least twice latency_window)")
-    max_models_per_target: int = key(Int(ge=1), 64, path="global.max_models_per_target",
+    forget_after: float = key(Duration(gt=0, le=7 * DAY), 3600.0, path="global.forget_after",
+                              help="what is kept per replica, instance, pool or gateway (knee estimators, SLO "
+                                   "windows, lead times, down sources, last fresh times) is forgotten after "
+                                   "this long unseen, so replica churn cannot grow memory")
+    max_models_per_target: int = key(Int(ge=1, le=100_000), 64, path="global.max_models_per_target",
                                      help="models read from one target (or one instance in Prometheus mode); "
                                           "the rest are dropped and counted, so one runaway target cannot "
                                           "fill global.max_series")
-    max_series: int = key(Int(ge=1), 100_000, path="global.max_series",
+    max_series: int = key(Int(ge=1, le=100_000_000), 100_000, path="global.max_series",
                           help="cardinality cap; what is dropped is counted")
     shard: Optional[tuple[int, int]] = key(Shard(), path="global.shard",
                                            help="own only the pools of shard I of N (as --shard)")

@@ -63,11 +63,22 @@ class Bounded(Kind):
         return ", ".join(f"{op} {self.show(b)}" for op, b in self.bounds)
 
 
+# Every count and size is bounded: without its own upper bound a setting is at most LIMIT, so a
+# typo such as 1e308 is refused naming the key instead of overflowing what is computed from it.
+LIMIT = 10 ** 9
+
+
+def _capped(bounds: dict) -> dict:
+    if bounds.get("le") is None and bounds.get("lt") is None:
+        bounds["le"] = LIMIT
+    return bounds
+
+
 class Int(Bounded):
     name = "integer"
 
     def __init__(self, *, whole: bool = False, **bounds):
-        super().__init__(**bounds)
+        super().__init__(**_capped(bounds))
         self.whole = whole  # also accept 2.0 for 2
 
     def parse(self, v: Any) -> int:
@@ -80,6 +91,9 @@ class Int(Bounded):
 
 class Number(Bounded):
     name = "number"
+
+    def __init__(self, **bounds):
+        super().__init__(**_capped(bounds))
 
     def parse(self, v: Any) -> float:
         if isinstance(v, bool) or not isinstance(v, (int, float)):

@@ -203,10 +203,26 @@ def read_yaml(path: str, error: type = ConfigError) -> Any:
     except UnicodeDecodeError:
         raise error(path, "", "not UTF-8 text") from None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader (below)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         raise error(path, "", f"not valid YAML: {where}{getattr(exc, 'problem', None) or exc}") from None
     except (ValueError, RecursionError) as exc:  # e.g. a date like 2024-13-01, or nesting too deep
         raise error(path, "", f"not valid YAML: {type(exc).__name__}: {exc}") from None
+
+
+class _Loader(yaml.SafeLoader):
+    """yaml.SafeLoader, except that a scalar shaped like a date that is no date (2026-02-30) stays the
+    string it is: the key's own kind then refuses it naming the key (`file: key: problem`), instead
+    of the whole file failing as invalid YAML."""
+
+
+def _timestamp(loader: yaml.SafeLoader, node: yaml.Node) -> Any:
+    try:
+        return yaml.SafeLoader.construct_yaml_timestamp(loader, node)
+    except (ValueError, OverflowError):
+        return loader.construct_scalar(node)
+
+
+_Loader.add_constructor("tag:yaml.org,2002:timestamp", _timestamp)

@@ -8,6 +8,7 @@ needs observations in the window.
 """
 from __future__ import annotations
 
+import math
 from typing import Iterable, Optional
 
 from ..model import COUNTERS, Histogram, PoolSnapshot, Quantiles, ReplicaReading, ReplicaSnapshot
@@ -68,7 +69,8 @@ def stalled(readings: list[ReplicaReading], window: float) -> bool:
 
 def derive_pools(history: dict[str, list[ReplicaReading]], now: float, window_seconds: float,
                  pool_by: str = "model_name", down_targets: Iterable[str] = (),
-                 expected: Optional[dict[str, set[str]]] = None, stall_window: float = 0.0) -> list[PoolSnapshot]:
+                 expected: Optional[dict[str, set[str]]] = None, stall_window: float = 0.0,
+                 anomalies: Optional[dict] = None) -> list[PoolSnapshot]:
     """Per-pool snapshots from readings. `history` maps target -> readings of ONE model, oldest first.
 
     down_targets: targets that failed this cycle (their old readings are not used as current).
@@ -76,6 +78,8 @@ def derive_pools(history: dict[str, list[ReplicaReading]], now: float, window_se
     stall_window: seconds over which a replica with work must complete something (`stalled`);
         0 turns the check off. A stalled replica is counted in `stalled_replicas` and its KV
         capacity in `stalled_kv_tokens_capacity`, so the capacity layer can leave both out.
+    anomalies: counts by kind; a pool sum of finite values that overflows (to +Inf) is unknown
+        (None) and counted here as `overflow`, never +Inf.
     """
     down = set(down_targets)
     pools: dict[str, PoolSnapshot] = {}
@@ -126,8 +130,34 @@ def derive_pools(history: dict[str, list[ReplicaReading]], now: float, window_se
                 kv_usage_ratio=r.kv_usage if up else None,
                 stalled=stuck,
             ))
-        _rates(snap, fresh, now, window_seconds)
+        overflowed = _rates(snap, fresh, now, window_seconds)
+        _unknown_if_overflowed(snap, anomalies if anomalies is not None else {}, overflowed)
     return sorted(pools.values(), key=lambda p: p.pool)
+
+
+SUMMED = ("active_requests", "queued_requests", "kv_tokens_live", "kv_tokens_capacity", "kv_usage_ratio",
+          "completion_rate", "prompt_tokens_rate", "generation_tokens_rate", "prefix_cache_hit_ratio",
+          "preemption_rate", "mean_concurrency", "littles_law_ratio", "stalled_kv_tokens_capacity")
+
+
+def _unknown_if_overflowed(snap: PoolSnapshot, anomalies: dict, over: int = 0) -> None:
+    """The replicas' values are finite (sources/vllm.py `checked`); a pool sum of them that is not
+    (two replicas at 1.7e308) is unknown, counted as `overflow` (with the `over` latency histograms
+    `_rates` left out). The load (active + queued) too."""
+    for name in SUMMED:
+        v = getattr(snap, name)
+        if v is not None and not math.isfinite(v):
+            setattr(snap, name, None if name != "stalled_kv_tokens_capacity" else 0.0)
+            over += 1
+    for reason in [k for k, v in snap.queued_by_reason.items() if not math.isfinite(v)]:
+        del snap.queued_by_reason[reason]
+        over += 1
+    if snap.active_requests is not None and snap.queued_requests is not None and \
+            not math.isfinite(snap.active_requests + snap.queued_requests):
+        snap.active_requests = snap.queued_requests = None
+        over += 1
+    if over:
+        anomalies["overflow"] = anomalies.get("overflow", 0.0) + over
 
 
 def _sum(values: Iterable[Optional[float]]) -> Optional[float]:
@@ -150,11 +180,17 @@ def _gauges(snap: PoolSnapshot, fresh: list[list[ReplicaReading]]) -> None:
     snap.queued_by_reason = reasons
     snap.kv_tokens_live = _sum(r.kv_live_tokens for r in newest)
     snap.kv_tokens_capacity = _sum(r.kv_capacity_tokens for r in newest)
-    if snap.kv_tokens_capacity:
-        snap.kv_usage_ratio = (snap.kv_tokens_live or 0.0) / snap.kv_tokens_capacity
+    # the usage of the replicas whose live KV is known: a replica whose usage was unusable (NaN, > 1)
+    # is unknown, never 0; none known -> None
+    known = [r for r in newest if r.kv_live_tokens is not None and r.kv_capacity_tokens]
+    capacity = _sum(r.kv_capacity_tokens for r in known)
+    if capacity:
+        snap.kv_usage_ratio = (_sum(r.kv_live_tokens for r in known) or 0.0) / capacity
 
 
-def _rates(snap: PoolSnapshot, fresh: list[list[ReplicaReading]], now: float, window: float) -> None:
+def _rates(snap: PoolSnapshot, fresh: list[list[ReplicaReading]], now: float, window: float) -> int:
+    """Rates, latency quantiles and Little's law over the window; returns how many latency kinds were
+    left unknown because the replicas' histogram increases summed past the largest float."""
     deltas: dict[str, float] = {}
     seconds: dict[str, float] = {}
     hists: dict[str, Histogram] = {}
@@ -189,7 +225,11 @@ def _rates(snap: PoolSnapshot, fresh: list[list[ReplicaReading]], now: float, wi
             conc_n += 1
     snap.window_seconds = window_used
     if window_used is None:
-        return
+        return 0
+    overflowed = [kind for kind, h in hists.items()
+                  if not (math.isfinite(h.sum) and math.isfinite(h.count) and all(map(math.isfinite, h.counts)))]
+    for kind in overflowed:
+        del hists[kind]  # unknown: its quantiles would read the last bucket, its mean NaN
     snap.completion_rate = deltas.get("_rate_request_success")
     snap.prompt_tokens_rate = deltas.get("_rate_prompt_tokens")
     snap.generation_tokens_rate = deltas.get("_rate_generation_tokens")
@@ -205,6 +245,7 @@ def _rates(snap: PoolSnapshot, fresh: list[list[ReplicaReading]], now: float, wi
     if (snap.completion_rate is not None and e2e is not None and e2e.mean is not None
             and snap.mean_concurrency):
         snap.littles_law_ratio = snap.completion_rate * e2e.mean / snap.mean_concurrency
+    return len(overflowed)
 
 
 def _time_weighted_concurrency(readings: list[ReplicaReading]) -> Optional[float]:

@@ -4,11 +4,13 @@ Each llm-d / inference-gateway / Dynamo body of the cycle was read into `Gateway
 (monitor/sources/gateway_queue.py). A queue row belongs to: the gateway's `pool` when the config
 sets one (every request of that gateway feeds one pool); else its gateway pool label mapped by the
 gateway's `pools:`; else the one pool serving the row's model (a model served by two pools is not
-split: that queue is left out and counted as `gateway_queue_unmapped`). The result is
+split: that queue is left out and counted as `gateway_queue_unmapped`). A sum that overflows is
+left out too (unknown, never +Inf), counted as `gateway_queue_overflow`. The result is
 `PoolSnapshot.gateway_queued[<gateway URL>]`, part of `PoolSnapshot.load_requests`.
 """
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence
 
 from ..model import PoolSnapshot
@@ -23,6 +25,8 @@ def apply_gateway_queues(pools: Sequence[PoolSnapshot], gateways: Sequence[Gatew
     by_name = {p.pool: p for p in pools}
     served = {p.pool: p.model for p in pools}
     for scrape in gateways:
+        if scrape.error is not None and scrape.error.startswith("too_large"):
+            anomalies["gateway_too_large"] = anomalies.get("gateway_too_large", 0.0) + 1  # not parsed
         queues = scrape.queues
         if queues is None:
             continue
@@ -36,9 +40,16 @@ def apply_gateway_queues(pools: Sequence[PoolSnapshot], gateways: Sequence[Gatew
             pool = fixed if fixed is not None else default(label, model)
             return pool if pool in by_name else None
 
-        for pool, queued in queued_by_pool(queues, pool_of).items():
+        overflow: dict = {}
+        for pool, queued in queued_by_pool(queues, pool_of, overflow).items():
             mine = by_name[pool].gateway_queued
             mine[scrape.url] = mine.get(scrape.url, 0.0) + queued
+        if overflow:
+            anomalies["gateway_queue_overflow"] = anomalies.get("gateway_queue_overflow", 0.0) + sum(overflow.values())
         unmapped = sum(1 for q in queues if q.queued is not None and pool_of(q.pool_label, q.model) is None)
         if unmapped:
             anomalies["gateway_queue_unmapped"] = anomalies.get("gateway_queue_unmapped", 0.0) + unmapped
+    for p in pools:  # several gateways' finite queues may still overflow together: unknown, not +Inf
+        if p.gateway_queued and not math.isfinite(sum(p.gateway_queued.values()) + (p.load_requests or 0.0)):
+            p.gateway_queued.clear()
+            anomalies["gateway_queue_overflow"] = anomalies.get("gateway_queue_overflow", 0.0) + 1

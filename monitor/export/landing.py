@@ -40,6 +40,9 @@ class Trends:
                 dq.append(point)
             while dq and snap.timestamp - dq[0][0] > self.keep:
                 dq.popleft()
+        # a pool gone for longer than the chart shows has nothing left to chart: forget it (churn)
+        for pool in [k for k, dq in self.points.items() if not dq or snap.timestamp - dq[-1][0] > self.keep]:
+            del self.points[pool]
 
     def shift_time(self, seconds: float) -> None:
         """The wall clock stepped by `seconds`: the chart's points move with it."""
@@ -224,7 +227,8 @@ def _pool_card(p: PoolSnapshot, trend: list, alerts: Optional[list[Alert]] = Non
     knee = cap.knee_requests
     ratio = cap.ratio.current
     ratio_n1 = cap.ratio.n_minus_1
-    kv_pct = (p.kv_usage_ratio or 0.0) * 100
+    kv_pct = p.kv_usage_ratio * 100 if p.kv_usage_ratio is not None else None
+    kv_text = _fmt(None) if kv_pct is None else f"{kv_pct:.0f}%"  # unknown usage: the page's dash, never 0 %
     cls = "ok"
     if ratio is not None and ratio < 0.1:
         cls = "bad"
@@ -246,7 +250,7 @@ def _pool_card(p: PoolSnapshot, trend: list, alerts: Optional[list[Alert]] = Non
     <div><b>{_fmt(p.active_requests)}</b><span>active requests</span></div>
     <div><b>{_fmt(p.queued_requests)}</b><span>queued in the engines</span></div>
     {_gateway_kpi(p)}
-    <div><b>{_fmt(p.kv_tokens_live)}</b><span>of {_fmt(p.kv_tokens_capacity)} KV tokens ({kv_pct:.0f}%)</span></div>
+    <div><b>{_fmt(p.kv_tokens_live)}</b><span>of {_fmt(p.kv_tokens_capacity)} KV tokens ({kv_text})</span></div>
     <div><b class="{cls}">{headroom}</b><span>headroom now · N-1: {headroom_n1}</span></div>
     <div><b>{_fmt(sessions)}</b><span>agent sessions of {_fmt(session_cap)} sustainable</span></div>
     <div><b>{_fmt(spmw)}</b><span>sessions per MW</span></div>
@@ -254,7 +258,7 @@ def _pool_card(p: PoolSnapshot, trend: list, alerts: Optional[list[Alert]] = Non
     {_knee_kpi(cap)}
     {_forecast_kpi(p)}
   </div>
-  <div class="bar"><div style="width:{min(kv_pct, 100):.0f}%"></div></div>
+  <div class="bar"><div style="width:{min(kv_pct or 0.0, 100):.0f}%"></div></div>
   {_latency_line(p)}
   {_svg(trend, knee)}
   <p class="legend"><i style="background:#2a9d8f"></i>active <i style="background:#f4a261"></i>queued

@@ -28,6 +28,8 @@ Samples = dict[str, list[tuple[dict[str, str], float]]]
 # must not flood Prometheus. What is cut is counted in headroom_dropped_series{what="<metric>"}.
 MAX_SERIES_PER_METRIC = 10_000
 
+# the `q` label's values (not `quantile`: Prometheus reserves that label for summaries, and
+# `promtool check metrics` refuses it on a gauge)
 QUANTILE_FIELDS = (("0.5", "p50"), ("0.9", "p90"), ("0.95", "p95"), ("0.99", "p99"), ("mean", "mean"))
 QUANTILES = QUANTILE_FIELDS[:4]  # task and call latency: no mean
 
@@ -161,7 +163,7 @@ def pool_samples(out: Rows, p: PoolSnapshot) -> None:
     out.add("headroom_preemption_rate", pl, p.preemption_rate)
     for kind, q in sorted(p.latency.items()):
         for label, attr in QUANTILE_FIELDS:
-            out.add("headroom_latency_seconds", {"pool": p.pool, "kind": kind, "quantile": label},
+            out.add("headroom_latency_seconds", {"pool": p.pool, "kind": kind, "q": label},
                     getattr(q, attr))
     out.add("headroom_littles_law_ratio", pl, p.littles_law_ratio)
     out.add("headroom_replica_lead_time_seconds", pl, p.replica_lead_time_seconds)
@@ -217,13 +219,13 @@ def task_samples(out: Rows, pool: str, tasks: PoolTasks) -> None:
         latency = getattr(t, "task_latency", None)
         if latency is not None:
             for q, key in QUANTILES:
-                add("headroom_task_latency_seconds", {**lab, "quantile": q}, getattr(latency, key))
+                add("headroom_task_latency_seconds", {**lab, "q": q}, getattr(latency, key))
         add("headroom_slo_violation_ratio", lab, t.slo_violation_ratio)
         for window, v in t.slo_burn_rate.items():
             add("headroom_slo_burn_rate", {**lab, "window": window}, v)
     for cls, q in sorted(tasks.call_latency_by_class.items()):
         for label, key in QUANTILES:
-            add("headroom_call_latency_seconds", {"class": cls, "quantile": label}, getattr(q, key))
+            add("headroom_call_latency_seconds", {"class": cls, "q": label}, getattr(q, key))
 
 
 def forecast_samples(out: Rows, refit, pools=()) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import exposition
+from .gateway import too_large
 
 POWER_NAMES = ("DCGM_FI_DEV_POWER_USAGE", "dcgm_power_usage")
 
@@ -23,6 +24,8 @@ class DcgmReading:
 
 
 def read_dcgm(text: str, target: str) -> DcgmReading:
+    if too_large(text, "DCGM"):
+        raise ValueError(f"dcgm {target}: {too_large(text, 'DCGM')}")
     try:
         parsed = exposition.parse(text, wanted=POWER_NAMES)
     except ValueError as exc:

@@ -27,6 +27,8 @@ stage gauge has no model label: `GatewayQueues.stages` keeps it frontend-wide. a
 prefill at the engine included, so it is `awaiting_first_token`, never `queued`.
 
 Bad values (NaN, +-Inf, negative) are dropped and counted in `anomalies` ("<reason>:<sample name>").
+A sum of finite values that overflows (two rows of 1.7e308) is unknown (None), counted as
+`overflow:<sample name>`, never +Inf.
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Mapping, Optional, Union
 
-from monitor.sources.gateway import iter_samples
+from monitor.sources.gateway import iter_samples, too_large
 
 KINDS = ("llm-d", "dynamo")
 
@@ -103,6 +105,8 @@ def read_gateway_queues(text: str, kind: str) -> GatewayQueues:
         raise ValueError(f"gateway queue kind {kind!r} is not one of {', '.join(KINDS)}")
     if not isinstance(text, str):
         raise TypeError("read_gateway_queues needs the exposition text as str")
+    if too_large(text, "router"):
+        raise ValueError(too_large(text, "router"))
     return queues_from_samples(iter_samples(text, set(QUEUE_SAMPLE_NAMES[kind])), kind)
 
 
@@ -125,6 +129,7 @@ def queues_from_samples(samples: Iterable[Sample], kind: str) -> GatewayQueues:
         good.setdefault(name, []).append((labels, float(value)))
     reader = _read_llmd if kind == "llm-d" else _read_dynamo
     rows, stages = reader(good, seen, anomalies)
+    _unknown_if_overflowed(rows, stages, anomalies)
     order = sorted(rows, key=lambda k: tuple((v is None, v or "") for v in k))
     queues = tuple(GatewayQueue(kind, pool, model, **rows[pool, model]) for pool, model in order)
     return GatewayQueues(kind, queues, anomalies, stages, frozenset(seen))
@@ -138,9 +143,11 @@ def queue_families_present(body: Union[str, Iterable[Sample]]) -> frozenset:
 
 
 def queued_by_pool(queues: Iterable[GatewayQueue],
-                   pool_of: Callable[[Optional[str], Optional[str]], Optional[str]]) -> dict[str, float]:
+                   pool_of: Callable[[Optional[str], Optional[str]], Optional[str]],
+                   anomalies: Optional[dict] = None) -> dict[str, float]:
     """Queued requests per headroom pool. `pool_of(gateway pool label, model)` names the pool, or None
-    (not counted). A pool none of whose rows has a known `queued` is absent, not 0."""
+    (not counted). A pool none of whose rows has a known `queued` is absent, not 0; so is one whose
+    sum overflows (counted into `anomalies` as `overflow:queued`)."""
     out: dict[str, float] = {}
     for q in queues:
         if q.queued is None:
@@ -148,7 +155,7 @@ def queued_by_pool(queues: Iterable[GatewayQueue],
         pool = pool_of(q.pool_label, q.model)
         if pool is not None:
             out[pool] = out.get(pool, 0.0) + q.queued
-    return out
+    return _finite_only(out, anomalies)
 
 
 def pool_of_served_models(served: Mapping[str, str], gateway_pools: Optional[Mapping[str, str]] = None
@@ -244,4 +251,27 @@ def _sum_queued(queues: Iterable[GatewayQueue], key: Callable[[GatewayQueue], Op
     for q in queues:
         if q.queued is not None:
             out[key(q)] = out.get(key(q), 0.0) + q.queued
-    return out
+    return _finite_only(out, None)
+
+
+def _finite_only(sums: dict, anomalies: Optional[dict]) -> dict:
+    """`sums` without the ones that overflowed to +Inf (their inputs were finite: unknown, not +Inf)."""
+    over = [k for k, v in sums.items() if not math.isfinite(v)]
+    for k in over:
+        del sums[k]
+    if over and anomalies is not None:
+        anomalies["overflow:queued"] = anomalies.get("overflow:queued", 0) + len(over)
+    return sums
+
+
+def _unknown_if_overflowed(rows: Rows, stages: dict[str, float], anomalies: dict) -> None:
+    """A row's or stage's sum of finite values that overflowed is unknown (None / left out), counted."""
+    for row in rows.values():
+        for field_name, value in list(row.items()):
+            if isinstance(value, float) and not math.isfinite(value):
+                row[field_name] = None
+                source = row.get("queued_source") if field_name == "queued" else field_name
+                anomalies[f"overflow:{source}"] = anomalies.get(f"overflow:{source}", 0) + 1
+    for stage in [k for k, v in stages.items() if not math.isfinite(v)]:
+        del stages[stage]
+        anomalies[f"overflow:{DYNAMO_STAGE_REQUESTS}"] = anomalies.get(f"overflow:{DYNAMO_STAGE_REQUESTS}", 0) + 1

@@ -213,9 +213,13 @@ class Fetcher:
     thread) also breaks the requests still in flight, so a stopping process never waits on a source.
     """
 
-    def __init__(self, auth: Optional[HttpAuth] = None, budget: Optional[BodyBudget] = None):
+    def __init__(self, auth: Optional[HttpAuth] = None, budget: Optional[BodyBudget] = None,
+                 max_body: int = MAX_BODY_BYTES):
         self.headers = {"Accept": ACCEPT_TEXT, "User-Agent": "headroom", "Accept-Encoding": "identity"}
-        self.budget = budget  # shared with the other fetchers of the cycle; None: MAX_BODY_BYTES only
+        self.budget = budget  # shared with the other fetchers of the cycle; None: max_body only
+        if not 0 < max_body <= MAX_BODY_BYTES:
+            raise ValueError(f"max_body must be in 1..{MAX_BODY_BYTES} bytes, got {max_body}")
+        self.max_body = max_body  # one body's cap (gateways, DCGM: sources.gateway.AUX_MAX_BODY_BYTES)
         self.ssl_context: Optional[ssl.SSLContext] = None
         if auth is not None:
             token = auth.bearer_token()
@@ -338,14 +342,18 @@ class Fetcher:
         return resp.status, data
 
     def _body(self, resp) -> bytes:
-        """The body, read a chunk at a time within MAX_BODY_BYTES and the shared budget (never
-        inflated: the request asked for identity)."""
+        """The body, read a chunk at a time within `max_body` and the shared budget (never
+        inflated: the request asked for identity). A Content-Length over the cap fails at once."""
+        cap = self.max_body
+        length = resp.getheader("Content-Length")
+        if length is not None and length.isdigit() and int(length) > cap:
+            raise FetchError("too_large", f"body of {length} bytes (Content-Length) over the {cap}-byte cap")
         chunks: list[bytes] = []
         held = taken = 0
         free = BodyBudget.FREE_BYTES
         try:
             while True:
-                chunk = resp.read(min(READ_CHUNK, MAX_BODY_BYTES + 1 - held))
+                chunk = resp.read(min(READ_CHUNK, cap + 1 - held))
                 if not chunk:
                     break
                 extra = max(0, held + len(chunk) - free) - max(0, held - free)  # beyond the free part
@@ -356,8 +364,8 @@ class Fetcher:
                     taken += extra
                 held += len(chunk)
                 chunks.append(chunk)
-                if held > MAX_BODY_BYTES:
-                    raise FetchError("too_large", f"body over {MAX_BODY_BYTES} bytes")
+                if held > cap:
+                    raise FetchError("too_large", f"body over {cap} bytes")
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
         finally:
             if taken:

@@ -15,13 +15,15 @@ import time
 from typing import Any, Callable, Optional
 from urllib.parse import urlencode
 
-from ..config import PrometheusSource
+from ..config import Config, PrometheusSource
 from ..model import ReplicaReading, SourceStatus
 from . import sglang, vllm
 from .exposition import ParsedScrape, normalise_name
 from .http import Backoff, BodyBudget, FetchError, Fetcher, redact
 
 log = logging.getLogger(__name__)
+
+FORGET_AFTER = Config.forget_after  # global.forget_after's default, for a reader built without it
 
 
 class PrometheusError(Exception):
@@ -208,10 +210,11 @@ class PrometheusSourceReader:
     """Reads ReplicaReadings for the whole fleet with two instant queries per cycle."""
 
     def __init__(self, src: PrometheusSource, client: Optional[PrometheusClient] = None,
-                 budget: Optional[BodyBudget] = None):
+                 budget: Optional[BodyBudget] = None, forget_after: float = FORGET_AFTER):
         self.src = src
         self.client = client or PrometheusClient.from_config(src, budget)
-        self.known: set[str] = set()  # instances that served vLLM series before
+        self.known: dict[str, float] = {}  # instance that served vLLM series -> the last time it did
+        self.forget_after = forget_after  # an instance silent this long is forgotten (global.forget_after)
 
     def read(self, now: Optional[float] = None, deadline: Optional[float] = None
              ) -> tuple[list[ReplicaReading], list[SourceStatus], dict[str, int]]:
@@ -245,7 +248,7 @@ class PrometheusSourceReader:
         try:
             ups = self.client.query(_up_selector(self.src.selector), at=now, deadline=deadline)
             seen = {r.target for r in readings}
-            self.known |= seen
+            self._remember(seen, now)
             for labels, value in ups:
                 inst = labels.get(self.src.instance_label, "")
                 if not self.src.selector and inst not in self.known:
@@ -257,6 +260,13 @@ class PrometheusSourceReader:
         except PrometheusError as exc:
             log.warning("could not read up series from Prometheus: %s", exc.reason)
         return readings, statuses, anomalies
+
+    def _remember(self, seen: set[str], now: float) -> None:
+        """Note the instances seen now; forget those silent for `forget_after` (replica churn)."""
+        for inst in seen:
+            self.known[inst] = now
+        for inst in [i for i, t in self.known.items() if now - t > self.forget_after]:
+            del self.known[inst]
 
     def close(self) -> None:
         self.client.close()

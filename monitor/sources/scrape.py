@@ -35,15 +35,26 @@ class ScrapeResult:
 
 
 def engine_of(text: str, kind: str = "auto"):
-    """The reader module for a body: the target's `kind`, or for `auto` SGLang when the body has
-    sglang families and no vllm ones (a substring check: no parse), else vLLM."""
+    """The reader module for a body: the target's `kind`, or for `auto` the engine whose metric
+    contract families dominate the body (substring checks: no parse). A body with one engine's
+    names only (the usual case) costs a search or two; one with both counts each engine's contract
+    families (one search per contract name: bounded), so a stray `vllm:` series in an SGLang body
+    does not make it vLLM's, nor the reverse; a tie is vLLM."""
     if kind == "sglang":
         return sglang
     if kind == "vllm":
         return vllm
-    if "vllm:" in text or "\nvllm_" in text or text.startswith("vllm_"):  # usually found in the first lines
+    if not _mentions(text, "sglang"):
         return vllm
-    return sglang if ("sglang:" in text or "\nsglang_" in text or text.startswith("sglang_")) else vllm
+    if not _mentions(text, "vllm"):
+        return sglang
+    return sglang if vllm.families_present(sglang.CONTRACT, text) > vllm.families_present(vllm.CONTRACT, text) \
+        else vllm
+
+
+def _mentions(text: str, prefix: str) -> bool:
+    """Whether a sample line starts with `prefix:` or `prefix_` (one search when the word is absent)."""
+    return prefix in text and (f"\n{prefix}:" in text or f"\n{prefix}_" in text or text.startswith((prefix + ":", prefix + "_")))
 
 
 def scrape_one(fetcher: Fetcher, target: Target, timeout: float, clock=time.time) -> ScrapeResult:

@@ -29,7 +29,8 @@ from typing import Optional
 
 from ..model import ReplicaReading
 from .exposition import ParsedScrape, parse
-from .vllm import _histograms, checked, missing_in, sample_names
+from .vllm import CONTRACT as vllm_contract
+from .vllm import _histograms, checked, families_present, missing_in, sample_names, unknown_if_overflowed
 
 P = "sglang:"
 
@@ -82,10 +83,15 @@ def missing_families(scrape: ParsedScrape) -> tuple[str, ...]:
 
 
 def looks_like_sglang(scrape: ParsedScrape) -> bool:
-    """Whether a parsed body (or a Prometheus instance's series) is SGLang's: sglang samples and
-    no vllm ones (a body with both is read as vLLM, as scrape.engine_of reads a text)."""
+    """Whether a parsed body (or a Prometheus instance's series) is SGLang's: it has sglang samples,
+    and more of SGLang's contract families than of vLLM's (one stray `vllm:` series does not make an
+    SGLang body vLLM's; a tie is read as vLLM), as scrape.engine_of reads a text."""
     names = scrape.samples.keys()
-    return any(n.startswith(P) for n in names) and not any(n.startswith("vllm:") for n in names)
+    if not any(n.startswith(P) for n in names):
+        return False
+    if not any(n.startswith("vllm:") for n in names):
+        return True
+    return families_present(CONTRACT, scrape) > families_present(vllm_contract, scrape)
 
 
 WANTED = sample_names((n for cands in GAUGES.values() for n in cands), COUNTER_NAMES, HISTOGRAM_NAMES)
@@ -235,6 +241,8 @@ def readings_from_scrape(scrape: ParsedScrape, target: str, timestamp: float,
             for model, hist in _histograms(*parts, scrape).items():
                 reading(model).histograms[key] = hist
             break
+    for r in by_model.values():
+        unknown_if_overflowed(scrape, r)
     return list(by_model.values())
 
 

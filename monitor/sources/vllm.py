@@ -9,7 +9,7 @@ label set on `cache_config_info`. KV capacity in tokens is `kv_cache_size_tokens
 from __future__ import annotations
 
 import math
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Union
 
 from ..model import Histogram, ReplicaReading
 from .exposition import ParsedScrape, parse
@@ -72,6 +72,18 @@ def missing_in(contract: dict[str, tuple[str, ...]], scrape: ParsedScrape) -> tu
 
 def missing_families(scrape: ParsedScrape) -> tuple[str, ...]:
     return missing_in(CONTRACT, scrape)
+
+
+def families_present(contract: dict[str, tuple[str, ...]], body: Union[str, ParsedScrape]) -> int:
+    """How many families of an engine's contract have a series in a body (text: a sample line
+    starting with one of the names, `:` or `_` spelling; a parse: a sample). One substring search
+    per name: bounded whatever the body (engine detection, when a body carries both engines' names)."""
+    if isinstance(body, ParsedScrape):
+        return len(contract) - len(missing_in(contract, body))
+    def has(name: str) -> bool:
+        under = name.replace(":", "_", 1)
+        return ("\n" + name) in body or ("\n" + under) in body or body.startswith((name, under))
+    return sum(1 for names in contract.values() if any(has(n) for n in names))
 
 
 def sample_names(gauges: Iterable[str], counters: dict[str, tuple[str, ...]],
@@ -253,7 +265,27 @@ def readings_from_scrape(scrape: ParsedScrape, target: str, timestamp: float,
             r.kv_usage = r.kv_live_tokens = None
         elif r.kv_capacity_tokens:
             r.kv_usage = (r.kv_live_tokens or 0.0) / r.kv_capacity_tokens
+        unknown_if_overflowed(scrape, r)
     return list(by_model.values())
+
+
+SUMMED_FIELDS = ("running", "waiting", "kv_capacity_tokens", "kv_live_tokens", "kv_usage")
+
+
+def unknown_if_overflowed(scrape: ParsedScrape, r: ReplicaReading) -> None:
+    """Engines' (and series') values are each finite (`checked`); a sum of them that overflowed to
+    +Inf is unknown (None), counted once per reading as the anomaly `overflow`, never +Inf."""
+    over = [name for name in SUMMED_FIELDS if getattr(r, name) is not None and not math.isfinite(getattr(r, name))]
+    if {"kv_capacity_tokens", "kv_live_tokens"} & set(over):
+        over.append("kv_usage")  # live / capacity: unknown with either
+    for name in over:
+        setattr(r, name, None)
+    for table in (r.waiting_by_reason, r.counters):
+        for key in [k for k, v in table.items() if not math.isfinite(v)]:
+            del table[key]
+            over.append(key)
+    if over:
+        scrape.anomaly("overflow")
 
 
 _BOUNDS: dict[str, float] = {}

