@@ -96,12 +96,15 @@ def test_a_pool_seen_again_keeps_its_state_and_a_forgotten_one_starts_over():
 
 
 def test_gateway_readings_are_forgotten_with_their_pool():
+    from monitor.capacity.tasks import TaskWindow
     cfg = Config(vllm_targets=[Target("http://a/metrics")], gateways=[GatewaySource(kind="app", url="http://g")])
     cap = CapacityState(cfg)
-    cap.gateway_prev[(0, "old")] = GatewayReading("app", T0)
-    cap.gateway_prev[(0, "new")] = GatewayReading("app", T0 + 600)
+    for key, t in (((0, "old"), T0), ((0, "new"), T0 + 600)):
+        cap.gateway_windows[key] = TaskWindow(300.0)
+        cap.gateway_windows[key].add(GatewayReading("app", t))
+    cap.gateway_windows[(0, "empty")] = TaskWindow(300.0)
     cap.expire(T0 + 1)
-    assert list(cap.gateway_prev) == [(0, "new")]
+    assert list(cap.gateway_windows) == [(0, "new")]
     assert GatewayScrape(0, "http://g", None, GatewayConfig(kind="app"), T0).reading is None
 
 
