@@ -151,9 +151,16 @@ class Forecasts(Component):
         self.forecaster = store_forecaster(cfg, source, pipeline.clock, lambda: capacity_at_knee(pipeline.latest),
                                            history_days, step)
         pipeline.forecasts = self.forecaster.latest.get
+        self.job = None
+        pipeline.on_clock_step(self.clock_stepped)
 
     def start(self, scheduler) -> None:
-        self.forecaster.schedule(scheduler)
+        self.job = scheduler.get_job(self.forecaster.schedule(scheduler))
+
+    def clock_stepped(self, seconds: float, now: float) -> None:
+        """A refit at once: the forecast paths were made on the old clock."""
+        if self.job is not None:
+            self.job.run_now()
 
     def stop(self) -> None:
         client = getattr(self.source, "client", None)  # Prometheus mode: its own client

@@ -142,3 +142,15 @@ def test_prometheus_mode_forgets_instances_unseen_for_forget_after():
         assert [r.target for r in readings] == [f"i{n}"]
     # seen within 300 s (20 cycles of 15 s): i79..i99
     assert sorted(reader.known) == sorted(f"i{n}" for n in range(79, 100))
+
+
+def test_a_forgotten_pool_takes_its_steady_prior_and_its_burn_window_pools_with_it():
+    cfg = Config(vllm_targets=[Target("http://a/metrics")])
+    cap = CapacityState(cfg)
+    from monitor.capacity.knee import SteadyPrior
+    cap.priors["gone"], cap.priors["here"] = SteadyPrior(None), SteadyPrior(None)
+    cap.pool_seen.update({"gone": T0, "here": T0 + 600})
+    cap.slo_task_pools = {"ask": {"gone": T0, "here": T0 + 600}, "old": {"gone": T0}}
+    cap.expire(T0 + 1)
+    assert list(cap.priors) == ["here"]
+    assert cap.slo_task_pools == {"ask": {"here": T0 + 600}}

@@ -138,3 +138,29 @@ def test_a_step_moves_the_saved_slo_windows_too(tmp_path):
     assert list(again._series[key]) == list(tracker._series[key])
     assert tracker._series[key][-1][0] == t0 + 5 * 1499 - HOUR
     assert again.burn_rates(key, Target(30.0)) == before  # the same windows on the new clock
+
+
+def test_a_forecast_made_before_a_step_forward_does_not_read_as_exhausted_now():
+    """A refit's path on the old clock lies before `now` after a step forward: those points are past,
+    not 'capacity reached 0 s from now' (which would page HeadroomExhaustionWithinLeadTime)."""
+    import numpy as np
+    from monitor.forecast.pool import exhaustion_seconds
+    now = 1_800_000_000.0
+    times = np.array([now - 7200.0, now - 3600.0, now + 600.0, now + 1200.0])
+    upper = np.array([50.0, 10.0, 10.0, 40.0])  # over 30 only an hour back and 20 min ahead
+    assert exhaustion_seconds(times, upper, 30.0, now) == 1200.0
+    assert exhaustion_seconds(times[:3], upper[:3], 30.0, now) == float("inf")
+
+
+def test_the_prometheus_reader_s_last_seen_times_move_with_a_step():
+    from monitor.config import PrometheusSource
+    from monitor.sources.prometheus import PrometheusSourceReader
+    reader = PrometheusSourceReader(PrometheusSource(url="http://127.0.0.1:9"), forget_after=HOUR)
+    try:
+        reader.known = {"a:8000": 1_800_000_000.0}
+        reader.shift_time(86400.0)
+        assert reader.known == {"a:8000": 1_800_086_400.0}
+        reader._remember(set(), 1_800_086_400.0 + 60)  # a minute later on the new clock: still known
+        assert list(reader.known) == ["a:8000"]
+    finally:
+        reader.close()

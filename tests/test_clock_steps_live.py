@@ -69,7 +69,7 @@ def test_cycles_keep_their_cadence_through_wall_clock_steps(tmp_path, good):
         body = metrics()
         assert _metric(body, "headroom_clock_steps_total", direction="back") == steps[0], what
         assert _metric(body, "headroom_clock_steps_total", direction="forward") == steps[1], what
-        assert _metric(body, "headroom_last_cycle_age_seconds") < 3.0, what
+        assert _metric(body, "headroom_last_cycle_age_seconds") < 5.0, what  # cycling (/-/ready said so too)
         assert _metric(body, "headroom_cycle_interval_seconds") == 1.0
 
     try:

@@ -49,6 +49,11 @@ def test_bad_headers_never_echo_a_credential():
 def test_scrub_removes_every_secret():
     assert _scrub("HTTP 401: bad key sk-1 and tok-2", ("sk-1", "tok-2")) == "HTTP 401: bad key <redacted> and <redacted>"
     assert _scrub("sk-1", "sk-1") == "<redacted>"
+    # a secret across the 300-character cut is redacted before the cut, not half kept
+    cut = _scrub("x" * 290 + "Bearer sk-0123456789abcdef", ("Bearer sk-0123456789abcdef",))
+    assert "sk-" not in cut and "0123" not in cut and cut.endswith("<redacted>")
+    # the header value is "Bearer TOKEN": a body echoing the bare token is redacted too
+    assert _scrub("invalid token sk-abc", ("Bearer sk-abc",)) == "invalid token <redacted>"
 
 
 def _rep(knee, fit, agreement=None):

@@ -137,7 +137,7 @@ class CapacityState:
         # Prometheus mode: {(signal, task type): {window: histogram or None}} read by this cycle's
         # collect (monitor/history/slo.py PrometheusWindows); None: not read, or the read failed
         self.slo_cycle_windows: Optional[dict] = None
-        self.slo_task_pools: dict[str, set] = {}  # task type -> pools it was seen in
+        self.slo_task_pools: dict[str, dict[str, float]] = {}  # task type -> {pool it was seen in: when}
         self.knees: dict[str, KneeEstimator] = {}
         self.priors: dict[str, SteadyPrior] = {}
         self.seen: dict[str, float] = {}  # "target|model" -> timestamp of the newest reading observed
@@ -153,13 +153,22 @@ class CapacityState:
             window.shift_time(seconds)
         self.seen = {key: t + seconds for key, t in self.seen.items()}
         self.pool_seen = {pool: t + seconds for pool, t in self.pool_seen.items()}
+        self.slo_task_pools = {tt: {pool: t + seconds for pool, t in pools.items()}
+                               for tt, pools in self.slo_task_pools.items()}
 
     def expire(self, before: float) -> None:
         """Forget what was last seen before `before` (global.forget_after ago): the knee estimator of
-        a pool not assessed since, replicas' last observed readings, gateway task windows, SLO windows."""
+        a pool not assessed since and its steady prior, replicas' last observed readings, gateway task
+        windows, SLO windows and the pools a task type's burn windows were seen in."""
         for pool in [p for p, t in self.pool_seen.items() if t < before]:
             del self.pool_seen[pool]
             self.knees.pop(pool, None)
+            self.priors.pop(pool, None)
+        for task_type, pools in list(self.slo_task_pools.items()):
+            for pool in [p for p, t in pools.items() if t < before]:
+                del pools[pool]
+            if not pools:
+                del self.slo_task_pools[task_type]
         for key in [k for k, t in self.seen.items() if t < before]:
             del self.seen[key]
         for key in [k for k, w in self.gateway_windows.items() if not w.readings or w.readings[-1].timestamp < before]:
@@ -335,8 +344,8 @@ def _burn_rates(state: CapacityState, key: tuple, target: Target) -> tuple[dict,
     """(window -> burn rate, source): Prometheus' counts when it has the task type's series and the
     task type feeds one pool only (its series carry no pool), else the tracker's."""
     pool, task_type = key[0], key[1]
-    seen = state.slo_task_pools.setdefault(task_type, set())
-    seen.add(pool)
+    seen = state.slo_task_pools.setdefault(task_type, {})
+    seen[pool] = state.tracker.newest(key) or seen.get(pool, 0.0)
     windows = (state.slo_cycle_windows or {}).get((target.signal, task_type))
     if windows is None or len(seen) > 1:
         return state.tracker.burn_rates(key, target), "tracker"

@@ -142,14 +142,19 @@ class SloTracker:
     def shift_time(self, seconds: float) -> None:
         """The wall clock stepped by `seconds` (monitor/cycle.py): every point moves with it, counts
         unchanged; with `journal`, the saved points are replaced by the moved ones at the next save."""
+        gone = set()
         for key, series in self._series.items():
-            for point in series:
-                self._drop(key, point)
+            gone.update((key, p[0]) for p in series)
             moved = deque((t + seconds, total, bad) for t, total, bad in series)
             self._series[key] = moved
-            if self.journal:
-                off_t, off_b = self._offset.get(key, (0.0, 0.0))
-                self._added.extend((key, t, total, bad, total - off_t, bad - off_b) for t, total, bad in moved)
+        if not self.journal:
+            return
+        # in bulk (one pass, not one per point): the old points deleted, the moved ones inserted
+        self._added = [row for row in self._added if (row[0], row[1]) not in gone]
+        self._dropped.extend(gone)
+        for key, series in self._series.items():
+            off_t, off_b = self._offset.get(key, (0.0, 0.0))
+            self._added.extend((key, t, total, bad, total - off_t, bad - off_b) for t, total, bad in series)
 
     def _drop(self, key, point: tuple) -> None:
         """Journal a dropped point: deleted from the store (deletes go before inserts, monitor/forecast/
@@ -177,6 +182,11 @@ class SloTracker:
         added, dropped = self._added, self._dropped
         self._added, self._dropped = [], []
         return added, dropped
+
+    def requeue(self, added: list, dropped: list) -> None:
+        """Put back what a failed save drained (before what was journalled since)."""
+        self._added = list(added) + self._added
+        self._dropped = list(dropped) + self._dropped
 
     def restore(self, rows) -> None:
         """Rebuild from saved rows (any order): each key's points, its rebase offset and last raw
@@ -244,6 +254,11 @@ class SloTracker:
         for key in [k for k, series in self._series.items() if not series or series[-1][0] < before]:
             for held in (self._series, self._offset, self._last_raw, self._since_thin):
                 held.pop(key, None)
+
+    def newest(self, key) -> Optional[float]:
+        """When the key was last observed (None: never, or forgotten)."""
+        series = self._series.get(key)
+        return series[-1][0] if series else None
 
     def __len__(self) -> int:
         return len(self._series)

@@ -143,13 +143,14 @@ def _horizon_summary(times: np.ndarray, mean: np.ndarray, upper: np.ndarray, las
 
 def exhaustion_seconds(times: np.ndarray, upper: np.ndarray, capacity: float | None, now: float,
                        current: float | None = None) -> float | None:
-    """Seconds from `now` until `upper` first reaches `capacity`; +Inf when it never does within
-    the forecast; 0 when the current value is already there; None without a capacity."""
+    """Seconds from `now` until `upper` first reaches `capacity` at or after `now` (a path point
+    before `now`, e.g. of a refit made before a wall-clock step forward, is past); +Inf when it never
+    does within the forecast; 0 when the current value is already there; None without a capacity."""
     if capacity is None or not math.isfinite(capacity) or capacity <= 0:
         return None
     if current is not None and current >= capacity:
         return 0.0
-    hit = np.flatnonzero(upper >= capacity)
+    hit = np.flatnonzero((upper >= capacity) & (np.asarray(times) >= now))
     if len(hit) == 0:
         return math.inf
     return max(0.0, float(times[hit[0]]) - now)

@@ -65,8 +65,12 @@ def save(tracker: SloTracker, store, now: float) -> int:
     """Write what the tracker added and dropped since the last save (one transaction); keys not
     observed for longer than the tracker keeps history are deleted. Returns the points written."""
     added, dropped = tracker.drain()
-    return store.slo_apply([(_encode(k), *rest) for k, *rest in added],
-                           [(_encode(k), ts) for k, ts in dropped], expire_before=now - tracker.keep)
+    try:
+        return store.slo_apply([(_encode(k), *rest) for k, *rest in added],
+                               [(_encode(k), ts) for k, ts in dropped], expire_before=now - tracker.keep)
+    except Exception:
+        tracker.requeue(added, dropped)  # written at the next save that succeeds: no gap, no stale point
+        raise
 
 
 def _seconds(value: float) -> str:

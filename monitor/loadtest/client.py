@@ -110,11 +110,13 @@ class CallSpec:
 
 def _scrub(text: str, secret: Union[None, str, tuple[str, ...]]) -> str:
     """At most 300 characters with every secret (the API key, credential header values) cut out."""
-    text = text[:300]
     for s in ((secret,) if isinstance(secret, str) else (secret or ())):
         if s:
             text = text.replace(s, "<redacted>")
-    return text
+            token = s.split()[-1] if s.split() else ""
+            if token and token != s:  # "Bearer sk-...": a body echoing the bare token is cut too
+                text = text.replace(token, "<redacted>")
+    return text[:300]
 
 
 def retryable(rec: CallRecord) -> bool:

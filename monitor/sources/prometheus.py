@@ -268,6 +268,10 @@ class PrometheusSourceReader:
         for inst in [i for i, t in self.known.items() if now - t > self.forget_after]:
             del self.known[inst]
 
+    def shift_time(self, seconds: float) -> None:
+        """The wall clock stepped by `seconds` (monitor/cycle.py): the last-seen times move with it."""
+        self.known = {inst: t + seconds for inst, t in self.known.items()}
+
     def close(self) -> None:
         self.client.close()
 
