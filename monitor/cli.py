@@ -127,10 +127,23 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(doc)
 
 
+class StderrHandler(logging.StreamHandler):
+    """Writes to whatever sys.stderr is when a record is emitted, not the stream it was at set-up
+    (one replaced since, e.g. by a caller capturing output, may be closed)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
 def setup_logging(level: str, fmt: str = "logfmt") -> None:
     """headroom's lines at `level` (the scheduler is headroom's own, monitor/ticker.py: it logs an
     overrunning job once, in headroom's words)."""
-    handler = logging.StreamHandler(sys.stderr)
+    handler = StderrHandler()
     handler.setFormatter(JsonFormatter() if fmt == "json" else
                          logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
