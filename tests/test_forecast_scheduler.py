@@ -10,6 +10,7 @@ from monitor.forecast.scheduler import ForecastScheduler, LatestResult, RefitRes
 from monitor.ticker import Ticker
 
 HOUR = 3600.0
+NOW = 1_700_000_000.0 + HOUR * 5 * 24  # the hour after series()'s last point: the forecast starts now
 
 
 def series(days=5, level=20.0):
@@ -29,7 +30,7 @@ def test_background_job_refits_and_publishes_without_blocking_readers():
         return {"a": {CAPACITY_SERIES: series()}, "b": {CAPACITY_SERIES: series(level=5)}}
 
     sched = ForecastScheduler(load, lambda: {"a": 25.0, "b": 1000.0}, SETTINGS,
-                              interval_minutes=60, clock=lambda: 1_700_500_000.0)
+                              interval_minutes=60, clock=lambda: NOW)
     assert sched.latest.get() is None
     scheduler = Ticker()  # the application's one scheduler (monitor/app.py)
     assert sched.schedule(scheduler) == "headroom-forecast-refit"
@@ -42,7 +43,7 @@ def test_background_job_refits_and_publishes_without_blocking_readers():
         scheduler.shutdown()
     assert res is not None and res.runs == 1 and res.errors == {}
     assert set(res.pools) == {"a", "b"}
-    assert res.started == 1_700_500_000.0
+    assert res.started == NOW
     assert calls == ["forecast-refit"]  # in its own daemon thread: a stop never waits for a refit
     assert res.pools["a"].exhaustion_seconds < 86400  # 25 is crossed by the daily peak (~30)
     assert res.pools["b"].exhaustion_seconds == float("inf")
