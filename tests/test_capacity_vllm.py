@@ -169,8 +169,11 @@ def test_live_tasks_and_sessions_over_the_task_window(litellm_gateway, vllm_smal
         assert age >= window * 0.99 and unattributed
         assert s.calls_per_task_source == "gateway_calls/app_tasks" and s.sessions == sessions
         # calls counted on completion, tasks on start: each session has at most one task in flight at
-        # either edge of the window, so calls are 3 per task give or take 3 per session (plus one
-        # call the proxy may record a moment late), over the tasks the window saw
-        assert abs(s.calls_per_task - 3.0) * s.tasks <= 4 * sessions + 0.03 * s.tasks, (age, s.calls_per_task, s.tasks)
+        # either edge of the window, so calls are 3 per task give or take 3 per session; LiteLLM also
+        # records a call in a callback after the response, late by a varying amount on a busy
+        # machine (a clean-clone run read 3.14 over 158 tasks). Within 10 %: one-cycle counting
+        # read 1 to 9 for the same task; the exact 3 within 5 % is the driven-clock test's
+        # (tests/test_task_window.py)
+        assert abs(s.calls_per_task - 3.0) <= 0.3, (age, s.calls_per_task, s.tasks)
     print(f"\n[tasks] calls per task over {window:g} s windows: "
           f"{', '.join(f'{s.calls_per_task:.2f} ({s.tasks:.0f} tasks)' for _a, s, _u in seen)}")

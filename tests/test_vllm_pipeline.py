@@ -164,7 +164,10 @@ def test_cli_once_reports_the_engine_under_load(vllm_small_engine):
                 cwd=REPO, capture_output=True, text=True, timeout=120,
             )
             cli_done_after = time.time() - loop.started_at
-            after = engine_gauges(fetch_metrics(url)[0])[MODEL]
+            # the load still saturates the engine after the CLI ran: a queue again within a deadline
+            # (the engine's own queue can empty for a moment while requests sit in its HTTP frontend)
+            after = wait_for(lambda: engine_gauges(fetch_metrics(url)[0])[MODEL], lambda g: g["waiting"] > 0,
+                             timeout=30, every=0.2, what="the engine queue after the CLI ran")
             assert proc.returncode == 0, proc.stderr[-2000:]
             snap = json.loads(proc.stdout)
             tries.append(snap["pools"][0]["queued_requests"] if snap["pools"] else None)
@@ -189,9 +192,6 @@ def test_cli_once_reports_the_engine_under_load(vllm_small_engine):
     # live KV is block granular: usage x capacity is a whole number of usable blocks' worth
     blocks = pool["kv_tokens_live"] / CAPACITY_TOKENS * 23  # 24 blocks, one is vLLM's null block
     assert abs(blocks - round(blocks)) < 1e-6
-    assert after["waiting"] > 0, (f"the load must still saturate the engine after the CLI ran (queue "
-                                  f"seen {queued_after:.0f} s, CLI done {cli_done_after:.0f} s after "
-                                  f"the load started)")
     assert [r.error for r in records if not r.ok] == []
     print(f"\n[cli] once: active {pool['active_requests']}, queued {pool['queued_requests']}, KV "
           f"{pool['kv_tokens_live']:.0f}/{pool['kv_tokens_capacity']:.0f}, completion rate "
