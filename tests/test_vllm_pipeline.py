@@ -166,7 +166,7 @@ def test_cli_once_reports_the_engine_under_load(vllm_small_engine):
             cli_done_after = time.time() - loop.started_at
             # the load still saturates the engine after the CLI ran: a queue again within a deadline
             # (the engine's own queue can empty for a moment while requests sit in its HTTP frontend)
-            after = wait_for(lambda: engine_gauges(fetch_metrics(url)[0])[MODEL], lambda g: g["waiting"] > 0,
+            wait_for(lambda: engine_gauges(fetch_metrics(url)[0])[MODEL], lambda g: g["waiting"] > 0,
                              timeout=30, every=0.2, what="the engine queue after the CLI ran")
             assert proc.returncode == 0, proc.stderr[-2000:]
             snap = json.loads(proc.stdout)
