@@ -23,6 +23,7 @@ import pytest
 import requests
 
 from engine.servers import fetch_metrics
+from servers import wait_for
 from monitor.derive import histogram as histo
 from monitor.capacity.tasks import derive_tasks
 from monitor.sources.gateway import GatewayConfig, read_gateway
@@ -158,7 +159,10 @@ def test_live_tasks_and_sessions_over_the_task_window(litellm_gateway, vllm_smal
             s = by_type.get(tt)
             if s is not None and s.calls_per_task is not None:
                 seen.append((app_ts - first, s, UNATTRIBUTED in by_type))
-            time.sleep(2.0)  # the cycle's pace; nothing is asserted on time
+            # the next reading once the sessions moved on (two more tasks started), not after a fixed time
+            begun = registry.get_sample_value("agent_tasks_started_total", {"task_type": tt}) or 0.0
+            wait_for(lambda: registry.get_sample_value("agent_tasks_started_total", {"task_type": tt}) or 0.0,
+                     lambda n: n >= begun + 2, timeout=60, every=0.05, what="two more tasks started")
     finally:
         stop.set()
         for th in threads:
