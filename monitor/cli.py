@@ -40,7 +40,7 @@ def env_name(flag: str) -> str:
 
 def seconds(text: str) -> float:
     """argparse type of a run length: a positive duration (90, 90s, 5m)."""
-    from monitor.config import parse_duration  # noqa: PLC0415
+    from monitor.settings.values import parse_duration  # noqa: PLC0415
     try:
         number = float(text)
     except ValueError:

@@ -18,6 +18,8 @@ import argparse
 import hashlib
 from collections.abc import Iterable
 
+from monitor.settings.kinds import Kind
+
 Shard = tuple[int, int]
 
 #: One instance owning everything; what `--shard` defaults to.
@@ -105,3 +107,13 @@ def assignment(pools: Iterable[str], total: int) -> dict[int, list[str]]:
     for pool in pools:
         out[owner(pool, total)].append(pool)
     return out
+
+
+class ShardSetting(Kind):
+    """`global.shard` in the configuration: I/N, read by parse_shard."""
+    name = "I/N"
+
+    def parse(self, v) -> "Shard":
+        if not isinstance(v, str):
+            raise ValueError(f"expected a shard like 0/2, got {v!r}")
+        return parse_shard(v)

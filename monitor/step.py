@@ -22,11 +22,10 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional, Protocol, Sequence
 
 from .capacity.enrich import CapacityState, assess
 from .capacity.headroom import recommended_replicas
-from .config import Config
 from .derive.core import derive_pools, pool_of
 from .derive.gateway_queues import apply_gateway_queues
 from .derive.lead_time import LeadTimes
@@ -39,6 +38,24 @@ if TYPE_CHECKING:
     from .forecast.scheduler import RefitResult
 
 log = logging.getLogger(__name__)
+
+
+class StepSettings(Protocol):
+    """What `step` reads of the configuration: the `global:` keys below, the gateways' pool maps and
+    each pool's settings. The app hands in its `Config` (monitor/config), which has them all; the
+    step sees only these."""
+
+    pool_by: Any
+    gateways: Sequence[Any]  # each with .pools: the gateway's pool label -> headroom pool
+    forget_after: float
+    max_models_per_target: int
+    max_series: int
+    history_keep: float
+    latency_window: float
+    stall_window: float
+    shard: Optional[tuple[int, int]]
+
+    def pool_settings(self, pool: str) -> Any: ...
 
 
 @dataclass
@@ -61,7 +78,7 @@ class CycleInputs:
 class CycleState:
     """What a cycle leaves to the next one."""
 
-    config: Config
+    config: StepSettings
     capacity: Optional[CapacityState] = None  # None: the pipeline has no capacity layer
     history: dict[str, deque[ReplicaReading]] = field(default_factory=dict)  # "target|model" -> readings
     errors: dict[tuple[str, str], float] = field(default_factory=dict)  # (source, reason) -> count

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from monitor.capacity.enrich import CapacityState
 from monitor.config import Config, GatewaySource, Target
-from monitor.config.slo import read_slos
+from monitor.capacity.slo_settings import read_slos
 from monitor.cycle import CycleInputs, CycleState, step
 from monitor.derive.lead_time import LeadTimes
 from monitor.export.landing import Trends

@@ -7,7 +7,7 @@ import pytest
 
 from monitor.capacity.enrich import CapacityState
 from monitor.config import Capacity, Config, GatewaySource, PoolSettings, Target
-from monitor.config.slo import read_slos
+from monitor.capacity.slo_settings import read_slos
 from monitor.cycle import CycleInputs, CycleState, step
 from monitor.export.samples import snapshot_samples
 from monitor.sim.exposition import render_app, render_dcgm, render_gateway, render_vllm

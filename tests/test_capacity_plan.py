@@ -17,7 +17,7 @@ import yaml
 from monitor import cli
 from monitor.capacity.plan import evaluate, plan, poisson_quantile
 from monitor.config import ConfigError
-from monitor.config.plan import parse_mix
+from monitor.capacity.mix import parse_mix
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -9,7 +9,7 @@ import pytest
 from monitor.derive import histogram as histo
 from monitor.capacity.slo import SloSettings, SloTracker, Target, bad_count, violation_ratio
 from monitor.config import ConfigError
-from monitor.config.slo import read_slos
+from monitor.capacity.slo_settings import read_slos
 from monitor.model import Histogram
 
 BOUNDS = (0.5, 1.0, 2.0, 5.0, 10.0, math.inf)

@@ -4,8 +4,8 @@ as a capacity)."""
 import pytest
 
 from monitor.config import ConfigError, load
-from monitor.config.kinds import LIMIT, Int, Number
-from monitor.config.plan import parse_mix
+from monitor.settings.kinds import LIMIT, Int, Number
+from monitor.capacity.mix import parse_mix
 
 TARGET = "sources:\n  vllm:\n    targets: ['http://127.0.0.1:1/metrics']\n"
 

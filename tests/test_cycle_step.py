@@ -15,7 +15,7 @@ import pytest
 
 from monitor.capacity.enrich import CapacityState
 from monitor.config import Capacity, Config, GatewaySource, PoolSettings, Target
-from monitor.config.slo import read_slos
+from monitor.capacity.slo_settings import read_slos
 from monitor.cycle import CycleInputs, CycleState, step
 from monitor.export.samples import Renderer
 from monitor.export.snapshot_json import snapshot_to_dict

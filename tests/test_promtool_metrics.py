@@ -15,7 +15,7 @@ import pytest
 
 from monitor.capacity.enrich import CapacityState
 from monitor.config import Capacity, Config, GatewaySource, PoolSettings, Target
-from monitor.config.slo import read_slos
+from monitor.capacity.slo_settings import read_slos
 from monitor.cycle import Pipeline
 from monitor.export.collector import Exposition
 from monitor.sim.server import start_fleet

@@ -15,7 +15,7 @@ import pytest
 from monitor.capacity.enrich import CapacityState
 from monitor.capacity.slo import SloTracker, Target
 from monitor.config import Config, GatewaySource, Target as ScrapeTarget
-from monitor.config.slo import read_slos
+from monitor.capacity.slo_settings import read_slos
 from monitor.cycle import CycleInputs, Pipeline
 from monitor.export.landing import Trends, render
 from monitor.export.samples import snapshot_samples

@@ -18,7 +18,7 @@ import pytest
 
 from monitor.capacity.enrich import CapacityState
 from monitor.config import Config, GatewaySource, PrometheusSource, Target as ScrapeTarget
-from monitor.config.slo import read_slos
+from monitor.capacity.slo_settings import read_slos
 from monitor.cycle import CycleInputs, Pipeline
 from monitor.export.snapshot_json import snapshot_to_dict
 from monitor.history.slo import PrometheusWindows, attach

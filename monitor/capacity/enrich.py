@@ -45,7 +45,7 @@ Configuration (`capacity:` section; every key optional):
     task_classes: {nightly_batch: batch}     # task type -> call class (default interactive)
     task_window: 10m              # tasks, calls per task, sessions (default global.latency_window)
 The section is declared and checked in monitor/config/headroom.py (`Capacity`); SLO targets come
-from the `slos:` section and pools.<name>.slo, read into `SloSettings` by monitor/config/slo.py.
+from the `slos:` section and pools.<name>.slo, read into `SloSettings` by monitor/capacity/slo_settings.py.
 """
 from __future__ import annotations
 

@@ -19,7 +19,7 @@
   what-ifs:       burst x k (every arrival rate x k), N replicas lost (current replicas - N),
                   one task type growing x k.
 
-Mix file (YAML): docs/capacity.md and examples/mix.yaml; read by monitor/config/plan.py.
+Mix file (YAML): docs/capacity.md and examples/mix.yaml; read by monitor/capacity/mix.py.
 """
 from __future__ import annotations
 

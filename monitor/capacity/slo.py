@@ -51,7 +51,7 @@ class Target:
 @dataclass
 class SloSettings:
     """Targets per task type and per pool, as read from `slos:` and `pools.<pool>.slo` by
-    monitor/config/slo.py (docs/capacity.md)."""
+    monitor/capacity/slo_settings.py (docs/capacity.md)."""
 
     task_targets: dict[str, Target] = field(default_factory=dict)  # task type -> target
     default_task_target: Optional[Target] = None

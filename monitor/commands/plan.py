@@ -10,9 +10,9 @@ from typing import Callable, Optional
 
 from monitor.capacity.plan import plan, render_table
 from monitor.config import ConfigError
-from monitor.config.plan import parse_mix
-from monitor.config.reader import read_yaml
-from monitor.config.values import parse_duration
+from monitor.capacity.mix import parse_mix
+from monitor.settings.reader import read_yaml
+from monitor.settings.values import parse_duration
 from monitor.sources.gateway import (APP_MODEL_CALLS, APP_TASKS_STARTED, DEFAULT_LABELS, ENVOY_TOKENS,
                                     GATEWAY_FAMILIES, KINDS)
 

@@ -1,8 +1,9 @@
 """Configuration: one YAML file, validated whole before anything starts.
 
-Every key is declared once, in a typed section (monitor/config/headroom.py; the digest's in
-monitor/digest/settings.py): its kind (type and bounds), default and help. The reader
-(monitor/config/reader.py) refuses what is not declared, and the first problem is one `ConfigError`,
+Every key is declared once, in a typed section next to its owner (monitor/sources/settings.py,
+monitor/capacity/settings.py, monitor/forecast/settings.py, monitor/digest/settings.py; the global
+keys in monitor/config/headroom.py): its kind (type and bounds), default and help. The reader
+(monitor/settings/reader.py) refuses what is not declared, and the first problem is one `ConfigError`,
 `file: key: problem`: `headroom check-config` and `headroom run` give the same verdict because both
 call `load()`. docs/configuration.md is generated from the declarations (`python -m monitor.config`).
 """
@@ -10,10 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from .headroom import (Capacity, Config, EngineTarget, Forecast, GatewaySource, HttpAuth, PoolSettings,
-                       PrometheusSource, Target)
-from .reader import ConfigError, Reader, read_yaml
-from .values import check_url, parse_duration
+from monitor.capacity.settings import Capacity, PoolSettings
+from monitor.forecast.settings import Forecast
+from monitor.settings.reader import ConfigError, Reader, read_yaml
+from monitor.settings.values import check_url, parse_duration
+from monitor.sources.settings import EngineTarget, GatewaySource, HttpAuth, PrometheusSource, Target
+
+from .headroom import Config
 
 __all__ = ["Capacity", "Config", "ConfigError", "EngineTarget", "Forecast", "GatewaySource", "HttpAuth", "PoolSettings",
            "PrometheusSource", "Target", "check_url", "from_dict", "load", "parse_duration"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .reader import default_of, join, specs
-from .shapes import Sub
+from monitor.settings.reader import default_of, join, specs
+from monitor.settings.shapes import Sub
 
 
 @dataclass(frozen=True)
@@ -94,10 +94,10 @@ def render() -> str:
     from monitor.loadtest.mix import LoadMix  # noqa: PLC0415
 
     from .headroom import Config  # noqa: PLC0415
-    from .plan import PlanMix  # noqa: PLC0415
+    from monitor.capacity.mix import PlanMix  # noqa: PLC0415
     lines = [INTRO, "## `headroom.yml` (`headroom run --config.file`, `headroom check-config`)"]
     lines += table(Config)
-    lines += ["", "`slos:` and `pools.<pool>.slo` are read by `monitor/config/slo.py` (their meaning: "
+    lines += ["", "`slos:` and `pools.<pool>.slo` are read by `monitor/capacity/slo_settings.py` (their meaning: "
               "docs/capacity.md); the web-config file (`--web.config.file`, the Prometheus exporter-toolkit "
               "format) by `monitor/export/webconfig.py`; `headroom check-config FILE --web.config.file WEB` "
               "checks both.", ""]

@@ -15,7 +15,7 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from monitor.config.slo import read_slos
+from monitor.capacity.slo_settings import read_slos
 from monitor.digest.content import DigestInput, PoolInput
 from monitor.digest.settings import DigestSettings, TaskFacts
 from monitor.sim.fleet import FleetConfig, load_config, theoretical_knee

@@ -77,7 +77,7 @@ def history_build_fn(cfg, settings: DigestSettings, store=None,
     The knee: in Prometheus mode headroom's exported knee series; with the store, `knees()` (the
     daemon passes its newest snapshot's: `monitor.digest.knee.knees_from_snapshot`). Only the pools
     of `global.shard` are reported, under a key unique to the shard."""
-    from monitor.config import ConfigError
+    from monitor.settings.reader import ConfigError
     src = settings.history_source
     if src == "auto":
         src = "store" if (store is not None or cfg.store_path) else ("prometheus" if cfg.prometheus else "")

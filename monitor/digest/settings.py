@@ -1,6 +1,6 @@
 """The `digest:` section of headroom's configuration (see docs/digest.md), declared key by key.
 
-Read by the one configuration reader (monitor/config/reader.py): every problem is a
+Read by the one configuration reader (monitor/settings/reader.py): every problem is a
 `monitor.config.ConfigError` naming the file and the key path. Secrets (SMTP password, webhook URL
 or bearer token) are never held in the file: it names a `*_file` or an `*_env` that holds them;
 both are checked when the file is loaded and read again only when a delivery is made.
@@ -12,11 +12,11 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Optional
 from urllib.parse import urlparse
 
-from monitor.config import ConfigError
-from monitor.config.kinds import (Choice, Duration, File, Flag, Int, Number, SecretEnv, SecretFile, StorePath,
+from monitor.settings.reader import ConfigError
+from monitor.settings.kinds import (Choice, Duration, File, Flag, Int, Number, SecretEnv, SecretFile, StorePath,
                                   Subset, Text, Timezone, Url)
-from monitor.config.reader import Reader, key
-from monitor.config.shapes import ListOf, MapOf, Sub, Tagged
+from monitor.settings.reader import Reader, key
+from monitor.settings.shapes import ListOf, MapOf, Sub, Tagged
 
 if TYPE_CHECKING:
     from monitor.capacity.slo import SloSettings
@@ -229,7 +229,7 @@ class DigestSettings:
 
 def from_dict(d: Any, file: str = "<config>", slos: Optional["SloSettings"] = None) -> DigestSettings:
     """Validate the `digest:` mapping. `slos` is the configuration's `slos:` section, already read
-    (monitor/config/slo.py): SLO targets are referenced from there, never repeated here."""
+    (monitor/capacity/slo_settings.py): SLO targets are referenced from there, never repeated here."""
     settings = Reader(file).section(DigestSettings, d, "digest")
     targets, objectives = {}, {}
     if slos is not None:

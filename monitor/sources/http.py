@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 import requests
 
-from ..config import HttpAuth
+from .settings import HttpAuth
 
 ACCEPT_TEXT = "text/plain;version=0.0.4;q=1.0,application/openmetrics-text;version=1.0.0;q=0.5,*/*;q=0.1"
 MAX_BODY_BYTES = 64 * 1024 * 1024

@@ -15,7 +15,7 @@ import time
 from typing import Any, Callable, Optional
 from urllib.parse import urlencode
 
-from ..config import Config, PrometheusSource
+from .settings import PrometheusSource
 from ..model import ReplicaReading, SourceStatus
 from . import sglang, vllm
 from .exposition import ParsedScrape, normalise_name
@@ -23,7 +23,7 @@ from .http import Backoff, BodyBudget, FetchError, Fetcher, redact
 
 log = logging.getLogger(__name__)
 
-FORGET_AFTER = Config.forget_after  # global.forget_after's default, for a reader built without it
+FORGET_AFTER = 3600.0  # global.forget_after's default, for a reader built without it
 
 
 class PrometheusError(Exception):

@@ -15,7 +15,7 @@ from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Optional
 
-from ..config import Target
+from .settings import Target
 from ..model import ReplicaReading, SourceStatus
 from .exposition import ExpositionError
 from .http import FetchError, Fetcher, redact

@@ -30,6 +30,8 @@ from typing import Any, Optional
 
 import yaml
 
+from .values import type_name
+
 
 class ConfigError(ValueError):
     """A bad configuration: `file: key: problem`, the key a dotted path (empty for the whole file)."""
@@ -56,12 +58,6 @@ def key(kind: Any, default: Any = None, *, help: str, path: Optional[str] = None
     if getattr(type(default), "__hash__", None) is None:  # lists, dicts, mutable sections
         return field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
     return field(default=default, metadata=meta)
-
-
-def group(cls: type, *, path: str = "", help: str = "") -> Any:
-    """Merge the keys of section `cls` into this section's mapping (at `path`, "" for the same level)."""
-    from .shapes import Sub  # noqa: PLC0415 - shapes imports this module
-    return field(default_factory=cls, metadata={"spec": Spec(Sub(cls), help, path, merge=True)})
 
 
 @lru_cache(maxsize=None)
@@ -109,11 +105,6 @@ def _merge(into: dict, tree: dict) -> None:
 
 def join(prefix: str, path: str) -> str:
     return f"{prefix}.{path}" if prefix and path else (prefix or path)
-
-
-def type_name(value: Any) -> str:
-    return {dict: "mapping", list: "list", str: "string", bool: "boolean", type(None): "null"}.get(
-        type(value), type(value).__name__)
 
 
 class Reader:

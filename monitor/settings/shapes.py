@@ -3,8 +3,16 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from dataclasses import field
+
 from .kinds import Kind
-from .reader import Reader, type_name
+from .reader import Reader, Spec
+from .values import type_name
+
+
+def group(cls: type, *, path: str = "", help: str = "") -> Any:
+    """Merge the keys of section `cls` into this section's mapping (at `path`, "" for the same level)."""
+    return field(default_factory=cls, metadata={"spec": Spec(Sub(cls), help, path, merge=True)})
 
 
 class Sub(Kind):

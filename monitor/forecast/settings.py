@@ -1,4 +1,4 @@
-"""The `calendar:` section: which days are not working days, for the forecasts.
+"""The `forecast:` and `calendar:` sections: which days are not working days, for the forecasts.
 
     calendar:
       timezone: Europe/Berlin        # the zone the dates are in (default UTC)
@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from monitor.forecast.calendar import Calendar
+from monitor.settings.kinds import Kind, Number, Subset, Text, Timezone
+from monitor.settings.reader import Reader, key
+from monitor.settings.shapes import ListOf
 
-from .kinds import Kind, Subset, Text, Timezone
-from .reader import Reader, key
-from .shapes import ListOf
+if TYPE_CHECKING:
+    from .calendar import Calendar
 
 WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 
@@ -77,6 +78,13 @@ class CalendarSection:
                 raise r.fail(f"{at}.subdivision", f"{self.subdivision!r} is not a subdivision of {self.country} "
                                                   f"({', '.join(supported[self.country][:12])}, ...)")
 
-    def calendar(self) -> Calendar:
+    def calendar(self) -> "Calendar":
+        from .calendar import Calendar  # noqa: PLC0415 - pandas, only when a forecast is built
         return Calendar(self.timezone, frozenset(self.non_working), frozenset(self.recurring), self.country,
                         self.subdivision, frozenset(WEEKDAYS.index(d) for d in self.weekend))
+
+
+@dataclass(frozen=True)
+class Forecast:
+    refit_minutes: float = key(Number(gt=0, le=10080), 15.0, help="refit every pool's forecasts every N minutes")
+    fit_timeout_seconds: float = key(Number(gt=0, le=3600), 30.0, help="time box of one model fit")

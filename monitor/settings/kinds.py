@@ -13,8 +13,8 @@ import unicodedata
 from urllib.parse import urlsplit
 from typing import Any, Callable, Optional, Sequence, Union
 
-from .reader import Reader, type_name
-from .values import MAX_SECONDS, check_url, format_duration, parse_duration, read_secret_env, read_secret_file
+from .reader import Reader
+from .values import MAX_SECONDS, type_name, check_url, format_duration, parse_duration, read_secret_env, read_secret_file
 
 
 class Kind:
@@ -355,16 +355,6 @@ class Timezone(Text):
         except (ZoneInfoNotFoundError, ValueError, OSError):
             raise ValueError(f"unknown time zone {name!r} (use an IANA name like Europe/Berlin)") from None
         return name
-
-
-class Shard(Kind):
-    name = "I/N"
-
-    def parse(self, v: Any) -> tuple[int, int]:
-        from monitor.shard import parse_shard  # noqa: PLC0415
-        if not isinstance(v, str):
-            raise ValueError(f"expected a shard like 0/2, got {v!r}")
-        return parse_shard(v)
 
 
 class Raw(Kind):

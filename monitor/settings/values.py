@@ -8,7 +8,12 @@ import unicodedata
 from typing import Any
 from urllib.parse import urlsplit
 
-from .reader import type_name
+
+
+def type_name(value: Any) -> str:
+    """How a YAML value's type is named in an error ("mapping", "list", "string", ...)."""
+    return {dict: "mapping", list: "list", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(value), type(value).__name__)
 
 DAY = 86400.0
 MAX_SECONDS = 3650 * DAY  # ten years: the schedulers and datetime overflow on longer durations

@@ -1,0 +1,50 @@
+"""The capacity sections of headroom.yml (`capacity:` and `pools:`), declared next to their owner
+(monitor/capacity/enrich.py reads them); the `slos:` section is monitor/capacity/slo_settings.py.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Optional
+
+from monitor.settings.kinds import Choice, Duration, Int, Number, Text
+from monitor.settings.reader import key
+from monitor.settings.shapes import MapOf
+from monitor.settings.values import DAY
+
+from .slo_settings import PoolTargets
+
+KNEE_SIGNALS = ("queue", "ttft", "e2e_per_token", "e2e", "itl")
+
+
+@dataclass
+class PoolSettings:
+    REMOVED: ClassVar[dict] = {"knee_margin": "removed: it was read but never used (the knee is learned "
+                                             "from the data; the alert thresholds keep headroom free); delete it"}
+    max_num_seqs: Optional[int] = key(Int(ge=1, le=1_000_000), help="vLLM --max-num-seqs per replica: the slots limit")
+    watts_per_replica: Optional[float] = key(Number(gt=0, le=1e6), help="power per replica when DCGM gives none")
+    replica_lead_time: Optional[float] = key(Duration(gt=0, le=DAY), help="how long a new replica takes to serve "
+                                             "(scheduling, image pull, model load); alerts compare it with "
+                                             "the time to exhaustion")
+    slo: list = key(PoolTargets(), [], help="pool latency targets like {ttft_p95_seconds: 0.5} (docs/capacity.md)")
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """The capacity enricher's knobs (monitor/capacity/enrich.py)."""
+
+    knee_signal: str = key(Choice(KNEE_SIGNALS), "queue", help="latency signal the knee is found on")
+    knee_min_span_seconds: float = key(Number(gt=0, le=DAY), 30.0, help="Little's-law window of one knee observation")
+    min_confidence: float = key(Number(ge=0, le=1), 0.6, help="a learned knee is published above this confidence")
+    min_change: float = key(Number(ge=0, le=10), 0.10, help="relative change needed to move a published knee")
+    confirmations: int = key(Int(ge=1, le=1000), 3, help="fits in a row that must agree before the knee moves")
+    min_observations: int = key(Int(ge=10, le=1_000_000), 60, help="observations before a knee is fitted")
+    kv_tokens_per_request: Optional[float] = key(Number(gt=0, le=1e8),
+                                                 help="KV tokens per request when none is running")
+    active_requests_per_session: Optional[float] = key(Number(gt=0, le=1e6), help="session size when the pool is idle")
+    task_pools: dict[str, str] = key(MapOf(Text(), names="task type"), {},
+                                     help="task type -> pool (application metrics carry no pool)")
+    task_classes: dict[str, str] = key(MapOf(Choice(("interactive", "batch")), names="task type"), {},
+                                       help="task type -> call class (default interactive)")
+    task_window: Optional[float] = key(Duration(gt=0, le=DAY), help="task arrival rates, calls per task and "
+                                       "sessions are counted over this window (default global.latency_window); "
+                                       "make it several task durations long: unknown until covered")

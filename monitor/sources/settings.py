@@ -1,0 +1,135 @@
+"""The `sources:` sections of headroom.yml, declared next to the readers that use them.
+
+Secrets are never held here: the file names a file (`*_file`) or an environment variable (`*_env`);
+both are checked when the file is loaded and read again when used, so a rotated secret is picked up.
+The whole file is assembled by monitor/config (the app floor).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Optional
+
+from monitor.settings.kinds import Choice, Duration, File, Flag, Int, Labels, SecretEnv, SecretFile, Selector, Text, Url
+from monitor.settings.reader import ConfigError, Reader, join, key
+from monitor.settings.shapes import MapOf, group
+from monitor.settings.values import read_secret_env, read_secret_file
+
+GATEWAY_KINDS = ("litellm", "envoy", "llm-d", "dynamo", "app")
+
+
+@dataclass
+class Target:
+    SHORTHAND: ClassVar[str] = "a URL"
+    url: str = key(Url(metrics=True), required=True, help="the /metrics URL")
+    labels: dict[str, str] = key(Labels(), {}, help="labels added to the target's series (e.g. pool)")
+
+    @staticmethod
+    def shorthand(value: Any) -> dict:
+        if isinstance(value, str):
+            return {"url": value}
+        raise ValueError(f"expected a URL or a mapping with url, got {type(value).__name__}")
+
+
+@dataclass
+class EngineTarget(Target):
+    """An inference engine's /metrics: a vLLM or an SGLang replica."""
+    kind: str = key(Choice(("auto", "vllm", "sglang")), "auto",
+                    help="the engine behind the URL; auto tells vLLM and SGLang apart by the families they expose")
+
+
+def _secret(path: Optional[str], env: Optional[str]) -> Optional[str]:
+    """The secret as it is now (read on every use); ConfigError naming the file or variable, never the value."""
+    try:
+        if path:
+            return read_secret_file(path)
+        if env:
+            return read_secret_env(env)
+    except ValueError as exc:
+        raise ConfigError(path or "environment", "" if path else env, str(exc)) from None
+    return None
+
+
+@dataclass
+class HttpAuth:
+    """Outgoing credentials: each secret comes from a file or an environment variable."""
+
+    bearer_token_file: Optional[str] = key(SecretFile(), help="file holding a bearer token")
+    bearer_token_env: Optional[str] = key(SecretEnv(), help="environment variable holding a bearer token")
+    username: Optional[str] = key(Text(), path="basic_auth.username", help="basic-auth user name")
+    password_file: Optional[str] = key(SecretFile(), path="basic_auth.password_file",
+                                       help="file holding the basic-auth password")
+    password_env: Optional[str] = key(SecretEnv(), path="basic_auth.password_env",
+                                      help="environment variable holding the basic-auth password")
+    ca_file: Optional[str] = key(File(), path="tls.ca_file", help="CA bundle to verify the server (default: system)")
+    cert_file: Optional[str] = key(File(), path="tls.cert_file", help="client certificate (mutual TLS)")
+    key_file: Optional[str] = key(File(), path="tls.key_file", help="client certificate's key")
+    insecure_skip_verify: bool = key(Flag(), False, path="tls.insecure_skip_verify",
+                                     help="do not verify the server's certificate (tests only)")
+
+    def bearer_token(self) -> Optional[str]:
+        return _secret(self.bearer_token_file, self.bearer_token_env)
+
+    def password(self) -> Optional[str]:
+        return _secret(self.password_file, self.password_env)
+
+    def check(self, r: Reader, at: str) -> None:
+        if (self.password_file or self.password_env) and not self.username:
+            raise r.fail(f"{at}.basic_auth.username" if at else "basic_auth.username", "required with basic_auth")
+        if (self.bearer_token_file or self.bearer_token_env) and self.username:
+            raise r.fail(at, "give either a bearer token or basic_auth, not both")
+        if self.bearer_token_file and self.bearer_token_env:
+            raise r.fail(at, "give either bearer_token_file or bearer_token_env, not both")
+        if self.password_file and self.password_env:
+            raise r.fail(f"{at}.basic_auth", "give either password_file or password_env, not both")
+        self._check_tls(r, join(at, "tls"))
+
+    def _check_tls(self, r: Reader, at: str) -> None:
+        """The files load as a CA bundle and a certificate chain now, not at the first request."""
+        import ssl  # noqa: PLC0415
+        if self.key_file and not self.cert_file:
+            raise r.fail(f"{at}.key_file", "needs tls.cert_file (the certificate it is the key of)")
+        try:
+            if self.ca_file:
+                ssl.create_default_context(cafile=self.ca_file)
+        except (ssl.SSLError, OSError) as exc:
+            raise r.fail(f"{at}.ca_file", f"not a CA bundle: {getattr(exc, 'reason', None) or exc}") from None
+        try:
+            if self.cert_file:
+                ssl.create_default_context().load_cert_chain(self.cert_file, self.key_file)
+        except (ssl.SSLError, OSError) as exc:
+            raise r.fail(f"{at}.cert_file", f"cannot load the certificate and its key (PEM files?): "
+                                            f"{getattr(exc, 'strerror', None) or exc}") from None
+
+
+@dataclass
+class PrometheusSource:
+    url: str = key(Url(), required=True, help="query API base URL (Prometheus, VictoriaMetrics, Thanos, Mimir)")
+    selector: str = key(Selector(), "", help="extra matchers for every query, e.g. 'job=\"vllm\"'")
+    instance_label: str = key(Text(), "instance", help="the label naming a replica")
+    timeout: float = key(Duration(gt=0, le=3600), 10.0, help="time box of one query")
+    retries: int = key(Int(ge=0, le=10), 3, help="retries of a failed query (exponential backoff)")
+    auth: HttpAuth = group(HttpAuth)
+
+
+@dataclass
+class GatewaySource:
+    kind: str = key(Choice(GATEWAY_KINDS), required=True, help="which gateway's metrics the URL serves")
+    url: str = key(Url(metrics=True), required=True, help="the gateway's /metrics URL")
+    task_label: Optional[str] = key(Text(), help="label naming the task type (default per kind)")
+    session_label: Optional[str] = key(Text(), help="label naming the session; none by default: a session id "
+                                                    "label is one series per session (unbounded), for tests only; "
+                                                    "sessions come from the app's agent_sessions_active")
+    pool: Optional[str] = key(Text(), help="the pool this gateway feeds (default: by model label)")
+    pools: dict[str, str] = key(MapOf(Text(), names="gateway pool"), {},
+                                help="the gateway's pool label (llm-d inference_pool) -> headroom pool, for its "
+                                     "queue; default: a queue belongs to the pool serving its model")
+    auth: HttpAuth = group(HttpAuth)
+
+
+@dataclass
+class AlertsSource:
+    url: str = key(Url(), required=True, help="base URL of the Prometheus or Alertmanager whose alerts the landing "
+                                              "page shows (headroom's own, names Headroom*)")
+    kind: str = key(Choice(("prometheus", "alertmanager")), "prometheus",
+                    help="prometheus reads /api/v1/alerts (firing and pending), alertmanager /api/v2/alerts")
+    auth: HttpAuth = group(HttpAuth)
