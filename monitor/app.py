@@ -175,8 +175,7 @@ class Digest(Component):
     def __init__(self, cfg: Config, store, pipeline: Optional[Pipeline] = None):
         from .digest.knee import knees_from_snapshot  # noqa: PLC0415
         from .digest.schedule import history_build_fn, open_outbox  # noqa: PLC0415
-        from .digest.settings import from_dict  # noqa: PLC0415
-        self.settings = from_dict(cfg.digest, cfg.file, cfg.slos)  # ConfigError before anything starts
+        self.settings = cfg.digest  # read and checked with the whole file
         knees = (lambda: knees_from_snapshot(pipeline.latest)) if pipeline is not None else None
         self.build_fn = history_build_fn(cfg, self.settings, store, knees)  # the knee the daemon learned
         self.outbox = open_outbox(self.settings)
@@ -304,7 +303,7 @@ no digest, no web).
         elif app.store is not None:  # once: one refit from the store it found (monitor/commands/once.py)
             from .history.store import StoreHistory  # noqa: PLC0415
             app.forecasts = app.add(Forecasts(cfg, app.pipeline, StoreHistory(app.store)))
-        if daemon and cfg.digest:
+        if daemon and cfg.digest is not None:
             app.digest = app.add(Digest(cfg, app.store, app.pipeline))
         if daemon:
             app.web = app.add(Web(cfg, app.pipeline, listen_address, web_config_file, app.status))
@@ -318,11 +317,9 @@ no digest, no web).
 
 def digest_directory(cfg: Config) -> Optional[str]:
     """The digest's first directory destination (where /digest finds the newest week), or None."""
-    if not cfg.digest:
+    if cfg.digest is None:
         return None
-    from .digest.settings import from_dict  # noqa: PLC0415
-    settings = from_dict(cfg.digest, cfg.file, cfg.slos)
-    return next((d.path for d in settings.destinations if d.type == "directory"), None)
+    return next((d.path for d in cfg.digest.destinations if d.type == "directory"), None)
 
 
 def capacity_at_knee(snapshot) -> dict[str, float]:

@@ -65,7 +65,7 @@ def _settings(args):
     if args.config_file:
         from monitor import config as config_mod
         cfg = config_mod.load(args.config_file)
-        settings = from_dict(cfg.digest, cfg.file, cfg.slos)
+        settings = cfg.digest if cfg.digest is not None else from_dict({}, cfg.file, cfg.slos)
         if args.demo:
             settings = demo_settings(settings)
     elif args.demo:

@@ -59,9 +59,9 @@ def run(args) -> int:
     if args.interval < 0:
         print("headroom: --interval must not be negative", file=sys.stderr)
         return 2
-    cfg.latency_window = max(cfg.latency_window, args.interval * 2)
+    cfg = replace(cfg, latency_window=max(cfg.latency_window, args.interval * 2))
     if args.interval > 0:  # two readings: tasks and calls per task are over the interval between them
-        cfg.capacity = replace(cfg.capacity, task_window=args.interval)
+        cfg = replace(cfg, capacity=replace(cfg.capacity, task_window=args.interval))
     try:
         app = build(cfg)  # the daemon's sources, cycle and forecaster; no web server, nothing written
     except (ConfigError, ValueError) as exc:

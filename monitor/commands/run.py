@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+from dataclasses import replace
 
 from ..app import build
 from ..cli import listen_address, seconds
@@ -31,7 +32,7 @@ def run(args) -> int:
         cfg = load(args.config_file)
         if args.shard:
             from ..shard import parse_shard
-            cfg.shard = parse_shard(args.shard)
+            cfg = replace(cfg, shard=parse_shard(args.shard))
         listen = args.listen_address or cfg.listen_address
         parse_listen_address(listen)
     except (ConfigError, ValueError) as exc:

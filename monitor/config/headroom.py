@@ -12,8 +12,9 @@ from typing import Any, Optional
 from monitor.capacity.settings import Capacity, PoolSettings
 from monitor.capacity.slo import SloSettings
 from monitor.capacity.slo_settings import SloSection
+from monitor.digest.settings import DigestSettings, with_slos
 from monitor.forecast.settings import CalendarSection, Forecast
-from monitor.settings.kinds import Duration, File, Int, ListenAddress, Mapping, StorePath, Text, Url
+from monitor.settings.kinds import Duration, File, Int, ListenAddress, StorePath, Text, Url
 from monitor.settings.reader import Reader, key
 from monitor.settings.shapes import ListOf, MapOf, Sub, group
 from monitor.settings.values import DAY
@@ -21,13 +22,11 @@ from monitor.shard import ShardSetting
 from monitor.sources.settings import AlertsSource, EngineTarget, GatewaySource, HttpAuth, PrometheusSource, Target
 
 
-def _digest_section() -> type:
-    from monitor.digest.settings import DigestSettings  # noqa: PLC0415
-    return DigestSettings
-
-
-@dataclass
+@dataclass(frozen=True)
 class Config:
+    """The whole file, frozen once read: a command that overrides a key (`--shard`, `once --interval`)
+    makes a new one with `dataclasses.replace`."""
+
     file: str = "<defaults>"
     interval: float = key(Duration(gt=0, le=DAY), 15.0, path="global.interval",
                           help="one collection cycle every INTERVAL (cycles never overlap)")
@@ -86,8 +85,8 @@ class Config:
     forecast: Forecast = key(Sub(Forecast), Forecast(), help="forecast refits")
     calendar: CalendarSection = key(Sub(CalendarSection), CalendarSection(),
                                     help="non-working days: holidays are forecast as such (README, Calendars)")
-    digest: dict[str, Any] = key(Mapping(_digest_section), {},
-                                 help="weekly digest: schedule, destinations, prices (docs/digest.md)")
+    digest: Optional[DigestSettings] = key(Sub(DigestSettings), help="weekly digest: schedule, destinations, "
+                                           "prices (docs/digest.md); read once, with the slos: targets")
     slos: SloSettings = key(SloSection(), SloSettings(),
                             help="task latency targets, burn-rate windows (docs/capacity.md)")
 
@@ -99,13 +98,14 @@ class Config:
             raise r.fail("sources", "configure either sources.vllm (direct scrape) or sources.prometheus, not both")
         if not (self.vllm_targets or self.prometheus):
             raise r.fail("sources", "no source: give sources.vllm.targets or sources.prometheus.url")
-        if self.digest:
+        digest = None
+        if self.digest is not None:
             self._check_digest(r)
-        return replace(self, history_keep=max(self.history_keep, 2 * self.latency_window))
+            digest = with_slos(self.digest, self.slos)
+        return replace(self, history_keep=max(self.history_keep, 2 * self.latency_window), digest=digest)
 
     def _check_digest(self, r: Reader) -> None:
-        from monitor.digest.settings import from_dict  # noqa: PLC0415
-        source = from_dict(self.digest, self.file, self.slos).history_source
+        source = self.digest.history_source
         if source == "store" and not self.store_path:
             raise r.fail("store.path", "digest.history.source is store but no store is configured")
         if source == "prometheus" and not self.prometheus:

@@ -230,7 +230,11 @@ class DigestSettings:
 def from_dict(d: Any, file: str = "<config>", slos: Optional["SloSettings"] = None) -> DigestSettings:
     """Validate the `digest:` mapping. `slos` is the configuration's `slos:` section, already read
     (monitor/capacity/slo_settings.py): SLO targets are referenced from there, never repeated here."""
-    settings = Reader(file).section(DigestSettings, d, "digest")
+    return with_slos(Reader(file).section(DigestSettings, d, "digest"), slos)
+
+
+def with_slos(settings: DigestSettings, slos: Optional["SloSettings"]) -> DigestSettings:
+    """The digest's task targets and objectives, taken from the `slos:` section (never repeated)."""
     targets, objectives = {}, {}
     if slos is not None:
         for tt, t in slos.task_targets.items():
