@@ -239,7 +239,7 @@ def test_label_values_cannot_inject_html():
      "digest.destinations[1].name"),
     ({"prices": {"gpu_hour": -1}}, "digest.prices.gpu_hour"),
     ({"forecast": {"models": ["prophet"]}}, "digest.forecast.models"),
-    ({"pools": {"p": {"replicas": 0}}}, "digest.pools.p.replicas"),
+    ({"pools": {"p": {"replicas": 2}}}, "digest.pools"),  # moved to the top-level pools.<pool>
     ({"colour": "blue"}, "digest.colour"),
 ])
 def test_bad_configuration_names_the_key(bad, key):

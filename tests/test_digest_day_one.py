@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from monitor.capacity.settings import PoolSettings
 from monitor.digest.charts import ACTUAL, NEXT, charts_for, forecast_figure, headroom_figure
 from monitor.digest.content import build_digest
 from monitor.digest.coverage import MIN_TASKS_FOR_COST
@@ -51,9 +52,9 @@ def fleet(tmp_path_factory):
                                 input_tokens_per_call=sum(s.calls * s.prompt.mean for s in tt.steps) / tt.calls_per_task,
                                 output_tokens_per_call=sum(s.calls * s.output.mean for s in tt.steps) / tt.calls_per_task)
              for tt in cfg.mix.task_types.values()}
-    settings = from_dict({"forecast": {"models": ["snaive_day"]},
-                          "pools": {n: {"replicas": p.replicas, "gpus_per_replica": p.gpus_per_replica,
-                                        "max_num_seqs": p.max_num_seqs} for n, p in pools.items()}}, "<test>")
+    settings = from_dict({"forecast": {"models": ["snaive_day"]}}, "<test>",
+                         pools={n: PoolSettings(replicas=p.replicas, gpus_per_replica=p.gpus_per_replica,
+                                                max_num_seqs=p.max_num_seqs) for n, p in pools.items()})
     settings = type(settings)(**{**settings.__dict__, "tasks": tasks})
     learned_pool = sorted(pools)[0]  # headroom learned this pool's knee; the other has only its prior
     knees = {learned_pool: KneeReading(7.0, "learned", LEARNED_AT, "queue")}

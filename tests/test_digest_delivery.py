@@ -19,6 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from monitor.capacity.settings import PoolSettings
 from monitor.digest.content import build_digest
 from monitor.digest.deliver import render_files, senders_for
 from monitor.digest.demo import demo_input, demo_settings
@@ -584,11 +585,10 @@ def test_sharded_daemons_deliver_every_shards_pools_under_their_own_keys(tmp_pat
             for i in (0, 1):
                 (tmp_path / f"s{i}").mkdir()
                 s = from_dict({**FAST, "outbox": str(tmp_path / f"s{i}" / "outbox.sqlite"),
-                               "pools": {p.name: {"replicas": p.replicas} for p in inp.pools},
                                "destinations": [
                                    {"name": "hook", "type": "webhook", "url": f"http://127.0.0.1:{rx.port}/h"},
                                    {"name": "archive", "type": "directory", "path": str(tmp_path / "archive")}]},
-                              "<test>")
+                              "<test>", pools={p.name: PoolSettings(replicas=p.replicas) for p in inp.pools})
                 build = HistoryBuild(lambda week_end, sh=(i, 2), s=s: from_store(st, week_end, s, shard=sh), (i, 2))
                 with open_outbox(s) as box:
                     r = run_digest(s, build, WEEK_END + 60, box)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from monitor.capacity.settings import PoolSettings
 from monitor.capacity.headroom import CapacitySettings, pool_capacity
 from monitor.capacity.knee import Knee
 from monitor.digest.content import build_digest
@@ -23,6 +24,8 @@ class Recorded:
 
     def query_range(self, query, start, end, step):
         self.queries.append(query)
+        if query.startswith("max by (pool) (headroom_replicas"):
+            return self.answers.get("replicas", [])
         source = "learned" if 'source="learned"' in query else "prior"
         return self.answers.get(source, [])
 
@@ -33,9 +36,12 @@ def test_the_newest_learned_knee_wins_over_a_newer_prior():
         "learned": [({"pool": "a"}, [(T0 + 60, 7.4), (T0 + 120, 7.0)])],
         "prior": [({"pool": "a"}, [(T0 + 600, 8.0)]), ({"pool": "b"}, [(T0 + 60, 16.0), (T0 + 120, 12.0)]),
                   ({"pool": "c"}, [(T0, float("nan"))])],
+        "replicas": [({"pool": "a"}, [(T0 + 60, 2.0), (T0 + 600, 3.0)]), ({"pool": "c"}, [(T0, 5.0)])],
     })
     got = knees_from_prometheus(client, T0, T0 + 900, 300.0)
-    assert got == {"a": KneeReading(7.0, "learned", T0 + 120), "b": KneeReading(12.0, "prior", T0 + 120)}
+    # the replicas answering at the newest reading come along (the digest's default replica count)
+    assert got == {"a": KneeReading(7.0, "learned", T0 + 120, replicas=3),
+                   "b": KneeReading(12.0, "prior", T0 + 120)}
     learned = client.queries[0]
     assert learned.startswith("max by (pool) (headroom_knee_requests) / max by (pool) (headroom_replicas > 0)")
     assert learned.endswith('and on (pool) max by (pool) (headroom_knee_info{source="learned"})')
@@ -55,7 +61,8 @@ def test_a_snapshots_knee_per_replica_and_source():
     idle.capacity = pool_capacity(idle, Knee(8.0, None, "prior", "limits"), CapacitySettings())
     none = PoolSnapshot(pool="r", model="m", replicas=2)
     got = knees_from_snapshot(Snapshot(timestamp=T0, pools=[pool, idle, none]))
-    assert got == {"p": KneeReading(7.0, "learned", T0, "queue"), "q": KneeReading(8.0, "prior", T0, "limits")}
+    assert got == {"p": KneeReading(7.0, "learned", T0, "queue", replicas=3),
+                   "q": KneeReading(8.0, "prior", T0, "limits", replicas=2)}
     assert knees_from_snapshot(None) == {}
 
 
@@ -72,7 +79,7 @@ def test_choose(configured, reading, max_num_seqs, expected):
     if source == "learned":
         assert note == f"learned by headroom from latency on queue, newest at {T0:.0f}"
     elif source == "configured":
-        assert note == "configured in digest.pools (headroom learned 7.0 per replica)"
+        assert note == "configured in pools.<pool> (headroom learned 7.0 per replica)"
     else:
         assert note.startswith("nothing learned")
 
@@ -91,8 +98,8 @@ def test_from_source_uses_the_knees_and_the_shard():
     import pandas as pd
     s = pd.Series([3.0, 4.0], index=[T0 - 600.0, T0 - 300.0])
     data = {"chat-8b": {"load": s}, "agent-70b": {"load": s}}
-    settings = from_dict({"forecast": {"models": ["snaive_day"]},
-                          "pools": {"*": {"replicas": 2, "max_num_seqs": 8}}}, "<t>")
+    settings = from_dict({"forecast": {"models": ["snaive_day"]}}, "<t>",
+                         pools={"*": PoolSettings(replicas=2, max_num_seqs=8)})
     asked = []
 
     def knees(start, end, step):

@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from monitor.capacity.settings import PoolSettings
 from monitor.digest.content import build_digest
 from monitor.digest.settings import from_dict
 from monitor.digest.sources import RESOLUTION, from_prometheus, from_store
@@ -80,8 +81,8 @@ def day_one(tmp_path_factory):
     store.append((pool, series, float(t + c), v) for (pool, series, t), v in held.items()  # every cycle
                  for c in range(0, HOLD, CYCLE))
     prom = Prometheus(str(d), "global:\n  scrape_interval: 1h\nscrape_configs: []\n", data_dir=str(d / "data"))
-    settings = from_dict({"forecast": {"models": ["snaive_day"]},
-                          "pools": {p: {"replicas": n, "max_num_seqs": 8} for p, n in replicas.items()}}, "<t>")
+    settings = from_dict({"forecast": {"models": ["snaive_day"]}}, "<t>",
+                         pools={p: PoolSettings(replicas=n, max_num_seqs=8) for p, n in replicas.items()})
     try:
         yield {"url": prom.url, "store": store, "end": float(end), "settings": settings, "pools": sorted(replicas)}
     finally:

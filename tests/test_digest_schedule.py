@@ -11,6 +11,7 @@ from zoneinfo import ZoneInfo
 import numpy as np
 import pytest
 
+from monitor.capacity.settings import PoolSettings
 from monitor.digest.content import build_digest
 from monitor.digest.demo import demo_input
 from monitor.digest.schedule import open_outbox, run_digest, schedule_digest
@@ -41,8 +42,8 @@ def test_digest_from_the_history_store_matches_the_history(tmp_path):
         points.append((r.pool, "sessions", float(r.timestamp), float(r.sessions)))
     with HistoryStore(str(tmp_path / "h.sqlite"), retention_seconds=None, downsample_after_seconds=None) as st:
         st.append(points)
-        settings = from_dict({**FAST, "pools": {"chat-8b": {"replicas": 4, "knee_requests_per_replica": 86},
-                                                 "agent-70b": {"replicas": 2, "max_num_seqs": 128}}}, "<t>")
+        settings = from_dict(FAST, "<t>", pools={"chat-8b": PoolSettings(replicas=4, knee_requests_per_replica=86),
+                                                 "agent-70b": PoolSettings(replicas=2, max_num_seqs=128)})
         inp = from_store(st, WEEK_END, settings)
     d = build_digest(inp, settings)
     week = pools[(pools["timestamp"] >= WEEK_END - 7 * 86400) & (pools["timestamp"] < WEEK_END)]
@@ -64,8 +65,24 @@ def test_store_without_replicas_is_a_clear_error(tmp_path):
     from monitor.digest.content import DigestError
     with HistoryStore(str(tmp_path / "h.sqlite")) as st:
         st.append([("p", "active_requests", WEEK_END - 600, 3.0)])
-        with pytest.raises(DigestError, match=r"digest.pools.p.replicas"):
+        with pytest.raises(DigestError, match=r"set pools.p.replicas"):
             from_store(st, WEEK_END, from_dict({}, "<t>"))
+
+
+def test_replicas_come_from_the_daemons_config_then_its_newest_cycle(tmp_path):
+    """No digest.pools: pools.<pool> of the daemon's file, else the replicas headroom saw with its knee."""
+    from monitor import config
+    from monitor.digest.knee import KneeReading
+    cfg = config.from_dict({"sources": {"vllm": {"targets": ["http://127.0.0.1:9/metrics"]}},
+                            "store": {"path": str(tmp_path / "h.sqlite")},
+                            "pools": {"a": {"replicas": 5, "gpus_per_replica": 2}},
+                            "digest": {"forecast": {"models": ["snaive_day"]}}}, "t.yaml")
+    with HistoryStore(str(tmp_path / "h.sqlite")) as st:
+        st.append([(p, "active_requests", WEEK_END - 600, 3.0) for p in ("a", "b")])
+        seen = {"a": KneeReading(4.0, "learned", WEEK_END, replicas=9), "b": KneeReading(4.0, "learned", WEEK_END, replicas=3)}
+        inp = from_store(st, WEEK_END, cfg.digest, knees=lambda start, end, step: seen)
+    got = {p.name: (p.replicas, p.gpus_per_replica) for p in inp.pools}
+    assert got == {"a": (5, 2), "b": (3, 1)}
 
 
 def test_schedule_digest_cron_and_delivery(tmp_path):
@@ -188,9 +205,8 @@ def test_digest_from_a_real_backfilled_prometheus(tmp_path):
                 pass
             assert time.monotonic() < deadline
             time.sleep(0.2)
-        settings = from_dict({**FAST, "pools": {"chat-8b": {"replicas": 4, "knee_requests_per_replica": 86},
-                                                 "agent-70b": {"replicas": 2, "knee_requests_per_replica": 52}}},
-                             "<t>")
+        settings = from_dict(FAST, "<t>", pools={"chat-8b": PoolSettings(replicas=4, knee_requests_per_replica=86),
+                                                 "agent-70b": PoolSettings(replicas=2, knee_requests_per_replica=52)})
         inp = from_prometheus(PrometheusClient(f"http://127.0.0.1:{port}"), week_end, settings)
     finally:
         stop_process(proc, 30)
@@ -216,8 +232,8 @@ def test_the_daemons_digest_reports_the_knee_of_its_newest_cycle(tmp_path):
     from monitor.model import PoolSnapshot, Snapshot
     cfg = config.from_dict({
         "sources": {"prometheus": {"url": "http://127.0.0.1:9"}}, "store": {"path": str(tmp_path / "h.sqlite")},
-        "digest": {"outbox": str(tmp_path / "o.sqlite"), "forecast": {"models": ["snaive_day"]},
-                   "pools": {"tiny": {"replicas": 1, "max_num_seqs": 8}}}}, "t.yaml")
+        "pools": {"tiny": {"replicas": 1, "max_num_seqs": 8}},
+        "digest": {"outbox": str(tmp_path / "o.sqlite"), "forecast": {"models": ["snaive_day"]}}}, "t.yaml")
     daemon = build(cfg, "127.0.0.1:0")
     try:
         daemon.store.append([("tiny", "load", WEEK_END - 600 + 10 * i, 3.0 + i % 4) for i in range(60)])

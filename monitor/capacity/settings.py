@@ -26,6 +26,22 @@ class PoolSettings:
                                              "(scheduling, image pull, model load); alerts compare it with "
                                              "the time to exhaustion")
     slo: list = key(PoolTargets(), [], help="pool latency targets like {ttft_p95_seconds: 0.5} (docs/capacity.md)")
+    # what the weekly digest needs that neither history nor the newest cycle carries (docs/digest.md)
+    replicas: Optional[int] = key(Int(ge=1, le=1_000_000), help="replicas running, for the digest (default: "
+                                  "the replicas headroom saw in its newest cycle)")
+    gpus_per_replica: int = key(Int(ge=1, le=1024), 1, help="GPUs per replica (the digest's GPU-hours)")
+    knee_requests_per_replica: Optional[float] = key(Number(gt=0, le=1e9), help="pins the digest's knee per "
+                                                     "replica (else the one headroom learned, else a prior)")
+    kv_capacity_tokens_per_replica: Optional[float] = key(Number(gt=0, le=1e12), help="KV-cache tokens per "
+                                                          "replica, for the digest")
+    idle_watts_per_gpu: Optional[float] = key(Number(gt=0, le=1e6), help="GPU power when idle (the digest's "
+                                              "modelled power)")
+    max_watts_per_gpu: Optional[float] = key(Number(gt=0, le=1e6), help="GPU power at full load (the digest's "
+                                             "modelled power)")
+    input_tokens_per_call: Optional[float] = key(Number(gt=0, le=1e9), help="mean input tokens per model call "
+                                                 "(the digest's cost per call)")
+    output_tokens_per_call: Optional[float] = key(Number(gt=0, le=1e9), help="mean output tokens per model call "
+                                                  "(the digest's cost per call)")
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from typing import Any, Optional
 from monitor.capacity.settings import Capacity, PoolSettings
 from monitor.capacity.slo import SloSettings
 from monitor.capacity.slo_settings import SloSection
-from monitor.digest.settings import DigestSettings, with_slos
+from monitor.digest.settings import DigestSettings, with_daemon
 from monitor.forecast.settings import CalendarSection, Forecast
 from monitor.settings.kinds import Duration, File, Int, ListenAddress, StorePath, Text, Url
 from monitor.settings.reader import Reader, key
@@ -101,7 +101,7 @@ class Config:
         digest = None
         if self.digest is not None:
             self._check_digest(r)
-            digest = with_slos(self.digest, self.slos)
+            digest = with_daemon(self.digest, self.slos, self.pools)
         return replace(self, history_keep=max(self.history_keep, 2 * self.latency_window), digest=digest)
 
     def _check_digest(self, r: Reader) -> None:

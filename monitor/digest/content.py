@@ -244,7 +244,7 @@ def build_pool(p: PoolInput, start: float, end: float, settings: DigestSettings,
     step = float(step) if step else coverage.step_of(series.values(), settings.history_step)
     p = PoolInput(**{**p.__dict__, "series": series})
     if p.replicas is None or p.replicas < 1:
-        raise DigestError(f"pool {p.name}: replicas must be known and >= 1 (set digest.pools."
+        raise DigestError(f"pool {p.name}: replicas must be known and >= 1 (set pools."
                           f"{p.name}.replicas)")
     load = load_series(series)
     per_rep = p.knee_requests_per_replica

@@ -11,14 +11,14 @@ knee in two places, and the digest reads it from whichever it has:
 - Direct mode (the daemon's store): the daemon's newest snapshot, `knees_from_snapshot`.
 
 `choose` picks what a pool's digest uses, and says which:
-    configured   digest.pools.<pool>.knee_requests_per_replica (the operator pinned it)
+    configured   pools.<pool>.knee_requests_per_replica (the operator pinned it)
     learned      headroom learned it from latency (the reading above)
     prior        nothing learned: headroom's prior from the engine's limits, else max_num_seqs
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 from monitor.history.prometheus import read_range
@@ -30,6 +30,7 @@ class KneeReading:
     source: str  # "learned" or "prior", as headroom labelled it
     at: Optional[float] = None  # Unix seconds of the reading
     signal: str = ""  # latency signal of a learned knee
+    replicas: Optional[int] = None  # replicas answering when it was read (the digest's default replicas)
 
 
 def _per_replica_query(source: str, selector: str) -> str:
@@ -53,6 +54,13 @@ def knees_from_prometheus(client, start: float, end: float, step: float, selecto
                 continue
             t = max(good)
             out[pool] = KneeReading(float(good[t]), source, float(t))
+    if out:  # the replicas answering at the newest reading: the digest's default replica count
+        m = f"{{{selector}}}" if selector else ""
+        for labels, points in read_range(client, f"max by (pool) (headroom_replicas{m})", start, end, step,
+                                         max_points):
+            pool, good = labels.get("pool"), {t: v for t, v in points.items() if math.isfinite(v) and v >= 1}
+            if pool in out and good:
+                out[pool] = replace(out[pool], replicas=int(good[max(good)]))
     return out
 
 
@@ -67,7 +75,7 @@ def knees_from_snapshot(snapshot) -> dict[str, KneeReading]:
         if c is None or c.withheld or not c.knee_requests or n <= 0 or c.knee_source not in ("learned", "prior"):
             continue
         out[p.pool] = KneeReading(float(c.knee_requests) / n, c.knee_source, float(snapshot.timestamp),
-                                  c.knee_signal or "")
+                                  c.knee_signal or "", replicas=p.replicas)
     return out
 
 
@@ -77,7 +85,7 @@ def choose(configured: Optional[float], reading: Optional[KneeReading], max_num_
     when = (lambda t: fmt_time(t)) if fmt_time else (lambda t: f"{t:.0f}")
     learned = reading if (reading is not None and reading.source == "learned") else None
     if configured:
-        note = "configured in digest.pools"
+        note = "configured in pools.<pool>"
         if learned is not None:
             note += f" (headroom learned {learned.per_replica:.1f} per replica)"
         return float(configured), "configured", note

@@ -8,7 +8,7 @@ both are checked when the file is loaded and read again only when a delivery is 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Optional
 from urllib.parse import urlparse
 
@@ -19,6 +19,7 @@ from monitor.settings.reader import Reader, key
 from monitor.settings.shapes import ListOf, MapOf, Sub, Tagged
 
 if TYPE_CHECKING:
+    from monitor.capacity.settings import PoolSettings
     from monitor.capacity.slo import SloSettings
 
 DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
@@ -58,17 +59,22 @@ class Prices:
 
 @dataclass(frozen=True)
 class PoolFacts:
-    """What the digest needs to know about a pool that history does not carry."""
+    """What the digest needs to know about a pool that history does not carry: read from the
+    daemon's own `pools.<pool>` section (monitor/capacity/settings.py `PoolSettings`), never retyped."""
 
-    replicas: Optional[int] = key(Int(ge=1), help="replicas running")
-    gpus_per_replica: int = key(Int(ge=1), 1, help="GPUs per replica")
-    knee_requests_per_replica: Optional[float] = key(Number(gt=0), help="pins the knee per replica (else the one headroom learned, else a prior)")
-    max_num_seqs: Optional[int] = key(Int(ge=1), help="vLLM --max-num-seqs (the prior's slots)")
-    kv_capacity_tokens_per_replica: Optional[float] = key(Number(gt=0), help="KV-cache tokens per replica")
-    idle_watts_per_gpu: Optional[float] = key(Number(gt=0), help="GPU power when idle (modelled power)")
-    max_watts_per_gpu: Optional[float] = key(Number(gt=0), help="GPU power at full load (modelled power)")
-    input_tokens_per_call: Optional[float] = key(Number(gt=0), help="mean input tokens per model call")
-    output_tokens_per_call: Optional[float] = key(Number(gt=0), help="mean output tokens per model call")
+    replicas: Optional[int] = None
+    gpus_per_replica: int = 1
+    knee_requests_per_replica: Optional[float] = None
+    max_num_seqs: Optional[int] = None
+    kv_capacity_tokens_per_replica: Optional[float] = None
+    idle_watts_per_gpu: Optional[float] = None
+    max_watts_per_gpu: Optional[float] = None
+    input_tokens_per_call: Optional[float] = None
+    output_tokens_per_call: Optional[float] = None
+
+    @classmethod
+    def of(cls, pool: "PoolSettings") -> "PoolFacts":
+        return cls(**{f.name: getattr(pool, f.name) for f in fields(cls)})
 
 
 @dataclass(frozen=True)
@@ -189,6 +195,8 @@ _DESTINATIONS = Tagged("type", {"directory": DirectoryDestination, "webhook": We
 
 @dataclass(frozen=True)
 class DigestSettings:
+    REMOVED: ClassVar[dict] = {"pools": "moved: the digest reads pool facts from the top-level pools.<pool> "
+                                        "section (replicas, gpus_per_replica, max_num_seqs, ...): move them there"}
     schedule: Schedule = key(Sub(Schedule), Schedule(), help="when the digest is built (weekly)")
     outbox: str = key(StorePath("digest-outbox.sqlite"), "headroom-digest-outbox.sqlite",
                       help="SQLite outbox: one delivery per week and destination, retried")
@@ -202,7 +210,7 @@ class DigestSettings:
     recommend_level: float = key(Choice((0.8, 0.95)), 0.95, path="forecast.recommend_level",
                                  help="band whose upper bound the recommendation sizes for")
     prices: Prices = key(Sub(Prices), Prices(), help="prices of GPU time, energy and a managed API")
-    pools: dict[str, PoolFacts] = key(MapOf(Sub(PoolFacts), names="pool"), {}, help="facts per pool")
+    pools: dict[str, PoolFacts] = None  # pool (or *) -> facts, from the top-level `pools:` section
     tasks: dict[str, TaskFacts] = key(MapOf(Sub(TaskFacts), names="task type"), {}, help="facts per task type")
     slo_targets: dict[str, float] = None  # task type -> seconds, from the top-level `slos:` section
     slo_objectives: dict[str, float] = None  # task type -> objective, from `slos:`
@@ -212,7 +220,7 @@ class DigestSettings:
     timezone: Optional[str] = key(Timezone(), help="zone of the days and hours the digest names (default: the schedule's)")
 
     def __post_init__(self) -> None:
-        for name in ("slo_targets", "slo_objectives"):
+        for name in ("slo_targets", "slo_objectives", "pools"):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, {})
         if self.timezone is None:
@@ -227,18 +235,22 @@ class DigestSettings:
             seen.add(d.name)
 
 
-def from_dict(d: Any, file: str = "<config>", slos: Optional["SloSettings"] = None) -> DigestSettings:
-    """Validate the `digest:` mapping. `slos` is the configuration's `slos:` section, already read
-    (monitor/capacity/slo_settings.py): SLO targets are referenced from there, never repeated here."""
-    return with_slos(Reader(file).section(DigestSettings, d, "digest"), slos)
+def from_dict(d: Any, file: str = "<config>", slos: Optional["SloSettings"] = None,
+              pools: Optional[dict[str, "PoolSettings"]] = None) -> DigestSettings:
+    """Validate the `digest:` mapping. `slos` and `pools` are the configuration's `slos:` and
+    `pools:` sections, already read: SLO targets and pool facts come from there, never repeated here."""
+    return with_daemon(Reader(file).section(DigestSettings, d, "digest"), slos, pools)
 
 
-def with_slos(settings: DigestSettings, slos: Optional["SloSettings"]) -> DigestSettings:
-    """The digest's task targets and objectives, taken from the `slos:` section (never repeated)."""
+def with_daemon(settings: DigestSettings, slos: Optional["SloSettings"],
+                pools: Optional[dict[str, "PoolSettings"]] = None) -> DigestSettings:
+    """The digest's task targets and objectives from the `slos:` section and its pool facts from the
+    `pools:` section (never repeated in `digest:`)."""
+    facts = {name: PoolFacts.of(ps) for name, ps in (pools or {}).items()}
     targets, objectives = {}, {}
     if slos is not None:
         for tt, t in slos.task_targets.items():
             targets[tt], objectives[tt] = t.seconds, t.objective
         if slos.default_task_target is not None:
             targets["*"], objectives["*"] = slos.default_task_target.seconds, slos.default_task_target.objective
-    return replace(settings, slo_targets=targets, slo_objectives=objectives)
+    return replace(settings, slo_targets=targets, slo_objectives=objectives, pools=facts)

@@ -4,7 +4,7 @@ embedded HistoryStore (direct mode) or Prometheus (headroom's exported series, e
 History covers the two weeks before `week_end` plus one more (for "how last week's forecast did"
 the forecast is refitted on what came before last week), in `digest.history.step` buckets, with the
 schema's names and meanings (active and queued apart, `load` their sum at the same instant). What
-history does not carry comes from `digest.pools.<name>` (replicas, GPUs, watts, optionally a pinned
+history does not carry comes from the daemon's `pools.<name>` (replicas, GPUs, watts, optionally a pinned
 knee) and `digest.tasks.<name>` (tokens per call, calls per task). The knee is the one headroom
 learned where it learned one (`knees`: monitor/digest/knee.py reads it from Prometheus or the
 daemon's newest snapshot), else a prior, and the digest says which. A sharded daemon reports its
@@ -12,6 +12,7 @@ own pools only (monitor/shard.py).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable, Optional
 
 import pandas as pd
@@ -32,8 +33,11 @@ KneeFn = Callable[[float, float, float], dict[str, KneeReading]]  # (start, end,
 def _pool_input(name: str, series: dict[str, pd.Series], settings: DigestSettings,
                 knee: Optional[KneeReading] = None) -> PoolInput:
     f = settings.pools.get(name) or settings.pools.get("*") or PoolFacts()
+    if not f.replicas and knee is not None and knee.replicas:
+        f = replace(f, replicas=knee.replicas)  # the replicas headroom saw with its knee
     if not f.replicas:
-        raise DigestError(f"pool {name}: set digest.pools.{name}.replicas (history does not carry it)")
+        raise DigestError(f"pool {name}: set pools.{name}.replicas (neither history nor a cycle of "
+                          f"headroom's says how many replicas run)")
     per_rep, source, note = choose(f.knee_requests_per_replica, knee, f.max_num_seqs,
                                    lambda t: fmt_time(t, settings.timezone))
     tasks = {t: tf for t, tf in settings.tasks.items() if tf.pool in (None, name)}
