@@ -19,9 +19,7 @@ import threading
 import time
 from dataclasses import replace
 
-from ..app import App, build
 from ..config import Config, ConfigError, EngineTarget, check_url, load
-from ..export.snapshot_json import snapshot_to_dict
 
 
 def add_arguments(p) -> None:
@@ -63,6 +61,7 @@ def run(args) -> int:
     if args.interval > 0:  # two readings: tasks and calls per task are over the interval between them
         cfg = replace(cfg, capacity=replace(cfg.capacity, task_window=args.interval))
     try:
+        from ..app import build  # noqa: PLC0415 - the numeric stack, only when it runs
         app = build(cfg)  # the daemon's sources, cycle and forecaster; no web server, nothing written
     except (ConfigError, ValueError) as exc:
         print(f"headroom: {exc}", file=sys.stderr)
@@ -74,12 +73,13 @@ def run(args) -> int:
         return 130
     finally:
         app.stop()
+    from ..export.snapshot_json import snapshot_to_dict  # noqa: PLC0415
     json.dump(snapshot_to_dict(snap), sys.stdout, indent=2, allow_nan=False)
     sys.stdout.write("\n")
     return 0 if any(s.up for s in snap.sources) else 1
 
 
-def _readings(app: App, interval: float):
+def _readings(app, interval: float):
     """One reading, or two `interval` apart; with a store, one forecast refit for the last one."""
     pipeline, forecaster = app.pipeline, app.forecaster
     if interval <= 0:

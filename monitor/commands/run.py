@@ -6,7 +6,6 @@ import signal
 import sys
 from dataclasses import replace
 
-from ..app import build
 from ..cli import listen_address, seconds
 from ..config import ConfigError, load
 from ..export.server import parse_listen_address
@@ -39,6 +38,7 @@ def run(args) -> int:
         print(f"headroom: {exc}", file=sys.stderr)
         return 2
     try:
+        from ..app import build  # noqa: PLC0415 - the numeric stack, only when it runs
         daemon = build(cfg, listen, args.web_config_file)
     except (ConfigError, ValueError) as exc:
         print(f"headroom: {exc}", file=sys.stderr)
