@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from monitor.forecast.history import forecast_history
-from monitor.history import schema
+from monitor import schema
 from monitor.history.prometheus import PrometheusHistory, Query, bucket_query, default_queries, read_range
 from monitor.process import stop_process
 

@@ -13,7 +13,7 @@ from monitor.catalogue import BY_NAME
 from monitor.forecast.history import forecast_history
 from monitor.forecast.pool import CAPACITY_SERIES, SERIES as FORECAST_SERIES, TASK_PREFIX
 from monitor.forecast.store import HistoryStore
-from monitor.history import schema
+from monitor import schema
 from monitor.history.prometheus import (PrometheusHistory, Query, bucket_query, chunks, default_queries,
                                         pool_matcher, read_range)
 from monitor.history.store import StoreHistory, points_from_snapshot

@@ -21,7 +21,7 @@ from monitor.export.landing import Trends, render
 from monitor.export.samples import snapshot_samples
 from monitor.export.snapshot_json import snapshot_to_dict
 from monitor.forecast.store import HistoryStore
-from monitor.history import schema
+from monitor import schema
 from monitor.history.slo import attach, restore, save
 from monitor.sources.gateway import read_gateway_scrape
 from monitor.sources.vllm import readings_from_text

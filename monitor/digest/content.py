@@ -8,7 +8,7 @@ Series (per pool; any may be missing, the section then says "not known"):
     active_requests, queued_requests, load, kv_tokens,        gauges (peaks are taken from these;
     sessions                                                  load = active + queued, its own peak)
     arrival_rate                                              model calls per second
-    (the names of monitor/history/schema.py)
+    (the names of monitor/schema.py)
     task_arrivals:<task_type>                                 tasks started per second
     task_latency:<task_type>                                  task latency (s) per interval, or
     slo_violation_ratio:<task_type>                           share of tasks over target per interval
@@ -126,7 +126,7 @@ def peak_of(s: Optional[pd.Series], start: float, end: float, tz: str) -> Option
 
 def load_series(series: dict[str, pd.Series]) -> Optional[pd.Series]:
     """Concurrent requests (active + queued): what capacity at the knee is compared with. The
-    history's own `load` series (the peak of the sum, monitor/history/schema.py) where there is one;
+    history's own `load` series (the peak of the sum, monitor/schema.py) where there is one;
     else active + queued added bucket by bucket (the simulated history of `digest --demo`)."""
     if series.get("load") is not None:
         return series["load"]

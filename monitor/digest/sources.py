@@ -21,7 +21,7 @@ from monitor.digest.content import WEEK, DigestError, DigestInput, PoolInput, fm
 from monitor.digest.knee import KneeReading, choose, knees_from_prometheus
 from monitor.digest.settings import DigestSettings, PoolFacts
 from monitor.history.prometheus import MAX_POINTS, PrometheusHistory
-from monitor.history.schema import HistorySource
+from monitor.schema import HistorySource
 from monitor.history.store import StoreHistory
 
 HISTORY_WEEKS = 3

@@ -5,7 +5,7 @@ direct mode, Prometheus in Prometheus mode).
 
 Only the series `monitor.forecast.pool` forecasts are read (`load`, `arrival_rate`, `kv_tokens`,
 `sessions`, `task_arrivals:<task_type>`), over the complete `step` buckets of the `days` before `now`:
-peaks per step for the gauges, means for the rates (monitor/history/schema.py). `now` is passed in.
+peaks per step for the gauges, means for the rates (monitor/schema.py). `now` is passed in.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Iterable, Optional
 
 from monitor.forecast.pool import SERIES, TASK_PREFIX, valid_series_name
 from monitor.history.prometheus import RangeClient
-from monitor.history.schema import History, HistorySource
+from monitor.schema import History, HistorySource
 
 __all__ = ["FORECAST_SERIES", "RangeClient", "forecast_history"]
 DAY = 86400.0

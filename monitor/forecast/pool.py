@@ -2,7 +2,7 @@
 
     forecast_pool(series, capacity_requests, now, settings) -> PoolForecast
 
-`series` maps a history series name (monitor/history/schema.py: one name, one meaning) to a pandas
+`series` maps a history series name (monitor/schema.py: one name, one meaning) to a pandas
 Series of its history (DatetimeIndex or Unix seconds). The series forecast:
   "load"            peak concurrent requests (active + queued) per interval  -> the capacity series
   "arrival_rate"    model calls finished per second (arrivals, on average)
@@ -27,7 +27,7 @@ import pandas as pd
 
 from monitor.forecast.backtest import ForecastSettings, forecast_series
 from monitor.forecast.series import SeriesError, prepare
-from monitor.history import schema
+from monitor import schema
 
 CAPACITY_SERIES = "load"
 SERIES = tuple(schema.key(n) for n in ("load", "arrival_rate", "kv_tokens", "sessions"))

@@ -8,7 +8,7 @@ The client is any object with
 `read_range` is the chunked loop: a range is split into queries of at most `max_points` evaluation
 times each (Prometheus refuses more than 11,000 points per series), and the chunks are merged.
 
-`PrometheusHistory` is the Prometheus-backed `HistorySource` (monitor/history/schema.py). Each schema
+`PrometheusHistory` is the Prometheus-backed `HistorySource` (monitor/schema.py). Each schema
 series is one or more instant-vector expressions in priority order (`default_queries`):
   1. headroom's own exported series as Prometheus recorded them (`max by (pool)`: the two pods of an
      HA pair export the same value, they are not added up);
@@ -32,7 +32,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Optional, Protocol
 
-from monitor.history import schema
+from monitor import schema
 
 MAX_POINTS = 10_000  # evaluation times per query; Prometheus' limit is 11,000 per series
 

@@ -2,14 +2,14 @@
 the store-backed `HistorySource`.
 
     points_from_snapshot(snapshot)   the points one cycle adds, in the schema's names (pure)
-    StoreHistory(store).load(...)     {pool: {series: Series}}, buckets as monitor/history/schema.py says
+    StoreHistory(store).load(...)     {pool: {series: Series}}, buckets as monitor/schema.py says
 """
 from __future__ import annotations
 
 import math
 from typing import Iterable, Optional
 
-from monitor.history import schema
+from monitor import schema
 
 
 def points_from_snapshot(snapshot) -> list[tuple[str, str, float, float]]:
