@@ -66,6 +66,13 @@ def _story_told(base: str) -> tuple[bool, dict]:
     return bool(firing and forecast and queued and len(pools) >= 2 and len(knees) == len(pools)), seen
 
 
+# The story takes ~85-115 s on a quiet machine (benchmarks/demo_timing.json); on cores loaded by other
+# work every cycle and refit takes longer, so each step is awaited until shortly before the demo ends
+# (the conditions return as soon as they hold: a quiet run takes no longer than before).
+DEMO_SECONDS = 480
+STORY_BY, LEAD_BY, DIGEST_BY = 420, 450, 470
+
+
 @pytest.mark.slow
 def test_demo_tells_the_story_and_renders(tmp_path):
     """`headroom demo` (default scenario `morning`, a real Prometheus with the bundled rules): within its
@@ -78,7 +85,7 @@ def test_demo_tells_the_story_and_renders(tmp_path):
         pytest.fail("the demo test needs the prometheus binary (make test installs it: .ci/setup.sh)")
     port = free_port()
     started = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "monitor.cli", "demo", "--duration", "300",
+    proc = subprocess.Popen([sys.executable, "-m", "monitor.cli", "demo", "--duration", str(DEMO_SECONDS),
                              "--web.listen-address", f"127.0.0.1:{port}", "--prometheus.listen-address",
                              f"127.0.0.1:{free_port()}"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -87,14 +94,14 @@ def test_demo_tells_the_story_and_renders(tmp_path):
     seen: dict = {}
     told_at = None
     try:
-        deadline = time.monotonic() + 190
+        deadline = started + STORY_BY
         while proc.poll() is None and time.monotonic() < deadline:
             told, seen = _story_told(base)
             if told:
                 told_at = time.monotonic() - started
                 break
             time.sleep(1.0)
-        assert told_at is not None, f"the demo did not tell its story within 190 s: {seen}"
+        assert told_at is not None, f"the demo did not tell its story within {STORY_BY} s: {seen}"
         page = dump_dom(base + "/")
         os.makedirs(os.path.dirname(shot), exist_ok=True)
         screenshot(base + "/", shot, size="1300,1700")
@@ -102,12 +109,12 @@ def test_demo_tells_the_story_and_renders(tmp_path):
         # HeadroomExhaustionWithinLeadTime fires through the demo's real Prometheus
         lead = wait_for(lambda: _story_told(base)[1].get("firing", []),
                         lambda names: "HeadroomExhaustionWithinLeadTime" in names,
-                        timeout=max(5.0, 250 - (time.monotonic() - started)), every=1.0,
+                        timeout=max(5.0, LEAD_BY - (time.monotonic() - started)), every=1.0,
                         what="HeadroomExhaustionWithinLeadTime firing in the demo's Prometheus")
         lead_at = time.monotonic() - started
         # this week's digest of the same history, linked from the page
         digest = wait_for(lambda: requests.get(base + "/digest", timeout=5),
-                          lambda r: r.status_code == 200, timeout=max(5.0, 270 - (time.monotonic() - started)),
+                          lambda r: r.status_code == 200, timeout=max(5.0, DIGEST_BY - (time.monotonic() - started)),
                           every=2.0, what="the demo's weekly digest at /digest")
         digest_at = time.monotonic() - started
     finally:
