@@ -7,7 +7,7 @@ the whole of it; the floors below take their own section or a narrower view.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Optional
+from typing import Optional
 
 from monitor.capacity.settings import Capacity, PoolSettings
 from monitor.capacity.slo import SloSettings

@@ -20,7 +20,6 @@ and are left out of the JSON rendering.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Optional
 from zoneinfo import ZoneInfo
@@ -28,47 +27,16 @@ from zoneinfo import ZoneInfo
 import numpy as np
 import pandas as pd
 
-from monitor.capacity.headroom import CapacitySettings, compute_capacity
-from monitor.capacity.knee import Knee
 from monitor.digest import coverage
 from monitor.digest.coverage import HOUR, WEEK, fmt_time
 from monitor.digest.coverage import window as _window
+from monitor.digest.capacity_at import capacity_at, power_model
 from monitor.digest.forecasts import _recommend, forecast_check, forecast_week, hourly_max
+from monitor.digest.inputs import DigestError, DigestInput, PoolInput
 from monitor.digest.settings import DigestSettings, TaskFacts
 from monitor.forecast.pool import exhaustion_seconds
-from monitor.model import PoolSnapshot
 
 PEAK_SERIES = ("active_requests", "queued_requests", "kv_tokens", "sessions")
-
-
-class DigestError(ValueError):
-    """The digest cannot be built from this input; the message says why."""
-
-
-@dataclass
-class PoolInput:
-    name: str
-    series: dict[str, pd.Series]
-    replicas: int
-    knee_requests_per_replica: Optional[float]
-    knee_source: str = "prior"  # learned | configured | prior | construction (monitor/digest/knee.py)
-    knee_note: str = ""  # where the knee came from, in words
-    gpus_per_replica: int = 1
-    max_num_seqs: Optional[int] = None
-    kv_capacity_tokens_per_replica: Optional[float] = None
-    idle_watts_per_gpu: Optional[float] = None
-    max_watts_per_gpu: Optional[float] = None
-    tasks: dict[str, TaskFacts] = field(default_factory=dict)
-    model: str = ""
-
-
-@dataclass
-class DigestInput:
-    week_end: float  # Unix seconds; the digest covers [week_end - 7 d, week_end)
-    pools: list[PoolInput]
-    source: str = ""  # where the history came from (shown in the footer)
-    step: Optional[float] = None  # seconds each history value covers (else the series' spacing)
-    shard: Optional[tuple[int, int]] = None  # (index, total) of a sharded daemon: its pools only
 
 
 # ---- small helpers ------------------------------------------------------------------------------
@@ -141,59 +109,6 @@ def load_series(series: dict[str, pd.Series]) -> Optional[pd.Series]:
 
 # ---- one pool ---------------------------------------------------------------------------------
 
-def _snapshot(p: PoolInput, at: float, load: pd.Series) -> PoolSnapshot:
-    def val(name):
-        s = p.series.get(name)
-        if s is None or s.empty:
-            return None
-        idx = s.index.to_numpy()
-        j = int(np.searchsorted(idx, at, side="right")) - 1
-        return float(s.iloc[max(j, 0)])
-    kv_cap = (p.kv_capacity_tokens_per_replica * p.replicas) if p.kv_capacity_tokens_per_replica else None
-    return PoolSnapshot(pool=p.name, model=p.model, replicas=p.replicas, replicas_configured=p.replicas,
-                        active_requests=val("active_requests") or 0.0,
-                        queued_requests=val("queued_requests") or 0.0,
-                        kv_tokens_live=val("kv_tokens"), kv_tokens_capacity=kv_cap)
-
-
-def _power_model(p: PoolInput, load: pd.Series, cap: Optional[float]) -> Optional[pd.Series]:
-    if "power_watts" in p.series:
-        return p.series["power_watts"]
-    if p.idle_watts_per_gpu is None or p.max_watts_per_gpu is None or not cap:
-        return None
-    util = np.clip(load.to_numpy() / cap, 0.0, 1.0)
-    w = p.replicas * p.gpus_per_replica * (p.idle_watts_per_gpu + (p.max_watts_per_gpu - p.idle_watts_per_gpu) * util)
-    return pd.Series(w, index=load.index)
-
-
-def _capacity_at(p: PoolInput, at: float, load: pd.Series, power: Optional[pd.Series]) -> dict:
-    snap = _snapshot(p, at, load)
-    knee = Knee(p.knee_requests_per_replica, None, p.knee_source,
-                "limits" if p.knee_source != "learned" else "queue")
-    sessions = None
-    if "sessions" in p.series:
-        sessions = _snapshot_value(p.series["sessions"], at)
-    pw = _snapshot_value(power, at) if power is not None else None
-    watts = (p.max_watts_per_gpu * p.gpus_per_replica) if p.max_watts_per_gpu else None
-    c = compute_capacity(snap, knee, CapacitySettings(max_num_seqs=p.max_num_seqs, watts_per_replica=watts),
-                         power_watts=pw, sessions=sessions)
-    return {
-        "timestamp": at, "load_requests": c["load_requests"],
-        "capacity_requests": c["capacity_requests"], "limiting_factor": c["limiting_factor"],
-        "utilisation_ratio": c["utilisation_ratio"], "ratio": c["ratio"],
-        "headroom_requests": c["headroom_requests"], "sessions": c["sessions"],
-        "session_capacity": c["session_capacity"], "power_watts": c["power_watts"],
-        "sessions_per_megawatt": c["sessions_per_megawatt"],
-    }
-
-
-def _snapshot_value(s: Optional[pd.Series], at: float) -> Optional[float]:
-    if s is None or s.empty:
-        return None
-    j = int(np.searchsorted(s.index.to_numpy(), at, side="right")) - 1
-    return float(s.iloc[max(j, 0)])
-
-
 def _slo(p: PoolInput, task: str, start: float, end: float, settings: DigestSettings,
          arrivals: Optional[pd.Series]) -> dict:
     target = settings.slo_targets.get(task, settings.slo_targets.get("*"))
@@ -262,11 +177,11 @@ def build_pool(p: PoolInput, start: float, end: float, settings: DigestSettings,
     out["peaks"]["load"] = peak_of(load, start, end, tz) if load is not None else None
 
     # capacity now and at last week's peak
-    power = _power_model(p, load, cap) if load is not None else None
+    power = power_model(p, load, cap) if load is not None else None
     if load is not None and not _window(load, start, end).empty:
         wl = _window(load, start, end)
-        out["capacity_now"] = _capacity_at(p, float(wl.index[-1]), load, power)
-        out["capacity_at_peak"] = _capacity_at(p, out["peaks"]["load"]["timestamp"], load, power)
+        out["capacity_now"] = capacity_at(p, float(wl.index[-1]), load, power)
+        out["capacity_at_peak"] = capacity_at(p, out["peaks"]["load"]["timestamp"], load, power)
         out["sessions_per_megawatt"] = out["capacity_at_peak"]["sessions_per_megawatt"]
         out["utilisation_mean"] = float(wl.mean() / cap) if cap else None
         hr, out["_chart_step"] = _chart_points(load, start, end, step, cover)

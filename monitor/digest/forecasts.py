@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 
+from typing import Optional
+
 import numpy as np
 import pandas as pd
 

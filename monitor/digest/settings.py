@@ -12,7 +12,6 @@ from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Optional
 from urllib.parse import urlparse
 
-from monitor.settings.reader import ConfigError
 from monitor.settings.kinds import (Choice, Duration, File, Flag, Int, Number, SecretEnv, SecretFile, StorePath,
                                   Subset, Text, Timezone, Url)
 from monitor.settings.reader import Reader, key
