@@ -88,14 +88,19 @@ def coverage_text(p: dict) -> str:
 
 def pool_sections(p: dict, currency: str) -> list[tuple[str, list[str], list[list[str]]]]:
     """(title, header, rows) tables of one pool, as plain text cells (escaped by each renderer)."""
-    out = []
+    return [_peaks(p), _capacity(p), _next_week(p), _last_week(p), _task_types(p), _cost(p, currency)]
+
+
+def _peaks(p: dict) -> tuple[str, list[str], list[list[str]]]:
     rows = []
     for key in ("load", "active_requests", "queued_requests", "kv_tokens", "sessions"):
         pk = p["peaks"].get(key)
         when = "n/a" if not pk else (pk["when"] if pk["value"] > 0 else "(none)")
         rows.append([SERIES_LABELS[key], num(pk["value"], 1) if pk else "n/a", when])
-    out.append(("Last week's peaks", ["series", "peak", "when"], rows))
+    return ("Last week's peaks", ["series", "peak", "when"], rows)
 
+
+def _capacity(p: dict) -> tuple[str, list[str], list[list[str]]]:
     k, now, at_peak = p["knee"], p.get("capacity_now") or {}, p.get("capacity_at_peak") or {}
     rows = [
         ["history covered", coverage_text(p)],
@@ -109,8 +114,10 @@ def pool_sections(p: dict, currency: str) -> list[tuple[str, list[str], list[lis
         ["mean utilisation of the knee", pct(p.get("utilisation_mean"))],
         ["sessions per megawatt (at the peak)", num(p.get("sessions_per_megawatt"))],
     ]
-    out.append(("Capacity", ["", "value"], rows))
+    return ("Capacity", ["", "value"], rows)
 
+
+def _next_week(p: dict) -> tuple[str, list[str], list[list[str]]]:
     fn = p.get("forecast_next_week") or {}
     ex = p.get("exhaustion") or {}
     if fn.get("defined"):
@@ -123,8 +130,10 @@ def pool_sections(p: dict, currency: str) -> list[tuple[str, list[str], list[lis
                 ["model", f"{fn['model']} (selected by {fn['selected_by']}, {fn['history_hours']} h of history)"]]
     else:
         rows = [["forecast", f"not available: {fn.get('reason', 'no load history')}"]]
-    out.append(("Next week's forecast (concurrent requests)", ["", "value"], rows))
+    return ("Next week's forecast (concurrent requests)", ["", "value"], rows)
 
+
+def _last_week(p: dict) -> tuple[str, list[str], list[list[str]]]:
     fl = p.get("forecast_last_week") or {}
     if fl.get("defined"):
         rows = [["forecast peak", f"{num(fl['forecast_peak'], 1)} at {fl['forecast_peak_when']} "
@@ -136,8 +145,10 @@ def pool_sections(p: dict, currency: str) -> list[tuple[str, list[str], list[lis
                 ["mean absolute error per hour", pct(fl["hourly_mape"])]]
     else:
         rows = [["forecast", f"not available: {fl.get('reason', 'no history before last week')}"]]
-    out.append(("How last week's forecast did", ["", "value"], rows))
+    return ("How last week's forecast did", ["", "value"], rows)
 
+
+def _task_types(p: dict) -> tuple[str, list[str], list[list[str]]]:
     rows = []
     for t in p["tasks"]:
         s = t["slo"]
@@ -149,9 +160,11 @@ def pool_sections(p: dict, currency: str) -> list[tuple[str, list[str], list[lis
                      "n/a" if not s["target_seconds"] else f"p{s['objective'] * 100:g} ≤ {num(s['target_seconds'], 1)} s",
                      pct(s["violation_ratio"], 2),
                      "n/a" if s["met"] is None else ("met" if s["met"] else "MISSED")])
-    out.append(("Task types", ["task type", "completed", "peak arrivals", "next week's peak", "SLO target",
-                               "over target", "SLO"], rows))
+    return ("Task types", ["task type", "completed", "peak arrivals", "next week's peak", "SLO target",
+                           "over target", "SLO"], rows)
 
+
+def _cost(p: dict, currency: str) -> tuple[str, list[str], list[list[str]]]:
     c = p["cost"]
     rows = [["hours covered by history", hours(c["covered_hours"])],
             ["GPU-hours", f"{num(c['gpu_hours'], 2)} ({money(c['gpu_cost'], currency)})"],
@@ -165,8 +178,7 @@ def pool_sections(p: dict, currency: str) -> list[tuple[str, list[str], list[lis
             private = money(t["private_cost_per_1000"], currency) if t.get("private_cost_per_1000") is not None \
                 else (c["per_task_note"] or "n/a")
             rows.append([f"{t['name']}: private vs API per 1,000", f"{private} vs {money(t['api_cost_per_1000'], currency)}"])
-    out.append(("Cost", ["", "value"], rows))
-    return out
+    return ("Cost", ["", "value"], rows)
 
 
 # ---- Markdown -------------------------------------------------------------------------------------
