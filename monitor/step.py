@@ -32,8 +32,7 @@ from .derive.gateway_queues import apply_gateway_queues
 from .derive.lead_time import LeadTimes
 from .forecast.pool import exhaustion_seconds
 from .model import Alert, PoolSnapshot, ReplicaReading, Snapshot, SourceStatus
-from .sources.dcgm import DcgmReading
-from .sources.gateway import GatewayScrape
+from .readings import DcgmReading, GatewayScrape
 
 if TYPE_CHECKING:
     from .forecast.scheduler import RefitResult
