@@ -5,9 +5,9 @@
     pipeline.publish(snapshot)                   # one reference swap, then the listeners
 
 `collect` does all the cycle's I/O and parsing and returns a `CycleInputs` (plain data: replica
-readings, source statuses, the gateway and DCGM bodies read into typed readings (monitor/readings.py),
-input anomalies, the forecaster's latest result). `step` is a pure function of the state kept between cycles, those inputs and `now`; it
-reads no clock and no source. `Pipeline` owns the sources and the state, and publishes each
+readings, source statuses, gateway and DCGM readings (monitor/readings.py), input anomalies, the
+forecaster's latest result). `step` is a pure function of the state kept between cycles, those
+inputs and `now`; it reads no clock and no source. `Pipeline` owns the sources and the state, and publishes each
 finished `Snapshot` atomically for the exporter. Cycles never overlap: a cycle that finds the
 previous one still running is skipped and counted.
 
@@ -316,10 +316,8 @@ class Pipeline:
             count_into(inputs.anomalies, {"alerts_cut": float(dropped)})
 
     def _pool_models(self, readings: list[ReplicaReading]) -> tuple[str, ...]:
-        """The models of the pools `step` will derive this cycle, when there are several: the models
-        of this cycle's replica readings and of the replicas kept from earlier cycles (one that did
-        not answer still makes its pool). () for one pool or none: that pool takes a gateway's
-        whole reading."""
+        """The models of this cycle's pools: of its replica readings and of the replicas the state
+        keeps (one that did not answer still makes its pool); () for one pool (it takes it all)."""
         newest = list(readings) + [dq[-1] for dq in self.state.history.values() if dq]
         if len({pool_of(r, self.config.pool_by) for r in newest}) < 2:
             return ()
@@ -327,9 +325,8 @@ class Pipeline:
 
     def _read_gateway(self, index: int, text: Optional[str], now: float, models: tuple[str, ...] = ()
                       ) -> GatewayScrape:
-        """The body parsed; without a capacity layer it is fetched (its status counts), not read.
-        A gateway with a model label and no `pool` in front of several pools is also read per model
-        (`models`: `_pool_models`), for the capacity layer to give each pool its model's series."""
+        """The body parsed, also per model of `models` for a gateway with a model label and no `pool`;
+        without a capacity layer it is fetched (its status counts), not read."""
         src = self.config.gateways[index]
         if self._gateway_configs is None:
             return GatewayScrape(index, redact(src.url), src.pool, GatewayConfig(kind=src.kind), now)
