@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class CycleInputs:
-    """Everything one cycle read from its sources, parsed (plain data)."""
+    """Everything one cycle read from its sources, parsed (plain data: monitor/model.py, monitor/readings.py)."""
 
     readings: list[ReplicaReading]
     statuses: list[SourceStatus]

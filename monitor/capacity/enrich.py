@@ -5,8 +5,9 @@
 
 `assess` reads no clock and does no I/O: `history` is the cycle's recent readings per replica,
 `gateways` and `dcgm` the cycle's gateway and DCGM readings (`GatewayScrape`, `DcgmReading`:
-monitor/readings.py; the cycle's `collect` parsed the bodies), `now` the cycle's time. What it keeps between cycles is `state`: one
-`KneeEstimator` per pool, the SLO windows, each gateway's previous reading.
+monitor/readings.py; the cycle's `collect` parsed the bodies), `now` the cycle's time. What it
+keeps between cycles is `state`: one `KneeEstimator` per pool, the SLO windows, each gateway's
+previous reading.
 
 SLO burn windows: a window is None until its history covers it (monitor/capacity/slo.py). The
 application hands the state its history (monitor/history/slo.py `attach`): in direct mode the
@@ -51,7 +52,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import Any, Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 from monitor.derive import histogram as histo
 from monitor.derive.core import pool_of
