@@ -5,9 +5,9 @@
     pipeline.publish(snapshot)                   # one reference swap, then the listeners
 
 `collect` does all the cycle's I/O and parsing and returns a `CycleInputs` (plain data: replica
-readings, source statuses, parsed gateway and DCGM bodies, input anomalies, the forecaster's latest
-result). `step` is a pure function of the state kept between cycles, those inputs and `now`; it
-reads no clock and no source. `Pipeline` owns the sources and the state, and publishes each
+readings, source statuses, gateway and DCGM readings (monitor/readings.py), input anomalies, the
+forecaster's latest result). `step` is a pure function of the state kept between cycles, those
+inputs and `now`; it reads no clock and no source. `Pipeline` owns the sources and the state, and publishes each
 finished `Snapshot` atomically for the exporter. Cycles never overlap: a cycle that finds the
 previous one still running is skipped and counted.
 
@@ -30,10 +30,13 @@ from typing import Callable, Iterable, Optional
 
 from .capacity.enrich import CapacityState
 from .config import Config, Target
+from .derive.core import pool_of
 from .model import ReplicaReading, Snapshot, SourceStatus
+from .readings import DcgmReading, GatewayConfig, GatewayScrape
 from .sources.alerts import api_url, read_alerts, ui_url
-from .sources.dcgm import DcgmReading, read_dcgm
-from .sources.gateway import AUX_MAX_BODY_BYTES, GatewayConfig, GatewayScrape, read_gateway_scrape
+from .sources.aux_samples import AUX_MAX_BODY_BYTES
+from .sources.dcgm import read_dcgm
+from .sources.gateway import read_gateway_scrape
 from .sources.gateway_queue import KINDS as QUEUE_KINDS, read_gateway_queues
 from .sources.http import BodyBudget, FetchError, Fetcher, redact
 from .sources.prometheus import PrometheusSourceReader
@@ -274,6 +277,7 @@ class Pipeline:
         if self.config.alerts is not None:
             sources.append(("alerts", api_url(self.config.alerts.url, self.config.alerts.kind), None))
             inputs.alerts_ui = redact(ui_url(self.config.alerts.url, self.config.alerts.kind))
+        models = self._pool_models(inputs.readings) if self.config.gateways else ()
         for (kind, url, index), result in zip(sources, results):
             if isinstance(result, tuple):
                 text, err, took = result
@@ -284,7 +288,7 @@ class Pipeline:
                 inputs.statuses.append(_late(kind, url, result, began))
             if kind == "gateway":
                 try:
-                    inputs.gateways.append(self._read_gateway(index, text, now))
+                    inputs.gateways.append(self._read_gateway(index, text, now, models))
                 except Exception as exc:  # never the cycle's: the gateway is down, its reason parse
                     inputs.statuses[-1] = _unparsed(inputs.statuses[-1], exc)
                     log.warning("gateway %s: %s", redact(url), inputs.statuses[-1].detail)
@@ -311,12 +315,24 @@ class Pipeline:
         if dropped:
             count_into(inputs.anomalies, {"alerts_cut": float(dropped)})
 
-    def _read_gateway(self, index: int, text: Optional[str], now: float) -> GatewayScrape:
-        """The body parsed; without a capacity layer it is fetched (its status counts), not read."""
+    def _pool_models(self, readings: list[ReplicaReading]) -> tuple[str, ...]:
+        """The models of this cycle's pools: of its replica readings and of the replicas the state
+        keeps (one that did not answer still makes its pool); () for one pool (it takes it all)."""
+        newest = list(readings) + [dq[-1] for dq in self.state.history.values() if dq]
+        if len({pool_of(r, self.config.pool_by) for r in newest}) < 2:
+            return ()
+        return tuple(sorted({r.model for r in newest}))
+
+    def _read_gateway(self, index: int, text: Optional[str], now: float, models: tuple[str, ...] = ()
+                      ) -> GatewayScrape:
+        """The body parsed, also per model of `models` for a gateway with a model label and no `pool`;
+        without a capacity layer it is fetched (its status counts), not read."""
         src = self.config.gateways[index]
         if self._gateway_configs is None:
             return GatewayScrape(index, redact(src.url), src.pool, GatewayConfig(kind=src.kind), now)
-        scrape = read_gateway_scrape(text, self._gateway_configs[index], now, index, redact(src.url), src.pool)
+        gcfg = self._gateway_configs[index]
+        per_model = models if (src.pool is None and gcfg.model) else ()
+        scrape = read_gateway_scrape(text, gcfg, now, index, redact(src.url), src.pool, per_model)
         if scrape.error:
             log.warning("gateway %s: %s", scrape.url, scrape.error)
         if text is not None and src.kind in QUEUE_KINDS:

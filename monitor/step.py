@@ -31,8 +31,7 @@ from .derive.gateway_queues import apply_gateway_queues
 from .derive.lead_time import LeadTimes
 from .forecast.pool import exhaustion_seconds
 from .model import Alert, PoolSnapshot, ReplicaReading, Snapshot, SourceStatus
-from .sources.dcgm import DcgmReading
-from .sources.gateway import GatewayScrape
+from .readings import DcgmReading, GatewayScrape
 
 if TYPE_CHECKING:
     from .forecast.scheduler import RefitResult
@@ -60,7 +59,7 @@ class StepSettings(Protocol):
 
 @dataclass
 class CycleInputs:
-    """Everything one cycle read from its sources, parsed (plain data)."""
+    """Everything one cycle read from its sources, parsed (plain data: monitor/model.py, monitor/readings.py)."""
 
     readings: list[ReplicaReading]
     statuses: list[SourceStatus]

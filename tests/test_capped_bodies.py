@@ -1,4 +1,4 @@
-"""Gateway (and DCGM) bodies are capped: sources.gateway.AUX_MAX_BODY_BYTES (8 MiB).
+"""Gateway (and DCGM) bodies are capped: sources.aux_samples.AUX_MAX_BODY_BYTES (8 MiB).
 
 A fetcher built with the cap refuses a bigger body `too_large` (by its Content-Length at once, or
 while reading one without); a body over the cap that reaches a reader is not parsed: the gateway's
@@ -39,8 +39,8 @@ BIG = router_body(28_000_000)
 
 def test_readers_refuse_a_body_over_the_cap_without_parsing_it():
     assert len(BIG) > AUX_MAX_BODY_BYTES
-    scrape = read_gateway_scrape(BIG, GatewayConfig(kind="llm-d"), 0.0, 0, "http://epp", None)
-    assert scrape.reading is None and scrape.samples == ()
+    scrape = read_gateway_scrape(BIG, GatewayConfig(kind="llm-d"), 0.0, 0, "http://epp", None, models=("m0-x",))
+    assert scrape.reading is None and scrape.by_model == {}  # nothing read, not even per model
     assert scrape.error == f"too_large: gateway body of {len(BIG)} characters over the {AUX_MAX_BODY_BYTES}-byte cap"
     with pytest.raises(ValueError, match="^too_large: router body of"):
         read_gateway_queues(BIG, "llm-d")

@@ -289,7 +289,7 @@ def test_app_counters_reset_count_the_new_values_as_promql_increase_does():
 def test_scrape_parses_once_and_reads_per_model():
     text = LITELLM_TWO_MODELS
     cfg = GatewayConfig(kind="litellm")
-    scrape = read_gateway_scrape(text, cfg, 5.0, index=2, url="http://gw/metrics")
+    scrape = read_gateway_scrape(text, cfg, 5.0, index=2, url="http://gw/metrics", models=("a-8b", "b-70b"))
     assert scrape.reading is not None and scrape.error is None and scrape.index == 2
     whole = read_gateway(text, cfg, 5.0)
     assert {tt: t.calls for tt, t in scrape.reading.tasks.items()} == {tt: t.calls for tt, t in whole.tasks.items()}
@@ -300,6 +300,7 @@ def test_scrape_parses_once_and_reads_per_model():
     broken = read_gateway_scrape("litellm_proxy_total_requests_metric_total{", cfg, 5.0)
     assert broken.reading is None and "does not parse" in broken.error
     assert read_gateway_scrape(None, cfg, 5.0).reading is None  # no body this cycle
+    assert read_gateway_scrape(text, cfg, 5.0).for_model("a-8b") is None  # a model the cycle did not read
 
 
 LITELLM_TWO_MODELS = """# TYPE litellm_proxy_total_requests_metric_total counter

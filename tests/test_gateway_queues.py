@@ -12,9 +12,9 @@ import os
 import prometheus_client.metrics
 import pytest
 
-from monitor.sources.gateway_queue import (
-    GatewayQueue, pool_of_served_models, queue_families_present, queued_by_pool, queues_from_samples,
-    read_gateway_queues)
+from monitor.derive.gateway_queues import pool_of_served_models, queued_by_pool
+from monitor.readings import GatewayQueue
+from monitor.sources.gateway_queue import queue_families_present, queues_from_samples, read_gateway_queues
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "gateway")
 LLAMA, QWEN, SQL = "llama-3.1-8b", "qwen2.5-7b", "llama-sql-lora"

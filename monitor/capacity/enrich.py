@@ -4,9 +4,10 @@
     assess(state, pools, history, gateways, dcgm, now)    # fills pool.capacity and pool.tasks
 
 `assess` reads no clock and does no I/O: `history` is the cycle's recent readings per replica,
-`gateways` and `dcgm` the cycle's parsed gateway and DCGM bodies (monitor/sources/gateway.py,
-monitor/sources/dcgm.py), `now` the cycle's time. What it keeps between cycles is `state`: one
-`KneeEstimator` per pool, the SLO windows, each gateway's previous reading.
+`gateways` and `dcgm` the cycle's gateway and DCGM readings (`GatewayScrape`, `DcgmReading`:
+monitor/readings.py; the cycle's `collect` parsed the bodies), `now` the cycle's time. What it
+keeps between cycles is `state`: one `KneeEstimator` per pool, the SLO windows, each gateway's
+previous reading.
 
 SLO burn windows: a window is None until its history covers it (monitor/capacity/slo.py). The
 application hands the state its history (monitor/history/slo.py `attach`): in direct mode the
@@ -51,7 +52,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import Any, Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 from monitor.derive import histogram as histo
 from monitor.derive.core import pool_of
@@ -62,8 +63,7 @@ from monitor.capacity.power import key_map, power_by_pool
 from monitor.capacity.slo import SloTracker, Target, bad_count, window_burn
 from monitor.capacity.tasks import TaskWindow, call_latency_by_class, derive_tasks, join_sources
 from monitor.model import Capacity, Histogram, PoolSlo, PoolSnapshot, PoolTasks, Quantiles, ReplicaReading, TaskStats
-from monitor.sources.dcgm import DcgmReading
-from monitor.sources.gateway import GatewayConfig, GatewayReading, GatewayScrape
+from monitor.readings import DcgmReading, GatewayConfig, GatewayReading, GatewayScrape
 
 SIGNAL_HIST = {"queue": "queue", "ttft": "ttft", "e2e": "e2e", "itl": "itl", "e2e_per_token": "e2e"}
 STALE = "pool is stale: values withheld"
@@ -266,7 +266,8 @@ def _gateway_readings(state: CapacityState, pools: list[PoolSnapshot], gateways:
     back)] for this cycle's gateway bodies.
 
     A gateway configured with `pool` feeds that pool; with one pool, it feeds that pool; else a
-    gateway with a model label is read once per pool, keeping the series of the pool's model,
+    gateway with a model label feeds each pool the reading of the pool's model's series (read by
+    the cycle's `collect`: `GatewayScrape.by_model`; a pool whose model it did not read gets none),
     and the application convention (no model label) is split by capacity.task_pools."""
     out = []
     for scrape in gateways:
@@ -277,7 +278,8 @@ def _gateway_readings(state: CapacityState, pools: list[PoolSnapshot], gateways:
         elif len(pools) == 1:
             plan = [(pools[0].pool, scrape.config, scrape.reading)]
         elif scrape.config.model:
-            plan = [(p.pool, scrape.model_config(p.model), scrape.for_model(p.model)) for p in pools]
+            plan = [(p.pool, scrape.model_config(p.model), scrape.for_model(p.model)) for p in pools
+                    if scrape.for_model(p.model) is not None]
         else:
             plan = [(None, scrape.config, scrape.reading)]
         for pool, gcfg, reading in plan:

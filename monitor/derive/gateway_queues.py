@@ -1,21 +1,55 @@
 """What waits in front of the engines, put on the pools it waits for (pure).
 
 Each llm-d / inference-gateway / Dynamo body of the cycle was read into `GatewayQueues`
-(monitor/sources/gateway_queue.py). A queue row belongs to: the gateway's `pool` when the config
-sets one (every request of that gateway feeds one pool); else its gateway pool label mapped by the
-gateway's `pools:`; else the one pool serving the row's model (a model served by two pools is not
-split: that queue is left out and counted as `gateway_queue_unmapped`). A sum that overflows is
-left out too (unknown, never +Inf), counted as `gateway_queue_overflow`. The result is
-`PoolSnapshot.gateway_queued[<gateway URL>]`, part of `PoolSnapshot.load_requests`.
+(monitor/readings.py; monitor/sources/gateway_queue.py reads them). A queue row belongs to: the
+gateway's `pool` when the config sets one (every request of that gateway feeds one pool); else its
+gateway pool label mapped by the gateway's `pools:`; else the one pool serving the row's model (a
+model served by two pools is not split: that queue is left out and counted as
+`gateway_queue_unmapped`). A sum that overflows is left out too (unknown, never +Inf), counted as
+`gateway_queue_overflow`. The result is `PoolSnapshot.gateway_queued[<gateway URL>]`, part of
+`PoolSnapshot.load_requests`.
 """
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 from ..model import PoolSnapshot
-from ..sources.gateway import GatewayScrape
-from ..sources.gateway_queue import pool_of_served_models, queued_by_pool
+from ..readings import GatewayQueue, GatewayScrape, finite_only
+
+
+def queued_by_pool(queues: Iterable[GatewayQueue],
+                   pool_of: Callable[[Optional[str], Optional[str]], Optional[str]],
+                   anomalies: Optional[dict] = None) -> dict[str, float]:
+    """Queued requests per headroom pool. `pool_of(gateway pool label, model)` names the pool, or None
+    (not counted). A pool none of whose rows has a known `queued` is absent, not 0; so is one whose
+    sum overflows (counted into `anomalies` as `overflow:queued`)."""
+    out: dict[str, float] = {}
+    for q in queues:
+        if q.queued is None:
+            continue
+        pool = pool_of(q.pool_label, q.model)
+        if pool is not None:
+            out[pool] = out.get(pool, 0.0) + q.queued
+    return finite_only(out, anomalies)
+
+
+def pool_of_served_models(served: Mapping[str, str], gateway_pools: Optional[Mapping[str, str]] = None
+                          ) -> Callable[[Optional[str], Optional[str]], Optional[str]]:
+    """The default `pool_of`: `served` maps headroom pool -> its served model name, `gateway_pools`
+    maps gateway pool label -> headroom pool (checked first). A model served by two pools maps to
+    neither (the gateway's count cannot be split)."""
+    by_model: dict[str, Optional[str]] = {}
+    for pool, model in served.items():
+        by_model[model] = None if model in by_model else pool
+    labels = dict(gateway_pools or {})
+
+    def pool_of(pool_label: Optional[str], model: Optional[str]) -> Optional[str]:
+        if pool_label is not None and pool_label in labels:
+            return labels[pool_label]
+        return by_model.get(model) if model is not None else None
+
+    return pool_of
 
 
 def apply_gateway_queues(pools: Sequence[PoolSnapshot], gateways: Sequence[GatewayScrape],

@@ -1,7 +1,7 @@
 """DCGM exporter bodies -> the GPU power series headroom reads (parsing only; the join of a series
 to a pool is monitor/capacity/power.py).
 
-    read_dcgm(text, target) -> DcgmReading
+    read_dcgm(text, target) -> DcgmReading (monitor/readings.py, the pure core's input type)
 
 Only the power families are parsed (DCGM_FI_DEV_POWER_USAGE, watts, gauge; dcgm_power_usage in
 1.x-compatible exporters); a body that does not parse, or that was cut short, raises ValueError
@@ -9,18 +9,10 @@ naming the target, and the cycle leaves that exporter out.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from monitor.readings import POWER_NAMES, DcgmReading
 
 from . import exposition
-from .gateway import too_large
-
-POWER_NAMES = ("DCGM_FI_DEV_POWER_USAGE", "dcgm_power_usage")
-
-
-@dataclass(frozen=True)
-class DcgmReading:
-    target: str
-    samples: tuple[tuple[str, dict, float], ...]  # (sample name, labels, watts) of each GPU series
+from .aux_samples import too_large
 
 
 def read_dcgm(text: str, target: str) -> DcgmReading:

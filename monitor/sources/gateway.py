@@ -3,9 +3,11 @@
 Pure given the exposition text: `read_gateway(text, config, timestamp)` turns one scrape of a
 LiteLLM proxy, an Envoy AI Gateway ext-proc, an llm-d router (EPP), or an application exposing
 headroom's `agent_*` task metrics into one `GatewayReading` of cumulative values per task type.
-The cycle parses each body once with `read_gateway_scrape` (monitor/cycle.py `collect`); rates and
-windows are derived later (monitor.capacity.tasks) from two readings. The tables of what each kind
-exposes, and the reading types, are in monitor/sources/gateway_schema.py.
+The cycle parses each body once with `read_gateway_scrape` (monitor/cycle.py `collect`) into a
+`GatewayScrape`, with a reading per model when the gateway fronts several pools; rates and windows
+are derived later (monitor.capacity.tasks) from two readings. The tables of what each kind exposes
+are in monitor/sources/gateway_schema.py; the reading types, the pure core's input, in
+monitor/readings.py.
 
 Which label names the task type and which the session is configuration; the defaults per gateway are
 in DEFAULT_LABELS and docs/capacity.md. Series without the task label, or with an empty one or one
@@ -21,41 +23,18 @@ and calls per task come from the application's task counters whenever they are p
 from __future__ import annotations
 
 import math
-import re
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Iterable, Iterator, Optional
-
-from prometheus_client.parser import text_string_to_metric_families
+from dataclasses import replace
+from typing import Iterable, Optional
 
 from monitor.model import Histogram
+from monitor.readings import GatewayScrape
+from monitor.sources.aux_samples import AUX_MAX_BODY_BYTES, iter_samples, too_large  # noqa: F401  (re-exported)
 from monitor.sources.gateway_schema import (  # noqa: F401  (re-exported: the names every reader uses)
     APP_MODEL_CALLS, APP_SESSIONS_ACTIVE, APP_TASK_DURATION, APP_TASK_LABEL, APP_TASKS_STARTED,
     DEFAULT_LABELS, ENVOY_TOKENS, GATEWAY_FAMILIES, KINDS, UNATTRIBUTED, UNSET_VALUES, Families,
     GatewayConfig, GatewayReading, TaskCumulative)
 
-if TYPE_CHECKING:
-    from monitor.sources.gateway_queue import GatewayQueues
-
-# The largest gateway or DCGM body read (bytes). A body is parsed in the cycle, before it publishes:
-# 8 MiB parses in about a second on one core (a LiteLLM scrape of 30 sessions is 1.9 MB), a 28 MB
-# router body took 15-20 s. A larger body is refused `too_large` (fetched with this cap: the source
-# is down, counted in headroom_source_errors_total{reason="too_large"}; a body over it that reaches a
-# reader anyway is not parsed, its scrape's error says so, counted as the anomaly gateway_too_large).
-AUX_MAX_BODY_BYTES = 8 * 1024 * 1024
-
-
-def too_large(text: str, what: str) -> Optional[str]:
-    """Why a body is not parsed (over AUX_MAX_BODY_BYTES), or None. Measured in characters: a
-    UTF-8 body has at least as many bytes."""
-    if len(text) > AUX_MAX_BODY_BYTES:
-        return f"too_large: {what} body of {len(text)} characters over the {AUX_MAX_BODY_BYTES}-byte cap"
-    return None
-
-
 # ---------------------------------------------------------------- parsing helpers
-
-_NAME = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)")
-
 
 def _wanted_bases(config: GatewayConfig) -> set[str]:
     fam = GATEWAY_FAMILIES[config.kind]
@@ -70,52 +49,6 @@ def _wanted_bases(config: GatewayConfig) -> set[str]:
     names.update({APP_TASK_DURATION + s for s in ("_bucket", "_sum", "_count")})
     names.update({APP_TASKS_STARTED, APP_MODEL_CALLS, APP_SESSIONS_ACTIVE})
     return names
-
-
-def prefilter(text: str, sample_names: set[str]) -> str:
-    """Keep only sample lines (and their # lines) of the wanted sample names; saves most parse time."""
-    bases = {re.sub(r"(_bucket|_sum|_count|_total)$", "", n) for n in sample_names}
-    keep: list[str] = []
-    for line in text.splitlines():
-        if not line:
-            continue
-        if line[0] == "#":
-            parts = line.split(None, 3)
-            if len(parts) >= 3 and parts[1] in ("HELP", "TYPE") and (
-                parts[2] in sample_names or parts[2] in bases
-            ):
-                keep.append(line)
-            continue
-        m = _NAME.match(line)
-        if m and m.group(1) in sample_names:
-            keep.append(line)
-    return "\n".join(keep) + "\n"
-
-
-def iter_samples(text: str, sample_names: Optional[set[str]] = None) -> Iterator[tuple[str, dict, float]]:
-    """(sample name, labels, value) for every wanted sample of the text.
-
-    A thin adapter: the project's fast parser (monitor.sources.exposition) when present, else
-    prometheus_client's parser after a line pre-filter.
-    """
-    try:
-        from monitor.sources import exposition
-    except ImportError:  # pragma: no cover - the lead's parser is part of the tree
-        exposition = None
-    try:
-        if exposition is not None:
-            parsed = exposition.parse(text, wanted=sample_names)
-            for name, items in parsed.samples.items():
-                for labels, value in items:
-                    yield name, labels, float(value)
-            return
-        if sample_names is not None:
-            text = prefilter(text, sample_names)
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                yield s.name, s.labels, float(s.value)
-    except ValueError as exc:
-        raise ValueError(f"gateway exposition does not parse: {exc}") from exc
 
 
 class _HistAcc:
@@ -163,43 +96,20 @@ def read_gateway(text: str, config: GatewayConfig, timestamp: float) -> GatewayR
 
 def reading_from_samples(samples: Iterable[tuple[str, dict, float]], config: GatewayConfig,
                          timestamp: float) -> GatewayReading:
-    """`read_gateway` on samples parsed already (a `GatewayScrape`'s): with `config.models`, only
-    the application's series and the series of those models are read."""
+    """`read_gateway` on samples parsed already: with `config.models`, only the application's
+    series and the series of those models are read."""
     acc = _Accumulator(config, timestamp)
     for name, labels, value in samples:
         acc.add(name, labels, value)
     return acc.finish()
 
 
-@dataclass(frozen=True)
-class GatewayScrape:
-    """One configured gateway in one cycle: its body parsed once (the wanted samples) and read.
-
-    `reading` covers every series; `for_model(m)` reads the series of model `m` (and the
-    application's, which carry no model), for a gateway in front of several pools. Without a body
-    this cycle (down, late) or when it did not parse, `reading` is None and `error` says why."""
-
-    index: int  # position in sources.gateways: the key of its previous reading
-    url: str
-    pool: Optional[str]  # sources.gateways[i].pool: every task of it belongs to that pool
-    config: GatewayConfig
-    timestamp: float
-    samples: tuple[tuple[str, dict, float], ...] = ()
-    reading: Optional[GatewayReading] = None
-    error: Optional[str] = None
-    queues: Optional["GatewayQueues"] = None  # llm-d / Dynamo: what waits in front of the engines
-
-    def for_model(self, model: str) -> GatewayReading:
-        return reading_from_samples(self.samples, self.model_config(model), self.timestamp)
-
-    def model_config(self, model: str) -> GatewayConfig:
-        return replace(self.config, models=(model,))
-
-
 def read_gateway_scrape(text: Optional[str], config: GatewayConfig, timestamp: float, index: int = 0,
-                        url: str = "", pool: Optional[str] = None) -> GatewayScrape:
-    """Parse one gateway body of the cycle (None: no body). A body that does not parse gives a
-    scrape without a reading, its error kept (the cycle logs it; the gateway stays up)."""
+                        url: str = "", pool: Optional[str] = None, models: Iterable[str] = ()) -> GatewayScrape:
+    """Parse one gateway body of the cycle (None: no body) into a `GatewayScrape`: its reading of
+    every series and, for each of `models`, the reading of that model's series (`by_model`). A body
+    that does not parse gives a scrape without a reading, its error kept (the cycle logs it; the
+    gateway stays up)."""
     scrape = GatewayScrape(index, url, pool, config, timestamp)
     if text is None:
         return scrape
@@ -209,7 +119,8 @@ def read_gateway_scrape(text: Optional[str], config: GatewayConfig, timestamp: f
         samples = tuple(iter_samples(text, _wanted_bases(config)))
     except ValueError as exc:
         return replace(scrape, error=str(exc))
-    return replace(scrape, samples=samples, reading=reading_from_samples(samples, config, timestamp))
+    by_model = {m: reading_from_samples(samples, scrape.model_config(m), timestamp) for m in models}
+    return replace(scrape, reading=reading_from_samples(samples, config, timestamp), by_model=by_model)
 
 
 class _Accumulator:

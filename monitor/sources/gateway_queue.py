@@ -2,8 +2,9 @@
 
 Pure given the text: `read_gateway_queues(text, kind)` turns one scrape of an llm-d router (EPP) /
 Gateway API Inference Extension EPP (kind "llm-d") or of an NVIDIA Dynamo frontend (kind "dynamo")
-into `GatewayQueues`: one `GatewayQueue` per (gateway pool label, model), plus what was dropped.
-A value the body did not carry is None (unknown), never 0.
+into `GatewayQueues` (monitor/readings.py): one `GatewayQueue` per (gateway pool label, model), plus
+what was dropped. A value the body did not carry is None (unknown), never 0. Which headroom pool a
+row waits for is the pure core's (monitor/derive/gateway_queues.py).
 
 llm-d (llm-d/llm-d-router pkg/epp/metrics; GIE <= v1.5.0 pkg/epp/metrics/metrics.go): the flow-control
 gauges `*_flow_control_queue_size` / `_queue_bytes` {fairness_id, priority, inference_pool,
@@ -33,10 +34,10 @@ A sum of finite values that overflows (two rows of 1.7e308) is unknown (None), c
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Mapping, Optional, Union
+from typing import Iterable, Optional, Union
 
-from monitor.sources.gateway import iter_samples, too_large
+from monitor.readings import GatewayQueue, GatewayQueues
+from monitor.sources.aux_samples import iter_samples, too_large
 
 KINDS = ("llm-d", "dynamo")
 
@@ -61,42 +62,6 @@ QUEUE_SAMPLE_NAMES: dict[str, frozenset] = {
 _ALL_NAMES = frozenset().union(*QUEUE_SAMPLE_NAMES.values())
 
 Sample = tuple[str, dict, float]
-
-
-@dataclass(frozen=True)
-class GatewayQueue:
-    """One gateway pool label and model: requests held in front of the engines, and around them."""
-
-    kind: str
-    pool_label: Optional[str]  # llm-d: inference_pool; Dynamo: None (the frontend has no pool label)
-    model: Optional[str]
-    queued: Optional[float] = None  # waiting at the gateway, not yet sent to an engine
-    queued_bytes: Optional[float] = None  # llm-d: request bytes held in the flow-control queue
-    active: Optional[float] = None  # Dynamo: every request the frontend holds (queued included)
-    saturation: Optional[float] = None  # llm-d: the pool's gating saturation (1.0 = set point)
-    awaiting_first_token: Optional[float] = None  # Dynamo: queued_requests (overlaps the engine)
-    queued_source: Optional[str] = None  # the family `queued` was read from
-
-
-@dataclass(frozen=True)
-class GatewayQueues:
-    kind: str
-    queues: tuple[GatewayQueue, ...] = ()
-    anomalies: dict[str, int] = field(default_factory=dict)
-    stages: dict[str, float] = field(default_factory=dict)  # Dynamo: requests per frontend stage
-    families: frozenset = frozenset()  # queue sample names the body had
-
-    def __iter__(self) -> Iterator[GatewayQueue]:
-        return iter(self.queues)
-
-    def __len__(self) -> int:
-        return len(self.queues)
-
-    def queued_by_pool_label(self) -> dict[Optional[str], float]:
-        return _sum_queued(self.queues, lambda q: q.pool_label)
-
-    def queued_by_model(self) -> dict[Optional[str], float]:
-        return _sum_queued(self.queues, lambda q: q.model)
 
 
 def read_gateway_queues(text: str, kind: str) -> GatewayQueues:
@@ -140,40 +105,6 @@ def queue_families_present(body: Union[str, Iterable[Sample]]) -> frozenset:
     samples = iter_samples(body, set(_ALL_NAMES)) if isinstance(body, str) else body
     names = {name for name, _labels, _value in samples if name in _ALL_NAMES}
     return frozenset(k for k in KINDS if names & QUEUE_SAMPLE_NAMES[k])
-
-
-def queued_by_pool(queues: Iterable[GatewayQueue],
-                   pool_of: Callable[[Optional[str], Optional[str]], Optional[str]],
-                   anomalies: Optional[dict] = None) -> dict[str, float]:
-    """Queued requests per headroom pool. `pool_of(gateway pool label, model)` names the pool, or None
-    (not counted). A pool none of whose rows has a known `queued` is absent, not 0; so is one whose
-    sum overflows (counted into `anomalies` as `overflow:queued`)."""
-    out: dict[str, float] = {}
-    for q in queues:
-        if q.queued is None:
-            continue
-        pool = pool_of(q.pool_label, q.model)
-        if pool is not None:
-            out[pool] = out.get(pool, 0.0) + q.queued
-    return _finite_only(out, anomalies)
-
-
-def pool_of_served_models(served: Mapping[str, str], gateway_pools: Optional[Mapping[str, str]] = None
-                          ) -> Callable[[Optional[str], Optional[str]], Optional[str]]:
-    """The default `pool_of`: `served` maps headroom pool -> its served model name, `gateway_pools`
-    maps gateway pool label -> headroom pool (checked first). A model served by two pools maps to
-    neither (the gateway's count cannot be split)."""
-    by_model: dict[str, Optional[str]] = {}
-    for pool, model in served.items():
-        by_model[model] = None if model in by_model else pool
-    labels = dict(gateway_pools or {})
-
-    def pool_of(pool_label: Optional[str], model: Optional[str]) -> Optional[str]:
-        if pool_label is not None and pool_label in labels:
-            return labels[pool_label]
-        return by_model.get(model) if model is not None else None
-
-    return pool_of
 
 
 # ---------------------------------------------------------------- per kind
@@ -243,25 +174,6 @@ def _bad(value: float) -> Optional[str]:
 
 def _first(names: tuple[str, ...], seen: set[str]) -> Optional[str]:
     return next((n for n in names if n in seen), None)
-
-
-def _sum_queued(queues: Iterable[GatewayQueue], key: Callable[[GatewayQueue], Optional[str]]
-                ) -> dict[Optional[str], float]:
-    out: dict[Optional[str], float] = {}
-    for q in queues:
-        if q.queued is not None:
-            out[key(q)] = out.get(key(q), 0.0) + q.queued
-    return _finite_only(out, None)
-
-
-def _finite_only(sums: dict, anomalies: Optional[dict]) -> dict:
-    """`sums` without the ones that overflowed to +Inf (their inputs were finite: unknown, not +Inf)."""
-    over = [k for k, v in sums.items() if not math.isfinite(v)]
-    for k in over:
-        del sums[k]
-    if over and anomalies is not None:
-        anomalies["overflow:queued"] = anomalies.get("overflow:queued", 0) + len(over)
-    return sums
 
 
 def _unknown_if_overflowed(rows: Rows, stages: dict[str, float], anomalies: dict) -> None:

@@ -1,36 +1,17 @@
-"""What headroom reads from a gateway: per gateway kind its task / session / model labels and metric
-families, the application-side task convention (docs/capacity.md), the reader's settings
-(`GatewayConfig`) and what one reading holds (`TaskCumulative` per task type, `GatewayReading`).
+"""What headroom reads from a gateway: per gateway kind its metric families and the
+application-side task convention (docs/capacity.md).
 
-Plain data only; monitor/sources/gateway.py parses a scrape into these (and re-exports them).
+Plain data only; monitor/sources/gateway.py parses a scrape with these. The kinds' default labels,
+the reader's settings (`GatewayConfig`) and what one reading holds (`TaskCumulative` per task type,
+`GatewayReading`) are the pure core's input types, in monitor/readings.py (re-exported here).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Optional
+from dataclasses import dataclass
 
-from monitor.model import Histogram
-
-UNATTRIBUTED = "unattributed"
-# label values that name no task type: missing, empty, or what a gateway writes for an absent
-# value (LiteLLM puts str(None) = "None" in a metadata label the request did not carry)
-UNSET_VALUES = frozenset({"", "None", "none", "null", "NULL"})
-KINDS = ("litellm", "envoy", "llm-d", "dynamo", "app")
-
-# kind -> (task label, session label, model label). No kind has a default session label: a session
-# id as a label is one series per session and histogram (unbounded; LiteLLM's /metrics took over
-# 30 s after ~260 sessions). Sessions come from the application's agent_sessions_active gauge.
-DEFAULT_LABELS: dict[str, tuple[Optional[str], Optional[str], Optional[str]]] = {
-    # custom_prometheus_metadata_labels: ["metadata.task_type"]
-    "litellm": ("metadata_task_type", None, "requested_model"),
-    # metricsRequestHeaderAttributes: "x-task-type:task_type"
-    "envoy": ("task_type", None, "gen_ai_request_model"),
-    # header x-llm-d-inference-fairness-id carries the task type; there is no session label
-    "llm-d": ("fairness_id", None, "model_name"),
-    # NVIDIA Dynamo's frontend: read for its queue only (monitor/sources/gateway_queue.py)
-    "dynamo": (None, None, "model"),
-    "app": ("task_type", None, None),
-}
+from monitor.readings import (  # noqa: F401  (re-exported: the names every gateway reader uses)
+    DEFAULT_LABELS, UNATTRIBUTED, UNSET_VALUES, GatewayConfig, GatewayReading, TaskCumulative)
+from monitor.readings import GATEWAY_KINDS as KINDS  # noqa: F401  (the gateway kinds, re-exported)
 
 
 @dataclass(frozen=True)
@@ -87,109 +68,3 @@ APP_TASKS_STARTED = "agent_tasks_started_total"
 APP_MODEL_CALLS = "agent_task_model_calls_total"
 APP_SESSIONS_ACTIVE = "agent_sessions_active"
 APP_TASK_LABEL = "task_type"
-
-
-@dataclass(frozen=True)
-class GatewayConfig:
-    kind: str = "litellm"
-    task_label: Optional[str] = None  # None: the kind's default
-    session_label: Optional[str] = None  # None: the kind's default (none); "" for none; opt-in, unbounded
-    task_id_label: Optional[str] = None  # a label naming one task (counts tasks by distinct values)
-    class_label: Optional[str] = None  # a label naming the call class (interactive / batch)
-    task_classes: dict = field(default_factory=dict)  # task type -> class, when no class label
-    default_class: str = "interactive"
-    models: tuple[str, ...] = ()  # only series of these models (empty: all)
-    model_label: Optional[str] = None
-    max_sessions: int = 10000  # per task type
-
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"gateway kind {self.kind!r} is not one of {', '.join(KINDS)}")
-        if self.max_sessions < 0:
-            raise ValueError(f"gateway max_sessions must be >= 0, got {self.max_sessions}")
-
-    @property
-    def task(self) -> Optional[str]:
-        return self.task_label if self.task_label is not None else DEFAULT_LABELS[self.kind][0]
-
-    @property
-    def session(self) -> Optional[str]:
-        if self.session_label is not None:
-            return self.session_label or None
-        return DEFAULT_LABELS[self.kind][1]
-
-    @property
-    def model(self) -> Optional[str]:
-        return self.model_label if self.model_label is not None else DEFAULT_LABELS[self.kind][2]
-
-    def class_of(self, task_type: str, labels: dict) -> str:
-        if self.class_label and labels.get(self.class_label):
-            return labels[self.class_label]
-        return self.task_classes.get(task_type, self.default_class)
-
-
-@dataclass
-class TaskCumulative:
-    """Cumulative values of one task type at one scrape (counters as exposed, never rates)."""
-
-    task_type: str
-    calls: float = 0.0  # model calls seen by the gateway
-    calls_seen: bool = False  # a gateway call series of this task type was read (calls may still be 0)
-    failed_calls: float = 0.0
-    input_tokens: Optional[float] = None
-    output_tokens: Optional[float] = None
-    call_latency: Optional[Histogram] = None
-    call_latency_by_class: dict[str, Histogram] = field(default_factory=dict)
-    upstream_latency: Optional[Histogram] = None
-    ttft: Optional[Histogram] = None
-    tpot: Optional[Histogram] = None
-    session_calls: dict[str, float] = field(default_factory=dict)  # session id -> calls
-    task_ids: set = field(default_factory=set)
-    # application-side convention
-    tasks_started: Optional[float] = None
-    app_model_calls: Optional[float] = None
-    task_duration: Optional[Histogram] = None
-    sessions_active: Optional[float] = None
-
-    @property
-    def sessions_seen(self) -> int:
-        return len(self.session_calls)
-
-    @property
-    def tasks(self) -> Optional[float]:
-        """Tasks so far: the app counter, else distinct task ids, else distinct sessions."""
-        if self.tasks_started is not None:
-            return self.tasks_started
-        if self.task_ids:
-            return float(len(self.task_ids))
-        if self.session_calls:
-            return float(len(self.session_calls))
-        return None
-
-    @property
-    def tasks_source(self) -> Optional[str]:
-        if self.tasks_started is not None:
-            return "app"
-        if self.task_ids:
-            return "task_id_label"
-        if self.session_calls:
-            return "session_label"
-        return None
-
-    @property
-    def model_calls(self) -> Optional[float]:
-        """Model calls: the app counter when present, else the gateway's; None when the body has
-        neither (an application exposing only its task counter)."""
-        if self.app_model_calls is not None:
-            return self.app_model_calls
-        return self.calls if self.calls_seen else None
-
-
-@dataclass
-class GatewayReading:
-    kind: str
-    timestamp: float
-    tasks: dict[str, TaskCumulative] = field(default_factory=dict)
-    in_flight: Optional[float] = None
-    samples_read: int = 0
-    dropped_sessions: int = 0

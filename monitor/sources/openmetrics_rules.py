@@ -8,7 +8,7 @@ import math
 import re
 from typing import Optional
 
-from .exposition import ExpositionError, ParsedScrape, parse_float, parse_labels
+from .exposition_tokens import ExpositionError, ParsedScrape, parse_float, parse_labels
 
 # OpenMetrics 1.0 (https://prometheus.io/docs/specs/om/open_metrics_spec/), checked on full reads of
 # an OpenMetrics body; the rules follow the specification's parser test suite
