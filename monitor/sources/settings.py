@@ -9,12 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
 
+from monitor.readings import GATEWAY_KINDS
 from monitor.settings.kinds import Choice, Duration, File, Flag, Int, Labels, SecretEnv, SecretFile, Selector, Text, Url
 from monitor.settings.reader import ConfigError, Reader, join, key
 from monitor.settings.shapes import MapOf, group
 from monitor.settings.values import read_secret_env, read_secret_file
 
-GATEWAY_KINDS = ("litellm", "envoy", "llm-d", "dynamo", "app")
 
 
 @dataclass
