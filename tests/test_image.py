@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import time
 from pathlib import Path
@@ -67,6 +68,19 @@ def test_image_runs_headroom_as_the_charts_numeric_user_and_is_small(image):
     assert image["Size"] < MAX_IMAGE_BYTES, f"image is {image['Size'] / 1e6:.0f} MB"
     # no packaging tools and no compiler in the running image
     assert paths_in_image(["pip", "setuptools", "../../../bin/pip"]) == []
+
+
+def test_image_holds_exactly_the_pinned_versions(image):
+    pins = dict(line.split("==") for line in (REPO / "image" / "constraints.txt").read_text().splitlines()
+                if line and not line.startswith("#"))
+    code = ("import importlib.metadata as m; "
+            "print('\\n'.join(f\"{d.metadata['Name']}=={d.version}\" for d in m.distributions()))")
+    out = podman("run", "--rm", "--network=host", "--entrypoint=python3", image_ref(), "-c", code).stdout
+    norm = lambda pairs: {k.lower().replace("_", "-"): v for k, v in pairs}  # noqa: E731
+    installed, pins = norm(line.split("==") for line in out.split()), norm(pins.items())
+    assert installed.pop("headroom") == re.search(r'^version = "(.+)"', (REPO / "pyproject.toml").read_text(),
+                                                   re.M).group(1)
+    assert installed == pins  # every package pinned, at its pinned version, nothing else
 
 
 def test_the_lab_check_finds_what_the_image_holds(image):
