@@ -25,7 +25,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 # Unprivileged user with the uid/gid the chart's securityContext expects (65532, "nonroot").
 RUN groupadd --system --gid 65532 headroom \
- && useradd --system --uid 65532 --gid 65532 --home-dir /var/lib/headroom --no-create-home \
+ && useradd --system -K SYS_UID_MAX=65532 --uid 65532 --gid 65532 --home-dir /var/lib/headroom --no-create-home \
             --shell /usr/sbin/nologin headroom \
  && mkdir -p /etc/headroom /var/lib/headroom \
  && chown 65532:65532 /var/lib/headroom

@@ -140,6 +140,7 @@ def pod(image, tmp_path_factory):
     p = PodmanPod(workload, objects, root, {SECRET: {"token": "not-a-real-token\n"}},
                   pod_name=f"headroom-image-test-{os.getpid()}")
     p.fleet = fleet
+    p.remove()  # a container left by an interrupted run under the same name
     try:
         yield p
     finally:
@@ -173,6 +174,7 @@ def test_the_charts_deployment_runs_in_podman(pod):
     print(f"ready {ready_s:.1f} s after podman run; {len(before)} points stored")
 
     took, code = pod.terminate()
+    print(f"SIGTERM: exit {code} after {took:.2f} s")
     assert code == 0 and took < 5.0, f"SIGTERM: exit {code} after {took:.1f} s"
     # nothing written outside the volumes: the root filesystem is unchanged
     assert pod.rootfs_changes() == []
@@ -184,6 +186,7 @@ def test_the_charts_deployment_runs_in_podman(pod):
     after = wait_for(lambda: store_points(data), lambda pts: len(pts) > len(kept), 60, "new points after restart")
     assert kept <= after, f"{len(kept - after)} points lost over the restart"
     took, code = pod.terminate()
+    print(f"SIGTERM after the restart: exit {code} after {took:.2f} s")
     assert code == 0 and took < 5.0, f"SIGTERM after the restart: exit {code} after {took:.1f} s"
     assert pod.rootfs_changes() == []
     owners = {f.stat().st_uid for f in data.iterdir()}
