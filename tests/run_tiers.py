@@ -6,7 +6,7 @@ Tiers (tests/tiers.py says how a test gets its tier and how the marks are checke
     unit    pytest -m "not live and not vllm", with HEADROOM_TEST_TIER=unit (no subprocess, no socket)
     live    pytest -m "live and not vllm and not image", the slowest files in a second process (tests/parallel.py)
     engine  pytest -m vllm on ENGINE_FILES in one session (one shared engine; the knee sweep last)
-    image   pytest -m image: the container image run with podman as the Helm chart runs it
+    image   pytest -m image on the files that use the mark: the container image run with podman as the Helm chart runs it
 With --build-image, `bash image/build.sh` (make image) starts at once in the background, niced, with
 its output in build/image-build.log, and the image tier waits for it: the build overlaps the other
 tiers; a failed build fails the image tier with the log's last lines.
@@ -32,6 +32,19 @@ SIDE_SHARD = ["tests/test_demo.py", "tests/test_loadtest_sim.py", "tests/test_re
 ENGINE_FILES = ["tests/test_vllm_pipeline.py", "tests/test_vllm_sim_calibration.py",
                 "tests/test_capacity_vllm.py", "tests/test_loadtest_vllm.py", "tests/test_alerts_vllm.py",
                 "tests/test_knee_vllm.py"]
+
+
+def image_files() -> list[str]:
+    """The test files that carry the image mark (collecting only them saves the whole suite's collection)."""
+    names = [n for n in os.listdir(HERE) if n.startswith("test_") and n.endswith(".py")]
+    return sorted(f"tests/{n}" for n in names if "pytest.mark.image" in _read(os.path.join(HERE, n)))
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
 TIERS = ("unit", "live", "engine", "image")
 BUILD_LOG = os.path.join(REPO, "build", "image-build.log")
 _COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|deselected|xfailed|xpassed)")
@@ -46,7 +59,7 @@ def command(tier: str, args: list[str]) -> list[str]:
         return [py, os.path.join(HERE, "parallel.py"), *SIDE_SHARD, "--", "-q", "-m", "live and not vllm and not image",
                 *args]
     if tier == "image":
-        return [py, "-m", "pytest", "-q", "-m", "image", *args]
+        return [py, "-m", "pytest", "-q", "-m", "image", *args, *image_files()]
     return [py, "-m", "pytest", "-q", "-m", "vllm", *args, *ENGINE_FILES]
 
 

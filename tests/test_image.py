@@ -50,15 +50,30 @@ def image() -> dict:
     return info
 
 
-def paths_in_image(paths, ref: str = "") -> list[str]:
-    """Which of `paths` (relative to the image's site-packages) exist in the image."""
-    code = f"import os,sys; print('\\n'.join(p for p in sys.argv[1:] if os.path.exists(os.path.join({SITE!r}, p))))"
-    out = podman("run", "--rm", "--network=host", "--entrypoint=python3", ref or image_ref(), "-c", code,
-                 *paths).stdout
-    return out.split()
+# paths (relative to the image's site-packages) the checks below ask about
+PROBED = ("pip", "setuptools", "../../../bin/pip", "monitor/cli.py", "monitor/export", "monitor/nothing-here",
+          *LAB_PATHS)
+INSIDE = f"""
+import importlib.metadata as m, json, os, sys
+print(json.dumps({{"paths": [p for p in sys.argv[1:] if os.path.exists(os.path.join({SITE!r}, p))],
+                  "dists": {{d.metadata["Name"]: d.version for d in m.distributions()}}}}))
+"""
 
 
-def test_image_runs_headroom_as_the_charts_numeric_user_and_is_small(image):
+@pytest.fixture(scope="module")
+def inside(image) -> dict:
+    """What the image holds: which PROBED paths exist, every installed distribution (one podman run)."""
+    out = podman("run", "--rm", "--network=host", "--entrypoint=python3", image_ref(), "-c", INSIDE, *PROBED)
+    return json.loads(out.stdout)
+
+
+def present(inside: dict, paths) -> list[str]:
+    """Which of `paths` exist in the image's site-packages (each must be one of PROBED)."""
+    assert set(paths) <= set(PROBED), "add the path to PROBED"
+    return [p for p in paths if p in inside["paths"]]
+
+
+def test_image_runs_headroom_as_the_charts_numeric_user_and_is_small(image, inside):
     cfg = image["Config"]
     assert cfg["Entrypoint"] == ["headroom"]
     uid, _, gid = cfg["User"].partition(":")
@@ -66,33 +81,30 @@ def test_image_runs_headroom_as_the_charts_numeric_user_and_is_small(image):
     values = yaml.safe_load((REPO / "helm" / "headroom" / "values.yaml").read_text())
     assert int(uid) == values["securityContext"]["runAsUser"] and int(gid) == values["securityContext"]["runAsGroup"]
     assert image["Size"] < MAX_IMAGE_BYTES, f"image is {image['Size'] / 1e6:.0f} MB"
-    # no packaging tools and no compiler in the running image
-    assert paths_in_image(["pip", "setuptools", "../../../bin/pip"]) == []
+    # no packaging tools in the running image
+    assert present(inside, ["pip", "setuptools", "../../../bin/pip"]) == []
 
 
-def test_image_holds_exactly_the_pinned_versions(image):
+def test_image_holds_exactly_the_pinned_versions(inside):
     pins = dict(line.split("==") for line in (REPO / "image" / "constraints.txt").read_text().splitlines()
                 if line and not line.startswith("#"))
-    code = ("import importlib.metadata as m; "
-            "print('\\n'.join(f\"{d.metadata['Name']}=={d.version}\" for d in m.distributions()))")
-    out = podman("run", "--rm", "--network=host", "--entrypoint=python3", image_ref(), "-c", code).stdout
     norm = lambda pairs: {k.lower().replace("_", "-"): v for k, v in pairs}  # noqa: E731
-    installed, pins = norm(line.split("==") for line in out.split()), norm(pins.items())
+    installed, pins = norm(inside["dists"].items()), norm(pins.items())
     assert installed.pop("headroom") == re.search(r'^version = "(.+)"', (REPO / "pyproject.toml").read_text(),
                                                    re.M).group(1)
     assert installed == pins  # every package pinned, at its pinned version, nothing else
 
 
-def test_the_lab_check_finds_what_the_image_holds(image):
+def test_the_lab_check_finds_what_the_image_holds(inside):
     # the check below, pointed at paths that exist in every runtime image: it does find them
-    assert paths_in_image(["monitor/cli.py", "monitor/export", "monitor/nothing-here"]) == [
+    assert present(inside, ["monitor/cli.py", "monitor/export", "monitor/nothing-here"]) == [
         "monitor/cli.py", "monitor/export"]
 
 
 @pytest.mark.xfail(strict=True, reason="monitor/sim and monitor/loadtest leave the runtime wheel with the "
                                        "headroom-lab split; remove this mark when that lands")
-def test_image_holds_no_simulator_or_load_tester(image):
-    assert paths_in_image(list(LAB_PATHS)) == []
+def test_image_holds_no_simulator_or_load_tester(inside):
+    assert present(inside, LAB_PATHS) == []
 
 
 # ------------------------------------------------------------------ the chart's Deployment in podman
