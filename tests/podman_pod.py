@@ -105,8 +105,6 @@ class PodmanPod:
             if path not in known:
                 raise Untranslated(f"env {e['name']}: {e.get('valueFrom')}")
             flags.append(f"--env={e['name']}={known[path]}")
-        if self.c.get("envFrom"):
-            raise Untranslated("envFrom")
         return flags
 
     def resource_flags(self) -> list[str]:
@@ -138,13 +136,13 @@ class PodmanPod:
                 path = base / key
                 path.write_text(text)
                 path.chmod(mode)
-                if self.fs_group is not None:
+                if self.fs_group is not None and os.geteuid() == 0:
                     os.chown(path, 0, self.fs_group)
             return base / sub_path if sub_path else base
         if "emptyDir" in volume or "persistentVolumeClaim" in volume:
             base.mkdir(parents=True, exist_ok=True)
             base.chmod(0o777)  # the kubelet's emptyDir mode
-            if self.fs_group is not None:
+            if self.fs_group is not None and os.geteuid() == 0:
                 os.chown(base, 0, self.fs_group)
                 base.chmod(0o2777)
             return base / sub_path if sub_path else base
@@ -153,6 +151,18 @@ class PodmanPod:
     def _object(self, kind: str, name: str) -> dict:
         (obj,) = [o for o in self.objects if o["kind"] == kind and o["metadata"]["name"] == name]
         return obj
+
+    def check_non_root(self) -> None:
+        """The kubelet's runAsNonRoot check: the user the container will run as (runAsUser, else the
+        image's USER) must be numeric and not 0, or the pod does not start."""
+        if not self.run_as_non_root():
+            return
+        uid = self.sc.get("runAsUser")
+        if uid is None:
+            user = podman("image", "inspect", "--format={{.Config.User}}", self.c["image"]).stdout.strip()
+            uid = int(user.split(":")[0]) if user.split(":")[0].isdigit() else None
+        if uid in (None, 0):
+            raise AssertionError(f"runAsNonRoot: the container would run as {uid!r}; the kubelet refuses it")
 
     def run_args(self) -> list[str]:
         grace = self.spec.get("terminationGracePeriodSeconds", 30)
@@ -179,6 +189,7 @@ class PodmanPod:
         if podman("container", "exists", self.name, check=False).returncode == 0:
             podman("start", self.name)
         else:
+            self.check_non_root()
             podman(*self.run_args())
         return t0
 
