@@ -67,8 +67,13 @@ if [ ! -e "$deps/.complete" ]; then
 fi
 cp "$deps"/*.whl "$ctx/wheels/"
 say "wheels: the runtime wheel of this repository"
-"$PYTHON" -m pip wheel --quiet --no-deps --wheel-dir "$ctx/wheels" . >/dev/null 2> >(quiet >&2)
-rm -rf build/lib build/bdist.* ./*.egg-info
+# from a clean copy of the tree: no stale build/lib of an earlier build can leak into the wheel, and
+# nothing is left in the working tree
+src=$(mktemp -d)
+trap 'rm -rf "$src"' EXIT
+tar --exclude=./.git --exclude=./build --exclude=./.venv --exclude=node_modules --exclude=__pycache__ \
+    --exclude='*.egg-info' -cf - . | tar -xf - -C "$src"
+"$PYTHON" -m pip wheel --quiet --no-deps --wheel-dir "$PWD/$ctx/wheels" "$src" >/dev/null 2> >(quiet >&2)
 cp "$cons" "$ctx/constraints.txt"
 cp Dockerfile "$ctx/Dockerfile"
 
