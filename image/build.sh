@@ -79,6 +79,11 @@ cp Dockerfile "$ctx/Dockerfile"
 
 # ---- 3. the image ----
 say "buildah: $TAG FROM $BASE_IMAGE"
+previous=$(podman image inspect --format '{{.Id}}' "$TAG" 2>/dev/null || true)
 buildah bud --quiet --layers=false --network=none --build-arg "BASE=$BASE_IMAGE" --tag "$TAG" --file "$ctx/Dockerfile" "$ctx" >/dev/null
 size=$(podman image inspect --format '{{.Size}}' "$TAG")
+# the image this build replaced, now untagged: remove it (each is about 550 MB)
+if [ -n "$previous" ] && [ "$previous" != "$(podman image inspect --format '{{.Id}}' "$TAG")" ]; then
+    podman rmi "$previous" >/dev/null 2>&1 || true
+fi
 say "built $TAG: $(( size / 1000000 )) MB"
