@@ -6,7 +6,7 @@ PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 TSTAMP := $(VENV)/.installed-test
 
-.PHONY: demo test test-unit test-live test-engine test-fast bench bench-engine fuzz docs venv clean chart-sync
+.PHONY: demo test test-unit test-live test-engine test-image test-fast image bench bench-engine fuzz docs venv clean chart-sync
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,7 @@ demo: $(STAMP)
 #   test-unit    no subprocess, no socket, no binary
 #   test-live    real Prometheus / promtool / Alertmanager / VictoriaMetrics / Chromium, daemons on loopback
 #   test-engine  the real vLLM CPU engine and the LiteLLM proxy in front of it
+#   test-image   the container image (make image) run with podman the way the chart's Deployment runs it
 # Set-up (.ci/setup.sh) installs what a tier needs when it is missing: Debian packages (as root), the npm
 # models of the chart tests, the vLLM and LiteLLM venvs (under ~/.cache/headroom, shared by every clone).
 HEADROOM_CACHE ?= $(or $(HOME),/root)/.cache/headroom
@@ -38,10 +39,11 @@ export HEADROOM_VLLM_PYTHON ?= $(HEADROOM_VLLM_VENV)/bin/python
 export HEADROOM_LITELLM_BIN ?= $(HEADROOM_LITELLM_VENV)/bin/litellm
 TIERS := tests/run_tiers.py
 
+# The image is built in the background (niced) while the other tiers run; the image tier waits for it.
 test: $(TSTAMP)
-	bash .ci/setup.sh $(if $(SKIP_ENGINES),live,all)
+	bash .ci/setup.sh $(if $(SKIP_ENGINES),live image,all)
 	$(PY) helm/sync.py --check
-	$(PY) $(TIERS) unit live $(if $(SKIP_ENGINES),--not-run engine,engine) -- $(PYTEST_ARGS)
+	$(PY) $(TIERS) --build-image unit live $(if $(SKIP_ENGINES),--not-run engine,engine) image -- $(PYTEST_ARGS)
 
 ## test-unit: the pure tests (under 90 s); the loop to run while working
 test-unit: $(TSTAMP)
@@ -56,6 +58,15 @@ test-live: $(TSTAMP)
 test-engine: $(TSTAMP)
 	bash .ci/setup.sh engine
 	$(PY) $(TIERS) engine -- $(PYTEST_ARGS)
+
+## image: build the container image localhost/headroom:dev with buildah (no registry; base cached)
+image: $(STAMP)
+	bash .ci/setup.sh image
+	PYTHON=$(PY) bash image/build.sh
+
+## test-image: run that image with podman the way the Helm chart's Deployment runs it
+test-image: image $(TSTAMP)
+	$(PY) $(TIERS) image -- $(PYTEST_ARGS)
 
 ## test-fast: unit + live (no engine)
 test-fast: $(TSTAMP)

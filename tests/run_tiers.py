@@ -1,11 +1,15 @@
 """Run test tiers one after the other and close with one line for all of them (the Makefile's test targets).
 
-    python tests/run_tiers.py unit live engine [--not-run engine] [-- PYTEST_ARGS...]
+    python tests/run_tiers.py [--build-image] unit live engine image [--not-run engine] [-- PYTEST_ARGS...]
 
 Tiers (tests/tiers.py says how a test gets its tier and how the marks are checked):
     unit    pytest -m "not live and not vllm", with HEADROOM_TEST_TIER=unit (no subprocess, no socket)
-    live    pytest -m "live and not vllm", the slowest files in a second process (tests/parallel.py)
+    live    pytest -m "live and not vllm and not image", the slowest files in a second process (tests/parallel.py)
     engine  pytest -m vllm on ENGINE_FILES in one session (one shared engine; the knee sweep last)
+    image   pytest -m image on the files that use the mark: the container image run with podman as the Helm chart runs it
+With --build-image, `bash image/build.sh` (make image) starts at once in the background, niced, with
+its output in build/image-build.log, and the image tier waits for it: the build overlaps the other
+tiers; a failed build fails the image tier with the log's last lines.
 Every tier runs with HEADROOM_NO_SKIP=1: a skipped test fails, naming what was missing. Output streams
 as it comes; the last lines give each tier's result and wall time, then the totals as
 'total: N passed, N failed', then, with --not-run, which tiers did not run and why.
@@ -28,7 +32,21 @@ SIDE_SHARD = ["tests/test_demo.py", "tests/test_loadtest_sim.py", "tests/test_re
 ENGINE_FILES = ["tests/test_vllm_pipeline.py", "tests/test_vllm_sim_calibration.py",
                 "tests/test_capacity_vllm.py", "tests/test_loadtest_vllm.py", "tests/test_alerts_vllm.py",
                 "tests/test_knee_vllm.py"]
-TIERS = ("unit", "live", "engine")
+
+
+def image_files() -> list[str]:
+    """The test files that carry the image mark (collecting only them saves the whole suite's collection)."""
+    names = [n for n in os.listdir(HERE) if n.startswith("test_") and n.endswith(".py")]
+    return sorted(f"tests/{n}" for n in names if "pytest.mark.image" in _read(os.path.join(HERE, n)))
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+TIERS = ("unit", "live", "engine", "image")
+BUILD_LOG = os.path.join(REPO, "build", "image-build.log")
 _COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|deselected|xfailed|xpassed)")
 _CLOSING = re.compile(r"^=*\s*(no tests ran|\d+ (passed|failed|errors?|skipped|deselected)\b.*\bin [\d.]+s)")
 
@@ -38,7 +56,10 @@ def command(tier: str, args: list[str]) -> list[str]:
     if tier == "unit":
         return [py, "-m", "pytest", "-q", "-m", "not live and not vllm", *args]
     if tier == "live":
-        return [py, os.path.join(HERE, "parallel.py"), *SIDE_SHARD, "--", "-q", "-m", "live and not vllm", *args]
+        return [py, os.path.join(HERE, "parallel.py"), *SIDE_SHARD, "--", "-q", "-m", "live and not vllm and not image",
+                *args]
+    if tier == "image":
+        return [py, "-m", "pytest", "-q", "-m", "image", *args, *image_files()]
     return [py, "-m", "pytest", "-q", "-m", "vllm", *args, *ENGINE_FILES]
 
 
@@ -70,6 +91,26 @@ def _count(line: str, counts: dict) -> None:
             counts[key] = counts.get(key, 0) + int(n)
 
 
+def start_image_build() -> subprocess.Popen:
+    """`make image` in the background at the lowest CPU priority, so the tiers running meanwhile keep theirs."""
+    os.makedirs(os.path.dirname(BUILD_LOG), exist_ok=True)
+    log = open(BUILD_LOG, "wb")  # noqa: SIM115 (the child holds it; closed when awaited)
+    env = {**os.environ, "PYTHON": os.environ.get("PYTHON", sys.executable)}
+    print(f"image build started in the background (log: {os.path.relpath(BUILD_LOG, REPO)})", flush=True)
+    return subprocess.Popen(["nice", "-n", "19", "bash", os.path.join(REPO, "image", "build.sh")], cwd=REPO,
+                            env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def await_image_build(build: subprocess.Popen, started: float) -> bool:
+    code = build.wait()
+    with open(BUILD_LOG, "rb") as f:
+        tail = f.read().decode("utf-8", "replace").splitlines()[-15:]
+    print(f"image build: exit {code} after {time.monotonic() - started:.0f} s wall", flush=True)
+    for line in tail if code else tail[-1:]:
+        print(f"  {line}", flush=True)
+    return code == 0
+
+
 def main(argv: list[str]) -> int:
     args: list[str] = []
     if "--" in argv:
@@ -80,6 +121,10 @@ def main(argv: list[str]) -> int:
         i = argv.index("--not-run")
         not_run.append(argv[i + 1])
         del argv[i:i + 2]
+    build = None
+    if "--build-image" in argv:
+        argv.remove("--build-image")
+        build, build_started = start_image_build(), time.monotonic()
     tiers = [t for t in argv if t]
     bad = [t for t in tiers + not_run if t not in TIERS]
     if not tiers or bad:
@@ -89,6 +134,9 @@ def main(argv: list[str]) -> int:
     results = []
     for tier in tiers:
         print(f"\n===== tier {tier} =====", flush=True)
+        if tier == "image" and build is not None and not await_image_build(build, build_started):
+            results.append((tier, 1, {"error": 1}, time.monotonic() - build_started))
+            continue
         results.append((tier, *run_tier(tier, [a for a in args if a])))
     total_passed = sum(c.get("passed", 0) for _, _, c, _ in results)
     total_failed = sum(c.get("failed", 0) + c.get("error", 0) for _, _, c, _ in results)

@@ -4,6 +4,8 @@
     live    starts or talks to something: real Prometheus, promtool, Alertmanager, VictoriaMetrics,
             Chromium, LiteLLM, a daemon or simulated fleet on loopback (`pytest.mark.live`)
     vllm    needs the real vLLM CPU engine (`pytest.mark.vllm`; runs in its own pytest session)
+    image   runs the container image with podman (`pytest.mark.image` beside `live`; its own tier after
+            `make image`, left out of the live tier)
 
 How a test gets its mark: a fixture declared with `@starts_servers` marks every test that uses it
 (directly or through another fixture) `live`; the engine fixtures in conftest mark theirs `vllm`; a
