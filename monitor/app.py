@@ -65,7 +65,7 @@ class Store(Component):
     name = "store"
 
     def __init__(self, cfg: Config, pipeline: Pipeline, writable: bool):
-        from .forecast.store import open_store  # noqa: PLC0415
+        from .history.store import open_store  # noqa: PLC0415
         self.clock = pipeline.clock
         opened = open_store(cfg.store_path, writable=writable, now=self.clock(), retention_seconds=cfg.store_retention)
         self.store = opened.store
@@ -354,9 +354,9 @@ def store_forecaster(cfg: Config, source, clock: Callable[[], float], capacity: 
     """The `ForecastScheduler` over a history source (monitor/history). `capacity()`: pool ->
     concurrent requests at the knee."""
     from .forecast.backtest import ForecastSettings  # noqa: PLC0415
-    from .forecast.history import forecast_history  # noqa: PLC0415
+    from .history.forecasts import forecast_history  # noqa: PLC0415
     from .forecast.pool import PoolSettings  # noqa: PLC0415
-    from .forecast.scheduler import ForecastScheduler  # noqa: PLC0415
+    from .forecaster import ForecastScheduler  # noqa: PLC0415
 
     def load_history() -> dict:
         hist = forecast_history(source, clock(), days=history_days, step=step)

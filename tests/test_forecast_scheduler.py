@@ -6,7 +6,8 @@ import pandas as pd
 
 from monitor.forecast.backtest import ForecastSettings
 from monitor.forecast.pool import CAPACITY_SERIES, PoolSettings
-from monitor.forecast.scheduler import ForecastScheduler, LatestResult, RefitResult
+from monitor.forecaster import ForecastScheduler, LatestResult
+from monitor.model import RefitResult
 from monitor.ticker import Ticker
 
 HOUR = 3600.0
@@ -78,7 +79,7 @@ def test_each_refit_is_one_log_line(caplog):
     import logging
     sched = ForecastScheduler(lambda: {"a": {CAPACITY_SERIES: series()}, "b": {CAPACITY_SERIES: series(days=0.1)}},
                               lambda: {}, SETTINGS, clock=lambda: 1_700_500_000.0)
-    with caplog.at_level(logging.INFO, logger="monitor.forecast.scheduler"):
+    with caplog.at_level(logging.INFO, logger="monitor.forecaster"):
         sched.refit_now()
-    lines = [r.getMessage() for r in caplog.records if r.name == "monitor.forecast.scheduler"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "monitor.forecaster"]
     assert len(lines) == 1 and lines[0].startswith("forecast refit 1: 2 pools, 1 of 2 series forecast in ")

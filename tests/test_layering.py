@@ -91,3 +91,49 @@ def test_the_application_is_built_in_one_place():
             holders.append(str(p.relative_to(MONITOR)))
     assert holders == []
     assert not (MONITOR / "wiring.py").exists()
+
+
+def _qualified_imports(path: Path, text: str | None = None) -> set[str]:
+    """Every monitor name a module imports, absolute (`from .x import y` in monitor/a/b.py is
+    monitor.a.x.y), TYPE_CHECKING imports included."""
+    package = ".".join(path.relative_to(MONITOR.parent).with_suffix("").parts[:-1])
+    out = set()
+    source = path.read_text(encoding="utf-8") if text is None else text
+    for node in ast.walk(ast.parse(source, filename=str(path))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(parent + ([node.module] if node.module else []))
+            out |= {f"{base}.{a.name}" for a in node.names}
+    return {name for name in out if name.split(".")[0] == "monitor"}
+
+
+def test_the_forecast_core_imports_only_downwards():
+    """monitor/forecast is the pure core: of the history edge it reads the schema only, and nothing
+    from the sources, the exporters, the features or the application (the forecaster, the time box)."""
+    upward = ("monitor.sources", "monitor.export", "monitor.digest", "monitor.loadtest", "monitor.sim",
+              "monitor.cycle", "monitor.app", "monitor.commands", "monitor.cli", "monitor.forecaster",
+              "monitor.timebox", "monitor.config")
+    offenders = {}
+    for p in sorted(MONITOR.glob("forecast/*.py")):
+        bad = sorted(i for i in _qualified_imports(p)
+                     if (i.startswith("monitor.history.") and not i.startswith("monitor.history.schema"))
+                     or i.startswith(upward))
+        if bad:
+            offenders[p.name] = bad
+    assert offenders == {}
+
+
+def test_the_data_model_imports_nothing_of_headroom():
+    """monitor/model.py is the bottom floor but the kit's: it names no type of a floor above it."""
+    assert _qualified_imports(MONITOR / "model.py") == set()
+
+
+def test_the_import_checker_resolves_relative_and_type_checking_imports():
+    text = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..forecaster import L\n"
+            "from .series import prepare\nfrom monitor.history import schema\nimport numpy\n")
+    found = _qualified_imports(MONITOR / "forecast" / "pool.py", text)
+    assert found == {"monitor.forecaster.L", "monitor.forecast.series.prepare", "monitor.history.schema"}

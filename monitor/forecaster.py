@@ -1,4 +1,5 @@
-"""Refitting the forecasts on a schedule, off the scrape path.
+"""Refitting the forecasts on a schedule, off the scrape path (the application floor: it runs jobs
+and holds state; the forecast core below it is pure).
 
 `ForecastScheduler.schedule(scheduler)` adds one interval job to the application's scheduler
 (monitor/ticker.py: every N minutes on the monotonic clock, the first at once, never two at once,
@@ -8,7 +9,7 @@ settings (give `ForecastSettings` a `runner`, e.g. monitor/timebox.py `timeboxed
 time-box every fit: an overrunning fit is killed, reported in the series' `errors`, and the next
 model in the fallback order is used), and publishes the results in a `LatestResult`. The
 collection cycle reads `latest.get()` once per cycle (monitor/cycle.py `Pipeline.forecasts`): the
-published object, taken under a lock, never a fit; the cycle's snapshot carries it to /metrics,
+published object (monitor/model.py `RefitResult`), taken under a lock, never a fit; the cycle's snapshot carries it to /metrics,
 /api/v1/snapshot and `/`.
 """
 from __future__ import annotations
@@ -16,22 +17,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from monitor.forecast.pool import PoolForecast, PoolSettings, forecast_pool
+from monitor.forecast.pool import PoolSettings, forecast_pool
+from monitor.model import RefitResult
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RefitResult:
-    pools: dict[str, PoolForecast] = field(default_factory=dict)  # pool -> forecast_pool(...)
-    started: float = 0.0  # Unix time the refit began (the `now` given to the models)
-    finished: float = 0.0
-    duration_seconds: float = 0.0
-    errors: dict = field(default_factory=dict)  # pool (or "history") -> error text
-    runs: int = 0
 
 
 class LatestResult:
