@@ -6,9 +6,9 @@ import pandas as pd
 
 from monitor.forecast.backtest import ForecastSettings
 from monitor.forecast.pool import CAPACITY_SERIES, PoolSettings
-from monitor.forecaster import ForecastScheduler, LatestResult
-from monitor.model import RefitResult
+from monitor.forecaster import ForecastScheduler
 from monitor.ticker import Ticker
+from servers import wait_for
 
 HOUR = 3600.0
 NOW = 1_700_000_000.0 + HOUR * 5 * 24  # the hour after series()'s last point: the forecast starts now
@@ -39,7 +39,7 @@ def test_background_job_refits_and_publishes_without_blocking_readers():
     assert job.interval == 3600 and job.first_delay == 0
     scheduler.start()
     try:
-        res = sched.latest.wait_for(1, timeout=60)
+        res = wait_for(sched.latest.get, cond=lambda r: r is not None, timeout=60, what="the first refit")
     finally:
         scheduler.shutdown()
     assert res is not None and res.runs == 1 and res.errors == {}
@@ -66,13 +66,6 @@ def test_failed_history_load_keeps_the_previous_forecasts_and_reports():
     assert second.runs == 2
     assert "prometheus unreachable" in second.errors["history"]
     assert second.pools is first.pools  # the last good forecasts stay published
-
-
-def test_latest_result_wait_times_out_and_returns_none():
-    latest = LatestResult()
-    assert latest.wait_for(1, timeout=0.05) is None
-    latest.set(RefitResult(runs=1))
-    assert latest.wait_for(1, timeout=0.05).runs == 1
 
 
 def test_each_refit_is_one_log_line(caplog):
