@@ -29,7 +29,7 @@ from dataclasses import replace
 from typing import Callable, Iterable, Optional
 
 from .capacity.enrich import CapacityState
-from .config import Config, Target
+from .config import Config
 from .model import ReplicaReading, Snapshot, SourceStatus
 from .sources.alerts import api_url, read_alerts, ui_url
 from .sources.dcgm import DcgmReading, read_dcgm
@@ -40,7 +40,7 @@ from .sources.prometheus import PrometheusSourceReader
 from .sources.scrape import DeadlinePool, Late, Scraper
 from .step import CycleInputs, CycleState, count_into, step
 
-__all__ = ["CycleInputs", "CycleState", "Pipeline", "cycle_deadline_seconds", "step", "targets_from_urls"]
+__all__ = ["CycleInputs", "CycleState", "Pipeline", "cycle_deadline_seconds", "step"]
 
 log = logging.getLogger(__name__)
 
@@ -384,7 +384,3 @@ def _late(source: str, url: str, result: object, began: float) -> SourceStatus:
                             attempted=result.state not in ("busy", "closed"))
     log.error("%s reader failed", source, exc_info=result if isinstance(result, BaseException) else None)
     return SourceStatus(source, redact(url), False, "internal", type(result).__name__, waited)
-
-
-def targets_from_urls(urls: list[str]) -> list[Target]:
-    return [Target(u) for u in urls]
