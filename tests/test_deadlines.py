@@ -48,7 +48,7 @@ def hostile():
 
 @pytest.mark.parametrize("mode", ["trickle", "trickle_headers", "silent"])
 def test_a_trickling_target_times_out_within_its_timeout(hostile, mode):
-    server = hostile(mode=mode)
+    server = hostile(mode=mode, pace=0.1)  # a byte every 0.1 s: about 10 within the 1 s deadline
     t0 = time.monotonic()
     with pytest.raises(FetchError) as err:
         Fetcher().get(server.url(), 1.0)
