@@ -95,3 +95,15 @@ def test_forecast_series_through_the_pool_selects_and_forecasts_as_inline(pool):
                                                        runner=pool))
     assert boxed.defined and boxed.model == inline.model and not boxed.errors.get("ets")
     assert np.array_equal(boxed.forecast.mean, inline.forecast.mean)
+
+
+def test_a_worker_is_replaced_after_max_fits_and_close_stops_the_idle_one():
+    pool = FitPool(60.0, max_fits=2)
+    try:
+        pids = [pool(os.getpid, ()) for _ in range(3)]
+    finally:
+        pool.close()
+    assert pids[0] == pids[1] != pids[2]  # the first worker did its 2 fits and was stopped
+    wait_for(lambda: alive(pids[0]) or alive(pids[2]), cond=lambda a: not a, timeout=10, what="both workers gone")
+    with pytest.raises(ChildError, match="closed"):
+        pool(os.getpid, ())
