@@ -23,7 +23,7 @@ import numpy as np, pandas as pd, statsmodels.api  # the daemon's dependencies
 from monitor.config import Config
 from monitor.cycle import Pipeline
 from monitor.sources.vllm import readings_from_text
-from monitor.forecast.store import HistoryStore
+from monitor.history.store import HistoryStore
 def rss_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 mode = sys.argv[2]

@@ -65,7 +65,7 @@ class Store(Component):
     name = "store"
 
     def __init__(self, cfg: Config, pipeline: Pipeline, writable: bool):
-        from .forecast.store import open_store  # noqa: PLC0415
+        from .history.store import open_store  # noqa: PLC0415
         self.clock = pipeline.clock
         opened = open_store(cfg.store_path, writable=writable, now=self.clock(), retention_seconds=cfg.store_retention)
         self.store = opened.store
@@ -147,9 +147,13 @@ class Forecasts(Component):
 
     def __init__(self, cfg: Config, pipeline: Pipeline, source, history_days: float = 35.0,
                  step: float = 300.0):
+        from .forecaster import FIT_MODULES  # noqa: PLC0415
+        from .timebox import FitPool  # noqa: PLC0415
         self.source = source
+        # every fit in a worker of the fork server's (never a fork of this threaded process), time-boxed
+        self.pool = FitPool(cfg.forecast.fit_timeout_seconds, preload=FIT_MODULES)
         self.forecaster = store_forecaster(cfg, source, pipeline.clock, lambda: capacity_at_knee(pipeline.latest),
-                                           history_days, step)
+                                           history_days, step, runner=self.pool)
         pipeline.forecasts = self.forecaster.latest.get
         self.job = None
         pipeline.on_clock_step(self.clock_stepped)
@@ -166,6 +170,7 @@ class Forecasts(Component):
         client = getattr(self.source, "client", None)  # Prometheus mode: its own client
         if client is not None and hasattr(client, "close"):
             client.close()
+        self.pool.close()  # the idle fit worker exits; one in a refit is stopped when its fit ends
 
 
 class Digest(Component):
@@ -347,13 +352,13 @@ def _has_days(section) -> bool:
 
 
 def store_forecaster(cfg: Config, source, clock: Callable[[], float], capacity: Callable[[], dict],
-                     history_days: float = 35.0, step: float = 300.0):
+                     history_days: float = 35.0, step: float = 300.0, runner: Optional[Callable] = None):
     """The `ForecastScheduler` over a history source (monitor/history). `capacity()`: pool ->
-    concurrent requests at the knee."""
+    concurrent requests at the knee; `runner`: how each fit runs (monitor/timebox.py `FitPool`)."""
     from .forecast.backtest import ForecastSettings  # noqa: PLC0415
-    from .forecast.history import forecast_history  # noqa: PLC0415
+    from .history.forecasts import forecast_history  # noqa: PLC0415
     from .forecast.pool import PoolSettings  # noqa: PLC0415
-    from .forecast.scheduler import ForecastScheduler  # noqa: PLC0415
+    from .forecaster import ForecastScheduler  # noqa: PLC0415
 
     def load_history() -> dict:
         hist = forecast_history(source, clock(), days=history_days, step=step)
@@ -363,8 +368,7 @@ def store_forecaster(cfg: Config, source, clock: Callable[[], float], capacity: 
         return hist
 
     fc = cfg.forecast  # typed and validated at load (monitor/config/headroom.py Forecast)
-    from .timebox import timeboxed  # noqa: PLC0415
     calendar = cfg.calendar.calendar()
-    settings = PoolSettings(forecast=ForecastSettings(runner=timeboxed(fc.fit_timeout_seconds),
+    settings = PoolSettings(forecast=ForecastSettings(runner=runner,
                                                       calendar=calendar if _has_days(cfg.calendar) else None))
     return ForecastScheduler(load_history, capacity, settings, interval_minutes=fc.refit_minutes, clock=clock)

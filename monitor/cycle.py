@@ -29,7 +29,7 @@ from dataclasses import replace
 from typing import Callable, Iterable, Optional
 
 from .capacity.enrich import CapacityState
-from .config import Config, Target
+from .config import Config
 from .derive.core import pool_of
 from .model import ReplicaReading, Snapshot, SourceStatus
 from .readings import DcgmReading, GatewayConfig, GatewayScrape
@@ -43,7 +43,7 @@ from .sources.prometheus import PrometheusSourceReader
 from .sources.scrape import DeadlinePool, Late, Scraper
 from .step import CycleInputs, CycleState, count_into, step
 
-__all__ = ["CycleInputs", "CycleState", "Pipeline", "cycle_deadline_seconds", "step", "targets_from_urls"]
+__all__ = ["CycleInputs", "CycleState", "Pipeline", "cycle_deadline_seconds", "step"]
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class Pipeline:
     """The sources, the state between cycles and the published snapshot.
 
     capacity: the capacity layer's state (`CapacityState(cfg)`; None: no capacity, tasks or power).
-    forecasts: returns the forecaster's latest result (monitor/forecast/scheduler.py); read once per
+    forecasts: returns the forecaster's latest result (monitor/forecaster.py); read once per
     cycle, so the cycle's /metrics, /api/v1/snapshot and landing page show the same forecast.
     """
 
@@ -400,7 +400,3 @@ def _late(source: str, url: str, result: object, began: float) -> SourceStatus:
                             attempted=result.state not in ("busy", "closed"))
     log.error("%s reader failed", source, exc_info=result if isinstance(result, BaseException) else None)
     return SourceStatus(source, redact(url), False, "internal", type(result).__name__, waited)
-
-
-def targets_from_urls(urls: list[str]) -> list[Target]:
-    return [Target(u) for u in urls]

@@ -4,11 +4,7 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional
-
-if TYPE_CHECKING:  # the forecast layer owns its result types (and imports pandas)
-    from .forecast.pool import PoolForecast
-    from .forecast.scheduler import RefitResult
+from typing import Any, Optional, Protocol
 
 
 @dataclass(frozen=True)
@@ -304,6 +300,32 @@ class PoolTasks:
         return out
 
 
+class PoolForecastLike(Protocol):
+    """What the lower floors read of one pool's forecast. The forecast core makes it
+    (monitor/forecast/pool.py `PoolForecast`, which imports pandas); the model only names its shape."""
+
+    last_fit_timestamp: float
+    series: dict  # series name -> its outlook (model, skill, horizons, or why it is undefined)
+    horizons: dict  # horizon ("1h", "1d", "1w") -> its summary of the capacity series, or None
+    exhaustion_seconds: Optional[float]
+    capacity_requests: Optional[float]
+    path: Any  # the capacity series' forecast path (timestamps, mean, upper, lower) or None
+
+    def as_dict(self) -> dict: ...
+
+
+@dataclass(frozen=True)
+class RefitResult:
+    """One refit of every pool's forecasts (monitor/forecaster.py publishes it; each cycle reads it)."""
+
+    pools: dict[str, PoolForecastLike] = field(default_factory=dict)  # pool -> forecast_pool(...)
+    started: float = 0.0  # Unix time the refit began (the `now` given to the models)
+    finished: float = 0.0
+    duration_seconds: float = 0.0
+    errors: dict = field(default_factory=dict)  # pool (or "history") -> error text
+    runs: int = 0
+
+
 @dataclass
 class PoolSnapshot:
     pool: str
@@ -338,7 +360,7 @@ class PoolSnapshot:
     replica_detail: list[ReplicaSnapshot] = field(default_factory=list)
     capacity: Optional[Capacity] = None  # monitor.capacity (knee, headroom, sessions, power)
     tasks: Optional[PoolTasks] = None  # monitor.capacity.tasks, from gateway / application metrics
-    forecast: Optional["PoolForecast"] = None  # the forecaster's latest result for this pool
+    forecast: Optional[PoolForecastLike] = None  # the forecaster's latest result for this pool
     # horizon -> fewest replicas whose knee capacity with one lost holds the forecast's 95 % peak
     recommended_replicas: dict[str, int] = field(default_factory=dict)
     replica_lead_time_seconds: Optional[float] = None  # a new replica's start-up: configured, else measured
@@ -401,7 +423,7 @@ class Snapshot:
     anomalies: dict[str, float] = field(default_factory=dict)
     # the forecaster's latest refit as the cycle found it (every pool it forecast, also pools not in
     # this cycle); each pool's own result is also on PoolSnapshot.forecast
-    forecast: Optional["RefitResult"] = None
+    forecast: Optional[RefitResult] = None
     # headroom's alerts from sources.alerts (None: no alerts source, or it did not answer this cycle)
     alerts: Optional[list[Alert]] = None
     alerts_ui: Optional[str] = None  # the alerts page of that source, for the landing page's link

@@ -14,16 +14,11 @@ Shard indices are 0-based, like StatefulSet ordinals: `0/2` and `1/2` are the tw
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
-from collections.abc import Iterable
 
 from monitor.settings.kinds import Kind
 
 Shard = tuple[int, int]
-
-#: One instance owning everything; what `--shard` defaults to.
-ALL: Shard = (0, 1)
 
 
 class ShardError(ValueError):
@@ -47,18 +42,6 @@ def parse_shard(text: str) -> Shard:
             f"shard {text!r}: INDEX must be between 0 and {total - 1} (shard indices are 0-based)"
         )
     return index, total
-
-
-def shard_type(text: str) -> Shard:
-    """`argparse` type for `--shard`: the ShardError message becomes the usage error."""
-    try:
-        return parse_shard(text)
-    except ShardError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def format_shard(shard: Shard) -> str:
-    return f"{shard[0]}/{shard[1]}"
 
 
 def _check(shard: Shard) -> Shard:
@@ -90,23 +73,6 @@ def owns(pool: str, shard: Shard) -> bool:
     """True when the instance running `shard` (index, total) is responsible for `pool`."""
     index, total = _check(shard)
     return owner(pool, total) == index
-
-
-def filter_pools(pools: Iterable[str], shard: Shard) -> list[str]:
-    """The pools of `pools` this shard owns, in their original order (duplicates kept)."""
-    index, total = _check(shard)
-    if total == 1:
-        return list(pools)
-    return [pool for pool in pools if owner(pool, total) == index]
-
-
-def assignment(pools: Iterable[str], total: int) -> dict[int, list[str]]:
-    """Every shard index mapped to the pools it owns (for docs, `check-config` and tests)."""
-    _check((0, total))
-    out: dict[int, list[str]] = {index: [] for index in range(total)}
-    for pool in pools:
-        out[owner(pool, total)].append(pool)
-    return out
 
 
 class ShardSetting(Kind):

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Optional, Protocol, Sequence
+from typing import Any, Optional, Protocol, Sequence
 
 from .capacity.enrich import CapacityState, assess
 from .capacity.headroom import recommended_replicas
@@ -30,11 +30,8 @@ from .derive.core import derive_pools, pool_of
 from .derive.gateway_queues import apply_gateway_queues
 from .derive.lead_time import LeadTimes
 from .forecast.pool import exhaustion_seconds
-from .model import Alert, PoolSnapshot, ReplicaReading, Snapshot, SourceStatus
+from .model import Alert, PoolSnapshot, RefitResult, ReplicaReading, Snapshot, SourceStatus
 from .readings import DcgmReading, GatewayScrape
-
-if TYPE_CHECKING:
-    from .forecast.scheduler import RefitResult
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +63,7 @@ class CycleInputs:
     gateways: list[GatewayScrape] = field(default_factory=list)  # one per configured gateway, in order
     dcgm: list[DcgmReading] = field(default_factory=list)  # the DCGM exporters that answered and parsed
     anomalies: dict[str, float] = field(default_factory=dict)  # malformed-but-usable input this cycle
-    forecast: Optional["RefitResult"] = None  # the forecaster's latest result (None: no forecaster yet)
+    forecast: Optional[RefitResult] = None  # the forecaster's latest result (None: no forecaster yet)
     alerts: Optional[list[Alert]] = None  # headroom's alerts from sources.alerts (None: not read this cycle)
     alerts_ui: Optional[str] = None  # that source's alerts page
     # Prometheus mode: the SLO burn windows read from Prometheus (monitor/history/slo.py); None: not read

@@ -119,7 +119,7 @@ def test_a_step_moves_the_saved_slo_windows_too(tmp_path):
     next save the store holds exactly the moved points, also where a moved point lands on the time
     of an old one."""
     from monitor.capacity.slo import SloTracker, Target
-    from monitor.forecast.store import HistoryStore
+    from monitor.history.store import HistoryStore
     from monitor.history.slo import restore, save
     tracker = SloTracker({"5m": 300.0, "1h": HOUR}, tolerance=5.0, journal=True)
     t0 = 1_800_000_000.0

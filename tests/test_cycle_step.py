@@ -20,8 +20,7 @@ from monitor.cycle import CycleInputs, CycleState, step
 from monitor.export.samples import Renderer
 from monitor.export.snapshot_json import snapshot_to_dict
 from monitor.forecast.pool import CAPACITY_SERIES, Horizon, PoolForecast, SeriesOutlook
-from monitor.forecast.scheduler import RefitResult
-from monitor.model import SourceStatus
+from monitor.model import RefitResult, SourceStatus
 from monitor.sim.exposition import render_app, render_dcgm, render_gateway, render_vllm
 from monitor.sim.fleet import Fleet, config_from_dict
 from monitor.sources.dcgm import read_dcgm

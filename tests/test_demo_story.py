@@ -18,7 +18,7 @@ import pytest
 
 from monitor.commands.demo import demo_history, demo_rules, scale_windows, seed_history
 from monitor.forecast.pool import forecast_pool
-from monitor.forecast.store import HistoryStore
+from monitor.history.store import HistoryStore
 from monitor.history.store import StoreHistory
 from monitor.sim.fleet import Fleet, load_config, theoretical_knee
 from monitor.sim.history import scenario_clock_shift

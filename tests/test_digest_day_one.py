@@ -22,7 +22,7 @@ from monitor.digest.knee import KneeReading
 from monitor.digest.render import render_html, render_json, render_markdown
 from monitor.digest.settings import TaskFacts, from_dict
 from monitor.digest.sources import from_store
-from monitor.forecast.store import HistoryStore
+from monitor.history.store import HistoryStore
 from monitor.sim.fleet import load_config
 from monitor.sim.history import generate_history, schema_history
 

@@ -19,7 +19,7 @@ from monitor.capacity.settings import PoolSettings
 from monitor.digest.content import build_digest
 from monitor.digest.settings import from_dict
 from monitor.digest.sources import RESOLUTION, from_prometheus, from_store
-from monitor.forecast.store import HistoryStore
+from monitor.history.store import HistoryStore
 from monitor.history.prometheus import PrometheusHistory
 from monitor.sim.fleet import load_config
 from monitor.sim.history import generate_history, schema_history

@@ -17,7 +17,7 @@ from monitor.digest.demo import demo_input
 from monitor.digest.schedule import open_outbox, run_digest, schedule_digest
 from monitor.digest.settings import from_dict
 from monitor.digest.sources import from_prometheus, from_store
-from monitor.forecast.store import HistoryStore
+from monitor.history.store import HistoryStore
 from monitor.process import stop_process
 from monitor.sim.history import generate_history
 

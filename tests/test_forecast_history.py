@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import requests
 
-from monitor.forecast.history import forecast_history
+from monitor.history.forecasts import forecast_history
 from monitor import schema
 from monitor.history.prometheus import PrometheusHistory, Query, bucket_query, default_queries, read_range
 from monitor.process import stop_process

@@ -9,8 +9,7 @@ from monitor.catalogue import BY_NAME
 from monitor.forecast.backtest import ForecastSettings
 from monitor.export.samples import snapshot_samples
 from monitor.forecast.pool import CAPACITY_SERIES, PoolSettings, exhaustion_seconds, forecast_pool
-from monitor.forecast.scheduler import RefitResult
-from monitor.model import Snapshot
+from monitor.model import RefitResult, Snapshot
 
 HOUR = 3600.0
 FAST = PoolSettings(forecast=ForecastSettings(models=("ets", "snaive_day")))

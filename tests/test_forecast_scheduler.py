@@ -6,8 +6,9 @@ import pandas as pd
 
 from monitor.forecast.backtest import ForecastSettings
 from monitor.forecast.pool import CAPACITY_SERIES, PoolSettings
-from monitor.forecast.scheduler import ForecastScheduler, LatestResult, RefitResult
+from monitor.forecaster import ForecastScheduler
 from monitor.ticker import Ticker
+from servers import wait_for
 
 HOUR = 3600.0
 NOW = 1_700_000_000.0 + HOUR * 5 * 24  # the hour after series()'s last point: the forecast starts now
@@ -38,7 +39,7 @@ def test_background_job_refits_and_publishes_without_blocking_readers():
     assert job.interval == 3600 and job.first_delay == 0
     scheduler.start()
     try:
-        res = sched.latest.wait_for(1, timeout=60)
+        res = wait_for(sched.latest.get, cond=lambda r: r is not None, timeout=60, what="the first refit")
     finally:
         scheduler.shutdown()
     assert res is not None and res.runs == 1 and res.errors == {}
@@ -67,18 +68,11 @@ def test_failed_history_load_keeps_the_previous_forecasts_and_reports():
     assert second.pools is first.pools  # the last good forecasts stay published
 
 
-def test_latest_result_wait_times_out_and_returns_none():
-    latest = LatestResult()
-    assert latest.wait_for(1, timeout=0.05) is None
-    latest.set(RefitResult(runs=1))
-    assert latest.wait_for(1, timeout=0.05).runs == 1
-
-
 def test_each_refit_is_one_log_line(caplog):
     import logging
     sched = ForecastScheduler(lambda: {"a": {CAPACITY_SERIES: series()}, "b": {CAPACITY_SERIES: series(days=0.1)}},
                               lambda: {}, SETTINGS, clock=lambda: 1_700_500_000.0)
-    with caplog.at_level(logging.INFO, logger="monitor.forecast.scheduler"):
+    with caplog.at_level(logging.INFO, logger="monitor.forecaster"):
         sched.refit_now()
-    lines = [r.getMessage() for r in caplog.records if r.name == "monitor.forecast.scheduler"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "monitor.forecaster"]
     assert len(lines) == 1 and lines[0].startswith("forecast refit 1: 2 pools, 1 of 2 series forecast in ")

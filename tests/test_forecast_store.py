@@ -5,7 +5,7 @@ import sqlite3
 
 import pytest
 
-from monitor.forecast.store import HistoryStore, StoreError
+from monitor.history.store import HistoryStore, StoreError
 
 DAY = 86400.0
 

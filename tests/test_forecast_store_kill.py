@@ -7,11 +7,11 @@ import textwrap
 
 import pytest
 
-from monitor.forecast.store import HistoryStore
+from monitor.history.store import HistoryStore
 
 WRITER = textwrap.dedent("""
     import sys
-    from monitor.forecast.store import HistoryStore
+    from monitor.history.store import HistoryStore
     path, start = sys.argv[1], int(sys.argv[2])
     st = HistoryStore(path, retention_seconds=None, downsample_after_seconds=None)
     i = start

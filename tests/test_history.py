@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 
 from monitor.catalogue import BY_NAME
-from monitor.forecast.history import forecast_history
+from monitor.history.forecasts import forecast_history
 from monitor.forecast.pool import CAPACITY_SERIES, SERIES as FORECAST_SERIES, TASK_PREFIX
-from monitor.forecast.store import HistoryStore
+from monitor.history.store import HistoryStore
 from monitor import schema
 from monitor.history.prometheus import (PrometheusHistory, Query, bucket_query, chunks, default_queries,
                                         pool_matcher, read_range)

@@ -19,8 +19,8 @@ from monitor.config import PrometheusSource
 from monitor.digest.content import build_digest
 from monitor.digest.settings import from_dict
 from monitor.digest.sources import from_prometheus, from_store
-from monitor.forecast.history import forecast_history
-from monitor.forecast.store import HistoryStore
+from monitor.history.forecasts import forecast_history
+from monitor.history.store import HistoryStore
 from monitor.history.prometheus import PrometheusHistory
 from monitor.history.store import StoreHistory
 from monitor.sim.fleet import load_config, theoretical_knee

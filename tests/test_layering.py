@@ -91,3 +91,4 @@ def test_the_application_is_built_in_one_place():
             holders.append(str(p.relative_to(MONITOR)))
     assert holders == []
     assert not (MONITOR / "wiring.py").exists()
+

@@ -1,7 +1,6 @@
 """monitor/shard.py: pools split between `--shard i/n` instances, each pool owned exactly once."""
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -11,8 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from monitor import shard
-from monitor.shard import ShardError, assignment, filter_pools, owner, owns, parse_shard
+from monitor.shard import ShardError, owner, owns, parse_shard
+
+
+def filter_pools(pools, shard_):
+    """The pools an instance running `shard_` owns, in order (what the daemon keeps: monitor/app.py)."""
+    return [pool for pool in pools if owns(pool, shard_)]
+
+
+def assignment(pools, total):
+    return {index: filter_pools(pools, (index, total)) for index in range(total)}
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -68,26 +75,10 @@ def test_parse_shard_rejects_with_a_reason(text, fragment):
     assert isinstance(err.value, ValueError)
 
 
-def test_shard_type_gives_argparse_a_readable_error(capsys):
-    parser = argparse.ArgumentParser(prog="headroom run")
-    parser.add_argument("--shard", type=shard.shard_type, default=shard.ALL)
-    assert parser.parse_args(["--shard", "1/3"]).shard == (1, 3)
-    assert parser.parse_args([]).shard == (0, 1)
-    with pytest.raises(SystemExit):
-        parser.parse_args(["--shard", "3/3"])
-    assert "INDEX must be between 0 and 2" in capsys.readouterr().err
-
-
 @pytest.mark.parametrize("bad", [(2, 2), (0, 0), (-1, 3), ("0", 2), (True, 2), (0.0, 1)])
 def test_owns_rejects_bad_shard_tuples(bad):
     with pytest.raises(ShardError):
         owns("pool", bad)
-
-
-def test_format_roundtrip():
-    for total in range(1, 6):
-        for index in range(total):
-            assert parse_shard(shard.format_shard((index, total))) == (index, total)
 
 
 # ---------------------------------------------------------------- ownership
@@ -126,11 +117,6 @@ def test_same_shard_twice_is_the_same_pools():
     assert filter_pools(POOLS_50, (1, 3)) == filter_pools(list(POOLS_50), (1, 3))
 
 
-def test_filter_keeps_order():
-    owned = filter_pools(POOLS_50, (0, 2))
-    assert owned == [p for p in POOLS_50 if p in set(owned)]
-
-
 def test_growing_shards_moves_only_pools_to_the_new_shard():
     before, after = {p: owner(p, 4) for p in POOLS_50}, {p: owner(p, 5) for p in POOLS_50}
     moved = [p for p in POOLS_50 if before[p] != after[p]]
@@ -159,9 +145,9 @@ def test_unicode_pool_names():
 
 def test_stable_across_processes_with_different_hash_seeds():
     code = (
-        "import json, sys; from monitor.shard import assignment; "
+        "import json, sys; from monitor.shard import owner; "
         "pools = json.loads(sys.stdin.read()); "
-        "print(json.dumps({t: assignment(pools, t) for t in (2, 3, 5)}))"
+        "print(json.dumps({t: [owner(p, t) for p in pools] for t in (2, 3, 5)}))"
     )
     results = []
     for seed in ("1", "2", "random"):
@@ -169,5 +155,5 @@ def test_stable_across_processes_with_different_hash_seeds():
         out = subprocess.run([sys.executable, "-c", code], input=json.dumps(POOLS_50), env=env,
                              cwd=REPO, capture_output=True, text=True, timeout=60, check=True)
         results.append(json.loads(out.stdout))
-    here = json.loads(json.dumps({t: assignment(POOLS_50, t) for t in (2, 3, 5)}))
+    here = json.loads(json.dumps({t: [owner(p, t) for p in POOLS_50] for t in (2, 3, 5)}))
     assert results[0] == results[1] == results[2] == here

@@ -20,7 +20,7 @@ from monitor.cycle import CycleInputs, Pipeline
 from monitor.export.landing import Trends, render
 from monitor.export.samples import snapshot_samples
 from monitor.export.snapshot_json import snapshot_to_dict
-from monitor.forecast.store import HistoryStore
+from monitor.history.store import HistoryStore
 from monitor import schema
 from monitor.history.slo import attach, restore, save
 from monitor.sources.gateway import read_gateway_scrape
@@ -206,7 +206,7 @@ def test_keys_of_a_target_no_longer_configured_expire_from_the_store(tmp_path):
 
 
 def test_bad_points_are_refused_naming_the_point(tmp_path):
-    from monitor.forecast.store import StoreError
+    from monitor.history.store import StoreError
     store = HistoryStore(str(tmp_path / "h.sqlite"), synchronous="NORMAL")
     with pytest.raises(StoreError, match="SLO point 1: values must be finite"):
         store.slo_apply([("k", T0, 1, 0, 1, 0), ("k", T0 + 1, float("nan"), 0, 1, 0)])

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from monitor.app import build
 from monitor.config import load
 from monitor.forecast.pool import CAPACITY_SERIES
-from monitor.forecast.store import HistoryStore
+from monitor.history.store import HistoryStore
 from servers import MetricsServer, fixture
 
 pytestmark = pytest.mark.live  # tests/tiers.py: a daemon, a replica and a `headroom once` process

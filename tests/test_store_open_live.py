@@ -82,7 +82,7 @@ def test_a_store_on_a_read_only_mount_is_read_and_check_config_says_so(tmp_path)
     data = tmp_path / "data"
     data.mkdir()
     store = data / "history.sqlite"
-    seed = ("from monitor.forecast.store import HistoryStore; import sys\n"
+    seed = ("from monitor.history.store import HistoryStore; import sys\n"
             "with HistoryStore(sys.argv[1]) as s: s.append([('tiny', 'load', 1e9 + 15 * k, 1.0) for k in range(50)])")
     subprocess.run([sys.executable, "-c", seed, str(store)], check=True)
     before = store.read_bytes()

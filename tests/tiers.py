@@ -11,8 +11,9 @@ How a test gets its mark: a fixture declared with `@starts_servers` marks every 
 (directly or through another fixture) `live`; the engine fixtures in conftest mark theirs `vllm`; a
 file or test that starts things inline carries `pytest.mark.live` itself.
 
-How the marks are kept honest: while the suite runs, every subprocess started, every INET socket
-connected or bound, is recorded against the test (or the fixture being set up) that did it.
+How the marks are kept honest: while the suite runs, every subprocess or multiprocessing worker
+started, every INET socket connected or bound, is recorded against the test (or the fixture being
+set up) that did it.
 - With HEADROOM_TEST_TIER=unit (make test-unit) those calls raise, and a test without a `live` or
   `vllm` mark that made one fails with what it used: mark it, or make it pure.
 - With HEADROOM_TEST_TIER=live (make test-live) a file whose `live` tests all passed while none of
@@ -23,6 +24,7 @@ whole suite never passes with something silently left out.
 """
 from __future__ import annotations
 
+import multiprocessing.process
 import os
 import socket
 import subprocess
@@ -87,6 +89,7 @@ def _install() -> None:
     _ORIG["connect_ex"] = socket.socket.connect_ex
     _ORIG["bind"] = socket.socket.bind
     _ORIG["popen"] = subprocess.Popen.__init__
+    _ORIG["mp_start"] = multiprocessing.process.BaseProcess.start
 
     def connect(self, address, *a, **kw):
         if _inet(self):
@@ -108,10 +111,15 @@ def _install() -> None:
         REC.record(f"subprocess {os.path.basename(str(first))}")
         return _ORIG["popen"](self, args, *a, **kw)
 
+    def mp_start(self):  # a multiprocessing worker (fork, spawn or the fork server's) is a process too
+        REC.record(f"process {self.name}")
+        return _ORIG["mp_start"](self)
+
     socket.socket.connect = connect
     socket.socket.connect_ex = connect_ex
     socket.socket.bind = bind
     subprocess.Popen.__init__ = popen
+    multiprocessing.process.BaseProcess.start = mp_start
 
 
 def pytest_configure(config) -> None:

@@ -4,7 +4,7 @@ It runs what `headroom run` runs before it starts anything: `monitor.config.load
 every section) and, with `--web.config.file` or `web.config_file`, the web-config parser. A refused
 file gives the same one line as `run`: `headroom: file: key: problem`.
 
-The history store is checked as `run` opens it (`monitor.forecast.store.store_problem`): a store
+The history store is checked as `run` opens it (`monitor.history.store.store_problem`): a store
 `run` could not write (a read-only mount, a missing directory) exits 1 with one line naming
 `store.path`; `run` would still start and serve live numbers, without writing history.
 """
@@ -31,7 +31,7 @@ def run(args) -> int:
     except ConfigError as exc:
         print(f"headroom: {exc}", file=sys.stderr)
         return 2
-    from ..forecast.store import store_problem  # noqa: PLC0415
+    from ..history.store import store_problem  # noqa: PLC0415
     problem = store_problem(cfg.store_path) if cfg.store_path else None
     if problem:
         print(f"headroom: {args.file}: store.path: {problem}: run would serve live numbers but write no "

@@ -300,7 +300,7 @@ def seed_history(df, fleet_cfg, store_path: str, step_s: int = 300) -> int:
     """The history into headroom's own store, as headroom would have recorded it every `step_s`
     (monitor/sim/history.py `schema_history`: the history schema's names, pools by model name):
     active and queued requests, load, arrival_rate, kv_tokens, sessions."""
-    from ..forecast.store import HistoryStore
+    from ..history.store import HistoryStore
     from ..sim.history import schema_history
     rows = schema_history(df, fleet_cfg)
     rows = rows[rows["timestamp"] % step_s == 0]

@@ -117,7 +117,7 @@ def _store_build(cfg, settings: DigestSettings, store, knees, shard) -> Callable
         if store is not None:
             return sources.from_store(store, week_end, settings, knees=knee_fn, shard=shard)
         import os
-        from monitor.forecast.store import HistoryStore
+        from monitor.history.store import HistoryStore
         if not os.path.isfile(cfg.store_path):
             raise ValueError(f"history store {cfg.store_path} does not exist (has the daemon run?)")
         with HistoryStore(cfg.store_path, retention_seconds=None, downsample_after_seconds=None) as st:

@@ -308,11 +308,5 @@ def _digest(out: Rows, status: DigestStatus) -> None:
     out.add("headroom_digest_last_success_timestamp_seconds", {}, status.last_success_timestamp)
 
 
-def finite_or_inf(v: Optional[float]) -> Optional[float]:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return None
-    return v
-
-
 __all__ = ["Cadence", "DigestStatus", "MAX_SERIES_PER_METRIC", "ProcessStatus", "Renderer", "Samples", "UnknownMetric",
-           "digest_samples", "finite_or_inf", "snapshot_samples"]
+           "digest_samples", "snapshot_samples"]

@@ -4,11 +4,12 @@ Public entry points:
 - `monitor.forecast.pool.forecast_pool(series, capacity_requests, now, settings)`: what the daemon
   calls per pool on its refit schedule; its typed result rides on the snapshot, and
   monitor/export/samples.py renders it into the catalogue's forecast metrics.
-- `monitor.forecast.scheduler.ForecastScheduler`: a scheduled job (monitor/ticker.py) refitting every N minutes, with
-  time-boxed fits and a thread-safe `latest` result for the exporter.
-- `monitor.forecast.store.HistoryStore`: direct-mode history (SQLite WAL, retention, downsampling).
-- `monitor.forecast.history.forecast_history(source, now)`: the forecast series from a history
-  source of monitor/history/ (the store in direct mode, Prometheus in Prometheus mode).
 - `monitor.forecast.backtest.forecast_series` / `monitor.forecast.models.MODELS`: the models,
   rolling-origin selection and calibrated bands; `headroom backtest` is `monitor.commands.backtest`.
+
+The package is pure: plain data in, `now` passed in, no process, no I/O; of monitor/history it
+imports the schema only. What runs it lives elsewhere: the refit scheduler in monitor/forecaster.py
+(the application floor), the fits' time box and process pool in monitor/timebox.py, the SQLite
+store behind monitor/history/store.py, and `forecast_history(source, now)` (the forecast series
+from a history source) in monitor/history/forecasts.py.
 """

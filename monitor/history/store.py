@@ -1,6 +1,7 @@
-"""The embedded store (monitor/forecast/store.py) under the history schema: what is written, and
-the store-backed `HistorySource`.
+"""The embedded store under the history schema, and the one place callers import it from.
 
+    HistoryStore, StoreError          the SQLite store itself (monitor/history/sqlite_store.py)
+    open_store, store_problem, Opened  opening it as the daemon does (monitor/history/store_open.py)
     points_from_snapshot(snapshot)   the points one cycle adds, in the schema's names (pure)
     StoreHistory(store).load(...)     {pool: {series: Series}}, buckets as monitor/schema.py says
 """
@@ -10,6 +11,11 @@ import math
 from typing import Iterable, Optional
 
 from monitor import schema
+from monitor.history.sqlite_store import HistoryStore, StoreError
+from monitor.history.store_open import Opened, open_store, store_problem
+
+__all__ = ["HistoryStore", "Opened", "StoreError", "StoreHistory", "open_store", "points_from_snapshot",
+           "store_problem"]
 
 
 def points_from_snapshot(snapshot) -> list[tuple[str, str, float, float]]:
@@ -43,7 +49,7 @@ def points_from_snapshot(snapshot) -> list[tuple[str, str, float, float]]:
 
 
 class StoreHistory:
-    """`HistorySource` over a `monitor.forecast.store.HistoryStore` (anything with its
+    """`HistorySource` over a `HistoryStore` (anything with its
     `series_keys()` and `query(pool, series, start, end, step, agg)`)."""
 
     def __init__(self, store):

@@ -15,10 +15,8 @@ import ssl
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional, Union
+from typing import Callable, Optional
 from urllib.parse import urlsplit
-
-import requests
 
 from .settings import HttpAuth
 
@@ -65,27 +63,6 @@ class FetchError(Exception):
         self.detail = detail
 
 
-def make_session(auth: Optional[HttpAuth] = None, pool_size: int = 32) -> requests.Session:
-    s = requests.Session()
-    adapter = requests.adapters.HTTPAdapter(pool_connections=pool_size, pool_maxsize=pool_size, max_retries=0)
-    s.mount("http://", adapter)
-    s.mount("https://", adapter)
-    s.trust_env = False  # no proxies from the environment for loopback / in-cluster targets
-    if auth is not None:
-        token = auth.bearer_token()
-        if token:
-            s.headers["Authorization"] = "Bearer " + token
-        elif auth.username:
-            s.auth = (auth.username, auth.password() or "")
-        if auth.ca_file:
-            s.verify = auth.ca_file
-        if auth.insecure_skip_verify:
-            s.verify = False
-        if auth.cert_file:
-            s.cert = (auth.cert_file, auth.key_file) if auth.key_file else auth.cert_file
-    return s
-
-
 def redact(url: str) -> str:
     """URL without user:password@ (never log credentials embedded in a URL)."""
     if "@" in url and "://" in url:
@@ -93,21 +70,6 @@ def redact(url: str) -> str:
         host = rest.split("@", 1)[1] if "@" in rest.split("/", 1)[0] else rest
         return f"{scheme}://{host}"
     return url
-
-
-def get_text(client: Union["Fetcher", requests.Session], url: str, timeout: float) -> str:
-    """GET a metrics body within `timeout` seconds in all. Raises FetchError with a reason on any failure.
-
-    `client` is a Fetcher, or a requests.Session from `make_session` whose credentials and TLS settings
-    are carried over (the request itself goes through the deadline-bounded transport below).
-    """
-    if isinstance(client, requests.Session):
-        fetcher = Fetcher.from_session(client)
-        try:
-            return fetcher.get(url, timeout)
-        finally:
-            fetcher.close()
-    return client.get(url, timeout)
 
 
 def _short(exc: Exception) -> str:
@@ -238,26 +200,6 @@ class Fetcher:
         self._all: list[dict] = []  # every thread's connection map, for close()
         self._all_lock = threading.Lock()
         self.closed = False
-
-    @classmethod
-    def from_session(cls, session: requests.Session) -> "Fetcher":
-        """A Fetcher with the credentials and TLS settings of a requests.Session (see `make_session`)."""
-        f = cls()
-        auth = session.headers.get("Authorization")
-        if auth:
-            f.headers["Authorization"] = auth
-        elif isinstance(session.auth, tuple) and len(session.auth) == 2:
-            f.headers["Authorization"] = _basic(*session.auth)
-        verify, cert = session.verify, session.cert
-        if verify is not True or cert:
-            ctx = ssl.create_default_context(cafile=verify if isinstance(verify, str) else None)
-            if verify is False:
-                ctx.check_hostname = False
-                ctx.verify_mode = ssl.CERT_NONE
-            if cert:
-                ctx.load_cert_chain(*(cert if isinstance(cert, tuple) else (cert,)))
-            f.ssl_context = ctx
-        return f
 
     def _conn(self, scheme: str, host: str, port: Optional[int]) -> _DeadlineMixin:
         conns = getattr(self._local, "conns", None)

@@ -297,20 +297,3 @@ class Scraper:
     def close(self) -> None:
         self.pool.close()
         self.fetcher.close()
-
-
-def fetch_texts(fetcher: Fetcher, urls: list[str], timeout: float,
-                concurrency: int = 8) -> list[tuple[str, Optional[str], Optional[FetchError]]]:
-    """Fetch several bodies (gateways, DCGM): (url, text or None, error or None), each within `timeout`."""
-    def one(url: str):
-        try:
-            return url, fetcher.get(url, timeout), None
-        except FetchError as exc:
-            return url, None, exc
-    pool = DeadlinePool(min(concurrency, len(urls) or 1), "fetch")
-    try:
-        results = pool.run([(i, lambda u=u: one(u)) for i, u in enumerate(urls)], None)
-    finally:
-        pool.close()
-    return [r if isinstance(r, tuple) else (u, None, FetchError("internal", type(r).__name__))
-            for u, r in zip(urls, results)]

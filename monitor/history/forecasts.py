@@ -1,5 +1,6 @@
-"""The history the forecasts fit, from any `HistorySource` (monitor/history: the embedded store in
-direct mode, Prometheus in Prometheus mode).
+"""The history the forecasts fit, from any `HistorySource` (the embedded store in direct mode,
+Prometheus in Prometheus mode). It reads through a source, so it sits on the history edge; the
+series names are the forecast core's (monitor/forecast/pool.py).
 
     forecast_history(source, now, days=35, step=300, pools=None) -> {pool: {series: pandas.Series}}
 
@@ -12,10 +13,9 @@ from __future__ import annotations
 from typing import Iterable, Optional
 
 from monitor.forecast.pool import SERIES, TASK_PREFIX, valid_series_name
-from monitor.history.prometheus import RangeClient
 from monitor.schema import History, HistorySource
 
-__all__ = ["FORECAST_SERIES", "RangeClient", "forecast_history"]
+__all__ = ["FORECAST_SERIES", "forecast_history"]
 DAY = 86400.0
 FORECAST_SERIES = SERIES + (TASK_PREFIX.rstrip(":"),)
 

@@ -1,14 +1,15 @@
-"""Refitting the forecasts on a schedule, off the scrape path.
+"""Refitting the forecasts on a schedule, off the scrape path (the application floor: it runs jobs
+and holds state; the forecast core below it is pure).
 
 `ForecastScheduler.schedule(scheduler)` adds one interval job to the application's scheduler
 (monitor/ticker.py: every N minutes on the monotonic clock, the first at once, never two at once,
 missed runs coalesced; each run in a daemon thread). Each run asks `load_history()` for {pool: {series: pandas Series}} and `capacity()` for
 {pool: concurrent requests at the knee or None}, calls `forecast_pool` per pool with the given
-settings (give `ForecastSettings` a `runner`, e.g. monitor/timebox.py `timeboxed(seconds)`, to
-time-box every fit: an overrunning fit is killed, reported in the series' `errors`, and the next
+settings (give `ForecastSettings` a `runner`, e.g. monitor/timebox.py `FitPool(seconds, FIT_MODULES)`,
+to time-box every fit in a worker process: an overrunning fit is killed, reported in the series' `errors`, and the next
 model in the fallback order is used), and publishes the results in a `LatestResult`. The
 collection cycle reads `latest.get()` once per cycle (monitor/cycle.py `Pipeline.forecasts`): the
-published object, taken under a lock, never a fit; the cycle's snapshot carries it to /metrics,
+published object (monitor/model.py `RefitResult`), taken under a lock, never a fit; the cycle's snapshot carries it to /metrics,
 /api/v1/snapshot and `/`.
 """
 from __future__ import annotations
@@ -16,22 +17,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from monitor.forecast.pool import PoolForecast, PoolSettings, forecast_pool
+from monitor.forecast.pool import PoolSettings, forecast_pool
+from monitor.model import RefitResult
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RefitResult:
-    pools: dict[str, PoolForecast] = field(default_factory=dict)  # pool -> forecast_pool(...)
-    started: float = 0.0  # Unix time the refit began (the `now` given to the models)
-    finished: float = 0.0
-    duration_seconds: float = 0.0
-    errors: dict = field(default_factory=dict)  # pool (or "history") -> error text
-    runs: int = 0
+# what a fit worker imports before its first fit (monitor/timebox.py FitPool `preload`): the models,
+# and the statsmodels modules their fits import, so no fit pays for the import
+FIT_MODULES = ("monitor.forecast.backtest", "statsmodels.tsa.holtwinters", "statsmodels.tsa.seasonal",
+               "statsmodels.tsa.statespace.sarimax")
 
 
 class LatestResult:
@@ -40,26 +35,13 @@ class LatestResult:
     def __init__(self):
         self._lock = threading.Lock()
         self._value: Optional[RefitResult] = None
-        self._changed = threading.Condition(self._lock)
 
     def set(self, value: RefitResult) -> None:
-        with self._changed:
+        with self._lock:
             self._value = value
-            self._changed.notify_all()
 
     def get(self) -> Optional[RefitResult]:
         with self._lock:
-            return self._value
-
-    def wait_for(self, runs: int, timeout: float) -> Optional[RefitResult]:
-        """Block until at least `runs` refits are published (or timeout); returns the latest."""
-        deadline = time.monotonic() + timeout
-        with self._changed:
-            while self._value is None or self._value.runs < runs:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._changed.wait(left)
             return self._value
 
 

@@ -1,4 +1,6 @@
-"""headroom's embedded history store (direct mode): SQLite in WAL mode.
+"""headroom's embedded history store (direct mode): SQLite in WAL mode. How the daemon opens it (a
+corrupt file moved aside, an unwritable one read only) is monitor/history/store_open.py; callers
+import both through monitor/history/store.py.
 
 One table keyed by (pool, series, resolution, ts): appending the same point twice keeps one row
 (the later value wins), so a writer that restarts after a crash can re-append its last batch
@@ -18,10 +20,8 @@ import math
 import os
 import sqlite3
 import threading
-import time
 import urllib.parse
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Optional
 
 if TYPE_CHECKING:  # pandas is imported when querying only: writers start fast
@@ -356,7 +356,6 @@ class HistoryStore:
         return {"downsampled": self.downsample(now), "expired": self.apply_retention(now)}
 
 
-# --- opening as the daemon does: never stopped by the store (it only feeds the forecasts)
 def _connect_read_only(path: str) -> sqlite3.Connection:
     """A read-only connection. On a read-only mount SQLite cannot create the -shm file a WAL store
     needs to share; then the file is read as immutable (nothing else can be writing it there)."""
@@ -370,69 +369,3 @@ def _connect_read_only(path: str) -> sqlite3.Connection:
     except sqlite3.OperationalError:
         db.close()
     return sqlite3.connect(uri + "?immutable=1", uri=True, isolation_level=None, check_same_thread=False)
-
-
-def store_problem(path: str) -> Optional[str]:
-    """Why the daemon could not write the store at `path` (None: it can). `headroom run` and
-    `headroom check-config` both ask this."""
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        return f"directory {parent} does not exist"
-    if os.path.exists(path) and not os.path.isfile(path):
-        return f"{path} is not a file"
-    for what in ([path] if os.path.exists(path) else []) + [parent]:
-        if not os.access(what, os.W_OK):  # a read-only mount too (EROFS)
-            return f"{what} is read-only" + (" (SQLite writes its -wal and -shm files beside the store)"
-                                             if what == parent else "")
-    return None
-
-
-@dataclass
-class Opened:
-    """What `open_store` made of the configured store: `store` None when it is not used at all;
-    `problem` (one line) when it is not read-write as configured; `moved_to` the corrupt file's new name."""
-    store: Optional[HistoryStore]
-    problem: Optional[str] = None
-    moved_to: Optional[str] = None
-
-    @property
-    def writable(self) -> bool:
-        return self.store is not None and not self.store.read_only
-
-
-def _move_aside(path: str, stamp: str) -> str:
-    """Rename a corrupt store (and its -wal / -shm, which belong to it) to PATH.corrupt-STAMP."""
-    target = f"{path}.corrupt-{stamp}"
-    for suffix in ("", "-wal", "-shm"):
-        if os.path.exists(path + suffix):
-            os.replace(path + suffix, target + suffix)
-    return target
-
-
-def open_store(path: str, *, writable: bool, now: float, **settings) -> Opened:
-    """The store at `path` as far as it can be used, never an exception for a broken one: read-write
-    if `writable` and it can be written; a corrupt file moved aside (never overwritten) and a fresh
-    store started; read-only when it cannot be written (or `writable` is False); else none."""
-    problem = store_problem(path) if writable else None
-    if writable and problem is None:
-        try:
-            return Opened(HistoryStore(path, **settings))
-        except StoreError as exc:  # a schema of a newer headroom: kept as it is
-            problem = str(exc)
-        except sqlite3.DatabaseError as exc:
-            if isinstance(exc, sqlite3.OperationalError):  # unable to open, locked, read-only: not corrupt
-                problem = f"cannot be written: {exc}"
-            else:
-                stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
-                try:
-                    moved = _move_aside(path, stamp)
-                    return Opened(HistoryStore(path, **settings), f"corrupt ({exc}): moved aside", moved)
-                except (OSError, sqlite3.Error) as again:
-                    return Opened(None, f"corrupt ({exc}) and could not be replaced: {again}")
-    if not os.path.isfile(path):
-        return Opened(None, problem)
-    try:
-        store = HistoryStore(path, read_only=True, **settings)
-    except (sqlite3.Error, StoreError, OSError) as exc:
-        return Opened(None, f"{problem + '; ' if problem else ''}cannot be read: {exc}")
-    return Opened(store, problem)
