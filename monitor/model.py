@@ -64,6 +64,7 @@ HISTOGRAMS = (
     "decode",  # vllm:request_decode_time_seconds
     "prompt_len",  # vllm:request_prompt_tokens
     "generation_len",  # vllm:request_generation_tokens
+    "render",  # vllm:request_render_duration_seconds (0.34: templating + tokenisation before admission)
 )
 
 
@@ -124,11 +125,15 @@ class ReplicaSnapshot:
     up: bool
     active_requests: Optional[float] = None
     queued_requests: Optional[float] = None
-    kv_tokens_live: Optional[float] = None
+    kv_tokens_live: Optional[float] = None  # the estimate, partial last blocks corrected (derive/kv_band.py)
     kv_tokens_capacity: Optional[float] = None
-    kv_usage_ratio: Optional[float] = None
+    kv_usage_ratio: Optional[float] = None  # the engine's block usage
     power_watts: Optional[float] = None
     stalled: bool = False  # work running or waiting, nothing completed over global.stall_window
+    kv_tokens_live_low: Optional[float] = None  # every running request's last block holding one token
+    kv_tokens_live_high: Optional[float] = None  # what block usage implies (usage x capacity)
+    kv_tokens_method: Optional[str] = None  # derive/kv_band.py KvBand.method
+    kv_capacity_changes: float = 0.0  # KV capacity changes seen on this replica (counter)
 
 
 @dataclass(frozen=True)
@@ -320,9 +325,15 @@ class PoolSnapshot:
     # gateway flow control, Dynamo's router), by gateway; {}: no gateway reports a queue for the pool
     gateway_queued: dict[str, float] = field(default_factory=dict)
     engines: tuple[str, ...] = ()  # the engine kinds serving the pool: "vllm", "sglang"
-    kv_tokens_live: Optional[float] = None
+    kv_tokens_live: Optional[float] = None  # the estimate: partial last blocks corrected (derive/kv_band.py)
+    kv_tokens_live_low: Optional[float] = None
+    kv_tokens_live_high: Optional[float] = None  # what block usage implies (usage x capacity)
+    kv_tokens_method: Optional[str] = None
     kv_tokens_capacity: Optional[float] = None
-    kv_usage_ratio: Optional[float] = None
+    kv_usage_ratio: Optional[float] = None  # the engines' block usage (high / capacity)
+    # requests in chat templating / tokenisation before admission (vLLM 0.34 render histogram:
+    # rate x mean duration = the increase of its _sum per second); None without the family
+    rendering_requests: Optional[float] = None
     # rates per second from counter deltas (None until two readings exist)
     completion_rate: Optional[float] = None
     prompt_tokens_rate: Optional[float] = None

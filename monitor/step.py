@@ -73,6 +73,9 @@ class CycleState:
     down: dict[tuple[str, str], str] = field(default_factory=dict)  # (source, target) -> its error, while down
     down_seen: dict[tuple[str, str], float] = field(default_factory=dict)  # (source, target) -> last time down
     lead_times: LeadTimes = field(default_factory=LeadTimes)  # new replicas' time to their first completion
+    # (pool, replica) -> (KV capacity in tokens, when last read); a change is counted and logged once
+    kv_capacity: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
+    kv_capacity_changes: dict[tuple[str, str], float] = field(default_factory=dict)
 
     def shift_time(self, seconds: float) -> None:
         """Move every time kept onto a wall clock that stepped by `seconds` (monitor/cycle.py), so
@@ -83,6 +86,7 @@ class CycleState:
             self.last_success += seconds
         self.last_fresh = {pool: t + seconds for pool, t in self.last_fresh.items()}
         self.down_seen = {key: t + seconds for key, t in self.down_seen.items()}
+        self.kv_capacity = {key: (cap, t + seconds) for key, (cap, t) in self.kv_capacity.items()}
         self.lead_times.shift_time(seconds)
         if self.capacity is not None:
             self.capacity.shift_time(seconds)
@@ -108,6 +112,7 @@ def step(state: CycleState, inputs: CycleInputs, now: float) -> tuple[CycleState
             log.info("source %s %s is back", st.source, st.target)
     count_into(state.anomalies, inputs.anomalies)
     readings = _cap(state, inputs.readings)
+    _watch_kv_capacity(state, readings, now)
     state.lead_times.observe(readings, state.config.pool_by, first_cycle=state.cycles == 1)
     history = _remember(state, readings, now)
     pools = _derive(state, history, inputs, now)
@@ -121,6 +126,8 @@ def step(state: CycleState, inputs: CycleInputs, now: float) -> tuple[CycleState
             log.exception("capacity assessment failed")
             count_into(state.errors, {("enricher", "capacity"): 1.0})
     for p in pools:
+        for rd in p.replica_detail:
+            rd.kv_capacity_changes = state.kv_capacity_changes.get((p.pool, rd.replica), 0.0)
         configured = state.config.pool_settings(p.pool).replica_lead_time
         measured = state.lead_times.measured.get(p.pool)
         p.replica_lead_time_seconds = configured if configured is not None else measured
@@ -149,6 +156,9 @@ def expire(state: CycleState, now: float, present: frozenset | set = frozenset()
         state.down.pop(key, None)
     for pool in [p for p, t in state.last_fresh.items() if t < before and p not in present]:
         del state.last_fresh[pool]
+    for key in [k for k, (_, t) in state.kv_capacity.items() if t < before]:
+        del state.kv_capacity[key]
+        state.kv_capacity_changes.pop(key, None)
     state.lead_times.expire(before)
     if state.capacity is not None:
         state.capacity.expire(before)
@@ -178,6 +188,22 @@ def _recommend(p) -> None:
                                  p.replicas - p.stalled_replicas)
         if n is not None:
             p.recommended_replicas[horizon] = n
+
+
+def _watch_kv_capacity(state: CycleState, readings: list[ReplicaReading], now: float) -> None:
+    """Read each replica's KV capacity every cycle: vLLM 0.34 sizes an extensible KV cache after
+    warm-up, so identical replicas may differ and a restart may change it. A change is counted
+    (headroom_replica_kv_capacity_changes_total) and logged once, when it is seen."""
+    for r in readings:
+        if r.kv_capacity_tokens is None:
+            continue
+        key = (pool_of(r, state.config.pool_by), r.target)
+        old = state.kv_capacity.get(key)
+        state.kv_capacity[key] = (r.kv_capacity_tokens, now)
+        if old is not None and old[0] != r.kv_capacity_tokens:
+            state.kv_capacity_changes[key] = state.kv_capacity_changes.get(key, 0.0) + 1.0
+            log.warning("replica %s of pool %s: KV capacity changed from %.0f to %.0f tokens", r.target,
+                        key[0], old[0], r.kv_capacity_tokens)
 
 
 def _key(r: ReplicaReading) -> str:
