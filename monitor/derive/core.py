@@ -231,6 +231,8 @@ def _rates(snap: PoolSnapshot, fresh: list[list[ReplicaReading]], now: float, wi
             seconds[key] = seconds.get(key, 0.0) + dt  # per-replica time, for the per-second sum
             deltas.setdefault("_rate_" + key, 0.0)
             deltas["_rate_" + key] += d / dt
+        if new.waiting is not None and old.waiting is not None:
+            snap.queue_growth_rate = (snap.queue_growth_rate or 0.0) + (new.waiting - old.waiting) / dt
         rendered = histogram_increase(new.histograms.get("render"), old.histograms.get("render"))
         if rendered is not None and rendered.sum >= 0:  # seconds spent rendering per second: requests rendering
             snap.rendering_requests = (snap.rendering_requests or 0.0) + rendered.sum / dt
@@ -256,6 +258,9 @@ def _rates(snap: PoolSnapshot, fresh: list[list[ReplicaReading]], now: float, wi
     snap.prompt_tokens_rate = deltas.get("_rate_prompt_tokens")
     snap.generation_tokens_rate = deltas.get("_rate_generation_tokens")
     snap.preemption_rate = deltas.get("_rate_preemptions")
+    for reason, key in (("rejected", "admission_rejections"), ("aborted", "request_aborted")):
+        if "_rate_" + key in deltas:
+            snap.shed_rates[reason] = deltas["_rate_" + key]
     q = deltas.get("prefix_cache_queries")
     if q:
         snap.prefix_cache_hit_ratio = deltas.get("prefix_cache_hits", 0.0) / q

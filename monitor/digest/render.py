@@ -114,7 +114,9 @@ def pool_sections(p: dict, currency: str) -> list[tuple[str, list[str], list[lis
     fn = p.get("forecast_next_week") or {}
     ex = p.get("exhaustion") or {}
     if fn.get("defined"):
-        rows = [["forecast peak (mean)", f"{num(fn['peak'], 1)} at {fn['peak_when']}"],
+        rows = [["forecast of", "the offered load (served + turned away)" if p.get("forecast_series") == "offered"
+                 else "the served load (active + queued)"],
+                ["forecast peak (mean)", f"{num(fn['peak'], 1)} at {fn['peak_when']}"],
                 ["80% interval", interval(fn["interval80"])],
                 ["95% interval", interval(fn["interval95"])],
                 ["highest 95% upper bound in the week", num(fn["upper95_max"], 1)],

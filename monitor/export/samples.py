@@ -160,6 +160,9 @@ def pool_samples(out: Rows, p: PoolSnapshot) -> None:
     out.add("headroom_kv_tokens_low", pl, p.kv_tokens_live_low)
     out.add("headroom_kv_tokens_high", pl, p.kv_tokens_live_high)
     out.add("headroom_rendering_requests", pl, p.rendering_requests)
+    for reason, rate in sorted(p.shed_rates.items()):
+        out.add("headroom_shed_requests_rate", {"pool": p.pool, "reason": reason}, rate)
+    out.add("headroom_offered_requests", pl, p.offered_requests)
     out.add("headroom_kv_capacity_tokens", pl, p.kv_tokens_capacity)
     out.add("headroom_kv_usage_ratio", pl, p.kv_usage_ratio)
     out.add("headroom_completion_rate", pl, p.completion_rate)

@@ -43,6 +43,8 @@ def pool_to_dict(p: PoolSnapshot) -> dict:
         "gateway_queued_requests": p.gateway_queued_requests,
         "gateway_queued": dict(p.gateway_queued),
         "load_requests": p.load_requests if p.replicas else None,
+        "offered_requests": p.offered_requests if p.replicas else None,
+        "shed_rates": dict(p.shed_rates),
         "engines": list(p.engines),
         "kv_tokens_live": p.kv_tokens_live,
         "kv_tokens_live_low": p.kv_tokens_live_low,

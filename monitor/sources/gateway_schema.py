@@ -136,6 +136,8 @@ class TaskCumulative:
     calls: float = 0.0  # model calls seen by the gateway
     calls_seen: bool = False  # a gateway call series of this task type was read (calls may still be 0)
     failed_calls: float = 0.0
+    # failed calls that were demand turned away, by shed reason (shed_reason): cumulative
+    failed_by_reason: dict[str, float] = field(default_factory=dict)
     input_tokens: Optional[float] = None
     output_tokens: Optional[float] = None
     call_latency: Optional[Histogram] = None
@@ -193,3 +195,25 @@ class GatewayReading:
     in_flight: Optional[float] = None
     samples_read: int = 0
     dropped_sessions: int = 0
+
+
+# labels a gateway's failure series carries its HTTP status or error class in (LiteLLM:
+# exception_status / exception_class; Envoy AI Gateway: error_type; others: status_code, code)
+_STATUS_LABELS = ("exception_status", "status_code", "code", "response_code")
+_CLASS_LABELS = ("exception_class", "error_type")
+
+
+def shed_reason(labels: dict) -> Optional[str]:
+    """The headroom_shed_requests_rate reason of one failed call: 429 is `gateway_rate_limited`;
+    408, 504 or an error class naming a timeout `gateway_timeout`; a 5xx or an unknown status
+    `gateway_error`. A client error (another 4xx: a bad request, a bad key) is not demand turned
+    away: None."""
+    status = next((str(labels[k]).strip() for k in _STATUS_LABELS if labels.get(k)), "")
+    cls = next((str(labels[k]) for k in _CLASS_LABELS if labels.get(k)), "").lower()
+    if status == "429" or "ratelimit" in cls.replace("_", ""):
+        return "gateway_rate_limited"
+    if status in ("408", "504") or "timeout" in cls:
+        return "gateway_timeout"
+    if status.startswith("4") and len(status) == 3:
+        return None
+    return "gateway_error"

@@ -33,7 +33,9 @@ COUNTER_NAMES = {
     "preemptions": (P + "num_preemptions_total",),
     "prefix_cache_hits": (P + "prefix_cache_hits_total", P + "gpu_prefix_cache_hits_total"),
     "prefix_cache_queries": (P + "prefix_cache_queries_total", P + "gpu_prefix_cache_queries_total"),
+    "admission_rejections": (P + "admission_rejections_total",),  # no engine label: the API server's
 }
+ABORT = "abort"  # request_success_total's finished_reason for requests the client gave up on
 
 # canonical histogram key -> candidate base names, first present wins
 HISTOGRAM_NAMES = {
@@ -250,6 +252,8 @@ def readings_from_scrape(scrape: ParsedScrape, target: str, timestamp: float,
                     continue
                 r = reading(model)
                 r.counters[key] = r.counters.get(key, 0.0) + value
+                if key == "request_success" and labels.get("finished_reason") == ABORT:
+                    r.counters["request_aborted"] = r.counters.get("request_aborted", 0.0) + value
             break
 
     for key, candidates in HISTOGRAM_NAMES.items():
