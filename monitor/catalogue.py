@@ -49,6 +49,8 @@ CATALOGUE: tuple[MetricDef, ...] = (
     _m("headroom_replica_kv_tokens_high", "gauge", "Upper bound of one replica's live KV-cache tokens: what its block usage implies (as headroom_kv_tokens_high).", ["pool", "replica"]),
     _m("headroom_replica_kv_capacity_changes", "counter", "KV capacity changes seen on one replica (vLLM 0.34's extensible KV cache is sized after warm-up: capacity can differ between identical replicas and across restarts); each change is logged once.", ["pool", "replica"]),
     _m("headroom_replica_kv_capacity_tokens", "gauge", "KV-cache capacity in tokens of one replica.", ["pool", "replica"]),
+    _m("headroom_replica_slow", "gauge", "1 when the replica is named slow: its inter-token latency over the last 120 s (at least 50 tokens) has stayed >= 1.5x the median of its pool's other replicas' for 60 s; its share of the knee is discounted by 1 - 1 / headroom_replica_latency_ratio. Else 0 (also with no peer to compare with).", ["pool", "replica"]),
+    _m("headroom_replica_latency_ratio", "gauge", "The replica's latency at its load over its pool's: its mean inter-token latency over the last 120 s over the median of its peers' (absent with fewer than 50 tokens, or no peer).", ["pool", "replica"]),
     _m("headroom_replica_up", "gauge", "1 when the replica answered in the last cycle.", ["pool", "replica"]),
     _m("headroom_replica_stalled", "gauge", "1 when the replica holds work (running or waiting) but completed no request and generated no token over global.stall_window (60 s): its capacity is left out of the pool's, as a lost replica's.", ["pool", "replica"]),
     _m("headroom_completion_rate", "gauge", "Finished requests per second over the rate window (all finish reasons).", ["pool"]),

@@ -139,6 +139,8 @@ class ReplicaSnapshot:
     kv_tokens_live_high: Optional[float] = None  # what block usage implies (usage x capacity)
     kv_tokens_method: Optional[str] = None  # derive/kv_band.py KvBand.method
     kv_capacity_changes: float = 0.0  # KV capacity changes seen on this replica (counter)
+    latency_ratio: Optional[float] = None  # its inter-token latency over its peers' (derive/slow.py)
+    slow: bool = False  # the ratio stayed >= SLOW_RATIO for SLOW_HOLD seconds (monitor/step.py)
 
 
 @dataclass(frozen=True)
@@ -343,6 +345,8 @@ class PoolSnapshot:
     # reports any (unknown, not 0)
     shed_rates: dict[str, float] = field(default_factory=dict)
     queue_growth_rate: Optional[float] = None  # engine queue's change per second over the rate window
+    # replicas' capacity lost to slowness: sum over slow replicas of 1 - 1 / latency ratio (step.py)
+    slow_capacity_lost: float = 0.0
     # rates per second from counter deltas (None until two readings exist)
     completion_rate: Optional[float] = None
     prompt_tokens_rate: Optional[float] = None

@@ -193,6 +193,7 @@ def test_cli_once_reports_the_engine_under_load(vllm_small_engine):
     assert pool["active_requests"] + pool["queued_requests"] <= 24
     assert 0 < pool["kv_tokens_live_high"] <= CAPACITY_TOKENS
     assert pool["kv_tokens_live_low"] <= pool["kv_tokens_live"] <= pool["kv_tokens_live_high"]
+    assert pool["slow_replicas"] == 0 and pool["replica_detail"][0]["slow"] is False  # one engine: no peer
     assert pool["kv_usage_ratio"] == pytest.approx(pool["kv_tokens_live_high"] / CAPACITY_TOKENS)
     assert pool["completion_rate"] is not None, "two readings 2 s apart give a rate"
     # block usage is block granular: usage x capacity is a whole number of usable blocks' worth

@@ -15,6 +15,7 @@ from ..model import COUNTERS, Histogram, PoolSnapshot, Quantiles, ReplicaReading
 from .counters import histogram_increase, increase
 from .histogram import quantiles
 from .kv_band import KvBand, kv_band, sum_bands, tokens_per_request_between
+from .slow import itl_in_window, latency_ratios
 
 LATENCY_KINDS = ("ttft", "itl", "e2e", "queue")
 
@@ -116,6 +117,7 @@ def derive_pools(history: dict[str, list[ReplicaReading]], now: float, window_se
             snap.last_fresh_timestamp = max(rs[-1].timestamp for rs in fresh)
         _gauges(snap, fresh)
         bands = {id(rs): replica_band(rs, now, window_seconds) for rs in series}
+        ratios = latency_ratios({rs[-1].target: itl_in_window(rs, now) for rs in fresh})
         pool_band = sum_bands([bands[id(rs)] for rs in fresh])
         snap.kv_tokens_live, snap.kv_tokens_live_low, snap.kv_tokens_live_high = pool_band[:3]
         snap.kv_tokens_method = None if pool_band.method == "unknown" else pool_band.method
@@ -138,6 +140,7 @@ def derive_pools(history: dict[str, list[ReplicaReading]], now: float, window_se
                 kv_tokens_live_low=band.low if up else None,
                 kv_tokens_live_high=band.high if up else None,
                 kv_tokens_method=band.method if up and band.high is not None else None,
+                latency_ratio=ratios.get(r.target) if up else None,
             ))
         overflowed = _rates(snap, fresh, now, window_seconds)
         _unknown_if_overflowed(snap, anomalies if anomalies is not None else {}, overflowed)

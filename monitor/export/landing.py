@@ -251,6 +251,9 @@ def _pool_card(p: PoolSnapshot, trend: list, alerts: Optional[list[Alert]] = Non
     mine = [a for a in alerts or () if a.pool in (p.pool, p.model) and a.state == "firing"]  # pending: above
     if mine:
         stale += ' <span class="badge bad">alert firing</span>'
+    slow = [r.replica for r in p.replica_detail if r.slow]
+    if slow:
+        stale += f' <span class="badge bad" title="{e(", ".join(slow))}">{len(slow)} slow</span>'
     return f"""
 <section class="card {cls}">
   <h2>{e(p.pool)}{stale}</h2>

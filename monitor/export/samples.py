@@ -141,6 +141,8 @@ def pool_samples(out: Rows, p: PoolSnapshot) -> None:
         out.add("headroom_replica_up", rl, 1.0 if r.up else 0.0)
         if r.up:
             out.add("headroom_replica_stalled", rl, 1.0 if r.stalled else 0.0)
+            out.add("headroom_replica_slow", rl, 1.0 if r.slow else 0.0)
+            out.add("headroom_replica_latency_ratio", rl, r.latency_ratio)
             out.add("headroom_replica_active_requests", rl, r.active_requests)
             out.add("headroom_replica_queued_requests", rl, r.queued_requests)
             out.add("headroom_replica_kv_tokens", rl, r.kv_tokens_live)

@@ -45,6 +45,8 @@ def pool_to_dict(p: PoolSnapshot) -> dict:
         "load_requests": p.load_requests if p.replicas else None,
         "offered_requests": p.offered_requests if p.replicas else None,
         "shed_rates": dict(p.shed_rates),
+        "slow_replicas": sum(1 for r in p.replica_detail if r.slow),
+        "slow_capacity_lost": p.slow_capacity_lost,
         "engines": list(p.engines),
         "kv_tokens_live": p.kv_tokens_live,
         "kv_tokens_live_low": p.kv_tokens_live_low,
@@ -67,7 +69,8 @@ def pool_to_dict(p: PoolSnapshot) -> dict:
             {"replica": r.replica, "up": r.up, "active_requests": r.active_requests,
              "queued_requests": r.queued_requests, "kv_tokens_live": r.kv_tokens_live,
              "kv_tokens_live_low": r.kv_tokens_live_low, "kv_tokens_live_high": r.kv_tokens_live_high,
-             "kv_tokens_capacity": r.kv_tokens_capacity, "kv_capacity_changes": r.kv_capacity_changes}
+             "kv_tokens_capacity": r.kv_tokens_capacity, "kv_capacity_changes": r.kv_capacity_changes,
+             "slow": r.slow, "latency_ratio": r.latency_ratio}
             for r in p.replica_detail
         ],
         "capacity": p.capacity.as_dict() if p.capacity is not None else {},

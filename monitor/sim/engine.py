@@ -631,6 +631,14 @@ class Replica:
         return need <= free
 
     # ------------------------------------------------------------------ driving
+    def slow_down(self, factor: float) -> None:
+        """Every step and prefill of this replica takes `factor` times as long from its next op on
+        (a throttled GPU, a bad node, a noisy neighbour): its counts look normal, its tokens come
+        slower."""
+        if not factor > 0:
+            raise ValueError(f"slow-down factor must be > 0, got {factor!r}")
+        self._a0, self._b, self._c, self._p = (v * factor for v in (self._a0, self._b, self._c, self._p))
+
     def admits(self) -> bool:
         """Whether an arrival gets into the queue (`max_num_queued_reqs`); a refused one is counted
         as vLLM counts it (vllm:admission_rejections_total{reason="max_num_queued_reqs"})."""
