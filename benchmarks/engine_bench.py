@@ -160,9 +160,12 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--trials", type=int, default=5)
     p.add_argument("--only", default=",".join(FIGURES), help="comma-separated: " + ", ".join(FIGURES))
-    p.add_argument("--out", default=os.path.join(HERE, "engine_results.json"))
+    p.add_argument("--out", default=None, help="default: benchmarks/engine_results.json "
+                                                 "(kv_band alone: benchmarks/kv_band_results.json)")
     args = p.parse_args(argv)
     only = tuple(x for x in args.only.split(",") if x)
+    if args.out is None:
+        args.out = os.path.join(HERE, "kv_band_results.json" if only == ("kv_band",) else "engine_results.json")
     unknown = set(only) - set(FIGURES)
     if unknown or args.trials < 1:
         p.error(f"unknown figure(s) {sorted(unknown)}" if unknown else "--trials must be >= 1")

@@ -1,6 +1,9 @@
 """Turn a vLLM `/metrics` scrape into `ReplicaReading`s, whatever the vLLM version.
 
-Accepted variants (docs: metrics-reference.md §1.5, §6): `vllm:` and `vllm_` spellings; V1 engines
+Accepted variants (docs: metrics-reference.md §1.5, §6): `vllm:` and `vllm_` spellings, and Ray
+Serve's `ray_vllm_` / `ray_vllm:` (exposition.VLLM_PREFIXES; its `ReplicaId` label is part of the
+engine id, so the replicas on one Ray node are summed as engines); vLLM 0.34's render histogram
+(`request_render_duration_seconds`, one series per request type, no engine label); V1 engines
 with an `engine` label (data-parallel engines are summed) and V0 engines without one; current and
 legacy names (`gpu_cache_usage_perc`, `gpu_prefix_cache_*`, `time_per_output_token_seconds`); an open
 label set on `cache_config_info`. KV capacity in tokens is `kv_cache_size_tokens` when present, else
