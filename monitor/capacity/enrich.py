@@ -55,6 +55,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from monitor.derive import histogram as histo
 from monitor.derive.core import pool_of
+from monitor.derive.kv_band import kv_band
 from monitor.derive.counters import histogram_increase, increase
 from monitor.capacity.headroom import CapacitySettings, pool_capacity
 from monitor.capacity.knee import KneeEstimator, SteadyPrior
@@ -90,7 +91,8 @@ def interval_observation(newer, older, signal: str) -> Optional[tuple[float, Opt
         if tokens is None or tokens <= 0:
             return None
         latency = e2e.sum / tokens
-    return e2e.sum / dt, newer.kv_live_tokens, latency
+    # live KV as the pool reports it: partial last blocks corrected (monitor/derive/kv_band.py)
+    return e2e.sum / dt, kv_band(newer.kv_live_tokens, newer.running, newer.block_size).estimate, latency
 
 
 def older_reading(readings, min_span: float):
