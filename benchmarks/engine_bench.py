@@ -10,6 +10,8 @@ tests make once (tests/engine/measure.py):
 - queue_agreement: one `headroom loadtest` ramp (2-20 sessions): the client's mean queue estimate
   (TTFT - unloaded TTFT) against the engine's view of what load added to TTFT, and client vs engine
   mean TTFT.
+- kv_band (benchmarks/kv_band_bench.py, its own two engines at block sizes 32 and 128): live KV
+  tokens against the client-side truth, the estimate and its band (issue 31).
 Each figure: every trial, the median and the worst, with the targets of issue 15 (knee within 10 %
 of the reference in the median trial and 20 % in the worst; Little's law within 10 % in the median).
 Results: benchmarks/engine_results.json (quoted in docs/capacity.md and the README).
@@ -39,7 +41,7 @@ from engine import servers  # noqa: E402
 from engine.measure import knee_sweep, littles_law_window, write_ramp_mix  # noqa: E402
 
 TARGETS = {"knee_median_within": 0.10, "knee_worst_within": 0.20, "littles_law_median_within": 0.10}
-FIGURES = ("knee", "littles_law", "queue_agreement")
+FIGURES = ("knee", "littles_law", "queue_agreement", "kv_band")  # kv_band: benchmarks/kv_band_bench.py
 
 
 def _summary(values: list[float], within: float = None) -> dict:
@@ -74,6 +76,18 @@ def trial_queue_agreement(engine, workdir: str, seed: int) -> dict:
 
 
 def run(trials: int, only: tuple[str, ...], save=None) -> dict:
+    """The reference engine's figures, then kv_band on its own two engines (block sizes 32, 128)."""
+    results = run_reference(trials, tuple(f for f in only if f != "kv_band"), save) if set(only) - {"kv_band"} else {}
+    if "kv_band" in only:
+        import kv_band_bench  # noqa: PLC0415 (benchmarks/: on the path as this script's folder)
+
+        results["kv_band"] = kv_band_bench.run(trials, 40.0, log=lambda m: print(m, file=sys.stderr, flush=True))
+        if save is not None:
+            save(results)
+    return results
+
+
+def run_reference(trials: int, only: tuple[str, ...], save=None) -> dict:
     python = servers.vllm_python()
     if not python:
         raise SystemExit("bench-engine: no vLLM venv (run .ci/install-vllm.sh or set HEADROOM_VLLM_PYTHON)")
@@ -146,9 +160,12 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--trials", type=int, default=5)
     p.add_argument("--only", default=",".join(FIGURES), help="comma-separated: " + ", ".join(FIGURES))
-    p.add_argument("--out", default=os.path.join(HERE, "engine_results.json"))
+    p.add_argument("--out", default=None, help="default: benchmarks/engine_results.json "
+                                                 "(kv_band alone: benchmarks/kv_band_results.json)")
     args = p.parse_args(argv)
     only = tuple(x for x in args.only.split(",") if x)
+    if args.out is None:
+        args.out = os.path.join(HERE, "kv_band_results.json" if only == ("kv_band",) else "engine_results.json")
     unknown = set(only) - set(FIGURES)
     if unknown or args.trials < 1:
         p.error(f"unknown figure(s) {sorted(unknown)}" if unknown else "--trials must be >= 1")

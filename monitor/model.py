@@ -48,7 +48,12 @@ COUNTERS = (
     "preemptions",
     "prefix_cache_hits",
     "prefix_cache_queries",
+    "admission_rejections",  # vllm:admission_rejections_total (0.32+): turned away by a queue limit
+    "request_aborted",  # vllm:request_success_total{finished_reason="abort"}: given up (mostly while queued)
 )
+
+# headroom_shed_requests_rate reasons (the names agreed with the dashboards and alerts)
+SHED_REASONS = ("rejected", "aborted", "gateway_rate_limited", "gateway_error", "gateway_timeout")
 
 # Histogram keys a ReplicaReading may carry (canonical names).
 HISTOGRAMS = (
@@ -60,6 +65,7 @@ HISTOGRAMS = (
     "decode",  # vllm:request_decode_time_seconds
     "prompt_len",  # vllm:request_prompt_tokens
     "generation_len",  # vllm:request_generation_tokens
+    "render",  # vllm:request_render_duration_seconds (0.34: templating + tokenisation before admission)
 )
 
 
@@ -120,11 +126,17 @@ class ReplicaSnapshot:
     up: bool
     active_requests: Optional[float] = None
     queued_requests: Optional[float] = None
-    kv_tokens_live: Optional[float] = None
+    kv_tokens_live: Optional[float] = None  # the estimate, partial last blocks corrected (derive/kv_band.py)
     kv_tokens_capacity: Optional[float] = None
-    kv_usage_ratio: Optional[float] = None
+    kv_usage_ratio: Optional[float] = None  # the engine's block usage
     power_watts: Optional[float] = None
     stalled: bool = False  # work running or waiting, nothing completed over global.stall_window
+    kv_tokens_live_low: Optional[float] = None  # every running request's last block holding one token
+    kv_tokens_live_high: Optional[float] = None  # what block usage implies (usage x capacity)
+    kv_tokens_method: Optional[str] = None  # derive/kv_band.py KvBand.method
+    kv_capacity_changes: float = 0.0  # KV capacity changes seen on this replica (counter)
+    latency_ratio: Optional[float] = None  # its inter-token latency over its peers' (derive/slow.py)
+    slow: bool = False  # the ratio stayed >= SLOW_RATIO for SLOW_HOLD seconds (monitor/step.py)
 
 
 @dataclass(frozen=True)
@@ -342,9 +354,21 @@ class PoolSnapshot:
     # gateway flow control, Dynamo's router), by gateway; {}: no gateway reports a queue for the pool
     gateway_queued: dict[str, float] = field(default_factory=dict)
     engines: tuple[str, ...] = ()  # the engine kinds serving the pool: "vllm", "sglang"
-    kv_tokens_live: Optional[float] = None
+    kv_tokens_live: Optional[float] = None  # the estimate: partial last blocks corrected (derive/kv_band.py)
+    kv_tokens_live_low: Optional[float] = None
+    kv_tokens_live_high: Optional[float] = None  # what block usage implies (usage x capacity)
+    kv_tokens_method: Optional[str] = None
     kv_tokens_capacity: Optional[float] = None
-    kv_usage_ratio: Optional[float] = None
+    kv_usage_ratio: Optional[float] = None  # the engines' block usage (high / capacity)
+    # requests in chat templating / tokenisation before admission (vLLM 0.34 render histogram:
+    # rate x mean duration = the increase of its _sum per second); None without the family
+    rendering_requests: Optional[float] = None
+    # requests per second turned away over the rate window, by reason (SHED_REASONS); {}: no source
+    # reports any (unknown, not 0)
+    shed_rates: dict[str, float] = field(default_factory=dict)
+    queue_growth_rate: Optional[float] = None  # engine queue's change per second over the rate window
+    # replicas' capacity lost to slowness: sum over slow replicas of 1 - 1 / latency ratio (step.py)
+    slow_capacity_lost: float = 0.0
     # rates per second from counter deltas (None until two readings exist)
     completion_rate: Optional[float] = None
     prompt_tokens_rate: Optional[float] = None
@@ -369,6 +393,39 @@ class PoolSnapshot:
     @property
     def gateway_queued_requests(self) -> Optional[float]:
         return sum(self.gateway_queued.values()) if self.gateway_queued else None
+
+    @property
+    def shed_rate(self) -> Optional[float]:
+        """Requests per second turned away; None when no source reports any. The engines' reasons
+        (rejected, aborted) and the gateways' (gateway_*) are not added: a gateway in front of the
+        engines relays their rejections and sees its clients' give-ups as errors or timeouts, so the
+        larger of the two sums is taken."""
+        if not self.shed_rates:
+            return None
+        gateway = sum(v for k, v in self.shed_rates.items() if k.startswith("gateway_"))
+        engine = sum(v for k, v in self.shed_rates.items() if not k.startswith("gateway_"))
+        return max(gateway, engine)
+
+    @property
+    def offered_requests(self) -> Optional[float]:
+        """The load offered to the pool in concurrent requests: the served active requests plus
+        the arrivals not served, each holding a mean service time (by Little's law, what they would
+        have held): the shed ones (`shed_rate`) and the queue's growth over the window (arrivals
+        the engines have not caught up with, counted until they are served or shed). The service
+        time is the window's mean end-to-end latency less its mean queue time. A steady queue adds
+        nothing: its requests are served in turn (in `active_requests`) or shed. None when no
+        source reports shed requests, or some arrivals were not served and no latency is known."""
+        active, shed = self.active_requests, self.shed_rate
+        if active is None or shed is None:
+            return None
+        unserved = shed + max(0.0, self.queue_growth_rate or 0.0)
+        if unserved <= 0:
+            return active
+        e2e, queue = self.latency.get("e2e"), self.latency.get("queue")
+        if e2e is None or e2e.mean is None:
+            return None
+        service = e2e.mean - (queue.mean if queue is not None and queue.mean is not None else 0.0)
+        return active + unserved * max(0.0, service)
 
     @property
     def load_requests(self) -> Optional[float]:

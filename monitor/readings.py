@@ -91,6 +91,8 @@ class TaskCumulative:
     calls: float = 0.0  # model calls seen by the gateway
     calls_seen: bool = False  # a gateway call series of this task type was read (calls may still be 0)
     failed_calls: float = 0.0
+    # failed calls that were demand turned away, by shed reason (sources/gateway_schema.py shed_reason): cumulative
+    failed_by_reason: dict[str, float] = field(default_factory=dict)
     input_tokens: Optional[float] = None
     output_tokens: Optional[float] = None
     call_latency: Optional[Histogram] = None

@@ -8,6 +8,7 @@ simulated fortnight of the demo - is a set of per-pool series with these names:
 | `active_requests`                 | requests in the running batches, no queue  | requests | max      | `headroom_active_requests`    | `vllm:num_requests_running`         |
 | `queued_requests`                 | requests waiting in the engine queues      | requests | max      | `headroom_queued_requests`    | `vllm:num_requests_waiting`         |
 | `load`                            | active + queued at the same instant        | requests | max      | the two above, added          | running + waiting                   |
+| `offered`                         | active + unserved arrivals x service time  | requests | max      | `headroom_offered_requests`   | -                                   |
 | `kv_tokens`                       | live KV-cache tokens                       | tokens   | max      | `headroom_kv_tokens`          | usage x `kv_cache_size_tokens`      |
 | `sessions`                        | concurrent agent sessions                  | sessions | max      | `headroom_sessions`           | -                                   |
 | `arrival_rate`                    | model calls finished per second            | 1/s      | mean     | `headroom_completion_rate`    | `rate(vllm:request_success_total)`  |
@@ -21,6 +22,11 @@ headroom's are one series per pool (`max by (pool)`: an HA pair's two copies are
 store (direct mode) holds the same names, written by `monitor.history.store.points_from_snapshot`.
 `load` is what the knee and the capacity are compared with (the forecasts' capacity series, the
 digest's load); arrivals equal completions on average, which is what `arrival_rate` measures.
+
+`offered` is the demand, not only the service: the active requests plus the arrivals not served
+(headroom_shed_requests_rate and the queue's growth) times their mean service time (monitor/model.py
+`PoolSnapshot.offered_requests`). When it is there, the forecasts' capacity series is `offered`, and
+`load` (the served load) is forecast beside it (monitor/forecast/pool.py).
 
 `load` is its own series, not a sum of the two peaks: the peak of active + queued within a step is
 at most, and usually less than, the peak of active plus the peak of queued.
@@ -72,6 +78,8 @@ _SPECS = (  # the docstring's table, row by row (a test holds them equal)
     Spec("queued_requests", "requests waiting in the engine queues", "requests", "max",
          metric="headroom_queued_requests"),
     Spec("load", "active + queued at the same instant", "requests", "max"),
+    Spec("offered", "active + unserved arrivals x service time", "requests", "max",
+         metric="headroom_offered_requests"),
     Spec("kv_tokens", "live KV-cache tokens", "tokens", "max", metric="headroom_kv_tokens"),
     Spec("sessions", "concurrent agent sessions", "sessions", "max", metric="headroom_sessions"),
     Spec("arrival_rate", "model calls finished per second", "1/s", "mean", metric="headroom_completion_rate"),

@@ -29,6 +29,7 @@ from .capacity.headroom import recommended_replicas
 from .derive.core import derive_pools, pool_of
 from .derive.gateway_queues import apply_gateway_queues
 from .derive.lead_time import LeadTimes
+from .derive.slow import SLOW_HOLD, SLOW_RATIO
 from .forecast.pool import exhaustion_seconds
 from .model import Alert, PoolSnapshot, RefitResult, ReplicaReading, Snapshot, SourceStatus
 from .readings import DcgmReading, GatewayScrape
@@ -86,6 +87,11 @@ class CycleState:
     down: dict[tuple[str, str], str] = field(default_factory=dict)  # (source, target) -> its error, while down
     down_seen: dict[tuple[str, str], float] = field(default_factory=dict)  # (source, target) -> last time down
     lead_times: LeadTimes = field(default_factory=LeadTimes)  # new replicas' time to their first completion
+    # (pool, replica) -> (KV capacity in tokens, when last read); a change is counted and logged once
+    kv_capacity: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
+    kv_capacity_changes: dict[tuple[str, str], float] = field(default_factory=dict)
+    slow_since: dict[tuple[str, str], float] = field(default_factory=dict)  # (pool, replica) -> ratio high since
+    slow_named: set[tuple[str, str]] = field(default_factory=set)  # named slow (logged once)
 
     def shift_time(self, seconds: float) -> None:
         """Move every time kept onto a wall clock that stepped by `seconds` (monitor/cycle.py), so
@@ -96,6 +102,8 @@ class CycleState:
             self.last_success += seconds
         self.last_fresh = {pool: t + seconds for pool, t in self.last_fresh.items()}
         self.down_seen = {key: t + seconds for key, t in self.down_seen.items()}
+        self.kv_capacity = {key: (cap, t + seconds) for key, (cap, t) in self.kv_capacity.items()}
+        self.slow_since = {key: t + seconds for key, t in self.slow_since.items()}
         self.lead_times.shift_time(seconds)
         if self.capacity is not None:
             self.capacity.shift_time(seconds)
@@ -121,9 +129,11 @@ def step(state: CycleState, inputs: CycleInputs, now: float) -> tuple[CycleState
             log.info("source %s %s is back", st.source, st.target)
     count_into(state.anomalies, inputs.anomalies)
     readings = _cap(state, inputs.readings)
+    _watch_kv_capacity(state, readings, now)
     state.lead_times.observe(readings, state.config.pool_by, first_cycle=state.cycles == 1)
     history = _remember(state, readings, now)
     pools = _derive(state, history, inputs, now)
+    _name_slow(state, pools, now)
     queue_anomalies: dict = {}
     apply_gateway_queues(pools, inputs.gateways, [gw.pools for gw in state.config.gateways], queue_anomalies)
     count_into(state.anomalies, queue_anomalies)
@@ -134,6 +144,8 @@ def step(state: CycleState, inputs: CycleInputs, now: float) -> tuple[CycleState
             log.exception("capacity assessment failed")
             count_into(state.errors, {("enricher", "capacity"): 1.0})
     for p in pools:
+        for rd in p.replica_detail:
+            rd.kv_capacity_changes = state.kv_capacity_changes.get((p.pool, rd.replica), 0.0)
         configured = state.config.pool_settings(p.pool).replica_lead_time
         measured = state.lead_times.measured.get(p.pool)
         p.replica_lead_time_seconds = configured if configured is not None else measured
@@ -162,6 +174,12 @@ def expire(state: CycleState, now: float, present: frozenset | set = frozenset()
         state.down.pop(key, None)
     for pool in [p for p, t in state.last_fresh.items() if t < before and p not in present]:
         del state.last_fresh[pool]
+    for key in [k for k, t in state.slow_since.items() if t < before]:
+        del state.slow_since[key]
+        state.slow_named.discard(key)
+    for key in [k for k, (_, t) in state.kv_capacity.items() if t < before]:
+        del state.kv_capacity[key]
+        state.kv_capacity_changes.pop(key, None)
     state.lead_times.expire(before)
     if state.capacity is not None:
         state.capacity.expire(before)
@@ -177,7 +195,9 @@ def _exhaustion_now(fc, p: PoolSnapshot, now: float):
     cap = c.exhaustion_requests
     if cap is None:
         return fc
-    left = exhaustion_seconds(fc.path.timestamps, fc.path.upper, cap, now, p.load_requests)
+    current = p.offered_requests if getattr(fc, "capacity_series", "load") == "offered" else None
+    left = exhaustion_seconds(fc.path.timestamps, fc.path.upper, cap, now,
+                              current if current is not None else p.load_requests)
     return replace(fc, exhaustion_seconds=left, capacity_requests=cap)
 
 
@@ -191,6 +211,46 @@ def _recommend(p) -> None:
                                  p.replicas - p.stalled_replicas)
         if n is not None:
             p.recommended_replicas[horizon] = n
+
+
+def _name_slow(state: CycleState, pools: list[PoolSnapshot], now: float) -> None:
+    """A replica whose latency ratio (monitor/derive/slow.py) has stayed >= SLOW_RATIO for SLOW_HOLD
+    seconds is slow: named (logged once, when it becomes so) and its share of the knee discounted
+    (`slow_capacity_lost`). A ratio below it, or unknown, starts the watch again."""
+    for p in pools:
+        for rd in p.replica_detail:
+            key = (p.pool, rd.replica)
+            if rd.latency_ratio is None or rd.latency_ratio < SLOW_RATIO:
+                state.slow_since.pop(key, None)
+                if key in state.slow_named:
+                    state.slow_named.discard(key)
+                    log.info("replica %s of pool %s is no longer slow", rd.replica, p.pool)
+                continue
+            since = state.slow_since.setdefault(key, now)
+            rd.slow = now - since >= SLOW_HOLD
+            if not rd.slow:
+                continue
+            p.slow_capacity_lost += 1.0 - 1.0 / rd.latency_ratio
+            if key not in state.slow_named:
+                state.slow_named.add(key)
+                log.warning("replica %s of pool %s is slow: its inter-token latency has been %.1fx its "
+                            "peers' for %.0f s", rd.replica, p.pool, rd.latency_ratio, now - since)
+
+
+def _watch_kv_capacity(state: CycleState, readings: list[ReplicaReading], now: float) -> None:
+    """Read each replica's KV capacity every cycle: vLLM 0.34 sizes an extensible KV cache after
+    warm-up, so identical replicas may differ and a restart may change it. A change is counted
+    (headroom_replica_kv_capacity_changes_total) and logged once, when it is seen."""
+    for r in readings:
+        if r.kv_capacity_tokens is None:
+            continue
+        key = (pool_of(r, state.config.pool_by), r.target)
+        old = state.kv_capacity.get(key)
+        state.kv_capacity[key] = (r.kv_capacity_tokens, now)
+        if old is not None and old[0] != r.kv_capacity_tokens:
+            state.kv_capacity_changes[key] = state.kv_capacity_changes.get(key, 0.0) + 1.0
+            log.warning("replica %s of pool %s: KV capacity changed from %.0f to %.0f tokens", r.target,
+                        key[0], old[0], r.kv_capacity_tokens)
 
 
 def _key(r: ReplicaReading) -> str:

@@ -284,3 +284,16 @@ def test_slack_message_stays_within_slack_limits(built):
     assert len(body["blocks"]) <= 50
     assert "15 more pools" in json.dumps(body["blocks"][-1])
     assert all(len(f["text"]) <= 2000 for b in body["blocks"] for f in b.get("fields", []))
+
+
+def test_the_forecast_is_of_the_offered_load_where_the_history_has_it(built):
+    d, _, settings = built
+    assert {p["forecast_series"] for p in d["pools"]} == {"load"}  # the demo history has no offered series
+    inp, _ = demo_input(WEEK_END, days=21)
+    pool = next(p for p in inp.pools if p.name == "chat-8b")
+    served = pool.series["active_requests"] + pool.series["queued_requests"]
+    pool.series["offered"] = served * 1.5  # half as much again was turned away
+    p = pool_of(build_digest(inp, settings), "chat-8b")
+    assert p["forecast_series"] == "offered"
+    assert p["forecast_next_week"]["peak"] > 1.3 * pool_of(d, "chat-8b")["forecast_next_week"]["peak"]
+    assert "the offered load (served + turned away)" in render_markdown(build_digest(inp, settings))

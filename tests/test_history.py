@@ -243,7 +243,7 @@ def test_forecast_history_reads_the_forecast_series_before_now():
     src = RecordingSource({"a": {"load": s, "active_requests": s, "task_arrivals:mail": s},
                            "b": {"queued_requests": s}})
     h = forecast_history(src, now=10 * 86400.0, days=7, step=300)
-    assert src.calls == [(None, 3 * 86400.0, 10 * 86400.0, 300, ("load", "arrival_rate", "kv_tokens",
+    assert src.calls == [(None, 3 * 86400.0, 10 * 86400.0, 300, ("load", "offered", "arrival_rate", "kv_tokens",
                                                                  "sessions", "task_arrivals"))]
     assert set(h) == {"a"} and set(h["a"]) == {"load", "task_arrivals:mail"}
     with pytest.raises(ValueError, match="days"):

@@ -70,7 +70,7 @@ def test_prometheus_and_store_sources_agree_on_pools_series_times_and_values(fle
     assert sorted(pr) == sorted(st) == sorted(fleet["truth"]["pool"].unique())
     for pool in st:
         assert sorted(pr[pool]) == sorted(st[pool])
-        assert len(st[pool]) == 6 + len([k for k in st[pool] if k.startswith("task_arrivals:")]) >= 8
+        assert len(st[pool]) == 7 + len([k for k in st[pool] if k.startswith("task_arrivals:")]) >= 9  # offered too
         for name, s in st[pool].items():
             assert len(s) == (fleet["end"] - fleet["start"]) // STEP  # every complete bucket
             if name in FROM_VLLM:  # vLLM's gauges for 10 days, headroom's for the last 4

@@ -75,10 +75,15 @@ def test_live_gauges_equal_engine_gauges_under_burst(vllm_small_engine):
         assert pool.active_requests == ref["running"]
         assert pool.queued_requests == ref["waiting"]
         assert pool.kv_tokens_capacity == ref["kv_capacity_tokens"] == CAPACITY_TOKENS
-        assert pool.kv_tokens_live == pytest.approx(ref["kv_live_tokens"], rel=1e-9, abs=1e-6)
+        # what block usage implies is the engine's own usage x capacity; the band below it is
+        # block_size - 1 tokens per running request wide, the estimate half a block per request in
+        assert pool.kv_tokens_live_high == pytest.approx(ref["kv_live_tokens"], rel=1e-9, abs=1e-6)
         assert ref["kv_live_tokens"] == pytest.approx(ref["kv_usage"] * CAPACITY_TOKENS)
+        assert pool.kv_tokens_live_low == pytest.approx(max(0.0, ref["kv_live_tokens"] - ref["running"] * 127))
+        assert pool.kv_tokens_live == pytest.approx(max(pool.kv_tokens_live_low,
+                                                        ref["kv_live_tokens"] - ref["running"] * 63.5))
         assert 0 <= pool.active_requests <= 8, "running is capped by max-num-seqs"
-        assert pool.kv_tokens_live <= CAPACITY_TOKENS
+        assert pool.kv_tokens_live_low <= pool.kv_tokens_live <= pool.kv_tokens_live_high <= CAPACITY_TOKENS
         checks.append((ref["running"], ref["waiting"], ref["kv_live_tokens"]))
         time.sleep(0.1)
     records = run.join(timeout=600)
@@ -186,11 +191,13 @@ def test_cli_once_reports_the_engine_under_load(vllm_small_engine):
     assert 1 <= pool["active_requests"] <= 8
     assert pool["queued_requests"] > 0, f"24 clients on 8 slots must queue (CLI runs read {tries})"
     assert pool["active_requests"] + pool["queued_requests"] <= 24
-    assert 0 < pool["kv_tokens_live"] <= CAPACITY_TOKENS
-    assert pool["kv_usage_ratio"] == pytest.approx(pool["kv_tokens_live"] / CAPACITY_TOKENS)
+    assert 0 < pool["kv_tokens_live_high"] <= CAPACITY_TOKENS
+    assert pool["kv_tokens_live_low"] <= pool["kv_tokens_live"] <= pool["kv_tokens_live_high"]
+    assert pool["slow_replicas"] == 0 and pool["replica_detail"][0]["slow"] is False  # one engine: no peer
+    assert pool["kv_usage_ratio"] == pytest.approx(pool["kv_tokens_live_high"] / CAPACITY_TOKENS)
     assert pool["completion_rate"] is not None, "two readings 2 s apart give a rate"
-    # live KV is block granular: usage x capacity is a whole number of usable blocks' worth
-    blocks = pool["kv_tokens_live"] / CAPACITY_TOKENS * 23  # 24 blocks, one is vLLM's null block
+    # block usage is block granular: usage x capacity is a whole number of usable blocks' worth
+    blocks = pool["kv_tokens_live_high"] / CAPACITY_TOKENS * 23  # 24 blocks, one is vLLM's null block
     assert abs(blocks - round(blocks)) < 1e-6
     assert [r.error for r in records if not r.ok] == []
     print(f"\n[cli] once: active {pool['active_requests']}, queued {pool['queued_requests']}, KV "

@@ -56,10 +56,12 @@ from typing import Mapping, Optional, Sequence
 
 from monitor.derive import histogram as histo
 from monitor.derive.core import pool_of
+from monitor.derive.kv_band import kv_band
 from monitor.derive.counters import histogram_increase, increase
 from monitor.capacity.headroom import CapacitySettings, pool_capacity
 from monitor.capacity.knee import KneeEstimator, SteadyPrior
 from monitor.capacity.power import key_map, power_by_pool
+from monitor.capacity.shed import gateway_shed_rates
 from monitor.capacity.slo import SloTracker, Target, bad_count, window_burn
 from monitor.capacity.tasks import TaskWindow, call_latency_by_class, derive_tasks, join_sources
 from monitor.model import Capacity, Histogram, PoolSlo, PoolSnapshot, PoolTasks, Quantiles, ReplicaReading, TaskStats
@@ -89,7 +91,8 @@ def interval_observation(newer, older, signal: str) -> Optional[tuple[float, Opt
         if tokens is None or tokens <= 0:
             return None
         latency = e2e.sum / tokens
-    return e2e.sum / dt, newer.kv_live_tokens, latency
+    # live KV as the pool reports it: partial last blocks corrected (monitor/derive/kv_band.py)
+    return e2e.sum / dt, kv_band(newer.kv_live_tokens, newer.running, newer.block_size).estimate, latency
 
 
 def older_reading(readings, min_span: float):
@@ -211,7 +214,9 @@ def assess(state: CapacityState, pools: list[PoolSnapshot], history: History,
            slo_windows: Optional[dict] = None) -> None:
     """Set `capacity` and `tasks` on every pool of the cycle (see the module docstring)."""
     state.slo_cycle_windows = slo_windows
-    tasks = _tasks(state, pools, gateways, now)
+    planned = _gateway_readings(state, pools, gateways)
+    tasks = _tasks(state, pools, planned, now)
+    shed = gateway_shed_rates(planned, state.task_pools, {p.pool for p in pools})
     power = _power(state, history, dcgm)
     by_pool: dict[str, dict] = {}  # one pass over the history: the work stays linear in series
     for key, readings in history.items():
@@ -227,6 +232,8 @@ def assess(state: CapacityState, pools: list[PoolSnapshot], history: History,
             _observe(state, est, mine)
         knee = est.estimate()
         by_type, classes = tasks.get(p.pool, ({}, {}))
+        for reason, rate in shed.get(p.pool, {}).items():
+            p.shed_rates[reason] = p.shed_rates.get(reason, 0.0) + rate
         vals = [t.sessions for t in by_type.values() if t.sessions is not None]
         sessions = float(sum(vals)) if vals else None
         settings = CapacitySettings(max_num_seqs=ps.max_num_seqs, kv_tokens_per_request=state.kv_per_request,
@@ -292,12 +299,12 @@ def _gateway_readings(state: CapacityState, pools: list[PoolSnapshot], gateways:
     return out
 
 
-def _tasks(state: CapacityState, pools: list[PoolSnapshot], gateways: Sequence[GatewayScrape], now: float
+def _tasks(state: CapacityState, pools: list[PoolSnapshot], planned: list[Planned], now: float
            ) -> dict[str, tuple[dict[str, TaskStats], dict[str, Quantiles]]]:
     """pool -> ({task_type: TaskStats}, {call class: Quantiles})."""
     by_pool: dict[str, tuple[dict[str, TaskStats], dict[str, Quantiles]]] = {}
     names = {p.pool for p in pools}
-    for pool, gcfg, reading, prev, covered in _gateway_readings(state, pools, gateways):
+    for pool, gcfg, reading, prev, covered in planned:
         for tt, stats in derive_tasks(reading, prev, gcfg, state.slo, covered).items():
             target_pool = state.task_pools.get(tt, pool)
             if target_pool not in names:

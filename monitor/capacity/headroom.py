@@ -131,8 +131,11 @@ def pool_capacity(pool: PoolSnapshot, knee: Knee, settings: CapacitySettings,
         caps["slots"] = float(settings.max_num_seqs * n)
     if pool.kv_tokens_capacity and kv_per_req:
         caps["kv"] = max(kv_capacity, 0.0) / kv_per_req
+    # a slow replica (monitor/derive/slow.py) holds its slots but serves 1 / ratio of a peer's
+    # tokens: its share of the knee is discounted by 1 - 1 / ratio (`slow_capacity_lost`)
+    n_knee = max(0.0, n - pool.slow_capacity_lost)
     if knee.requests is not None:
-        caps["knee"] = float(knee.requests * n)
+        caps["knee"] = float(knee.requests * n_knee)
     known = {k: v for k, v in caps.items() if v is not None}
     limiting = min(known, key=known.get) if known else None
     effective = known[limiting] if known else None
@@ -158,7 +161,7 @@ def pool_capacity(pool: PoolSnapshot, knee: Knee, settings: CapacitySettings,
 
     return Capacity(
         knee_requests=caps["knee"],
-        knee_kv_tokens=knee.kv_tokens * n if knee.kv_tokens is not None else None,
+        knee_kv_tokens=knee.kv_tokens * n_knee if knee.kv_tokens is not None else None,
         knee_source=knee.source, knee_signal=knee.signal,
         knee_confidence_ratio=float(knee.confidence),
         utilisation_ratio=(load / effective) if (effective and load is not None) else None,

@@ -14,6 +14,8 @@ from typing import Iterable, Optional
 from ..model import COUNTERS, Histogram, PoolSnapshot, Quantiles, ReplicaReading, ReplicaSnapshot
 from .counters import histogram_increase, increase
 from .histogram import quantiles
+from .kv_band import KvBand, kv_band, sum_bands, tokens_per_request_between
+from .slow import itl_in_window, latency_ratios
 
 LATENCY_KINDS = ("ttft", "itl", "e2e", "queue")
 
@@ -114,10 +116,16 @@ def derive_pools(history: dict[str, list[ReplicaReading]], now: float, window_se
         if fresh:
             snap.last_fresh_timestamp = max(rs[-1].timestamp for rs in fresh)
         _gauges(snap, fresh)
+        bands = {id(rs): replica_band(rs, now, window_seconds) for rs in series}
+        ratios = latency_ratios({rs[-1].target: itl_in_window(rs, now) for rs in fresh})
+        pool_band = sum_bands([bands[id(rs)] for rs in fresh])
+        snap.kv_tokens_live, snap.kv_tokens_live_low, snap.kv_tokens_live_high = pool_band[:3]
+        snap.kv_tokens_method = None if pool_band.method == "unknown" else pool_band.method
         for rs in series:
             r = rs[-1]
             up = r.target not in down
             stuck = up and stalled(rs, stall_window)
+            band = bands[id(rs)]
             if stuck:
                 snap.stalled_replicas += 1
                 snap.stalled_kv_tokens_capacity += r.kv_capacity_tokens or 0.0
@@ -125,17 +133,32 @@ def derive_pools(history: dict[str, list[ReplicaReading]], now: float, window_se
                 replica=r.target, pool=pool, up=up,
                 active_requests=r.running if up else None,
                 queued_requests=r.waiting if up else None,
-                kv_tokens_live=r.kv_live_tokens if up else None,
+                kv_tokens_live=band.estimate if up else None,
                 kv_tokens_capacity=r.kv_capacity_tokens,
                 kv_usage_ratio=r.kv_usage if up else None,
                 stalled=stuck,
+                kv_tokens_live_low=band.low if up else None,
+                kv_tokens_live_high=band.high if up else None,
+                kv_tokens_method=band.method if up and band.high is not None else None,
+                latency_ratio=ratios.get(r.target) if up else None,
             ))
         overflowed = _rates(snap, fresh, now, window_seconds)
         _unknown_if_overflowed(snap, anomalies if anomalies is not None else {}, overflowed)
     return sorted(pools.values(), key=lambda p: p.pool)
 
 
-SUMMED = ("active_requests", "queued_requests", "kv_tokens_live", "kv_tokens_capacity", "kv_usage_ratio",
+def replica_band(readings: list[ReplicaReading], now: float, window: float) -> KvBand:
+    """A replica's live KV tokens with their band (derive/kv_band.py): block usage x capacity
+    corrected for the running requests' partly filled last blocks, with the tokens per request of
+    the requests finished over the window when they say requests fit in one block."""
+    newest = readings[-1]
+    pair = window_pair(readings, now, window)
+    per_request = tokens_per_request_between(pair[0], newest) if pair is not None else None
+    return kv_band(newest.kv_live_tokens, newest.running, newest.block_size, per_request)
+
+
+SUMMED = ("active_requests", "queued_requests", "kv_tokens_live", "kv_tokens_live_low", "kv_tokens_live_high",
+          "rendering_requests", "kv_tokens_capacity", "kv_usage_ratio",
           "completion_rate", "prompt_tokens_rate", "generation_tokens_rate", "prefix_cache_hit_ratio",
           "preemption_rate", "mean_concurrency", "littles_law_ratio", "stalled_kv_tokens_capacity")
 
@@ -178,7 +201,6 @@ def _gauges(snap: PoolSnapshot, fresh: list[list[ReplicaReading]]) -> None:
         for reason, v in r.waiting_by_reason.items():
             reasons[reason] = reasons.get(reason, 0.0) + v
     snap.queued_by_reason = reasons
-    snap.kv_tokens_live = _sum(r.kv_live_tokens for r in newest)
     snap.kv_tokens_capacity = _sum(r.kv_capacity_tokens for r in newest)
     # the usage of the replicas whose live KV is known: a replica whose usage was unusable (NaN, > 1)
     # is unknown, never 0; none known -> None
@@ -212,6 +234,11 @@ def _rates(snap: PoolSnapshot, fresh: list[list[ReplicaReading]], now: float, wi
             seconds[key] = seconds.get(key, 0.0) + dt  # per-replica time, for the per-second sum
             deltas.setdefault("_rate_" + key, 0.0)
             deltas["_rate_" + key] += d / dt
+        if new.waiting is not None and old.waiting is not None:
+            snap.queue_growth_rate = (snap.queue_growth_rate or 0.0) + (new.waiting - old.waiting) / dt
+        rendered = histogram_increase(new.histograms.get("render"), old.histograms.get("render"))
+        if rendered is not None and rendered.sum >= 0:  # seconds spent rendering per second: requests rendering
+            snap.rendering_requests = (snap.rendering_requests or 0.0) + rendered.sum / dt
         for kind in LATENCY_KINDS:
             d = histogram_increase(new.histograms.get(kind), old.histograms.get(kind))
             if d is None:
@@ -234,6 +261,9 @@ def _rates(snap: PoolSnapshot, fresh: list[list[ReplicaReading]], now: float, wi
     snap.prompt_tokens_rate = deltas.get("_rate_prompt_tokens")
     snap.generation_tokens_rate = deltas.get("_rate_generation_tokens")
     snap.preemption_rate = deltas.get("_rate_preemptions")
+    for reason, key in (("rejected", "admission_rejections"), ("aborted", "request_aborted")):
+        if "_rate_" + key in deltas:
+            snap.shed_rates[reason] = deltas["_rate_" + key]
     q = deltas.get("prefix_cache_queries")
     if q:
         snap.prefix_cache_hit_ratio = deltas.get("prefix_cache_hits", 0.0) / q

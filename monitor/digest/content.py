@@ -193,8 +193,12 @@ def build_pool(p: PoolInput, start: float, end: float, settings: DigestSettings,
         out["capacity_now"] = out["capacity_at_peak"] = None
         out["sessions_per_megawatt"] = out["utilisation_mean"] = None
 
-    # forecasts: last week (trained before it) and next week (trained on everything)
-    out.update(_forecasts(p, load, start, end, step, settings))
+    # forecasts: last week (trained before it) and next week (trained on everything), of the
+    # offered load (served + what was turned away) where the history has it, else the served load
+    offered = series.get("offered")
+    demand, out["forecast_series"] = ((offered, "offered") if offered is not None and not offered.dropna().empty
+                                      else (load, "load"))
+    out.update(_forecasts(p, demand, start, end, step, settings))
 
     # tasks (one whole count per task type) and the cost over the covered hours
     tasks = _tasks(p, series, start, end, step, settings)

@@ -86,6 +86,10 @@ def coverage_text(p: dict) -> str:
 
 # ---- rows shared by every format -----------------------------------------------------------------
 
+# what the next week's forecast is of (digest/content.py `forecast_series`)
+FORECAST_OF = {"offered": "the offered load (served + turned away)", "load": "the served load (active + queued)"}
+
+
 def pool_sections(p: dict, currency: str) -> list[tuple[str, list[str], list[list[str]]]]:
     """(title, header, rows) tables of one pool, as plain text cells (escaped by each renderer)."""
     return [_peaks(p), _capacity(p), _next_week(p), _last_week(p), _task_types(p), _cost(p, currency)]
@@ -121,7 +125,8 @@ def _next_week(p: dict) -> tuple[str, list[str], list[list[str]]]:
     fn = p.get("forecast_next_week") or {}
     ex = p.get("exhaustion") or {}
     if fn.get("defined"):
-        rows = [["forecast peak (mean)", f"{num(fn['peak'], 1)} at {fn['peak_when']}"],
+        rows = [["forecast of", FORECAST_OF.get(p.get("forecast_series"), FORECAST_OF["load"])],
+                ["forecast peak (mean)", f"{num(fn['peak'], 1)} at {fn['peak_when']}"],
                 ["80% interval", interval(fn["interval80"])],
                 ["95% interval", interval(fn["interval95"])],
                 ["highest 95% upper bound in the week", num(fn["upper95_max"], 1)],

@@ -221,6 +221,14 @@ def _burn_cell(rates: dict) -> str:
                     for w, v in rates.items())
 
 
+def _kv_band_text(p: PoolSnapshot) -> str:
+    """The live-KV estimate's band, when block rounding leaves one (SGLang counts tokens: none)."""
+    lo, hi = p.kv_tokens_live_low, p.kv_tokens_live_high
+    if lo is None or hi is None or hi <= lo:
+        return ""
+    return f" · band {_fmt(lo)}–{_fmt(hi)}"
+
+
 def _pool_card(p: PoolSnapshot, trend: list, alerts: Optional[list[Alert]] = None, now: float = 0.0) -> str:
     e = html.escape
     cap = p.capacity if p.capacity is not None else Capacity()
@@ -243,6 +251,9 @@ def _pool_card(p: PoolSnapshot, trend: list, alerts: Optional[list[Alert]] = Non
     mine = [a for a in alerts or () if a.pool in (p.pool, p.model) and a.state == "firing"]  # pending: above
     if mine:
         stale += ' <span class="badge bad">alert firing</span>'
+    slow = [r.replica for r in p.replica_detail if r.slow]
+    if slow:
+        stale += f' <span class="badge bad" title="{e(", ".join(slow))}">{len(slow)} slow</span>'
     return f"""
 <section class="card {cls}">
   <h2>{e(p.pool)}{stale}</h2>
@@ -250,7 +261,7 @@ def _pool_card(p: PoolSnapshot, trend: list, alerts: Optional[list[Alert]] = Non
     <div><b>{_fmt(p.active_requests)}</b><span>active requests</span></div>
     <div><b>{_fmt(p.queued_requests)}</b><span>queued in the engines</span></div>
     {_gateway_kpi(p)}
-    <div><b>{_fmt(p.kv_tokens_live)}</b><span>of {_fmt(p.kv_tokens_capacity)} KV tokens ({kv_text})</span></div>
+    <div><b>{_fmt(p.kv_tokens_live)}</b><span>of {_fmt(p.kv_tokens_capacity)} KV tokens ({kv_text}){_kv_band_text(p)}</span></div>
     <div><b class="{cls}">{headroom}</b><span>headroom now · N-1: {headroom_n1}</span></div>
     <div><b>{_fmt(sessions)}</b><span>agent sessions of {_fmt(session_cap)} sustainable</span></div>
     <div><b>{_fmt(spmw)}</b><span>sessions per MW</span></div>

@@ -141,10 +141,15 @@ def pool_samples(out: Rows, p: PoolSnapshot) -> None:
         out.add("headroom_replica_up", rl, 1.0 if r.up else 0.0)
         if r.up:
             out.add("headroom_replica_stalled", rl, 1.0 if r.stalled else 0.0)
+            out.add("headroom_replica_slow", rl, 1.0 if r.slow else 0.0)
+            out.add("headroom_replica_latency_ratio", rl, r.latency_ratio)
             out.add("headroom_replica_active_requests", rl, r.active_requests)
             out.add("headroom_replica_queued_requests", rl, r.queued_requests)
             out.add("headroom_replica_kv_tokens", rl, r.kv_tokens_live)
+            out.add("headroom_replica_kv_tokens_low", rl, r.kv_tokens_live_low)
+            out.add("headroom_replica_kv_tokens_high", rl, r.kv_tokens_live_high)
         out.add("headroom_replica_kv_capacity_tokens", rl, r.kv_tokens_capacity)
+        out.add("headroom_replica_kv_capacity_changes", rl, r.kv_capacity_changes)
     if p.replicas == 0:
         return  # nothing fresh to say about this pool: withhold rather than repeat old values
     out.add("headroom_active_requests", pl, p.active_requests)
@@ -154,6 +159,12 @@ def pool_samples(out: Rows, p: PoolSnapshot) -> None:
     for gateway, v in sorted(p.gateway_queued.items()):
         out.add("headroom_gateway_queued_requests", {"pool": p.pool, "gateway": gateway}, v)
     out.add("headroom_kv_tokens", pl, p.kv_tokens_live)
+    out.add("headroom_kv_tokens_low", pl, p.kv_tokens_live_low)
+    out.add("headroom_kv_tokens_high", pl, p.kv_tokens_live_high)
+    out.add("headroom_rendering_requests", pl, p.rendering_requests)
+    for reason, rate in sorted(p.shed_rates.items()):
+        out.add("headroom_shed_requests_rate", {"pool": p.pool, "reason": reason}, rate)
+    out.add("headroom_offered_requests", pl, p.offered_requests)
     out.add("headroom_kv_capacity_tokens", pl, p.kv_tokens_capacity)
     out.add("headroom_kv_usage_ratio", pl, p.kv_usage_ratio)
     out.add("headroom_completion_rate", pl, p.completion_rate)

@@ -43,8 +43,16 @@ def pool_to_dict(p: PoolSnapshot) -> dict:
         "gateway_queued_requests": p.gateway_queued_requests,
         "gateway_queued": dict(p.gateway_queued),
         "load_requests": p.load_requests if p.replicas else None,
+        "offered_requests": p.offered_requests if p.replicas else None,
+        "shed_rates": dict(p.shed_rates),
+        "slow_replicas": sum(1 for r in p.replica_detail if r.slow),
+        "slow_capacity_lost": p.slow_capacity_lost,
         "engines": list(p.engines),
         "kv_tokens_live": p.kv_tokens_live,
+        "kv_tokens_live_low": p.kv_tokens_live_low,
+        "kv_tokens_live_high": p.kv_tokens_live_high,
+        "kv_tokens_method": p.kv_tokens_method,
+        "rendering_requests": p.rendering_requests,
         "kv_tokens_capacity": p.kv_tokens_capacity,
         "kv_usage_ratio": p.kv_usage_ratio,
         "completion_rate": p.completion_rate,
@@ -60,7 +68,9 @@ def pool_to_dict(p: PoolSnapshot) -> dict:
         "replica_detail": [
             {"replica": r.replica, "up": r.up, "active_requests": r.active_requests,
              "queued_requests": r.queued_requests, "kv_tokens_live": r.kv_tokens_live,
-             "kv_tokens_capacity": r.kv_tokens_capacity}
+             "kv_tokens_live_low": r.kv_tokens_live_low, "kv_tokens_live_high": r.kv_tokens_live_high,
+             "kv_tokens_capacity": r.kv_tokens_capacity, "kv_capacity_changes": r.kv_capacity_changes,
+             "slow": r.slow, "latency_ratio": r.latency_ratio}
             for r in p.replica_detail
         ],
         "capacity": p.capacity.as_dict() if p.capacity is not None else {},

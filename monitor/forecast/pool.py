@@ -4,12 +4,14 @@
 
 `series` maps a history series name (monitor/schema.py: one name, one meaning) to a pandas
 Series of its history (DatetimeIndex or Unix seconds). The series forecast:
-  "load"            peak concurrent requests (active + queued) per interval  -> the capacity series
+  "load"            peak concurrent requests (active + queued) per interval: served load
+  "offered"         load + shed arrivals x mean service time: the offered load -> the capacity series
+                    when its forecast is defined, else "load" (`PoolForecast.capacity_series` says which)
   "arrival_rate"    model calls finished per second (arrivals, on average)
   "kv_tokens"       peak live KV tokens per interval
   "sessions"        concurrent agent sessions
   "task_arrivals:<task_type>"  task starts per second by task type
-Any subset may be present. Only "load" is compared with `capacity_requests` (concurrent requests at
+Any subset may be present. Only the capacity series is compared with `capacity_requests` (concurrent requests at
 the knee) for the time to exhaustion. No I/O, no clock: `now` is passed in.
 
 The result is typed (`PoolForecast`: per horizon a `Horizon`, per series a `SeriesOutlook`, the
@@ -30,7 +32,8 @@ from monitor.forecast.series import SeriesError, prepare
 from monitor import schema
 
 CAPACITY_SERIES = "load"
-SERIES = tuple(schema.key(n) for n in ("load", "arrival_rate", "kv_tokens", "sessions"))
+OFFERED_SERIES = "offered"  # the capacity series instead of `load` when its forecast is defined
+SERIES = tuple(schema.key(n) for n in ("load", "offered", "arrival_rate", "kv_tokens", "sessions"))
 TASK_PREFIX = schema.SERIES["task_arrivals"].name + ":"
 HORIZONS = {"1h": 3600.0, "1d": 86400.0, "1w": 7 * 86400.0}
 
@@ -117,10 +120,12 @@ class PoolForecast:
     exhaustion_seconds: Optional[float] = None  # until its upper band reaches capacity_requests
     capacity_requests: Optional[float] = None
     path: Optional[ForecastPath] = field(default=None, compare=False)
+    capacity_series: str = CAPACITY_SERIES  # "offered" or "load": what horizons and exhaustion are of
 
     def as_dict(self) -> dict:
         """The JSON shape of `headroom once --json` and /api/v1/snapshot (no forecast path)."""
         return {"last_fit_timestamp": self.last_fit_timestamp, "capacity_requests": self.capacity_requests,
+                "capacity_series": self.capacity_series,
                 "exhaustion_seconds": self.exhaustion_seconds, "horizons": _horizons_dict(self.horizons),
                 "series": {name: s.as_dict() for name, s in self.series.items()}}
 
@@ -159,7 +164,7 @@ def exhaustion_seconds(times: np.ndarray, upper: np.ndarray, capacity: float | N
 def forecast_pool(series: dict[str, pd.Series], capacity_requests: float | None, now: float,
                   settings: PoolSettings = PoolSettings()) -> PoolForecast:
     outlooks: dict[str, SeriesOutlook] = {}
-    pool: dict = {}
+    candidates: dict[str, dict] = {}  # capacity-series candidate -> its horizons, exhaustion, path
     longest = max(HORIZONS[h] for h in settings.horizons)
     for name, raw in series.items():
         if not valid_series_name(name):
@@ -184,10 +189,12 @@ def forecast_pool(series: dict[str, pd.Series], capacity_requests: float | None,
             horizons = {h: _horizon_summary(times, fc.mean, upper, prep.end, HORIZONS[h], upper_80)
                         for h in settings.horizons}
             outlook = replace(outlook, horizons=horizons)
-            if name == CAPACITY_SERIES:
+            if name in (CAPACITY_SERIES, OFFERED_SERIES):
                 current = float(prep.values[-1]) if prep.observed[-1] else None
-                pool = {"horizons": horizons,
-                        "exhaustion_seconds": exhaustion_seconds(times, upper, capacity_requests, now, current),
-                        "path": ForecastPath(times, fc.mean, upper, fc.lower(settings.upper_level))}
+                candidates[name] = {
+                    "horizons": horizons, "capacity_series": name,
+                    "exhaustion_seconds": exhaustion_seconds(times, upper, capacity_requests, now, current),
+                    "path": ForecastPath(times, fc.mean, upper, fc.lower(settings.upper_level))}
         outlooks[name] = outlook
+    pool = candidates.get(OFFERED_SERIES) or candidates.get(CAPACITY_SERIES) or {}
     return PoolForecast(now, outlooks, capacity_requests=capacity_requests, **pool)

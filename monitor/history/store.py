@@ -37,6 +37,7 @@ def points_from_snapshot(snapshot) -> list[tuple[str, str, float, float]]:
         add(p.pool, "active_requests", p.active_requests)
         add(p.pool, "queued_requests", p.queued_requests)
         add(p.pool, "load", p.load_requests)
+        add(p.pool, "offered", p.offered_requests)
         add(p.pool, "kv_tokens", p.kv_tokens_live)
         add(p.pool, "arrival_rate", p.completion_rate)
         if p.capacity is not None:

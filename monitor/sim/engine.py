@@ -188,6 +188,7 @@ class PoolParams:
     idle_watts: float = 100.0
     max_watts: float = 700.0
     gpu_memory_utilization: float = 0.9
+    max_num_queued_reqs: int = 0  # vLLM's --max-num-queued-reqs: arrivals past it are rejected (0: no limit)
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -200,12 +201,14 @@ class PoolParams:
                 raise ValueError(f"pool {self.name!r}: {what}")
         need(isinstance(self.name, str) and self.name, "name must be a non-empty string")
         for f in ("replicas", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
-                  "block_size", "num_gpu_blocks", "gpus_per_replica", "prefix_cache_entries"):
+                  "block_size", "num_gpu_blocks", "gpus_per_replica", "prefix_cache_entries",
+                  "max_num_queued_reqs"):
             v = getattr(self, f)
             need(isinstance(v, int) and not isinstance(v, bool), f"{f} must be an integer, got {v!r}")
         need(self.replicas >= 1, f"replicas must be >= 1, got {self.replicas}")
         need(self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         need(self.block_size >= 1, f"block_size must be >= 1, got {self.block_size}")
+        need(self.max_num_queued_reqs >= 0, f"max_num_queued_reqs must be >= 0, got {self.max_num_queued_reqs}")
         need(self.num_gpu_blocks >= 2, f"num_gpu_blocks must be >= 2, got {self.num_gpu_blocks}")
         need(self.max_num_batched_tokens >= self.max_num_seqs,
              f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
@@ -330,6 +333,7 @@ class ReplicaStats:
         self.prefix_queries = 0
         self.prefix_hits = 0
         self.success = {"stop": 0, "length": 0, "abort": 0, "error": 0, "repetition": 0}
+        self.admission_rejections = 0  # arrivals turned away by max_num_queued_reqs
         self.rows: list[tuple] = []  # finished requests not yet binned (see ROW_HISTOGRAMS)
         self._h = {
             "request_prompt_tokens": Histo(tok),
@@ -627,6 +631,23 @@ class Replica:
         return need <= free
 
     # ------------------------------------------------------------------ driving
+    def slow_down(self, factor: float) -> None:
+        """Every step and prefill of this replica takes `factor` times as long from its next op on
+        (a throttled GPU, a bad node, a noisy neighbour): its counts look normal, its tokens come
+        slower."""
+        if not factor > 0:
+            raise ValueError(f"slow-down factor must be > 0, got {factor!r}")
+        self._a0, self._b, self._c, self._p = (v * factor for v in (self._a0, self._b, self._c, self._p))
+
+    def admits(self) -> bool:
+        """Whether an arrival gets into the queue (`max_num_queued_reqs`); a refused one is counted
+        as vLLM counts it (vllm:admission_rejections_total{reason="max_num_queued_reqs"})."""
+        limit = self.p.max_num_queued_reqs
+        if limit and len(self.waiting) >= limit:
+            self.stats.admission_rejections += 1
+            return False
+        return True
+
     def enqueue(self, r: Request, t: float) -> Optional[float]:
         """Add a request at time t. Returns the new boundary time if it moved, else None."""
         if not self.alive:
@@ -801,6 +822,7 @@ class Replica:
         except ValueError:
             return False
         r.state = ABORTED  # a planned op stays valid: the running set did not change
+        self.stats.success["abort"] += 1  # vLLM counts a request its client gave up on as finished_reason abort
         return True
 
     def kill(self, t: float) -> list[Request]:

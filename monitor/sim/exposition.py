@@ -281,7 +281,7 @@ def render_vllm(r: Replica, t: float, naming: str = "v1", colon: bool = True) ->
                                                       "repetition")
     counter("request_success", [({"finished_reason": k}, st.success[k]) for k in reasons], True)
     if not v0:
-        counter("admission_rejections", [({"reason": "max_num_queued_reqs"}, 0.0),
+        counter("admission_rejections", [({"reason": "max_num_queued_reqs"}, float(st.admission_rejections)),
                                          ({"reason": "max_num_queued_tokens"}, 0.0)], True,
                 no_engine=True)
     for key in _HIST_ORDER:

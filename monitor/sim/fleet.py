@@ -509,7 +509,7 @@ class Fleet:
         call.t_sent = t
         tt = task.tt
         replica = self._pick(call.pool)
-        if replica is None or (tt.error_rate > 0 and self.rng.random() < tt.error_rate):
+        if replica is None or (tt.error_rate > 0 and self.rng.random() < tt.error_rate) or not replica.admits():
             self._call_failed(call, t, t + 0.005)
             return
         self.rid += 1

@@ -97,6 +97,16 @@ def _fluid_queue(call_rate: np.ndarray, mu_full: np.ndarray, conc: np.ndarray, c
     return running, queued
 
 
+def _offered_measured(running: np.ndarray, queued: np.ndarray, service: np.ndarray, step_s: int,
+                      patience: float) -> np.ndarray:
+    """The offered load as headroom measures it (monitor/model.py `offered_requests`): active plus
+    the arrivals not served, the clients giving up (q / patience) and the queue's growth, each
+    holding the service time."""
+    giveup = queued / patience if patience > 0 else np.zeros_like(queued)
+    growth = np.maximum(0.0, np.diff(queued, prepend=queued[:1]) / step_s)
+    return running + (giveup + growth) * service
+
+
 def generate_history(config: Union[FleetConfig, str, None] = None, days: float = 14.0,
                      step_s: int = 60, end: Optional[float] = None, seed: int = 1,
                      level: float = 1.0, weekly_growth: float = 0.02, noise: float = 0.08,
@@ -174,8 +184,11 @@ def generate_history(config: Union[FleetConfig, str, None] = None, days: float =
         cap = per_rep_knee * pool.replicas
         mu_full = cap / latency(per_rep_knee, np.minimum(rho_p, 0.95))
         # the number in service fluctuates around Little's law (Poisson-like, damped)
+        offered_true = conc.copy()  # every arrival served at once: the demand the forecasts are about
         conc = np.maximum(0.0, conc + rng.normal(0, 1, n) * np.sqrt(np.maximum(conc, 0)) * 0.3)
         running, queued = _fluid_queue(call_rate, mu_full, conc, cap, step_s, patience)
+        offered = _offered_measured(running, queued, latency(np.minimum(running / pool.replicas, per_rep_knee)),
+                                    step_s, patience)
         kv_tokens = np.minimum(running * footprint, pool.kv_capacity_tokens * pool.replicas)
         sessions = np.zeros(n)
         for tt, r in task_rates.values():
@@ -188,7 +201,8 @@ def generate_history(config: Union[FleetConfig, str, None] = None, days: float =
                                         "instance": ""}))
         for name, vals in (("call_arrival_rate", call_rate), ("active_requests", running),
                            ("queued_requests", queued), ("kv_tokens", kv_tokens),
-                           ("sessions", sessions)):
+                           ("sessions", sessions), ("offered_requests", offered),
+                           ("offered_true", offered_true)):
             frames.append(pd.DataFrame({"timestamp": ts, "pool": pool.name, "series": name,
                                         "value": vals, "instance": ""}))
         if replica_series:
@@ -233,6 +247,8 @@ def schema_history(df: pd.DataFrame, config: Union[FleetConfig, str, None] = Non
     out = {"active_requests": wide["active_requests"], "queued_requests": wide["queued_requests"],
            "load": wide["active_requests"] + wide["queued_requests"], "kv_tokens": wide["kv_tokens"],
            "sessions": wide["sessions"], "arrival_rate": wide["call_arrival_rate"]}
+    if "offered_requests" in wide.columns:
+        out["offered"] = wide["offered_requests"]
     for col in wide.columns:
         if str(col).startswith("task_arrivals:"):
             out[key("task_arrivals", str(col).split(":", 1)[1])] = wide[col] / step

@@ -24,11 +24,19 @@ _NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
 _NORMALISED: dict[str, str] = {}
 
 
+# Spellings of vLLM's `vllm:` prefix: scrapers and OpenTelemetry rewrite the colon (`vllm_`); Ray
+# Serve re-exports vLLM's metrics through ray.util.metrics, which sanitises the colon and prefixes
+# `ray_` (vllm/v1/metrics/ray_wrappers.py: `ray_vllm_x`; some Ray versions keep `ray_vllm:x`).
+VLLM_PREFIXES = ("vllm_", "ray_vllm:", "ray_vllm_")
+
+
 def normalise_name(name: str) -> str:
-    """vLLM names are `vllm:x`; some scrapers rewrite the colon to `vllm_x`. Use the colon form."""
+    """vLLM names are `vllm:x`; any other spelling of the prefix (VLLM_PREFIXES) reads as `vllm:x`."""
     out = _NORMALISED.get(name)
     if out is None:
-        out = "vllm:" + name[5:] if name.startswith("vllm_") else name
+        out = name
+        if name.startswith(VLLM_PREFIXES):
+            out = "vllm:" + name.split("vllm", 1)[1][1:]
         if len(_NORMALISED) < 100_000:
             _NORMALISED[name] = out
     return out
@@ -179,7 +187,7 @@ def _wanted_regex(wanted: frozenset) -> "re.Pattern[str]":
         for name in wanted:
             alts.add(re.escape(name))
             if name.startswith("vllm:"):
-                alts.add(re.escape("vllm_" + name[5:]))
+                alts.update(re.escape(prefix + name[5:]) for prefix in VLLM_PREFIXES)
         body = "|".join(sorted(alts, key=len, reverse=True))
         rx = re.compile(r"\n(" + body + r")([{ \t][^\n]*)")
         if len(_REGEX_CACHE) > 64:

@@ -32,7 +32,7 @@ from monitor.sources.aux_samples import AUX_MAX_BODY_BYTES, iter_samples, too_la
 from monitor.sources.gateway_schema import (  # noqa: F401  (re-exported: the names every reader uses)
     APP_MODEL_CALLS, APP_SESSIONS_ACTIVE, APP_TASK_DURATION, APP_TASK_LABEL, APP_TASKS_STARTED,
     DEFAULT_LABELS, ENVOY_TOKENS, GATEWAY_FAMILIES, KINDS, UNATTRIBUTED, UNSET_VALUES, Families,
-    GatewayConfig, GatewayReading, TaskCumulative)
+    GatewayConfig, GatewayReading, TaskCumulative, shed_reason)
 
 # ---------------------------------------------------------------- parsing helpers
 
@@ -181,6 +181,7 @@ class _Accumulator:
             _track_ids(t, labels, value, self.session_label, self.config, self.reading)
         elif name in fam.failures:
             t.failed_calls += value
+            _shed(t, labels, value)
         elif name in fam.input_tokens:
             t.input_tokens = _add_opt(t.input_tokens, value)
         elif name in fam.output_tokens:
@@ -205,6 +206,7 @@ class _Accumulator:
                 _track_ids(t, labels, value, self.session_label, self.config, self.reading)
                 if labels.get("error_type"):
                     t.failed_calls += value
+                    _shed(t, labels, value)
             return
 
     def finish(self) -> GatewayReading:
@@ -224,6 +226,12 @@ class _Accumulator:
 
 _APP_FIELDS = {APP_TASKS_STARTED: "tasks_started", APP_MODEL_CALLS: "app_model_calls",
                APP_SESSIONS_ACTIVE: "sessions_active"}
+
+
+def _shed(t: TaskCumulative, labels: dict, value: float) -> None:
+    reason = shed_reason(labels)
+    if reason is not None:
+        t.failed_by_reason[reason] = t.failed_by_reason.get(reason, 0.0) + value
 
 
 def _add_opt(old: Optional[float], value: float) -> float:

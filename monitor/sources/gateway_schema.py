@@ -8,6 +8,7 @@ the reader's settings (`GatewayConfig`) and what one reading holds (`TaskCumulat
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from monitor.readings import (  # noqa: F401  (re-exported: the names every gateway reader uses)
     DEFAULT_LABELS, UNATTRIBUTED, UNSET_VALUES, GatewayConfig, GatewayReading, TaskCumulative)
@@ -68,3 +69,25 @@ APP_TASKS_STARTED = "agent_tasks_started_total"
 APP_MODEL_CALLS = "agent_task_model_calls_total"
 APP_SESSIONS_ACTIVE = "agent_sessions_active"
 APP_TASK_LABEL = "task_type"
+
+
+# labels a gateway's failure series carries its HTTP status or error class in (LiteLLM:
+# exception_status / exception_class; Envoy AI Gateway: error_type; others: status_code, code)
+_STATUS_LABELS = ("exception_status", "status_code", "code", "response_code")
+_CLASS_LABELS = ("exception_class", "error_type")
+
+
+def shed_reason(labels: dict) -> Optional[str]:
+    """The headroom_shed_requests_rate reason of one failed call: 429 is `gateway_rate_limited`;
+    408, 504 or an error class naming a timeout `gateway_timeout`; a 5xx or an unknown status
+    `gateway_error`. A client error (another 4xx: a bad request, a bad key) is not demand turned
+    away: None."""
+    status = next((str(labels[k]).strip() for k in _STATUS_LABELS if labels.get(k)), "")
+    cls = next((str(labels[k]) for k in _CLASS_LABELS if labels.get(k)), "").lower()
+    if status == "429" or "ratelimit" in cls.replace("_", ""):
+        return "gateway_rate_limited"
+    if status in ("408", "504") or "timeout" in cls:
+        return "gateway_timeout"
+    if status.startswith("4") and len(status) == 3:
+        return None
+    return "gateway_error"

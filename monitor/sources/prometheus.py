@@ -176,8 +176,8 @@ def decode_matrix(data: dict) -> list[tuple[dict[str, str], list[tuple[float, fl
 
 def vllm_selector(extra: str = "") -> str:
     """Every vLLM and SGLang series headroom reads (either spelling of the prefix)."""
-    regex = "|".join(f"{prefix}[:_](" + "|".join(sorted({n[len(prefix) + 1:] for n in names})) + ")"
-                     for prefix, names in (("vllm", vllm.WANTED), ("sglang", sglang.WANTED)))
+    regex = "|".join(f"{prefix}[:_](" + "|".join(sorted({n[n.index(':') + 1:] for n in names})) + ")"
+                     for prefix, names in (("(ray_)?vllm", vllm.WANTED), ("sglang", sglang.WANTED)))
     matchers = [f'__name__=~"{regex}"']
     if extra.strip():
         matchers.append(extra.strip().strip("{}"))

@@ -1,6 +1,9 @@
 """Turn a vLLM `/metrics` scrape into `ReplicaReading`s, whatever the vLLM version.
 
-Accepted variants (docs: metrics-reference.md §1.5, §6): `vllm:` and `vllm_` spellings; V1 engines
+Accepted variants (docs: metrics-reference.md §1.5, §6): `vllm:` and `vllm_` spellings, and Ray
+Serve's `ray_vllm_` / `ray_vllm:` (exposition.VLLM_PREFIXES; its `ReplicaId` label is part of the
+engine id, so the replicas on one Ray node are summed as engines); vLLM 0.34's render histogram
+(`request_render_duration_seconds`, one series per request type, no engine label); V1 engines
 with an `engine` label (data-parallel engines are summed) and V0 engines without one; current and
 legacy names (`gpu_cache_usage_perc`, `gpu_prefix_cache_*`, `time_per_output_token_seconds`); an open
 label set on `cache_config_info`. KV capacity in tokens is `kv_cache_size_tokens` when present, else
@@ -33,7 +36,9 @@ COUNTER_NAMES = {
     "preemptions": (P + "num_preemptions_total",),
     "prefix_cache_hits": (P + "prefix_cache_hits_total", P + "gpu_prefix_cache_hits_total"),
     "prefix_cache_queries": (P + "prefix_cache_queries_total", P + "gpu_prefix_cache_queries_total"),
+    "admission_rejections": (P + "admission_rejections_total",),  # no engine label: the API server's
 }
+ABORT = "abort"  # request_success_total's finished_reason for requests the client gave up on
 
 # canonical histogram key -> candidate base names, first present wins
 HISTOGRAM_NAMES = {
@@ -45,6 +50,7 @@ HISTOGRAM_NAMES = {
     "decode": (P + "request_decode_time_seconds",),
     "prompt_len": (P + "request_prompt_tokens",),
     "generation_len": (P + "request_generation_tokens",),
+    "render": (P + "request_render_duration_seconds",),  # 0.34; API-server side: no engine label
 }
 
 
@@ -117,6 +123,15 @@ def _num(value: Optional[str]) -> Optional[float]:
     return v if math.isfinite(v) else None
 
 
+def _engine(labels: dict[str, str]) -> str:
+    """The engine a series belongs to: its `engine` label, within its Ray Serve replica when the
+    series came through Ray (`ReplicaId`: one Ray node's metrics agent serves every replica on it;
+    they are read as engines of one target, summed like data-parallel engines)."""
+    engine = labels.get("engine", "")
+    replica = labels.get("ReplicaId")
+    return f"{replica}/{engine}" if replica else engine
+
+
 def _model_of(labels: dict[str, str]) -> Optional[str]:
     return labels.get("model_name")
 
@@ -167,7 +182,7 @@ def readings_from_scrape(scrape: ParsedScrape, target: str, timestamp: float,
         model = _model_of(labels)
         if model is None:
             return
-        engine = labels.get("engine", "")
+        engine = _engine(labels)
         if checked(scrape, value) is None or not first(attr, model, engine):
             return
         r = reading(model)
@@ -190,7 +205,7 @@ def readings_from_scrape(scrape: ParsedScrape, target: str, timestamp: float,
     capacity: dict[tuple[str, str], tuple[Optional[float], Optional[int], Optional[int]]] = {}
     for labels, _value in scrape.get(GAUGES["cache_info"]):
         model = labels.get("model_name")
-        engine = labels.get("engine", "")
+        engine = _engine(labels)
         block = _num(labels.get("block_size"))
         blocks = _num(labels.get("num_gpu_blocks"))
         tokens = _num(labels.get("kv_cache_size_tokens"))
@@ -209,7 +224,7 @@ def readings_from_scrape(scrape: ParsedScrape, target: str, timestamp: float,
     unknown_usage: set[str] = set()  # models with an engine whose usage was unusable: live KV unknown
     for labels, value in usage_samples:
         model = _model_of(labels)
-        engine = labels.get("engine", "")
+        engine = _engine(labels)
         if model is None or not first("kv_usage", model, engine):
             continue
         usage = checked(scrape, value, high=1.0)
@@ -240,6 +255,8 @@ def readings_from_scrape(scrape: ParsedScrape, target: str, timestamp: float,
                     continue
                 r = reading(model)
                 r.counters[key] = r.counters.get(key, 0.0) + value
+                if key == "request_success" and labels.get("finished_reason") == ABORT:
+                    r.counters["request_aborted"] = r.counters.get("request_aborted", 0.0) + value
             break
 
     for key, candidates in HISTOGRAM_NAMES.items():
@@ -304,7 +321,8 @@ def _bound(le: str) -> Optional[float]:
 
 
 def _histograms(buckets, sums, counts, scrape: Optional[ParsedScrape] = None) -> dict[str, Histogram]:
-    """Group `_bucket` samples by (model, engine) and sum engines per model."""
+    """Group `_bucket` samples by (model, engine, request_type) and sum them per model (the render
+    histogram of vLLM 0.34 has one series per request type)."""
     groups: dict[tuple, list[tuple[float, float]]] = {}
     for labels, value in buckets:
         le = labels.get("le")
@@ -313,14 +331,14 @@ def _histograms(buckets, sums, counts, scrape: Optional[ParsedScrape] = None) ->
         bound = _bound(le)
         if bound is None:
             continue
-        key = (labels.get("model_name"), labels.get("engine", ""))
+        key = (labels.get("model_name"), _engine(labels), labels.get("request_type", ""))
         g = groups.get(key)
         if g is None:
             groups[key] = [(bound, value)]
         else:
             g.append((bound, value))
-    sum_by = {(lb.get("model_name"), lb.get("engine", "")): v for lb, v in sums}
-    count_by = {(lb.get("model_name"), lb.get("engine", "")): v for lb, v in counts}
+    sum_by = {(lb.get("model_name"), _engine(lb), lb.get("request_type", "")): v for lb, v in sums}
+    count_by = {(lb.get("model_name"), _engine(lb), lb.get("request_type", "")): v for lb, v in counts}
     per_model: dict[str, Histogram] = {}
     for key, pairs in groups.items():
         model = key[0]

@@ -1,0 +1,84 @@
+"""Live KV tokens from a block-granular gauge: an estimate inside a band that holds the truth.
+
+vLLM reports KV use in blocks (`kv_cache_usage_perc` = used blocks / blocks), so usage x capacity
+counts every running request's last block as full. A request holding `t` tokens holds
+ceil(t / block_size) blocks, so its last block wastes between 0 and block_size - 1 slots:
+
+    high = usage x capacity                              (what block usage implies: an upper bound)
+    low  = max(0, high - running x (block_size - 1))     (every last block holding one token)
+
+The truth lies in [low, high] whatever the request lengths (a request's KV fills whole blocks
+except its last one). The estimate:
+- half a block per running request off `high` (the last block's fill taken as even over
+  1..block_size: a waste of (block_size - 1) / 2 on average), the method whenever requests span
+  several blocks (their lengths then fall anywhere within a block);
+- when the window's prompt and generated token counts say a running request holds fewer tokens
+  than one block on average (`tokens_per_request`: mean prompt + half the mean generation, from the
+  engine's request_prompt_tokens / request_generation_tokens histograms), every request sits in one
+  partly filled block and the half-block rule says nothing: running x tokens_per_request, kept in
+  the band.
+Without a block size (SGLang counts tokens, not blocks) or a running count, low = estimate = high.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+from ..model import ReplicaReading
+from .counters import histogram_increase
+
+
+class KvBand(NamedTuple):
+    estimate: Optional[float]
+    low: Optional[float]
+    high: Optional[float]
+    method: str  # "half_block", "tokens_per_request", "exact" (no block rounding to correct), "unknown"
+
+
+def kv_band(high: Optional[float], running: Optional[float], block_size: Optional[int],
+            tokens_per_request: Optional[float] = None) -> KvBand:
+    """The band and estimate of live KV tokens for one replica (see the module docstring)."""
+    if high is None:
+        return KvBand(None, None, None, "unknown")
+    if not block_size or block_size <= 1 or running is None:
+        return KvBand(high, high, high, "exact")
+    n = max(0.0, running)
+    low = max(0.0, high - n * (block_size - 1))
+    if n and tokens_per_request is not None and 0 < tokens_per_request < block_size:
+        est = min(high, max(low, n * tokens_per_request))
+        return KvBand(est, low, high, "tokens_per_request")
+    est = max(low, high - n * (block_size - 1) / 2.0)
+    return KvBand(est, low, high, "half_block")
+
+
+def tokens_per_running_request(prompt_mean: Optional[float], generation_mean: Optional[float]
+                               ) -> Optional[float]:
+    """Tokens a running request holds on average: its prompt and, generation being spread evenly
+    over its time in the batch, half of what it generates. None when either mean is unknown."""
+    if prompt_mean is None or generation_mean is None:
+        return None
+    return prompt_mean + generation_mean / 2.0
+
+
+def _mean_increase(new: ReplicaReading, old: ReplicaReading, key: str) -> Optional[float]:
+    d = histogram_increase(new.histograms.get(key), old.histograms.get(key))
+    return d.sum / d.count if d is not None and d.count > 0 else None
+
+
+def tokens_per_request_between(old: Optional[ReplicaReading], new: ReplicaReading) -> Optional[float]:
+    """`tokens_per_running_request` from the requests that finished between two readings of one
+    replica (the increase of request_prompt_tokens and request_generation_tokens); None without
+    an older reading or a finished request."""
+    if old is None or old is new:
+        return None
+    return tokens_per_running_request(_mean_increase(new, old, "prompt_len"),
+                                      _mean_increase(new, old, "generation_len"))
+
+
+def sum_bands(bands: list[KvBand]) -> KvBand:
+    """A pool's band: the replicas' bands summed over the replicas whose live KV is known."""
+    known = [b for b in bands if b.high is not None]
+    if not known:
+        return KvBand(None, None, None, "unknown")
+    methods = {b.method for b in known}
+    return KvBand(sum(b.estimate for b in known), sum(b.low for b in known), sum(b.high for b in known),
+                  methods.pop() if len(methods) == 1 else "mixed")
