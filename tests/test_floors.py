@@ -9,6 +9,7 @@ statement, deferred ones (inside a function) and TYPE_CHECKING ones included.
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import grimp
@@ -19,7 +20,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_the_floors_contract_is_kept(monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
-    code = lint_imports(config_filename=str(ROOT / "pyproject.toml"), no_cache=True, no_logo=True)
+    # import-linter configures logging as a command would (existing loggers disabled): put them back,
+    # so the tests after this one still see headroom's log lines
+    loggers = [lg for lg in logging.root.manager.loggerDict.values() if isinstance(lg, logging.Logger)]
+    disabled = [lg.disabled for lg in loggers]
+    try:
+        code = lint_imports(config_filename=str(ROOT / "pyproject.toml"), no_cache=True, no_logo=True)
+    finally:
+        for lg, was in zip(loggers, disabled):
+            lg.disabled = was
     out = capsys.readouterr().out
     assert code == 0, out[out.find("Broken contracts"):] or out
 
