@@ -131,10 +131,10 @@ def actions() -> dict:
         ], w=8, description="Live KV tokens at the knee, beside live KV tokens now."),
         row("Cost"),
         stat("GPU-hours in the range", [
-            target(f"sum_over_time((max without ({HA_LABELS}) (headroom_replicas{{{P}}}))[$__range:1m]) / 60 "
-                   "* $gpus_per_replica", "{{pool}}", instant=True, dedup_ha=False),
+            target(f"max without ({HA_LABELS}) (avg_over_time(headroom_replicas{{{P}}}[$__range])) "
+                   "* $__range_s / 3600 * $gpus_per_replica", "{{pool}}", instant=True, dedup_ha=False),
         ], unit="short", decimals=1, w=8,
-            description="Replicas answering x GPUs per replica, summed over the time range."),
+            description="Mean replicas answering over the time range x its hours x GPUs per replica."),
         timeseries("Cost per hour", [target(f"{gpus} * $gpu_hour_price", "{{pool}}")], unit="currencyUSD", w=8,
                    description="GPUs in use x the GPU-hour price (variables; digest.prices.gpu_hour)."),
         timeseries("Cost per 1,000 tasks", [
