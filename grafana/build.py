@@ -2,7 +2,8 @@
 
 The JSON files are committed; tests/test_dashboards.py fails when they differ from what this script
 generates, so edit here (or in grafana/blocks.py, the building blocks and conventions, and
-grafana/drilldown.py, the per-replica and what-to-do dashboards) and re-run.
+grafana/drilldown.py, the per-replica and what-to-do dashboards, grafana/health.py, headroom's own
+health panels) and re-run.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # blocks.py, drilldown
 from blocks import (DS, HA_LABELS, M, P, SCHEMA_VERSION, by_name, dashboard, dedup, engine,  # noqa: E402,F401
                     replicas_link, row, stat, table, target, target_variable, timeseries)
 from drilldown import actions, replicas  # noqa: E402
+from health import self_health  # noqa: E402
 
 OUT_DIR = Path(__file__).resolve().parent / "dashboards"
 
@@ -74,6 +76,20 @@ def fleet_capacity() -> dict:
             target(f"pool:vllm_num_requests_waiting_by_reason:sum{{{M}}}", "{{model_name}} {{reason}} (vLLM)"),
             target(f"headroom_queued_requests_by_reason{{{P}}}", "{{pool}} {{reason}}"),
         ], description="capacity = waiting for batch or KV space; deferred = LoRA budget, KV transfer.", stack=False),
+        *kv_and_latency(),
+        *self_health(),
+    ]
+    return dashboard("fleet-capacity", "headroom / Fleet capacity",
+                     "Capacity headroom of each pool: load vs the utilisation knee, N-1, KV cache, queues.", panels,
+                     [target_variable("ttft_target_seconds", "TTFT target (s)", "0.5",
+                                      "TTFT p95 target drawn on the latency panels (slos.pools.<pool>.ttft_p95_seconds)")])
+
+
+def kv_and_latency() -> list[dict]:
+    """The KV cache and latency rows of the fleet dashboard."""
+    target_line = [by_name("TTFT target", ("custom.lineStyle", {"fill": "dash", "dash": [10, 10]}),
+                           ("custom.fillOpacity", 0), ("color", {"mode": "fixed", "fixedColor": "red"}))]
+    return [
         row("KV cache"),
         timeseries("KV cache: live vs capacity", [
             target(f"headroom_kv_tokens{{{P}}}", "{{pool}} live"),
@@ -124,14 +140,12 @@ def fleet_capacity() -> dict:
             target("vector($ttft_target_seconds)", "TTFT target"),
         ], unit="s", description="From vLLM or SGLang histogram buckets over 5 minutes (recording rules); the dashed "
                                  "line is the TTFT target (variable ttft_target_seconds, from slos.pools).",
-            overrides=[by_name("TTFT target", ("custom.lineStyle", {"fill": "dash", "dash": [10, 10]}),
-                               ("custom.fillOpacity", 0), ("color", {"mode": "fixed", "fixedColor": "red"}))]),
+            overrides=target_line),
         timeseries("Engine latency (headroom)", [
             target(f'headroom_latency_seconds{{q=~"0.5|0.95",{P}}}', "{{pool}} {{kind}} p{{q}}"),
             target("vector($ttft_target_seconds)", "TTFT target"),
         ], unit="s", description="headroom's latency quantiles from histogram bucket deltas, with the TTFT target.",
-            overrides=[by_name("TTFT target", ("custom.lineStyle", {"fill": "dash", "dash": [10, 10]}),
-                               ("custom.fillOpacity", 0), ("color", {"mode": "fixed", "fixedColor": "red"}))]),
+            overrides=target_line),
         timeseries("Little's law check", [target(f"headroom_littles_law_ratio{{{P}}}", "{{pool}}")],
                    description="Completion rate x mean latency over mean observed concurrency; near 1 when the "
                                "counts are consistent.", w=12),
@@ -140,73 +154,6 @@ def fleet_capacity() -> dict:
             target(engine(f"pool:vllm_request_success:rate5m{{{M}}}", f"pool:sglang_request_success:rate5m{{{M}}}"),
                    "{{model_name}} (engine)"),
         ], unit="reqps"),
-        *self_health(),
-    ]
-    return dashboard("fleet-capacity", "headroom / Fleet capacity",
-                     "Capacity headroom of each pool: load vs the utilisation knee, N-1, KV cache, queues.", panels,
-                     [target_variable("ttft_target_seconds", "TTFT target (s)", "0.5",
-                                      "TTFT p95 target drawn on the latency panels (slos.pools.<pool>.ttft_p95_seconds)")])
-
-
-def self_health() -> list[dict]:
-    """The "headroom itself" rows of the fleet dashboard: sources, cycles, clock, store, web, shards, digest."""
-    def per_s(metric: str, by: str) -> str:  # a counter's rate, one copy of an HA pair's
-        return f"sum by ({by}) (max without ({HA_LABELS}) (rate({metric}[$__rate_interval])))"
-
-    return [
-        row("headroom itself"),
-        timeseries("Sources up", [
-            # every pod of every shard reads every source: one line per source target, up if any pod reaches it
-            target(f"max without ({HA_LABELS}, headroom_shard) (headroom_source_up)", "{{source}} {{target}}",
-                   dedup_ha=False),
-        ], min_=0, description="1 when some headroom pod reached and parsed the source in the last cycle "
-                               "(HeadroomSourceDown).", w=8),
-        stat("Seconds since the last successful cycle",
-             [target("time() - headroom_last_success_timestamp_seconds", "since last success")], unit="s",
-             thresholds=[(None, "green"), (120, "orange"), (300, "red")], w=4, h=8,
-             description="HeadroomDataStale fires above 5 minutes."),
-        timeseries("Stale pools", [target(f"headroom_pool_stale{{{P}}}", "{{pool}}")], min_=0, w=6,
-                   description="1 while a pool's values are withheld (HeadroomPoolStale)."),
-        timeseries("Cycle duration and source errors", [
-            target("headroom_cycle_duration_seconds", "cycle duration (s)"),
-            target(f"sum by (source, reason) (max without ({HA_LABELS}) "
-                   "(rate(headroom_source_errors_total[$__rate_interval])))",
-                   "{{source}} {{reason}} errors/s", dedup_ha=False),
-            target(f"sum by (what) (max without ({HA_LABELS}) (rate(headroom_dropped_series_total[$__rate_interval])))",
-                   "dropped {{what}}/s", dedup_ha=False),
-        ], w=6),
-        row("headroom itself: cycles, store, web, digest"),
-        timeseries("Cycle age vs interval", [
-            target("headroom_last_cycle_age_seconds", "since the last cycle (s)"),
-            target("3 * headroom_cycle_interval_seconds", "3 x interval (HeadroomCyclesStopped)"),
-            target(per_s("headroom_cycles_total", "job"), "cycles/s", dedup_ha=False),
-        ], min_=0, w=8, description="Seconds since the last cycle on the monotonic clock; HeadroomCyclesStopped "
-                                    "fires above 3 collection intervals."),
-        timeseries("Clock steps, input anomalies, store errors", [
-            target(per_s("headroom_clock_steps_total", "direction"), "clock step {{direction}}/s", dedup_ha=False),
-            target(per_s("headroom_input_anomalies_total", "kind"), "anomaly {{kind}}/s", dedup_ha=False),
-            target(per_s("headroom_store_errors_total", "operation"), "store error {{operation}}/s", dedup_ha=False),
-        ], unit="reqps", min_=0, w=8, description="Wall-clock steps, malformed input seen and dropped (never fatal), "
-                                                  "and history store failures (HeadroomHistoryStoreFailing)."),
-        timeseries("Pool freshness and headroom in requests", [
-            target(f"time() - headroom_pool_last_fresh_timestamp_seconds{{{P}}}", "{{pool}} seconds since fresh"),
-            target(f"headroom_headroom_requests{{{P}}}", "{{pool}} requests left before the knee ({{scenario}})"),
-        ], w=8, description="How old each pool's values are, and further concurrent requests that fit before the "
-                            "knee (current, N-1)."),
-        timeseries("headroom web server", [
-            target(per_s("headroom_web_events_total", "event"), "{{event}}/s", dedup_ha=False),
-            target("headroom_web_open_connections", "open connections"),
-        ], min_=0, w=8, description="headroom's own /metrics and landing page server: connections, timeouts, "
-                                    "overload (503)."),
-        timeseries("Shards exporting vs configured", [
-            target(f"count(max without ({HA_LABELS}, headroom_shard) (headroom_shards))", "exporting", dedup_ha=False),
-            target("max(headroom_shards)", "configured"),
-        ], min_=0, w=8, description="Shards that export headroom_shards against how many there should be "
-                                    "(HeadroomShardDown)."),
-        timeseries("Weekly digest", [
-            target("time() - headroom_digest_last_success_timestamp_seconds", "seconds since delivered"),
-            target("headroom_digest_pending_deliveries", "pending deliveries"),
-        ], min_=0, w=8, description="Since the digest last reached every destination, and deliveries waiting."),
     ]
 
 

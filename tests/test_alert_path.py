@@ -319,7 +319,8 @@ NOT_IN_THE_DEMO = {
     **_because("no router queue (llm-d / inference gateway flow control, Dynamo) in the demo (tests/test_gateway_queues.py)",
                "headroom_gateway_queued_requests"),
     **_because("counters exported from their first event; none happens on the demo",
-               "headroom_dropped_series_total", "headroom_input_anomalies_total", "headroom_store_errors_total"),
+               "headroom_dropped_series_total", "headroom_input_anomalies_total", "headroom_store_errors_total",
+               "headroom_source_errors_total"),
     **_because("no digest configured (tests/test_digest_delivery.py)",
                "headroom_digest_last_success_timestamp_seconds", "headroom_digest_pending_deliveries"),
     **_because("one series per family a target lacks; the simulated replicas expose every family "
