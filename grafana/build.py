@@ -208,16 +208,19 @@ def tasks_sessions() -> dict:
         row("Gateway (straight from gateway metrics)"),
         timeseries("Gateway call latency p95 by task type (LiteLLM)", [
             target('model_task_quantile:litellm_request_total_latency_seconds:histogram_quantile5m'
-                   '{quantile="0.95",model_group=~"$pool",metadata_task_type=~"$task_type"}',
+                   '{quantile="0.95",cluster=~"$cluster",namespace=~"$namespace",model_group=~"$pool",'
+                   'metadata_task_type=~"$task_type"}',
                    "{{model_group}} {{metadata_task_type}}"),
         ], unit="s", w=8),
         timeseries("Gateway calls per second by task type (LiteLLM)", [
-            target('model_task:litellm_proxy_total_requests:rate5m{requested_model=~"$pool",metadata_task_type=~"$task_type"}',
+            target('model_task:litellm_proxy_total_requests:rate5m{cluster=~"$cluster",namespace=~"$namespace",'
+                   'requested_model=~"$pool",metadata_task_type=~"$task_type"}',
                    "{{requested_model}} {{metadata_task_type}}"),
         ], unit="reqps", w=8, stack=True),
         timeseries("Gateway request duration p95 (Envoy AI Gateway)", [
             target('model_quantile:gen_ai_server_request_duration_seconds:histogram_quantile5m'
-                   '{quantile="0.95",gen_ai_request_model=~"$pool"}', "{{gen_ai_request_model}}"),
+                   '{quantile="0.95",cluster=~"$cluster",namespace=~"$namespace",gen_ai_request_model=~"$pool"}',
+                   "{{gen_ai_request_model}}"),
         ], unit="s", w=8),
     ]
     return dashboard("tasks-sessions", "headroom / Tasks and sessions",
@@ -290,7 +293,8 @@ def forecast() -> dict:
 
 
 def efficiency() -> dict:
-    power_fleet = "fleet:dcgm_fi_dev_power_usage_watts:sum"
+    power_fleet = 'fleet:dcgm_fi_dev_power_usage_watts:sum{cluster=~"$cluster"}'
+    C = 'cluster=~"$cluster"'
     panels = [
         row("Sessions per megawatt"),
         stat("Sessions per megawatt", [target(f"headroom_sessions_per_megawatt{{{P}}}", "{{pool}}")], w=8,
@@ -301,7 +305,7 @@ def efficiency() -> dict:
         timeseries("GPU power: headroom vs DCGM", [
             target(f"headroom_power_watts{{{P}}}", "{{pool}} (headroom)"),
             target(power_fleet, "fleet (DCGM)"),
-            target("sum by (Hostname) (DCGM_FI_DEV_POWER_USAGE < 1e6)", "{{Hostname}} (DCGM)"),
+            target(f"sum by (Hostname) (DCGM_FI_DEV_POWER_USAGE{{{C}}} < 1e6)", "{{Hostname}} (DCGM)"),
         ], unit="watt", description="headroom_power_watts is DCGM power summed per pool, or configured watts per "
                                     "replica when DCGM is not available."),
         row("Throughput per watt"),
@@ -314,7 +318,8 @@ def efficiency() -> dict:
                    "{{model_name}} prompt (engine)"),
         ], unit="short", description="Tokens per second (prompt tokens include prefix-cache hits)."),
         timeseries("Generated tokens per joule (fleet)", [
-            target(f"sum(pool:vllm_generation_tokens:rate5m or pool:sglang_generation_tokens:rate5m) / {power_fleet}", "tokens / J"),
+            target(f"sum by (cluster) (pool:vllm_generation_tokens:rate5m{{{C}}} or pool:sglang_generation_tokens:rate5m{{{C}}}) "
+                   f"/ {power_fleet}", "tokens / J"),
         ], description="Fleet generated tokens per second over fleet GPU watts."),
         timeseries("Prefix cache hit ratio", [
             target(f"headroom_prefix_cache_hit_ratio{{{P}}}", "{{pool}}"),
@@ -322,10 +327,10 @@ def efficiency() -> dict:
                    "{{model_name}} (engine)"),
         ], unit="percentunit", min_=0),
         timeseries("GPU utilisation (DCGM)", [
-            target("avg by (Hostname) (DCGM_FI_DEV_GPU_UTIL)", "{{Hostname}}"),
+            target(f"avg by (Hostname) (DCGM_FI_DEV_GPU_UTIL{{{C}}})", "{{Hostname}}"),
         ], unit="percent", min_=0),
         timeseries("GPU energy rate (DCGM counter)", [
-            target("sum(rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[$__rate_interval])) / 1000", "fleet"),
+            target(f"sum(rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{C}}}[$__rate_interval])) / 1000", "fleet"),
         ], unit="watt", description="DCGM energy counter (mJ) as average watts; cross-checks the power gauge."),
         timeseries("Sessions vs session capacity", [
             target(f"headroom_sessions{{{P}}}", "{{pool}} sessions"),

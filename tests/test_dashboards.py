@@ -264,10 +264,11 @@ def test_variable_queries_name_known_metrics():
 def test_headroom_metric_matchers_use_declared_labels_and_the_variables():
     """Catches typos like scenario→senario and panels that ignore a variable: every headroom pool series
     is filtered by cluster and pool, every replica series also by replica, every engine recording rule
-    by cluster, namespace and pool (model_name)."""
+    by cluster, namespace and pool (model_name), gateway rules by cluster and namespace, GPU series
+    by cluster."""
     fleet_level = {"headroom_source_up", "headroom_cycle_duration_seconds", "headroom_last_success_timestamp_seconds",
                    "headroom_forecast_last_fit_timestamp_seconds"}
-    checked = {"pool": 0, "replica": 0, "engine": 0}
+    checked = {"pool": 0, "replica": 0, "engine": 0, "gateway": 0, "gpu": 0}
     for path in DASHBOARD_FILES:
         has_replica_var = "replica" in {v["name"] for v in _dash(path)["templating"]["list"]}
         for title, t in _targets(_dash(path)):
@@ -275,11 +276,19 @@ def test_headroom_metric_matchers_use_declared_labels_and_the_variables():
                 labels = names.labels_of(name) if name else None
                 if labels is None:
                     if name and name.startswith("pool") and (":vllm_" in name or ":sglang_" in name):
-                        if "sum(" in t["expr"]:  # fleet-wide sums (tokens per joule)
+                        if "sum by (cluster) (" in t["expr"]:  # fleet-wide sums per cluster (tokens per joule)
+                            assert ("cluster", "MatchOp.Re", "$cluster") in matchers, (path.name, title, name)
                             continue
                         for label, var in (("model_name", "$pool"), ("cluster", "$cluster"), ("namespace", "$namespace")):
                             assert (label, "MatchOp.Re", var) in matchers, (path.name, title, name, label)
                         checked["engine"] += 1
+                    elif name and name.startswith("model"):  # gateway recording rules
+                        for label in ("cluster", "namespace"):
+                            assert (label, "MatchOp.Re", f"${label}") in matchers, (path.name, title, name, label)
+                        checked["gateway"] += 1
+                    elif name and name.startswith(("DCGM_", "fleet:")):  # GPU series: no pool, no engine namespace
+                        assert ("cluster", "MatchOp.Re", "$cluster") in matchers, (path.name, title, name)
+                        checked["gpu"] += 1
                     continue
                 for label, _op, _value in matchers:
                     assert label in labels, (path.name, title, name, label)
@@ -291,6 +300,7 @@ def test_headroom_metric_matchers_use_declared_labels_and_the_variables():
                     assert ("replica", "MatchOp.Re", "$replica") in matchers, (path.name, title, name)
                     checked["replica"] += 1
     assert checked["pool"] >= 80 and checked["replica"] >= 10 and checked["engine"] >= 20, checked
+    assert checked["gateway"] == 3 and checked["gpu"] >= 6, checked
 
 
 def test_headroom_queries_deduplicate_the_ha_pair():
