@@ -11,8 +11,8 @@ Conventions (monitoring-mixin style):
   dashboard. headroom metrics are filtered with `P` (cluster, pool), the engine recording rules
   (rules/) with `M` (cluster, namespace, model_name = pool: a pool is the engine's `model_name`), so
   the engine panels keep working when the headroom daemon is down;
-- engine panels read vLLM and SGLang alike: `engine(vllm_rule, sglang_rule)` joins the two pools'
-  recording rules with `or` (rules/headroom.rules.yaml has both groups);
+- engine panels read vLLM and SGLang alike: `engine(vllm_rule, sglang_rule, legend)` gives a target
+  for each engine's recording rule (rules/headroom.rules.yaml has both groups, with the same labels);
 - queries name only metrics from monitor/catalogue.py, the recording rules, vLLM / SGLang / gateway /
   DCGM metrics, or the families other branches add (tests/rules/promql_names.py, PENDING_FAMILIES);
 - HA pairs: with Helm `replicaCount: 2` two pods export the same headroom_* series, stored twice
@@ -45,9 +45,10 @@ DASHBOARD_UIDS = {
 }
 
 
-def engine(vllm_expr: str, sglang_expr: str) -> str:
-    """One engine-agnostic query: the vLLM recording rule, or else the SGLang one (same labels)."""
-    return f"{vllm_expr} or {sglang_expr}"
+def engine(vllm_expr: str, sglang_expr: str, legend: str) -> list[dict]:
+    """The same engine number from vLLM and from SGLang: two targets on the same recording-rule labels,
+    so a pool of either engine shows (legend + " (vLLM)" or " (SGLang)")."""
+    return [target(vllm_expr, legend + " (vLLM)"), target(sglang_expr, legend + " (SGLang)")]
 
 
 def replicas_link(label: str = "pool") -> dict:

@@ -95,8 +95,8 @@ def actions() -> dict:
         timeseries("Gateway queue vs engine queue", [
             target(f"sum by (pool) (headroom_gateway_queued_requests{{{P}}})", "{{pool}} queued at the gateway"),
             target(f"headroom_queued_requests{{{P}}}", "{{pool}} queued in the engines"),
-            target(engine(f"pool:vllm_num_requests_waiting:sum{{{M}}}", f"pool:sglang_num_queue_reqs:sum{{{M}}}"),
-                   "{{model_name}} queued in the engines (engine)"),
+            *engine(f"pool:vllm_num_requests_waiting:sum{{{M}}}", f"pool:sglang_num_queue_reqs:sum{{{M}}}",
+                   "{{model_name}} queued in the engines"),
             target(f"headroom_queued_requests_by_reason{{{P}}}", "{{pool}} queued: {{reason}}"),
         ], description="A router's or gateway's queue (llm-d, inference gateway, Dynamo) beside the engines' own; "
                        "by reason where the engine says (capacity, deferred).", w=12),

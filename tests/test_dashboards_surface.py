@@ -59,18 +59,26 @@ def test_the_families_of_the_other_branches_are_on_panels_and_still_pending():
 
 
 def test_engine_panels_read_vllm_and_sglang():
-    """Each engine recording rule a panel reads has its SGLang counterpart in the same query (or the
-    panel says the family is vLLM's only), and the counterparts are real recording rules."""
+    """A panel that reads an engine recording rule has a target for vLLM and one for SGLang, the same
+    rule of each engine (pool:vllm_X beside pool:sglang_Y, legends saying which), so a pool of either
+    engine shows; the rules exist."""
     rules = names.recording_rule_names()
     vllm_only = {"pool:vllm_num_requests_waiting_by_reason:sum"}  # SGLang reports no reason
     pairs = 0
     for path in DASHBOARD_FILES:
-        for title, t in _targets(_dash(path)):
-            found = [n for n in names.selector_names(substitute(t["expr"])) if n]
-            v = [n for n in found if ":vllm_" in n and n not in vllm_only]
-            s = [n for n in found if ":sglang_" in n]
-            assert len(v) == len(s), (path.name, title, t["expr"])
-            assert all(n in rules for n in v + s), (path.name, title)
+        for p in _panels(_dash(path)):
+            v, s_ = [], []
+            for t in p.get("targets", []):
+                found = [n for n in names.selector_names(substitute(t["expr"])) if n]
+                for n in found:
+                    if ":vllm_" in n and n not in vllm_only:
+                        v.append(n)
+                        assert t["legendFormat"].endswith("(vLLM)"), (path.name, p["title"])
+                    elif ":sglang_" in n:
+                        s_.append(n)
+                        assert t["legendFormat"].endswith("(SGLang)"), (path.name, p["title"])
+            assert len(v) == len(s_), (path.name, p["title"], v, s_)
+            assert all(n in rules for n in v + s_), (path.name, p["title"])
             pairs += len(v)
     assert pairs >= 15
 
