@@ -157,6 +157,30 @@ def kv_and_latency() -> list[dict]:
     ]
 
 
+def workload_shape() -> list[dict]:
+    """What the engines are sent: prompt and output lengths (vLLM and SGLang), finish reasons (vLLM)."""
+    def q(quantile: str, bucket: str) -> str:
+        return f"histogram_quantile({quantile}, sum by (model_name, le) (rate({bucket}{{{M}}}[$__rate_interval])))"
+
+    def lengths(title: str, vllm_bucket: str, sglang_bucket: str) -> dict:
+        return timeseries(title, [
+            *engine(q("0.5", vllm_bucket), q("0.5", sglang_bucket), "{{model_name}} p50"),
+            *engine(q("0.95", vllm_bucket), q("0.95", sglang_bucket), "{{model_name}} p95"),
+        ], w=8, description="Tokens per request, from the engines' histograms; a shift here moves the knee and "
+                            "the KV tokens per request.")
+
+    return [
+        row("Workload shape (engines)"),
+        lengths("Prompt length", "vllm:request_prompt_tokens_bucket", "sglang:prompt_tokens_histogram_bucket"),
+        lengths("Output length", "vllm:request_generation_tokens_bucket", "sglang:generation_tokens_histogram_bucket"),
+        timeseries("Finish reasons (vLLM)", [
+            target(f"sum by (model_name, finished_reason) (rate(vllm:request_success_total{{{M}}}[$__rate_interval]))",
+                   "{{model_name}} {{finished_reason}}"),
+        ], unit="reqps", stack=True, w=8, description="stop, length (hit max tokens), abort (client gave up), error, "
+                                                      "repetition; SGLang exports no finish reason."),
+    ]
+
+
 def tasks_sessions() -> dict:
     T = 'task_type=~"$task_type"'
     task_var = {
@@ -192,6 +216,7 @@ def tasks_sessions() -> dict:
         timeseries("Share of tasks over their latency target", [
             target(f"headroom_slo_violation_ratio{{{P},{T}}}", "{{pool}} {{task_type}}"),
         ], unit="percentunit", min_=0),
+        *workload_shape(),
         row("Sessions"),
         stat("Concurrent agent sessions", [target(f"headroom_sessions{{{P}}}", "{{pool}}")]),
         stat("Session capacity within SLO", [target(f"headroom_session_capacity{{{P}}}", "{{pool}}")],

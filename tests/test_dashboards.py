@@ -268,7 +268,7 @@ def test_headroom_metric_matchers_use_declared_labels_and_the_variables():
     by cluster."""
     fleet_level = {"headroom_source_up", "headroom_cycle_duration_seconds", "headroom_last_success_timestamp_seconds",
                    "headroom_forecast_last_fit_timestamp_seconds"}
-    checked = {"pool": 0, "replica": 0, "engine": 0, "gateway": 0, "gpu": 0}
+    checked = {"pool": 0, "replica": 0, "engine": 0, "gateway": 0, "gpu": 0, "raw engine": 0}
     for path in DASHBOARD_FILES:
         has_replica_var = "replica" in {v["name"] for v in _dash(path)["templating"]["list"]}
         for title, t in _targets(_dash(path)):
@@ -283,6 +283,10 @@ def test_headroom_metric_matchers_use_declared_labels_and_the_variables():
                         for label in ("cluster", "namespace"):
                             assert (label, "MatchOp.Re", f"${label}") in matchers, (path.name, title, name, label)
                         checked["gateway"] += 1
+                    elif name and name.startswith(("vllm:", "sglang:")):  # raw engine series (workload shape)
+                        for label, var in (("model_name", "$pool"), ("cluster", "$cluster"), ("namespace", "$namespace")):
+                            assert (label, "MatchOp.Re", var) in matchers, (path.name, title, name, label)
+                        checked["raw engine"] += 1
                     elif name and name.startswith(("DCGM_", "fleet:")):  # GPU series: no pool, no engine namespace
                         assert ("cluster", "MatchOp.Re", "$cluster") in matchers, (path.name, title, name)
                         checked["gpu"] += 1
@@ -297,7 +301,7 @@ def test_headroom_metric_matchers_use_declared_labels_and_the_variables():
                     assert ("replica", "MatchOp.Re", "$replica") in matchers, (path.name, title, name)
                     checked["replica"] += 1
     assert checked["pool"] >= 80 and checked["replica"] >= 10 and checked["engine"] >= 20, checked
-    assert checked["gateway"] == 3 and checked["gpu"] >= 6, checked
+    assert checked["gateway"] == 3 and checked["gpu"] >= 6 and checked["raw engine"] >= 9, checked
 
 
 def test_headroom_queries_deduplicate_the_ha_pair():

@@ -118,7 +118,7 @@ def test_every_engine_panel_shows_the_sglang_pool(sglang_stack):
             for k in sorted(variables, key=len, reverse=True):
                 expr = expr.replace(k, variables[k])
             found = [n for n in names.selector_names(expr) if n]
-            sglang_rules = [n for n in found if ":sglang_" in n]
+            sglang_rules = [n for n in found if ":sglang_" in n or n.startswith("sglang:")]
             own = found and all(n in ("headroom_active_requests", "headroom_queued_requests", "headroom_kv_tokens",
                                       "headroom_kv_capacity_tokens", "headroom_kv_usage_ratio", "headroom_replicas",
                                       "headroom_replicas_configured", "headroom_replica_up",
@@ -135,4 +135,4 @@ def test_every_engine_panel_shows_the_sglang_pool(sglang_stack):
                 assert {r["metric"].get("model_name") for r in result} == {MODEL}, (path.name, title)
                 engine_queries += 1
             own_queries += bool(own)
-    assert engine_queries >= 15 and own_queries >= 8, (engine_queries, own_queries)
+    assert engine_queries >= 19 and own_queries >= 8, (engine_queries, own_queries)
