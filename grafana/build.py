@@ -1,229 +1,24 @@
 """Build headroom's Grafana dashboards: `python grafana/build.py` writes grafana/dashboards/*.json.
 
 The JSON files are committed; tests/test_dashboards.py fails when they differ from what this script
-generates, so edit here and re-run. Conventions (monitoring-mixin style):
-
-- one file per dashboard, stable uid `headroom-<name>` (the file name), tag `headroom`;
-- a `datasource` variable of type prometheus, used by every panel and target (`${datasource}`);
-- a `pool` variable, `label_values(headroom_active_requests, pool)`, multi-select with "All" = `.*`;
-  headroom metrics are filtered with `pool=~"$pool"`, the vLLM recording rules (rules/) with
-  `model_name=~"$pool"` (a pool is the vLLM `model_name`), so the vLLM panels keep working when the
-  headroom daemon is down;
-- queries name only metrics from monitor/catalogue.py, the recording rules, or vLLM / gateway / DCGM
-  metrics (checked by the test);
-- HA pairs: with Helm `replicaCount: 2` two pods export the same headroom_* series, stored twice
-  under different `instance` / `pod`. `target()` therefore wraps every instant headroom_* selector in
-  `max without (instance, pod) (...)` (`min` for the metrics in DEDUP_MIN, where lower is worse, as the
-  alerts do), so no panel shows a pool twice or sums a pool twice; range selectors (`rate(...)`) are
-  wrapped by hand (`dedup=False`). docs/runbook.md, "Adapting the rules", explains the min/max choice;
-- schemaVersion 42, what @grafana/schema 13.2.3 (grafana/dashboard.schema.json) expects.
+generates, so edit here (or in grafana/blocks.py, the building blocks and conventions, and
+grafana/drilldown.py, the per-replica and what-to-do dashboards, grafana/health.py, headroom's own
+health panels) and re-run.
 """
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 
-SCHEMA_VERSION = 42
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # blocks.py, drilldown.py beside this file
+
+from blocks import (DS, HA_LABELS, M, P, SCHEMA_VERSION, by_name, dashboard, dedup, engine,  # noqa: E402,F401
+                    replicas_link, row, stat, table, target, target_variable, timeseries)
+from drilldown import actions, replicas  # noqa: E402
+from health import self_health  # noqa: E402
+
 OUT_DIR = Path(__file__).resolve().parent / "dashboards"
-DS = {"type": "prometheus", "uid": "${datasource}"}
-P = 'pool=~"$pool"'  # headroom metrics
-M = 'model_name=~"$pool"'  # vLLM recording rules
-
-DASHBOARD_UIDS = {
-    "fleet-capacity": "headroom-fleet-capacity",
-    "tasks-sessions": "headroom-tasks-sessions",
-    "forecast": "headroom-forecast",
-    "efficiency": "headroom-efficiency",
-}
-
-
-# ------------------------------------------------------------------ building blocks
-
-
-HA_LABELS = "instance, pod"  # the target labels in which the two pods of an HA pair differ
-# Lower is worse (or, for headroom_pool_stale, stale only when both pods withhold the pool): the
-# pessimistic copy is the smaller one. The alerts in rules/headroom.alerts.yaml use the same choice.
-DEDUP_MIN = {"headroom_ratio", "headroom_headroom_requests", "headroom_exhaustion_seconds", "headroom_knee_requests",
-             "headroom_knee_kv_tokens", "headroom_capacity_requests", "headroom_session_capacity",
-             "headroom_pool_stale"}
-# an instant headroom_* selector (not part of a longer name, not followed by a range `[...]`)
-_HEADROOM_SELECTOR = re.compile(r"(?<![\w:])(headroom_\w+)(\{[^}]*\})?(?![\w\[{])")
-
-
-def ha(name: str, matchers: str = "") -> str:
-    """One copy of an HA pair's duplicated series: `max|min without (instance, pod) (name{matchers})`."""
-    agg = "min" if name in DEDUP_MIN else "max"
-    return f"{agg} without ({HA_LABELS}) ({name}{matchers})"
-
-
-def dedup(expr: str) -> str:
-    """Wrap every instant headroom_* selector of `expr` with ha()."""
-    return _HEADROOM_SELECTOR.sub(lambda m: ha(m.group(1), m.group(2) or ""), expr)
-
-
-def target(expr: str, legend: str = "", *, instant: bool = False, table: bool = False, dedup_ha: bool = True) -> dict:
-    if dedup_ha:
-        expr = dedup(expr)
-    t = {"datasource": DS, "expr": expr, "legendFormat": legend or "__auto", "range": not instant, "instant": instant}
-    if table:
-        t["format"] = "table"
-    return t
-
-
-def _thresholds(steps: list[tuple[float | None, str]]) -> dict:
-    return {"mode": "absolute", "steps": [{"color": c, "value": v} for v, c in steps]}
-
-
-GREEN = [(None, "green")]
-
-
-def timeseries(title: str, targets: list[dict], *, unit: str = "short", description: str = "",
-               thresholds: list[tuple[float | None, str]] | None = None, show_thresholds: bool = False,
-               overrides: list[dict] | None = None, w: int = 12, h: int = 8, min_: float | None = None,
-               stack: bool = False, **extra) -> dict:
-    custom = {
-        "drawStyle": "line",
-        "lineWidth": 1,
-        "fillOpacity": 10 if not stack else 30,
-        "showPoints": "never",
-        "spanNulls": False,
-        "stacking": {"mode": "normal" if stack else "none", "group": "A"},
-        "thresholdsStyle": {"mode": "dashed" if show_thresholds else "off"},
-    }
-    defaults: dict = {"unit": unit, "custom": custom, "color": {"mode": "palette-classic"},
-                      "thresholds": _thresholds(thresholds or GREEN)}
-    if min_ is not None:
-        defaults["min"] = min_
-    panel = {
-        "type": "timeseries",
-        "title": title,
-        "description": description,
-        "datasource": DS,
-        "targets": targets,
-        "fieldConfig": {"defaults": defaults, "overrides": overrides or []},
-        "options": {"legend": {"displayMode": "table", "placement": "bottom", "showLegend": True,
-                               "calcs": ["lastNotNull", "max"]},
-                    "tooltip": {"mode": "multi", "sort": "desc"}},
-        "_size": (w, h),
-    }
-    panel.update(extra)
-    return panel
-
-
-def stat(title: str, targets: list[dict], *, unit: str = "short", description: str = "",
-         thresholds: list[tuple[float | None, str]] | None = None, w: int = 6, h: int = 4,
-         decimals: int | None = None) -> dict:
-    defaults: dict = {"unit": unit, "color": {"mode": "thresholds"}, "thresholds": _thresholds(thresholds or GREEN)}
-    if decimals is not None:
-        defaults["decimals"] = decimals
-    return {
-        "type": "stat",
-        "title": title,
-        "description": description,
-        "datasource": DS,
-        "targets": targets,
-        "fieldConfig": {"defaults": defaults, "overrides": []},
-        "options": {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-                    "colorMode": "value", "graphMode": "area", "textMode": "value_and_name",
-                    "justifyMode": "auto", "orientation": "auto"},
-        "_size": (w, h),
-    }
-
-
-def table(title: str, targets: list[dict], *, description: str = "", w: int = 12, h: int = 8) -> dict:
-    return {
-        "type": "table",
-        "title": title,
-        "description": description,
-        "datasource": DS,
-        "targets": targets,
-        "fieldConfig": {"defaults": {"unit": "short", "thresholds": _thresholds(GREEN)}, "overrides": []},
-        "options": {"showHeader": True, "cellHeight": "sm"},
-        "transformations": [{"id": "organize", "options": {"excludeByName": {"Time": True, "Value": True, "__name__": True}}}],
-        "_size": (w, h),
-    }
-
-
-def row(title: str) -> dict:
-    return {"type": "row", "title": title, "collapsed": False, "panels": [], "_size": (24, 1)}
-
-
-def by_name(name_regex: str, *props: tuple[str, object]) -> dict:
-    return {"matcher": {"id": "byRegexp", "options": name_regex},
-            "properties": [{"id": k, "value": v} for k, v in props]}
-
-
-def layout(panels: list[dict]) -> list[dict]:
-    """Give panels ids, gridPos (left to right, wrapping at 24 columns) and target refIds."""
-    x = y = row_h = 0
-    out = []
-    for i, p in enumerate(panels, start=1):
-        w, h = p.pop("_size")
-        if x + w > 24:
-            x, y, row_h = 0, y + row_h, 0
-        p = {"id": i, "gridPos": {"h": h, "w": w, "x": x, "y": y}, **p}
-        for n, t in enumerate(p.get("targets", [])):
-            t["refId"] = chr(ord("A") + n)
-        out.append(p)
-        x += w
-        row_h = max(row_h, h)
-    return out
-
-
-def pool_variable() -> dict:
-    return {
-        "name": "pool",
-        "label": "Pool",
-        "type": "query",
-        "datasource": DS,
-        "query": "label_values(headroom_active_requests, pool)",
-        "refresh": 2,
-        "multi": True,
-        "includeAll": True,
-        "allValue": ".*",
-        "current": {"text": ["All"], "value": ["$__all"]},
-        "sort": 1,
-        "description": "headroom pools (the vLLM model_name). 'All' also matches pools headroom does not know, "
-                       "so the vLLM panels keep working without the daemon.",
-    }
-
-
-def datasource_variable() -> dict:
-    return {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
-            "refresh": 1, "regex": "", "hide": 0}
-
-
-def dashboard(key: str, title: str, description: str, panels: list[dict], extra_vars: list[dict] | None = None,
-              time_from: str = "now-6h") -> dict:
-    return {
-        "uid": DASHBOARD_UIDS[key],
-        "title": title,
-        "description": description,
-        "tags": ["headroom"],
-        "editable": True,
-        "graphTooltip": 1,
-        "refresh": "30s",
-        "schemaVersion": SCHEMA_VERSION,
-        "time": {"from": time_from, "to": "now"},
-        "timepicker": {},
-        "timezone": "browser",
-        "fiscalYearStartMonth": 0,
-        "liveNow": False,
-        "annotations": {"list": [{
-            "builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True,
-            "hide": True, "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts", "type": "dashboard",
-        }]},
-        "links": [{"title": "headroom dashboards", "type": "dashboards", "tags": ["headroom"], "asDropdown": True,
-                   "icon": "external link", "includeVars": True, "keepTime": True, "targetBlank": False,
-                   "tooltip": ""}],
-        "templating": {"list": [datasource_variable(), pool_variable(), *(extra_vars or [])]},
-        "panels": layout(panels),
-    }
-
-
-# ------------------------------------------------------------------ dashboards
 
 
 def fleet_capacity() -> dict:
@@ -252,18 +47,25 @@ def fleet_capacity() -> dict:
             target(f"sum by (pool) (headroom_gateway_queued_requests{{{P}}})", "{{pool}} + queued at the gateway"),
             target(f"headroom_knee_requests{{{P}}}", "{{pool}} knee"),
             target(f'headroom_capacity_requests{{limit="effective",{P}}}', "{{pool}} effective capacity"),
-        ], description="Concurrent requests against the knee and the effective capacity (smallest limit).",
+        ], description="Concurrent requests against the knee and the effective capacity (smallest limit). "
+                       "Click a line for the pool's replicas.", links=[replicas_link()],
             overrides=[by_name(".* knee$", ("custom.lineStyle", {"fill": "dash", "dash": [10, 10]}),
                                ("custom.fillOpacity", 0))]),
         row("Load"),
         timeseries("Active vs queued requests", [
             target(f"headroom_active_requests{{{P}}}", "{{pool}} active"),
             target(f"headroom_queued_requests{{{P}}}", "{{pool}} queued"),
-            target(f"pool:vllm_num_requests_running:sum{{{M}}}", "{{model_name}} running (vLLM)"),
-            target(f"pool:vllm_num_requests_waiting:sum{{{M}}}", "{{model_name}} waiting (vLLM)"),
+            *engine(f"pool:vllm_num_requests_running:sum{{{M}}}", f"pool:sglang_num_running_reqs:sum{{{M}}}",
+                   "{{model_name}} running"),
+            *engine(f"pool:vllm_num_requests_waiting:sum{{{M}}}", f"pool:sglang_num_queue_reqs:sum{{{M}}}",
+                   "{{model_name}} waiting"),
             target(f"sum by (pool) (headroom_gateway_queued_requests{{{P}}})", "{{pool}} queued in front (gateway)"),
-        ], description="headroom's view, the same from vLLM (recording rules: they work while headroom is down), "
-                       "and requests in a router's queue (llm-d, Dynamo)."),
+            target(f"headroom_offered_requests{{{P}}}", "{{pool}} offered (served + shed)"),
+            target(f"headroom_rendering_requests{{{P}}}", "{{pool}} rendering (templating, tokenising)"),
+        ], description="headroom's view, the same from the engines (recording rules, vLLM or SGLang: they work while "
+                       "headroom is down), requests in a router's queue (llm-d, Dynamo), load offered including what "
+                       "was shed, and requests still being templated before admission. Click a line for the pool's "
+                       "replicas.", links=[replicas_link()]),
         timeseries("Utilisation vs knee", [target(f"headroom_utilisation_ratio{{{P}}}", "{{pool}}")],
                    unit="percentunit", description="Above 100% the pool is past its knee (HeadroomAboveKnee).",
                    thresholds=[(None, "green"), (1, "red")], show_thresholds=True, min_=0),
@@ -274,81 +76,116 @@ def fleet_capacity() -> dict:
             target(f"pool:vllm_num_requests_waiting_by_reason:sum{{{M}}}", "{{model_name}} {{reason}} (vLLM)"),
             target(f"headroom_queued_requests_by_reason{{{P}}}", "{{pool}} {{reason}}"),
         ], description="capacity = waiting for batch or KV space; deferred = LoRA budget, KV transfer.", stack=False),
+        *kv_and_latency(),
+        *self_health(),
+    ]
+    return dashboard("fleet-capacity", "headroom / Fleet capacity",
+                     "Capacity headroom of each pool: load vs the utilisation knee, N-1, KV cache, queues.", panels,
+                     [target_variable("ttft_target_seconds", "TTFT target (s)", "0.5",
+                                      "TTFT p95 target drawn on the latency panels (slos.pools.<pool>.ttft_p95_seconds)")])
+
+
+def kv_and_latency() -> list[dict]:
+    """The KV cache and latency rows of the fleet dashboard."""
+    target_line = [by_name("TTFT target", ("custom.lineStyle", {"fill": "dash", "dash": [10, 10]}),
+                           ("custom.fillOpacity", 0), ("color", {"mode": "fixed", "fixedColor": "red"}))]
+    return [
         row("KV cache"),
         timeseries("KV cache: live vs capacity", [
             target(f"headroom_kv_tokens{{{P}}}", "{{pool}} live"),
+            target(f"headroom_kv_tokens_low{{{P}}}", "{{pool}} live, low"),
+            target(f"headroom_kv_tokens_high{{{P}}}", "{{pool}} live, high (block usage)"),
             target(f"headroom_kv_capacity_tokens{{{P}}}", "{{pool}} capacity"),
             target(f"headroom_knee_kv_tokens{{{P}}}", "{{pool}} at knee"),
-            target(f"pool:vllm_kv_cache_tokens:sum{{{M}}}", "{{model_name}} live (vLLM)"),
-            target(f"pool:vllm_kv_cache_capacity_tokens:sum{{{M}}}", "{{model_name}} capacity (vLLM)"),
-        ], description="Live KV tokens = KV usage x KV capacity (vLLM cache_config_info kv_cache_size_tokens)."),
+            *engine(f"pool:vllm_kv_cache_tokens:sum{{{M}}}", f"pool:sglang_kv_cache_tokens:sum{{{M}}}",
+                   "{{model_name}} live"),
+            *engine(f"pool:vllm_kv_cache_capacity_tokens:sum{{{M}}}", f"pool:sglang_kv_cache_capacity_tokens:sum{{{M}}}",
+                   "{{model_name}} capacity"),
+        ], description="Live KV tokens: headroom's estimate with its band (high = what block usage implies), and "
+                       "KV usage x KV capacity from the engines. Click a line for the pool's replicas.",
+            links=[replicas_link()]),
         timeseries("KV cache usage", [
             target(f"headroom_kv_usage_ratio{{{P}}}", "{{pool}}"),
-            target(f"pool:vllm_kv_cache_usage:avg{{{M}}}", "{{model_name}} mean of engines (vLLM)"),
-            target(f"pool:vllm_kv_cache_usage:max{{{M}}}", "{{model_name}} fullest engine (vLLM)"),
+            *engine(f"pool:vllm_kv_cache_usage:avg{{{M}}}", f"pool:sglang_kv_cache_usage:avg{{{M}}}",
+                   "{{model_name}} mean of engines"),
+            *engine(f"pool:vllm_kv_cache_usage:max{{{M}}}", f"pool:sglang_kv_cache_usage:max{{{M}}}",
+                   "{{model_name}} fullest engine"),
         ], unit="percentunit", description="HeadroomKVCachePressure fires above 90% (mean of engines).",
             thresholds=[(None, "green"), (0.9, "red")], show_thresholds=True, min_=0),
         timeseries("Preemptions", [
-            target(f"pool:vllm_num_preemptions:rate5m{{{M}}}", "{{model_name}} (vLLM)"),
+            *engine(f"pool:vllm_num_preemptions:rate5m{{{M}}}", f"pool:sglang_num_retractions:rate5m{{{M}}}",
+                   "{{model_name}}"),
             target(f"headroom_preemption_rate{{{P}}}", "{{pool}}"),
         ], unit="reqps", description="Requests evicted from the running batch per second (HeadroomPreemptions)."),
         timeseries("Replicas", [
             target(f"headroom_replicas{{{P}}}", "{{pool}} answering"),
             target(f"headroom_replicas_configured{{{P}}}", "{{pool}} configured"),
-            target(f"pool:vllm_engines:count{{{M}}}", "{{model_name}} engines reporting (vLLM)"),
+            *engine(f"pool:vllm_engines:count{{{M}}}", f"pool:sglang_engines:count{{{M}}}",
+                   "{{model_name}} engines reporting"),
         ]),
         row("Latency"),
-        timeseries("Engine latency p95 (vLLM)", [
-            target(f'pool_quantile:vllm_time_to_first_token_seconds:histogram_quantile5m{{quantile="0.95",{M}}}',
+        timeseries("Engine latency p95 (vLLM, SGLang)", [
+            *engine(f'pool_quantile:vllm_time_to_first_token_seconds:histogram_quantile5m{{quantile="0.95",{M}}}',
+                          f'pool_quantile:sglang_time_to_first_token_seconds:histogram_quantile5m{{quantile="0.95",{M}}}',
                    "{{model_name}} TTFT"),
-            target(f'pool_quantile:vllm_inter_token_latency_seconds:histogram_quantile5m{{quantile="0.95",{M}}}',
+            *engine(f'pool_quantile:vllm_inter_token_latency_seconds:histogram_quantile5m{{quantile="0.95",{M}}}',
+                          f'pool_quantile:sglang_inter_token_latency_seconds:histogram_quantile5m{{quantile="0.95",{M}}}',
                    "{{model_name}} ITL"),
-            target(f'pool_quantile:vllm_e2e_request_latency_seconds:histogram_quantile5m{{quantile="0.95",{M}}}',
+            *engine(f'pool_quantile:vllm_e2e_request_latency_seconds:histogram_quantile5m{{quantile="0.95",{M}}}',
+                          f'pool_quantile:sglang_e2e_request_latency_seconds:histogram_quantile5m{{quantile="0.95",{M}}}',
                    "{{model_name}} end to end"),
-            target(f'pool_quantile:vllm_request_queue_time_seconds:histogram_quantile5m{{quantile="0.95",{M}}}',
+            *engine(f'pool_quantile:vllm_request_queue_time_seconds:histogram_quantile5m{{quantile="0.95",{M}}}',
+                          f'pool_quantile:sglang_queue_time_seconds:histogram_quantile5m{{quantile="0.95",{M}}}',
                    "{{model_name}} queue"),
-        ], unit="s", description="From vLLM histogram buckets over 5 minutes (recording rules)."),
+            target("vector($ttft_target_seconds)", "TTFT target"),
+        ], unit="s", description="From vLLM or SGLang histogram buckets over 5 minutes (recording rules); the dashed "
+                                 "line is the TTFT target (variable ttft_target_seconds, from slos.pools).",
+            overrides=target_line),
         timeseries("Engine latency (headroom)", [
             target(f'headroom_latency_seconds{{q=~"0.5|0.95",{P}}}', "{{pool}} {{kind}} p{{q}}"),
-        ], unit="s", description="headroom's latency quantiles from histogram bucket deltas."),
+            target("vector($ttft_target_seconds)", "TTFT target"),
+        ], unit="s", description="headroom's latency quantiles from histogram bucket deltas, with the TTFT target.",
+            overrides=target_line),
         timeseries("Little's law check", [target(f"headroom_littles_law_ratio{{{P}}}", "{{pool}}")],
                    description="Completion rate x mean latency over mean observed concurrency; near 1 when the "
                                "counts are consistent.", w=12),
         timeseries("Completions per second", [
             target(f"headroom_completion_rate{{{P}}}", "{{pool}}"),
-            target(f"pool:vllm_request_success:rate5m{{{M}}}", "{{model_name}} (vLLM)"),
+            *engine(f"pool:vllm_request_success:rate5m{{{M}}}", f"pool:sglang_request_success:rate5m{{{M}}}",
+                   "{{model_name}}"),
         ], unit="reqps"),
-        row("headroom itself"),
-        timeseries("Sources up", [
-            # every pod of every shard reads every source: one line per source target, up if any pod reaches it
-            target(f"max without ({HA_LABELS}, headroom_shard) (headroom_source_up)", "{{source}} {{target}}",
-                   dedup_ha=False),
-        ], min_=0, description="1 when some headroom pod reached and parsed the source in the last cycle "
-                               "(HeadroomSourceDown).", w=8),
-        stat("Seconds since the last successful cycle",
-             [target("time() - headroom_last_success_timestamp_seconds", "since last success")], unit="s",
-             thresholds=[(None, "green"), (120, "orange"), (300, "red")], w=4, h=8,
-             description="HeadroomDataStale fires above 5 minutes."),
-        timeseries("Stale pools", [target(f"headroom_pool_stale{{{P}}}", "{{pool}}")], min_=0, w=6,
-                   description="1 while a pool's values are withheld (HeadroomPoolStale)."),
-        timeseries("Cycle duration and source errors", [
-            target("headroom_cycle_duration_seconds", "cycle duration (s)"),
-            target(f"sum by (source, reason) (max without ({HA_LABELS}) "
-                   "(rate(headroom_source_errors_total[$__rate_interval])))",
-                   "{{source}} {{reason}} errors/s", dedup_ha=False),
-            target(f"sum by (what) (max without ({HA_LABELS}) (rate(headroom_dropped_series_total[$__rate_interval])))",
-                   "dropped {{what}}/s", dedup_ha=False),
-        ], w=6),
     ]
-    return dashboard("fleet-capacity", "headroom / Fleet capacity",
-                     "Capacity headroom of each pool: load vs the utilisation knee, N-1, KV cache, queues.", panels)
+
+
+def workload_shape() -> list[dict]:
+    """What the engines are sent: prompt and output lengths (vLLM and SGLang), finish reasons (vLLM)."""
+    def q(quantile: str, bucket: str) -> str:
+        return f"histogram_quantile({quantile}, sum by (model_name, le) (rate({bucket}{{{M}}}[$__rate_interval])))"
+
+    def lengths(title: str, vllm_bucket: str, sglang_bucket: str) -> dict:
+        return timeseries(title, [
+            *engine(q("0.5", vllm_bucket), q("0.5", sglang_bucket), "{{model_name}} p50"),
+            *engine(q("0.95", vllm_bucket), q("0.95", sglang_bucket), "{{model_name}} p95"),
+        ], w=8, description="Tokens per request, from the engines' histograms; a shift here moves the knee and "
+                            "the KV tokens per request.")
+
+    return [
+        row("Workload shape (engines)"),
+        lengths("Prompt length", "vllm:request_prompt_tokens_bucket", "sglang:prompt_tokens_histogram_bucket"),
+        lengths("Output length", "vllm:request_generation_tokens_bucket", "sglang:generation_tokens_histogram_bucket"),
+        timeseries("Finish reasons (vLLM)", [
+            target(f"sum by (model_name, finished_reason) (rate(vllm:request_success_total{{{M}}}[$__rate_interval]))",
+                   "{{model_name}} {{finished_reason}}"),
+        ], unit="reqps", stack=True, w=8, description="stop, length (hit max tokens), abort (client gave up), error, "
+                                                      "repetition; SGLang exports no finish reason."),
+    ]
 
 
 def tasks_sessions() -> dict:
     T = 'task_type=~"$task_type"'
     task_var = {
         "name": "task_type", "label": "Task type", "type": "query", "datasource": DS,
-        "query": 'label_values(headroom_task_latency_seconds{pool=~"$pool"}, task_type)',
+        "query": 'label_values(headroom_task_latency_seconds{cluster=~"$cluster",pool=~"$pool"}, task_type)',
         "refresh": 2, "multi": True, "includeAll": True, "allValue": ".*",
         "current": {"text": ["All"], "value": ["$__all"]}, "sort": 1,
     }
@@ -356,7 +193,11 @@ def tasks_sessions() -> dict:
         row("Tasks"),
         timeseries("Task latency p95 by task type", [
             target(f'headroom_task_latency_seconds{{q="0.95",{P},{T}}}', "{{pool}} {{task_type}}"),
-        ], unit="s", description="Whole-task latency (all model calls and tool waits of one agent task)."),
+            target("vector($task_target_seconds)", "task target"),
+        ], unit="s", description="Whole-task latency (all model calls and tool waits of one agent task); the dashed "
+                                 "line is the task target (variable task_target_seconds, from slos.task_types).",
+            overrides=[by_name("task target", ("custom.lineStyle", {"fill": "dash", "dash": [10, 10]}),
+                               ("custom.fillOpacity", 0), ("color", {"mode": "fixed", "fixedColor": "red"}))]),
         timeseries("Task latency quantiles", [
             target(f'headroom_task_latency_seconds{{q=~"0.5|0.9|0.99",{P},{T}}}',
                    "{{task_type}} p{{q}}"),
@@ -375,6 +216,7 @@ def tasks_sessions() -> dict:
         timeseries("Share of tasks over their latency target", [
             target(f"headroom_slo_violation_ratio{{{P},{T}}}", "{{pool}} {{task_type}}"),
         ], unit="percentunit", min_=0),
+        *workload_shape(),
         row("Sessions"),
         stat("Concurrent agent sessions", [target(f"headroom_sessions{{{P}}}", "{{pool}}")]),
         stat("Session capacity within SLO", [target(f"headroom_session_capacity{{{P}}}", "{{pool}}")],
@@ -391,21 +233,25 @@ def tasks_sessions() -> dict:
         row("Gateway (straight from gateway metrics)"),
         timeseries("Gateway call latency p95 by task type (LiteLLM)", [
             target('model_task_quantile:litellm_request_total_latency_seconds:histogram_quantile5m'
-                   '{quantile="0.95",model_group=~"$pool",metadata_task_type=~"$task_type"}',
+                   '{quantile="0.95",cluster=~"$cluster",namespace=~"$namespace",model_group=~"$pool",'
+                   'metadata_task_type=~"$task_type"}',
                    "{{model_group}} {{metadata_task_type}}"),
         ], unit="s", w=8),
         timeseries("Gateway calls per second by task type (LiteLLM)", [
-            target('model_task:litellm_proxy_total_requests:rate5m{requested_model=~"$pool",metadata_task_type=~"$task_type"}',
+            target('model_task:litellm_proxy_total_requests:rate5m{cluster=~"$cluster",namespace=~"$namespace",'
+                   'requested_model=~"$pool",metadata_task_type=~"$task_type"}',
                    "{{requested_model}} {{metadata_task_type}}"),
         ], unit="reqps", w=8, stack=True),
         timeseries("Gateway request duration p95 (Envoy AI Gateway)", [
             target('model_quantile:gen_ai_server_request_duration_seconds:histogram_quantile5m'
-                   '{quantile="0.95",gen_ai_request_model=~"$pool"}', "{{gen_ai_request_model}}"),
+                   '{quantile="0.95",cluster=~"$cluster",namespace=~"$namespace",gen_ai_request_model=~"$pool"}',
+                   "{{gen_ai_request_model}}"),
         ], unit="s", w=8),
     ]
     return dashboard("tasks-sessions", "headroom / Tasks and sessions",
                      "Agent tasks: latency by task type, calls per task, SLO burn, concurrent sessions.",
-                     panels, [task_var])
+                     panels, [task_var, target_variable("task_target_seconds", "Task target (s)", "30",
+                                                        "task p95 target (slos.task_types / slos.default)")])
 
 
 def forecast() -> dict:
@@ -426,7 +272,7 @@ def forecast() -> dict:
     panels = [
         row("Actual vs forecast"),
         timeseries("Load: actual vs forecast ($pool)", [
-            target(f'headroom_active_requests{{pool=~"$pool"}} + headroom_queued_requests{{pool=~"$pool"}}', "actual"),
+            target(f"headroom_active_requests{{{P}}} + headroom_queued_requests{{{P}}}", "actual"),
             target(f"headroom_forecast_requests{{{P},{H}}}", "forecast mean"),
             target(f"headroom_forecast_peak_requests{{{P},{H}}}", "forecast peak"),
             target(f"headroom_forecast_peak_requests_upper{{{P},{H}}}", "forecast peak upper (95%)"),
@@ -472,7 +318,8 @@ def forecast() -> dict:
 
 
 def efficiency() -> dict:
-    power_fleet = "fleet:dcgm_fi_dev_power_usage_watts:sum"
+    power_fleet = 'fleet:dcgm_fi_dev_power_usage_watts:sum{cluster=~"$cluster"}'
+    C = 'cluster=~"$cluster"'
     panels = [
         row("Sessions per megawatt"),
         stat("Sessions per megawatt", [target(f"headroom_sessions_per_megawatt{{{P}}}", "{{pool}}")], w=8,
@@ -483,28 +330,31 @@ def efficiency() -> dict:
         timeseries("GPU power: headroom vs DCGM", [
             target(f"headroom_power_watts{{{P}}}", "{{pool}} (headroom)"),
             target(power_fleet, "fleet (DCGM)"),
-            target("sum by (Hostname) (DCGM_FI_DEV_POWER_USAGE < 1e6)", "{{Hostname}} (DCGM)"),
+            target(f"sum by (Hostname) (DCGM_FI_DEV_POWER_USAGE{{{C}}} < 1e6)", "{{Hostname}} (DCGM)"),
         ], unit="watt", description="headroom_power_watts is DCGM power summed per pool, or configured watts per "
                                     "replica when DCGM is not available."),
         row("Throughput per watt"),
         timeseries("Tokens per second", [
             target(f"headroom_generation_tokens_rate{{{P}}}", "{{pool}} generated"),
             target(f"headroom_prompt_tokens_rate{{{P}}}", "{{pool}} prompt"),
-            target(f"pool:vllm_generation_tokens:rate5m{{{M}}}", "{{model_name}} generated (vLLM)"),
-            target(f"pool:vllm_prompt_tokens:rate5m{{{M}}}", "{{model_name}} prompt (vLLM)"),
+            *engine(f"pool:vllm_generation_tokens:rate5m{{{M}}}", f"pool:sglang_generation_tokens:rate5m{{{M}}}",
+                   "{{model_name}} generated"),
+            *engine(f"pool:vllm_prompt_tokens:rate5m{{{M}}}", f"pool:sglang_prompt_tokens:rate5m{{{M}}}",
+                   "{{model_name}} prompt"),
         ], unit="short", description="Tokens per second (prompt tokens include prefix-cache hits)."),
         timeseries("Generated tokens per joule (fleet)", [
-            target(f"sum(pool:vllm_generation_tokens:rate5m) / {power_fleet}", "tokens / J"),
+            target(f"fleet:engine_generation_tokens:rate5m{{{C}}} / {power_fleet}", "tokens / J"),
         ], description="Fleet generated tokens per second over fleet GPU watts."),
         timeseries("Prefix cache hit ratio", [
             target(f"headroom_prefix_cache_hit_ratio{{{P}}}", "{{pool}}"),
-            target(f"pool:vllm_prefix_cache_hit:ratio_rate5m{{{M}}}", "{{model_name}} (vLLM)"),
+            *engine(f"pool:vllm_prefix_cache_hit:ratio_rate5m{{{M}}}", f"pool:sglang_prefix_cache_hit:ratio_rate5m{{{M}}}",
+                   "{{model_name}}"),
         ], unit="percentunit", min_=0),
         timeseries("GPU utilisation (DCGM)", [
-            target("avg by (Hostname) (DCGM_FI_DEV_GPU_UTIL)", "{{Hostname}}"),
+            target(f"avg by (Hostname) (DCGM_FI_DEV_GPU_UTIL{{{C}}})", "{{Hostname}}"),
         ], unit="percent", min_=0),
         timeseries("GPU energy rate (DCGM counter)", [
-            target("sum(rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[$__rate_interval])) / 1000", "fleet"),
+            target(f"sum(rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{C}}}[$__rate_interval])) / 1000", "fleet"),
         ], unit="watt", description="DCGM energy counter (mJ) as average watts; cross-checks the power gauge."),
         timeseries("Sessions vs session capacity", [
             target(f"headroom_sessions{{{P}}}", "{{pool}} sessions"),
@@ -516,8 +366,8 @@ def efficiency() -> dict:
                      panels)
 
 
-BUILDERS = {"fleet-capacity": fleet_capacity, "tasks-sessions": tasks_sessions, "forecast": forecast,
-            "efficiency": efficiency}
+BUILDERS = {"fleet-capacity": fleet_capacity, "replicas": replicas, "actions": actions,
+            "tasks-sessions": tasks_sessions, "forecast": forecast, "efficiency": efficiency}
 
 
 def render_all() -> dict[str, str]:

@@ -9,8 +9,11 @@ webhook. The test asserts which alerts arrive, with which labels and annotations
 the capacity alerts arrived before the burst began.
 
 With the same stack running, every Grafana panel query is sent to that Prometheus: each must be
-accepted by Prometheus 2.42 itself, and each must return data whenever every metric it names has
-data there (metrics this simulated setup does not produce are listed in the assertion message).
+accepted by Prometheus 2.42 itself and return data, unless a metric it names is one this simulated
+setup does not produce (NOT_IN_THE_DEMO, each with its reason) or one another branch adds
+(PENDING_FAMILIES): both lists are checked to name only metrics that really have no data. The
+Replicas dashboard's queries are run once per replica. HeadroomLoadShed must stay quiet before the
+burst and, once its family is merged, fire in it.
 
 Needs the Debian binaries `prometheus` and `prometheus-alertmanager`; skipped without them.
 (The `replica-loss` scenario is not used: the simulator keeps answering a lost replica's scrapes on
@@ -280,14 +283,94 @@ def _dashboard_targets():
     return out, mod.names
 
 
-LIVE_VARS = {"$__rate_interval": "1m", "$__interval": "15s", "$__range": "5m", "$pool": ".*", "$task_type": ".*",
-             "$horizon": "1d"}
+LIVE_VARS = {"$__rate_interval": "1m", "$__interval": "15s", "$__range": "5m", "$__range_s": "300", "$pool": ".*", "$task_type": ".*",
+             "$horizon": "1d", "$cluster": ".*", "$namespace": ".*", "$replica": ".*", "$ttft_target_seconds": "0.5",
+             "$task_target_seconds": "30", "$gpu_hour_price": "2.5", "$gpus_per_replica": "1"}
 
 
-def _live_substitute(expr: str) -> str:
-    for k in sorted(LIVE_VARS, key=len, reverse=True):
-        expr = expr.replace(k, LIVE_VARS[k])
+def _live_substitute(expr: str, variables: dict | None = None) -> str:
+    values = {**LIVE_VARS, **(variables or {})}
+    for k in sorted(values, key=len, reverse=True):
+        expr = expr.replace(k, values[k])
     return expr
+
+
+# Metrics the simulated demo does not produce, each with its reason. A panel query may come back
+# empty only when every metric it names that has no data here is in this list or in the families
+# other branches add (tests/rules/promql_names.py, PENDING_FAMILIES); each listed name must really
+# have no data (so the list cannot hide a broken panel) and the pending ones are named in the output.
+def _because(reason: str, *metrics: str) -> dict[str, str]:
+    return {m: reason for m in metrics}
+
+
+NOT_IN_THE_DEMO = {
+    **_because("forecasts need hours of history and a refit (tests/test_prometheus_mode_forecasts.py)",
+               "headroom_forecast_requests", "headroom_forecast_peak_requests", "headroom_forecast_peak_requests_upper",
+               "headroom_forecast_peak_timestamp_seconds", "headroom_forecast_mase", "headroom_forecast_coverage_ratio",
+               "headroom_forecast_selected_info", "headroom_forecast_last_fit_timestamp_seconds",
+               "headroom_history_points", "headroom_exhaustion_seconds", "headroom_recommended_replicas"),
+    **_because("no replica joins during the test and none has a configured lead time (tests/test_lead_time.py)",
+               "headroom_replica_lead_time_seconds"),
+    **_because("this setup's gateways give headroom no finished agent tasks within the test "
+               "(tests/test_task_window.py, the LiteLLM engine tests)",
+               "headroom_task_latency_seconds", "headroom_task_calls_per_task", "headroom_task_arrival_rate",
+               "headroom_slo_burn_rate", "headroom_slo_violation_ratio", "headroom_sessions", "headroom_session_capacity",
+               "headroom_sessions_per_megawatt"),
+    **_because("no router queue (llm-d / inference gateway flow control, Dynamo) in the demo (tests/test_gateway_queues.py)",
+               "headroom_gateway_queued_requests"),
+    **_because("counters exported from their first event; none happens on the demo",
+               "headroom_dropped_series_total", "headroom_input_anomalies_total", "headroom_store_errors_total",
+               "headroom_source_errors_total"),
+    **_because("no digest configured (tests/test_digest_delivery.py)",
+               "headroom_digest_last_success_timestamp_seconds", "headroom_digest_pending_deliveries"),
+    **_because("one series per family a target lacks; the simulated replicas expose every family "
+               "(tests/test_source_errors_live.py)", "headroom_source_missing_family_info"),
+    **_because("the simulated DCGM exporter reports power and energy only", "DCGM_FI_DEV_GPU_UTIL"),
+    **_because("the demo's gateways are Envoy AI Gateway and the app, not LiteLLM (tests/engine: real LiteLLM)",
+               "model_task_quantile:litellm_request_total_latency_seconds:histogram_quantile5m",
+               "model_task:litellm_proxy_total_requests:rate5m"),
+    **{n: "SGLang series or rule: the demo fleet is vLLM (tests/test_sglang_live.py runs them on an SGLang capture)"
+       for n in ("pool:sglang_num_running_reqs:sum", "pool:sglang_num_queue_reqs:sum", "pool:sglang_engines:count",
+                 "pool:sglang_kv_cache_tokens:sum", "pool:sglang_kv_cache_capacity_tokens:sum",
+                 "pool:sglang_kv_cache_usage:avg", "pool:sglang_kv_cache_usage:max", "pool:sglang_request_success:rate5m",
+                 "pool:sglang_prompt_tokens:rate5m", "pool:sglang_generation_tokens:rate5m",
+                 "pool:sglang_num_retractions:rate5m", "pool:sglang_prefix_cache_hit:ratio_rate5m",
+                 "pool_quantile:sglang_time_to_first_token_seconds:histogram_quantile5m",
+                 "pool_quantile:sglang_inter_token_latency_seconds:histogram_quantile5m",
+                 "pool_quantile:sglang_e2e_request_latency_seconds:histogram_quantile5m",
+                 "pool_quantile:sglang_queue_time_seconds:histogram_quantile5m",
+                 "sglang:prompt_tokens_histogram_bucket", "sglang:generation_tokens_histogram_bucket")},
+}
+
+
+def _run_panel_queries(prom, targets, names, variables=None):
+    """(rejected, empty without an explanation, {(dash, title, query): names explained}) of the queries."""
+    present_cache: dict[str, bool] = {}
+
+    def present(name: str) -> bool:
+        if name not in present_cache:
+            present_cache[name] = bool(prom.query(f'count({{__name__="{name}"}})'))
+        return present_cache[name]
+
+    rejected, empty, explained = [], [], {}
+    for dash, title, expr in targets:
+        q = _live_substitute(expr, variables)
+        r = requests.get(prom.url + "/api/v1/query", params={"query": q}, timeout=10)
+        if r.status_code != 200 or r.json().get("status") != "success":
+            rejected.append((dash, title, q, r.text[:200]))
+            continue
+        if r.json()["data"]["result"]:
+            continue
+        missing = [n for n in names.selector_names(q) if n and not present(n)]
+        if missing and all(n in NOT_IN_THE_DEMO or n in names.PENDING_FAMILIES for n in missing):
+            explained[(dash, title, q)] = missing
+        else:
+            empty.append((dash, title, q, missing))
+    # the lists explain only what is really absent here
+    listed = sorted({n for v in explained.values() for n in v})
+    assert not [n for n in listed if present(n)]
+    assert not [n for n in NOT_IN_THE_DEMO if n in names.PENDING_FAMILIES]
+    return rejected, empty, explained
 
 
 def test_every_dashboard_query_runs_on_the_live_prometheus(stack):
@@ -302,35 +385,66 @@ def test_every_dashboard_query_runs_on_the_live_prometheus(stack):
     assert pools, "the pool variable would be empty"
 
     targets, names = _dashboard_targets()
-    present_cache: dict[str, bool] = {}
-
-    def present(name: str) -> bool:
-        if name not in present_cache:
-            present_cache[name] = bool(prom.query(f'count({{__name__="{name}"}})'))
-        return present_cache[name]
-
-    rejected, empty, not_produced = [], [], {}
-    for dash, title, expr in targets:
-        q = _live_substitute(expr)
-        r = requests.get(prom.url + "/api/v1/query", params={"query": q}, timeout=10)
-        if r.status_code != 200 or r.json().get("status") != "success":
-            rejected.append((dash, title, q, r.text[:200]))
-            continue
-        if r.json()["data"]["result"]:
-            continue
-        missing = [n for n in names.selector_names(q) if n and not present(n)]
-        if missing:
-            not_produced[(dash, title)] = missing
-        else:
-            empty.append((dash, title, q))
+    rejected, empty, explained = _run_panel_queries(prom, targets, names)
     assert not rejected, f"Prometheus rejected dashboard queries: {rejected}"
-    assert not empty, (f"queries returned nothing although all their metrics have data: {empty}; "
-                       f"(for information, metrics this simulated setup does not produce: {not_produced})")
-    print(f"dashboard queries: {len(targets)}, with data: {len(targets) - len(not_produced)}, "
-          f"naming metrics this setup does not produce: {sorted({n for v in not_produced.values() for n in v})}")
-    # most of the dashboards must be exercised for this to mean something
-    answered = len(targets) - len(not_produced)
-    assert answered >= 0.5 * len(targets), (answered, len(targets), not_produced)
+    assert not empty, f"queries returned nothing without an explanation in NOT_IN_THE_DEMO or PENDING_FAMILIES: {empty}"
+    pending = sorted({n for v in explained.values() for n in v if n in names.PENDING_FAMILIES})
+    print(f"dashboard queries: {len(targets)}, with data: {len(targets) - len(explained)}, "
+          f"waiting for the other branches' families: {pending}")
+    # every query with no data here is explained; still, most must answer for this to mean something
+    # (178 queries, 98-99 with data on 2026-12-04: the rest are SGLang twins, forecasts, tasks, pending)
+    assert len(targets) - len(explained) >= 0.5 * len(targets), (len(targets), explained)
+
+
+def test_per_replica_panels_return_data_for_every_replica(stack):
+    """The Replicas dashboard, with the `replica` variable set to each replica in turn."""
+    prom = stack["prom"]
+    prom.wait_for("headroom_replica_up", timeout=60)
+    replicas = requests.get(prom.url + "/api/v1/label/replica/values",
+                            params={"match[]": "headroom_replica_up"}, timeout=10).json()["data"]
+    expected = [u for urls in stack["replicas"].values() for u in urls]
+    assert sorted(replicas) == sorted(expected)
+    targets, names = _dashboard_targets()
+    mine = [(d, t, e) for d, t, e in targets if d == "headroom-replicas.json" and "$replica" in e]
+    assert len(mine) >= 10
+    for replica in replicas:
+        escaped = replica.replace(".", "\\\\.")  # a regex matcher: dots literal
+        rejected, empty, _explained = _run_panel_queries(prom, mine, names, {"$replica": escaped})
+        assert not rejected and not empty, (replica, rejected, empty)
+
+
+def test_load_shed_fires_in_the_overload_and_not_before(stack):
+    """HeadroomLoadShed in the burst: clients give up on calls queued longer than the simulator's
+    request_timeout_s (20 s), which the engine reports as aborted requests. Quiet at the demo's 70%
+    load before the burst, firing for the chat pool once a share of its arrivals is shed.
+
+    Its family, headroom_shed_requests_rate, comes from the "edges" branch: while it is listed in
+    PENDING_FAMILIES the rule is checked loaded and healthy on this Prometheus with no data; after
+    the merge (the integrator empties the list) the alert itself must arrive."""
+    hook, prom = stack["hook"], stack["prom"]
+    chat_pool = stack["fleet_cfg"].pools[0].model_name
+    _targets, names = _dashboard_targets()
+    early = [t for (name, _pool), t in hook.first_received().items()
+             if name == "HeadroomLoadShed" and t < stack["started"] + BURST_AFTER_S]
+    assert not early, "HeadroomLoadShed fired before the burst, at the demo's normal load"
+    if "headroom_shed_requests_rate" in names.PENDING_FAMILIES:
+        groups = requests.get(prom.url + "/api/v1/rules", timeout=10).json()["data"]["groups"]
+        (rule,) = [r for g in groups for r in g["rules"] if r["name"] == "HeadroomLoadShed"]
+        assert rule["health"] == "ok" and rule["state"] == "inactive", rule
+        assert not prom.query("headroom_shed_requests_rate"), "the family arrived: empty PENDING_FAMILIES"
+        return
+    deadline = time.monotonic() + 240
+    shed = []
+    while time.monotonic() < deadline and not shed:
+        shed = [a for a in hook.alerts() if a["labels"]["alertname"] == "HeadroomLoadShed"
+                and a["labels"].get("pool") == chat_pool and a["status"] == "firing"]
+        time.sleep(0.5)
+    assert shed, f"HeadroomLoadShed never arrived for {chat_pool}"
+    assert shed[0]["labels"]["severity"] == "critical"
+    assert shed[0]["annotations"]["runbook_url"].endswith("#headroomloadshed")
+    assert chat_pool in shed[0]["annotations"]["description"]
+    aborted = prom.query(f'headroom_shed_requests_rate{{pool="{chat_pool}",reason="aborted"}} > 0')
+    assert aborted, "the burst's clients gave up, yet no aborted requests were counted as shed"
 
 
 def test_without_the_daemon_headroom_absent_fires_and_vllm_panels_keep_data(stack):

@@ -43,6 +43,8 @@ build = _load("headroom_grafana_build", GRAFANA / "build.py")
 
 EXPECTED_UIDS = {
     "headroom-fleet-capacity.json": "headroom-fleet-capacity",
+    "headroom-replicas.json": "headroom-replicas",
+    "headroom-actions.json": "headroom-actions",
     "headroom-tasks-sessions.json": "headroom-tasks-sessions",
     "headroom-forecast.json": "headroom-forecast",
     "headroom-efficiency.json": "headroom-efficiency",
@@ -54,18 +56,30 @@ GRAFANA_VARS = {
     "$__rate_interval": "1m",
     "$__interval": "30s",
     "$__range": "6h",
+    "$__range_s": "21600",
     "${pool}": "llama",
     "$pool": "llama",
+    "$cluster": "eu-1",
+    "$namespace": "inference",
+    "$replica": "http://10.0.0.7:8000/metrics",
+    "$ttft_target_seconds": "0.5",
+    "$task_target_seconds": "30",
+    "$gpu_hour_price": "2.5",
+    "$gpus_per_replica": "1",
     "$task_type": "policy_question",
     "$horizon": "1d",
 }
 
 
+# variables used as label matcher values (the others are durations and numbers)
+MATCHER_VARS = {"${pool}", "$pool", "$cluster", "$namespace", "$replica", "$task_type", "$horizon"}
+
+
 def substitute(expr: str, *, keep_template_vars: bool = False) -> str:
-    """Replace Grafana variables; with keep_template_vars only the built-in $__ durations, so
-    matcher values still read `$pool` (for checking that panels filter by it)."""
+    """Replace Grafana variables; with keep_template_vars all but the matcher variables, so matcher
+    values still read `$pool` (for checking that panels filter by it)."""
     for k in sorted(GRAFANA_VARS, key=len, reverse=True):
-        if keep_template_vars and not k.startswith("$__"):
+        if keep_template_vars and k in MATCHER_VARS:
             continue
         expr = expr.replace(k, GRAFANA_VARS[k])
     return expr
@@ -169,7 +183,7 @@ def test_pool_variable():
         variables = {v["name"]: v for v in _dash(path)["templating"]["list"]}
         pool = variables["pool"]
         assert pool["type"] == "query"
-        assert pool["query"] == "label_values(headroom_active_requests, pool)"
+        assert pool["query"] == 'label_values(headroom_active_requests{cluster=~"$cluster"}, pool)'
         assert pool["includeAll"] and pool["allValue"] == ".*" and pool["multi"]
         assert "pool" in BY_NAME["headroom_active_requests"].labels
 
@@ -241,27 +255,53 @@ def test_variable_queries_name_known_metrics():
             selector, label = m.groups()
             metric = names.selector_names(substitute(selector))[0]
             assert metric in allowed
-            assert label in BY_NAME[metric].labels, (metric, label)
+            if metric == "up":  # a target label of every scraped series (Kubernetes service discovery)
+                assert label == "namespace", v["query"]
+            else:
+                assert label in names.labels_of(metric), (metric, label)
 
 
-def test_headroom_metric_matchers_use_declared_labels_and_the_pool_filter():
-    """Catches typos like scenario→senario and panels that ignore the pool selector."""
+def test_headroom_metric_matchers_use_declared_labels_and_the_variables():
+    """Catches typos like scenario→senario and panels that ignore a variable: every headroom pool series
+    is filtered by cluster and pool, every replica series also by replica, every engine recording rule
+    by cluster, namespace and pool (model_name), gateway rules by cluster and namespace, GPU series
+    by cluster."""
     fleet_level = {"headroom_source_up", "headroom_cycle_duration_seconds", "headroom_last_success_timestamp_seconds",
                    "headroom_forecast_last_fit_timestamp_seconds"}
-    exposed = {m.exposed_name: m for m in CATALOGUE}
+    checked = {"pool": 0, "replica": 0, "engine": 0, "gateway": 0, "gpu": 0, "raw engine": 0}
     for path in DASHBOARD_FILES:
+        has_replica_var = "replica" in {v["name"] for v in _dash(path)["templating"]["list"]}
         for title, t in _targets(_dash(path)):
             for name, matchers in _selectors(substitute(t["expr"], keep_template_vars=True)):
-                m = exposed.get(name)
-                if m is None:
-                    if name and name.startswith("pool") and ":vllm_" in name:
-                        assert ("model_name", "MatchOp.Re", "$pool") in matchers or "sum(" in t["expr"], (
-                            path.name, title, name)
+                labels = names.labels_of(name) if name else None
+                if labels is None:
+                    if name and name.startswith("pool") and (":vllm_" in name or ":sglang_" in name):
+                        for label, var in (("model_name", "$pool"), ("cluster", "$cluster"), ("namespace", "$namespace")):
+                            assert (label, "MatchOp.Re", var) in matchers, (path.name, title, name, label)
+                        checked["engine"] += 1
+                    elif name and name.startswith("model"):  # gateway recording rules
+                        for label in ("cluster", "namespace"):
+                            assert (label, "MatchOp.Re", f"${label}") in matchers, (path.name, title, name, label)
+                        checked["gateway"] += 1
+                    elif name and name.startswith(("vllm:", "sglang:")):  # raw engine series (workload shape)
+                        for label, var in (("model_name", "$pool"), ("cluster", "$cluster"), ("namespace", "$namespace")):
+                            assert (label, "MatchOp.Re", var) in matchers, (path.name, title, name, label)
+                        checked["raw engine"] += 1
+                    elif name and name.startswith(("DCGM_", "fleet:")):  # GPU series: no pool, no engine namespace
+                        assert ("cluster", "MatchOp.Re", "$cluster") in matchers, (path.name, title, name)
+                        checked["gpu"] += 1
                     continue
                 for label, _op, _value in matchers:
-                    assert label in m.labels, (path.name, title, name, label)
-                if "pool" in m.labels and name not in fleet_level:
+                    assert label in labels, (path.name, title, name, label)
+                if "pool" in labels and name not in fleet_level:
                     assert ("pool", "MatchOp.Re", "$pool") in matchers, (path.name, title, name)
+                    assert ("cluster", "MatchOp.Re", "$cluster") in matchers, (path.name, title, name)
+                    checked["pool"] += 1
+                if "replica" in labels and has_replica_var:
+                    assert ("replica", "MatchOp.Re", "$replica") in matchers, (path.name, title, name)
+                    checked["replica"] += 1
+    assert checked["pool"] >= 80 and checked["replica"] >= 10 and checked["engine"] >= 20, checked
+    assert checked["gateway"] == 3 and checked["gpu"] >= 6 and checked["raw engine"] >= 9, checked
 
 
 def test_headroom_queries_deduplicate_the_ha_pair():
@@ -397,3 +437,4 @@ def test_yamllint_passes_on_provisioning(tmp_path):
     with pytest.raises(SystemExit) as exc:
         yamllint.run(["-c", str(conf), "-f", "parsable", *files])
     assert exc.value.code == 0
+

@@ -149,6 +149,25 @@ MUTATIONS = [
     (A, "count without (shard) (max without (instance, pod, headroom_shard) (headroom_shards))",
      "count without (shard) (headroom_shards)", "HeadroomShardDown"),
     (A, "#headroomlow", "#headroom-low", "HeadroomLow "),
+    # shed load, knee confidence, slow replicas (tests/rules/shed_knee.test.yaml)
+    (A, ") > 0.05  # threshold: share of arrivals", ") >= 0.05  # threshold: share of arrivals", "HeadroomLoadShed"),
+    (A, "headroom_shed_requests_rate)) > 0.05  # threshold: requests/s", "headroom_shed_requests_rate)) > 0.01  # threshold: requests/s",
+     "HeadroomLoadShed"),
+    (A, "> 0.05  # threshold: requests/s\n        for: 5m", "> 0.05  # threshold: requests/s\n        for: 2m", "HeadroomLoadShed"),
+    (A, "sum without (reason) (max without (instance, pod) (headroom_shed_requests_rate))\n            /",
+     "sum without (reason) (headroom_shed_requests_rate)\n            /", "HeadroomLoadShed"),
+    (A, "headroom_knee_confidence_ratio) < 0.3  # threshold", "headroom_knee_confidence_ratio) <= 0.3  # threshold",
+     "HeadroomKneeConfidenceLost"),
+    (A, "headroom_knee_confidence_ratio[6h])) >= 0.6", "headroom_knee_confidence_ratio[6h])) >= 0.5", "HeadroomKneeConfidenceLost"),
+    (A, "min without (instance, pod) (headroom_knee_confidence_ratio)", "max without (instance, pod) (headroom_knee_confidence_ratio)",
+     "HeadroomKneeConfidenceLost"),
+    (A, '\n          and ignoring (source, signal)\n          max without (instance, pod) (headroom_knee_info{source="learned"})', "",
+     "HeadroomKneeConfidenceLost"),
+    (A, '\n          and ignoring (source)\n          max without (instance, pod, signal, source) (max_over_time(headroom_knee_info{source="learned"}[6h])) == 1',
+     "", "HeadroomKneeConfidenceLost"),
+    (A, "min without (instance, pod) (headroom_replica_slow) == 1", "max without (instance, pod) (headroom_replica_slow) == 1",
+     "HeadroomReplicaSlow"),
+    (A, "(headroom_replica_slow) == 1\n        for: 10m", "(headroom_replica_slow) == 1\n        for: 5m", "HeadroomReplicaSlow"),
     # HA pairs: dropping the dedup (or aggregating the wrong way) must be noticed by the HA cases
     (A, 'min without (instance, pod) (\n            quantile_over_time(0.5, headroom_ratio{scenario="current"}[10m])',
      '(\n            quantile_over_time(0.5, headroom_ratio{scenario="current"}[10m])', "HeadroomLow "),
@@ -179,7 +198,8 @@ MUTATIONS = [
     (A, "max without (instance, pod) (headroom_last_success_timestamp_seconds)",
      "min without (instance, pod) (headroom_last_success_timestamp_seconds)", "HeadroomDataStale"),
     (A, "min without (instance, pod) (headroom_pool_stale)", "max without (instance, pod) (headroom_pool_stale)", "HeadroomPoolStale"),
-    (R, 'sum by (model_name) (vllm:num_requests_waiting{model_name!=""})', "sum by (model_name) (vllm:num_requests_waiting)", "pool request sums"),
+    (R, 'sum by (cluster, namespace, model_name) (vllm:num_requests_waiting{model_name!=""})',
+     "sum by (cluster, namespace, model_name) (vllm:num_requests_waiting)", "pool request sums"),
     (R, 'vllm:kv_cache_usage_perc{model_name!=""} or vllm:gpu_cache_usage_perc{model_name!=""}', 'vllm:kv_cache_usage_perc{model_name!=""}', "KV capacity"),
     (R, '"num_gpu_blocks", "([0-9]+)")', '"block_size", "([0-9]+)")', "KV capacity"),
     (R, "histogram_quantile(0.95, pool_le:vllm_time_to_first_token_seconds_bucket:rate5m)",
@@ -283,6 +303,10 @@ def test_the_brief_s_alerts_are_all_there():
         "headroom_slo_burn_rate": {"HeadroomTaskLatencyBudgetBurn"},
         "headroom_forecast_mase": {"HeadroomForecastSkillDegraded"},
         "headroom_source_up": {"HeadroomSourceDown"},
+        "headroom_shed_requests_rate": {"HeadroomLoadShed"},
+        "headroom_knee_confidence_ratio": {"HeadroomKneeConfidenceLost"},
+        "headroom_knee_info": {"HeadroomKneeConfidenceLost"},
+        "headroom_replica_slow": {"HeadroomReplicaSlow"},
         "headroom_last_success_timestamp_seconds": {"HeadroomDataStale"},
         "headroom_pool_stale": {"HeadroomPoolStale"},
         'up{job="headroom"}': {"HeadroomAbsent", "HeadroomInstanceDown"},
@@ -557,3 +581,52 @@ def test_the_daemon_exports_its_shard_for_the_shard_alert():
     from monitor.export.samples import ProcessStatus, snapshot_samples
     assert snapshot_samples(None, ProcessStatus(shard=(1, 3)))["headroom_shards"] == [({"shard": "1"}, 3.0)]
     assert "headroom_shards" not in snapshot_samples(None, ProcessStatus())
+
+
+SGLANG_CAPTURES = ["sglang-under-load.prom", "sglang-dp2.prom", "sglang-dp2-tp2-all-schedulers.prom"]
+
+
+@needs_promtool
+@pytest.mark.parametrize("capture", SGLANG_CAPTURES)
+def test_sglang_recording_rules_on_a_rendered_capture(tmp_path, capture):
+    """The pool:sglang_* rules on every sglang: series of a body rendered from SGLang's own metric
+    definitions (tests/fixtures/sglang/SOURCES.md), constant over 10 minutes: gauges count each
+    data-parallel engine once (TP ranks only repeat it), compared with the body's own lines."""
+    text = (ROOT / "tests" / "fixtures" / "sglang" / capture).read_text()
+    inst = 'instance="10.0.0.9:30000",job="sglang"'
+    input_series = []
+    for line in text.splitlines():
+        if not line.startswith("sglang:"):
+            continue
+        series, value = line.rsplit(" ", 1)
+        name, _, labels = series.partition("{")
+        full = f"{name}{{{inst}}}" if not labels else f"{name}{{{inst},{labels}"
+        input_series.append({"series": full, "values": f"{float(value)!r}x10"})
+
+    def per_engine_sum(family: str) -> float:
+        """Sum over DP ranks of the lowest TP rank's value, read with a regex."""
+        total = 0.0
+        for labels, value in re.findall(rf"^sglang:{family}\{{(.*)\}} (\S+)$", text, flags=re.M):
+            lab = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+            if lab.get("tp_rank", "0") == "0" and lab.get("priority", "") == "":
+                total += float(value)
+        return total
+
+    engines = len({dict(re.findall(r'(\w+)="([^"]*)"', m)).get("dp_rank", "")
+                   for m in re.findall(r"^sglang:num_running_reqs\{(.*)\} ", text, flags=re.M)})
+    model = re.search(r'model_name="([^"]+)"', text).group(1)
+    sel = f'{{model_name="{model}"}}'
+    exprs = [("pool:sglang_num_running_reqs:sum", per_engine_sum("num_running_reqs")),
+             ("pool:sglang_num_queue_reqs:sum", per_engine_sum("num_queue_reqs")),
+             ("pool:sglang_kv_cache_tokens:sum", per_engine_sum("num_used_tokens")),
+             ("pool:sglang_kv_cache_capacity_tokens:sum", per_engine_sum("max_total_num_tokens")),
+             ("pool:sglang_engines:count", float(engines))]
+    doc = {"rule_files": [str(f) for f in names.RECORDING_FILES], "evaluation_interval": "1m",
+           "tests": [{"name": f"SGLang recording rules on {capture}", "interval": "1m", "input_series": input_series,
+                      "promql_expr_test": [{"expr": e, "eval_time": "5m",
+                                            "exp_samples": [{"labels": e + sel, "value": v}]} for e, v in exprs]}]}
+    path = tmp_path / "sglang.test.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    assert dict(exprs)["pool:sglang_num_running_reqs:sum"] > 0 and len(input_series) > 20
+    res = _promtool("test", "rules", str(path))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
