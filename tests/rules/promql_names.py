@@ -77,18 +77,7 @@ def catalogue_names() -> set[str]:
 # list after the merge (tests/test_dashboards.py then fails if a name is still here, or if one of
 # them never reached monitor/catalogue.py). The live dashboard check names them when they return
 # nothing instead of skipping them silently.
-PENDING_FAMILIES: dict[str, tuple[str, ...]] = {
-    "headroom_kv_tokens_low": ("pool",),
-    "headroom_kv_tokens_high": ("pool",),
-    "headroom_replica_kv_tokens_low": ("pool", "replica"),
-    "headroom_replica_kv_tokens_high": ("pool", "replica"),
-    "headroom_shed_requests_rate": ("pool", "reason"),
-    "headroom_offered_requests": ("pool",),
-    "headroom_rendering_requests": ("pool",),
-    "headroom_replica_slow": ("pool", "replica"),
-    "headroom_replica_latency_ratio": ("pool", "replica"),
-    "headroom_replica_kv_capacity_changes_total": ("pool", "replica"),
-}
+PENDING_FAMILIES: dict[str, tuple[str, ...]] = {}
 # The label the parallel "scale" branch adds to every pool and replica series with a list-valued
 # global.pool_by ([cluster, model_name]); not in the catalogue (it depends on the configuration).
 POOL_BY_LABELS = ("cluster",)
