@@ -236,3 +236,31 @@ def test_a_query_layer_that_misses_the_deadline_keeps_the_last_values_stale_not_
     said = [r for r in caplog.records if "replica series" in r.getMessage()]
     assert len(said) == 1, [r.getMessage() for r in caplog.records]
     assert not back.pools[0].stale and back.source_stale_seconds["replicas"] == 0.0
+
+
+def test_a_tenant_header_reaches_every_query_and_never_the_log(fleet, caplog, monkeypatch, tmp_path):
+    _servers, _prom, proxy = fleet
+    tenant = "tenant-7f3a9c-private"
+    monkeypatch.setenv("HEADROOM_TEST_ORG", tenant)
+    cfg_file = tmp_path / "headroom.yml"
+    cfg_file.write_text(f"sources:\n  prometheus:\n    url: {proxy.url}\n    selector: 'job=\"vllm\"'\n"
+                        "    headers:\n      X-Scope-OrgID: {env: HEADROOM_TEST_ORG}\n")
+    from monitor.config import load
+    from monitor.export.snapshot_json import snapshot_to_dict
+    caplog.set_level(logging.DEBUG)
+    via = Pipeline(load(str(cfg_file)))
+    before = len(proxy.headers)
+    try:
+        snap = via.run_cycle(wait_seconds=20)
+        proxy.hold, proxy.release = ("hr_part",), threading.Event()
+        via.run_cycle(wait_seconds=1.5)  # a failure is logged: without the header's value
+        proxy.release.set()
+    finally:
+        proxy.hold = ()
+        proxy.release.set()
+        via.close()
+    sent = proxy.headers[before:]
+    assert len(sent) >= 5 and all(h.get("X-Scope-OrgID") == tenant for h in sent)
+    assert snap.pools and any("pool latency histograms" in r.getMessage() for r in caplog.records)
+    assert tenant not in caplog.text
+    assert tenant not in json.dumps(snapshot_to_dict(snap), default=str)

@@ -45,8 +45,10 @@ class PrometheusClient:
 
     def __init__(self, url: str, timeout: float = 10.0, retries: int = 3,
                  fetcher: Optional[Fetcher] = None, backoff: Optional[Backoff] = None,
-                 sleep: Optional[Callable[[float], Any]] = None):
+                 sleep: Optional[Callable[[float], Any]] = None,
+                 headers: Optional[Callable[[], dict[str, str]]] = None):
         self.url = url.rstrip("/")
+        self.headers = headers  # the extra headers (tenant), resolved on every request; never logged
         self.timeout = timeout
         self.retries = max(0, retries)
         self.fetcher = fetcher or Fetcher()
@@ -56,11 +58,16 @@ class PrometheusClient:
 
     @classmethod
     def from_config(cls, src: PrometheusSource, budget: Optional[BodyBudget] = None) -> "PrometheusClient":
-        return cls(src.url, src.timeout, src.retries, Fetcher(src.auth, budget))
+        return cls(src.url, src.timeout, src.retries, Fetcher(src.auth, budget),
+                   headers=src.header_values if src.headers else None)
 
     def _call(self, path: str, params: dict[str, Any], deadline: Optional[float] = None) -> Any:
         last = PrometheusError("deadline", "no attempt fitted before the deadline")
         body = urlencode(params).encode()
+        try:
+            headers = {**self.headers(), **_POST_HEADERS} if self.headers is not None else _POST_HEADERS
+        except Exception as exc:  # a header's file or variable is gone: its name, never a value
+            raise PrometheusError("config", f"a header value could not be read: {exc}") from None
         for attempt in range(self.retries + 1):
             if attempt:
                 delay = self.backoff.delay(attempt - 1)
@@ -74,7 +81,7 @@ class PrometheusClient:
             if timeout <= 0:
                 break
             try:
-                status, data = self.fetcher.request("POST", self.url + path, timeout, body, _POST_HEADERS)
+                status, data = self.fetcher.request("POST", self.url + path, timeout, body, headers)
             except FetchError as exc:
                 if exc.reason not in ("timeout", "connect", "truncated"):
                     raise PrometheusError(exc.reason, exc.detail) from None
