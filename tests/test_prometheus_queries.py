@@ -8,7 +8,7 @@ import pytest
 from monitor.config import ConfigError, from_dict
 from monitor.derive.histogram import quantiles
 from monitor.sources.prometheus import PrometheusClient, scrapes_from_vector
-from monitor.sources.prometheus_queries import pool_histogram_query, pool_histograms, replica_selector
+from monitor.sources.prometheus_queries import pool_histogram_query, pool_histograms, present_bases, replica_selector
 from monitor.sources.vllm import readings_from_scrape
 
 
@@ -19,15 +19,23 @@ def test_the_replica_selector_asks_for_no_bucket_and_every_gauge_and_counter():
                  "request_success_total", "generation_tokens_total", "e2e_request_latency_seconds_sum",
                  "request_queue_time_seconds_count", "num_running_reqs", "max_total_num_tokens"):
         assert name in sel, name
-    assert "request_prompt_tokens_sum" not in sel  # histograms no number of headroom's reads per replica
+    assert "request_prompt_tokens_sum" not in sel  # a histogram none of headroom's numbers reads per replica
 
 
-def test_the_pool_query_sums_increases_by_pool_labels_and_tags_each_part():
+def test_the_pool_query_sums_bucket_increases_by_pool_labels_for_the_histograms_present():
     q = pool_histogram_query('job="vllm"', ["team"], 300, cumulative_kinds=["ttft"])
     assert 'sum by (team, model_name, le) (increase({__name__=~"vllm[:_]e2e_request_latency_seconds_bucket",job="vllm"}[300s]))' in q
-    assert 'sum by (team, model_name) (increase({__name__=~"vllm[:_]e2e_request_latency_seconds_count",job="vllm"}[300s]))' in q
     assert q.count('"hr_part", "total"') == 2  # vLLM's and SGLang's TTFT, cumulative for the pool SLO
-    assert "increase" in q and "_bucket" in q and "request_prompt_tokens" not in q
+    assert "_sum" not in q and "_count" not in q and "request_prompt_tokens" not in q
+    lb = {"instance": "r", "model_name": "m"}
+    present = present_bases([({"__name__": "vllm_e2e_request_latency_seconds_count", **lb}, 1.0),
+                             ({"__name__": "vllm:request_queue_time_seconds_count", **lb}, 1.0),
+                             ({"__name__": "vllm:request_prompt_tokens_count", **lb}, 1.0),
+                             ({"__name__": "vllm:num_requests_running", **lb}, 1.0)])
+    assert present == {"vllm:e2e_request_latency_seconds": "vllm_e2e_request_latency_seconds",
+                       "vllm:request_queue_time_seconds": "vllm:request_queue_time_seconds"}
+    q = pool_histogram_query("", ["model_name"], 60, present=present)
+    assert q.count("increase(") == 2 and 'increase(vllm_e2e_request_latency_seconds_bucket[60s])' in q
 
 
 def _row(base, part, value, le=None, **labels):
@@ -40,12 +48,11 @@ def _row(base, part, value, le=None, **labels):
 def test_pool_histograms_are_read_back_and_the_first_candidate_name_wins():
     itl, legacy = "vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"
     rows = [_row(itl, "bucket", 2.0, "0.1"), _row(itl, "bucket", 6.0, "1"), _row(itl, "bucket", 8.0, "+Inf"),
-            _row(itl, "sum", 4.0), _row(itl, "count", 8.0),
             _row(legacy, "bucket", 1.0, "0.1"), _row(legacy, "bucket", 1.0, "+Inf"),
             _row("vllm:e2e_request_latency_seconds", "total", 5.0, "+Inf", team="a")]
     window, total = pool_histograms(rows, ["model_name"])
     h = window["m"]["itl"]
-    assert h.bounds == (0.1, 1.0, math.inf) and h.counts == (2.0, 6.0, 8.0) and (h.sum, h.count) == (4.0, 8.0)
+    assert h.bounds == (0.1, 1.0, math.inf) and h.counts == (2.0, 6.0, 8.0) and h.count == 8.0
     assert quantiles(h).p50 == pytest.approx(0.1 + 0.9 * (4 - 2) / 4)
     assert total["m"]["e2e"].counts == (5.0,)
     # keyed by the last pool_by label; one missing it falls back to the model
@@ -54,7 +61,7 @@ def test_pool_histograms_are_read_back_and_the_first_candidate_name_wins():
 
 def test_a_non_finite_pool_histogram_is_unknown_and_rounding_keeps_buckets_cumulative():
     e2e = "vllm:e2e_request_latency_seconds"
-    rows = [_row(e2e, "bucket", 3.0000001, "1"), _row(e2e, "bucket", 3.0, "+Inf"), _row(e2e, "count", 3.0)]
+    rows = [_row(e2e, "bucket", 3.0000001, "1"), _row(e2e, "bucket", 3.0, "+Inf")]
     window, _ = pool_histograms(rows, ["model_name"])
     assert window["m"]["e2e"].counts == (3.0000001, 3.0000001)
     window, _ = pool_histograms([_row(e2e, "bucket", math.nan, "+Inf")], ["model_name"])

@@ -204,7 +204,7 @@ def _rates(snap: PoolSnapshot, fresh: list[list[ReplicaReading]], now: float, wi
     the replicas' (which carry only sums and counts there)."""
     deltas: dict[str, float] = {}
     seconds: dict[str, float] = {}
-    hists: dict[str, Histogram] = dict(given) if given is not None else {}
+    hists: dict[str, Histogram] = {}
     conc_sum = 0.0
     conc_n = 0
     window_used = None
@@ -223,7 +223,7 @@ def _rates(snap: PoolSnapshot, fresh: list[list[ReplicaReading]], now: float, wi
             seconds[key] = seconds.get(key, 0.0) + dt  # per-replica time, for the per-second sum
             deltas.setdefault("_rate_" + key, 0.0)
             deltas["_rate_" + key] += d / dt
-        for kind in LATENCY_KINDS if given is None else ():
+        for kind in LATENCY_KINDS:
             d = histogram_increase(new.histograms.get(kind), old.histograms.get(kind))
             if d is None:
                 continue
@@ -237,8 +237,7 @@ def _rates(snap: PoolSnapshot, fresh: list[list[ReplicaReading]], now: float, wi
     snap.window_seconds = window_used
     if window_used is None:
         if given is not None:  # the query layer's window needs no second reading
-            for kind in LATENCY_KINDS:
-                snap.latency[kind] = quantiles(hists[kind]) if kind in hists and _finite(hists[kind]) else Quantiles()
+            _given_latency(snap, given, {})
         return 0
     overflowed = [kind for kind, h in hists.items() if not _finite(h)]
     for kind in overflowed:
@@ -250,8 +249,11 @@ def _rates(snap: PoolSnapshot, fresh: list[list[ReplicaReading]], now: float, wi
     q = deltas.get("prefix_cache_queries")
     if q:
         snap.prefix_cache_hit_ratio = deltas.get("prefix_cache_hits", 0.0) / q
-    for kind in LATENCY_KINDS:
-        snap.latency[kind] = quantiles(hists.get(kind)) if kind in hists else Quantiles()
+    if given is not None:
+        _given_latency(snap, given, hists)
+    else:
+        for kind in LATENCY_KINDS:
+            snap.latency[kind] = quantiles(hists.get(kind)) if kind in hists else Quantiles()
     if conc_n:
         snap.mean_concurrency = conc_sum
     e2e = snap.latency.get("e2e")
@@ -259,6 +261,21 @@ def _rates(snap: PoolSnapshot, fresh: list[list[ReplicaReading]], now: float, wi
             and snap.mean_concurrency):
         snap.littles_law_ratio = snap.completion_rate * e2e.mean / snap.mean_concurrency
     return len(overflowed)
+
+
+def _given_latency(snap: PoolSnapshot, given: dict[str, Histogram], own: dict[str, Histogram]) -> None:
+    """Prometheus mode: quantiles from the pool's bucket increases the query layer summed; the mean
+    and the count of observations from the replicas' own sums and counts over their readings (exact,
+    as in direct mode; the query layer's increases are extrapolated to the window's edges)."""
+    for kind in LATENCY_KINDS:
+        h = given.get(kind)
+        q = quantiles(h) if h is not None and _finite(h) else Quantiles()
+        mine = own.get(kind)
+        if mine is not None and mine.count > 0:
+            q.mean, q.count = mine.sum / mine.count, mine.count
+        elif h is not None and q.count:
+            q.mean = None  # the query layer gave buckets only: the mean needs the replicas' sums
+        snap.latency[kind] = q
 
 
 def _finite(h: Histogram) -> bool:

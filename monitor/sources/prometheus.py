@@ -22,7 +22,7 @@ from urllib.parse import urlencode
 from ..config import Config, PrometheusSource
 from ..model import Histogram, ReplicaReading, SourceStatus
 from . import sglang, vllm
-from .prometheus_queries import pool_histogram_query, pool_histograms, replica_selector
+from .prometheus_queries import pool_histogram_query, pool_histograms, present_bases, replica_selector
 from .exposition import ParsedScrape, normalise_name
 from .http import Backoff, BodyBudget, FetchError, Fetcher, redact
 
@@ -306,7 +306,7 @@ class PrometheusSourceReader:
                              stale_seconds={"replicas": 0.0})
         missing = self._readings(vector, now, out)
         self._statuses(now, deadline, missing, out)
-        self._histograms(now, deadline, out, warnings)
+        self._histograms(now, deadline, out, warnings, present_bases(vector))
         if warnings:
             out.anomalies["partial_response"] = 1
             log.warning("Prometheus answered with %d warning(s) (a partial response): %s", len(warnings),
@@ -346,9 +346,15 @@ class PrometheusSourceReader:
             elif inst in seen:
                 out.statuses.append(SourceStatus("vllm", inst, True, missing=missing.get(inst, ())))
 
-    def _histograms(self, now: float, deadline: Optional[float], out: PrometheusRead, warnings: list) -> None:
+    def _histograms(self, now: float, deadline: Optional[float], out: PrometheusRead, warnings: list,
+                    present: dict[str, str]) -> None:
         """Every pool's latency histograms, summed by the query layer; the last ones when it fails."""
-        query = pool_histogram_query(self.src.selector, self.pool_by, self.latency_window, self.total_kinds)
+        if not present:  # no replica has a latency histogram: nothing to ask
+            out.pool_histograms, out.pool_totals = {}, {}
+            out.stale_seconds["histograms"] = 0.0
+            return
+        query = pool_histogram_query(self.src.selector, self.pool_by, self.latency_window, self.total_kinds,
+                                     present)
         try:
             vector = self.client.query(query, at=now, deadline=deadline, warnings=warnings)
         except PrometheusError as exc:

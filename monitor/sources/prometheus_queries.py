@@ -7,10 +7,11 @@ A cycle asks for what it needs at the granularity it needs (issue 27), never for
   exactly as in direct mode; `_sum` / `_count` feed the knee's mean latency.
 - per pool (`pool_histogram_query`): each latency histogram's bucket increases over the latency
   window, computed and summed by the query layer (`sum by (<pool labels>, le) (increase(...))`),
-  and, for the signals with a pool SLO, the pool's cumulative buckets. One query; each answer
-  series carries `hr_base` (the histogram's base name) and `hr_part` (bucket | sum | count |
-  total), so the candidates of one kind (vLLM's two ITL names) stay apart: the first present wins,
-  per pool, as per replica in direct mode.
+  and, for the signals with a pool SLO, the pool's cumulative buckets; only for the histograms the
+  replica read found. One query; each answer series carries `hr_base` (the histogram's base name)
+  and `hr_part` (bucket | total), so the candidates of one kind (vLLM's two ITL names) stay apart:
+  the first present wins, per pool, as per replica in direct mode. The mean and the count of
+  observations come from the replicas' sums and counts, exact as in direct mode.
 """
 from __future__ import annotations
 
@@ -82,24 +83,45 @@ def pool_labels(pool_by: Iterable[str]) -> list[str]:
 
 
 def pool_histogram_query(extra: str, pool_by: Iterable[str], window_seconds: float,
-                         cumulative_kinds: Iterable[str] = ()) -> str:
-    """One query for every pool's latency histograms: bucket, sum and count increases over the
-    window, and the cumulative buckets of `cumulative_kinds` (the signals with a pool SLO)."""
+                         cumulative_kinds: Iterable[str] = (), present: Optional[dict[str, str]] = None) -> str:
+    """One query for every pool's latency histograms: the bucket increases over the window, and the
+    cumulative buckets of `cumulative_kinds` (the signals with a pool SLO). `present`: canonical base
+    name -> the name as the query layer stores it (`vllm_x` from some scrapers), of the histograms
+    the replica read found (their `_count`); only those are asked for. None: every candidate, by
+    either spelling of the prefix. Sums and counts come from the replica read (exact deltas)."""
     by = ", ".join(pool_labels(pool_by))
     matchers = _matchers(extra)
     window = f"{max(1, int(round(window_seconds)))}s"
     cumulative = set(cumulative_kinds)
     parts = []
     for kind, base in histogram_bases():
-        prefix, _, rest = base.partition(":")
-        def sel(suffix: str) -> str:  # either spelling of the prefix (`vllm_x` from some scrapers)
-            return "{" + ",".join([f'__name__=~"{prefix}[:_]{rest}{suffix}"'] + matchers) + "}"
-        parts.append(_tagged(f"sum by ({by}, le) (increase({sel('_bucket')}[{window}]))", base, "bucket"))
-        parts.append(_tagged(f"sum by ({by}) (increase({sel('_sum')}[{window}]))", base, "sum"))
-        parts.append(_tagged(f"sum by ({by}) (increase({sel('_count')}[{window}]))", base, "count"))
+        if present is not None and base not in present:
+            continue
+        if present is not None:
+            sel = present[base] + "_bucket" + ("{" + ",".join(matchers) + "}" if matchers else "")
+        else:
+            prefix, _, rest = base.partition(":")
+            sel = "{" + ",".join([f'__name__=~"{prefix}[:_]{rest}_bucket"'] + matchers) + "}"
+        parts.append(_tagged(f"sum by ({by}, le) (increase({sel}[{window}]))", base, "bucket"))
         if kind in cumulative:
-            parts.append(_tagged(f"sum by ({by}, le) ({sel('_bucket')})", base, "total"))
+            parts.append(_tagged(f"sum by ({by}, le) ({sel})", base, "total"))
     return " or ".join(parts)
+
+
+def present_bases(samples: list[tuple[dict[str, str], float]]) -> dict[str, str]:
+    """Canonical histogram base -> its stored name, for each latency histogram whose `_count` is in
+    a replica read's answer."""
+    wanted = {base for _kind, base in histogram_bases()}
+    out: dict[str, str] = {}
+    for labels, _value in samples:
+        name = labels.get("__name__", "")
+        if not name.endswith("_count"):
+            continue
+        raw = name[:-len("_count")]
+        canonical = raw.replace("_", ":", 1) if raw.startswith(("vllm_", "sglang_")) else raw
+        if canonical in wanted:
+            out.setdefault(canonical, raw)
+    return out
 
 
 def pool_key(labels: dict[str, str], pool_by: Iterable[str]) -> str:
@@ -136,11 +158,7 @@ def pool_histograms(samples: list[tuple[dict[str, str], float]], pool_by: Iterab
     for (pool, base, part), values in grouped.items():
         if part not in ("bucket", "total"):
             continue
-        if part == "bucket":
-            extras = (grouped.get((pool, base, "sum"), {}).get(""), grouped.get((pool, base, "count"), {}).get(""))
-        else:
-            extras = (0.0, None)
-        hist = _histogram(values, *extras)
+        hist = _histogram(values, 0.0, None)
         if hist is None:
             continue
         kind = kind_of[base]
