@@ -36,7 +36,7 @@ from .sources.dcgm import DcgmReading, read_dcgm
 from .sources.gateway import AUX_MAX_BODY_BYTES, GatewayConfig, GatewayScrape, read_gateway_scrape
 from .sources.gateway_queue import KINDS as QUEUE_KINDS, read_gateway_queues
 from .sources.http import BodyBudget, FetchError, Fetcher, redact
-from .sources.prometheus import PrometheusRead, PrometheusSourceReader
+from .sources.prometheus_reader import PrometheusRead, PrometheusSourceReader
 from .sources.scrape import DeadlinePool, Late, Scraper
 from .step import CycleInputs, CycleState, count_into, step
 

@@ -55,7 +55,7 @@ class CycleInputs:
     alerts_ui: Optional[str] = None  # that source's alerts page
     # Prometheus mode: the SLO burn windows read from Prometheus (monitor/history/slo.py); None: not read
     slo_windows: Optional[dict] = None
-    # Prometheus mode (monitor/sources/prometheus.py PrometheusRead): per pool, the latency histograms
+    # Prometheus mode (monitor/sources/prometheus_reader.py PrometheusRead): per pool, the latency histograms
     # the query layer summed over the window and cumulative; the age of each part's values
     pool_histograms: Optional[dict] = None
     pool_totals: Optional[dict] = None

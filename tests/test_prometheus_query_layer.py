@@ -9,9 +9,9 @@
 
 The proxy in front of Prometheus records each request's headers and can hold the requests it is told
 to until released (a condition, no fixed sleep)."""
-import bisect
 import json
 import logging
+import os
 import threading
 import urllib.error
 import urllib.parse
@@ -55,6 +55,7 @@ class Proxy:
 
     def __init__(self, upstream: str):
         self.headers: list[dict] = []
+        self.queries: list[str] = []
         self.hold: tuple[str, ...] = ()
         self.release = threading.Event()
         outer = self
@@ -67,6 +68,7 @@ class Proxy:
                 data = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 outer.headers.append(dict(self.headers.items()))
                 text = urllib.parse.unquote_plus(data.decode())
+                outer.queries.append(text)
                 if any(h in text for h in outer.hold):
                     outer.release.wait(60)
                 req = urllib.request.Request(upstream + self.path, data=data, method="POST",
@@ -96,9 +98,12 @@ class Proxy:
         self.server.server_close()
 
 
+RULES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "rules", "headroom.rules.yaml")
 PROM_CONFIG = """
 global:
   scrape_interval: 1s
+  evaluation_interval: 1s
+rule_files: ['{rules}']
 scrape_configs:
   - job_name: vllm
     static_configs:
@@ -113,7 +118,7 @@ def fleet(tmp_path_factory):
     for s, (r, w, u) in zip(servers, VALUES):
         s.bodies["/metrics"] = body(r, w, u)
     workdir = tmp_path_factory.mktemp("prom")
-    prom = Prometheus(str(workdir), PROM_CONFIG.format(targets=", ".join(f"'127.0.0.1:{s.port}'" for s in servers)))
+    prom = Prometheus(str(workdir), PROM_CONFIG.format(rules=RULES, targets=", ".join(f"'127.0.0.1:{s.port}'" for s in servers)))
     proxy = Proxy(prom.url)
     try:
         prom.wait_for('count(vllm:e2e_request_latency_seconds_bucket{job="vllm"}) == 66', timeout=60)
@@ -123,10 +128,6 @@ def fleet(tmp_path_factory):
         prom.stop()
         for s in servers:
             s.stop()
-
-
-def _bucket_index(bounds, value):
-    return bisect.bisect_left(list(bounds), value)
 
 
 def test_prometheus_mode_agrees_with_direct_mode_reading_a_few_series_per_replica(fleet):
@@ -252,7 +253,7 @@ def test_a_tenant_header_reaches_every_query_and_never_the_log(fleet, caplog, mo
     before = len(proxy.headers)
     try:
         snap = via.run_cycle(wait_seconds=20)
-        proxy.hold, proxy.release = ("hr_part",), threading.Event()
+        proxy.hold, proxy.release = ("hr_part", "pool_le:"), threading.Event()
         via.run_cycle(wait_seconds=1.5)  # a failure is logged: without the header's value
         proxy.release.set()
     finally:
@@ -264,3 +265,35 @@ def test_a_tenant_header_reaches_every_query_and_never_the_log(fleet, caplog, mo
     assert snap.pools and any("pool latency histograms" in r.getMessage() for r in caplog.records)
     assert tenant not in caplog.text
     assert tenant not in json.dumps(snapshot_to_dict(snap), default=str)
+
+
+def test_the_bundled_recording_rules_give_the_same_quantiles_for_less(fleet, caplog):
+    """With the bundled rules loaded, latency_window 5m and pools by model, the vLLM pools' buckets
+    are read from pool_le:*:rate5m (no increase query): the same quantiles as the query computing
+    them, within one bucket."""
+    servers, prom, proxy = fleet
+    for s, (r, w, u) in zip(servers, VALUES):
+        s.bodies["/metrics"] = body(r, w, u, factor=7.0)
+    prom.wait_for('sum(pool_le:vllm_e2e_request_latency_seconds_bucket:rate5m{le="+Inf"}) > 0', timeout=60)
+    caplog.set_level(logging.INFO)
+    snaps = {}
+    for rules in (True, False):
+        src = PrometheusSource(url=proxy.url, selector='job="vllm"', recording_rules=rules)
+        via = Pipeline(Config(prometheus=src, latency_window=300.0))
+        first = len(proxy.queries)
+        try:
+            snaps[rules] = via.run_cycle(wait_seconds=20).pools[0]
+        finally:
+            via.close()
+        asked = proxy.queries[first:]
+        assert any("pool_le:vllm_" in q for q in asked) == rules
+        assert any("increase(" in q for q in asked) == (not rules)
+    assert any("come from headroom's recording rules" in r.getMessage() for r in caplog.records)
+    checked = 0
+    for kind in ("ttft", "e2e", "queue", "itl"):
+        a, b = snaps[True].latency[kind], snaps[False].latency[kind]
+        for q in ("p50", "p95", "p99"):
+            lo, hi = b.buckets[q]
+            assert lo <= getattr(a, q) <= hi, (kind, q, getattr(a, q), b.buckets[q])
+            checked += 1
+    assert checked == 12

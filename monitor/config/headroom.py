@@ -146,6 +146,9 @@ class PrometheusSource:
     instance_label: str = key(Text(), "instance", help="the label naming a replica")
     timeout: float = key(Duration(gt=0, le=3600), 10.0, help="time box of one query")
     retries: int = key(Int(ge=0, le=10), 3, help="retries of a failed query (exponential backoff)")
+    recording_rules: bool = key(Flag(), True, help="read the pools' latency buckets from headroom's bundled recording "
+                                                   "rules when they are loaded (latency_window 5m, pool_by model_name; "
+                                                   "they sum every job's vLLM series, as the dashboards do)")
     headers: dict[str, HeaderValue] = key(MapOf(Sub(HeaderValue), names="header name"), {},
                                           help="extra headers on every query, e.g. X-Scope-OrgID for Mimir, Cortex "
                                                "or multi-tenant Thanos; never logged")

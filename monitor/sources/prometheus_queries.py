@@ -108,6 +108,33 @@ def pool_histogram_query(extra: str, pool_by: Iterable[str], window_seconds: flo
     return " or ".join(parts)
 
 
+# the bundled recording rules (rules/headroom.rules.yaml): pool bucket rates over 5m, by model_name and le
+RULE_WINDOW = 300.0
+RULE_KINDS = {"time_to_first_token_seconds": "ttft", "inter_token_latency_seconds": "itl",
+              "e2e_request_latency_seconds": "e2e", "request_queue_time_seconds": "queue"}
+RULES_QUERY = '{__name__=~"pool_le:vllm_(' + "|".join(RULE_KINDS) + ')_bucket:rate5m"}'
+
+
+def rule_histograms(samples: list[tuple[dict[str, str], float]]) -> dict[str, dict[str, Histogram]]:
+    """Pool -> kind -> the bucket rates the bundled recording rules keep (scaled increases: the same
+    quantiles; the mean and count come from the replicas)."""
+    grouped: dict[tuple[str, str], dict[str, float]] = {}
+    for labels, value in samples:
+        name = labels.get("__name__", "")
+        inner = name[len("pool_le:vllm_"):-len("_bucket:rate5m")] if name.startswith("pool_le:vllm_") else ""
+        kind = RULE_KINDS.get(inner)
+        if kind is None or "le" not in labels:
+            continue
+        slot = grouped.setdefault((labels.get(POOL_MODEL_LABEL, ""), kind), {})
+        slot[labels["le"]] = slot.get(labels["le"], 0.0) + value
+    out: dict[str, dict[str, Histogram]] = {}
+    for (pool, kind), by_le in grouped.items():
+        hist = _histogram(by_le, 0.0, None)
+        if hist is not None:
+            out.setdefault(pool, {})[kind] = hist
+    return out
+
+
 def present_bases(samples: list[tuple[dict[str, str], float]]) -> dict[str, str]:
     """Canonical histogram base -> its stored name, for each latency histogram whose `_count` is in
     a replica read's answer."""
