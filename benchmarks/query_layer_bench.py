@@ -12,7 +12,11 @@ Per size, in the same run:
 - anchor: the live numbers as five PromQL aggregations (sum by model of running and of waiting,
   KV usage, a p95 from bucket rates, the completion rate): the query layer's CPU answering them;
 - headroom: `Pipeline.run_cycle` in Prometheus mode in a child process (its own CPU, wall and RSS
-  per cycle), and the query layer's CPU answering that cycle (from /proc/<pid>/stat);
+  per cycle), and the query layer's CPU answering that cycle (from /proc/<pid>/stat): first with
+  the pools' buckets computed by its `increase` query, then (`with_rules`) read from the bundled
+  recording rules' series, recorded once from the rules' own expressions and imported (the
+  single-node VictoriaMetrics evaluates no rules; the evaluation's CPU is reported beside it: it is
+  paid once per evaluation interval for the dashboards and alerts whether headroom reads it or not);
 - legacy (up to 3,000 replicas): the query layer's CPU answering the raw read of every series
   (`sources.prometheus.vllm_selector`), as each cycle asked before issue 27.
 Trials: `--cycles` cycles per size after one warm-up; medians reported. Results:
@@ -53,8 +57,8 @@ CHILD = r"""
 import json, resource, sys, time
 from monitor.config import Config, PrometheusSource
 from monitor.cycle import Pipeline
-url, interval = sys.argv[1], float(sys.argv[2])
-src = PrometheusSource(url=url, selector='job="vllm"', timeout=interval * 0.9 - 0.5)
+url, interval, rules = sys.argv[1], float(sys.argv[2]), sys.argv[3] == "rules"
+src = PrometheusSource(url=url, selector='job="vllm"', timeout=interval * 0.9 - 0.5, recording_rules=rules)
 pipe = Pipeline(Config(prometheus=src, interval=interval, latency_window=300.0))
 def rss():
     for line in open("/proc/self/status"):
@@ -169,27 +173,71 @@ def query_cpu(pid: int, url: str, queries: list[str]) -> tuple[float, float]:
     return cpu_seconds(pid) - c0, time.monotonic() - w0
 
 
+RULE_EXPRS = {f"pool_le:vllm_{b}_bucket:rate5m": f'sum by (model_name, le) (rate(vllm:{b}_bucket{{model_name!=""}}[5m]))'
+              for b in ("time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
+                        "request_queue_time_seconds")}
+
+
+def record_rules(url: str) -> float:
+    """What an evaluation of the bundled rules' bucket rates records, imported at now (VictoriaMetrics
+    single-node evaluates no rules: vmalert or Prometheus would); returns the query layer's CPU for
+    one evaluation of the four rules."""
+    now_ms = int(time.time() * 1000)
+    lines, cpu = [], 0.0
+    for name, expr in RULE_EXPRS.items():
+        c0 = cpu_seconds(VM_PID[0])
+        got = requests.post(url + "/api/v1/query", data={"query": expr}, timeout=600).json()["data"]["result"]
+        cpu += cpu_seconds(VM_PID[0]) - c0
+        for item in got:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(item["metric"].items()))
+            lines.append(f'{name}{{{labels}}} {item["value"][1]} {now_ms}\n')
+    requests.post(url + "/api/v1/import/prometheus", data="".join(lines).encode(), timeout=120).raise_for_status()
+    requests.get(url + "/internal/force_flush", timeout=120)
+    end = time.monotonic() + 120
+    while time.monotonic() < end:
+        got = requests.get(url + "/api/v1/query", params={"query": "count(pool_le:vllm_e2e_request_latency_seconds_bucket:rate5m)"},
+                           timeout=60).json()["data"]["result"]
+        if got:
+            return cpu
+        time.sleep(0.5)
+    sys.exit("the recorded series did not appear")
+
+
+VM_PID = [0]
+
+
+def run_headroom(pid: int, url: str, interval: float, cycles: int, mode: str) -> tuple[list[dict], dict]:
+    """Cycles of a Prometheus-mode pipeline in a child process; each with the query layer's CPU."""
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    child = subprocess.Popen([sys.executable, "-c", CHILD, url, str(interval), mode], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    try:
+        start = json.loads(child.stdout.readline())
+        runs = []
+        for _ in range(cycles + 1):
+            c0 = cpu_seconds(pid)
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            got = json.loads(child.stdout.readline())
+            got["query_layer_cpu"] = cpu_seconds(pid) - c0
+            runs.append(got)
+        return runs[1:], start
+    finally:
+        child.stdin.close()
+        child.wait(60)
+
+
 def bench_size(replicas: int, cycles: int, interval: float) -> dict:
     from monitor.sources.prometheus import vllm_selector
     workdir = tempfile.mkdtemp(prefix=f"hr-qlb-{replicas}-")
     vm, url = start_vm(workdir)
-    child = None
+    VM_PID[0] = vm.pid
     try:
         fed = feed(url, replicas, time.time())
         anchor = [query_cpu(vm.pid, url, ANCHOR) for _ in range(cycles + 1)][1:]
-        env = {**os.environ, "PYTHONPATH": ROOT}
-        child = subprocess.Popen([sys.executable, "-c", CHILD, url, str(interval)], stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-        start = json.loads(child.stdout.readline())
-        runs = []
-        for _ in range(cycles + 1):
-            c0 = cpu_seconds(vm.pid)
-            child.stdin.write("go\n")
-            child.stdin.flush()
-            got = json.loads(child.stdout.readline())
-            got["query_layer_cpu"] = cpu_seconds(vm.pid) - c0
-            runs.append(got)
-        runs = runs[1:]
+        runs, start = run_headroom(vm.pid, url, interval, cycles, "query")
+        rules_cpu = record_rules(url)
+        rule_runs, _ = run_headroom(vm.pid, url, interval, cycles, "rules")
         legacy = None
         if replicas <= 3000:
             legacy = statistics.median(query_cpu(vm.pid, url, [vllm_selector('job="vllm"')])[0] for _ in range(2))
@@ -206,14 +254,21 @@ def bench_size(replicas: int, cycles: int, interval: float) -> dict:
             "legacy_raw_read_query_layer_cpu_seconds": None if legacy is None else round(legacy, 4),
             "replicas_seen": [r["replicas"] for r in runs], "stale": runs[-1]["stale"],
             "e2e_p95_seen": runs[-1]["p95"], "trials": len(runs),
+            "with_rules": {
+                "headroom_cpu_seconds": med([r["cpu"] for r in rule_runs]),
+                "headroom_wall_seconds": med([r["wall"] for r in rule_runs]),
+                "query_layer_cpu_seconds": med([r["query_layer_cpu"] for r in rule_runs]),
+                "rules_evaluation_query_layer_cpu_seconds": round(rules_cpu, 4),
+                "e2e_p95_seen": rule_runs[-1]["p95"], "replicas_seen": [r["replicas"] for r in rule_runs],
+            },
         }
+        w = out["with_rules"]
+        w["query_layer_vs_anchor"] = round(w["query_layer_cpu_seconds"] / out["anchor_query_layer_cpu_seconds"], 2) \
+            if out["anchor_query_layer_cpu_seconds"] else None
         out["query_layer_vs_anchor"] = round(out["query_layer_cpu_seconds"] / out["anchor_query_layer_cpu_seconds"], 2) \
             if out["anchor_query_layer_cpu_seconds"] else None
         return out
     finally:
-        if child is not None:
-            child.stdin.close()
-            child.wait(30)
         vm.terminate()
         try:
             vm.wait(60)
