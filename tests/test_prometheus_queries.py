@@ -113,3 +113,32 @@ def test_bad_tenant_headers_are_refused_naming_the_key(headers, where, problem):
         from_dict(_prom(headers=headers), "f.yml")
     assert err.value.key == where and problem in err.value.problem
     assert "X-Evil" not in str(err.value)
+
+
+def _reading(target, t, running, model="m"):
+    from monitor.model import ReplicaReading
+    return ReplicaReading(target=target, model=model, timestamp=t, running=running, waiting=1.0,
+                          counters={"request_success": 10.0 * t})
+
+
+def test_a_blind_cycle_keeps_the_last_replicas_stale_and_a_replica_gone_before_stays_gone():
+    """step(): the query layer did not answer (the prometheus source down): the pool keeps the last
+    read's replicas and values, stale, last fresh at the last read; a replica that had already gone
+    from the read before is not counted back."""
+    from monitor.config import PrometheusSource
+    from monitor.cycle import CycleInputs, CycleState, step
+    from monitor.model import SourceStatus
+    cfg = from_dict({"sources": {"prometheus": {"url": "http://prom:9090"}}}, "f.yml")
+    state = CycleState(cfg)
+    up = [SourceStatus("prometheus", "http://prom:9090", True)]
+    step(state, CycleInputs([_reading(t, 0.0, 2.0) for t in ("a", "b", "c")], up), 0.0)
+    _, fresh = step(state, CycleInputs([_reading(t, 15.0, 3.0) for t in ("a", "b")], up), 15.0)
+    assert fresh.pools[0].replicas == 2 and not fresh.pools[0].stale
+    down = [SourceStatus("prometheus", "http://prom:9090", False, "deadline", "late")]
+    _, blind = step(state, CycleInputs([], down, stale_seconds={"replicas": 15.0}), 30.0)
+    p = blind.pools[0]
+    assert p.stale and p.replicas == 2 and p.active_requests == 6.0 and p.queued_requests == 2.0
+    assert p.last_fresh_timestamp == 15.0 and blind.source_stale_seconds == {"replicas": 15.0}
+    _, back = step(state, CycleInputs([_reading(t, 45.0, 1.0) for t in ("a", "b")], up), 45.0)
+    assert not back.pools[0].stale and back.pools[0].replicas == 2 and back.pools[0].active_requests == 2.0
+    assert isinstance(cfg.prometheus, PrometheusSource)
