@@ -114,7 +114,7 @@ class Pipeline:
         if config.prometheus:
             self.prom = PrometheusSourceReader(config.prometheus, budget=self.budget, forget_after=config.forget_after,
                                                pool_by=[config.pool_by], latency_window=config.latency_window,
-                                               total_kinds=pool_slo_signals(config))
+                                               total_kinds=pool_slo_signals(config), shard=config.shard)
         # how each gateway body is read: for the capacity layer, the only reader of task metrics
         self._gateway_configs: Optional[list[GatewayConfig]] = None
         if capacity is not None:

@@ -297,3 +297,26 @@ def test_the_bundled_recording_rules_give_the_same_quantiles_for_less(fleet, cap
             assert lo <= getattr(a, q) <= hi, (kind, q, getattr(a, q), b.buckets[q])
             checked += 1
     assert checked == 12
+
+
+def test_each_shard_reads_only_the_pools_it_owns(fleet):
+    """global.shard in Prometheus mode: the queries are narrowed to the shard's models (names
+    escaped: `t.ny` does not match `tiny`), so shards split the query layer's work too."""
+    from monitor.shard import owns
+    from monitor.sources.prometheus_queries import with_pools
+    servers, prom, proxy = fleet
+    assert len(prom.query("count({%s, __name__=\"vllm:num_requests_running\"})" % with_pools('job="vllm"', ["tiny"]))) == 1
+    assert prom.query("count({%s, __name__=\"vllm:num_requests_running\"})" % with_pools("", ["t.ny", 'a"b\\\\c/d-e'])) == []
+    seen = {}
+    for index in (0, 1):
+        via = Pipeline(Config(prometheus=PrometheusSource(url=proxy.url, selector='job="vllm"'), shard=(index, 2)))
+        first = len(proxy.queries)
+        try:
+            snap = via.run_cycle(wait_seconds=20)
+        finally:
+            via.close()
+        asked = [q for q in proxy.queries[first:] if "num_requests_running" in q and "count by" not in q]
+        assert asked and all('model_name=~' in q for q in asked)
+        seen[index] = sum(p.replicas for p in snap.pools)
+    mine = 0 if owns("tiny", (0, 2)) else 1
+    assert seen[mine] == len(servers) and seen[1 - mine] == 0

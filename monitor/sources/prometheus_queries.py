@@ -16,6 +16,7 @@ A cycle asks for what it needs at the granularity it needs (issue 27), never for
 from __future__ import annotations
 
 import math
+import re
 from typing import Iterable, Optional
 
 from ..model import Histogram
@@ -58,6 +59,20 @@ def replica_selector(extra: str = "") -> str:
     """The per-replica series (either spelling of the prefix): gauges, counters, histogram sums and counts."""
     regex = "|".join(f"{prefix}[:_](" + "|".join(names) + ")" for prefix, names in replica_names().items())
     return "{" + ",".join([f'__name__=~"{regex}"'] + _matchers(extra)) + "}"
+
+
+def shard_pools_query(extra: str = "") -> str:
+    """The models served (one series each): what a shard picks its own pools from."""
+    regex = "vllm[:_]num_requests_running|sglang[:_](num_running_reqs|num_requests_running)"
+    return "count by (model_name) ({" + ",".join([f'__name__=~"{regex}"'] + _matchers(extra)) + "})"
+
+
+def with_pools(extra: str, pools: Iterable[str]) -> str:
+    """`extra` narrowed to the models `pools` (a PromQL regex of their names, each escaped; none: a
+    matcher no series has)."""
+    names = [re.escape(p).replace("\\", "\\\\").replace('"', '\\"') for p in pools]
+    matcher = 'model_name=~"' + ("|".join(names) if names else "^$hr_no_pool") + '"'
+    return ",".join(_matchers(extra) + [matcher])
 
 
 def histogram_bases() -> list[tuple[str, str]]:

@@ -20,8 +20,9 @@ from ..config import Config, PrometheusSource
 from ..model import Histogram, ReplicaReading, SourceStatus
 from .http import BodyBudget, redact
 from .prometheus import PrometheusClient, PrometheusError, engine_of_scrape, scrapes_from_vector
+from ..shard import filter_pools
 from .prometheus_queries import (RULE_WINDOW, RULES_QUERY, pool_histogram_query, pool_histograms, present_bases,
-                                 replica_selector, rule_histograms)
+                                 replica_selector, rule_histograms, shard_pools_query, with_pools)
 
 log = logging.getLogger("monitor.sources.prometheus")
 
@@ -54,7 +55,7 @@ class PrometheusSourceReader:
     def __init__(self, src: PrometheusSource, client: Optional[PrometheusClient] = None,
                  budget: Optional[BodyBudget] = None, forget_after: float = FORGET_AFTER,
                  pool_by: Sequence[str] = ("model_name",), latency_window: float = 300.0,
-                 total_kinds: Sequence[str] = ()):
+                 total_kinds: Sequence[str] = (), shard: Optional[tuple[int, int]] = None):
         self.src = src
         self.client = client or PrometheusClient.from_config(src, budget)
         self.known: dict[str, float] = {}  # instance that served vLLM series -> the last time it did
@@ -65,6 +66,8 @@ class PrometheusSourceReader:
         self._hists: Optional[tuple[float, dict, dict]] = None  # (when read, window, totals)
         self._replicas_at: Optional[float] = None  # when the replica series last answered
         self._rules: Optional[bool] = None  # whether the bundled recording rules answered last time
+        self.shard = shard  # global.shard: read only the pools this shard owns
+        self.selector = src.selector  # the selector of the cycle's queries (narrowed to the shard's pools)
         self._failing: dict[str, str] = {}  # part -> the reason it last failed (logged once)
 
     def read(self, now: Optional[float] = None, deadline: Optional[float] = None
@@ -84,7 +87,8 @@ class PrometheusSourceReader:
             deadline -= min(RETURN_MARGIN, 0.1 * max(0.0, deadline - start))
         warnings: list[str] = []
         try:
-            vector = self.client.query(replica_selector(self.src.selector), at=now, deadline=deadline,
+            self.selector = self._shard_selector(now, deadline)
+            vector = self.client.query(replica_selector(self.selector), at=now, deadline=deadline,
                                        warnings=warnings)
         except PrometheusError as exc:
             self._note("replicas", exc.reason)
@@ -105,6 +109,15 @@ class PrometheusSourceReader:
             log.warning("Prometheus answered with %d warning(s) (a partial response): %s", len(warnings),
                         warnings[0][:200])
         return out
+
+    def _shard_selector(self, now: float, deadline: Optional[float]) -> str:
+        """The source's selector; on a shard (global.shard, pools by model_name), narrowed to the
+        models this shard owns, so each shard's queries read only its own pools' series."""
+        if self.shard is None or self.shard[1] <= 1 or self.pool_by != ["model_name"]:
+            return self.src.selector
+        names = self.client.query(shard_pools_query(self.src.selector), at=now, deadline=deadline)
+        owned = filter_pools(sorted({labels.get("model_name", "") for labels, _v in names} - {""}), self.shard)
+        return with_pools(self.src.selector, owned)
 
     def _readings(self, vector, now: float, out: PrometheusRead) -> dict[str, tuple[str, ...]]:
         """Per instance: the engine's readings (its pool_by labels on them); returns each instance's
@@ -132,8 +145,8 @@ class PrometheusSourceReader:
         self._remember(seen, now)
         for labels, value in ups:
             inst = labels.get(self.src.instance_label, "")
-            if not self.src.selector and inst not in self.known:
-                continue  # without a selector, `up` covers every job: report only vLLM ones
+            if (not self.src.selector or self.selector != self.src.selector) and inst not in self.known:
+                continue  # without a selector `up` covers every job, on a shard every pool: report only ours
             if value == 0 or math.isnan(value):
                 out.statuses.append(SourceStatus("vllm", inst, False, "down_in_prometheus", "up == 0"))
             elif inst in seen:
@@ -148,7 +161,7 @@ class PrometheusSourceReader:
             return
         try:
             from_rules = self._from_rules(now, deadline, warnings, present)
-            query = pool_histogram_query(self.src.selector, self.pool_by, self.latency_window, self.total_kinds,
+            query = pool_histogram_query(self.selector, self.pool_by, self.latency_window, self.total_kinds,
                                          present) if present else ""
             vector = self.client.query(query, at=now, deadline=deadline, warnings=warnings) if query else []
         except PrometheusError as exc:
