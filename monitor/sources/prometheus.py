@@ -209,7 +209,8 @@ def scrapes_from_vector(samples: list[tuple[dict[str, str], float]], instance_la
         if scrape is None:
             scrape = by_instance[instance] = ParsedScrape()
             kept[instance] = {}
-        clean = {k: v for k, v in labels.items() if k != "__name__"}
+        clean = dict(labels)  # a C-level copy, then the name out: cheaper than a filtering comprehension
+        del clean["__name__"]
         for label in keep or ():
             if label in clean and label not in kept[instance]:
                 kept[instance][label] = clean[label]
