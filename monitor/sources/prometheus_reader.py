@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
@@ -68,7 +67,6 @@ class PrometheusSourceReader:
         self._replicas_at: Optional[float] = None  # when the replica series last answered
         self._rules: Optional[bool] = None  # whether the bundled recording rules answered last time
         self.shard = shard  # global.shard: read only the pools this shard owns
-        self._present: dict[str, str] = {}  # the histograms the last replica read found
         self.selector = src.selector  # the selector of the cycle's queries (narrowed to the shard's pools)
         self._failing: dict[str, str] = {}  # part -> the reason it last failed (logged once)
 
@@ -88,7 +86,6 @@ class PrometheusSourceReader:
         if deadline is not None:  # end the queries a little before the cycle stops waiting: what was read counts
             deadline -= min(RETURN_MARGIN, 0.1 * max(0.0, deadline - start))
         warnings: list[str] = []
-        early = self._start_early(now, deadline)  # the histograms asked beside the replica read
         try:
             self.selector = self._shard_selector(now, deadline)
             vector = self.client.query(replica_selector(self.selector), at=now, deadline=deadline,
@@ -106,9 +103,7 @@ class PrometheusSourceReader:
                              stale_seconds={"replicas": 0.0})
         missing = self._readings(vector, now, out)
         self._statuses(now, deadline, missing, out)
-        present = present_bases(vector)
-        self._histograms(now, deadline, out, warnings, present, early)
-        self._present = present
+        self._histograms(now, deadline, out, warnings, present_bases(vector))
         if warnings:
             out.anomalies["partial_response"] = 1
             log.warning("Prometheus answered with %d warning(s) (a partial response): %s", len(warnings),
@@ -157,40 +152,18 @@ class PrometheusSourceReader:
             elif inst in seen:
                 out.statuses.append(SourceStatus("vllm", inst, True, missing=missing.get(inst, ())))
 
-    def _start_early(self, now: float, deadline: Optional[float]) -> Optional["_Early"]:
-        """The histogram query of the histograms the last read found, started at once in its own
-        thread: the query layer answers it while it answers the replica read (the cycle's wall
-        time is then the longer of the two, not their sum). None on a first read."""
-        if not self._present:
-            return None
-        early = _Early(dict(self._present), self.selector)
-        early.thread = threading.Thread(target=early.run, args=(lambda: self._ask(now, deadline, early.warnings,
-                                                                                   dict(early.present), early.selector),),
-                                        name="headroom-prometheus-histograms", daemon=True)
-        early.thread.start()
-        return early
-
-    def _ask(self, now: float, deadline: Optional[float], warnings: list, present: dict[str, str],
-             selector: str) -> tuple[list, dict]:
-        """(the increase query's answer, the rules' histograms) for the histograms in `present`."""
-        from_rules = self._from_rules(now, deadline, warnings, present)
-        query = pool_histogram_query(selector, self.pool_by, self.latency_window, self.total_kinds,
-                                     present) if present else ""
-        return (self.client.query(query, at=now, deadline=deadline, warnings=warnings) if query else []), from_rules
-
     def _histograms(self, now: float, deadline: Optional[float], out: PrometheusRead, warnings: list,
-                    present: dict[str, str], early: Optional["_Early"] = None) -> None:
+                    present: dict[str, str]) -> None:
         """Every pool's latency histograms, summed by the query layer; the last ones when it fails."""
         if not present:  # no replica has a latency histogram: nothing to ask
             out.pool_histograms, out.pool_totals = {}, {}
             out.stale_seconds["histograms"] = 0.0
             return
         try:
-            if early is not None and early.present == present and early.selector == self.selector:
-                vector, from_rules = early.result(deadline)
-                warnings.extend(early.warnings)
-            else:
-                vector, from_rules = self._ask(now, deadline, warnings, dict(present), self.selector)
+            from_rules = self._from_rules(now, deadline, warnings, present)
+            query = pool_histogram_query(self.selector, self.pool_by, self.latency_window, self.total_kinds,
+                                         present) if present else ""
+            vector = self.client.query(query, at=now, deadline=deadline, warnings=warnings) if query else []
         except PrometheusError as exc:
             self._note("histograms", exc.reason)
             self._last_histograms(now, out)
@@ -272,33 +245,6 @@ class PrometheusSourceReader:
 
     def close(self) -> None:
         self.client.close()
-
-
-class _Early:
-    """A histogram query running beside the replica read: its answer or its PrometheusError."""
-
-    def __init__(self, present: dict[str, str], selector: str):
-        self.present, self.selector = present, selector
-        self.warnings: list[str] = []
-        self.thread: Optional[threading.Thread] = None
-        self._answer: Optional[tuple] = None
-        self._error: Optional[PrometheusError] = None
-
-    def run(self, ask) -> None:
-        try:
-            self._answer = ask()
-        except PrometheusError as exc:
-            self._error = exc
-        except Exception as exc:  # never lost in a thread: the cycle reads it as a failed query
-            self._error = PrometheusError("internal", f"{type(exc).__name__}: {exc}")
-
-    def result(self, deadline: Optional[float]) -> tuple:
-        self.thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        if self._error is not None:
-            raise self._error
-        if self._answer is None:
-            raise PrometheusError("deadline", "the histogram query did not answer before the deadline")
-        return self._answer
 
 
 def _up_selector(extra: str) -> str:
