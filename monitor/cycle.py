@@ -39,7 +39,7 @@ from .sources.dcgm import read_dcgm
 from .sources.gateway import read_gateway_scrape
 from .sources.gateway_queue import KINDS as QUEUE_KINDS, read_gateway_queues
 from .sources.http import BodyBudget, FetchError, Fetcher, redact
-from .sources.prometheus import PrometheusSourceReader
+from .sources.prometheus_reader import PrometheusRead, PrometheusSourceReader
 from .sources.scrape import DeadlinePool, Late, Scraper
 from .step import CycleInputs, CycleState, count_into, step
 
@@ -71,6 +71,14 @@ def cycle_deadline_seconds(cfg: Config) -> float:
     if cfg.vllm_targets or cfg.gateways or cfg.dcgm_targets:
         timeouts.append(cfg.scrape_timeout)
     return max(0.05, min(0.9 * cfg.interval, max(timeouts, default=0.0) + DEADLINE_MARGIN))
+
+
+def pool_slo_signals(cfg: Config) -> tuple[str, ...]:
+    """The latency signals with a pool SLO (slos: pools, pools.<name>.slo): Prometheus mode reads
+    their cumulative buckets per pool."""
+    targets = [t for ts in cfg.slos.pool_targets.values() for t in ts] if cfg.slos is not None else []
+    targets += [t for ps in (cfg.pools or {}).values() for t in (ps.slo or ())]
+    return tuple(sorted({t.signal for t in targets}))
 
 
 class Pipeline:
@@ -107,7 +115,9 @@ class Pipeline:
             self.scraper = Scraper(Fetcher(config.vllm_auth, self.budget),
                                    config.scrape_timeout, config.scrape_concurrency)
         if config.prometheus:
-            self.prom = PrometheusSourceReader(config.prometheus, budget=self.budget, forget_after=config.forget_after)
+            self.prom = PrometheusSourceReader(config.prometheus, budget=self.budget, forget_after=config.forget_after,
+                                               pool_by=[config.pool_by], latency_window=config.latency_window,
+                                               total_kinds=pool_slo_signals(config), shard=config.shard)
         # how each gateway body is read: for the capacity layer, the only reader of task metrics
         self._gateway_configs: Optional[list[GatewayConfig]] = None
         if capacity is not None:
@@ -203,7 +213,7 @@ class Pipeline:
         if deadline is None:
             deadline = began + cycle_deadline_seconds(self.config)
         pool = self._source_pool()
-        prom = pool.start([("prometheus", lambda: self.prom.read(now, deadline))]) if self.prom else []
+        prom = pool.start([("prometheus", lambda: self.prom.read_all(now, deadline))]) if self.prom else []
         slo = pool.start([("slo-windows", lambda: self.slo_windows(now))]) if self.slo_windows else []
         aux = self._start_aux(pool)
         inputs = CycleInputs([], [])
@@ -215,13 +225,18 @@ class Pipeline:
                 inputs.statuses.append(result.status)
                 count_into(inputs.anomalies, result.anomalies or {})
         for result in pool.wait(prom, deadline):
-            if isinstance(result, tuple):
-                readings, statuses, anomalies = result
-                inputs.readings.extend(readings)
-                inputs.statuses.extend(statuses)
-                count_into(inputs.anomalies, anomalies)
+            if isinstance(result, PrometheusRead):
+                inputs.readings.extend(result.readings)
+                inputs.statuses.extend(result.statuses)
+                count_into(inputs.anomalies, result.anomalies)
+                inputs.pool_histograms, inputs.pool_totals = result.pool_histograms, result.pool_totals
+                inputs.stale_seconds = dict(result.stale_seconds)
             else:
                 inputs.statuses.append(_late("prometheus", self.config.prometheus.url, result, began))
+                late = PrometheusRead([], [])
+                self.prom.stale_read(now, late)
+                inputs.pool_histograms, inputs.pool_totals = late.pool_histograms, late.pool_totals
+                inputs.stale_seconds = dict(late.stale_seconds)
         self._collect_aux(inputs, now, deadline, aux, began)
         if slo:
             inputs.slo_windows = self.slo_windows_result(pool.wait(slo, deadline)[0])

@@ -382,6 +382,9 @@ class PoolSnapshot:
     stale: bool = False
     last_fresh_timestamp: Optional[float] = None
     replica_detail: list[ReplicaSnapshot] = field(default_factory=list)
+    # Prometheus mode: the pool's cumulative latency histograms as the query layer summed them (for
+    # pool SLOs); None: summed here from the replicas' (direct mode)
+    latency_totals: Optional[dict[str, Histogram]] = None
     capacity: Optional[Capacity] = None  # monitor.capacity (knee, headroom, sessions, power)
     tasks: Optional[PoolTasks] = None  # monitor.capacity.tasks, from gateway / application metrics
     forecast: Optional[PoolForecastLike] = None  # the forecaster's latest result for this pool
@@ -485,3 +488,5 @@ class Snapshot:
     alerts: Optional[list[Alert]] = None
     alerts_ui: Optional[str] = None  # the alerts page of that source, for the landing page's link
     clock_steps: dict[str, float] = field(default_factory=dict)  # wall-clock steps found, by direction (cumulative)
+    # Prometheus mode: per part of the read (replicas, histograms) the age of the values in use; 0 fresh
+    source_stale_seconds: dict[str, float] = field(default_factory=dict)

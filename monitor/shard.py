@@ -75,6 +75,15 @@ def owns(pool: str, shard: Shard) -> bool:
     return owner(pool, total) == index
 
 
+
+def filter_pools(pools: Iterable[str], shard: Shard) -> list[str]:
+    """The pools of `pools` this shard owns, in their original order (duplicates kept): what a
+    Prometheus-mode shard asks its query layer for (monitor/sources/prometheus_reader.py)."""
+    index, total = _check(shard)
+    if total == 1:
+        return list(pools)
+    return [pool for pool in pools if owner(pool, total) == index]
+
 class ShardSetting(Kind):
     """`global.shard` in the configuration: I/N, read by parse_shard."""
     name = "I/N"

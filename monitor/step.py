@@ -69,6 +69,11 @@ class CycleInputs:
     alerts_ui: Optional[str] = None  # that source's alerts page
     # Prometheus mode: the SLO burn windows read from Prometheus (monitor/history/slo.py); None: not read
     slo_windows: Optional[dict] = None
+    # Prometheus mode (monitor/sources/prometheus_reader.py PrometheusRead): per pool, the latency histograms
+    # the query layer summed over the window and cumulative; the age of each part's values
+    pool_histograms: Optional[dict] = None
+    pool_totals: Optional[dict] = None
+    stale_seconds: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -161,7 +166,8 @@ def step(state: CycleState, inputs: CycleInputs, now: float) -> tuple[CycleState
                            last_success_timestamp=state.last_success,
                            errors={f"{s}|{r}": v for (s, r), v in state.errors.items()},
                            cycles=state.cycles, dropped=dict(state.dropped), anomalies=dict(state.anomalies),
-                           forecast=inputs.forecast, alerts=inputs.alerts, alerts_ui=inputs.alerts_ui)
+                           forecast=inputs.forecast, alerts=inputs.alerts, alerts_ui=inputs.alerts_ui,
+                           source_stale_seconds=dict(inputs.stale_seconds))
 
 
 def expire(state: CycleState, now: float, present: frozenset | set = frozenset()) -> None:
@@ -312,17 +318,25 @@ def _derive(state: CycleState, history: dict[str, list[ReplicaReading]], inputs:
     cfg = state.config
     down_targets = {st.target for st in inputs.statuses if not st.up}
     fresh_keys = {_key(r) for r in inputs.readings}
+    # the query layer did not answer: the replicas are not known down, only unread. The pools keep
+    # the last read's replicas and values, marked stale (never zero replicas for a fleet that is up)
+    blind = any(not st.up for st in inputs.statuses if st.source == "prometheus")
+    last_read = max((rs[-1].timestamp for rs in history.values() if rs), default=None)
     # a target that answered this cycle is current; one that did not is stale
     stale_targets = set(down_targets)
     expected: dict[str, set[str]] = {}
     for key, readings in history.items():
-        if key not in fresh_keys:
+        if key not in fresh_keys and not (blind and readings[-1].timestamp == last_read):
             stale_targets.add(readings[-1].target)
         expected.setdefault(pool_of(readings[-1], cfg.pool_by), set()).add(readings[-1].target)
     overflow: dict = {}
     pools = derive_pools(history, now, cfg.latency_window, cfg.pool_by, down_targets=stale_targets,
-                         expected=expected, stall_window=cfg.stall_window, anomalies=overflow)
+                         expected=expected, stall_window=cfg.stall_window, anomalies=overflow,
+                         pool_histograms=inputs.pool_histograms, pool_totals=inputs.pool_totals)
     count_into(state.anomalies, overflow)
+    if blind and not fresh_keys:
+        for p in pools:
+            p.stale = True
     if cfg.shard is not None:
         from .shard import owns  # noqa: PLC0415
         pools = [p for p in pools if owns(p.pool, cfg.shard)]

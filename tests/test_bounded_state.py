@@ -133,7 +133,7 @@ class OneInstancePerCall:
 
 def test_prometheus_mode_forgets_instances_unseen_for_forget_after():
     from monitor.config import PrometheusSource
-    from monitor.sources.prometheus import PrometheusSourceReader
+    from monitor.sources.prometheus_reader import PrometheusSourceReader
     client = OneInstancePerCall()
     reader = PrometheusSourceReader(PrometheusSource(url="http://prom:9090"), client=client, forget_after=300.0)
     for n in range(100):

@@ -154,7 +154,7 @@ def test_a_forecast_made_before_a_step_forward_does_not_read_as_exhausted_now():
 
 def test_the_prometheus_reader_s_last_seen_times_move_with_a_step():
     from monitor.config import PrometheusSource
-    from monitor.sources.prometheus import PrometheusSourceReader
+    from monitor.sources.prometheus_reader import PrometheusSourceReader
     reader = PrometheusSourceReader(PrometheusSource(url="http://127.0.0.1:9"), forget_after=HOUR)
     try:
         reader.known = {"a:8000": 1_800_000_000.0}

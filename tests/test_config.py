@@ -188,3 +188,9 @@ def test_daemon_refuses_bad_config(tmp_path):
     r = subprocess.run([sys.executable, "-m", "monitor.cli", "run", "--config.file", str(bad)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "web.listen_adress: unknown key (did you mean listen_address?" in r.stderr
+
+
+def test_a_prometheus_reader_built_alone_forgets_as_the_config_default():
+    from monitor.config import Config
+    from monitor.sources.prometheus_reader import FORGET_AFTER
+    assert Config().forget_after == FORGET_AFTER

@@ -10,12 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from monitor.shard import ShardError, owner, owns, parse_shard
-
-
-def filter_pools(pools, shard_):
-    """The pools an instance running `shard_` owns, in order (what the daemon keeps: monitor/app.py)."""
-    return [pool for pool in pools if owns(pool, shard_)]
+from monitor.shard import ShardError, filter_pools, owner, owns, parse_shard
 
 
 def assignment(pools, total):

@@ -369,7 +369,10 @@ def _pool_slos(state: CapacityState, p: PoolSnapshot, history: History, now: flo
         return out
     newest = [rs[-1] for rs in history.values() if rs]  # the pool's own series
     for target in targets:
-        h = _sum_hist([r.histograms[target.signal] for r in newest if target.signal in r.histograms])
+        if p.latency_totals is not None:  # Prometheus mode: the query layer summed the pool's buckets
+            h = p.latency_totals.get(target.signal)
+        else:
+            h = _sum_hist([r.histograms[target.signal] for r in newest if target.signal in r.histograms])
         if h is None:
             continue
         slo = PoolSlo(target.signal, target.seconds, target.objective)

@@ -6,6 +6,7 @@ the whole of it; the floors below take their own section or a narrower view.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import Optional
 

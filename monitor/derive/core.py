@@ -72,7 +72,9 @@ def stalled(readings: list[ReplicaReading], window: float) -> bool:
 def derive_pools(history: dict[str, list[ReplicaReading]], now: float, window_seconds: float,
                  pool_by: str = "model_name", down_targets: Iterable[str] = (),
                  expected: Optional[dict[str, set[str]]] = None, stall_window: float = 0.0,
-                 anomalies: Optional[dict] = None) -> list[PoolSnapshot]:
+                 anomalies: Optional[dict] = None,
+                 pool_histograms: Optional[dict[str, dict[str, Histogram]]] = None,
+                 pool_totals: Optional[dict[str, dict[str, Histogram]]] = None) -> list[PoolSnapshot]:
     """Per-pool snapshots from readings. `history` maps target -> readings of ONE model, oldest first.
 
     down_targets: targets that failed this cycle (their old readings are not used as current).
@@ -82,6 +84,9 @@ def derive_pools(history: dict[str, list[ReplicaReading]], now: float, window_se
         capacity in `stalled_kv_tokens_capacity`, so the capacity layer can leave both out.
     anomalies: counts by kind; a pool sum of finite values that overflows (to +Inf) is unknown
         (None) and counted here as `overflow`, never +Inf.
+    pool_histograms: Prometheus mode: pool -> kind -> the latency histogram's increase over the
+        window as the query layer summed it; the pools' quantiles come from these (a kind absent is
+        unknown), not from the replicas' readings. pool_totals: the same, cumulative (pool SLOs).
     """
     down = set(down_targets)
     pools: dict[str, PoolSnapshot] = {}
@@ -142,7 +147,10 @@ def derive_pools(history: dict[str, list[ReplicaReading]], now: float, window_se
                 kv_tokens_method=band.method if up and band.high is not None else None,
                 latency_ratio=ratios.get(r.target) if up else None,
             ))
-        overflowed = _rates(snap, fresh, now, window_seconds)
+        given = None if pool_histograms is None else pool_histograms.get(pool, {})
+        if pool_totals is not None:
+            snap.latency_totals = pool_totals.get(pool, {})
+        overflowed = _rates(snap, fresh, now, window_seconds, given)
         _unknown_if_overflowed(snap, anomalies if anomalies is not None else {}, overflowed)
     return sorted(pools.values(), key=lambda p: p.pool)
 
@@ -210,9 +218,12 @@ def _gauges(snap: PoolSnapshot, fresh: list[list[ReplicaReading]]) -> None:
         snap.kv_usage_ratio = (_sum(r.kv_live_tokens for r in known) or 0.0) / capacity
 
 
-def _rates(snap: PoolSnapshot, fresh: list[list[ReplicaReading]], now: float, window: float) -> int:
+def _rates(snap: PoolSnapshot, fresh: list[list[ReplicaReading]], now: float, window: float,
+           given: Optional[dict[str, Histogram]] = None) -> int:
     """Rates, latency quantiles and Little's law over the window; returns how many latency kinds were
-    left unknown because the replicas' histogram increases summed past the largest float."""
+    left unknown because the replicas' histogram increases summed past the largest float. `given`:
+    the pool's window histograms as the query layer summed them (Prometheus mode), used instead of
+    the replicas' (which carry only sums and counts there)."""
     deltas: dict[str, float] = {}
     seconds: dict[str, float] = {}
     hists: dict[str, Histogram] = {}
@@ -252,9 +263,10 @@ def _rates(snap: PoolSnapshot, fresh: list[list[ReplicaReading]], now: float, wi
             conc_n += 1
     snap.window_seconds = window_used
     if window_used is None:
+        if given is not None:  # the query layer's window needs no second reading
+            _given_latency(snap, given, {})
         return 0
-    overflowed = [kind for kind, h in hists.items()
-                  if not (math.isfinite(h.sum) and math.isfinite(h.count) and all(map(math.isfinite, h.counts)))]
+    overflowed = [kind for kind, h in hists.items() if not _finite(h)]
     for kind in overflowed:
         del hists[kind]  # unknown: its quantiles would read the last bucket, its mean NaN
     snap.completion_rate = deltas.get("_rate_request_success")
@@ -267,8 +279,11 @@ def _rates(snap: PoolSnapshot, fresh: list[list[ReplicaReading]], now: float, wi
     q = deltas.get("prefix_cache_queries")
     if q:
         snap.prefix_cache_hit_ratio = deltas.get("prefix_cache_hits", 0.0) / q
-    for kind in LATENCY_KINDS:
-        snap.latency[kind] = quantiles(hists.get(kind)) if kind in hists else Quantiles()
+    if given is not None:
+        _given_latency(snap, given, hists)
+    else:
+        for kind in LATENCY_KINDS:
+            snap.latency[kind] = quantiles(hists.get(kind)) if kind in hists else Quantiles()
     if conc_n:
         snap.mean_concurrency = conc_sum
     e2e = snap.latency.get("e2e")
@@ -276,6 +291,25 @@ def _rates(snap: PoolSnapshot, fresh: list[list[ReplicaReading]], now: float, wi
             and snap.mean_concurrency):
         snap.littles_law_ratio = snap.completion_rate * e2e.mean / snap.mean_concurrency
     return len(overflowed)
+
+
+def _given_latency(snap: PoolSnapshot, given: dict[str, Histogram], own: dict[str, Histogram]) -> None:
+    """Prometheus mode: quantiles from the pool's bucket increases the query layer summed; the mean
+    and the count of observations from the replicas' own sums and counts over their readings (exact,
+    as in direct mode; the query layer's increases are extrapolated to the window's edges)."""
+    for kind in LATENCY_KINDS:
+        h = given.get(kind)
+        q = quantiles(h) if h is not None and _finite(h) else Quantiles()
+        mine = own.get(kind)
+        if mine is not None and mine.count > 0:
+            q.mean, q.count = mine.sum / mine.count, mine.count
+        elif h is not None and q.count:
+            q.mean = None  # the query layer gave buckets only: the mean needs the replicas' sums
+        snap.latency[kind] = q
+
+
+def _finite(h: Histogram) -> bool:
+    return math.isfinite(h.sum) and math.isfinite(h.count) and all(map(math.isfinite, h.counts))
 
 
 def _time_weighted_concurrency(readings: list[ReplicaReading]) -> Optional[float]:

@@ -286,6 +286,9 @@ def _snapshot_samples(out: Rows, snap: Snapshot) -> None:
             for family in st.missing:
                 out.add("headroom_source_missing_family_info",
                         {"source": st.source, "target": st.target, "family": family}, 1.0)
+    for part, v in sorted(snap.source_stale_seconds.items()):
+        if v == v:  # NaN: never read yet, nothing to say
+            out.add("headroom_source_stale_seconds", {"source": "prometheus", "part": part}, v)
     for key, v in sorted(snap.errors.items()):
         source, _, reason = key.partition("|")
         out.add("headroom_source_errors", {"source": source, "reason": reason}, v)

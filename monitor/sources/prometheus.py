@@ -1,29 +1,29 @@
 """Prometheus mode: read the fleet through any Prometheus-compatible query API.
 
 Works against Prometheus 2.x, VictoriaMetrics, Thanos Query and Mimir (the /api/v1 query endpoints).
-The raw vLLM series are read with one instant query, regrouped per `instance` into the same parsed
-form a direct scrape gives, and turned into `ReplicaReading`s by the same code, so both modes give
-the same numbers on the same fleet.
+Each cycle asks the query layer for what it needs at the granularity it needs
+(monitor/sources/prometheus_queries.py): the per-replica gauges, counters and histogram sums and
+counts are regrouped per `instance` into the same parsed form a direct scrape gives and turned into
+`ReplicaReading`s by the same code; the latency histograms are summed per pool by the query layer
+over the latency window. Both modes give the same active, queued, KV and rates on the same fleet,
+and quantiles within one bucket.
 """
 from __future__ import annotations
 
 import json
 import logging
-import math
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 from urllib.parse import urlencode
 
 from .settings import PrometheusSource
-from ..model import ReplicaReading, SourceStatus
 from . import sglang, vllm
 from .exposition import ParsedScrape, normalise_name
 from .http import Backoff, BodyBudget, FetchError, Fetcher, redact
 
 log = logging.getLogger(__name__)
 
-FORGET_AFTER = 3600.0  # global.forget_after's default, for a reader built without it
 
 
 class PrometheusError(Exception):
@@ -39,8 +39,10 @@ class PrometheusClient:
 
     def __init__(self, url: str, timeout: float = 10.0, retries: int = 3,
                  fetcher: Optional[Fetcher] = None, backoff: Optional[Backoff] = None,
-                 sleep: Optional[Callable[[float], Any]] = None):
+                 sleep: Optional[Callable[[float], Any]] = None,
+                 headers: Optional[Callable[[], dict[str, str]]] = None):
         self.url = url.rstrip("/")
+        self.headers = headers  # the extra headers (tenant), resolved on every request; never logged
         self.timeout = timeout
         self.retries = max(0, retries)
         self.fetcher = fetcher or Fetcher()
@@ -50,11 +52,16 @@ class PrometheusClient:
 
     @classmethod
     def from_config(cls, src: PrometheusSource, budget: Optional[BodyBudget] = None) -> "PrometheusClient":
-        return cls(src.url, src.timeout, src.retries, Fetcher(src.auth, budget))
+        return cls(src.url, src.timeout, src.retries, Fetcher(src.auth, budget),
+                   headers=src.header_values if src.headers else None)
 
     def _call(self, path: str, params: dict[str, Any], deadline: Optional[float] = None) -> Any:
         last = PrometheusError("deadline", "no attempt fitted before the deadline")
         body = urlencode(params).encode()
+        try:
+            headers = {**self.headers(), **_POST_HEADERS} if self.headers is not None else _POST_HEADERS
+        except Exception as exc:  # a header's file or variable is gone: its name, never a value
+            raise PrometheusError("config", f"a header value could not be read: {exc}") from None
         for attempt in range(self.retries + 1):
             if attempt:
                 delay = self.backoff.delay(attempt - 1)
@@ -68,7 +75,7 @@ class PrometheusClient:
             if timeout <= 0:
                 break
             try:
-                status, data = self.fetcher.request("POST", self.url + path, timeout, body, _POST_HEADERS)
+                status, data = self.fetcher.request("POST", self.url + path, timeout, body, headers)
             except FetchError as exc:
                 if exc.reason not in ("timeout", "connect", "truncated"):
                     raise PrometheusError(exc.reason, exc.detail) from None
@@ -184,100 +191,42 @@ def vllm_selector(extra: str = "") -> str:
     return "{" + ",".join(matchers) + "}"
 
 
-def scrapes_from_vector(samples: list[tuple[dict[str, str], float]], instance_label: str = "instance"
-                        ) -> dict[str, ParsedScrape]:
-    """Regroup an instant-query vector of raw vLLM series into one ParsedScrape per instance."""
+def scrapes_from_vector(samples: list[tuple[dict[str, str], float]], instance_label: str = "instance",
+                        keep: Optional[Sequence[str]] = None) -> dict:
+    """Regroup an instant-query vector of raw engine series into one ParsedScrape per instance. A
+    histogram's `_count` also stands for its `+Inf` bucket when the read has no buckets (Prometheus
+    mode reads the buckets per pool), so the reading keeps the histogram's sum and count.
+    With `keep` (labels such as pool_by's), the value is (scrape, {label: value}) of the instance's
+    first series carrying each label."""
     by_instance: dict[str, ParsedScrape] = {}
+    kept: dict[str, dict[str, str]] = {}
     for labels, value in samples:
         name = labels.get("__name__")
         if not name:
             continue
         instance = labels.get(instance_label, "")
-        scrape = by_instance.setdefault(instance, ParsedScrape())
-        clean = {k: v for k, v in labels.items() if k != "__name__"}
+        scrape = by_instance.get(instance)
+        if scrape is None:
+            scrape = by_instance[instance] = ParsedScrape()
+            kept[instance] = {}
+        clean = dict(labels)  # a C-level copy, then the name out: cheaper than a filtering comprehension
+        del clean["__name__"]
+        for label in keep or ():
+            if label in clean and label not in kept[instance]:
+                kept[instance][label] = clean[label]
         if name.startswith("sglang_"):
             name = "sglang:" + name[len("sglang_"):]
         scrape.samples.setdefault(normalise_name(name), []).append((clean, value))
+    for scrape in by_instance.values():
+        for name in [n for n in scrape.samples if n.endswith("_count")]:
+            bucket = name[:-len("_count")] + "_bucket"
+            if bucket not in scrape.samples:
+                scrape.samples[bucket] = [({**lb, "le": "+Inf"}, v) for lb, v in scrape.samples[name]]
+    if keep is not None:
+        return {inst: (scrape, kept[inst]) for inst, scrape in by_instance.items()}
     return by_instance
 
 
 def engine_of_scrape(scrape: ParsedScrape):
     """The reader of an instance's series (sglang.looks_like_sglang decides)."""
     return sglang if sglang.looks_like_sglang(scrape) else vllm
-
-
-class PrometheusSourceReader:
-    """Reads ReplicaReadings for the whole fleet with two instant queries per cycle."""
-
-    def __init__(self, src: PrometheusSource, client: Optional[PrometheusClient] = None,
-                 budget: Optional[BodyBudget] = None, forget_after: float = FORGET_AFTER):
-        self.src = src
-        self.client = client or PrometheusClient.from_config(src, budget)
-        self.known: dict[str, float] = {}  # instance that served vLLM series -> the last time it did
-        self.forget_after = forget_after  # an instance silent this long is forgotten (global.forget_after)
-
-    def read(self, now: Optional[float] = None, deadline: Optional[float] = None
-             ) -> tuple[list[ReplicaReading], list[SourceStatus], dict[str, int]]:
-        """Readings, statuses and input anomalies by kind; no request runs past `deadline`
-        (monotonic seconds), if given. A partial answer (Prometheus `warnings`) is used and counted
-        as the anomaly `partial_response`, its first warning logged."""
-        now = time.time() if now is None else now
-        name = redact(self.src.url)
-        start = time.monotonic()
-        warnings: list[str] = []
-        anomalies: dict[str, int] = {}
-        try:
-            vector = self.client.query(vllm_selector(self.src.selector), at=now, deadline=deadline,
-                                       warnings=warnings)
-        except PrometheusError as exc:
-            return [], [SourceStatus("prometheus", name, False, exc.reason, exc.detail, time.monotonic() - start)], {}
-        if warnings:
-            anomalies["partial_response"] = 1
-            log.warning("Prometheus answered with %d warning(s) (a partial response): %s", len(warnings),
-                        warnings[0][:200])
-        statuses = [SourceStatus("prometheus", name, True, duration_seconds=time.monotonic() - start)]
-        readings: list[ReplicaReading] = []
-        missing: dict[str, tuple[str, ...]] = {}  # instance -> contract families it has no series of
-        for instance, scrape in sorted(scrapes_from_vector(vector, self.src.instance_label).items()):
-            engine = engine_of_scrape(scrape)
-            readings.extend(engine.readings_from_scrape(scrape, instance, now))
-            missing[instance] = engine.missing_families(scrape)
-            for kind, n in scrape.anomalies.items():
-                anomalies[kind] = anomalies.get(kind, 0) + n
-        # targets Prometheus itself sees as down
-        try:
-            ups = self.client.query(_up_selector(self.src.selector), at=now, deadline=deadline)
-            seen = {r.target for r in readings}
-            self._remember(seen, now)
-            for labels, value in ups:
-                inst = labels.get(self.src.instance_label, "")
-                if not self.src.selector and inst not in self.known:
-                    continue  # without a selector, `up` covers every job: report only vLLM ones
-                if value == 0 or math.isnan(value):
-                    statuses.append(SourceStatus("vllm", inst, False, "down_in_prometheus", "up == 0"))
-                elif inst in seen:
-                    statuses.append(SourceStatus("vllm", inst, True, missing=missing.get(inst, ())))
-        except PrometheusError as exc:
-            log.warning("could not read up series from Prometheus: %s", exc.reason)
-        return readings, statuses, anomalies
-
-    def _remember(self, seen: set[str], now: float) -> None:
-        """Note the instances seen now; forget those silent for `forget_after` (replica churn)."""
-        for inst in seen:
-            self.known[inst] = now
-        for inst in [i for i, t in self.known.items() if now - t > self.forget_after]:
-            del self.known[inst]
-
-    def shift_time(self, seconds: float) -> None:
-        """The wall clock stepped by `seconds` (monitor/cycle.py): the last-seen times move with it."""
-        self.known = {inst: t + seconds for inst, t in self.known.items()}
-
-    def close(self) -> None:
-        self.client.close()
-
-
-def _up_selector(extra: str) -> str:
-    matchers = ['__name__="up"']
-    if extra.strip():
-        matchers.append(extra.strip().strip("{}"))
-    return "{" + ",".join(matchers) + "}"

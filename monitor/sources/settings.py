@@ -6,13 +6,14 @@ The whole file is assembled by monitor/config (the app floor).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
 
 from monitor.readings import GATEWAY_KINDS
 from monitor.settings.kinds import Choice, Duration, File, Flag, Int, Labels, SecretEnv, SecretFile, Selector, Text, Url
 from monitor.settings.reader import ConfigError, Reader, join, key
-from monitor.settings.shapes import MapOf, group
+from monitor.settings.shapes import MapOf, Sub, group
 from monitor.settings.values import read_secret_env, read_secret_file
 
 
@@ -102,13 +103,59 @@ class HttpAuth:
 
 
 @dataclass
+class HeaderValue:
+    """One extra request header's value: given inline, or (a secret) from a file or a variable."""
+
+    SHORTHAND: ClassVar[str] = "a string"
+    value: Optional[str] = key(Text(), help="the value itself (a tenant id is often not secret)")
+    file: Optional[str] = key(SecretFile(), help="file holding the value")
+    env: Optional[str] = key(SecretEnv(), help="environment variable holding the value")
+
+    @staticmethod
+    def shorthand(value: Any) -> dict:
+        if isinstance(value, str):
+            return {"value": value}
+        raise ValueError(f"expected a string or a mapping with value, file or env, got {type(value).__name__}")
+
+    def check(self, r: Reader, at: str) -> None:
+        if sum(x is not None for x in (self.value, self.file, self.env)) != 1:
+            raise r.fail(at, "give exactly one of value, file or env")
+        if self.value is not None and any(ord(c) < 32 or ord(c) == 127 for c in self.value):
+            raise r.fail(at, "a header value may not hold control characters (the value is not shown)")
+
+    def resolve(self) -> str:
+        """The value as it is now (a file or variable is read on every use, so a rotation is picked up)."""
+        return self.value if self.value is not None else (_secret(self.file, self.env) or "")
+
+
+RESERVED_HEADERS = frozenset({"authorization", "content-type", "content-length", "host", "accept",
+                              "accept-encoding", "connection", "transfer-encoding"})
+
+
+@dataclass
 class PrometheusSource:
     url: str = key(Url(), required=True, help="query API base URL (Prometheus, VictoriaMetrics, Thanos, Mimir)")
     selector: str = key(Selector(), "", help="extra matchers for every query, e.g. 'job=\"vllm\"'")
     instance_label: str = key(Text(), "instance", help="the label naming a replica")
     timeout: float = key(Duration(gt=0, le=3600), 10.0, help="time box of one query")
     retries: int = key(Int(ge=0, le=10), 3, help="retries of a failed query (exponential backoff)")
+    recording_rules: bool = key(Flag(), True, help="read the pools' latency buckets from headroom's bundled recording "
+                                                   "rules when they are loaded (latency_window 5m, pool_by model_name; "
+                                                   "they sum every job's vLLM series, as the dashboards do)")
+    headers: dict[str, HeaderValue] = key(MapOf(Sub(HeaderValue), names="header name"), {},
+                                          help="extra headers on every query, e.g. X-Scope-OrgID for Mimir, Cortex "
+                                               "or multi-tenant Thanos; never logged")
     auth: HttpAuth = group(HttpAuth)
+
+    def check(self, r: Reader, at: str) -> None:
+        for name in self.headers:
+            if not re.fullmatch(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+", name):
+                raise r.fail(f"{at}.headers.{name}", "not an HTTP header name")
+            if name.lower() in RESERVED_HEADERS:
+                raise r.fail(f"{at}.headers.{name}", "set by headroom (credentials: bearer_token_file or basic_auth)")
+
+    def header_values(self) -> dict[str, str]:
+        return {name: h.resolve() for name, h in self.headers.items()}
 
 
 @dataclass

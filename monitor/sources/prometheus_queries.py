@@ -1,0 +1,234 @@
+"""What a Prometheus-mode cycle asks the query layer, and how the answers are read back.
+
+A cycle asks for what it needs at the granularity it needs (issue 27), never for every raw series:
+- per replica (`replica_selector`): the gauges (running, waiting, KV usage, KV capacity), the
+  counters and each latency histogram's `_sum` and `_count` - a few dozen series per replica, none
+  of the ~300 bucket series. Counters stay raw so rates, resets and stall detection are computed
+  exactly as in direct mode; `_sum` / `_count` feed the knee's mean latency.
+- per pool (`pool_histogram_query`): each latency histogram's bucket increases over the latency
+  window, computed and summed by the query layer (`sum by (<pool labels>, le) (increase(...))`),
+  and, for the signals with a pool SLO, the pool's cumulative buckets; only for the histograms the
+  replica read found. One query; each answer series carries `hr_base` (the histogram's base name)
+  and `hr_part` (bucket | total), so the candidates of one kind (vLLM's two ITL names) stay apart:
+  the first present wins, per pool, as per replica in direct mode. The mean and the count of
+  observations come from the replicas' sums and counts, exact as in direct mode.
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Iterable, Optional
+
+from ..model import Histogram
+from . import sglang, vllm
+
+LATENCY_KINDS = ("ttft", "itl", "e2e", "queue")  # what the pools' quantiles, the knee and pool SLOs read
+PART_LABEL = "hr_part"
+BASE_LABEL = "hr_base"
+POOL_MODEL_LABEL = "model_name"
+
+
+def _engine_names() -> list[tuple[str, list[str], dict[str, tuple[str, ...]], dict[str, tuple[str, ...]]]]:
+    """(prefix, gauge names, counters, histograms) of each engine reader."""
+    vllm_gauges = list(vllm.GAUGES.values())
+    sglang_gauges = [n for cands in sglang.GAUGES.values() for n in cands]
+    return [("vllm", vllm_gauges, vllm.COUNTER_NAMES, vllm.HISTOGRAM_NAMES),
+            ("sglang", sglang_gauges, sglang.COUNTER_NAMES, sglang.HISTOGRAM_NAMES)]
+
+
+def replica_names() -> dict[str, list[str]]:
+    """prefix -> the per-replica sample names (without the prefix) a cycle reads."""
+    out: dict[str, list[str]] = {}
+    for prefix, gauges, counters, histograms in _engine_names():
+        names = set(gauges)
+        for cands in counters.values():
+            names.update(cands)
+        for kind in LATENCY_KINDS:
+            for base in histograms.get(kind, ()):
+                names.update((base + "_sum", base + "_count"))
+        out[prefix] = sorted(n[len(prefix) + 1:] for n in names)
+    return out
+
+
+def _matchers(extra: str) -> list[str]:
+    extra = extra.strip().strip("{}").strip()
+    return [extra] if extra else []
+
+
+def replica_selector(extra: str = "") -> str:
+    """The per-replica series (either spelling of the prefix): gauges, counters, histogram sums and counts."""
+    regex = "|".join(f"{prefix}[:_](" + "|".join(names) + ")" for prefix, names in replica_names().items())
+    return "{" + ",".join([f'__name__=~"{regex}"'] + _matchers(extra)) + "}"
+
+
+def shard_pools_query(extra: str = "") -> str:
+    """The models served (one series each): what a shard picks its own pools from."""
+    regex = "vllm[:_]num_requests_running|sglang[:_](num_running_reqs|num_requests_running)"
+    return "count by (model_name) ({" + ",".join([f'__name__=~"{regex}"'] + _matchers(extra)) + "})"
+
+
+def with_pools(extra: str, pools: Iterable[str]) -> str:
+    """`extra` narrowed to the models `pools` (a PromQL regex of their names, each escaped; none: a
+    matcher no series has)."""
+    names = [re.escape(p).replace("\\", "\\\\").replace('"', '\\"') for p in pools]
+    matcher = 'model_name=~"' + ("|".join(names) if names else "^$hr_no_pool") + '"'
+    return ",".join(_matchers(extra) + [matcher])
+
+
+def histogram_bases() -> list[tuple[str, str]]:
+    """(kind, base name) of every latency histogram candidate, both engines, in preference order."""
+    out = []
+    for _prefix, _g, _c, histograms in _engine_names():
+        for kind in LATENCY_KINDS:
+            out.extend((kind, base) for base in histograms.get(kind, ()))
+    return out
+
+
+def _tagged(expr: str, base: str, part: str) -> str:
+    inner = f'label_replace({expr}, "{BASE_LABEL}", "{base}", "", "")'
+    return f'label_replace({inner}, "{PART_LABEL}", "{part}", "", "")'
+
+
+def pool_labels(pool_by: Iterable[str]) -> list[str]:
+    """The labels a pool-level aggregation keeps: every pool_by label, and model_name."""
+    labels = [label for label in pool_by if label != "model"]
+    if POOL_MODEL_LABEL not in labels:
+        labels.append(POOL_MODEL_LABEL)
+    return labels
+
+
+def pool_histogram_query(extra: str, pool_by: Iterable[str], window_seconds: float,
+                         cumulative_kinds: Iterable[str] = (), present: Optional[dict[str, str]] = None) -> str:
+    """One query for every pool's latency histograms: the bucket increases over the window, and the
+    cumulative buckets of `cumulative_kinds` (the signals with a pool SLO). `present`: canonical base
+    name -> the name as the query layer stores it (`vllm_x` from some scrapers), of the histograms
+    the replica read found (their `_count`); only those are asked for. None: every candidate, by
+    either spelling of the prefix. Sums and counts come from the replica read (exact deltas)."""
+    by = ", ".join(pool_labels(pool_by))
+    matchers = _matchers(extra)
+    window = f"{max(1, int(round(window_seconds)))}s"
+    cumulative = set(cumulative_kinds)
+    parts = []
+    for kind, base in histogram_bases():
+        if present is not None and base not in present:
+            continue
+        if present is not None:
+            sel = present[base] + "_bucket" + ("{" + ",".join(matchers) + "}" if matchers else "")
+        else:
+            prefix, _, rest = base.partition(":")
+            sel = "{" + ",".join([f'__name__=~"{prefix}[:_]{rest}_bucket"'] + matchers) + "}"
+        parts.append(_tagged(f"sum by ({by}, le) (increase({sel}[{window}]))", base, "bucket"))
+        if kind in cumulative:
+            parts.append(_tagged(f"sum by ({by}, le) ({sel})", base, "total"))
+    return " or ".join(parts)
+
+
+# the bundled recording rules (rules/headroom.rules.yaml): pool bucket rates over 5m, by model_name and le
+RULE_WINDOW = 300.0
+RULE_KINDS = {"time_to_first_token_seconds": "ttft", "inter_token_latency_seconds": "itl",
+              "e2e_request_latency_seconds": "e2e", "request_queue_time_seconds": "queue"}
+RULES_QUERY = '{__name__=~"pool_le:vllm_(' + "|".join(RULE_KINDS) + ')_bucket:rate5m"}'
+
+
+def rule_histograms(samples: list[tuple[dict[str, str], float]]) -> dict[str, dict[str, Histogram]]:
+    """Pool -> kind -> the bucket rates the bundled recording rules keep (scaled increases: the same
+    quantiles; the mean and count come from the replicas)."""
+    grouped: dict[tuple[str, str], dict[str, float]] = {}
+    for labels, value in samples:
+        name = labels.get("__name__", "")
+        inner = name[len("pool_le:vllm_"):-len("_bucket:rate5m")] if name.startswith("pool_le:vllm_") else ""
+        kind = RULE_KINDS.get(inner)
+        if kind is None or "le" not in labels:
+            continue
+        slot = grouped.setdefault((labels.get(POOL_MODEL_LABEL, ""), kind), {})
+        slot[labels["le"]] = slot.get(labels["le"], 0.0) + value
+    out: dict[str, dict[str, Histogram]] = {}
+    for (pool, kind), by_le in grouped.items():
+        hist = _histogram(by_le, 0.0, None)
+        if hist is not None:
+            out.setdefault(pool, {})[kind] = hist
+    return out
+
+
+def present_bases(samples: list[tuple[dict[str, str], float]]) -> dict[str, str]:
+    """Canonical histogram base -> its stored name, for each latency histogram whose `_count` is in
+    a replica read's answer."""
+    wanted = {base for _kind, base in histogram_bases()}
+    out: dict[str, str] = {}
+    for labels, _value in samples:
+        name = labels.get("__name__", "")
+        if not name.endswith("_count"):
+            continue
+        raw = name[:-len("_count")]
+        canonical = raw.replace("_", ":", 1) if raw.startswith(("vllm_", "sglang_")) else raw
+        if canonical in wanted:
+            out.setdefault(canonical, raw)
+    return out
+
+
+def pool_key(labels: dict[str, str], pool_by: Iterable[str]) -> str:
+    """The pool a series belongs to, as monitor/derive/core.py `pool_of` names it: the last pool_by
+    label's value (model_name when it is missing)."""
+    by = list(pool_by) or [POOL_MODEL_LABEL]
+    last = by[-1]
+    model = labels.get(POOL_MODEL_LABEL, "")
+    if last in (POOL_MODEL_LABEL, "model"):
+        return model
+    return labels.get(last) or model
+
+
+def pool_histograms(samples: list[tuple[dict[str, str], float]], pool_by: Iterable[str]
+                    ) -> tuple[dict[str, dict[str, Histogram]], dict[str, dict[str, Histogram]]]:
+    """(window increases, cumulative) per pool key and latency kind, from `pool_histogram_query`'s
+    answer. Per pool and kind the first candidate base name with data wins; a histogram whose
+    buckets are not finite is left out (unknown, never a made-up quantile)."""
+    pool_by = list(pool_by)
+    kind_of = dict((base, kind) for kind, base in histogram_bases())
+    order = {base: i for i, (_k, base) in enumerate(histogram_bases())}
+    grouped: dict[tuple[str, str, str], dict] = {}  # (pool, base, part) -> le/"" -> value
+    for labels, value in samples:
+        base, part = labels.get(BASE_LABEL), labels.get(PART_LABEL)
+        if base not in kind_of or part is None:
+            continue
+        key = (pool_key(labels, pool_by), base, part)
+        slot = grouped.setdefault(key, {})
+        le = labels.get("le", "")
+        slot[le] = slot.get(le, 0.0) + value
+    window: dict[str, dict[str, Histogram]] = {}
+    total: dict[str, dict[str, Histogram]] = {}
+    chosen: dict[tuple[str, str, str], int] = {}
+    for (pool, base, part), values in grouped.items():
+        if part not in ("bucket", "total"):
+            continue
+        hist = _histogram(values, 0.0, None)
+        if hist is None:
+            continue
+        kind = kind_of[base]
+        ck = (pool, kind, part)
+        if ck in chosen and chosen[ck] <= order[base]:
+            continue
+        chosen[ck] = order[base]
+        (window if part == "bucket" else total).setdefault(pool, {})[kind] = hist
+    return window, total
+
+
+def _histogram(by_le: dict[str, float], sum_: Optional[float], count: Optional[float]) -> Optional[Histogram]:
+    pairs = []
+    for le, v in by_le.items():
+        try:
+            bound = float(le)
+        except ValueError:
+            continue
+        if not math.isfinite(v) or v < 0:
+            return None
+        pairs.append((bound, v))
+    if not pairs:
+        return None
+    pairs.sort()
+    counts, running = [], 0.0
+    for _b, v in pairs:
+        running = max(running, v)  # extrapolated increases of one target's buckets: cumulative, up to rounding
+        counts.append(running)
+    n = counts[-1] if count is None or not math.isfinite(count) else count
+    s = sum_ if sum_ is not None and math.isfinite(sum_) else 0.0
+    return Histogram(tuple(b for b, _ in pairs), tuple(counts), s, n)

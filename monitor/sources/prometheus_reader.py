@@ -1,0 +1,254 @@
+"""Prometheus mode's reader: one cycle's read of the fleet through the query layer.
+
+Three instant queries, in order of need (monitor/sources/prometheus_queries.py builds them): the
+per-replica series (gauges, counters, histogram sums and counts), `up`, then the pools' latency
+buckets - from headroom's bundled recording rules when they are loaded, else summed over the
+latency window by one query. A query that fails or misses the deadline leaves the rest of the read
+usable; what could not be read keeps its last values, their age in `PrometheusRead.stale_seconds`
+(exported as headroom_source_stale_seconds), and the failure is logged when it starts and when it
+ends, never every cycle.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+from .settings import PrometheusSource
+from ..model import Histogram, ReplicaReading, SourceStatus
+from .http import BodyBudget, redact
+from .prometheus import PrometheusClient, PrometheusError, engine_of_scrape, scrapes_from_vector
+from ..shard import filter_pools
+from .prometheus_queries import (RULE_WINDOW, RULES_QUERY, pool_histogram_query, pool_histograms, present_bases,
+                                 replica_selector, rule_histograms, shard_pools_query, with_pools)
+
+log = logging.getLogger("monitor.sources.prometheus")
+
+RETURN_MARGIN = 0.3  # seconds a read keeps between its last query's deadline and the cycle's
+FORGET_AFTER = 3600.0  # global.forget_after's default, for a reader built without it (a test holds them equal)
+
+
+@dataclass
+class PrometheusRead:
+    """One cycle's read: replica readings, statuses, anomalies by kind, and per pool key the latency
+    histograms the query layer summed (`pool_histograms`: increases over the latency window;
+    `pool_totals`: cumulative, for pool SLOs) - None when never read. `stale_seconds`: per part
+    (replicas, histograms) the age of the values in use, 0 when this cycle's query answered."""
+
+    readings: list[ReplicaReading]
+    statuses: list[SourceStatus]
+    anomalies: dict[str, int] = field(default_factory=dict)
+    pool_histograms: Optional[dict[str, dict[str, Histogram]]] = None
+    pool_totals: Optional[dict[str, dict[str, Histogram]]] = None
+    stale_seconds: dict[str, float] = field(default_factory=dict)
+
+
+class PrometheusSourceReader:
+    """Reads the fleet with three instant queries per cycle, in order of need: the per-replica
+    series (gauges, counters, histogram sums and counts), `up`, then every pool's latency
+    histograms as the query layer sums them (monitor/sources/prometheus_queries.py). A query that
+    fails or misses the deadline leaves the rest of the read usable; pool histograms that could not
+    be read are the last ones read, their age in `stale_seconds`."""
+
+    def __init__(self, src: PrometheusSource, client: Optional[PrometheusClient] = None,
+                 budget: Optional[BodyBudget] = None, forget_after: float = FORGET_AFTER,
+                 pool_by: Sequence[str] = ("model_name",), latency_window: float = 300.0,
+                 total_kinds: Sequence[str] = (), shard: Optional[tuple[int, int]] = None):
+        self.src = src
+        self.client = client or PrometheusClient.from_config(src, budget)
+        self.known: dict[str, float] = {}  # instance that served vLLM series -> the last time it did
+        self.forget_after = forget_after  # an instance silent this long is forgotten (global.forget_after)
+        self.pool_by = list(pool_by)
+        self.latency_window = latency_window
+        self.total_kinds = tuple(total_kinds)  # latency kinds with a pool SLO: their cumulative buckets
+        self._hists: Optional[tuple[float, dict, dict]] = None  # (when read, window, totals)
+        self._replicas_at: Optional[float] = None  # when the replica series last answered
+        self._rules: Optional[bool] = None  # whether the bundled recording rules answered last time
+        self.shard = shard  # global.shard: read only the pools this shard owns
+        self.selector = src.selector  # the selector of the cycle's queries (narrowed to the shard's pools)
+        self._failing: dict[str, str] = {}  # part -> the reason it last failed (logged once)
+
+    def read(self, now: Optional[float] = None, deadline: Optional[float] = None
+             ) -> tuple[list[ReplicaReading], list[SourceStatus], dict[str, int]]:
+        """Readings, statuses and input anomalies by kind (`read_all` without the pool histograms)."""
+        got = self.read_all(now, deadline)
+        return got.readings, got.statuses, got.anomalies
+
+    def read_all(self, now: Optional[float] = None, deadline: Optional[float] = None) -> PrometheusRead:
+        """The cycle's read; no request runs past `deadline` (monotonic seconds), if given. A partial
+        answer (Prometheus `warnings`) is used and counted as the anomaly `partial_response`, its
+        first warning logged."""
+        now = time.time() if now is None else now
+        name = redact(self.src.url)
+        start = time.monotonic()
+        if deadline is not None:  # end the queries a little before the cycle stops waiting: what was read counts
+            deadline -= min(RETURN_MARGIN, 0.1 * max(0.0, deadline - start))
+        warnings: list[str] = []
+        try:
+            self.selector = self._shard_selector(now, deadline)
+            vector = self.client.query(replica_selector(self.selector), at=now, deadline=deadline,
+                                       warnings=warnings)
+        except PrometheusError as exc:
+            self._note("replicas", exc.reason)
+            status = SourceStatus("prometheus", name, False, exc.reason, exc.detail, time.monotonic() - start)
+            out = PrometheusRead([], [status])
+            out.stale_seconds["replicas"] = math.nan if self._replicas_at is None else max(0.0, now - self._replicas_at)
+            self._last_histograms(now, out)
+            return out
+        self._note("replicas", None)
+        self._replicas_at = now
+        out = PrometheusRead([], [SourceStatus("prometheus", name, True, duration_seconds=time.monotonic() - start)],
+                             stale_seconds={"replicas": 0.0})
+        missing = self._readings(vector, now, out)
+        self._statuses(now, deadline, missing, out)
+        self._histograms(now, deadline, out, warnings, present_bases(vector))
+        if warnings:
+            out.anomalies["partial_response"] = 1
+            log.warning("Prometheus answered with %d warning(s) (a partial response): %s", len(warnings),
+                        warnings[0][:200])
+        return out
+
+    def _shard_selector(self, now: float, deadline: Optional[float]) -> str:
+        """The source's selector; on a shard (global.shard, pools by model_name), narrowed to the
+        models this shard owns, so each shard's queries read only its own pools' series."""
+        if self.shard is None or self.shard[1] <= 1 or self.pool_by != ["model_name"]:
+            return self.src.selector
+        names = self.client.query(shard_pools_query(self.src.selector), at=now, deadline=deadline)
+        owned = filter_pools(sorted({labels.get("model_name", "") for labels, _v in names} - {""}), self.shard)
+        return with_pools(self.src.selector, owned)
+
+    def _readings(self, vector, now: float, out: PrometheusRead) -> dict[str, tuple[str, ...]]:
+        """Per instance: the engine's readings (its pool_by labels on them); returns each instance's
+        missing contract families."""
+        missing: dict[str, tuple[str, ...]] = {}  # instance -> contract families it has no series of
+        extra = [label for label in self.pool_by if label not in ("model_name", "model")]
+        for instance, (scrape, labels) in sorted(scrapes_from_vector(vector, self.src.instance_label,
+                                                                     keep=extra).items()):
+            engine = engine_of_scrape(scrape)
+            out.readings.extend(engine.readings_from_scrape(scrape, instance, now, labels or None))
+            missing[instance] = engine.missing_families(scrape)
+            for kind, n in scrape.anomalies.items():
+                out.anomalies[kind] = out.anomalies.get(kind, 0) + n
+        return missing
+
+    def _statuses(self, now: float, deadline: Optional[float], missing: dict, out: PrometheusRead) -> None:
+        """Targets Prometheus itself sees as down, and the missing families of those that answered."""
+        try:
+            ups = self.client.query(_up_selector(self.src.selector), at=now, deadline=deadline)
+        except PrometheusError as exc:
+            self._note("up", exc.reason)
+            return
+        self._note("up", None)
+        seen = {r.target for r in out.readings}
+        self._remember(seen, now)
+        for labels, value in ups:
+            inst = labels.get(self.src.instance_label, "")
+            if (not self.src.selector or self.selector != self.src.selector) and inst not in self.known:
+                continue  # without a selector `up` covers every job, on a shard every pool: report only ours
+            if value == 0 or math.isnan(value):
+                out.statuses.append(SourceStatus("vllm", inst, False, "down_in_prometheus", "up == 0"))
+            elif inst in seen:
+                out.statuses.append(SourceStatus("vllm", inst, True, missing=missing.get(inst, ())))
+
+    def _histograms(self, now: float, deadline: Optional[float], out: PrometheusRead, warnings: list,
+                    present: dict[str, str]) -> None:
+        """Every pool's latency histograms, summed by the query layer; the last ones when it fails."""
+        if not present:  # no replica has a latency histogram: nothing to ask
+            out.pool_histograms, out.pool_totals = {}, {}
+            out.stale_seconds["histograms"] = 0.0
+            return
+        try:
+            from_rules = self._from_rules(now, deadline, warnings, present)
+            query = pool_histogram_query(self.selector, self.pool_by, self.latency_window, self.total_kinds,
+                                         present) if present else ""
+            vector = self.client.query(query, at=now, deadline=deadline, warnings=warnings) if query else []
+        except PrometheusError as exc:
+            self._note("histograms", exc.reason)
+            self._last_histograms(now, out)
+            return
+        self._note("histograms", None)
+        out.pool_histograms, out.pool_totals = pool_histograms(vector, self.pool_by)
+        for pool, kinds in from_rules.items():
+            out.pool_histograms.setdefault(pool, {}).update(kinds)
+        out.stale_seconds["histograms"] = 0.0
+        self._hists = (now, out.pool_histograms, out.pool_totals)
+
+    def _from_rules(self, now: float, deadline: Optional[float], warnings: list, present: dict[str, str]) -> dict:
+        """The vLLM pools' latency buckets from the bundled recording rules, when they are loaded and
+        fit (latency_window 5m, pools by model_name, no pool SLO needing cumulative buckets); the
+        vLLM bases they cover are taken out of `present`, so the increase query asks for the rest."""
+        src = self.src
+        if not (src.recording_rules and self.latency_window == RULE_WINDOW and self.pool_by == ["model_name"]
+                and not self.total_kinds and any(b.startswith("vllm:") for b in present)):
+            return {}
+        got = rule_histograms(self.client.query(RULES_QUERY, at=now, deadline=deadline, warnings=warnings))
+        if not got:
+            if self._rules is not False:
+                log.info("the bundled recording rules are not loaded in %s: the pools' latency buckets are "
+                         "computed by one query per cycle", redact(src.url))
+            self._rules = False
+            return {}
+        if self._rules is not True:
+            log.info("the pools' latency buckets come from headroom's recording rules in %s", redact(src.url))
+        self._rules = True
+        for base in [b for b in present if b.startswith("vllm:")]:
+            del present[base]
+        return got
+
+    def stale_read(self, now: float, out: PrometheusRead) -> None:
+        """What a read that missed the cycle's deadline leaves (monitor/cycle.py): the last pool
+        histograms and each part's age, said once."""
+        self._note("replicas", "deadline")
+        out.stale_seconds["replicas"] = math.nan if self._replicas_at is None else max(0.0, now - self._replicas_at)
+        self._last_histograms(now, out)
+
+    def _last_histograms(self, now: float, out: PrometheusRead) -> None:
+        """The last pool histograms read, with their age (none yet: empty, quantiles unknown)."""
+        if self._hists is not None:
+            when, out.pool_histograms, out.pool_totals = self._hists
+            out.stale_seconds["histograms"] = max(0.0, now - when)
+        else:
+            out.pool_histograms, out.pool_totals = {}, {}
+            out.stale_seconds["histograms"] = math.nan
+
+    def _note(self, part: str, reason: Optional[str]) -> None:
+        """Log a part's failure when it starts and when it is over, never every cycle."""
+        before = self._failing.get(part)
+        if reason is None:
+            if before is not None:
+                del self._failing[part]
+                log.info("Prometheus answers the %s query again", part)
+            return
+        if before is None:
+            what = {"replicas": "replica series (the pools keep their last values, marked stale)",
+                    "up": "up series (targets down in Prometheus are not named)",
+                    "histograms": "pool latency histograms (the last ones read are used, marked stale)"}[part]
+            log.warning("could not read the %s from Prometheus: %s; said once until it answers again", what, reason)
+        self._failing[part] = reason
+
+    def _remember(self, seen: set[str], now: float) -> None:
+        """Note the instances seen now; forget those silent for `forget_after` (replica churn)."""
+        for inst in seen:
+            self.known[inst] = now
+        for inst in [i for i, t in self.known.items() if now - t > self.forget_after]:
+            del self.known[inst]
+
+    def shift_time(self, seconds: float) -> None:
+        """The wall clock stepped by `seconds` (monitor/cycle.py): the last-seen times move with it."""
+        self.known = {inst: t + seconds for inst, t in self.known.items()}
+        if self._hists is not None:
+            self._hists = (self._hists[0] + seconds,) + self._hists[1:]
+        if self._replicas_at is not None:
+            self._replicas_at += seconds
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _up_selector(extra: str) -> str:
+    matchers = ['__name__="up"']
+    if extra.strip():
+        matchers.append(extra.strip().strip("{}"))
+    return "{" + ",".join(matchers) + "}"
