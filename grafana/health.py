@@ -21,8 +21,11 @@ def self_health() -> list[dict]:
              [target("time() - headroom_last_success_timestamp_seconds", "since last success")], unit="s",
              thresholds=[(None, "green"), (120, "orange"), (300, "red")], w=4, h=8,
              description="HeadroomDataStale fires above 5 minutes."),
-        timeseries("Stale pools", [target(f"headroom_pool_stale{{{P}}}", "{{pool}}")], min_=0, w=6,
-                   description="1 while a pool's values are withheld (HeadroomPoolStale)."),
+        timeseries("Stale pools and stale query-layer parts", [
+            target(f"headroom_pool_stale{{{P}}}", "{{pool}}"),
+            target("headroom_source_stale_seconds", "{{source}} {{part}} stale (s)"),
+        ], min_=0, w=6, description="1 while a pool's values are withheld (HeadroomPoolStale); in Prometheus "
+                                    "mode, how old the values kept from a query-layer part that failed are."),
         timeseries("Cycle duration and source errors", [
             target("headroom_cycle_duration_seconds", "cycle duration (s)"),
             target(f"sum by (source, reason) (max without ({HA_LABELS}) "
