@@ -117,7 +117,7 @@ def child(forget_after: float, cycles: int) -> dict:
     from monitor.cycle import Pipeline
     from monitor.export.collector import Exposition
     from monitor.export.landing import Trends
-    from monitor.sources.exposition import _LABEL_CACHE  # the parser's label-set cache (bounded: 200,000)
+    from monitor.kit.exposition import _LABEL_CACHE  # the parser's label-set cache (bounded: 200,000)
     logging.disable(logging.WARNING)  # every churned replica is a 404 once: not the point here
     fleet = ChurningFleet()
     srv = serve(fleet)

@@ -59,7 +59,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from monitor.forecast.backtest import ForecastSettings, forecast_series, mase_scale  # noqa: E402
 from monitor.forecast.models import LEVELS, Forecast  # noqa: E402
 from monitor.forecast.series import Prepared, prepare  # noqa: E402
-from monitor.process import stop_process  # noqa: E402
+from monitor.kit.process import stop_process  # noqa: E402
 
 TRACES = os.environ.get("HEADROOM_TRACES", "/work/shared/traces")
 SERVEGEN_EPOCH = 1717200000.0  # 2024-06-01 00:00 UTC: ServeGen gives only relative seconds

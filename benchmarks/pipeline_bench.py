@@ -31,7 +31,7 @@ def bench_parse(repeats: int = 300) -> dict:
             fn()
         return (time.process_time() - t0) / n
 
-    from monitor.sources import exposition
+    from monitor.kit import exposition
     ref_n = max(10, repeats // 10)
 
     def cold():

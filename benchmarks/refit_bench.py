@@ -7,7 +7,7 @@ second (`warm`, the daemon's steady state):
     inline   no time box: every fit in the process itself (the floor; cold pays the statsmodels import)
     fork     the old runner: each fit in a child forked from the process (which holds threads, as
              the daemon does); the parent never fits, so every child imports statsmodels again
-    pool     monitor/timebox.py FitPool: workers from the fork server with the forecast modules
+    pool     monitor/kit/timebox.py FitPool: workers from the fork server with the forecast modules
              preloaded, one worker reused fit after fit (cold includes starting the fork server)
 
 The history: the seeded office generator of benchmarks/office_week.py, 14 days at 5 minutes, as the
@@ -39,7 +39,7 @@ from office_week import office_series  # noqa: E402
 from monitor.forecast.backtest import ForecastSettings  # noqa: E402
 from monitor.forecast.pool import PoolSettings, forecast_pool  # noqa: E402
 from monitor.forecaster import FIT_MODULES  # noqa: E402
-from monitor.timebox import FitPool  # noqa: E402
+from monitor.kit.timebox import FitPool  # noqa: E402
 
 BOX = 120.0
 

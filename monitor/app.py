@@ -7,7 +7,7 @@ without an address is `headroom once`: the same sources, cycle and forecaster, t
 if it exists and never written, no digest, no web server. Each component is built in that order (a
 later one may use an earlier one: the web server shows the digest's status, the forecaster reads
 the store) and has `start(scheduler)` and `stop()`. `App.start()` lets every component add its jobs
-to the one scheduler (monitor/ticker.py: a monotonic cadence, so no wall-clock step freezes it),
+to the one scheduler (monitor/kit/ticker.py: a monotonic cadence, so no wall-clock step freezes it),
 then starts it; `App.stop()` stops the
 scheduler, then the components in reverse order, so the web server goes first and the cycle's
 sources last. `headroom digest` reads its history through `monitor/digest/schedule.py
@@ -23,7 +23,7 @@ from typing import Callable, Optional
 from .capacity.enrich import CapacityState
 from .config import Config
 from .cycle import Pipeline
-from .ticker import Ticker
+from monitor.kit.ticker import Ticker
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ class Forecasts(Component):
     def __init__(self, cfg: Config, pipeline: Pipeline, source, history_days: float = 35.0,
                  step: float = 300.0):
         from .forecaster import FIT_MODULES  # noqa: PLC0415
-        from .timebox import FitPool  # noqa: PLC0415
+        from monitor.kit.timebox import FitPool  # noqa: PLC0415
         self.source = source
         # every fit in a worker of the fork server's (never a fork of this threaded process), time-boxed
         self.pool = FitPool(cfg.forecast.fit_timeout_seconds, preload=FIT_MODULES)
@@ -203,7 +203,7 @@ class Web(Component):
         from .export.landing import Trends  # noqa: PLC0415
         from .export.samples import Cadence  # noqa: PLC0415
         from .export.server import WebState, serve  # noqa: PLC0415
-        from .export.webconfig import web_security  # noqa: PLC0415
+        from monitor.kit.web.webconfig import web_security  # noqa: PLC0415
 
         def cadence() -> Cadence:
             return Cadence(pipeline.cycle_age(), float(cfg.interval))
@@ -354,7 +354,7 @@ def _has_days(section) -> bool:
 def store_forecaster(cfg: Config, source, clock: Callable[[], float], capacity: Callable[[], dict],
                      history_days: float = 35.0, step: float = 300.0, runner: Optional[Callable] = None):
     """The `ForecastScheduler` over a history source (monitor/history). `capacity()`: pool ->
-    concurrent requests at the knee; `runner`: how each fit runs (monitor/timebox.py `FitPool`)."""
+    concurrent requests at the knee; `runner`: how each fit runs (monitor/kit/timebox.py `FitPool`)."""
     from .forecast.backtest import ForecastSettings  # noqa: PLC0415
     from .history.forecasts import forecast_history  # noqa: PLC0415
     from .forecast.pool import PoolSettings  # noqa: PLC0415

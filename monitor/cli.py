@@ -40,7 +40,7 @@ def env_name(flag: str) -> str:
 
 def seconds(text: str) -> float:
     """argparse type of a run length: a positive duration (90, 90s, 5m)."""
-    from monitor.settings.values import parse_duration  # noqa: PLC0415
+    from monitor.kit.settings.values import parse_duration  # noqa: PLC0415
     try:
         number = float(text)
     except ValueError:
@@ -141,7 +141,7 @@ class StderrHandler(logging.StreamHandler):
 
 
 def setup_logging(level: str, fmt: str = "logfmt") -> None:
-    """headroom's lines at `level` (the scheduler is headroom's own, monitor/ticker.py: it logs an
+    """headroom's lines at `level` (the scheduler is headroom's own, monitor/kit/ticker.py: it logs an
     overrunning job once, in headroom's words)."""
     handler = StderrHandler()
     handler.setFormatter(JsonFormatter() if fmt == "json" else

@@ -17,7 +17,7 @@ suspend). A difference over `CLOCK_STEP_TOLERANCE` is a step: logged once, count
 (`clock_steps`), and the state is moved onto the new clock (`CycleState.shift_time`) so rates,
 windows and knees keep measuring true durations; listeners (`on_clock_step`) do the same for what
 they keep (the store drops points stamped after the new now: no future stamp is kept). The cadence
-itself never depends on the wall clock (monitor/ticker.py), and `cycle_age()` is monotonic, so
+itself never depends on the wall clock (monitor/kit/ticker.py), and `cycle_age()` is monotonic, so
 /metrics and /-/ready tell that cycles stopped even when Prometheus shares a stepped clock.
 """
 from __future__ import annotations
@@ -38,7 +38,7 @@ from .sources.aux_samples import AUX_MAX_BODY_BYTES
 from .sources.dcgm import read_dcgm
 from .sources.gateway import read_gateway_scrape
 from .sources.gateway_queue import KINDS as QUEUE_KINDS, read_gateway_queues
-from .sources.http import BodyBudget, FetchError, Fetcher, redact
+from monitor.kit.http import BodyBudget, FetchError, Fetcher, redact
 from .sources.prometheus_reader import PrometheusRead, PrometheusSourceReader
 from .sources.scrape import DeadlinePool, Late, Scraper
 from .step import CycleInputs, CycleState, count_into, step

@@ -2,10 +2,10 @@
 and holds state; the forecast core below it is pure).
 
 `ForecastScheduler.schedule(scheduler)` adds one interval job to the application's scheduler
-(monitor/ticker.py: every N minutes on the monotonic clock, the first at once, never two at once,
+(monitor/kit/ticker.py: every N minutes on the monotonic clock, the first at once, never two at once,
 missed runs coalesced; each run in a daemon thread). Each run asks `load_history()` for {pool: {series: pandas Series}} and `capacity()` for
 {pool: concurrent requests at the knee or None}, calls `forecast_pool` per pool with the given
-settings (give `ForecastSettings` a `runner`, e.g. monitor/timebox.py `FitPool(seconds, FIT_MODULES)`,
+settings (give `ForecastSettings` a `runner`, e.g. monitor/kit/timebox.py `FitPool(seconds, FIT_MODULES)`,
 to time-box every fit in a worker process: an overrunning fit is killed, reported in the series' `errors`, and the next
 model in the fallback order is used), and publishes the results in a `LatestResult`. The
 collection cycle reads `latest.get()` once per cycle (monitor/cycle.py `Pipeline.forecasts`): the
@@ -23,7 +23,7 @@ from monitor.forecast.pool import PoolSettings, forecast_pool
 from monitor.model import RefitResult
 
 log = logging.getLogger(__name__)
-# what a fit worker imports before its first fit (monitor/timebox.py FitPool `preload`): the models,
+# what a fit worker imports before its first fit (monitor/kit/timebox.py FitPool `preload`): the models,
 # and the statsmodels modules their fits import, so no fit pays for the import
 FIT_MODULES = ("monitor.forecast.backtest", "statsmodels.tsa.holtwinters", "statsmodels.tsa.seasonal",
                "statsmodels.tsa.statespace.sarimax")
@@ -91,7 +91,7 @@ class ForecastScheduler:
             return result
 
     def schedule(self, scheduler) -> str:
-        """Add the refit job to the application's one scheduler (monitor/ticker.py `Ticker`, on the
+        """Add the refit job to the application's one scheduler (monitor/kit/ticker.py `Ticker`, on the
         monotonic clock): every `interval_minutes`, the first at once. Returns the job id."""
         scheduler.every("headroom-forecast-refit", self.interval_minutes * 60.0, self._refit_in_background)
         return "headroom-forecast-refit"

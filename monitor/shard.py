@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 
-from monitor.settings.kinds import Kind
+from monitor.kit.settings.kinds import Kind
 
 Shard = tuple[int, int]
 

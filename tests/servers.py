@@ -12,7 +12,7 @@ from typing import Callable, Optional
 
 import requests
 
-from monitor.process import stop_process
+from monitor.kit.process import stop_process
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 

@@ -16,7 +16,7 @@ from monitor.derive.gateway_queues import apply_gateway_queues
 from monitor.sources.dcgm import read_dcgm
 from monitor.sources.gateway import AUX_MAX_BODY_BYTES, GatewayConfig, read_gateway_scrape
 from monitor.sources.gateway_queue import read_gateway_queues
-from monitor.sources.http import FetchError, Fetcher
+from monitor.kit.http import FetchError, Fetcher
 from servers import MetricsServer, fixture
 
 pytestmark = pytest.mark.live  # tests/tiers.py: serves bodies on loopback (the pure tests ride along)

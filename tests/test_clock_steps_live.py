@@ -18,7 +18,7 @@ import time
 import pytest
 import requests
 
-from monitor.process import stop_process
+from monitor.kit.process import stop_process
 from servers import free_port, wait_for
 from test_deadlines import _metric
 

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 import monitor.commands.run as run_command
 from monitor.cli import main
 from monitor.config import Config, from_dict
-from monitor.settings.reader import ConfigError, default_of, join, specs
+from monitor.kit.settings.reader import ConfigError, default_of, join, specs
 
 pytestmark = pytest.mark.live  # a file run accepts starts the daemon on loopback
 N = int(os.environ.get("HEADROOM_AGREEMENT_EXAMPLES", "40"))

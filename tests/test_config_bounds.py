@@ -4,7 +4,7 @@ as a capacity)."""
 import pytest
 
 from monitor.config import ConfigError, load
-from monitor.settings.kinds import LIMIT, Int, Number
+from monitor.kit.settings.kinds import LIMIT, Int, Number
 from monitor.capacity.mix import parse_mix
 
 TARGET = "sources:\n  vllm:\n    targets: ['http://127.0.0.1:1/metrics']\n"

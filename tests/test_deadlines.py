@@ -19,8 +19,8 @@ import requests
 from hostile import HostileServer
 from monitor.config import Config, GatewaySource, HttpAuth, PrometheusSource, Target
 from monitor.cycle import Pipeline, cycle_deadline_seconds
-from monitor.process import stop_process
-from monitor.sources.http import FetchError, Fetcher
+from monitor.kit.process import stop_process
+from monitor.kit.http import FetchError, Fetcher
 from monitor.sources.prometheus import PrometheusClient, PrometheusError
 from servers import fixture, free_port, wait_for
 
@@ -310,10 +310,10 @@ def test_once_returns_within_the_timeout_and_a_margin(tmp_path, hostile, good):
 
 
 def test_the_exit_backstop_ends_a_process_held_by_a_stuck_thread():
-    """The last resort behind a clean stop (monitor/process.py): a non-daemon thread that never ends
+    """The last resort behind a clean stop (monitor/kit/process.py): a non-daemon thread that never ends
     would hold the interpreter's exit forever; the backstop ends the process and names the thread."""
     code = ("import threading, time\n"
-            "from monitor.process import exit_if_stuck\n"
+            "from monitor.kit.process import exit_if_stuck\n"
             "threading.Thread(target=time.sleep, args=(600,), name='stuck-read').start()\n"
             "exit_if_stuck(0.5, code=3)\n")
     t0 = time.monotonic()

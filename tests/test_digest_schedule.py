@@ -18,7 +18,7 @@ from monitor.digest.schedule import open_outbox, run_digest, schedule_digest
 from monitor.digest.settings import from_dict
 from monitor.digest.sources import from_prometheus, from_store
 from monitor.history.store import HistoryStore
-from monitor.process import stop_process
+from monitor.kit.process import stop_process
 from monitor.sim.history import generate_history
 
 WEEK_END = 1764547200.0  # Mon 2025-12-01 00:00 UTC
@@ -86,7 +86,7 @@ def test_replicas_come_from_the_daemons_config_then_its_newest_cycle(tmp_path):
 
 
 def test_schedule_digest_cron_and_delivery(tmp_path):
-    from monitor.ticker import Ticker
+    from monitor.kit.ticker import Ticker
     settings = from_dict({**FAST, "outbox": str(tmp_path / "outbox.sqlite"),
                           "schedule": {"day_of_week": "tue", "hour": 9, "minute": 30, "timezone": "Europe/Berlin"},
                           "destinations": [{"name": "dir", "type": "directory", "path": str(tmp_path / "out")}]},

@@ -140,7 +140,7 @@ def test_a_stray_series_of_the_other_engine_does_not_decide_the_engine():
     """Detection by which engine's contract families dominate: a real SGLang capture with one stray
     `vllm:` series is SGLang's (and read as such), a real vLLM capture with one stray `sglang:` series
     is vLLM's; in Prometheus mode the same per instance."""
-    from monitor.sources.exposition import parse
+    from monitor.kit.exposition import parse
     from monitor.sources.prometheus import engine_of_scrape, scrapes_from_vector
     stray_vllm = f'vllm:num_requests_running{{model_name="{MODEL}"}} 1\n'
     stray_sglang = f'sglang:num_running_reqs{{model_name="{MODEL}"}} 1\n'

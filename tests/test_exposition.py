@@ -5,7 +5,7 @@ import re
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from monitor.sources.exposition import ExpositionError, parse
+from monitor.kit.exposition import ExpositionError, parse
 from monitor.sources.vllm import WANTED, parse_vllm
 from servers import fixture
 

@@ -10,7 +10,7 @@ from monitor.forecast.backtest import (AVERAGE, ForecastSettings, apply_calibrat
                                        rank_models, rolling_origin, score, select, selection_reasons)
 from monitor.forecast.models import Forecast, Model
 from monitor.forecast.series import prepare
-from monitor.timebox import FitPool, TimeBoxExceeded
+from monitor.kit.timebox import FitPool, TimeBoxExceeded
 
 HOUR = 3600.0
 
@@ -195,7 +195,7 @@ class _SlowModel(Model):
 
 
 def _boxing_runner(fn, args):
-    """What a time-boxed runner does to a fit over its box (monitor/timebox.py FitPool, whose own
+    """What a time-boxed runner does to a fit over its box (monitor/kit/timebox.py FitPool, whose own
     test kills a real worker): raise TimeBoxExceeded; every other fit runs here."""
     if args[0] == "slow":
         raise TimeBoxExceeded("abandoned after 2 s")

@@ -13,7 +13,7 @@ import requests
 from monitor.history.forecasts import forecast_history
 from monitor import schema
 from monitor.history.prometheus import PrometheusHistory, Query, bucket_query, default_queries, read_range
-from monitor.process import stop_process
+from monitor.kit.process import stop_process
 
 pytestmark = [pytest.mark.live, pytest.mark.skipif(not (shutil.which("prometheus") and shutil.which("promtool")),
                                 reason="needs the prometheus and promtool binaries")]

@@ -7,7 +7,7 @@ import pandas as pd
 from monitor.forecast.backtest import ForecastSettings
 from monitor.forecast.pool import CAPACITY_SERIES, PoolSettings
 from monitor.forecaster import ForecastScheduler
-from monitor.ticker import Ticker
+from monitor.kit.ticker import Ticker
 from servers import wait_for
 
 HOUR = 3600.0

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from monitor.config import ConfigError, from_dict
 from monitor.derive.core import derive_pools
-from monitor.sources.exposition import ExpositionError, parse
+from monitor.kit.exposition import ExpositionError, parse
 from monitor.sources.prometheus import PrometheusError, decode_matrix, decode_vector, scrapes_from_vector
 from monitor.sources.vllm import parse_vllm, readings_from_scrape, readings_from_text
 from servers import fixture

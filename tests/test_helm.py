@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from monitor.process import stop_process
+from monitor.kit.process import stop_process
 
 helm_chart = pytest.importorskip("helm_python.chart", reason="pip install helm-python-sdk")
 from helm_python.chart import Chart, lint  # noqa: E402

@@ -71,7 +71,7 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_no_process_is_started_inside_the_forecast_package():
-    """Fits are time-boxed through the runner the application injects (monitor/timebox.py), not by a
+    """Fits are time-boxed through the runner the application injects (monitor/kit/timebox.py), not by a
     fork hidden in the forecast package."""
     offenders = {str(p.relative_to(MONITOR)): sorted(i for i in _imports(p)
                                                      if i.split(".")[0] in ("multiprocessing", "subprocess")

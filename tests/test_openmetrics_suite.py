@@ -42,7 +42,7 @@ import pytest
 # value of a line for the must-fail cases, which the public parser refuses whole.
 from prometheus_client.openmetrics.parser import _parse_sample, text_string_to_metric_families
 
-from monitor.sources.exposition import ExpositionError, parse
+from monitor.kit.exposition import ExpositionError, parse
 
 SUITE = Path(__file__).parent / "fixtures" / "openmetrics" / "parsers"
 

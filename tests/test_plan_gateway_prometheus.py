@@ -20,7 +20,7 @@ from collections import Counter, defaultdict
 import pytest
 
 from monitor import cli
-from monitor.sources.exposition import parse
+from monitor.kit.exposition import parse
 
 pytestmark = [pytest.mark.live, pytest.mark.skipif(not (shutil.which("prometheus") and shutil.which("promtool")),
                                                    reason="needs the prometheus and promtool binaries")]

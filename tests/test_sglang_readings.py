@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import values
 
 from monitor.sources import sglang, vllm
-from monitor.sources.exposition import parse
+from monitor.kit.exposition import parse
 from servers import FIXTURES, fixture
 
 HERE = os.path.join(FIXTURES, "sglang")

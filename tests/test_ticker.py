@@ -1,4 +1,4 @@
-"""The daemon's scheduler keeps its cadence whatever the wall clock does (monitor/ticker.py).
+"""The daemon's scheduler keeps its cadence whatever the wall clock does (monitor/kit/ticker.py).
 
 Under APScheduler 3.x a wall clock stepped back an hour stopped every cycle for that hour. Here the
 wall clock is driven by the test (`wall`), the cadence runs on the real monotonic clock, and every
@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from monitor.ticker import Ticker
+from monitor.kit.ticker import Ticker
 from servers import wait_for
 
 
@@ -66,7 +66,7 @@ def test_an_overrunning_job_never_overlaps_itself_and_is_logged_once(caplog):
         runs.append(1)
 
     ticker = Ticker()
-    with caplog.at_level(logging.WARNING, logger="monitor.ticker"):
+    with caplog.at_level(logging.WARNING, logger="monitor.kit.ticker"):
         ticker.every("cycle", 0.02, slow)
         ticker.start()
         try:

@@ -1,4 +1,4 @@
-"""monitor/timebox.py FitPool with real worker processes: started by the fork server (never forked
+"""monitor/kit/timebox.py FitPool with real worker processes: started by the fork server (never forked
 from the test process), the forecast modules preloaded there, a fit over its box killed."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from monitor.forecast.backtest import ForecastSettings, _fit_forecast, forecast_series
 from monitor.forecast.series import prepare
 from monitor.forecaster import FIT_MODULES
-from monitor.timebox import ChildError, FitPool, TimeBoxExceeded
+from monitor.kit.timebox import ChildError, FitPool, TimeBoxExceeded
 from servers import wait_for
 
 pytestmark = pytest.mark.live  # starts processes

@@ -11,7 +11,7 @@ import requests
 
 from monitor.config import Config, PrometheusSource, Target
 from monitor.cycle import Pipeline
-from monitor.process import stop_process
+from monitor.kit.process import stop_process
 from monitor.sources.prometheus import PrometheusClient
 from servers import MetricsServer, fixture, free_port, wait_http
 from test_pipeline_live import body

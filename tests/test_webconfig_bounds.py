@@ -4,8 +4,8 @@ import bcrypt
 import pytest
 
 from monitor.config import ConfigError
-from monitor.export import webconfig
-from monitor.export.webconfig import MAX_BCRYPT_COST, basic_auth
+from monitor.kit.web import webconfig
+from monitor.kit.web.webconfig import MAX_BCRYPT_COST, basic_auth
 
 SALT_AND_HASH = "R9h/cIPz0gi.URNNX3kh2OPST9/PgBkqquzi.Ss7KIUgO2t0jWMUW"  # 53 characters
 

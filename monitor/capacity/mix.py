@@ -11,9 +11,9 @@ from typing import Any, Optional
 
 from monitor.capacity.plan import BusyPeriod, Mix, TaskMix
 
-from monitor.settings.kinds import Choice, Int, Number, Raw
-from monitor.settings.reader import ConfigError, Reader, key
-from monitor.settings.shapes import ListOf, MapOf, Sub
+from monitor.kit.settings.kinds import Choice, Int, Number, Raw
+from monitor.kit.settings.reader import ConfigError, Reader, key
+from monitor.kit.settings.shapes import ListOf, MapOf, Sub
 
 _LOADTEST = "load-test key (docs/loadtest.md): read by headroom loadtest, not by the plan"
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Optional
 
-from monitor.settings.kinds import Choice, Duration, Int, Number, Text
-from monitor.settings.reader import key
-from monitor.settings.shapes import MapOf
-from monitor.settings.values import DAY
+from monitor.kit.settings.kinds import Choice, Duration, Int, Number, Text
+from monitor.kit.settings.reader import key
+from monitor.kit.settings.shapes import MapOf
+from monitor.kit.settings.values import DAY
 
 from .slo_settings import PoolTargets
 

@@ -26,7 +26,7 @@ def run(args) -> int:
         cfg = load(args.file)
         web_config = args.web_config_file or cfg.web_config_file
         if web_config:
-            from ..export.webconfig import web_security  # noqa: PLC0415
+            from monitor.kit.web.webconfig import web_security  # noqa: PLC0415
             web_security(web_config)
     except ConfigError as exc:
         print(f"headroom: {exc}", file=sys.stderr)

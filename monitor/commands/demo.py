@@ -27,7 +27,7 @@ import yaml
 
 from ..cli import listen_address, seconds
 from ..config import from_dict
-from ..process import stop_process
+from monitor.kit.process import stop_process
 from ..app import build
 
 log = logging.getLogger("headroom.demo")

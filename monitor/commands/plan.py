@@ -11,8 +11,8 @@ from typing import Callable, Optional
 from monitor.capacity.plan import plan, render_table
 from monitor.config import ConfigError
 from monitor.capacity.mix import parse_mix
-from monitor.settings.reader import read_yaml
-from monitor.settings.values import parse_duration
+from monitor.kit.settings.reader import read_yaml
+from monitor.kit.settings.values import parse_duration
 from monitor.sources.gateway import (APP_MODEL_CALLS, APP_TASKS_STARTED, DEFAULT_LABELS, ENVOY_TOKENS,
                                     GATEWAY_FAMILIES, KINDS)
 

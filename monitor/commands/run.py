@@ -9,7 +9,7 @@ from dataclasses import replace
 from ..cli import listen_address, seconds
 from ..config import ConfigError, load
 from ..export.server import parse_listen_address
-from ..process import exit_if_stuck
+from monitor.kit.process import exit_if_stuck
 
 log = logging.getLogger("headroom")
 

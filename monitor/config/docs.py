@@ -4,8 +4,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from monitor.settings.reader import default_of, join, specs
-from monitor.settings.shapes import Sub
+from monitor.kit.settings.reader import default_of, join, specs
+from monitor.kit.settings.shapes import Sub
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ def render() -> str:
     lines += table(Config)
     lines += ["", "`slos:` and `pools.<pool>.slo` are read by `monitor/capacity/slo_settings.py` (their meaning: "
               "docs/capacity.md); the web-config file (`--web.config.file`, the Prometheus exporter-toolkit "
-              "format) by `monitor/export/webconfig.py`; `headroom check-config FILE --web.config.file WEB` "
+              "format) by `monitor/kit/web/webconfig.py`; `headroom check-config FILE --web.config.file WEB` "
               "checks both.", ""]
     lines += ["## Plan mix (`headroom plan --mix`)"]
     lines += table(PlanMix)

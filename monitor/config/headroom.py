@@ -15,10 +15,10 @@ from monitor.capacity.slo import SloSettings
 from monitor.capacity.slo_settings import SloSection
 from monitor.digest.settings import DigestSettings, with_daemon
 from monitor.forecast.settings import CalendarSection, Forecast
-from monitor.settings.kinds import Duration, File, Int, ListenAddress, StorePath, Text, Url
-from monitor.settings.reader import Reader, key
-from monitor.settings.shapes import ListOf, MapOf, Sub, group
-from monitor.settings.values import DAY
+from monitor.kit.settings.kinds import Duration, File, Int, ListenAddress, StorePath, Text, Url
+from monitor.kit.settings.reader import Reader, key
+from monitor.kit.settings.shapes import ListOf, MapOf, Sub, group
+from monitor.kit.settings.values import DAY
 from monitor.shard import ShardSetting
 from monitor.sources.settings import AlertsSource, EngineTarget, GatewaySource, HttpAuth, PrometheusSource, Target
 

@@ -87,12 +87,12 @@ def directory_sender(dest: Destination) -> Callable:
 
 
 def webhook_sender(dest: Destination) -> Callable:
-    """POST slack.json through the sources' HTTP client (monitor/sources/http.py): one total
+    """POST slack.json through the sources' HTTP client (monitor/kit/http.py): one total
     deadline of `dest.timeout` covers connect, TLS, the request and the answer, so a webhook that
     answers slowly cannot outlive the outbox lease. Plain http.client underneath on purpose:
     requests/urllib3 log the request line (with the webhook's secret path) at DEBUG, and their
     exception messages quote the URL; a FetchError carries neither."""
-    from monitor.sources.http import FetchError, Fetcher  # noqa: PLC0415
+    from monitor.kit.http import FetchError, Fetcher  # noqa: PLC0415
 
     def send(key: str, week: str, payload: dict) -> None:
         try:

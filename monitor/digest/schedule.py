@@ -77,7 +77,7 @@ def history_build_fn(cfg, settings: DigestSettings, store=None,
     The knee: in Prometheus mode headroom's exported knee series; with the store, `knees()` (the
     daemon passes its newest snapshot's: `monitor.digest.knee.knees_from_snapshot`). Only the pools
     of `global.shard` are reported, under a key unique to the shard."""
-    from monitor.settings.reader import ConfigError
+    from monitor.kit.settings.reader import ConfigError
     src = settings.history_source
     if src == "auto":
         src = "store" if (store is not None or cfg.store_path) else ("prometheus" if cfg.prometheus else "")
@@ -142,7 +142,7 @@ def _prometheus_build(cfg, settings: DigestSettings, shard) -> Callable[[float],
 
 def schedule_digest(scheduler, settings: DigestSettings, build_fn: Callable[[float], DigestInput],
                     outbox: Optional[Outbox] = None, clock: Callable[[], float] = time.time) -> list[str]:
-    """Add the weekly digest to the daemon's scheduler (monitor/ticker.py): the build on the wall
+    """Add the weekly digest to the daemon's scheduler (monitor/kit/ticker.py): the build on the wall
     clock's schedule (a fire time missed by more than 6 h is skipped), the outbox retries on the
     monotonic one. Returns the job ids."""
     box = outbox or open_outbox(settings)

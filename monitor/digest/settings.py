@@ -1,6 +1,6 @@
 """The `digest:` section of headroom's configuration (see docs/digest.md), declared key by key.
 
-Read by the one configuration reader (monitor/settings/reader.py): every problem is a
+Read by the one configuration reader (monitor/kit/settings/reader.py): every problem is a
 `monitor.config.ConfigError` naming the file and the key path. Secrets (SMTP password, webhook URL
 or bearer token) are never held in the file: it names a `*_file` or an `*_env` that holds them;
 both are checked when the file is loaded and read again only when a delivery is made.
@@ -12,10 +12,10 @@ from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Optional
 from urllib.parse import urlparse
 
-from monitor.settings.kinds import (Choice, Duration, File, Flag, Int, Number, SecretEnv, SecretFile, StorePath,
+from monitor.kit.settings.kinds import (Choice, Duration, File, Flag, Int, Number, SecretEnv, SecretFile, StorePath,
                                   Subset, Text, Timezone, Url)
-from monitor.settings.reader import Reader, key
-from monitor.settings.shapes import ListOf, MapOf, Sub, Tagged
+from monitor.kit.settings.reader import Reader, key
+from monitor.kit.settings.shapes import ListOf, MapOf, Sub, Tagged
 
 if TYPE_CHECKING:
     from monitor.capacity.settings import PoolSettings

@@ -20,8 +20,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from ..model import Snapshot
 from .collector import Exposition
 from .samples import Cadence
-from .http11 import Request, Response
-from .httpd import Limits, WebServer, WebStats
+from monitor.kit.web.http11 import Request, Response
+from monitor.kit.web.httpd import Limits, WebServer, WebStats
 from .landing import Trends, render
 from .snapshot_json import snapshot_to_dict
 

@@ -49,7 +49,7 @@ class ForecastSettings:
     calibrate: bool = True
     min_calibration_points: int = 24
     # how a fit is run: runner(fn, args) -> fn(*args), or raises (None: inline). The daemon injects a
-    # time box (monitor/timebox.py `FitPool`): an overrunning fit is abandoned and the next model
+    # time box (monitor/kit/timebox.py `FitPool`): an overrunning fit is abandoned and the next model
     # in `models` used. The forecast package itself starts no process.
     runner: Optional[Callable] = field(default=None, compare=False, repr=False)
     # a model later in `models` is selected only when its backtest MASE beats every earlier one by

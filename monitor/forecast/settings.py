@@ -16,9 +16,9 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
-from monitor.settings.kinds import Kind, Number, Subset, Text, Timezone
-from monitor.settings.reader import Reader, key
-from monitor.settings.shapes import ListOf
+from monitor.kit.settings.kinds import Kind, Number, Subset, Text, Timezone
+from monitor.kit.settings.reader import Reader, key
+from monitor.kit.settings.shapes import ListOf
 
 if TYPE_CHECKING:
     from .calendar import Calendar

@@ -5,7 +5,7 @@ Plan keys keep their meaning (`task_types.<name>.tasks_per_second|tasks_per_hour
 `output_tokens` (lognormal: mean, cv, min, max), `tool_wait_seconds` (exponential mean, or
 {mean, cv=1}), `retries` {max, backoff_seconds}, `api` (completions|chat); and at the top: `slo`,
 `request` and `load`. Each key is declared once below and read by the configuration's reader
-(monitor/settings/reader.py): every error is `file: key.path: problem`.
+(monitor/kit/settings/reader.py): every error is `file: key.path: problem`.
 """
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ import random
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Optional
 
-from ..settings.reader import ConfigError
-from ..settings.kinds import Choice, Flag, Int, Kind, Number, Raw
-from ..settings.reader import Reader, key, read_yaml
-from ..settings.shapes import MapOf, Sub
+from monitor.kit.settings.reader import ConfigError
+from monitor.kit.settings.kinds import Choice, Flag, Int, Kind, Number, Raw
+from monitor.kit.settings.reader import Reader, key, read_yaml
+from monitor.kit.settings.shapes import MapOf, Sub
 
 APIS = ("completions", "chat")
 CLASSES = ("interactive", "batch")

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Optional
 
-from monitor.settings.reader import read_yaml
+from monitor.kit.settings.reader import read_yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_MIX = os.path.join(HERE, "default_mix.yaml")

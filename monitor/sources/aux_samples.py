@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Iterator, Optional
 
-from monitor.sources import exposition
+from monitor.kit import exposition
 
 # The largest gateway or DCGM body read (bytes). A body is parsed in the cycle, before it publishes:
 # 8 MiB parses in about a second on one core (a LiteLLM scrape of 30 sessions is 1.9 MB), a 28 MB
@@ -30,7 +30,7 @@ def too_large(text: str, what: str) -> Optional[str]:
 
 def iter_samples(text: str, sample_names: Optional[set[str]] = None) -> Iterator[tuple[str, dict, float]]:
     """(sample name, labels, value) for every wanted sample of the text (the project's parser,
-    monitor/sources/exposition.py). A body that does not parse raises ValueError saying so."""
+    monitor/kit/exposition.py). A body that does not parse raises ValueError saying so."""
     try:
         parsed = exposition.parse(text, wanted=sample_names)
     except ValueError as exc:

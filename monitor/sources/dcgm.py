@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from monitor.readings import POWER_NAMES, DcgmReading
 
-from . import exposition
+from monitor.kit import exposition
 from .aux_samples import too_large
 
 

@@ -19,8 +19,8 @@ from urllib.parse import urlencode
 
 from .settings import PrometheusSource
 from . import sglang, vllm
-from .exposition import ParsedScrape, normalise_name
-from .http import Backoff, BodyBudget, FetchError, Fetcher, redact
+from monitor.kit.exposition import ParsedScrape, normalise_name
+from monitor.kit.http import Backoff, BodyBudget, FetchError, Fetcher, redact
 
 log = logging.getLogger(__name__)
 

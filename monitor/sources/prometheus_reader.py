@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 
 from .settings import PrometheusSource
 from ..model import Histogram, ReplicaReading, SourceStatus
-from .http import BodyBudget, redact
+from monitor.kit.http import BodyBudget, redact
 from .prometheus import PrometheusClient, PrometheusError, engine_of_scrape, scrapes_from_vector
 from ..shard import filter_pools
 from .prometheus_queries import (RULE_WINDOW, RULES_QUERY, pool_histogram_query, pool_histograms, present_bases,

@@ -17,8 +17,8 @@ from typing import Any, Callable, Hashable, Optional
 
 from .settings import Target
 from ..model import ReplicaReading, SourceStatus
-from .exposition import ExpositionError
-from .http import FetchError, Fetcher, redact
+from monitor.kit.exposition import ExpositionError
+from monitor.kit.http import FetchError, Fetcher, redact
 from . import sglang, vllm
 
 

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
 
 from monitor.readings import GATEWAY_KINDS
-from monitor.settings.kinds import Choice, Duration, File, Flag, Int, Labels, SecretEnv, SecretFile, Selector, Text, Url
-from monitor.settings.reader import ConfigError, Reader, join, key
-from monitor.settings.shapes import MapOf, Sub, group
-from monitor.settings.values import read_secret_env, read_secret_file
+from monitor.kit.settings.kinds import Choice, Duration, File, Flag, Int, Labels, SecretEnv, SecretFile, Selector, Text, Url
+from monitor.kit.settings.reader import ConfigError, Reader, join, key
+from monitor.kit.settings.shapes import MapOf, Sub, group
+from monitor.kit.settings.values import read_secret_env, read_secret_file
 
 
 

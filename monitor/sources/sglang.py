@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ..model import ReplicaReading
-from .exposition import ParsedScrape, parse
+from monitor.kit.exposition import ParsedScrape, parse
 from .vllm import CONTRACT as vllm_contract
 from .vllm import _histograms, checked, families_present, missing_in, sample_names, unknown_if_overflowed
 

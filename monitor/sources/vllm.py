@@ -15,7 +15,7 @@ import math
 from typing import Iterable, Optional, Union
 
 from ..model import Histogram, ReplicaReading
-from .exposition import ParsedScrape, parse
+from monitor.kit.exposition import ParsedScrape, parse
 
 P = "vllm:"
 

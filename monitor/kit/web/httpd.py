@@ -30,8 +30,8 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from .http11 import Request, Response, encode
-from .httpconn import HANDSHAKE, LINGER, READ, WRITE, ConnectionSteps, _abort, _Conn
+from monitor.kit.web.http11 import Request, Response, encode
+from monitor.kit.web.httpconn import HANDSHAKE, LINGER, READ, WRITE, ConnectionSteps, _abort, _Conn
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from typing import Any, Optional
 
 import yaml
 
-from .values import type_name
+from monitor.kit.settings.values import type_name
 
 
 class ConfigError(ValueError):

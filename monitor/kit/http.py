@@ -15,10 +15,23 @@ import ssl
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Protocol
 from urllib.parse import urlsplit
 
-from .settings import HttpAuth
+
+class Credentials(Protocol):
+    """What a request is sent with (the sources' `HttpAuth` section is one): secrets read on each use."""
+
+    username: Optional[str]
+    ca_file: Optional[str]
+    cert_file: Optional[str]
+    key_file: Optional[str]
+    insecure_skip_verify: bool
+
+    def bearer_token(self) -> Optional[str]: ...
+
+    def password(self) -> Optional[str]: ...
+
 
 ACCEPT_TEXT = "text/plain;version=0.0.4;q=1.0,application/openmetrics-text;version=1.0.0;q=0.5,*/*;q=0.1"
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -175,7 +188,7 @@ class Fetcher:
     thread) also breaks the requests still in flight, so a stopping process never waits on a source.
     """
 
-    def __init__(self, auth: Optional[HttpAuth] = None, budget: Optional[BodyBudget] = None,
+    def __init__(self, auth: Optional[Credentials] = None, budget: Optional[BodyBudget] = None,
                  max_body: int = MAX_BODY_BYTES):
         self.headers = {"Accept": ACCEPT_TEXT, "User-Agent": "headroom", "Accept-Encoding": "identity"}
         self.budget = budget  # shared with the other fetchers of the cycle; None: max_body only

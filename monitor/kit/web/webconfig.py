@@ -22,7 +22,7 @@ from typing import Callable, Optional
 
 import yaml
 
-from ..settings.reader import ConfigError
+from monitor.kit.settings.reader import ConfigError
 
 log = logging.getLogger(__name__)
 

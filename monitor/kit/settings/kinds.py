@@ -13,8 +13,8 @@ import unicodedata
 from urllib.parse import urlsplit
 from typing import Any, Callable, Optional, Sequence, Union
 
-from .reader import Reader
-from .values import MAX_SECONDS, type_name, check_url, format_duration, parse_duration, read_secret_env, read_secret_file
+from monitor.kit.settings.reader import Reader
+from monitor.kit.settings.values import MAX_SECONDS, type_name, check_url, format_duration, parse_duration, read_secret_env, read_secret_file
 
 
 class Kind:

@@ -8,4 +8,4 @@ a YAML mapping against them, every problem one `ConfigError(file, key, problem)`
 
 Generic: it knows nothing of headroom's sections, which are declared next to their owners.
 """
-from .reader import ConfigError, Reader, key, read_yaml  # noqa: F401
+from monitor.kit.settings.reader import ConfigError, Reader, key, read_yaml  # noqa: F401

@@ -15,9 +15,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .http11 import BadRequest, Response, encode, head_end, parse_request
+from monitor.kit.web.http11 import BadRequest, Response, encode, head_end, parse_request
 
-log = logging.getLogger("monitor.export.httpd")
+log = logging.getLogger("monitor.kit.web.httpd")
 
 HANDSHAKE, READ, WORK, WRITE, LINGER = "handshake", "read", "work", "write", "linger"
 _R, _W = selectors.EVENT_READ, selectors.EVENT_WRITE

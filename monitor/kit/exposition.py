@@ -14,9 +14,9 @@ import math
 import re
 from typing import Iterable, Optional
 
-from .exposition_tokens import (  # noqa: F401  (ExpositionError, ParsedScrape: every reader's names)
+from monitor.kit.exposition_tokens import (  # noqa: F401  (ExpositionError, ParsedScrape: every reader's names)
     ExpositionError, ParsedScrape, parse_float, parse_labels)
-from .openmetrics_rules import check_openmetrics
+from monitor.kit.openmetrics_rules import check_openmetrics
 
 _NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
 

@@ -1,4 +1,4 @@
-"""OpenMetrics 1.0 rules, checked on full reads of an OpenMetrics body (monitor/sources/exposition.py
+"""OpenMetrics 1.0 rules, checked on full reads of an OpenMetrics body (monitor/kit/exposition.py
 `parse`): a line outside the grammar raises `ExpositionError`, a broken family rule is counted as an
 anomaly. The rules follow the specification's parser test suite (tests/fixtures/openmetrics) and
 prometheus_client's OpenMetrics parser."""
@@ -8,7 +8,7 @@ import math
 import re
 from typing import Optional
 
-from .exposition_tokens import ExpositionError, ParsedScrape, parse_float, parse_labels
+from monitor.kit.exposition_tokens import ExpositionError, ParsedScrape, parse_float, parse_labels
 
 # OpenMetrics 1.0 (https://prometheus.io/docs/specs/om/open_metrics_spec/), checked on full reads of
 # an OpenMetrics body; the rules follow the specification's parser test suite

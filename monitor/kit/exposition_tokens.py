@@ -1,5 +1,5 @@
-"""What both exposition readers share (monitor/sources/exposition.py, the parser; and
-monitor/sources/openmetrics_rules.py, the OpenMetrics 1.0 rules it applies on full reads): the error,
+"""What both exposition readers share (monitor/kit/exposition.py, the parser; and
+monitor/kit/openmetrics_rules.py, the OpenMetrics 1.0 rules it applies on full reads): the error,
 the parsed result, and how a label set and a sample value are read. A module below both, so neither
 imports the other's internals.
 """

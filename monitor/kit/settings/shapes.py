@@ -5,9 +5,9 @@ from typing import Any, Optional
 
 from dataclasses import field
 
-from .kinds import Kind
-from .reader import Reader, Spec
-from .values import type_name
+from monitor.kit.settings.kinds import Kind
+from monitor.kit.settings.reader import Reader, Spec
+from monitor.kit.settings.values import type_name
 
 
 def group(cls: type, *, path: str = "", help: str = "") -> Any:
