@@ -1,7 +1,7 @@
 """Replica churn soak: RSS of the real Pipeline over one simulated hour of replica and pool churn.
 
-A simulated vLLM fleet (monitor/sim: one pool of 8 replicas, its engines' /metrics rendered by
-monitor/sim/exposition.py) is served on loopback by one HTTP server, each replica under a path that
+A simulated vLLM fleet (lab/headroom_lab/sim: one pool of 8 replicas, its engines' /metrics rendered by
+lab/headroom_lab/sim/exposition.py) is served on loopback by one HTTP server, each replica under a path that
 names it: `/<replica>-g<generation>/metrics`. Every cycle one replica gets a new generation (a new
 target, so a new replica name to headroom), and every minute the model name the fleet serves gets
 a new suffix (a new pool). The real `Pipeline` (monitor/cycle.py, with the capacity layer) scrapes
@@ -48,7 +48,7 @@ class ChurningFleet:
     which would grow with the hour and is not headroom's."""
 
     def __init__(self):
-        from monitor.sim.fleet import Fleet, config_from_dict
+        from headroom_lab.sim.fleet import Fleet, config_from_dict
         sim = config_from_dict({
             "seed": 5,
             "pools": {"p": {"model_name": "m", "replicas": REPLICAS, "max_num_seqs": 16, "num_gpu_blocks": 4096,
@@ -73,7 +73,7 @@ class ChurningFleet:
         return [f"/{r.name}-g{g}/metrics" for r, g in zip(self.replicas, self.generation)]
 
     def page(self, path: str):
-        from monitor.sim.exposition import render_vllm
+        from headroom_lab.sim.exposition import render_vllm
         with self.lock:
             for r, g in zip(self.replicas, self.generation):
                 if path == f"/{r.name}-g{g}/metrics":

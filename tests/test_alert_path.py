@@ -152,8 +152,8 @@ def _hostport(url: str) -> str:
 def stack(tmp_path_factory):
     from monitor.app import build
     from monitor.config import from_dict
-    from monitor.sim.fleet import load_config
-    from monitor.sim.server import start_fleet
+    from headroom_lab.sim.fleet import load_config
+    from headroom_lab.sim.server import start_fleet
 
     work = tmp_path_factory.mktemp("alert-path")
     stoppers = []

@@ -10,8 +10,8 @@ from monitor.config import Capacity, Config, GatewaySource, PoolSettings, Target
 from monitor.config.slo import read_slos
 from monitor.cycle import CycleInputs, CycleState, step
 from monitor.export.samples import snapshot_samples
-from monitor.sim.exposition import render_app, render_dcgm, render_gateway, render_vllm
-from monitor.sim.fleet import Fleet, config_from_dict, theoretical_knee
+from headroom_lab.sim.exposition import render_app, render_dcgm, render_gateway, render_vllm
+from headroom_lab.sim.fleet import Fleet, config_from_dict, theoretical_knee
 from monitor.sources.dcgm import read_dcgm
 from monitor.sources.gateway import read_gateway_scrape
 from monitor.sources.vllm import readings_from_text

@@ -1,4 +1,4 @@
-"""headroom's capacity layer against the simulated fleet (monitor/sim), whose truth is known:
+"""headroom's capacity layer against the simulated fleet (lab/headroom_lab/sim), whose truth is known:
 the knee by construction (theoretical_knee), every task's true duration and model calls."""
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from monitor.capacity.knee import KneeEstimator, prior_knee
 from monitor.capacity.power import key_map, power_by_pool
 from monitor.capacity.tasks import derive_tasks
 from monitor.derive.core import derive_pools
-from monitor.sim.exposition import render_app, render_dcgm, render_gateway, render_vllm
-from monitor.sim.fleet import Fleet, config_from_dict, load_config, theoretical_knee
+from headroom_lab.sim.exposition import render_app, render_dcgm, render_gateway, render_vllm
+from headroom_lab.sim.fleet import Fleet, config_from_dict, load_config, theoretical_knee
 from monitor.sources.gateway import GatewayConfig, iter_samples, read_gateway
 from monitor.sources.vllm import readings_from_text
 

@@ -22,8 +22,8 @@ from monitor.export.snapshot_json import snapshot_to_dict
 from monitor.forecast.pool import CAPACITY_SERIES, Horizon, PoolForecast, SeriesOutlook
 from monitor.forecast.scheduler import RefitResult
 from monitor.model import SourceStatus
-from monitor.sim.exposition import render_app, render_dcgm, render_gateway, render_vllm
-from monitor.sim.fleet import Fleet, config_from_dict
+from headroom_lab.sim.exposition import render_app, render_dcgm, render_gateway, render_vllm
+from headroom_lab.sim.fleet import Fleet, config_from_dict
 from monitor.sources.dcgm import read_dcgm
 from monitor.sources.gateway import read_gateway_scrape
 from monitor.sources.vllm import readings_from_text

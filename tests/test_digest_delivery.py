@@ -21,7 +21,7 @@ import pytest
 
 from monitor.digest.content import build_digest
 from monitor.digest.deliver import render_files, senders_for
-from monitor.digest.demo import demo_input, demo_settings
+from headroom_lab.digest_demo import demo_input, demo_settings
 from monitor.digest.metrics import metric_samples
 from monitor.digest.outbox import Outbox
 from monitor.digest.schedule import open_outbox

@@ -864,7 +864,7 @@ def _start_sim(tmp_path: Path) -> tuple[subprocess.Popen, dict]:
     # split between them; the demo's own two model names both hash to shard 0 of 2
     from monitor.shard import owner
 
-    sim_dir = REPO / "monitor" / "sim"
+    sim_dir = REPO / "lab" / "headroom_lab" / "sim"
     fleet = yaml.safe_load((sim_dir / "default_fleet.yaml").read_text())
     fleet["mix_file"] = str(sim_dir / fleet["mix_file"])
     candidates = (f"example/model-{k}" for k in range(100))

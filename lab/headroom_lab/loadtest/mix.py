@@ -16,10 +16,10 @@ import random
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Optional
 
-from ..config import ConfigError
-from ..config.kinds import Choice, Flag, Int, Kind, Number, Raw
-from ..config.reader import Reader, key, read_yaml
-from ..config.shapes import MapOf, Sub
+from monitor.config import ConfigError
+from monitor.config.kinds import Choice, Flag, Int, Kind, Number, Raw
+from monitor.config.reader import Reader, key, read_yaml
+from monitor.config.shapes import MapOf, Sub
 
 APIS = ("completions", "chat")
 CLASSES = ("interactive", "batch")
