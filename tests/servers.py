@@ -22,10 +22,33 @@ def fixture(name: str) -> str:
         return f.read()
 
 
+_HANDED_OUT: set[int] = set()
+_HANDED_OUT_LOCK = threading.Lock()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port for a server the caller starts next: the one port helper of the tests and the
+    benchmarks (tests/engine/servers.py and benchmarks/ import it).
+
+    Binding port 0 and closing at once (what each copy used to do) leaves the port to the next port-0
+    bind of any process on the machine, another test's server included. Here the port is bound,
+    connected to and accepted, and the accepted side closes first: the port waits in TIME_WAIT, which
+    the kernel skips when it hands out ports for port 0, while a server that sets SO_REUSEADDR (Python's
+    socketserver with allow_reuse_address, Go's net.Listen: Prometheus, Alertmanager, VictoriaMetrics;
+    uvicorn: vLLM, LiteLLM; headroom's own listener) binds it at once. A port is handed out once per process."""
+    while True:
+        with socket.socket() as listener:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind(("127.0.0.1", 0))
+            listener.listen(1)
+            port = listener.getsockname()[1]
+            with socket.create_connection(("127.0.0.1", port), timeout=5):
+                accepted, _ = listener.accept()
+                accepted.close()
+        with _HANDED_OUT_LOCK:
+            if port not in _HANDED_OUT:
+                _HANDED_OUT.add(port)
+                return port
 
 
 def wait_for(fetch, cond=bool, timeout: float = 30.0, what: str = "the condition", every: float = 0.05,

@@ -8,7 +8,6 @@ import email.policy
 import json
 import os
 import signal
-import socket
 import socketserver
 import sqlite3
 import subprocess
@@ -26,6 +25,7 @@ from monitor.digest.metrics import metric_samples
 from monitor.digest.outbox import Outbox
 from monitor.digest.schedule import open_outbox
 from monitor.digest.settings import DigestSettings, from_dict
+from servers import free_port
 
 WEEK_END = 1764547200.0  # Mon 2025-12-01 00:00 UTC
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -186,14 +186,6 @@ class SmtpServer:
     def close(self):
         self.server.shutdown()
         self.server.server_close()
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 # ---- a real (quick) digest ----------------------------------------------------------------------

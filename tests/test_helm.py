@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from monitor.process import stop_process
+from servers import free_port
 
 helm_chart = pytest.importorskip("helm_python.chart", reason="pip install helm-python-sdk")
 from helm_python.chart import Chart, lint  # noqa: E402
@@ -836,14 +837,6 @@ def test_direct_scrape_mode_replaces_the_default_prometheus_source(chart, tmp_pa
 # ------------------------------------------------------------------ the rendered pod spec runs the real daemon
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _get(url: str, timeout: float = 2.0) -> tuple[int, str]:
     import urllib.error
     import urllib.request
@@ -925,7 +918,7 @@ def test_rendered_shards_start_the_daemon_and_split_the_pools(chart, tmp_path):
             assert workload["spec"]["replicas"] == 2
             for twin in range(2 if shard[0] == 0 else 1):  # the pair for shard 0 only, to spare the CPUs
                 name = f"shard{shard[0]}-{twin}"
-                port = _free_port()
+                port = free_port()
                 # each pod has its own /var/lib/headroom
                 (tmp_path / name).mkdir()  # the pod's /var/lib/headroom volume
                 own = {**config, "store": {"path": str(tmp_path / name / "store")}}
