@@ -48,15 +48,10 @@ class ChurningFleet:
     which would grow with the hour and is not headroom's."""
 
     def __init__(self):
-        from headroom_lab.sim.fleet import Fleet, config_from_dict
-        sim = config_from_dict({
-            "seed": 5,
-            "pools": {"p": {"model_name": "m", "replicas": REPLICAS, "max_num_seqs": 16, "num_gpu_blocks": 4096,
-                            "block_size": 16, "enable_prefix_caching": False, "max_model_len": 4096}},
-            "mix": {"task_types": {"ask": {"pool": "p", "rate_per_s": 3.0, "steps": [
-                {"calls": 1, "prompt": {"mean": 600, "cv": 0.3, "max": 2000},
-                 "output": {"mean": 120, "cv": 0.5, "max": 1000}}]}}},
-        })
+        from headroom_lab.sim.fleet import Fleet
+        sys.path.insert(0, os.path.join(ROOT, "tests"))
+        from simfleet import one_pool, task  # the tests' one-pool fleet (tests/simfleet.py)
+        sim = one_pool(5, {"ask": task(3.0)}, replicas=REPLICAS)
         self.fleet = Fleet(sim, "steady", seed=5, start_time=START, record_truth=False)  # no growing truth log
         self.replicas = list(self.fleet.pools["p"])
         self.generation = [0] * len(self.replicas)
