@@ -12,6 +12,8 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
+import time
 
 import pytest
 
@@ -142,3 +144,35 @@ def good():
     yield replicas
     for r in replicas:
         r.stop()
+
+
+# ---- no thread outlives its test ----------------------------------------------------------------
+# Threads that are the process's by design, not a test's: (name prefix, why). Keep it short.
+THREADS_EXEMPT: tuple[tuple[str, str], ...] = ()
+THREAD_GRACE_SECONDS = 5.0  # a thread told to stop may still be on its way out on a loaded machine
+
+
+def _lingering(before: set) -> list:
+    return [t for t in threading.enumerate()
+            if t not in before and t.is_alive() and not t.name.startswith(tuple(p for p, _ in THREADS_EXEMPT))]
+
+
+@pytest.fixture(autouse=True)
+def no_thread_outlives_its_test():
+    """Fail the test that leaves a thread running which was not running when it began (its
+    function-scoped fixtures are torn down first; module and session fixtures started theirs before).
+    The thread gets a short grace to end; then the failure names it and its target."""
+    before = set(threading.enumerate())
+    yield
+    left = _lingering(before)
+    if not left:
+        return
+    deadline = time.monotonic() + THREAD_GRACE_SECONDS
+    for t in left:
+        t.join(max(0.0, deadline - time.monotonic()))
+    left = _lingering(before)
+    if left:
+        named = ", ".join(f"{t.name!r} ({'daemon' if t.daemon else 'non-daemon'}, target "
+                          f"{getattr(getattr(t, '_target', None), '__qualname__', '?')})" for t in left)
+        pytest.fail(f"thread(s) still running after the test: {named}; stop and join them in the test "
+                    f"or its fixture", pytrace=False)

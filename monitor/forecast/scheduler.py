@@ -75,6 +75,7 @@ class ForecastScheduler:
         self._runs = 0
         self._run_lock = threading.Lock()
         self._thread: Optional[threading.Thread] = None
+        self._stopping = threading.Event()
 
     def refit_now(self) -> RefitResult:
         """One refit of every pool (also what the scheduled job runs). Never raises."""
@@ -90,6 +91,8 @@ class ForecastScheduler:
                 history, caps = {}, {}
                 errors["history"] = f"{type(exc).__name__}: {exc}"
             for pool, series in history.items():
+                if self._stopping.is_set():
+                    break  # stopped: the pools left are not fitted
                 try:
                     pools[pool] = forecast_pool(series, caps.get(pool), started, self.settings)
                 except Exception as exc:
@@ -108,6 +111,15 @@ class ForecastScheduler:
                      defined, total, result.duration_seconds, f"; {len(errors)} failed" if errors else "")
             return result
 
+    def stop(self, wait: float = 0.0) -> bool:
+        """No refit starts in the background after this, and one in progress ends before its next
+        pool; waits up to `wait` seconds for it. True when no refit thread is left running."""
+        self._stopping.set()
+        thread = self._thread
+        if thread is not None and wait > 0:
+            thread.join(wait)
+        return thread is None or not thread.is_alive()
+
     def schedule(self, scheduler) -> str:
         """Add the refit job to the application's one scheduler (monitor/ticker.py `Ticker`, on the
         monotonic clock): every `interval_minutes`, the first at once. Returns the job id."""
@@ -118,6 +130,8 @@ class ForecastScheduler:
         """The scheduled job: a refit in a daemon thread (one at a time), so a stop of the process
         never waits for a refit in progress (a refit of a busy fleet's 35 days takes minutes on a
         starved CPU); the scheduler's own worker returns at once."""
+        if self._stopping.is_set():
+            return
         if self._run_lock.locked() or (self._thread is not None and self._thread.is_alive()):
             return  # the previous refit is still running: this one is skipped (coalesced)
         self._thread = threading.Thread(target=self.refit_now, name="forecast-refit", daemon=True)
