@@ -8,6 +8,7 @@ An engine that is installed but fails to start is always an error, with its log 
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import sys
@@ -23,6 +24,15 @@ from engine import servers  # noqa: E402
 from tiers import (  # noqa: E402,F401  (the tier plugin's hooks, tests/tiers.py)
     pytest_collection_modifyitems, pytest_configure, pytest_fixture_setup, pytest_runtest_makereport,
     pytest_runtest_protocol, pytest_sessionfinish, pytest_terminal_summary)
+
+
+def pytest_sessionstart(session):
+    """The suite covers both distributions: without headroom-lab installed (and its entry points
+    registered) it stops at once with what to do, not with a hundred import errors."""
+    from monitor import addons
+    if not addons.commands() or importlib.util.find_spec("headroom_lab") is None:
+        pytest.exit("headroom-lab is not installed in this Python: pip install -e . -e ./lab (make test does)",
+                    returncode=4)
 
 
 def _engines_required() -> bool:

@@ -51,6 +51,19 @@ def free_port() -> int:
                 return port
 
 
+def self_signed_cert(directory) -> tuple[str, str]:
+    """(cert.pem, key.pem) in `directory`: a self-signed certificate for 127.0.0.1 and localhost, made
+    by openssl (the test is skipped when openssl is not installed)."""
+    import pytest  # noqa: PLC0415
+    if not shutil.which("openssl"):
+        pytest.skip("openssl not installed")
+    cert, key = os.path.join(directory, "cert.pem"), os.path.join(directory, "key.pem")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", key, "-out", cert],
+                   check=True, capture_output=True)
+    return cert, key
+
+
 def wait_for(fetch, cond=bool, timeout: float = 30.0, what: str = "the condition", every: float = 0.05,
              tolerate=(requests.RequestException, ValueError, OSError)):
     """Call fetch() until cond(value) holds and return that value: the one poll of the test suite.
@@ -126,7 +139,7 @@ class MetricsServer:
 
         self.server = QuietServer(("127.0.0.1", 0), H)
         self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, name="metrics-server", daemon=True)
         self.thread.start()
 
     def url(self, path: str) -> str:
@@ -135,10 +148,23 @@ class MetricsServer:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+        self.thread.join(10)
 
 
 class ManagedProcess:
     """A server process started by a test (`self.proc`, `self.log`): terminate, then kill."""
+
+    def launch(self, argv: list, log_path, cwd, ready_url: str, timeout: float = 30.0) -> None:
+        """Start `argv` with its output in `log_path`, then wait until `ready_url` answers 200; a
+        server that does not get ready is stopped before the error goes up."""
+        self.log_path = str(log_path)
+        self.log = open(log_path, "w")
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, cwd=cwd)
+        try:
+            wait_http(ready_url, timeout=timeout)
+        except BaseException:
+            self.stop()
+            raise
 
     def stop(self) -> None:
         stop_process(self.proc)
@@ -157,18 +183,11 @@ class Prometheus(ManagedProcess):
         cfg = os.path.join(workdir, "prometheus.yml")
         with open(cfg, "w") as f:
             f.write(config_text)
-        self.log_path = os.path.join(workdir, "prometheus.log")
-        self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(
-            [self.binary, f"--config.file={cfg}", f"--storage.tsdb.path={data_dir or os.path.join(workdir, 'data')}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle",
-             "--storage.tsdb.retention.time=60d", *extra_args],
-            stdout=self.log, stderr=subprocess.STDOUT, cwd=workdir)
-        try:
-            wait_http(self.url + "/-/ready", timeout=30)
-        except TimeoutError:
-            self.stop()
-            raise
+        self.launch([self.binary, f"--config.file={cfg}",
+                     f"--storage.tsdb.path={data_dir or os.path.join(workdir, 'data')}",
+                     f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle",
+                     "--storage.tsdb.retention.time=60d", *extra_args],
+                    os.path.join(workdir, "prometheus.log"), workdir, self.url + "/-/ready")
 
     def query(self, q: str):
         r = requests.get(self.url + "/api/v1/query", params={"query": q}, timeout=10)

@@ -19,9 +19,7 @@ already-open keep-alive connections, so Prometheus and headroom still see it up.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -114,17 +112,9 @@ class Alertmanager(ManagedProcess):
                       "group_interval": "1s", "repeat_interval": "1h"},
             "receivers": [{"name": "hook", "webhook_configs": [{"url": webhook_url, "send_resolved": False}]}],
         }))
-        self.log = open(workdir / "alertmanager.log", "w")
-        self.proc = subprocess.Popen(
-            ["prometheus-alertmanager", f"--config.file={cfg}", f"--storage.path={workdir / 'am'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--cluster.listen-address="],
-            stdout=self.log, stderr=subprocess.STDOUT, cwd=workdir)
-        try:
-            wait_http(self.url + "/-/ready", timeout=30)
-        except TimeoutError:
-            self.stop()
-            raise
-
+        self.launch(["prometheus-alertmanager", f"--config.file={cfg}", f"--storage.path={workdir / 'am'}",
+                     f"--web.listen-address=127.0.0.1:{self.port}", "--cluster.listen-address="],
+                    workdir / "alertmanager.log", workdir, self.url + "/-/ready")
 
 
 def short_for_rules(dst: Path) -> list[str]:

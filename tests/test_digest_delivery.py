@@ -25,7 +25,7 @@ from monitor.digest.metrics import metric_samples
 from monitor.digest.outbox import Outbox
 from monitor.digest.schedule import open_outbox
 from monitor.digest.settings import DigestSettings, from_dict
-from servers import free_port
+from servers import free_port, self_signed_cert
 
 WEEK_END = 1764547200.0  # Mon 2025-12-01 00:00 UTC
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -284,12 +284,9 @@ def test_smtp_multipart_with_inline_charts_and_auth(files, tmp_path):
 def test_smtp_starttls_then_auth(files, tmp_path):
     import ssl
     week, payload = files
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
-                    "-out", str(cert), "-days", "2", "-subj", "/CN=localhost",
-                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"], check=True, capture_output=True)
+    cert, key = self_signed_cert(tmp_path)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.load_cert_chain(str(cert), str(key))
+    ctx.load_cert_chain(cert, key)
     pw = tmp_path / "pw"
     pw.write_text("tls-only-secret")
     srv = SmtpServer(username="digest", password="tls-only-secret", tls=ctx)
