@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
+import re
+import sys
+from dataclasses import dataclass
 from functools import lru_cache
 from types import ModuleType
 
@@ -34,9 +38,53 @@ def missing(what: str) -> str:
     return f"{what} comes with {LAB}, which is not installed: {INSTALL}"
 
 
-def _entry_points(group: str):
-    from importlib.metadata import entry_points  # noqa: PLC0415
-    return sorted(entry_points(group=group), key=lambda ep: ep.name)
+@dataclass(frozen=True)
+class EntryPoint:
+    name: str
+    value: str  # module or module:attribute
+
+    def load(self):
+        module, _, attr = self.value.partition(":")
+        obj = importlib.import_module(module.strip())
+        for part in filter(None, attr.strip().split(".")):
+            obj = getattr(obj, part)
+        return obj
+
+
+def _dist_name(folder: str) -> str:
+    return re.sub(r"[-_.]+", "_", folder.rsplit(".", 1)[0].split("-", 1)[0]).lower()
+
+
+def _entry_points(group: str) -> list[EntryPoint]:
+    """The entry points of `group` of the distributions on sys.path (the first copy of a distribution
+    wins), read from their `entry_points.txt` as importlib.metadata reads them, without importing it
+    (that import alone is most of what `headroom --help` would cost)."""
+    found: dict[str, EntryPoint] = {}
+    seen: set[str] = set()
+    for base in sys.path:
+        try:
+            names = sorted(n for n in os.listdir(base or ".") if n.endswith((".dist-info", ".egg-info")))
+        except OSError:
+            continue
+        for folder in names:
+            dist = _dist_name(folder)
+            if dist in seen:
+                continue
+            seen.add(dist)
+            try:
+                with open(os.path.join(base or ".", folder, "entry_points.txt"), encoding="utf-8") as f:
+                    text = f.read()
+            except OSError:
+                continue
+            section = None
+            for line in text.splitlines():
+                line = line.strip()
+                if line.startswith("[") and line.endswith("]"):
+                    section = line[1:-1].strip()
+                elif section == group and "=" in line and not line.startswith(("#", ";")):
+                    name, value = (x.strip() for x in line.split("=", 1))
+                    found.setdefault(name, EntryPoint(name, value))
+    return sorted(found.values(), key=lambda ep: ep.name)
 
 
 @lru_cache(maxsize=None)

@@ -68,6 +68,15 @@ def test_the_lab_commands_come_from_the_entry_points():
     assert list(subparsers) == ["sim"]  # only the chosen command's module is imported
 
 
+def test_the_entry_point_reader_reads_what_importlib_metadata_reads():
+    from importlib.metadata import entry_points
+    for group in (addons.COMMANDS_GROUP, addons.DIGEST_DEMO_GROUP, "console_scripts"):
+        ours = {(ep.name, ep.value) for ep in addons._entry_points(group)}
+        assert ours == {(ep.name, ep.value) for ep in entry_points(group=group)}, group
+    assert ("headroom", "monitor.cli:main") in {(ep.name, ep.value) for ep in addons._entry_points("console_scripts")}
+    assert addons.EntryPoint("x", "headroom_lab.commands:DEMO").load()[0] == "headroom_lab.commands.demo"
+
+
 class _EntryPoint:
     def __init__(self, name, value, group):
         self.name, self.value, self.group = name, value, group
