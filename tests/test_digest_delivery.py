@@ -398,8 +398,8 @@ def _pending_attempts(path: str) -> int:
     return int(row[0] or 0)
 
 
-def test_sigkill_during_pending_delivery_then_restart_delivers_exactly_once(tmp_path):
-    port = free_port()
+def demo_digest_command(tmp_path, port: int, retry: str, timeout: str):
+    """(outbox path, `headroom digest --demo` command line) delivering to a webhook on `port`."""
     outbox = tmp_path / "outbox.sqlite"
     cfg = tmp_path / "headroom.yaml"
     cfg.write_text(f"""
@@ -408,12 +408,17 @@ sources:
 digest:
   outbox: {outbox}
   forecast: {{models: [snaive_day]}}
-  retry: {{initial: 1s, factor: 2, max: 4s}}
+  retry: {retry}
   destinations:
-    - {{name: hook, type: webhook, url: "http://127.0.0.1:{port}/hook", timeout: 2s}}
+    - {{name: hook, type: webhook, url: "http://127.0.0.1:{port}/hook", timeout: {timeout}}}
 """)
-    cmd = [PY, "-m", "monitor.cli", "digest", "--demo", "--config.file", str(cfg), "--days", "9",
-           "--week-end", "2025-12-01T00:00:00"]
+    return outbox, [PY, "-m", "monitor.cli", "digest", "--demo", "--config.file", str(cfg), "--days", "9",
+                    "--week-end", "2025-12-01T00:00:00"]
+
+
+def test_sigkill_during_pending_delivery_then_restart_delivers_exactly_once(tmp_path):
+    port = free_port()
+    outbox, cmd = demo_digest_command(tmp_path, port, "{initial: 1s, factor: 2, max: 4s}", "2s")
     child = subprocess.Popen(cmd + ["--wait", "10m"], cwd=ROOT, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, start_new_session=True)
     try:
@@ -452,20 +457,7 @@ def test_sigkill_while_the_request_is_in_flight_resends_once_after_the_lease(tmp
     """The receiver holds the first POST without answering; the sender is killed mid-request. The
     delivery was never acknowledged, so a new process sends it again, once, after the lease."""
     rx = Receiver(hold_first=True)
-    outbox = tmp_path / "outbox.sqlite"
-    cfg = tmp_path / "headroom.yaml"
-    cfg.write_text(f"""
-sources:
-  prometheus: {{url: "http://127.0.0.1:9"}}
-digest:
-  outbox: {outbox}
-  forecast: {{models: [snaive_day]}}
-  retry: {{initial: 1s}}
-  destinations:
-    - {{name: hook, type: webhook, url: "http://127.0.0.1:{rx.port}/hook", timeout: 10m}}
-""")
-    cmd = [PY, "-m", "monitor.cli", "digest", "--demo", "--config.file", str(cfg), "--days", "9",
-           "--week-end", "2025-12-01T00:00:00"]
+    outbox, cmd = demo_digest_command(tmp_path, rx.port, "{initial: 1s}", "10m")
     try:
         child = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  start_new_session=True)
@@ -483,6 +475,7 @@ digest:
         con.close()
         assert state == "pending" and lease is not None  # the killed sender's lease is left behind
         # a lease of 2 x 10 min + 30 s is long: make the restart use a short timeout (and lease)
+        cfg = tmp_path / "headroom.yaml"
         cfg.write_text(cfg.read_text().replace("timeout: 10m", "timeout: 5s"))
         con = sqlite3.connect(str(outbox))
         con.execute("UPDATE deliveries SET lease_until = ?", (time.time() + 20,))
