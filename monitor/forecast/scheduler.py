@@ -78,7 +78,8 @@ class ForecastScheduler:
         self._stopping = threading.Event()
 
     def refit_now(self) -> RefitResult:
-        """One refit of every pool (also what the scheduled job runs). Never raises."""
+        """One refit of every pool (also what the scheduled job runs). Never raises. Once `stop()` is
+        called it fits no further pool and publishes nothing."""
         with self._run_lock:
             started = self.clock()
             t0 = time.perf_counter()
@@ -90,9 +91,11 @@ class ForecastScheduler:
                 log.warning("forecast refit: loading history failed: %s", exc)
                 history, caps = {}, {}
                 errors["history"] = f"{type(exc).__name__}: {exc}"
+            cut = False
             for pool, series in history.items():
                 if self._stopping.is_set():
-                    break  # stopped: the pools left are not fitted
+                    cut = True  # stopped: the pools left are not fitted, and this refit is not published
+                    break
                 try:
                     pools[pool] = forecast_pool(series, caps.get(pool), started, self.settings)
                 except Exception as exc:
@@ -104,6 +107,8 @@ class ForecastScheduler:
                 pools = prev.pools  # keep serving the last good forecasts, report the failure
             result = RefitResult(pools, started, self.clock(), time.perf_counter() - t0, errors,
                                  self._runs)
+            if cut:
+                return result
             self.latest.set(result)
             defined = sum(o.defined for fc in pools.values() for o in fc.series.values())
             total = sum(len(fc.series) for fc in pools.values())
