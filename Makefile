@@ -8,14 +8,15 @@ TSTAMP := $(VENV)/.installed-test
 
 .PHONY: demo test test-unit test-live test-engine test-image test-fast image bench bench-engine fuzz docs venv clean chart-sync
 
-$(STAMP): pyproject.toml
+# two distributions: headroom (the daemon, monitor/) and headroom-lab (lab/: simulator, load tester, demo)
+$(STAMP): pyproject.toml lab/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e .
+	$(PIP) install -q -e . -e ./lab
 	touch $(STAMP)
 
 $(TSTAMP): $(STAMP)
-	$(PIP) install -q -e '.[test]'
+	$(PIP) install -q -e '.[test]' -e ./lab
 	touch $(TSTAMP)
 
 venv: $(STAMP)
@@ -90,10 +91,11 @@ fuzz: $(TSTAMP)
 chart-sync: $(STAMP)
 	$(PY) helm/sync.py
 
-## docs: regenerate docs/metrics.md (the catalogue) and docs/configuration.md (the config declarations)
+## docs: regenerate docs/metrics.md (the catalogue), docs/configuration.md and docs/loadtest-mix.md (the declarations)
 docs: $(STAMP)
 	$(PY) -m monitor.catalogue > docs/metrics.md
 	$(PY) -m monitor.config > docs/configuration.md
+	$(PY) -m headroom_lab.loadtest.docs > docs/loadtest-mix.md
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache build *.egg-info lab/build lab/*.egg-info

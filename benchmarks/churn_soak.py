@@ -1,7 +1,7 @@
 """Replica churn soak: RSS of the real Pipeline over one simulated hour of replica and pool churn.
 
-A simulated vLLM fleet (monitor/sim: one pool of 8 replicas, its engines' /metrics rendered by
-monitor/sim/exposition.py) is served on loopback by one HTTP server, each replica under a path that
+A simulated vLLM fleet (lab/headroom_lab/sim: one pool of 8 replicas, its engines' /metrics rendered by
+lab/headroom_lab/sim/exposition.py) is served on loopback by one HTTP server, each replica under a path that
 names it: `/<replica>-g<generation>/metrics`. Every cycle one replica gets a new generation (a new
 target, so a new replica name to headroom), and every minute the model name the fleet serves gets
 a new suffix (a new pool). The real `Pipeline` (monitor/cycle.py, with the capacity layer) scrapes
@@ -48,15 +48,10 @@ class ChurningFleet:
     which would grow with the hour and is not headroom's."""
 
     def __init__(self):
-        from monitor.sim.fleet import Fleet, config_from_dict
-        sim = config_from_dict({
-            "seed": 5,
-            "pools": {"p": {"model_name": "m", "replicas": REPLICAS, "max_num_seqs": 16, "num_gpu_blocks": 4096,
-                            "block_size": 16, "enable_prefix_caching": False, "max_model_len": 4096}},
-            "mix": {"task_types": {"ask": {"pool": "p", "rate_per_s": 3.0, "steps": [
-                {"calls": 1, "prompt": {"mean": 600, "cv": 0.3, "max": 2000},
-                 "output": {"mean": 120, "cv": 0.5, "max": 1000}}]}}},
-        })
+        from headroom_lab.sim.fleet import Fleet
+        sys.path.insert(0, os.path.join(ROOT, "tests"))
+        from simfleet import one_pool, task  # the tests' one-pool fleet (tests/simfleet.py)
+        sim = one_pool(5, {"ask": task(3.0)}, replicas=REPLICAS)
         self.fleet = Fleet(sim, "steady", seed=5, start_time=START, record_truth=False)  # no growing truth log
         self.replicas = list(self.fleet.pools["p"])
         self.generation = [0] * len(self.replicas)
@@ -73,7 +68,7 @@ class ChurningFleet:
         return [f"/{r.name}-g{g}/metrics" for r, g in zip(self.replicas, self.generation)]
 
     def page(self, path: str):
-        from monitor.sim.exposition import render_vllm
+        from headroom_lab.sim.exposition import render_vllm
         with self.lock:
             for r, g in zip(self.replicas, self.generation):
                 if path == f"/{r.name}-g{g}/metrics":

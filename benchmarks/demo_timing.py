@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -24,20 +23,16 @@ import time
 import requests
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+from servers import free_port  # noqa: E402  (tests/servers.py: the one port helper)
 
 
 def trial(duration: float) -> dict:
-    port = _free_port()
+    port = free_port()
     t0 = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "monitor.cli", "demo", "--duration", str(duration),
                              "--web.listen-address", f"127.0.0.1:{port}",
-                             "--prometheus.listen-address", f"127.0.0.1:{_free_port()}"],
+                             "--prometheus.listen-address", f"127.0.0.1:{free_port()}"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=os.path.dirname(HERE))
     marks: dict = {}
     knees: dict = {}

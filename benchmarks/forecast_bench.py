@@ -38,7 +38,6 @@ import math
 import os
 import platform
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -60,6 +59,8 @@ from monitor.forecast.backtest import ForecastSettings, forecast_series, mase_sc
 from monitor.forecast.models import LEVELS, Forecast  # noqa: E402
 from monitor.forecast.series import Prepared, prepare  # noqa: E402
 from monitor.kit.process import stop_process  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+from servers import free_port  # noqa: E402  (tests/servers.py: the one port helper)
 
 TRACES = os.environ.get("HEADROOM_TRACES", "/work/shared/traces")
 SERVEGEN_EPOCH = 1717200000.0  # 2024-06-01 00:00 UTC: ServeGen gives only relative seconds
@@ -274,12 +275,6 @@ def run_arima50(task: Task) -> dict:
 
 # --- real Prometheus ----------------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class PrometheusRun:
     """Backfill every series into a fresh TSDB, start Prometheus 2.42 on it, query, stop."""
 
@@ -311,7 +306,7 @@ class PrometheusRun:
         cfg = os.path.join(self.dir, "prometheus.yml")
         with open(cfg, "w") as f:
             f.write("global:\n  scrape_interval: 1h\nscrape_configs: []\n")
-        self.port = _free_port()
+        self.port = free_port()
         self.log = open(os.path.join(self.dir, "prometheus.log"), "w")
         self.proc = subprocess.Popen(
             ["prometheus", f"--config.file={cfg}", f"--storage.tsdb.path={data}",

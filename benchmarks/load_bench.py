@@ -22,8 +22,8 @@ PACE_LUA = "function delay()\n  return 19\nend\n"  # each of 4 connections: one 
 
 FLEET = r"""
 import json, sys, time
-from monitor.sim.fleet import load_config
-from monitor.sim.server import start_fleet
+from headroom_lab.sim.fleet import load_config
+from headroom_lab.sim.server import start_fleet
 h = start_fleet(load_config(None), scenario="steady", seed=1, warmup_s=60.0)
 print(json.dumps({"replica_urls": h.replica_urls, "gateway_url": h.gateway_url, "app_url": h.app_url,
                   "dcgm_url": h.dcgm_url}), flush=True)
@@ -65,9 +65,9 @@ def main() -> dict:
     if not shutil.which("wrk"):
         return {"skipped": "wrk not installed (Debian package wrk)"}
     from monitor.commands.run import Daemon
-    from monitor.commands.demo import headroom_config
+    from headroom_lab.commands.demo import headroom_config
     from monitor.config import from_dict
-    from monitor.sim.fleet import load_config
+    from headroom_lab.sim.fleet import load_config
 
     workdir = tempfile.mkdtemp(prefix="headroom-load-")
     fleet_cfg = load_config(None)

@@ -34,6 +34,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+from servers import free_port  # noqa: E402  (tests/servers.py: the one port helper)
 
 CONNECTIONS = int(os.environ.get("HEADROOM_FLOOD_CONNECTIONS", "4000"))
 HOLD_SECONDS = 5.0
@@ -148,17 +150,11 @@ def _cycles(port: int) -> float:
     return float(m.group(1)) if m else -1.0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def trial(workdir: str, replica_port: int, n: int) -> dict:
     cfg = os.path.join(workdir, f"headroom-{n}.yml")
     with open(cfg, "w") as f:
         f.write(f"global:\n  interval: 1s\nsources:\n  vllm:\n    targets: ['http://127.0.0.1:{replica_port}/metrics']\n")
-    port = _free_port()
+    port = free_port()
     load_before = round(os.getloadavg()[0], 2)  # the machine is shared: read the figures beside this
     log_path = os.path.join(workdir, f"daemon-{n}.log")
     with open(log_path, "w") as log:

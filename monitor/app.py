@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 STOP_GRACE = 2.0  # seconds the running cycle may take to publish after its sources are cut off
 STORE_MAINTENANCE_HOURS = 1
+REFIT_STOP_WAIT = 3.0  # seconds a stop waits for a forecast refit to end (it ends before its next pool)
 
 
 class Component:
@@ -167,6 +168,9 @@ class Forecasts(Component):
             self.job.run_now()
 
     def stop(self) -> None:
+        # a refit in progress ends before its next pool; the stop waits a little for it, not for minutes
+        if not self.forecaster.stop(wait=REFIT_STOP_WAIT):
+            log.info("a forecast refit is still ending; not waited for")
         client = getattr(self.source, "client", None)  # Prometheus mode: its own client
         if client is not None and hasattr(client, "close"):
             client.close()

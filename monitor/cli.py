@@ -19,19 +19,21 @@ import importlib  # noqa: E402
 import logging  # noqa: E402
 import sys  # noqa: E402
 
-# name -> (module, one-line help)
+# name -> (module, one-line help); installed add-ons add theirs (monitor/kit/addons.py, `all_commands`)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("monitor.commands.run", "run the daemon: collect, derive, forecast and serve /metrics"),
     "once": ("monitor.commands.once", "run one collection cycle and print the snapshot as JSON"),
     "check-config": ("monitor.commands.check_config", "validate a configuration file"),
-    "demo": ("monitor.commands.demo", "start a simulated fleet, headroom and (if installed) Prometheus"),
-    "sim": ("monitor.commands.sim", "run the simulated vLLM fleet on its own"),
     "backtest": ("monitor.commands.backtest", "rolling-origin backtest of every forecast model on a CSV series"),
     "plan": ("monitor.commands.plan", "capacity plan from a task mix"),
     "digest": ("monitor.commands.digest", "build and deliver the weekly forecast digest"),
-    "loadtest": ("monitor.commands.loadtest", "closed-loop agent-task load test against an OpenAI-compatible endpoint"),
-    "compare": ("monitor.commands.compare", "compare two load-test results side by side"),
 }
+
+
+def all_commands() -> dict[str, tuple[str, str]]:
+    """The built-in subcommands, then those the installed add-ons register (a built-in name wins)."""
+    from monitor.kit import addons  # noqa: PLC0415
+    return {**SUBCOMMANDS, **{k: v for k, v in addons.commands().items() if k not in SUBCOMMANDS}}
 
 
 def env_name(flag: str) -> str:
@@ -151,9 +153,20 @@ def setup_logging(level: str, fmt: str = "logfmt") -> None:
     root.setLevel(getattr(logging, level.upper()))
 
 
-def chosen_command(argv: list[str]) -> str | None:
+def chosen_command(argv: list[str], commands: dict | None = None) -> str | None:
     """The subcommand named on the command line (the first word that is one), or None."""
-    return next((a for a in argv if a in SUBCOMMANDS), None)
+    commands = all_commands() if commands is None else commands
+    return next((a for a in argv if a in commands), None)
+
+
+def missing_add_on(argv: list[str], commands: dict) -> str | None:
+    """The line saying what to install, when the command asked for comes with an add-on that is not
+    installed (`headroom demo` without headroom-lab); None otherwise."""
+    from monitor.kit import addons  # noqa: PLC0415
+    word = next((a for a in argv if a in commands or a in addons.LAB_COMMANDS), None)
+    if word is None or word in commands:
+        return None
+    return "headroom: " + addons.missing(f"`headroom {word}`")
 
 
 def build_parser(only: str | None = None, lazy: bool = False
@@ -169,7 +182,7 @@ def build_parser(only: str | None = None, lazy: bool = False
                         help="log line format: logfmt (time level logger: message) or json (one object a line)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers: dict[str, argparse.ArgumentParser] = {}
-    for name, (module_name, help_text) in SUBCOMMANDS.items():
+    for name, (module_name, help_text) in all_commands().items():
         if lazy and name != only:
             sub.add_parser(name, help=help_text, description=help_text, add_help=False)
             continue
@@ -189,7 +202,12 @@ def build_parser(only: str | None = None, lazy: bool = False
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser, _ = build_parser(chosen_command(argv), lazy=True)
+    commands = all_commands()
+    absent = missing_add_on(argv, commands)
+    if absent:
+        print(absent, file=sys.stderr)
+        return 2
+    parser, _ = build_parser(chosen_command(argv, commands), lazy=True)
     args = parser.parse_args(argv)
     problems = args._global_env_problems + args._env_problems  # only the flags of this command count
     if problems:

@@ -57,9 +57,11 @@ class ForecastScheduler:
         self._runs = 0
         self._run_lock = threading.Lock()
         self._thread: Optional[threading.Thread] = None
+        self._stopping = threading.Event()
 
     def refit_now(self) -> RefitResult:
-        """One refit of every pool (also what the scheduled job runs). Never raises."""
+        """One refit of every pool (also what the scheduled job runs). Never raises. Once `stop()` is
+        called it fits no further pool and publishes nothing."""
         with self._run_lock:
             started = self.clock()
             t0 = time.perf_counter()
@@ -71,7 +73,11 @@ class ForecastScheduler:
                 log.warning("forecast refit: loading history failed: %s", exc)
                 history, caps = {}, {}
                 errors["history"] = f"{type(exc).__name__}: {exc}"
+            cut = False
             for pool, series in history.items():
+                if self._stopping.is_set():
+                    cut = True  # stopped: the pools left are not fitted, and this refit is not published
+                    break
                 try:
                     pools[pool] = forecast_pool(series, caps.get(pool), started, self.settings)
                 except Exception as exc:
@@ -83,12 +89,23 @@ class ForecastScheduler:
                 pools = prev.pools  # keep serving the last good forecasts, report the failure
             result = RefitResult(pools, started, self.clock(), time.perf_counter() - t0, errors,
                                  self._runs)
+            if cut:
+                return result
             self.latest.set(result)
             defined = sum(o.defined for fc in pools.values() for o in fc.series.values())
             total = sum(len(fc.series) for fc in pools.values())
             log.info("forecast refit %d: %d pools, %d of %d series forecast in %.1f s%s", self._runs, len(pools),
                      defined, total, result.duration_seconds, f"; {len(errors)} failed" if errors else "")
             return result
+
+    def stop(self, wait: float = 0.0) -> bool:
+        """No refit starts in the background after this, and one in progress ends before its next
+        pool; waits up to `wait` seconds for it. True when no refit thread is left running."""
+        self._stopping.set()
+        thread = self._thread
+        if thread is not None and wait > 0:
+            thread.join(wait)
+        return thread is None or not thread.is_alive()
 
     def schedule(self, scheduler) -> str:
         """Add the refit job to the application's one scheduler (monitor/kit/ticker.py `Ticker`, on the
@@ -100,6 +117,8 @@ class ForecastScheduler:
         """The scheduled job: a refit in a daemon thread (one at a time), so a stop of the process
         never waits for a refit in progress (a refit of a busy fleet's 35 days takes minutes on a
         starved CPU); the scheduler's own worker returns at once."""
+        if self._stopping.is_set():
+            return
         if self._run_lock.locked() or (self._thread is not None and self._thread.is_alive()):
             return  # the previous refit is still running: this one is skipped (coalesced)
         self._thread = threading.Thread(target=self.refit_now, name="forecast-refit", daemon=True)

@@ -8,10 +8,13 @@ An engine that is installed but fails to start is always an error, with its log 
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import sys
 import tempfile
+import threading
+import time
 
 import pytest
 
@@ -21,6 +24,15 @@ from engine import servers  # noqa: E402
 from tiers import (  # noqa: E402,F401  (the tier plugin's hooks, tests/tiers.py)
     pytest_collection_modifyitems, pytest_configure, pytest_fixture_setup, pytest_runtest_makereport,
     pytest_runtest_protocol, pytest_sessionfinish, pytest_terminal_summary)
+
+
+def pytest_sessionstart(session):
+    """The suite covers both distributions: without headroom-lab installed (and its entry points
+    registered) it stops at once with what to do, not with a hundred import errors."""
+    from monitor.kit import addons
+    if not addons.commands() or importlib.util.find_spec("headroom_lab") is None:
+        pytest.exit("headroom-lab is not installed in this Python: pip install -e . -e ./lab (make test does)",
+                    returncode=4)
 
 
 def _engines_required() -> bool:
@@ -142,3 +154,43 @@ def good():
     yield replicas
     for r in replicas:
         r.stop()
+
+
+# ---- no thread outlives its test ----------------------------------------------------------------
+# Threads that are not the test's own, by the function they run: (qualified name, why). Keep it short.
+THREADS_EXEMPT: tuple[tuple[str, str], ...] = (
+    ("ThreadingMixIn.process_request_thread",
+     "one connection of a threading HTTP server (a module fixture's, held open by a client such as "
+     "Prometheus); it ends with the connection, and the server is its fixture's to stop"),
+)
+THREAD_GRACE_SECONDS = 5.0  # a thread told to stop may still be on its way out on a loaded machine
+
+
+def _target(thread: threading.Thread) -> str:
+    return getattr(getattr(thread, "_target", None), "__qualname__", "?")  # Thread keeps no public target
+
+
+def _lingering(before: set) -> list:
+    exempt = {name for name, _ in THREADS_EXEMPT}
+    return [t for t in threading.enumerate() if t not in before and t.is_alive() and _target(t) not in exempt]
+
+
+@pytest.fixture(autouse=True)
+def no_thread_outlives_its_test():
+    """Fail the test that leaves a thread running which was not running when it began (its
+    function-scoped fixtures are torn down first; module and session fixtures started theirs before).
+    The thread gets a short grace to end; then the failure names it and its target."""
+    before = set(threading.enumerate())
+    yield
+    left = _lingering(before)
+    if not left:
+        return
+    deadline = time.monotonic() + THREAD_GRACE_SECONDS
+    for t in left:
+        t.join(max(0.0, deadline - time.monotonic()))
+    left = _lingering(before)
+    if left:
+        named = ", ".join(f"{t.name!r} ({'daemon' if t.daemon else 'non-daemon'}, target {_target(t)})"
+                          for t in left)
+        pytest.fail(f"thread(s) still running after the test: {named}; stop and join them in the test "
+                    f"or its fixture", pytrace=False)

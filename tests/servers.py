@@ -22,10 +22,46 @@ def fixture(name: str) -> str:
         return f.read()
 
 
+_HANDED_OUT: set[int] = set()
+_HANDED_OUT_LOCK = threading.Lock()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port for a server the caller starts next: the one port helper of the tests and the
+    benchmarks (tests/engine/servers.py and benchmarks/ import it).
+
+    Binding port 0 and closing at once (what each copy used to do) leaves the port to the next port-0
+    bind of any process on the machine, another test's server included. Here the port is bound,
+    connected to and accepted, and the accepted side closes first: the port waits in TIME_WAIT, which
+    the kernel skips when it hands out ports for port 0, while a server that sets SO_REUSEADDR (Python's
+    socketserver with allow_reuse_address, Go's net.Listen: Prometheus, Alertmanager, VictoriaMetrics;
+    uvicorn: vLLM, LiteLLM; headroom's own listener) binds it at once. A port is handed out once per process."""
+    while True:
+        with socket.socket() as listener:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind(("127.0.0.1", 0))
+            listener.listen(1)
+            port = listener.getsockname()[1]
+            with socket.create_connection(("127.0.0.1", port), timeout=5):
+                accepted, _ = listener.accept()
+                accepted.close()
+        with _HANDED_OUT_LOCK:
+            if port not in _HANDED_OUT:
+                _HANDED_OUT.add(port)
+                return port
+
+
+def self_signed_cert(directory) -> tuple[str, str]:
+    """(cert.pem, key.pem) in `directory`: a self-signed certificate for 127.0.0.1 and localhost, made
+    by openssl (the test is skipped when openssl is not installed)."""
+    import pytest  # noqa: PLC0415
+    if not shutil.which("openssl"):
+        pytest.skip("openssl not installed")
+    cert, key = os.path.join(directory, "cert.pem"), os.path.join(directory, "key.pem")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", key, "-out", cert],
+                   check=True, capture_output=True)
+    return cert, key
 
 
 def wait_for(fetch, cond=bool, timeout: float = 30.0, what: str = "the condition", every: float = 0.05,
@@ -103,7 +139,7 @@ class MetricsServer:
 
         self.server = QuietServer(("127.0.0.1", 0), H)
         self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, name="metrics-server", daemon=True)
         self.thread.start()
 
     def url(self, path: str) -> str:
@@ -112,10 +148,23 @@ class MetricsServer:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+        self.thread.join(10)
 
 
 class ManagedProcess:
     """A server process started by a test (`self.proc`, `self.log`): terminate, then kill."""
+
+    def launch(self, argv: list, log_path, cwd, ready_url: str, timeout: float = 30.0) -> None:
+        """Start `argv` with its output in `log_path`, then wait until `ready_url` answers 200; a
+        server that does not get ready is stopped before the error goes up."""
+        self.log_path = str(log_path)
+        self.log = open(log_path, "w")
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, cwd=cwd)
+        try:
+            wait_http(ready_url, timeout=timeout)
+        except BaseException:
+            self.stop()
+            raise
 
     def stop(self) -> None:
         stop_process(self.proc)
@@ -134,18 +183,11 @@ class Prometheus(ManagedProcess):
         cfg = os.path.join(workdir, "prometheus.yml")
         with open(cfg, "w") as f:
             f.write(config_text)
-        self.log_path = os.path.join(workdir, "prometheus.log")
-        self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(
-            [self.binary, f"--config.file={cfg}", f"--storage.tsdb.path={data_dir or os.path.join(workdir, 'data')}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle",
-             "--storage.tsdb.retention.time=60d", *extra_args],
-            stdout=self.log, stderr=subprocess.STDOUT, cwd=workdir)
-        try:
-            wait_http(self.url + "/-/ready", timeout=30)
-        except TimeoutError:
-            self.stop()
-            raise
+        self.launch([self.binary, f"--config.file={cfg}",
+                     f"--storage.tsdb.path={data_dir or os.path.join(workdir, 'data')}",
+                     f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle",
+                     "--storage.tsdb.retention.time=60d", *extra_args],
+                    os.path.join(workdir, "prometheus.log"), workdir, self.url + "/-/ready")
 
     def query(self, q: str):
         r = requests.get(self.url + "/api/v1/query", params={"query": q}, timeout=10)

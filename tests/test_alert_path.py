@@ -22,9 +22,7 @@ already-open keep-alive connections, so Prometheus and headroom still see it up.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -117,17 +115,9 @@ class Alertmanager(ManagedProcess):
                       "group_interval": "1s", "repeat_interval": "1h"},
             "receivers": [{"name": "hook", "webhook_configs": [{"url": webhook_url, "send_resolved": False}]}],
         }))
-        self.log = open(workdir / "alertmanager.log", "w")
-        self.proc = subprocess.Popen(
-            ["prometheus-alertmanager", f"--config.file={cfg}", f"--storage.path={workdir / 'am'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--cluster.listen-address="],
-            stdout=self.log, stderr=subprocess.STDOUT, cwd=workdir)
-        try:
-            wait_http(self.url + "/-/ready", timeout=30)
-        except TimeoutError:
-            self.stop()
-            raise
-
+        self.launch(["prometheus-alertmanager", f"--config.file={cfg}", f"--storage.path={workdir / 'am'}",
+                     f"--web.listen-address=127.0.0.1:{self.port}", "--cluster.listen-address="],
+                    workdir / "alertmanager.log", workdir, self.url + "/-/ready")
 
 
 def short_for_rules(dst: Path) -> list[str]:
@@ -155,8 +145,8 @@ def _hostport(url: str) -> str:
 def stack(tmp_path_factory):
     from monitor.app import build
     from monitor.config import from_dict
-    from monitor.sim.fleet import load_config
-    from monitor.sim.server import start_fleet
+    from headroom_lab.sim.fleet import load_config
+    from headroom_lab.sim.server import start_fleet
 
     work = tmp_path_factory.mktemp("alert-path")
     stoppers = []

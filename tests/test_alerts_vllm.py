@@ -3,7 +3,7 @@
 model) driven past its knee by closed-loop clients, a headroom daemon reading its /metrics, and a
 real Prometheus 2.42 scraping the daemon and evaluating the bundled rules.
 
-Time scale: the rules are the demo's copies (monitor/commands/demo.py `demo_rules`, as `make demo`
+Time scale: the rules are the demo's copies (lab/headroom_lab/commands/demo.py `demo_rules`, as `make demo`
 runs them): every `for:` SHORTENED 30x, and every range window of an alert expression with it
 (10m -> 20s, 5m -> 10s), so the same expressions - the median of a window held for a `for:` - play
 out in seconds. Prometheus scrapes and evaluates every second, headroom cycles every
@@ -43,7 +43,7 @@ pytestmark = pytest.mark.vllm
 def demo_scale_rules(workdir: Path) -> list[str]:
     """The bundled rule files on the demo's time scale (`demo_rules`: every alert's `for:` and range
     windows / 30), evaluated every second."""
-    from monitor.commands.demo import demo_rules
+    from headroom_lab.commands.demo import demo_rules
     out = demo_rules(sorted(str(p) for p in (ROOT / "rules").glob("*.yaml")), str(workdir), factor=FACTOR)
     for path in out:
         doc = yaml.safe_load(Path(path).read_text())

@@ -1,4 +1,4 @@
-"""headroom's capacity layer against the simulated fleet (monitor/sim), whose truth is known:
+"""headroom's capacity layer against the simulated fleet (lab/headroom_lab/sim), whose truth is known:
 the knee by construction (theoretical_knee), every task's true duration and model calls."""
 from __future__ import annotations
 
@@ -11,10 +11,12 @@ from monitor.capacity.knee import KneeEstimator, prior_knee
 from monitor.capacity.power import key_map, power_by_pool
 from monitor.capacity.tasks import derive_tasks
 from monitor.derive.core import derive_pools
-from monitor.sim.exposition import render_app, render_dcgm, render_gateway, render_vllm
-from monitor.sim.fleet import Fleet, config_from_dict, load_config, theoretical_knee
+from headroom_lab.sim.exposition import render_app, render_dcgm, render_gateway, render_vllm
+from headroom_lab.sim.fleet import Fleet, load_config, theoretical_knee
 from monitor.sources.gateway import GatewayConfig, iter_samples, read_gateway
 from monitor.sources.vllm import readings_from_text
+
+import simfleet
 
 SCRAPE = 5.0  # simulated seconds between scrapes
 # a stepped load sweep in tasks/s: up past the knee, back down (the queue drains), and again
@@ -22,15 +24,7 @@ LEVELS = [4, 8, 12, 16, 18, 20, 22, 24, 26, 4, 4, 6, 10, 14, 18, 22, 26, 28, 4, 
 
 
 def one_pool(max_num_seqs: int, num_gpu_blocks: int, seed: int):
-    return config_from_dict({
-        "seed": seed,
-        "pools": {"p": {"model_name": "m", "replicas": 2, "max_num_seqs": max_num_seqs,
-                        "num_gpu_blocks": num_gpu_blocks, "block_size": 16, "enable_prefix_caching": False,
-                        "max_model_len": 4096}},
-        "mix": {"task_types": {"q": {"pool": "p", "rate_per_s": 1.0, "steps": [
-            {"calls": 1, "prompt": {"mean": 600, "cv": 0.3, "max": 2000},
-             "output": {"mean": 120, "cv": 0.5, "max": 1000}}]}}},
-    })
+    return simfleet.one_pool(seed, {"q": simfleet.task(1.0)}, max_num_seqs=max_num_seqs, num_gpu_blocks=num_gpu_blocks)
 
 
 def sweep(cfg, seed: int, signal: str):

@@ -14,7 +14,7 @@ import json
 from monitor.cycle import Pipeline, step
 from monitor.export.snapshot_json import snapshot_to_dict
 from monitor.sources.vllm import readings_from_text
-from monitor.sim.exposition import render_vllm
+from headroom_lab.sim.exposition import render_vllm
 from test_cycle_step import fleet_and_config, inputs_at, warmed_up  # noqa: F401 (the shared simulated fleet)
 
 HOUR = 3600.0

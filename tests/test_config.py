@@ -138,6 +138,14 @@ def test_the_reference_is_generated_from_the_declarations():
         assert f.read() == render(), "docs/configuration.md is stale: make docs"
 
 
+def test_the_load_test_mix_reference_is_generated_from_its_declarations():
+    from headroom_lab.loadtest.docs import render as render_mix
+    with open(os.path.join(REPO, "docs", "loadtest-mix.md"), encoding="utf-8") as f:
+        text = f.read()
+    assert text == render_mix(), "docs/loadtest-mix.md is stale: make docs"
+    assert "| `slo.quantile` |" in text  # a load-test key, not only the plan's
+
+
 def _sections(cls, seen):
     if cls in seen:
         return
@@ -150,7 +158,7 @@ def _sections(cls, seen):
 
 
 def test_every_setting_is_declared_once_with_help():
-    from monitor.loadtest.mix import LoadMix
+    from headroom_lab.loadtest.mix import LoadMix
     seen: set = set()
     for top in (Config, LoadMix):
         _sections(top, seen)

@@ -14,18 +14,15 @@ import time
 import pytest
 
 from monitor.capacity.enrich import CapacityState
-from monitor.config import Capacity, Config, GatewaySource, PoolSettings, Target
+from monitor.config import Capacity, PoolSettings
 from monitor.capacity.slo_settings import read_slos
 from monitor.cycle import CycleInputs, CycleState, step
 from monitor.export.samples import Renderer
 from monitor.export.snapshot_json import snapshot_to_dict
 from monitor.forecast.pool import CAPACITY_SERIES, Horizon, PoolForecast, SeriesOutlook
 from monitor.model import RefitResult, SourceStatus
-from monitor.sim.exposition import render_app, render_dcgm, render_gateway, render_vllm
-from monitor.sim.fleet import Fleet, config_from_dict
-from monitor.sources.dcgm import read_dcgm
-from monitor.sources.gateway import read_gateway_scrape
-from monitor.sources.vllm import readings_from_text
+from headroom_lab.sim.fleet import Fleet
+from simfleet import DCGM_URL, TASK_LABELS, cycle_inputs, one_pool, watched
 
 START = 1_790_000_000.0
 DAY = Horizon(mean=20.0, upper=26.0, peak=24.0, peak_upper=31.0, peak_timestamp=START + 3600,
@@ -39,38 +36,18 @@ FORECAST = RefitResult({"m": PoolForecast(START - 60, {CAPACITY_SERIES: LOAD}, {
 
 
 def fleet_and_config():
-    sim = config_from_dict({
-        "seed": 3,
-        "pools": {"p": {"model_name": "m", "replicas": 2, "max_num_seqs": 16, "num_gpu_blocks": 4096,
-                        "block_size": 16, "enable_prefix_caching": False, "max_model_len": 4096}},
-        "gateway": {"session_label": False, "task_type_label": True},
-        "mix": {"task_types": {"ask": {"pool": "p", "rate_per_s": 1.0, "steps": [
-            {"calls": 1, "prompt": {"mean": 600, "cv": 0.3, "max": 2000},
-             "output": {"mean": 120, "cv": 0.5, "max": 1000}}]}}},
-    })
-    fleet = Fleet(sim, "steady", seed=3, start_time=START)
-    urls = {r.name: f"http://{r.name}:8000/metrics" for r in fleet.pools["p"]}
-    cfg = Config(vllm_targets=[Target(u) for u in urls.values()],
-                 gateways=[GatewaySource(kind="envoy", url="http://gateway:1064/metrics"),
-                           GatewaySource(kind="app", url="http://app/metrics")],
-                 pools={"m": PoolSettings(max_num_seqs=16, watts_per_replica=700.0)},
-                 capacity=Capacity(task_window=30.0),  # task rates are known once a window is covered
-                 slos=read_slos({"task_types": {"ask": {"p95_seconds": 5}}, "windows": ["1m", "5m"],
-                                 "pools": {"m": {"ttft_p95_seconds": 0.5}}}))
+    fleet = Fleet(one_pool(3, gateway=TASK_LABELS), "steady", seed=3, start_time=START)
+    urls, cfg = watched(fleet, Capacity(task_window=30.0),  # task rates are known once a window is covered
+                        read_slos({"task_types": {"ask": {"p95_seconds": 5}}, "windows": ["1m", "5m"],
+                                   "pools": {"m": {"ttft_p95_seconds": 0.5}}}))
     return fleet, urls, cfg
 
 
 def inputs_at(fleet, urls, cfg, capacity: CapacityState, forecast=None) -> CycleInputs:
-    t = fleet.t
-    readings = [readings_from_text(render_vllm(r, t), urls[r.name], t)[0] for r in fleet.pools["p"]]
-    bodies = [render_gateway(fleet, t), render_app(fleet, t)]
-    gateways = [read_gateway_scrape(body, capacity.gateway_config(src.kind, src.task_label, src.session_label),
-                                    t, i, src.url, src.pool) for i, (src, body) in enumerate(zip(cfg.gateways, bodies))]
     statuses = [SourceStatus("vllm", u, True) for u in urls.values()]
-    statuses.append(SourceStatus("dcgm", "http://dcgm:9400/metrics", False, "timeout"))
-    return CycleInputs(readings, statuses, gateways=gateways,
-                       dcgm=[read_dcgm(render_dcgm(fleet, t), "http://dcgm:9400/metrics")],
-                       anomalies={"duplicate_series": 1.0}, forecast=forecast)
+    statuses.append(SourceStatus("dcgm", DCGM_URL, False, "timeout"))
+    return cycle_inputs(fleet, urls, cfg, capacity, statuses=statuses, anomalies={"duplicate_series": 1.0},
+                        forecast=forecast)
 
 
 @pytest.fixture

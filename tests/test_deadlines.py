@@ -6,7 +6,6 @@ gets data long before any per-read timeout, so only a total deadline per request
 """
 import json
 import re
-import shutil
 import signal
 import ssl
 import subprocess
@@ -22,7 +21,7 @@ from monitor.cycle import Pipeline, cycle_deadline_seconds
 from monitor.kit.process import stop_process
 from monitor.kit.http import FetchError, Fetcher
 from monitor.sources.prometheus import PrometheusClient, PrometheusError
-from servers import fixture, free_port, wait_for
+from servers import fixture, free_port, self_signed_cert, wait_for
 
 pytestmark = pytest.mark.live  # tests/tiers.py: every test here serves on loopback or starts the daemon
 
@@ -62,15 +61,10 @@ def test_a_trickling_target_times_out_within_its_timeout(hostile, mode):
 @pytest.fixture(scope="module")
 def tls_pair(tmp_path_factory):
     """(server context, client HttpAuth) for a self-signed loopback certificate."""
-    if not shutil.which("openssl"):
-        pytest.skip("openssl not installed")
-    d = tmp_path_factory.mktemp("tls")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-                    "-keyout", str(d / "key.pem"), "-out", str(d / "cert.pem")], check=True, capture_output=True)
+    cert, key = self_signed_cert(tmp_path_factory.mktemp("tls"))
     server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    server.load_cert_chain(str(d / "cert.pem"), str(d / "key.pem"))
-    return server, HttpAuth(ca_file=str(d / "cert.pem"))
+    server.load_cert_chain(cert, key)
+    return server, HttpAuth(ca_file=cert)
 
 
 @pytest.mark.parametrize("mode", ["trickle", "trickle_headers"])

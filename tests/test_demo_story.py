@@ -1,4 +1,4 @@
-"""The demo's past is its present: the history `headroom demo` seeds (monitor/commands/demo.py
+"""The demo's past is its present: the history `headroom demo` seeds (lab/headroom_lab/commands/demo.py
 `demo_history`) is the same fleet, workload and scenario clock as the live fleet it starts.
 
 - per pool, the history's daily peak of active + queued sits at 0.6-1.3x the pool's knee capacity on
@@ -9,19 +9,19 @@
 - the live fleet starts where the history ends: at the same simulated moment (a Tuesday 09:00), with
   its load within the history's range of that morning.
 
-The knee capacity is the simulated pool's knee by construction (monitor.sim.fleet.theoretical_knee:
+The knee capacity is the simulated pool's knee by construction (headroom_lab.sim.fleet.theoretical_knee:
 min(max_num_seqs, KV bound) x replicas), which headroom's prior also follows.
 """
 import numpy as np
 import pandas as pd
 import pytest
 
-from monitor.commands.demo import demo_history, demo_rules, scale_windows, seed_history
+from headroom_lab.commands.demo import demo_history, demo_rules, scale_windows, seed_history
 from monitor.forecast.pool import forecast_pool
 from monitor.history.store import HistoryStore
 from monitor.history.store import StoreHistory
-from monitor.sim.fleet import Fleet, load_config, theoretical_knee
-from monitor.sim.history import scenario_clock_shift
+from headroom_lab.sim.fleet import Fleet, load_config, theoretical_knee
+from headroom_lab.sim.history import scenario_clock_shift
 
 NOW = 1796306400.0 + 17 * 3600 + 23 * 60  # a Thursday 17:23 UTC on the wall clock: not a morning
 

@@ -10,12 +10,12 @@ import pytest
 
 from monitor.config import ConfigError
 from monitor.digest.content import WEEK, _recommend, build_digest, digest_week
-from monitor.digest.demo import demo_input, demo_settings
+from headroom_lab.digest_demo import demo_input, demo_settings
 from monitor.digest.outbox import Outbox
 from monitor.digest.render import render_html, render_json, render_markdown, render_slack
 from monitor.digest.settings import from_dict
 from monitor.digest.charts import charts_for
-from monitor.sim.fleet import load_config
+from headroom_lab.sim.fleet import load_config
 
 WEEK_END = 1764547200.0  # Mon 2025-12-01 00:00 UTC
 
@@ -82,7 +82,7 @@ def test_load_peak_and_last_week_forecast_check(built, pool):
 def test_next_week_forecast_and_knee(built, pool):
     d, _, _ = built
     cfg = load_config(None)
-    from monitor.sim.fleet import theoretical_knee
+    from headroom_lab.sim.fleet import theoretical_knee
     pp = cfg.pool(pool)
     knee = theoretical_knee(pp, cfg.mix)["per_replica"]
     p = pool_of(d, pool)

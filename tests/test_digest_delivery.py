@@ -8,7 +8,6 @@ import email.policy
 import json
 import os
 import signal
-import socket
 import socketserver
 import sqlite3
 import subprocess
@@ -22,11 +21,12 @@ import pytest
 from monitor.capacity.settings import PoolSettings
 from monitor.digest.content import build_digest
 from monitor.digest.deliver import render_files, senders_for
-from monitor.digest.demo import demo_input, demo_settings
+from headroom_lab.digest_demo import demo_input, demo_settings
 from monitor.digest.metrics import metric_samples
 from monitor.digest.outbox import Outbox
 from monitor.digest.schedule import open_outbox
 from monitor.digest.settings import DigestSettings, from_dict
+from servers import free_port, self_signed_cert
 
 WEEK_END = 1764547200.0  # Mon 2025-12-01 00:00 UTC
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -189,14 +189,6 @@ class SmtpServer:
         self.server.server_close()
 
 
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 # ---- a real (quick) digest ----------------------------------------------------------------------
 
 FAST = {"forecast": {"models": ["snaive_day"]}}
@@ -293,12 +285,9 @@ def test_smtp_multipart_with_inline_charts_and_auth(files, tmp_path):
 def test_smtp_starttls_then_auth(files, tmp_path):
     import ssl
     week, payload = files
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
-                    "-out", str(cert), "-days", "2", "-subj", "/CN=localhost",
-                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"], check=True, capture_output=True)
+    cert, key = self_signed_cert(tmp_path)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.load_cert_chain(str(cert), str(key))
+    ctx.load_cert_chain(cert, key)
     pw = tmp_path / "pw"
     pw.write_text("tls-only-secret")
     srv = SmtpServer(username="digest", password="tls-only-secret", tls=ctx)
@@ -410,8 +399,8 @@ def _pending_attempts(path: str) -> int:
     return int(row[0] or 0)
 
 
-def test_sigkill_during_pending_delivery_then_restart_delivers_exactly_once(tmp_path):
-    port = free_port()
+def demo_digest_command(tmp_path, port: int, retry: str, timeout: str):
+    """(outbox path, `headroom digest --demo` command line) delivering to a webhook on `port`."""
     outbox = tmp_path / "outbox.sqlite"
     cfg = tmp_path / "headroom.yaml"
     cfg.write_text(f"""
@@ -420,12 +409,17 @@ sources:
 digest:
   outbox: {outbox}
   forecast: {{models: [snaive_day]}}
-  retry: {{initial: 1s, factor: 2, max: 4s}}
+  retry: {retry}
   destinations:
-    - {{name: hook, type: webhook, url: "http://127.0.0.1:{port}/hook", timeout: 2s}}
+    - {{name: hook, type: webhook, url: "http://127.0.0.1:{port}/hook", timeout: {timeout}}}
 """)
-    cmd = [PY, "-m", "monitor.cli", "digest", "--demo", "--config.file", str(cfg), "--days", "9",
-           "--week-end", "2025-12-01T00:00:00"]
+    return outbox, [PY, "-m", "monitor.cli", "digest", "--demo", "--config.file", str(cfg), "--days", "9",
+                    "--week-end", "2025-12-01T00:00:00"]
+
+
+def test_sigkill_during_pending_delivery_then_restart_delivers_exactly_once(tmp_path):
+    port = free_port()
+    outbox, cmd = demo_digest_command(tmp_path, port, "{initial: 1s, factor: 2, max: 4s}", "2s")
     child = subprocess.Popen(cmd + ["--wait", "10m"], cwd=ROOT, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, start_new_session=True)
     try:
@@ -464,20 +458,7 @@ def test_sigkill_while_the_request_is_in_flight_resends_once_after_the_lease(tmp
     """The receiver holds the first POST without answering; the sender is killed mid-request. The
     delivery was never acknowledged, so a new process sends it again, once, after the lease."""
     rx = Receiver(hold_first=True)
-    outbox = tmp_path / "outbox.sqlite"
-    cfg = tmp_path / "headroom.yaml"
-    cfg.write_text(f"""
-sources:
-  prometheus: {{url: "http://127.0.0.1:9"}}
-digest:
-  outbox: {outbox}
-  forecast: {{models: [snaive_day]}}
-  retry: {{initial: 1s}}
-  destinations:
-    - {{name: hook, type: webhook, url: "http://127.0.0.1:{rx.port}/hook", timeout: 10m}}
-""")
-    cmd = [PY, "-m", "monitor.cli", "digest", "--demo", "--config.file", str(cfg), "--days", "9",
-           "--week-end", "2025-12-01T00:00:00"]
+    outbox, cmd = demo_digest_command(tmp_path, rx.port, "{initial: 1s}", "10m")
     try:
         child = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  start_new_session=True)
@@ -495,6 +476,7 @@ digest:
         con.close()
         assert state == "pending" and lease is not None  # the killed sender's lease is left behind
         # a lease of 2 x 10 min + 30 s is long: make the restart use a short timeout (and lease)
+        cfg = tmp_path / "headroom.yaml"
         cfg.write_text(cfg.read_text().replace("timeout: 10m", "timeout: 5s"))
         con = sqlite3.connect(str(outbox))
         con.execute("UPDATE deliveries SET lease_until = ?", (time.time() + 20,))

@@ -13,13 +13,13 @@ import pytest
 
 from monitor.capacity.settings import PoolSettings
 from monitor.digest.content import build_digest
-from monitor.digest.demo import demo_input
+from headroom_lab.digest_demo import demo_input
 from monitor.digest.schedule import open_outbox, run_digest, schedule_digest
 from monitor.digest.settings import from_dict
 from monitor.digest.sources import from_prometheus, from_store
 from monitor.history.store import HistoryStore
 from monitor.kit.process import stop_process
-from monitor.sim.history import generate_history
+from headroom_lab.sim.history import generate_history
 
 WEEK_END = 1764547200.0  # Mon 2025-12-01 00:00 UTC
 FAST = {"forecast": {"models": ["snaive_day"]}}
@@ -168,7 +168,7 @@ def test_digest_from_a_real_backfilled_prometheus(tmp_path):
     import socket
     import subprocess
     import requests
-    from monitor.digest.demo import last_monday
+    from headroom_lab.digest_demo import last_monday
     from monitor.sources.prometheus import PrometheusClient
     week_end = last_monday(time.time())  # recent: inside Prometheus' default retention
     df = generate_history(None, days=9, step_s=300, end=week_end - 300, replica_series=False)

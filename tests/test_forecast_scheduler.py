@@ -76,3 +76,27 @@ def test_each_refit_is_one_log_line(caplog):
         sched.refit_now()
     lines = [r.getMessage() for r in caplog.records if r.name == "monitor.forecaster"]
     assert len(lines) == 1 and lines[0].startswith("forecast refit 1: 2 pools, 1 of 2 series forecast in ")
+
+
+def test_stop_ends_a_refit_in_progress_before_its_next_pool():
+    entered, release = threading.Event(), threading.Event()
+
+    def load():  # the refit is inside its history load when the stop comes
+        entered.set()
+        release.wait(30)
+        return {"a": {CAPACITY_SERIES: series()}, "b": {CAPACITY_SERIES: series(level=5)}}
+
+    sched = ForecastScheduler(load, lambda: {}, SETTINGS, interval_minutes=60, clock=lambda: NOW)
+    scheduler = Ticker()
+    sched.schedule(scheduler)
+    scheduler.start()
+    try:
+        assert entered.wait(30), "the scheduled refit did not start"
+        assert sched.stop(wait=0) is False  # still loading: the thread is running
+    finally:
+        scheduler.shutdown()
+        release.set()
+    assert sched.stop(wait=30) is True
+    assert [t.name for t in threading.enumerate() if t.name == "forecast-refit"] == []
+    assert sched.latest.get() is None  # the refit cut short by the stop fitted no pool and published nothing
+    assert sched.refit_now().pools == {} and sched.latest.get() is None  # nor does one asked for after it

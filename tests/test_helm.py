@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from monitor.kit.process import stop_process
+from servers import free_port
 
 helm_chart = pytest.importorskip("helm_python.chart", reason="pip install helm-python-sdk")
 from helm_python.chart import Chart, lint  # noqa: E402
@@ -805,14 +806,6 @@ def test_direct_scrape_mode_replaces_the_default_prometheus_source(chart, tmp_pa
 # ------------------------------------------------------------------ the rendered pod spec runs the real daemon
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _get(url: str, timeout: float = 2.0) -> tuple[int, str]:
     import urllib.error
     import urllib.request
@@ -833,7 +826,7 @@ def _start_sim(tmp_path: Path) -> tuple[subprocess.Popen, dict]:
     # split between them; the demo's own two model names both hash to shard 0 of 2
     from monitor.shard import owner
 
-    sim_dir = REPO / "monitor" / "sim"
+    sim_dir = REPO / "lab" / "headroom_lab" / "sim"
     fleet = yaml.safe_load((sim_dir / "default_fleet.yaml").read_text())
     fleet["mix_file"] = str(sim_dir / fleet["mix_file"])
     candidates = (f"example/model-{k}" for k in range(100))
@@ -894,7 +887,7 @@ def test_rendered_shards_start_the_daemon_and_split_the_pools(chart, tmp_path):
             assert workload["spec"]["replicas"] == 2
             for twin in range(2 if shard[0] == 0 else 1):  # the pair for shard 0 only, to spare the CPUs
                 name = f"shard{shard[0]}-{twin}"
-                port = _free_port()
+                port = free_port()
                 # each pod has its own /var/lib/headroom
                 (tmp_path / name).mkdir()  # the pod's /var/lib/headroom volume
                 own = {**config, "store": {"path": str(tmp_path / name / "store")}}

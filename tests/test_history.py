@@ -253,7 +253,7 @@ def test_forecast_history_reads_the_forecast_series_before_now():
 # ---- the simulated history in the schema ---------------------------------------------------------
 
 def test_schema_history_is_what_headroom_would_have_recorded_from_the_replicas():
-    from monitor.sim.history import generate_history, schema_history
+    from headroom_lab.sim.history import generate_history, schema_history
     df = generate_history(None, days=0.05, step_s=60, end=1764547200.0, level=1.3, seed=2)
     h = schema_history(df).set_index(["pool", "series", "timestamp"])["value"]
     rep = df[df["instance"] != ""]

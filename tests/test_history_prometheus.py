@@ -1,7 +1,7 @@
 """The Prometheus history source against a real Prometheus 2.42, backfilled with promtool, and the
 store-backed source fed from the same generated history: the same pools, series, timestamps and values.
 
-The fleet's history (monitor.sim.history, 14 days at one point a minute, busy enough to queue at its
+The fleet's history (headroom_lab.sim.history, 14 days at one point a minute, busy enough to queue at its
 peaks) is backfilled as vLLM replica gauges for all 14 days and as headroom's exported series for
 the last 4 only: a Prometheus that held vLLM long before headroom was installed. The store holds
 what headroom would have written over the 14 days (`schema_history`).
@@ -23,8 +23,8 @@ from monitor.history.forecasts import forecast_history
 from monitor.history.store import HistoryStore
 from monitor.history.prometheus import PrometheusHistory
 from monitor.history.store import StoreHistory
-from monitor.sim.fleet import load_config, theoretical_knee
-from monitor.sim.history import generate_history, schema_history, write_openmetrics
+from headroom_lab.sim.fleet import load_config, theoretical_knee
+from headroom_lab.sim.history import generate_history, schema_history, write_openmetrics
 from monitor.sources.prometheus import PrometheusClient
 from servers import Prometheus
 

@@ -20,7 +20,7 @@ import requests
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from monitor.sim.server import start_fleet
+from headroom_lab.sim.server import start_fleet
 from podman_pod import PodmanPod, podman
 from servers import free_port, wait_for
 

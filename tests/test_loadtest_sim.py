@@ -1,6 +1,6 @@
-"""`headroom loadtest` through HTTP against simulated vLLM replicas (monitor.loadtest.simtarget drives
-monitor.sim's engine in real time): the ramp finds the simulator's knee by construction
-(monitor.sim.fleet.theoretical_knee) within 10%, burst starts are simultaneous, reduced-capacity sends
+"""`headroom loadtest` through HTTP against simulated vLLM replicas (headroom_lab.loadtest.simtarget drives
+headroom_lab.sim's engine in real time): the ramp finds the simulator's knee by construction
+(headroom_lab.sim.fleet.theoretical_knee) within 10%, burst starts are simultaneous, reduced-capacity sends
 the same arrivals to fewer replicas, and API keys never reach a log or a report."""
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 
 from monitor.cli import main
-from monitor.loadtest.mix import load_mix
-from monitor.loadtest.runner import terminal_progress
-from monitor.loadtest.schedule import build_plan, task_plan
-from monitor.loadtest.simtarget import SimTarget
-from monitor.sim.engine import PoolParams, Replica, Request
-from monitor.sim.fleet import theoretical_knee
+from headroom_lab.loadtest.mix import load_mix
+from headroom_lab.loadtest.runner import terminal_progress
+from headroom_lab.loadtest.schedule import build_plan, task_plan
+from headroom_lab.loadtest.simtarget import SimTarget
+from headroom_lab.sim.engine import PoolParams, Replica, Request
+from headroom_lab.sim.fleet import theoretical_knee
 
 pytestmark = pytest.mark.live  # tests/tiers.py: this file starts servers or binaries
 
@@ -48,13 +48,13 @@ class RecordingSimTarget(SimTarget):
 
 def min_prefill_seconds(p: PoolParams, prompt: int) -> float:
     """The shortest step that can prefill `prompt` tokens (unchunked): the step model with this one
-    sequence alone in the batch and no KV resident (monitor/sim/engine.py)."""
+    sequence alone in the batch and no KV resident (lab/headroom_lab/sim/engine.py)."""
     return (p.step_base_ms + p.step_per_seq_ms + p.prefill_per_1k_ms * prompt / 1000) / 1000
 
 
 def closed_loop(p: PoolParams, mix, sessions: int, seed: int, seconds: float) -> list[Request]:
     """`sessions` sessions of a ramp step, each sending the calls the load test plans for it
-    (monitor.loadtest.schedule.task_plan, same seed) back to back, against one simulated replica in
+    (headroom_lab.loadtest.schedule.task_plan, same seed) back to back, against one simulated replica in
     simulated time: no network, no threads, no wall clock -- the same numbers on every run."""
     weights = build_plan(mix, "ramp", seconds, seed).weights
     rep = Replica(p, 0, 0.0)
@@ -434,7 +434,7 @@ def test_ramp_finds_a_kv_bound_knee(tmp_path):
     rng = random.Random(5)
     ps = [tt.prompt.sample(rng) for _ in range(4000)]
     os_ = [tt.output.sample(rng) for _ in range(4000)]
-    # residence-weighted KV footprint, as monitor.sim's Mix.pool_token_means computes it
+    # residence-weighted KV footprint, as headroom_lab.sim's Mix.pool_token_means computes it
     footprint = (sum(a * b for a, b in zip(ps, os_)) + sum(b * b for b in os_) / 2) / sum(os_)
     truth = theoretical_knee(p, {"prompt": sum(ps) / 4000, "output": sum(os_) / 4000, "kv_footprint": footprint})
     assert truth["bound"] == "kv_cache" and 9 < truth["per_replica"] < 11

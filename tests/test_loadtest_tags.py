@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from monitor import cli
-from monitor.commands.loadtest import summary
-from monitor.loadtest.analyze import KNEE_MIN_CONFIDENCE
-from monitor.loadtest.client import _scrub
-from monitor.loadtest.tags import Tags, parse_headers, parse_metadata
+from headroom_lab.commands.loadtest import summary
+from headroom_lab.loadtest.analyze import KNEE_MIN_CONFIDENCE
+from headroom_lab.loadtest.client import _scrub
+from headroom_lab.loadtest.tags import Tags, parse_headers, parse_metadata
 
 
 def test_metadata_and_headers_parse_and_fill_per_call():
@@ -95,8 +95,8 @@ def test_an_authorization_header_and_an_api_key_together_are_refused(tmp_path, c
 def test_the_html_report_says_an_unconfident_knee_was_not_used_and_what_each_request_carried():
     from test_loadtest_units import synthetic_run  # the synthetic run of the report's unit tests
 
-    from monitor.loadtest.analyze import analyze
-    from monitor.loadtest.report import render_html
+    from headroom_lab.loadtest.analyze import analyze
+    from headroom_lab.loadtest.report import render_html
 
     mix, plan, res = synthetic_run(knee=6)
     tags = Tags(parse_metadata(["task_type={task_type}"]), parse_headers(["Authorization: Bearer sk-9"]))

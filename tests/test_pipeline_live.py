@@ -208,9 +208,12 @@ def test_prometheus_source_equals_direct_source(fleet, tmp_path):
         prom.wait_for('count(vllm:e2e_request_latency_seconds_bucket{job="vllm"}) == 66', timeout=30)
         direct = Pipeline(Config(vllm_targets=[Target(s.url("/metrics")) for s in servers]))
         via_prom = Pipeline(Config(prometheus=PrometheusSource(url=prom.url, selector='job="vllm"')))
-        d = direct.run_cycle().pools[0]
-        snap = via_prom.run_cycle()
-        direct.close()
+        try:
+            d = direct.run_cycle().pools[0]
+            snap = via_prom.run_cycle()
+        finally:
+            direct.close()
+            via_prom.close()
         p = snap.pools[0]
         assert [s.up for s in snap.sources if s.source == "prometheus"] == [True]
         for field in ("replicas", "active_requests", "queued_requests", "kv_tokens_live", "kv_tokens_capacity"):
@@ -238,7 +241,11 @@ def test_prometheus_mode_reads_sglang_and_reports_missing_families(tmp_path):
     try:
         prom.wait_for('count(sglang:num_running_reqs{job="vllm"}) >= 1', timeout=60)
         prom.wait_for('count(vllm:num_requests_running{job="vllm"}) == 1', timeout=60)
-        snap = Pipeline(Config(prometheus=PrometheusSource(url=prom.url, selector='job="vllm"'))).run_cycle()
+        pipe = Pipeline(Config(prometheus=PrometheusSource(url=prom.url, selector='job="vllm"')))
+        try:
+            snap = pipe.run_cycle()
+        finally:
+            pipe.close()
     finally:
         prom.stop()
         sg.stop()

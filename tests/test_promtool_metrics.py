@@ -1,6 +1,6 @@
 """`promtool check metrics` is clean on headroom's /metrics body of a busy simulated fleet.
 
-The fleet (monitor/sim, on loopback: vLLM replicas, an Envoy AI Gateway, the application's task
+The fleet (lab/headroom_lab/sim, on loopback: vLLM replicas, an Envoy AI Gateway, the application's task
 metrics, DCGM) and the real Pipeline with its capacity layer follow one injected clock, advanced a
 cycle at a time, so every family is filled (engine, task and call latency quantiles, knee, SLOs,
 power). The body is what the daemon serves (monitor/export/collector.py `Exposition`). Before the
@@ -18,7 +18,7 @@ from monitor.config import Capacity, Config, GatewaySource, PoolSettings, Target
 from monitor.capacity.slo_settings import read_slos
 from monitor.cycle import Pipeline
 from monitor.export.collector import Exposition
-from monitor.sim.server import start_fleet
+from headroom_lab.sim.server import start_fleet
 
 SMALL, LARGE = "meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.3-70B-Instruct"  # the default fleet's pools
 pytestmark = pytest.mark.live  # tests/tiers.py: starts a simulated fleet on loopback and promtool

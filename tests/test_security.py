@@ -3,10 +3,9 @@ headroom's own endpoints (web-config file with bcrypt hashes); label values are 
 Every wait is a condition with a deadline. (Hostile clients and every web-config key: test_web_hostile.py.)"""
 import os
 import re
-import shutil
 import subprocess
 import sys
-import time
+from pathlib import Path
 
 import bcrypt
 import pytest
@@ -15,7 +14,7 @@ import requests
 from monitor.config import Config, Target
 from monitor.cycle import Pipeline
 from monitor.export.landing import Trends, render
-from servers import MetricsServer, fixture, free_port, wait_for, wait_http
+from servers import MetricsServer, fixture, free_port, self_signed_cert, wait_for, wait_http
 
 pytestmark = pytest.mark.live  # each test starts the daemon or a metrics server on loopback
 
@@ -108,14 +107,7 @@ def test_password_from_env_and_url_credentials_never_logged(tmp_path):
 
 @pytest.fixture(scope="module")
 def tls_files(tmp_path_factory):
-    if not shutil.which("openssl"):
-        pytest.skip("openssl not installed")
-    d = tmp_path_factory.mktemp("tls")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-                    "-keyout", str(d / "key.pem"), "-out", str(d / "cert.pem")],
-                   check=True, capture_output=True)
-    return d / "cert.pem", d / "key.pem"
+    return tuple(Path(p) for p in self_signed_cert(tmp_path_factory.mktemp("tls")))
 
 
 def test_tls_and_basic_auth_on_own_endpoints(tmp_path, tls_files):

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.live  # tests/tiers.py: this file starts servers or bin
 
 def _sim_pools() -> list[str]:
     """Pools of the demo simulated fleet: the pool names and the model names headroom keys them by."""
-    from monitor.sim.fleet import load_config
+    from headroom_lab.sim.fleet import load_config
 
     fleet = load_config()
     return sorted({p.name for p in fleet.pools} | {p.model_name for p in fleet.pools})

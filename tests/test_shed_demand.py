@@ -19,9 +19,9 @@ from monitor.export.snapshot_json import snapshot_to_dict
 from monitor.forecast.backtest import ForecastSettings
 from monitor.forecast.pool import PoolSettings, forecast_pool
 from monitor.model import PoolSnapshot, Quantiles, SourceStatus
-from monitor.sim.exposition import render_vllm
-from monitor.sim.fleet import Fleet, config_from_dict, load_config
-from monitor.sim.history import generate_history, schema_history
+from headroom_lab.sim.exposition import render_vllm
+from headroom_lab.sim.fleet import Fleet, config_from_dict, load_config
+from headroom_lab.sim.history import generate_history, schema_history
 from monitor.sources.gateway_schema import GatewayReading, TaskCumulative, shed_reason
 from monitor.sources.vllm import readings_from_text
 

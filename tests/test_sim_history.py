@@ -8,8 +8,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from monitor.sim.fleet import load_config, theoretical_knee
-from monitor.sim.history import generate_history, pool_series, write_openmetrics
+from headroom_lab.sim.fleet import load_config, theoretical_knee
+from headroom_lab.sim.history import generate_history, pool_series, write_openmetrics
 
 END = 1_790_000_000 // 60 * 60
 
@@ -115,8 +115,8 @@ def test_openmetrics_loads_with_real_promtool(tmp_path):
 def test_fluid_model_agrees_with_the_simulator_at_a_flat_load():
     """Same config, flat profiles, level 1: the history's mean running requests and KV usage
     are within 25% of what the request-level simulator shows."""
-    from monitor.sim.fleet import Fleet
-    from monitor.sim.workload import Profile
+    from headroom_lab.sim.fleet import Fleet
+    from headroom_lab.sim.workload import Profile
 
     cfg = load_config()
     for tt in cfg.mix.task_types.values():

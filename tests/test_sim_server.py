@@ -7,8 +7,8 @@ import time
 import pytest
 import requests
 
-from monitor.sim.fleet import load_config
-from monitor.sim.server import start_fleet
+from headroom_lab.sim.fleet import load_config
+from headroom_lab.sim.server import start_fleet
 
 RUNNING = re.compile(r'^vllm:num_requests_running\{[^}]*\} (\S+)$', re.M)
 WAITING = re.compile(r'^vllm:num_requests_waiting\{[^}]*\} (\S+)$', re.M)
@@ -195,7 +195,7 @@ def test_scenario_times_from_warmup_or_from_serving():
 def test_live_diurnal_has_a_floor_so_the_demo_is_busy_at_night():
     """The demo's default scenario is diurnal on the real clock: at 03:00 a live fleet still
     shows running and waiting requests in both pools within 60 s (fast-forwarded here)."""
-    from monitor.sim.fleet import Fleet
+    from headroom_lab.sim.fleet import Fleet
     h = start_fleet(None, "diurnal", seed=7, warmup_s=0)
     try:
         assert h.fleet.sp["min_level"] == 0.4

@@ -9,9 +9,9 @@ from collections import Counter, defaultdict
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from monitor.sim.exposition import render_app, render_gateway
-from monitor.sim.fleet import Fleet, config_from_dict, load_config
-from monitor.sim.workload import (Profile, TokenDist, load_trace, parse_mix, profile_clock,
+from headroom_lab.sim.exposition import render_app, render_gateway
+from headroom_lab.sim.fleet import Fleet, config_from_dict, load_config
+from headroom_lab.sim.workload import (Profile, TokenDist, load_trace, parse_mix, profile_clock,
                                   DEFAULT_TRACE)
 
 T0 = 1_790_000_000.0

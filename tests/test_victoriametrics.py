@@ -58,9 +58,12 @@ def test_victoriametrics_source_equals_direct(victoria):
         pytest.fail("VictoriaMetrics did not scrape both fixture replicas")
     direct = Pipeline(Config(vllm_targets=[Target(s.url("/metrics")) for s in servers]))
     via_vm = Pipeline(Config(prometheus=PrometheusSource(url=url, selector='job="vllm"')))
-    d = direct.run_cycle().pools[0]
-    snap = via_vm.run_cycle()
-    direct.close()
+    try:
+        d = direct.run_cycle().pools[0]
+        snap = via_vm.run_cycle()
+    finally:
+        direct.close()
+        via_vm.close()
     v = snap.pools[0]
     assert [s.up for s in snap.sources if s.source == "prometheus"] == [True]
     for field in ("replicas", "active_requests", "queued_requests", "kv_tokens_live", "kv_tokens_capacity"):
@@ -74,6 +77,10 @@ def test_victoriametrics_source_equals_direct(victoria):
 
 def test_query_errors_are_reported_not_raised(victoria):
     url, _ = victoria
-    snap = Pipeline(Config(prometheus=PrometheusSource(url=url, selector='job="vllm",oops'))).run_cycle()
+    pipe = Pipeline(Config(prometheus=PrometheusSource(url=url, selector='job="vllm",oops')))
+    try:
+        snap = pipe.run_cycle()
+    finally:
+        pipe.close()
     [status] = [s for s in snap.sources if s.source == "prometheus"]
     assert not status.up and status.error in ("query", "http")

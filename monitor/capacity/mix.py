@@ -1,7 +1,7 @@
 """The `headroom plan` mix file (docs/capacity.md), each key declared once, read into
 monitor.capacity.plan's `Mix`.
 
-A load-test mix (docs/loadtest.md, monitor/loadtest/mix.py) is also a plan mix: the keys only the
+A load-test mix (docs/loadtest.md, lab/headroom_lab/loadtest/mix.py) is also a plan mix: the keys only the
 load test reads are accepted here and left to it, as the load test accepts the plan's keys.
 """
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
     headroom digest --config.file headroom.yaml            history from the store / Prometheus
     headroom digest --demo --out DIR                        from a simulated three weeks, files only
+                                                            (--demo: headroom-lab's input, lab/)
     headroom digest --demo --config.file f.yaml             simulated history, configured destinations
     headroom digest --config.file f.yaml --drain-only       retry what is pending in the outbox
     ... --wait 10m                                          keep retrying (with backoff) until delivered
@@ -18,6 +19,7 @@ import sys
 import time
 from datetime import datetime, timezone
 
+from monitor.kit import addons
 from monitor.config import ConfigError, parse_duration
 
 log = logging.getLogger("monitor.digest")
@@ -28,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="headroom configuration (its digest: section; history from store.path or "
                         "sources.prometheus)")
     p.add_argument("--demo", action="store_true",
-                   help="use a simulated history (monitor.sim.history) instead of the store")
+                   help="use a simulated history instead of the store (needs headroom-lab: pip install ./lab)")
     p.add_argument("--out", default=None, help="also write digest.md/.html/.json and the charts here")
     p.add_argument("--week-end", dest="week_end", default=None,
                    help="end of the reported week: ISO date/time (UTC unless given) or Unix seconds; "
@@ -59,7 +61,6 @@ def parse_when(text: str) -> float:
 
 
 def _settings(args):
-    from monitor.digest.demo import demo_settings
     from monitor.digest.settings import from_dict
     cfg = None
     if args.config_file:
@@ -67,9 +68,9 @@ def _settings(args):
         cfg = config_mod.load(args.config_file)
         settings = cfg.digest if cfg.digest is not None else from_dict({}, cfg.file, cfg.slos)
         if args.demo:
-            settings = demo_settings(settings)
+            settings = addons.digest_demo().demo_settings(settings)
     elif args.demo:
-        settings = demo_settings()
+        settings = addons.digest_demo().demo_settings()
     else:
         raise ValueError("give --config.file (or --demo for a simulated history)")
     return cfg, settings
@@ -77,7 +78,7 @@ def _settings(args):
 
 def _build_fn(args, cfg, settings):
     if args.demo:
-        from monitor.digest.demo import demo_input
+        demo_input = addons.digest_demo().demo_input
 
         def build(week_end):
             return demo_input(week_end, days=args.days, seed=args.seed, level=args.level)[0]
@@ -89,7 +90,6 @@ def _build_fn(args, cfg, settings):
 def run(args) -> int:
     from monitor.digest.content import DigestError, build_digest
     from monitor.digest.deliver import render_files, write_dir
-    from monitor.digest.demo import last_monday
     from monitor.digest.schedule import drain, open_outbox, run_digest, week_end_for
     try:
         cfg, settings = _settings(args)
@@ -98,9 +98,9 @@ def run(args) -> int:
         if args.week_end:
             week_end = parse_when(args.week_end)
         else:
-            week_end = last_monday(now) if args.demo else week_end_for(now)
+            week_end = addons.digest_demo().last_monday(now) if args.demo else week_end_for(now)
         build_fn = _build_fn(args, cfg, settings)
-    except (ConfigError, ValueError) as exc:
+    except (ConfigError, ValueError, addons.MissingAddOn) as exc:
         print(f"headroom digest: {exc}", file=sys.stderr)
         return 2
     result: dict = {}

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,6 +19,9 @@ import requests
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HERE = os.path.dirname(os.path.abspath(__file__))
+if os.path.dirname(HERE) not in sys.path:  # tests/, for the one port helper
+    sys.path.insert(0, os.path.dirname(HERE))
+from servers import free_port  # noqa: E402  (tests/servers.py)
 GATEWAY_CONFIG = os.path.join(REPO, "tests", "fixtures", "gateway", "litellm-config.yaml")
 MASTER_KEY = "sk-local-test-key"  # the placeholder key of the committed fixture config
 SERVED_MODEL = "tiny"
@@ -82,14 +84,6 @@ def litellm_bin() -> Optional[str]:
         if c and os.path.isfile(c) and os.access(c, os.X_OK):
             return c
     return None
-
-
-def free_port() -> int:
-    """A port the OS just handed out for 127.0.0.1 (bind port 0). The server binds it right after;
-    the tiny race with another process is accepted for servers whose port is a CLI flag."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _tail(path: str, lines: int = 40) -> str:

@@ -78,7 +78,7 @@ SCENARIO_DEFAULTS: dict[str, dict[str, Any]] = {
     "diurnal": {"level": 1.0, "profile": True, "day_seconds": 86400.0, "start_hour": None,
                 "start_weekday": 0, "min_level": 0.0},
     # `headroom demo`'s default: the diurnal profiles on a clock that starts on a Tuesday at
-    # 09:00 (the morning burst begins), with the history (monitor/sim/history.py) generated
+    # 09:00 (the morning burst begins), with the history (headroom_lab/sim/history.py) generated
     # on the same clock; `pool_levels` scales each pool's task rates so the weekday peaks sit at
     # the knee; a call that waits `request_timeout_s` in an engine queue is given up by its
     # client (0: never); `history_noise` is the day-to-day variation of the generated history

@@ -1,7 +1,7 @@
 """`headroom demo`: a simulated busy fleet watched by headroom, on this machine, in under two minutes.
 
 Starts the simulated vLLM fleet (2 pools, 6 replicas, a gateway, application task metrics and DCGM
-power), generates its past (monitor/sim/history.py: the same fleet, workload and scenario clock, so
+power), generates its past (headroom_lab/sim/history.py: the same fleet, workload and scenario clock, so
 the history's peaks are the live fleet's), runs the headroom daemon on :9880 with that history in its
 store and, when the `prometheus` binary is on the PATH, a real Prometheus with the bundled rules
 scraping both (the same history backfilled with promtool first). The default scenario, `morning`,
@@ -25,16 +25,17 @@ from typing import Optional
 
 import yaml
 
-from ..cli import listen_address, seconds
-from ..config import from_dict
+from monitor.cli import listen_address, seconds
+from monitor.config import from_dict
 from monitor.kit.process import stop_process
-from ..app import build
+from monitor.app import build
 
 log = logging.getLogger("headroom.demo")
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# the checkout holding rules/ (lab/headroom_lab/commands/demo.py -> four levels up)
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
-# what each scenario shows (`--help`); the knobs are in monitor/sim/fleet.py SCENARIO_DEFAULTS
+# what each scenario shows (`--help`); the knobs are in headroom_lab/sim/fleet.py SCENARIO_DEFAULTS
 SCENARIOS = {
     "morning": "a Tuesday from 09:00 as the morning burst begins: a pool past its knee, queues, alerts "
                "within two minutes; the history is the same fleet's past",
@@ -129,7 +130,7 @@ def demo_rules(paths: list[str], out_dir: str, factor: int = DEMO_FOR_FACTOR) ->
     the demo Prometheus's evaluation interval) and the range windows of its expression too (the
     alerts judge the median of a window; `scale_windows`): the same expressions, on a demo's time
     scale. Recording rules are left as they are."""
-    from ..config import parse_duration
+    from monitor.config import parse_duration
     out = []
     for path in paths:
         with open(path, encoding="utf-8") as f:
@@ -298,9 +299,9 @@ def start_prometheus(args, history, fleet_cfg, handle, headroom_addr: str, workd
 
 def seed_history(df, fleet_cfg, store_path: str, step_s: int = 300) -> int:
     """The history into headroom's own store, as headroom would have recorded it every `step_s`
-    (monitor/sim/history.py `schema_history`: the history schema's names, pools by model name):
+    (headroom_lab/sim/history.py `schema_history`: the history schema's names, pools by model name):
     active and queued requests, load, arrival_rate, kv_tokens, sessions."""
-    from ..history.store import HistoryStore
+    from monitor.history.store import HistoryStore
     from ..sim.history import schema_history
     rows = schema_history(df, fleet_cfg)
     rows = rows[rows["timestamp"] % step_s == 0]

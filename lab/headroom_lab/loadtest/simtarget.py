@@ -1,6 +1,6 @@
-"""An OpenAI-compatible front on simulated vLLM replicas (monitor.sim.engine), in real time.
+"""An OpenAI-compatible front on simulated vLLM replicas (headroom_lab.sim.engine), in real time.
 
-The simulator (monitor/sim) serves only /metrics. This front lets a load test reach a simulated
+The simulator (headroom_lab/sim) serves only /metrics. This front lets a load test reach a simulated
 replica through HTTP as it would a real server: each replica gets its own HTTP server answering
 
   POST /v1/completions, POST /v1/chat/completions   (streamed with chunked transfer encoding, or not)
@@ -18,7 +18,7 @@ template). Every request generates exactly `max_tokens` tokens (the engine has n
         st.urls          # ["http://127.0.0.1:PORT", ...]   one per replica
         st.metrics_urls  # ["http://127.0.0.1:PORT/metrics", ...]
 
-Run standalone: python -m monitor.loadtest.simtarget --max-num-seqs 8 --replicas 2
+Run standalone: python -m headroom_lab.loadtest.simtarget --max-num-seqs 8 --replicas 2
 """
 from __future__ import annotations
 
@@ -350,7 +350,7 @@ def _handler(st: SimTarget, rep: Replica):
 
 
 def main(argv=None) -> int:  # pragma: no cover - manual use
-    ap = argparse.ArgumentParser(prog="python -m monitor.loadtest.simtarget", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m headroom_lab.loadtest.simtarget", description=__doc__.splitlines()[0])
     ap.add_argument("--replicas", type=int, default=1)
     ap.add_argument("--max-num-seqs", type=int, default=8)
     ap.add_argument("--num-gpu-blocks", type=int, default=2048)

@@ -12,7 +12,7 @@ import json
 import sys
 from typing import Optional
 
-from monitor.loadtest.analyze import SCHEMA
+from headroom_lab.loadtest.analyze import SCHEMA
 
 TIE = 0.05  # relative difference under which two numbers count as equal
 

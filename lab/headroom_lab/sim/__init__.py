@@ -18,7 +18,7 @@ _EXPORTS = {
 def __getattr__(name: str):
     mod = _EXPORTS.get(name)
     if mod is None:
-        raise AttributeError(f"module 'monitor.sim' has no attribute {name!r}")
+        raise AttributeError(f"module 'headroom_lab.sim' has no attribute {name!r}")
     return getattr(importlib.import_module(f"{__name__}.{mod}"), name)
 
 

@@ -5,7 +5,7 @@ the demo load: both pools busy, queues forming now and then) for one simulated h
 fleet step by step (``Replica.max_jump = 1``, one event per decode step: the baseline the jump
 logic is measured against) for a shorter stretch; it reports CPU seconds per simulated hour for
 both, their ratio, and the history generator's time for 14 days at 60 s.
-``python -m monitor.sim.bench [hours]`` prints the same.
+``python -m headroom_lab.sim.bench [hours]`` prints the same.
 """
 from __future__ import annotations
 

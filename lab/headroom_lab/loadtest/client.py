@@ -4,7 +4,7 @@ Time to first token (TTFT) ends at the first streamed chunk that carries a choic
 first one when the first token is out; for chat that chunk may only carry the role). Usage comes
 from the final chunk (`stream_options.include_usage`). The API key goes in the Authorization header
 only; it is never put in a record, an error text or a log line; nor are the values of credential
-headers given with --header (monitor/loadtest/tags.py).
+headers given with --header (headroom_lab/loadtest/tags.py).
 """
 from __future__ import annotations
 

@@ -14,8 +14,8 @@ from typing import Callable, Optional
 
 import requests
 
-from ..config import Config, Target
-from ..cycle import Pipeline
+from monitor.config import Config, Target
+from monitor.cycle import Pipeline
 from .client import CallRecord, CallSpec, api_base, make_prompt, retryable, stream_call
 from .tags import Tags
 from .mix import LoadMix

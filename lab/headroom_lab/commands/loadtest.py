@@ -7,13 +7,13 @@ import sys
 import time
 
 from monitor.config import parse_duration
-from monitor.loadtest.analyze import KNEE_MIN_CONFIDENCE, analyze
-from monitor.loadtest.client import TargetError, api_base
-from monitor.loadtest.mix import MixError, load_mix
-from monitor.loadtest.report import write
-from monitor.loadtest.runner import Runner, detect_model, terminal_progress
-from monitor.loadtest.schedule import PATTERNS, build_plan
-from monitor.loadtest.tags import Tags, is_secret, parse_headers, parse_metadata
+from headroom_lab.loadtest.analyze import KNEE_MIN_CONFIDENCE, analyze
+from headroom_lab.loadtest.client import TargetError, api_base
+from headroom_lab.loadtest.mix import MixError, load_mix
+from headroom_lab.loadtest.report import write
+from headroom_lab.loadtest.runner import Runner, detect_model, terminal_progress
+from headroom_lab.loadtest.schedule import PATTERNS, build_plan
+from headroom_lab.loadtest.tags import Tags, is_secret, parse_headers, parse_metadata
 
 
 def _duration(v: str) -> float:

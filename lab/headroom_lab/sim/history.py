@@ -8,7 +8,7 @@ No request is replayed. Per pool and time step:
 - the pool serves like the engine does: per-call latency W(n) = prefill + mean output x step time
   at n running per replica (``step_base + step_per_seq*n + step_per_1k_kv*n*footprint/1000``);
   concurrency solves L = call_rate x W(L / replicas) (Little's law) up to the knee
-  (:func:`monitor.sim.fleet.theoretical_knee`); above it the running set is full, throughput is
+  (:func:`headroom_lab.sim.fleet.theoretical_knee`); above it the running set is full, throughput is
   knee / W(knee) and the excess accumulates in a fluid queue that drains when load falls;
 - KV tokens = running x KV footprint per call (capped at capacity); sessions = sum over task
   types of task rate x task duration (calls x W + tool waits).

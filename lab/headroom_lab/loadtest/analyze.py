@@ -21,7 +21,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..capacity.knee import fit_hinge
+from monitor.capacity.knee import fit_hinge
 from .mix import LoadMix
 from .runner import RunResult
 from .schedule import Plan

@@ -1,8 +1,8 @@
-"""Digest input from a simulated fortnight (monitor.sim.history), for `headroom digest --demo`.
+"""Digest input from a simulated fortnight (headroom_lab.sim.history), for `headroom digest --demo`.
 
 The history generator gives, per pool: active and queued requests, KV tokens, sessions, call and
 task arrivals. The facts history does not carry come from the simulated fleet's own configuration:
-replicas, GPUs, watts, and the knee by construction (`monitor.sim.fleet.theoretical_knee`); tokens
+replicas, GPUs, watts, and the knee by construction (`headroom_lab.sim.fleet.theoretical_knee`); tokens
 per call from the task mix. Task latency per interval is estimated with Little's law (mean call
 latency = concurrent requests / call arrival rate) times calls per task plus the tool waits; the SLO
 section then reports the share of tasks that started in intervals whose estimate exceeded the target.
@@ -18,8 +18,8 @@ import pandas as pd
 from monitor.capacity.slo_settings import read_slos
 from monitor.digest.content import DigestInput, PoolInput
 from monitor.digest.settings import DigestSettings, TaskFacts
-from monitor.sim.fleet import FleetConfig, load_config, theoretical_knee
-from monitor.sim.history import generate_history
+from headroom_lab.sim.fleet import FleetConfig, load_config, theoretical_knee
+from headroom_lab.sim.history import generate_history
 
 # SLO targets (task completion, seconds) for the simulated office tasks: what `slos:` would say
 DEMO_SLOS = {
@@ -97,7 +97,7 @@ def demo_input(week_end: float, days: float = 14.0, step_s: int = 300, seed: int
         pools.append(PoolInput(
             name=rename.get(pp.name, pp.name), series=series, replicas=pp.replicas,
             knee_requests_per_replica=float(knee["per_replica"]), knee_source="construction",
-            knee_note="the simulated fleet's knee by construction (monitor.sim.fleet.theoretical_knee)",
+            knee_note="the simulated fleet's knee by construction (headroom_lab.sim.fleet.theoretical_knee)",
             gpus_per_replica=pp.gpus_per_replica, max_num_seqs=pp.max_num_seqs,
             kv_capacity_tokens_per_replica=float(pp.kv_capacity_tokens),
             idle_watts_per_gpu=float(pp.idle_watts), max_watts_per_gpu=float(pp.max_watts),
@@ -105,7 +105,7 @@ def demo_input(week_end: float, days: float = 14.0, step_s: int = 300, seed: int
     if rename:
         df = df.assign(pool=df["pool"].map(lambda p: rename.get(p, p)))
     return DigestInput(week_end=float(week_end), pools=pools,
-                       source=f"simulated fleet, {days:g} days at {step_s} s (monitor.sim.history, seed {seed})"), df
+                       source=f"simulated fleet, {days:g} days at {step_s} s (headroom_lab.sim.history, seed {seed})"), df
 
 
 __all__ = ["demo_input", "demo_settings", "last_monday", "DEMO_SLOS"]

@@ -8,8 +8,8 @@ import sys
 import threading
 import time
 
-from monitor.sim.fleet import SCENARIO_DEFAULTS, load_config, theoretical_knee
-from monitor.sim.server import start_fleet
+from headroom_lab.sim.fleet import SCENARIO_DEFAULTS, load_config, theoretical_knee
+from headroom_lab.sim.server import start_fleet
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -18,7 +18,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, default=0.0,
                    help="stop after this many seconds of wall time (0 = until Ctrl-C)")
     p.add_argument("--config", dest="sim_config", default=None,
-                   help="fleet YAML (default: monitor/sim/default_fleet.yaml)")
+                   help="fleet YAML (default: headroom_lab/sim/default_fleet.yaml)")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: from the config)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--base-port", type=int, default=0,
