@@ -32,11 +32,16 @@ class SnapshotCollector:
                 continue
             labels = list(mdef.labels)
             if mdef.type == "counter":
-                fam = CounterMetricFamily(mdef.name, mdef.help, labels=labels)
+                fam = CounterMetricFamily(mdef.name, mdef.help)
             else:
-                fam = GaugeMetricFamily(mdef.name, mdef.help, labels=labels)
+                fam = GaugeMetricFamily(mdef.name, mdef.help)
+            sample_name = fam.name + "_total" if mdef.type == "counter" else fam.name
             for lab, value in rows:
-                fam.add_metric([lab[k] for k in labels], value)
+                # the catalogue's labels in its order, then a pool key's labels (cluster=...: samples.py)
+                ordered = {k: lab[k] for k in labels}
+                if len(lab) > len(labels):
+                    ordered.update((k, v) for k, v in lab.items() if k not in ordered)
+                fam.add_sample(sample_name, ordered, value)
             yield fam
 
 
