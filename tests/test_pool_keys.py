@@ -251,3 +251,19 @@ def test_prometheus_history_reads_each_cluster_into_its_own_key():
     assert {k: list(v["active_requests"]) for k, v in got.items()} == {
         MODEL + '{cluster="a"}': [5.0], MODEL + '{cluster="b"}': [2.0]}
     assert any("max by (pool, cluster)" in q for q in client.queries)
+
+
+def test_metrics_body_has_one_series_per_cluster_and_one_label_bodies_unchanged():
+    from monitor.export.collector import Exposition
+    pools = two_cluster_pools()
+    exp = Exposition()
+    exp.update(Snapshot(timestamp=100.0, pools=pools))
+    body = exp.body().decode()
+    assert f'headroom_active_requests{{cluster="a",pool="{MODEL}"}} 7.0' in body
+    assert f'headroom_active_requests{{cluster="b",pool="{MODEL}"}} 1.0' in body
+    assert f'headroom_replica_up{{cluster="a",pool="{MODEL}",replica="a0"}} 1.0' in body
+    plain = Exposition()
+    plain.update(Snapshot(timestamp=100.0, pools=derive_pools({"a0": [reading("a0", "a", 3)]}, now=100.0,
+                                                              window_seconds=60)))
+    assert f'headroom_active_requests{{pool="{MODEL}"}} 3.0' in plain.body().decode()
+    assert "cluster=" not in plain.body().decode()

@@ -23,6 +23,7 @@ from monitor.digest.settings import DigestSettings, PoolFacts
 from monitor.history.prometheus import MAX_POINTS, PrometheusHistory
 from monitor.schema import HistorySource
 from monitor.history.store import StoreHistory
+from monitor.poolkey import name_of
 
 HISTORY_WEEKS = 3
 
@@ -32,7 +33,7 @@ KneeFn = Callable[[float, float, float], dict[str, KneeReading]]  # (start, end,
 
 def _pool_input(name: str, series: dict[str, pd.Series], settings: DigestSettings,
                 knee: Optional[KneeReading] = None) -> PoolInput:
-    f = settings.pools.get(name) or settings.pools.get("*") or PoolFacts()
+    f = settings.pools.get(name) or settings.pools.get(name_of(name)) or settings.pools.get("*") or PoolFacts()
     if not f.replicas and knee is not None and knee.replicas:
         f = replace(f, replicas=knee.replicas)  # the replicas headroom saw with its knee
     if not f.replicas:

@@ -30,18 +30,13 @@ class SnapshotCollector:
             rows = samples.get(mdef.name)
             if not rows:
                 continue
-            labels = list(mdef.labels)
             if mdef.type == "counter":
                 fam = CounterMetricFamily(mdef.name, mdef.help)
             else:
                 fam = GaugeMetricFamily(mdef.name, mdef.help)
             sample_name = fam.name + "_total" if mdef.type == "counter" else fam.name
-            for lab, value in rows:
-                # the catalogue's labels in its order, then a pool key's labels (cluster=...: samples.py)
-                ordered = {k: lab[k] for k in labels}
-                if len(lab) > len(labels):
-                    ordered.update((k, v) for k, v in lab.items() if k not in ordered)
-                fam.add_sample(sample_name, ordered, value)
+            for lab, value in rows:  # the catalogue's labels and a pool key's (cluster=...: samples.py)
+                fam.add_sample(sample_name, lab, value)
             yield fam
 
 
