@@ -267,3 +267,19 @@ def test_metrics_body_has_one_series_per_cluster_and_one_label_bodies_unchanged(
                                                               window_seconds=60)))
     assert f'headroom_active_requests{{pool="{MODEL}"}} 3.0' in plain.body().decode()
     assert "cluster=" not in plain.body().decode()
+
+
+def test_the_digest_reads_each_clusters_knee_into_its_own_key():
+    from monitor.digest.knee import KneeReading, knees_from_prometheus
+
+    def answers(query, start, end, step):
+        if query.startswith("max by (pool, cluster) (headroom_replicas)"):
+            return [({"pool": "m", "cluster": "a"}, [(start, 2.0)]), ({"pool": "m", "cluster": "b"}, [(start, 4.0)])]
+        if 'source="prior"' in query:
+            return [({"pool": "m", "cluster": "a"}, [(start, 8.0)]), ({"pool": "m", "cluster": "b"}, [(start, 16.0)])]
+        return []
+    client = Range(answers)
+    got = knees_from_prometheus(client, 600.0, 600.0, 300.0, extra=("cluster",))
+    assert got == {'m{cluster="a"}': KneeReading(8.0, "prior", 600.0, replicas=2),
+                   'm{cluster="b"}': KneeReading(16.0, "prior", 600.0, replicas=4)}
+    assert all("by (pool, cluster)" in q for q in client.queries)

@@ -79,8 +79,8 @@ def from_store(store, week_end: float, settings: DigestSettings, pools: Optional
 RESOLUTION = 15.0
 
 
-def prometheus_knees(client, selector: str = "", max_points: int = MAX_POINTS) -> KneeFn:
-    return lambda start, end, step: knees_from_prometheus(client, start, end, step, selector, max_points)
+def prometheus_knees(client, selector: str = "", max_points: int = MAX_POINTS, extra: tuple[str, ...] = ()) -> KneeFn:
+    return lambda start, end, step: knees_from_prometheus(client, start, end, step, selector, max_points, extra)
 
 
 def from_prometheus(client, week_end: float, settings: DigestSettings, max_points: int = MAX_POINTS,
@@ -89,7 +89,7 @@ def from_prometheus(client, week_end: float, settings: DigestSettings, max_point
     (e.g. vllm_selector, vllm_pool_label, resolution: default RESOLUTION where the step allows)."""
     history.setdefault("resolution", resolution_for(settings.history_step))
     source = PrometheusHistory(client, max_points=max_points, **history)
-    return from_source(source, week_end, settings, knees=prometheus_knees(client, source.selector, max_points),
+    return from_source(source, week_end, settings, knees=prometheus_knees(client, source.selector, max_points, source.extra),
                        shard=shard)
 
 

@@ -10,7 +10,8 @@ times each (Prometheus refuses more than 11,000 points per series), and the chun
 
 `PrometheusHistory` is the Prometheus-backed `HistorySource` (monitor/schema.py). Each schema
 series is one or more instant-vector expressions in priority order (`default_queries`):
-  1. headroom's own exported series as Prometheus recorded them (`max by (pool)`: the two pods of an
+  1. headroom's own exported series as Prometheus recorded them (`max by (pool)`, `max by (pool, cluster)`
+     with `global.pool_by: [cluster, model_name]`, keyed as monitor/poolkey.py keys them: the two pods of an
      HA pair export the same value, they are not added up);
   2. for the request and KV series, the same quantity straight from vLLM's series summed by
      `model_name` (or the label pools are made of), for a Prometheus that holds months of vLLM
