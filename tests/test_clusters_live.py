@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -113,6 +114,11 @@ def test_two_clusters_with_the_same_model_are_two_pools_through_the_daemon(clust
                 assert s.labels.get("cluster") in ("a", "b"), (s.name, s.labels)
     assert page.index('<h3 class="group">cluster=a</h3>') < page.index('<h3 class="group">cluster=b</h3>')
     assert "Where more sessions fit" in page
+    # the body with its cluster labels is still a valid exposition: promtool has nothing to say
+    promtool = shutil.which("promtool")
+    assert promtool is not None, "promtool is not installed (Debian package prometheus)"
+    res = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and not res.stdout.strip() and not res.stderr.strip(), res.stdout + res.stderr
 
 
 def test_once_fit_names_the_cluster_and_pool(clusters, tmp_path):
