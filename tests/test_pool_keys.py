@@ -283,3 +283,12 @@ def test_the_digest_reads_each_clusters_knee_into_its_own_key():
     assert got == {'m{cluster="a"}': KneeReading(8.0, "prior", 600.0, replicas=2),
                    'm{cluster="b"}': KneeReading(16.0, "prior", 600.0, replicas=4)}
     assert all("by (pool, cluster)" in q for q in client.queries)
+
+
+def test_a_firing_alert_shows_on_its_own_clusters_card_only():
+    from monitor.model import Alert
+    pools = two_cluster_pools()
+    alert = Alert(name="HeadroomLow", state="firing", pool=MODEL, labels={"pool": MODEL, "cluster": "b"})
+    page = render(Snapshot(timestamp=100.0, pools=pools, alerts=[alert]), Trends())
+    a, b = page.index('<h3 class="group">cluster=a</h3>'), page.index('<h3 class="group">cluster=b</h3>')
+    assert "alert firing" not in page[a:b] and page[b:].count("alert firing") == 1

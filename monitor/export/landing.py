@@ -249,7 +249,7 @@ def _pool_card(p: PoolSnapshot, trend: list, alerts: Optional[list[Alert]] = Non
     headroom_n1 = f"{ratio_n1 * 100:.0f}%" if ratio_n1 is not None else "–"
     if ratio_n1 is None and ratio is not None and p.replicas - p.stalled_replicas == 1:
         headroom_n1 = "no N-1"  # one working replica: nothing is left when it is lost
-    mine = [a for a in alerts or () if a.pool in (p.pool, p.model) and a.state == "firing"]  # pending: above
+    mine = [a for a in alerts or () if a.state == "firing" and _alert_of(a, p)]  # pending: above
     if mine:
         stale += ' <span class="badge bad">alert firing</span>'
     slow = [r.replica for r in p.replica_detail if r.slow]
@@ -278,6 +278,14 @@ def _pool_card(p: PoolSnapshot, trend: list, alerts: Optional[list[Alert]] = Non
   {_tasks_table(p)}
   {f'<ul class="alerts">{_alert_items(mine, now)}</ul>' if mine else ""}
 </section>"""
+
+
+def _alert_of(alert: Alert, p: PoolSnapshot) -> bool:
+    """The alert is about this pool: its pool label names it (or its model) and, with a pool_by list,
+    its other labels (cluster) are the pool's."""
+    if alert.pool == p.pool:
+        return True
+    return alert.pool in (p.name, p.model) and all(alert.labels.get(k) == v for k, v in p.extra_labels.items())
 
 
 def _labels_text(p: PoolSnapshot) -> str:
