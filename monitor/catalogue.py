@@ -131,6 +131,11 @@ def render_markdown() -> str:
         "",
         "Generated from `monitor/catalogue.py` by `python -m monitor.catalogue`; do not edit by hand.",
         "",
+        "Every series with a `pool` label also carries the other labels of `global.pool_by` when it lists",
+        "more than one: with `pool_by: [cluster, model_name]`, `pool` is the model (the last label) and",
+        "`cluster` stands beside it (`headroom_active_requests{pool=\"m\",cluster=\"a\"}`); with one label",
+        "(the default) the labels are exactly those listed here.",
+        "",
     ]
     groups: dict[str, list[MetricDef]] = {}
     for m in CATALOGUE:

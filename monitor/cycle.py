@@ -32,6 +32,7 @@ from .capacity.enrich import CapacityState
 from .config import Config
 from .derive.core import pool_of
 from .model import ReplicaReading, Snapshot, SourceStatus
+from .poolkey import normalise
 from .readings import DcgmReading, GatewayConfig, GatewayScrape
 from .sources.alerts import api_url, read_alerts, ui_url
 from .sources.aux_samples import AUX_MAX_BODY_BYTES
@@ -116,7 +117,7 @@ class Pipeline:
                                    config.scrape_timeout, config.scrape_concurrency)
         if config.prometheus:
             self.prom = PrometheusSourceReader(config.prometheus, budget=self.budget, forget_after=config.forget_after,
-                                               pool_by=[config.pool_by], latency_window=config.latency_window,
+                                               pool_by=list(normalise(config.pool_by)), latency_window=config.latency_window,
                                                total_kinds=pool_slo_signals(config), shard=config.shard)
         # how each gateway body is read: for the capacity layer, the only reader of task metrics
         self._gateway_configs: Optional[list[GatewayConfig]] = None

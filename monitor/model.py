@@ -6,6 +6,8 @@ import operator
 from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol
 
+from .poolkey import extras_of, name_of
+
 
 @dataclass(frozen=True)
 class Histogram:
@@ -396,6 +398,16 @@ class PoolSnapshot:
     @property
     def gateway_queued_requests(self) -> Optional[float]:
         return sum(self.gateway_queued.values()) if self.gateway_queued else None
+
+    @property
+    def name(self) -> str:
+        """The `pool` label: the pool's name without the labels its key carries (monitor/poolkey.py)."""
+        return name_of(self.pool)
+
+    @property
+    def extra_labels(self) -> dict[str, str]:
+        """The pool_by labels carried beside `pool` (e.g. {"cluster": "a"}); {} with one pool_by label."""
+        return extras_of(self.pool)
 
     @property
     def shed_rate(self) -> Optional[float]:

@@ -1,7 +1,7 @@
 """The floors, held by a test: every module on one floor, imports only downwards, no circle.
 
 The floors are declared once, in pyproject.toml (`[tool.importlinter]`): kit (settings, ticker,
-timebox, process) < data model (model, catalogue, shard, schema) < pure core (derive < capacity,
+timebox, process) < pool keys (poolkey) < data model (model, catalogue, shard, schema) < pure core (derive < capacity,
 forecast < step) < edges (sources, export < history) < features (digest) < app (config < cycle <
 app, cli < commands). import-linter checks the layers; the circle check below covers what a layers
 contract does not: two modules of one floor that import each other. Both read every import

@@ -364,7 +364,7 @@ def _burn_rates(state: CapacityState, key: tuple, target: Target) -> tuple[dict,
 def _pool_slos(state: CapacityState, p: PoolSnapshot, history: History, now: float) -> dict[str, PoolSlo]:
     """Pool-level latency targets (ttft, e2e, queue, itl) over the summed replica histograms."""
     out: dict[str, PoolSlo] = {}
-    targets = state.slo.pool_targets.get(p.pool, [])
+    targets = state.slo.pool_targets.get(p.pool) or state.slo.pool_targets.get(p.name, [])
     if not targets:
         return out
     newest = [rs[-1] for rs in history.values() if rs]  # the pool's own series

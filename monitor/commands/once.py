@@ -10,6 +10,10 @@ once from it, read-only, while the interval passes (after it, when the refit tak
 last reading carries them: the "forecast" of each pool is what `headroom run` would export for the
 same history. With `--interval 0` the refit comes first, before any capacity is known, so there is
 no time to exhaustion.
+
+`--fit N` answers "where would N more agent sessions fit?" instead: every pool (with its cluster,
+or whatever other `global.pool_by` labels it carries) with its spare sessions, most first, those
+that take N marked; exit 0 when at least one pool takes them, 3 when none does.
 """
 from __future__ import annotations
 
@@ -31,6 +35,9 @@ def add_arguments(p) -> None:
     p.add_argument("--interval", type=float, default=5.0,
                    help="seconds between the two readings used for rates and latency windows (0: one reading)")
     p.add_argument("--json", action="store_true", help="print the snapshot as JSON (the default output)")
+    p.add_argument("--fit", type=float, metavar="N", default=None,
+                   help="print where N more agent sessions fit (spare sessions per cluster and pool, most "
+                        "first) instead of the snapshot; exit 3 when no pool takes them")
 
 
 def config_from_args(args) -> Config:
@@ -57,6 +64,9 @@ def run(args) -> int:
     if args.interval < 0:
         print("headroom: --interval must not be negative", file=sys.stderr)
         return 2
+    if args.fit is not None and not (args.fit > 0 and args.fit < float("inf")):
+        print(f"headroom: --fit must be a positive number of sessions, got {args.fit:g}", file=sys.stderr)
+        return 2
     cfg = replace(cfg, latency_window=max(cfg.latency_window, args.interval * 2))
     if args.interval > 0:  # two readings: tasks and calls per task are over the interval between them
         cfg = replace(cfg, capacity=replace(cfg.capacity, task_window=args.interval))
@@ -73,6 +83,8 @@ def run(args) -> int:
         return 130
     finally:
         app.stop()
+    if args.fit is not None:
+        return print_fit(snap, args.fit, sys.stdout)
     from ..export.snapshot_json import snapshot_to_dict  # noqa: PLC0415
     json.dump(snapshot_to_dict(snap), sys.stdout, indent=2, allow_nan=False)
     sys.stdout.write("\n")
@@ -95,3 +107,21 @@ def _readings(app, interval: float):
     if refit is not None:
         refit.join()
     return pipeline.run_cycle()
+
+
+def print_fit(snap, sessions: float, out) -> int:
+    """The fit view as text: one line per pool, most spare first; 0 if some pool takes `sessions`."""
+    from ..capacity.fit import fleet_fit, where_fits  # noqa: PLC0415
+    fits = fleet_fit(snap.pools)
+    takers = where_fits(fits, sessions)
+    if takers:
+        out.write(f"{sessions:g} more sessions fit in {len(takers)} of {len(fits)} pools:\n")
+    else:
+        out.write(f"{sessions:g} more sessions fit in no pool (of {len(fits)} with a known headroom)\n")
+    for f in fits:
+        where = " ".join(f"{k}={v}" for k, v in f.labels)
+        n1 = "unknown" if f.spare_sessions_n_minus_1 is None else f"{f.spare_sessions_n_minus_1:g}"
+        mark = "fits" if f in takers else "    "
+        out.write(f"  {mark}  {(where + ' ') if where else ''}pool={f.pool}  spare_sessions={f.spare_sessions:g}"
+                  f"  with_one_replica_lost={n1}\n")
+    return 0 if takers else 3

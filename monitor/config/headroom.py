@@ -19,6 +19,7 @@ from monitor.kit.settings.kinds import Duration, File, Int, ListenAddress, Store
 from monitor.kit.settings.reader import Reader, key
 from monitor.kit.settings.shapes import ListOf, MapOf, Sub, group
 from monitor.kit.settings.values import DAY
+from monitor.poolkey import PoolBySetting, name_of
 from monitor.shard import ShardSetting
 from monitor.sources.settings import AlertsSource, EngineTarget, GatewaySource, HttpAuth, PrometheusSource, Target
 
@@ -40,7 +41,10 @@ class Config:
     scrape_memory_mib: int = key(Int(ge=0, le=65536), 96, path="global.scrape_memory_mib",
                                  help="MiB of response bodies all sources may hold at once beyond 1 MiB each; "
                                       "a body past it fails too_large")
-    pool_by: str = key(Text(), "model_name", path="global.pool_by", help="target label that names the pool")
+    pool_by: tuple[str, ...] = key(PoolBySetting(), ("model_name",), path="global.pool_by",
+                                   help="target label that names the pool, or a list of labels (pools keyed by all "
+                                        "of them): [cluster, model_name] makes the same model in two clusters two "
+                                        "pools, each exported with pool= and cluster=")
     stall_window: float = key(Duration(ge=0, le=DAY), 60.0, path="global.stall_window",
                               help="a replica holding work that completes nothing for this long is stalled "
                                    "(not counted as capacity); 0 turns the check off")
@@ -92,7 +96,7 @@ class Config:
                             help="task latency targets, burn-rate windows (docs/capacity.md)")
 
     def pool_settings(self, pool: str) -> PoolSettings:
-        return self.pools.get(pool) or self.pools.get("*") or PoolSettings()
+        return self.pools.get(pool) or self.pools.get(name_of(pool)) or self.pools.get("*") or PoolSettings()
 
     def check(self, r: Reader, at: str) -> "Config":
         if self.prometheus and self.vllm_targets:

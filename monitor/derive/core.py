@@ -12,6 +12,7 @@ import math
 from typing import Iterable, Optional
 
 from ..model import COUNTERS, Histogram, PoolSnapshot, Quantiles, ReplicaReading, ReplicaSnapshot
+from ..poolkey import PoolBy, key_of, name_of
 from .counters import histogram_increase, increase
 from .histogram import quantiles
 from .kv_band import KvBand, kv_band, sum_bands, tokens_per_request_between
@@ -20,10 +21,12 @@ from .slow import itl_in_window, latency_ratios
 LATENCY_KINDS = ("ttft", "itl", "e2e", "queue")
 
 
-def pool_of(reading: ReplicaReading, pool_by: str = "model_name") -> str:
-    if pool_by in ("model_name", "model"):
+def pool_of(reading: ReplicaReading, pool_by: PoolBy = "model_name") -> str:
+    """The replica's pool key (monitor/poolkey.py): the last pool_by label names it, the others
+    ride along (`global.pool_by: [cluster, model_name]` -> 'model{cluster="a"}')."""
+    if pool_by in ("model_name", "model") or pool_by == ("model_name",):
         return reading.model
-    return reading.labels.get(pool_by) or reading.model
+    return key_of(reading.labels, reading.model, pool_by)
 
 
 def window_pair(readings: list[ReplicaReading], now: float, window_seconds: float
@@ -70,7 +73,7 @@ def stalled(readings: list[ReplicaReading], window: float) -> bool:
 
 
 def derive_pools(history: dict[str, list[ReplicaReading]], now: float, window_seconds: float,
-                 pool_by: str = "model_name", down_targets: Iterable[str] = (),
+                 pool_by: PoolBy = "model_name", down_targets: Iterable[str] = (),
                  expected: Optional[dict[str, set[str]]] = None, stall_window: float = 0.0,
                  anomalies: Optional[dict] = None,
                  pool_histograms: Optional[dict[str, dict[str, Histogram]]] = None,
@@ -103,7 +106,7 @@ def derive_pools(history: dict[str, list[ReplicaReading]], now: float, window_se
     if expected:
         for pool in expected:
             if pool not in pools:
-                pools[pool] = PoolSnapshot(pool=pool, model=pool, replicas=0)
+                pools[pool] = PoolSnapshot(pool=pool, model=name_of(pool), replicas=0)
                 members[pool] = []
 
     for pool, snap in pools.items():

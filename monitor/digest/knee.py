@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Optional
 
 from monitor.history.prometheus import read_range
+from monitor.poolkey import make_key
 
 
 @dataclass(frozen=True)
@@ -33,22 +34,32 @@ class KneeReading:
     replicas: Optional[int] = None  # replicas answering when it was read (the digest's default replicas)
 
 
-def _per_replica_query(source: str, selector: str) -> str:
+def _per_replica_query(source: str, selector: str, by: str = "pool") -> str:
     m = f"{{{selector}}}" if selector else ""
     info = f'{{source="{source}"{", " + selector if selector else ""}}}'
-    return (f"max by (pool) (headroom_knee_requests{m}) / max by (pool) (headroom_replicas{m} > 0) "
-            f"and on (pool) max by (pool) (headroom_knee_info{info})")
+    return (f"max by ({by}) (headroom_knee_requests{m}) / max by ({by}) (headroom_replicas{m} > 0) "
+            f"and on ({by}) max by ({by}) (headroom_knee_info{info})")
+
+
+def _key(labels: dict, extra: tuple[str, ...]) -> Optional[str]:
+    """The pool key of a series of headroom's (its `cluster` beside `pool`: monitor/poolkey.py)."""
+    name = labels.get("pool")
+    if not name or not extra:
+        return name
+    return make_key(name, {e: labels.get(e, "") for e in extra}, extra)
 
 
 def knees_from_prometheus(client, start: float, end: float, step: float, selector: str = "",
-                          max_points: int = 10_000) -> dict[str, KneeReading]:
-    """{pool: newest learned knee in [start, end], else newest prior} from headroom's exported
-    knee series (`client.query_range` as in monitor.sources.prometheus)."""
+                          max_points: int = 10_000, extra: tuple[str, ...] = ()) -> dict[str, KneeReading]:
+    """{pool key: newest learned knee in [start, end], else newest prior} from headroom's exported
+    knee series (`client.query_range` as in monitor.sources.prometheus); `extra`: the pool_by labels
+    beside `pool` (a pool is (pool, cluster) with [cluster, model_name])."""
     out: dict[str, KneeReading] = {}
+    by = ", ".join(("pool",) + tuple(extra))
     for source in ("learned", "prior"):
-        for labels, points in read_range(client, _per_replica_query(source, selector), start, end, step,
+        for labels, points in read_range(client, _per_replica_query(source, selector, by), start, end, step,
                                          max_points):
-            pool = labels.get("pool")
+            pool = _key(labels, extra)
             good = {t: v for t, v in points.items() if math.isfinite(v) and v > 0}
             if not pool or not good or pool in out:
                 continue
@@ -56,9 +67,9 @@ def knees_from_prometheus(client, start: float, end: float, step: float, selecto
             out[pool] = KneeReading(float(good[t]), source, float(t))
     if out:  # the replicas answering at the newest reading: the digest's default replica count
         m = f"{{{selector}}}" if selector else ""
-        for labels, points in read_range(client, f"max by (pool) (headroom_replicas{m})", start, end, step,
+        for labels, points in read_range(client, f"max by ({by}) (headroom_replicas{m})", start, end, step,
                                          max_points):
-            pool, good = labels.get("pool"), {t: v for t, v in points.items() if math.isfinite(v) and v >= 1}
+            pool, good = _key(labels, extra), {t: v for t, v in points.items() if math.isfinite(v) and v >= 1}
             if pool in out and good:
                 out[pool] = replace(out[pool], replicas=int(good[max(good)]))
     return out

@@ -134,7 +134,8 @@ def _prometheus_build(cfg, settings: DigestSettings, shard) -> Callable[[float],
                                                 resolution=sources.resolution_for(settings.history_step))
         try:
             return sources.from_source(history, week_end, settings, shard=shard,
-                                       knees=sources.prometheus_knees(history.client, history.selector))
+                                       knees=sources.prometheus_knees(history.client, history.selector,
+                                                                      extra=history.extra))
         finally:
             history.client.close()
     return build

@@ -23,6 +23,7 @@ from monitor.digest.settings import DigestSettings, PoolFacts
 from monitor.history.prometheus import MAX_POINTS, PrometheusHistory
 from monitor.schema import HistorySource
 from monitor.history.store import StoreHistory
+from monitor.poolkey import name_of
 
 HISTORY_WEEKS = 3
 
@@ -32,7 +33,7 @@ KneeFn = Callable[[float, float, float], dict[str, KneeReading]]  # (start, end,
 
 def _pool_input(name: str, series: dict[str, pd.Series], settings: DigestSettings,
                 knee: Optional[KneeReading] = None) -> PoolInput:
-    f = settings.pools.get(name) or settings.pools.get("*") or PoolFacts()
+    f = settings.pools.get(name) or settings.pools.get(name_of(name)) or settings.pools.get("*") or PoolFacts()
     if not f.replicas and knee is not None and knee.replicas:
         f = replace(f, replicas=knee.replicas)  # the replicas headroom saw with its knee
     if not f.replicas:
@@ -78,8 +79,8 @@ def from_store(store, week_end: float, settings: DigestSettings, pools: Optional
 RESOLUTION = 15.0
 
 
-def prometheus_knees(client, selector: str = "", max_points: int = MAX_POINTS) -> KneeFn:
-    return lambda start, end, step: knees_from_prometheus(client, start, end, step, selector, max_points)
+def prometheus_knees(client, selector: str = "", max_points: int = MAX_POINTS, extra: tuple[str, ...] = ()) -> KneeFn:
+    return lambda start, end, step: knees_from_prometheus(client, start, end, step, selector, max_points, extra)
 
 
 def from_prometheus(client, week_end: float, settings: DigestSettings, max_points: int = MAX_POINTS,
@@ -88,7 +89,7 @@ def from_prometheus(client, week_end: float, settings: DigestSettings, max_point
     (e.g. vllm_selector, vllm_pool_label, resolution: default RESOLUTION where the step allows)."""
     history.setdefault("resolution", resolution_for(settings.history_step))
     source = PrometheusHistory(client, max_points=max_points, **history)
-    return from_source(source, week_end, settings, knees=prometheus_knees(client, source.selector, max_points),
+    return from_source(source, week_end, settings, knees=prometheus_knees(client, source.selector, max_points, source.extra),
                        shard=shard)
 
 

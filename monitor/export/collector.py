@@ -30,13 +30,13 @@ class SnapshotCollector:
             rows = samples.get(mdef.name)
             if not rows:
                 continue
-            labels = list(mdef.labels)
             if mdef.type == "counter":
-                fam = CounterMetricFamily(mdef.name, mdef.help, labels=labels)
+                fam = CounterMetricFamily(mdef.name, mdef.help)
             else:
-                fam = GaugeMetricFamily(mdef.name, mdef.help, labels=labels)
-            for lab, value in rows:
-                fam.add_metric([lab[k] for k in labels], value)
+                fam = GaugeMetricFamily(mdef.name, mdef.help)
+            sample_name = fam.name + "_total" if mdef.type == "counter" else fam.name
+            for lab, value in rows:  # the catalogue's labels and a pool key's (cluster=...: samples.py)
+                fam.add_sample(sample_name, lab, value)
             yield fam
 
 

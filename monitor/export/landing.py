@@ -13,6 +13,7 @@ from collections import deque
 from typing import Optional
 
 from .. import __version__
+from ..capacity.fit import fleet_fit
 from ..model import Alert, Capacity, PoolSnapshot, Snapshot
 
 
@@ -248,7 +249,7 @@ def _pool_card(p: PoolSnapshot, trend: list, alerts: Optional[list[Alert]] = Non
     headroom_n1 = f"{ratio_n1 * 100:.0f}%" if ratio_n1 is not None else "–"
     if ratio_n1 is None and ratio is not None and p.replicas - p.stalled_replicas == 1:
         headroom_n1 = "no N-1"  # one working replica: nothing is left when it is lost
-    mine = [a for a in alerts or () if a.pool in (p.pool, p.model) and a.state == "firing"]  # pending: above
+    mine = [a for a in alerts or () if a.state == "firing" and _alert_of(a, p)]  # pending: above
     if mine:
         stale += ' <span class="badge bad">alert firing</span>'
     slow = [r.replica for r in p.replica_detail if r.slow]
@@ -256,7 +257,7 @@ def _pool_card(p: PoolSnapshot, trend: list, alerts: Optional[list[Alert]] = Non
         stale += f' <span class="badge bad" title="{e(", ".join(slow))}">{len(slow)} slow</span>'
     return f"""
 <section class="card {cls}">
-  <h2>{e(p.pool)}{stale}</h2>
+  <h2>{e(p.name)}{_labels_text(p)}{stale}</h2>
   <div class="kpis">
     <div><b>{_fmt(p.active_requests)}</b><span>active requests</span></div>
     <div><b>{_fmt(p.queued_requests)}</b><span>queued in the engines</span></div>
@@ -279,6 +280,50 @@ def _pool_card(p: PoolSnapshot, trend: list, alerts: Optional[list[Alert]] = Non
 </section>"""
 
 
+def _alert_of(alert: Alert, p: PoolSnapshot) -> bool:
+    """The alert is about this pool: its pool label names it (or its model) and, with a pool_by list,
+    its other labels (cluster) are the pool's."""
+    if alert.pool == p.pool:
+        return True
+    return alert.pool in (p.name, p.model) and all(alert.labels.get(k) == v for k, v in p.extra_labels.items())
+
+
+def _labels_text(p: PoolSnapshot) -> str:
+    """The pool's other pool_by labels (its cluster) beside its name; "" with one pool_by label."""
+    extra = p.extra_labels
+    return "".join(f' <span class="lbl">{html.escape(k)}={html.escape(v)}</span>' for k, v in extra.items())
+
+
+def _groups(pools: list[PoolSnapshot]) -> list[tuple[tuple, list[PoolSnapshot]]]:
+    """Pools grouped by their other pool_by labels (by cluster), groups in label order; one group
+    (no heading) when no pool carries any."""
+    groups: dict[tuple, list[PoolSnapshot]] = {}
+    for p in pools:
+        groups.setdefault(tuple(sorted(p.extra_labels.items())), []).append(p)
+    return sorted(groups.items())
+
+
+def _group_head(group: tuple) -> str:
+    if not group:
+        return ""
+    text = " ".join(f"{k}={v}" for k, v in group)
+    return f'<h3 class="group">{html.escape(text)}</h3>'
+
+
+def _fit_section(pools: list[PoolSnapshot]) -> str:
+    """Where more sessions fit: spare sessions per (cluster and) pool, most first; shown with two or
+    more pools of known headroom."""
+    fits = fleet_fit(pools)
+    if len(fits) < 2:
+        return ""
+    e = html.escape
+    rows = "".join(
+        f"<tr><td>{e(' '.join(f'{k}={v}' for k, v in f.labels))}</td><td>{e(f.pool)}</td>"
+        f"<td>{_fmt(f.spare_sessions, 1)}</td><td>{_fmt(f.spare_sessions_n_minus_1, 1)}</td></tr>" for f in fits)
+    return ('<h3>Where more sessions fit</h3><table class="tasks fit"><tr><th>where</th><th>pool</th>'
+            f'<th>spare sessions</th><th>with one replica lost</th></tr>{rows}</table>')
+
+
 def render(snapshot: Optional[Snapshot], trends: Trends, title: str = "headroom",
            links: tuple[tuple[str, str], ...] = (), has_alerts_source: bool = False) -> str:
     """The page; `links`: (label, URL) pairs shown under the title (the demo's Prometheus pages)."""
@@ -290,8 +335,10 @@ def render(snapshot: Optional[Snapshot], trends: Trends, title: str = "headroom"
     more = "".join(f' · <a href="{e(url)}">{e(label)}</a>' for label, url in links)
     if snapshot:
         alerts = "<h3>Alerts</h3>" + _alerts_section(snapshot, has_alerts_source)
-        cards = "".join(_pool_card(p, list(trends.points.get(p.pool, ())), snapshot.alerts, snapshot.timestamp)
-                        for p in snapshot.pools)
+        cards = "".join(_group_head(group) + "".join(
+            _pool_card(p, list(trends.points.get(p.pool, ())), snapshot.alerts, snapshot.timestamp) for p in pools)
+            for group, pools in _groups(snapshot.pools))
+        alerts += _fit_section(snapshot.pools)
         down = [s for s in snapshot.sources if not s.up]
         up = len(snapshot.sources) - len(down)
         rows = "".join(f"<li>{e(s.source)} {e(s.target)}: {e(s.error or '')}</li>" for s in down[:20])
@@ -302,6 +349,7 @@ def render(snapshot: Optional[Snapshot], trends: Trends, title: str = "headroom"
 <style>
 body {{ font-family: system-ui, -apple-system, "DejaVu Sans", sans-serif; margin: 24px; color: #1d3557; background: #f8f9fa; }}
 h1 {{ margin: 0 0 4px 0; }} .muted, .lbl {{ color: #6c757d; font-size: 12px; }}
+h3.group {{ width: 100%; margin: 8px 0 0 0; }}
 .grid {{ display: flex; flex-wrap: wrap; gap: 16px; }}
 .card {{ box-sizing: border-box; background: white; border-radius: 8px; padding: 16px; width: 600px; box-shadow: 0 1px 3px #0002; border-top: 6px solid #2a9d8f; }}
 .card.warn {{ border-top-color: #e9c46a; }} .card.bad {{ border-top-color: #e63946; }}

@@ -5,7 +5,9 @@
 Everything exported is read from typed data: the cycle's `Snapshot` (its pools with their
 `Capacity`, `PoolTasks` and forecast, the sources, the error counts, the pipeline's own counters and
 the forecaster's latest refit) and the daemon's `ProcessStatus` (its web server's counters and the
-digest's outbox). No other module builds metric samples. Each sample is checked against the
+digest's outbox). No other module builds metric samples. A pool is named by its key
+(monitor/poolkey.py): with `global.pool_by: [cluster, model_name]` the key's labels are added beside
+`pool` here, in one place, on every pool and replica series (`pool="m",cluster="a"`). Each sample is checked against the
 catalogue here (name and label names), so nothing unlisted is ever exported; None is never exported.
 
 A renderer keeps one thing between renders: how many series its cardinality cap cut, per metric
@@ -21,6 +23,7 @@ from typing import Optional
 from .. import __version__
 from ..catalogue import BY_NAME
 from ..model import Capacity, PoolSnapshot, PoolTasks, Snapshot
+from ..poolkey import name_of, split
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 
@@ -121,8 +124,11 @@ class Rows:
         mdef = BY_NAME.get(name)
         if mdef is None:
             raise UnknownMetric(f"{name} is not in monitor/catalogue.py")
-        if set(labels) != set(mdef.labels):
+        extra = split(labels["pool"])[1] if "pool" in labels else ()
+        if set(labels) != set(mdef.labels) or any(k in labels for k, _ in extra):
             raise UnknownMetric(f"{name} takes labels {mdef.labels}, got {tuple(labels)}")
+        if extra:  # a pool key carrying pool_by labels: pool="<name>" and each label beside it
+            labels = {**labels, "pool": name_of(labels["pool"]), **dict(extra)}
         rows = self.samples.setdefault(name, [])
         if len(rows) >= self.renderer.max_series and name != "headroom_dropped_series":
             self.renderer.dropped[name] = self.renderer.dropped.get(name, 0.0) + 1

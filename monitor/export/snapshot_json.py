@@ -2,7 +2,9 @@
 
 Shape (stable, documented in README):
     {"timestamp": ..., "pools": [{"pool", "model", "replicas", "active_requests", "queued_requests",
-     "kv_tokens_live", "kv_tokens_capacity", ...}], "sources": [{"source", "target", "up", "error"}]}
+     "kv_tokens_live", "kv_tokens_capacity", ...}], "fit": [{"pool", "spare_sessions", ...}],
+     "sources": [{"source", "target", "up", "error"}]}
+With `global.pool_by: [cluster, model_name]` a pool also has "cluster" and "key" (monitor/poolkey.py).
 Values that are not known are null; +Inf (e.g. no exhaustion within the horizon) is the string "+Inf".
 A pool's "capacity", "tasks" and "forecast" are the `as_dict()` of its typed results (monitor/model.py,
 monitor/forecast/pool.py), `{}` when there are none: the forecast is the one /metrics exports for the
@@ -13,6 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ..capacity.fit import fleet_fit
 from ..model import PoolSnapshot, Snapshot
 
 
@@ -31,8 +34,12 @@ def clean(v: Any) -> Any:
 
 
 def pool_to_dict(p: PoolSnapshot) -> dict:
+    # with a pool_by list, "pool" is the pool's name, its other labels ("cluster") stand beside it
+    # and "key" is the one identity (monitor/poolkey.py); with one label neither is added
+    extra = p.extra_labels
     return clean({
-        "pool": p.pool,
+        "pool": p.name,
+        **({**extra, "key": p.pool} if extra else {}),
         "model": p.model,
         "replicas": p.replicas,
         "replicas_configured": p.replicas_configured,
@@ -86,6 +93,8 @@ def snapshot_to_dict(s: Snapshot) -> dict:
     return {
         "timestamp": s.timestamp,
         "pools": [pool_to_dict(p) for p in s.pools],
+        # where more sessions fit: spare sessions per pool (and cluster), most first
+        "fit": [clean(f.as_dict()) for f in fleet_fit(s.pools)],
         "sources": [clean({"source": st.source, "target": st.target, "up": st.up, "error": st.error,
                            "detail": st.detail}) for st in s.sources],
         "cycle_duration_seconds": clean(s.cycle_duration_seconds),

@@ -10,7 +10,8 @@ times each (Prometheus refuses more than 11,000 points per series), and the chun
 
 `PrometheusHistory` is the Prometheus-backed `HistorySource` (monitor/schema.py). Each schema
 series is one or more instant-vector expressions in priority order (`default_queries`):
-  1. headroom's own exported series as Prometheus recorded them (`max by (pool)`: the two pods of an
+  1. headroom's own exported series as Prometheus recorded them (`max by (pool)`, `max by (pool, cluster)`
+     with `global.pool_by: [cluster, model_name]`, keyed as monitor/poolkey.py keys them: the two pods of an
      HA pair export the same value, they are not added up);
   2. for the request and KV series, the same quantity straight from vLLM's series summed by
      `model_name` (or the label pools are made of), for a Prometheus that holds months of vLLM
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 from typing import Iterable, Optional, Protocol
 
 from monitor import schema
+from monitor.poolkey import PoolBy, make_key, name_of, normalise
 
 MAX_POINTS = 10_000  # evaluation times per query; Prometheus' limit is 11,000 per series
 
@@ -73,10 +75,19 @@ def read_range(client: RangeClient, query: str, start: float, end: float, step: 
 
 @dataclass(frozen=True)
 class Query:
-    """An instant-vector expression for one schema series; `pool_label` names the pool."""
+    """An instant-vector expression for one schema series; `pool_label` names the pool, `extra` are
+    the other pool_by labels (`cluster`) its key carries (monitor/poolkey.py)."""
     expr: str
     pool_label: str = "pool"
     origin: str = "headroom"  # headroom | vllm
+    extra: tuple[str, ...] = ()
+
+    def key(self, labels: dict[str, str]) -> Optional[str]:
+        """The pool key of a result series; None without the pool label."""
+        name = labels.get(self.pool_label)
+        if not name:
+            return None
+        return make_key(name, {e: labels.get(e, "") for e in self.extra}, self.extra) if self.extra else name
 
 
 def _matchers(*parts: str) -> str:
@@ -88,24 +99,27 @@ def pool_matcher(label: str, pools: Optional[Iterable[str]]) -> str:
     """`label=~"a|b"` matching exactly these pools (RE2, anchored by Prometheus); "" for None."""
     if pools is None:
         return ""
-    alt = "|".join(re.sub(r"([\\.+*?()|\[\]{}^$])", r"\\\1", p) for p in sorted(pools))
+    alt = "|".join(re.sub(r"([\\.+*?()|\[\]{}^$])", r"\\\1", p) for p in sorted({name_of(k) for k in pools}))
     return f'{label}=~"' + alt.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def headroom_queries(selector: str = "", pools: Optional[Iterable[str]] = None) -> dict[str, Query]:
-    """headroom's exported series, one per pool (HA duplicates merged with max)."""
+def headroom_queries(selector: str = "", pools: Optional[Iterable[str]] = None,
+                     extra: tuple[str, ...] = ()) -> dict[str, Query]:
+    """headroom's exported series, one per pool (HA duplicates merged with max); `extra`: the
+    pool_by labels beside `pool` (a pool is (pool, cluster) with [cluster, model_name])."""
     m = _matchers(selector, pool_matcher("pool", pools))
+    pool = ", ".join(("pool",) + extra)
 
-    def one(metric: str, by: str = "pool") -> str:
+    def one(metric: str, by: str = pool) -> str:
         return f"max by ({by}) ({metric}{m})"
-    out = {name: Query(one(spec.metric, "pool, task_type" if spec.per_task else "pool"))
+    out = {name: Query(one(spec.metric, f"{pool}, task_type" if spec.per_task else pool), extra=extra)
            for name, spec in schema.SERIES.items() if spec.metric}
-    out["load"] = Query(f"{one('headroom_active_requests')} + {one('headroom_queued_requests')}")
+    out["load"] = Query(f"{one('headroom_active_requests')} + {one('headroom_queued_requests')}", extra=extra)
     return out
 
 
 def vllm_queries(selector: str = "", pool_label: str = "model_name",
-                 pools: Optional[Iterable[str]] = None) -> dict[str, Query]:
+                 pools: Optional[Iterable[str]] = None, extra: tuple[str, ...] = ()) -> dict[str, Query]:
     """The request, KV and completion series straight from vLLM, summed per pool (`pool_label`).
     KV capacity is the `kv_cache_size_tokens` label of `vllm:cache_config_info` (vLLM >= 0.26),
     read back as a number with the histogram_quantile trick of rules/headroom.rules.yaml; the info
@@ -115,21 +129,23 @@ def vllm_queries(selector: str = "", pool_label: str = "model_name",
     capacity = (f'histogram_quantile(1, max by (job, instance, engine, le) ('
                 f'label_replace({info}, "le", "$1", "kv_cache_size_tokens", "(.+)") or '
                 f'label_replace({info}, "le", "+Inf", "__name__", ".+")))')
-    running = f"sum by ({pool_label}) (vllm:num_requests_running{m})"
-    waiting = f"sum by ({pool_label}) (vllm:num_requests_waiting{m})"
-    kv = (f"sum by ({pool_label}) (vllm:kv_cache_usage_perc{m} "
+    by = ", ".join(extra + (pool_label,))
+    running = f"sum by ({by}) (vllm:num_requests_running{m})"
+    waiting = f"sum by ({by}) (vllm:num_requests_waiting{m})"
+    kv = (f"sum by ({by}) (vllm:kv_cache_usage_perc{m} "
           f"* on (job, instance, engine) group_left () {capacity})")
-    done = f"sum by ({pool_label}) (rate(vllm:request_success_total{m}[5m]))"
-    return {name: Query(expr, pool_label, "vllm") for name, expr in (
+    done = f"sum by ({by}) (rate(vllm:request_success_total{m}[5m]))"
+    return {name: Query(expr, pool_label, "vllm", extra) for name, expr in (
         ("active_requests", running), ("queued_requests", waiting), ("load", f"{running} + {waiting}"),
         ("kv_tokens", kv), ("arrival_rate", done))}
 
 
 def default_queries(selector: str = "", vllm_selector: str = "", vllm_pool_label: str = "model_name",
-                    vllm: bool = True, pools: Optional[Iterable[str]] = None) -> dict[str, list[Query]]:
+                    vllm: bool = True, pools: Optional[Iterable[str]] = None,
+                    extra: tuple[str, ...] = ()) -> dict[str, list[Query]]:
     """Per schema series, its expressions in priority order: headroom's, then vLLM's (if `vllm`)."""
-    own = headroom_queries(selector, pools)
-    raw = vllm_queries(vllm_selector, vllm_pool_label, pools) if vllm else {}
+    own = headroom_queries(selector, pools, extra)
+    raw = vllm_queries(vllm_selector, vllm_pool_label, pools, extra) if vllm else {}
     return {name: [q for q in (own.get(name), raw.get(name)) if q is not None]
             for name in schema.SERIES if name in own or name in raw}
 
@@ -154,7 +170,7 @@ class PrometheusHistory:
     def __init__(self, client: RangeClient, *, selector: str = "", vllm_selector: str = "",
                  vllm_pool_label: str = "model_name", vllm: bool = True,
                  resolution: Optional[float] = None, max_points: int = MAX_POINTS,
-                 queries: Optional[dict[str, list[Query]]] = None):
+                 queries: Optional[dict[str, list[Query]]] = None, extra: tuple[str, ...] = ()):
         if resolution is not None and not (math.isfinite(resolution) and resolution > 0):
             raise ValueError(f"resolution must be a positive number of seconds, got {resolution!r}")
         if queries is not None:
@@ -162,17 +178,20 @@ class PrometheusHistory:
         self.client, self.resolution, self.max_points = client, resolution, int(max_points)
         self.selector, self.vllm_selector = selector, vllm_selector
         self.vllm_pool_label, self.vllm, self.queries = vllm_pool_label, vllm, queries
+        self.extra = tuple(extra)  # pool_by labels beside the pool's (monitor/poolkey.py)
         self.describe = "Prometheus"
 
     @classmethod
-    def from_config(cls, src, pool_by: str = "model_name", client: Optional[RangeClient] = None,
+    def from_config(cls, src, pool_by: PoolBy = "model_name", client: Optional[RangeClient] = None,
                     **kwargs) -> "PrometheusHistory":
         """From `cfg.prometheus` (monitor.config.PrometheusSource): its client (auth, TLS, retries)
-        and its selector for the vLLM series; vLLM pools are made of the `pool_by` label."""
+        and its selector for the vLLM series; vLLM pools are made of the `pool_by` labels (the last
+        names the pool, the others are carried in its key)."""
+        by = normalise(pool_by)
         if client is None:
             from monitor.sources.prometheus import PrometheusClient  # noqa: PLC0415
             client = PrometheusClient.from_config(src)
-        return cls(client, vllm_selector=src.selector, vllm_pool_label=pool_by, **kwargs)
+        return cls(client, vllm_selector=src.selector, vllm_pool_label=by[-1], extra=by[:-1], **kwargs)
 
     def resolution_for(self, step: float) -> float:
         """Seconds between the samples taken within a bucket: `resolution`, by default 60 s when the
@@ -194,7 +213,7 @@ class PrometheusHistory:
         for labels, points in read_range(self.client, bucket_query(q.expr, agg, w.step, res),
                                          w.first + offset, w.end - w.step + offset, w.step,
                                          self.max_points):
-            pool = labels.get(q.pool_label)
+            pool = q.key(labels)
             if not pool:
                 continue  # a result without the pool label cannot be placed
             bucket = out.setdefault((pool, labels.get(schema.TASK_LABEL) or None), {})
@@ -211,7 +230,7 @@ class PrometheusHistory:
         if w.count == 0 or pool_set == set():
             return {}
         queries = self.queries if self.queries is not None else default_queries(
-            self.selector, self.vllm_selector, self.vllm_pool_label, self.vllm, pool_set)
+            self.selector, self.vllm_selector, self.vllm_pool_label, self.vllm, pool_set, self.extra)
         merged: dict[str, dict[str, dict[float, float]]] = {}
         for name in wanted:
             spec = schema.SERIES[name]
