@@ -18,7 +18,7 @@ import re
 from functools import lru_cache
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
-from monitor.settings.kinds import Kind
+from monitor.kit.settings.kinds import Kind
 
 MODEL_LABELS = ("model_name", "model")
 DEFAULT_POOL_BY = ("model_name",)

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from monitor.config import Config, PrometheusSource
 from monitor.cycle import Pipeline
-from monitor.process import stop_process
+from monitor.kit.process import stop_process
 from servers import MetricsServer, Prometheus, fixture, free_port, wait_for, wait_http
 from tiers import starts_servers
 

@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from monitor.capacity.settings import PoolSettings
 from monitor.config import PrometheusSource
 from monitor.digest.content import build_digest
 from monitor.digest.settings import from_dict
@@ -122,10 +123,10 @@ def test_forecast_history_from_prometheus_has_the_weeks_before_headroom(fleet):
 
 def test_digest_load_peak_equals_the_stores_peak_of_that_hour(fleet):
     cfg = load_config(None)
-    pools = {p.model_name: {"replicas": p.replicas,
-                            "knee_requests_per_replica": float(theoretical_knee(p, cfg.mix)["per_replica"])}
+    pools = {p.model_name: PoolSettings(replicas=p.replicas,
+                                        knee_requests_per_replica=float(theoretical_knee(p, cfg.mix)["per_replica"]))
              for p in cfg.pools}
-    settings = from_dict({"forecast": {"models": ["snaive_day"]}, "pools": pools}, "<t>")
+    settings = from_dict({"forecast": {"models": ["snaive_day"]}}, "<t>", pools=pools)
     week_end = fleet["end"]
     d_prom = build_digest(from_prometheus(PrometheusClient(fleet["url"]), week_end, settings), settings)
     d_store = build_digest(from_store(fleet["store"], week_end, settings), settings)

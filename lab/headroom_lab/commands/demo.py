@@ -69,19 +69,18 @@ def headroom_config(handle, fleet_cfg, store_path: Optional[str], prom_url: Opti
     # (labelled by Hostname/pod) joins the right replica
     targets = [{"url": u, "labels": {"pod": handle.replica_by_url[u]}}
                for urls in handle.replica_urls.values() for u in urls]
-    pools, facts = {}, {}  # headroom's pools: and the digest's (what its history does not carry)
+    pools = {}  # headroom's pools: (the digest reads its pool facts from here too)
     for name in handle.replica_urls:
         pp = fleet_cfg.pool(name)
         pools[pp.model_name] = {"max_num_seqs": int(pp.max_num_seqs),
-                                "watts_per_replica": float(pp.max_watts * pp.gpus_per_replica)}
-        if pp.model_name in LEAD_TIMES:  # H100 replicas: scheduling, image pull and weights load
-            pools[pp.model_name]["replica_lead_time"] = LEAD_TIMES[pp.model_name]
-        facts[pp.model_name] = {"replicas": int(pp.replicas), "gpus_per_replica": int(pp.gpus_per_replica),
-                                "max_num_seqs": int(pp.max_num_seqs),
+                                "watts_per_replica": float(pp.max_watts * pp.gpus_per_replica),
+                                "replicas": int(pp.replicas), "gpus_per_replica": int(pp.gpus_per_replica),
                                 "kv_capacity_tokens_per_replica": float(pp.kv_capacity_tokens),
                                 "idle_watts_per_gpu": float(pp.idle_watts), "max_watts_per_gpu": float(pp.max_watts),
                                 # the simulated pool's knee by construction (the daemon learns its own)
                                 "knee_requests_per_replica": round(theoretical_knee(pp, fleet_cfg.mix)["per_replica"], 1)}
+        if pp.model_name in LEAD_TIMES:  # H100 replicas: scheduling, image pull and weights load
+            pools[pp.model_name]["replica_lead_time"] = LEAD_TIMES[pp.model_name]
     model_of = {p.name: p.model_name for p in fleet_cfg.pools}
     task_types = fleet_cfg.mix.task_types.values()
     cfg = {
@@ -101,7 +100,7 @@ def headroom_config(handle, fleet_cfg, store_path: Optional[str], prom_url: Opti
         cfg["store"] = {"path": store_path}
         # the weekly digest of this history, written where the landing page's /digest finds it
         workdir = os.path.dirname(store_path)
-        cfg["digest"] = {"outbox": os.path.join(workdir, "digest-outbox.sqlite"), "pools": facts,
+        cfg["digest"] = {"outbox": os.path.join(workdir, "digest-outbox.sqlite"),
                          "destinations": [{"type": "directory", "path": os.path.join(workdir, "digests")}]}
     if prom_url:
         cfg["sources"]["alerts"] = {"url": prom_url, "kind": "prometheus"}
