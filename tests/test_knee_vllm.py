@@ -28,7 +28,7 @@ def knee_engine(vllm_engine_factory):
     return vllm_engine_factory(max_num_seqs=8, num_gpu_blocks=24, model="small", exclusive=True)
 
 
-def test_stepped_sweep_publishes_a_learned_knee_near_the_slot_limit(knee_engine):
+def test_stepped_sweep_publishes_a_confident_learned_knee(knee_engine):
     seqs = knee_engine.info["max_num_seqs"]
     sweep = knee_sweep(knee_engine.url, seqs)
     sys.stderr.write(f"\n[knee] {json.dumps(sweep)}\n")
