@@ -1,0 +1,180 @@
+"""What the capacity layer says of a pool, typed: scenarios, limits, the capacity, tasks and SLOs."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .values import Quantiles
+
+
+@dataclass(frozen=True)
+class Scenarios:
+    """A value now and with the pool's largest replica lost."""
+
+    current: Optional[float] = None
+    n_minus_1: Optional[float] = None
+
+    def as_dict(self) -> dict:
+        return {"current": self.current, "n_minus_1": self.n_minus_1}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Concurrent requests a pool can hold, by limit; `effective` is the smallest known."""
+
+    slots: Optional[float] = None
+    kv: Optional[float] = None
+    knee: Optional[float] = None
+    effective: Optional[float] = None
+
+    def as_dict(self) -> dict:
+        return {"slots": self.slots, "kv": self.kv, "knee": self.knee, "effective": self.effective}
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """A pool's capacity and headroom in one cycle (monitor/capacity/headroom.py defines each).
+
+    None is "not known" and is never exported. `withheld`: the pool is stale and nothing is said.
+    """
+
+    knee_requests: Optional[float] = None
+    knee_kv_tokens: Optional[float] = None
+    knee_source: Optional[str] = None  # "learned" or "prior"
+    knee_signal: Optional[str] = None  # the latency signal ("limits" for a prior)
+    knee_confidence_ratio: Optional[float] = None
+    utilisation_ratio: Optional[float] = None
+    ratio: Scenarios = Scenarios()
+    headroom_requests: Scenarios = Scenarios()
+    capacity_requests: Limits = Limits()
+    sessions: Optional[float] = None
+    session_capacity: Optional[float] = None
+    power_watts: Optional[float] = None
+    sessions_per_megawatt: Optional[float] = None
+    # explanations (not metrics)
+    limiting_factor: Optional[str] = None
+    load_requests: Optional[float] = None
+    kv_tokens_per_request: Optional[float] = None
+    kv_tokens_per_request_source: Optional[str] = None
+    active_requests_per_session: Optional[float] = None
+    active_requests_per_session_source: Optional[str] = None
+    power_source: Optional[str] = None
+    n_minus_1_share: Optional[float] = None
+    knee_detail: str = ""
+    withheld: bool = False
+
+    @property
+    def exhaustion_requests(self) -> Optional[float]:
+        """The concurrency a forecast's time to exhaustion is counted against: the effective
+        capacity, else the knee."""
+        effective = self.capacity_requests.effective
+        return effective if effective is not None else self.knee_requests
+
+    def as_dict(self) -> dict:
+        """The JSON shape of `headroom once --json` and /api/v1/snapshot."""
+        if self.withheld:
+            return {"knee_requests": None, "knee_detail": self.knee_detail}
+        return {
+            "knee_requests": self.knee_requests, "knee_kv_tokens": self.knee_kv_tokens,
+            "knee_info": {"source": self.knee_source, "signal": self.knee_signal},
+            "knee_confidence_ratio": self.knee_confidence_ratio,
+            "utilisation_ratio": self.utilisation_ratio, "ratio": self.ratio.as_dict(),
+            "headroom_requests": self.headroom_requests.as_dict(),
+            "capacity_requests": self.capacity_requests.as_dict(),
+            "sessions": self.sessions, "session_capacity": self.session_capacity,
+            "power_watts": self.power_watts, "sessions_per_megawatt": self.sessions_per_megawatt,
+            "limiting_factor": self.limiting_factor, "load_requests": self.load_requests,
+            "kv_tokens_per_request": self.kv_tokens_per_request,
+            "kv_tokens_per_request_source": self.kv_tokens_per_request_source,
+            "active_requests_per_session": self.active_requests_per_session,
+            "active_requests_per_session_source": self.active_requests_per_session_source,
+            "power_source": self.power_source, "n_minus_1_share": self.n_minus_1_share,
+            "knee_detail": self.knee_detail,
+        }
+
+
+def _q(q: Optional[Quantiles]) -> Optional[dict]:
+    return q.as_dict() if q is not None else None
+
+
+@dataclass(frozen=True)
+class TaskStats:
+    """One task type over the window between two gateway readings (monitor/capacity/tasks.py)."""
+
+    task_type: str
+    tasks: Optional[float] = None  # tasks started in the window
+    calls: Optional[float] = None  # model calls in the window
+    arrival_rate: Optional[float] = None  # tasks per second
+    call_rate: Optional[float] = None
+    completed_tasks: Optional[float] = None
+    calls_per_task: Optional[float] = None
+    calls_per_task_source: Optional[str] = None
+    task_latency: Optional[Quantiles] = None
+    call_latency: Optional[Quantiles] = None
+    ttft: Optional[Quantiles] = None
+    sessions: Optional[float] = None
+    sessions_source: Optional[str] = None
+    call_class: str = "interactive"
+    input_tokens_per_call: Optional[float] = None
+    output_tokens_per_call: Optional[float] = None
+    slo_target_seconds: Optional[float] = None
+    slo_objective: Optional[float] = None
+    slo_violation_ratio: Optional[float] = None
+    slo_window_seconds: Optional[float] = None  # set when the ratio is over the SLO window
+    slo_burn_rate: dict[str, Optional[float]] = field(default_factory=dict)  # window -> rate (None: not covered)
+    slo_source: Optional[str] = None  # where the burn windows came from: "prometheus" | "tracker"
+
+    def as_dict(self) -> dict:
+        """The JSON shape; the SLO window's keys only when the task type has an SLO window."""
+        out = {
+            "tasks": self.tasks, "calls": self.calls, "arrival_rate": self.arrival_rate,
+            "call_rate": self.call_rate, "completed_tasks": self.completed_tasks,
+            "calls_per_task": self.calls_per_task, "calls_per_task_source": self.calls_per_task_source,
+            "task_latency": _q(self.task_latency), "call_latency": _q(self.call_latency),
+            "ttft": _q(self.ttft), "sessions": self.sessions, "sessions_source": self.sessions_source,
+            "class": self.call_class, "input_tokens_per_call": self.input_tokens_per_call,
+            "output_tokens_per_call": self.output_tokens_per_call,
+            "slo_target_seconds": self.slo_target_seconds, "slo_objective": self.slo_objective,
+            "slo_violation_ratio": self.slo_violation_ratio,
+        }
+        if self.slo_window_seconds is not None:
+            out["slo_window_seconds"] = self.slo_window_seconds
+        if self.slo_burn_rate:
+            out["slo_burn_rate"] = dict(self.slo_burn_rate)
+            out["slo_source"] = self.slo_source
+        return out
+
+
+@dataclass(frozen=True)
+class PoolSlo:
+    """A pool-level latency target (pools.<name>.slo) over the pool's summed replica histograms."""
+
+    signal: str  # ttft, e2e, queue, itl
+    slo_target_seconds: float
+    slo_objective: float
+    slo_violation_ratio: Optional[float] = None
+    slo_burn_rate: dict[str, Optional[float]] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"pool:{self.signal}"  # its task_type label in headroom_slo_* metrics
+
+    def as_dict(self) -> dict:
+        return {"slo_target_seconds": self.slo_target_seconds, "slo_objective": self.slo_objective,
+                "slo_violation_ratio": self.slo_violation_ratio, "slo_burn_rate": dict(self.slo_burn_rate),
+                "slo_source": "tracker"}  # the pool's summed replica histograms: always the tracker
+
+
+@dataclass(frozen=True)
+class PoolTasks:
+    """What a pool's task types, its pool-level SLOs and its call classes showed this cycle."""
+
+    by_type: dict[str, TaskStats] = field(default_factory=dict)
+    slos: dict[str, PoolSlo] = field(default_factory=dict)  # keyed "pool:<signal>"
+    call_latency_by_class: dict[str, Quantiles] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        out: dict = {tt: t.as_dict() for tt, t in self.by_type.items()}
+        out.update({k: s.as_dict() for k, s in self.slos.items()})
+        out["_call_latency_by_class"] = {c: q.as_dict() for c, q in self.call_latency_by_class.items()}
+        return out
