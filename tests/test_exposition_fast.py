@@ -109,3 +109,28 @@ def test_trie_matches_exactly_its_words():
         assert rx.match(w)
     for w in ["a", "abx", "abcd", "", "c", "axb", "bb"]:
         assert not rx.match(w)
+
+
+def eof_outcome(fn):
+    try:
+        return ("ok", fn().openmetrics)
+    except ExpositionError as exc:
+        return ("error", str(exc), exc.reason)
+
+
+def searched(text, strict_end, openmetrics):
+    """The `# EOF` checks by searching the body (the full path's way), then the wanted lines."""
+    out = ParsedScrape()
+    exposition._check_eof(text, out, strict_end, openmetrics, None)
+    return out
+
+
+@pytest.mark.parametrize("text", [
+    "vllm:num_requests_running 1\n# EOF\n", "vllm:num_requests_running 1\n# EOF\nvllm:num_requests_running 2\n",
+    "# EOF\nvllm:num_requests_running 1\n", "# EOF\n", "a 1\n# EOF \n", "a 1\n# EOF\n\n", "a 1\n# EOFx\n",
+    "# UNIT a seconds\nvllm:num_requests_running 1\n", "a 1\n# UNIT a seconds\n", "a 1\n# UNITS a\n",
+    "vllm:num_requests_running 1\n", "a 1\n# EOF\n# EOF\n", "# HELP a\n# TYPE a gauge\na 1\n# EOF\nb 1\n# UNIT c s\n"])
+@pytest.mark.parametrize("strict_end, openmetrics", [(True, None), (False, None), (True, True)])
+def test_eof_and_unit_lines_found_by_the_regex_as_by_a_search(text, strict_end, openmetrics):
+    fast = eof_outcome(lambda: parse(text, wanted=WANTED, strict_end=strict_end, openmetrics=openmetrics))
+    assert fast == eof_outcome(lambda: searched(text, strict_end, openmetrics))

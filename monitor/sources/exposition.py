@@ -67,17 +67,12 @@ def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[
     if strict_end and not text.endswith("\n") and not text.endswith("\n# EOF"):  # OpenMetrics may end at EOF
         raise ExpositionError("body does not end with a newline (truncated?)", reason="truncated",
                               line=text.count("\n") + 1)
-    last_line = text.rstrip("\n").rsplit("\n", 1)[-1]
-    if last_line.rstrip() == "# EOF":
-        out.openmetrics = True
-    elif text.startswith("# EOF\n") or "\n# EOF\n" in text:
-        eof = 0 if text.startswith("# EOF\n") else text.index("\n# EOF\n") + 1
-        raise ExpositionError("content after # EOF", line=text.count("\n", 0, eof) + 2)
-    elif strict_end and (openmetrics or text.startswith("# UNIT ") or "\n# UNIT " in text):
-        raise ExpositionError("OpenMetrics body without # EOF (truncated?)", reason="truncated")
-    if wanted is not None:
-        _read_wanted(text, _wanted_regex(frozenset(wanted)), out)
+    if wanted is not None:  # one pass of the regex finds the wanted lines and the `# EOF`/`# UNIT ` ones
+        found = _wanted_regex(frozenset(wanted)).findall("\n" + text)
+        _check_eof(text, out, strict_end, openmetrics, {m[4] for m in found if m[4]})
+        _read_wanted(found, out)
         return out
+    _check_eof(text, out, strict_end, openmetrics, None)
     samples = out.samples
     for m in _TYPE_RE.finditer("\n" + text):
         out.types[normalise_name(m.group(1))] = m.group(2)
@@ -125,8 +120,24 @@ def _blank(line: str) -> int:
     return a if b == -1 else (b if a == -1 else min(a, b))
 
 
-def _read_wanted(text: str, matcher: "re.Pattern[str]", out: ParsedScrape) -> None:
-    """The fast path: every wanted sample line, found by one regex (`_wanted_regex`).
+def _check_eof(text: str, out: ParsedScrape, strict_end: bool, openmetrics: Optional[bool],
+               marks: Optional[set]) -> None:
+    """OpenMetrics' `# EOF`: the last line (the body is OpenMetrics), or a line before the end
+    (raises), or missing from a body that is OpenMetrics by its Content-Type or a `# UNIT ` line
+    (truncated). `marks`: the `# EOF`/`# UNIT ` lines the fast path's regex found (None: search)."""
+    last_line = text.rstrip("\n").rsplit("\n", 1)[-1]
+    if last_line.rstrip() == "# EOF":
+        out.openmetrics = True
+    elif text.startswith("# EOF\n") or ("\n# EOF\n" in text if marks is None else "# EOF" in marks):
+        eof = 0 if text.startswith("# EOF\n") else text.index("\n# EOF\n") + 1
+        raise ExpositionError("content after # EOF", line=text.count("\n", 0, eof) + 2)
+    elif strict_end and (openmetrics or text.startswith("# UNIT ")
+                         or ("\n# UNIT " in text if marks is None else "# UNIT " in marks)):
+        raise ExpositionError("OpenMetrics body without # EOF (truncated?)", reason="truncated")
+
+
+def _read_wanted(found: list, out: ParsedScrape) -> None:
+    """The fast path: every wanted sample line, as found by one regex (`_wanted_regex`).
 
     A plain line (`name[{labels}] value`, no timestamp, no `#`) comes back split by the regex:
     name, label text, value. Any other wanted line comes back whole and is read as before, the
@@ -137,7 +148,9 @@ def _read_wanted(text: str, matcher: "re.Pattern[str]", out: ParsedScrape) -> No
         cache.clear()
     normalised = _NORMALISED
     seen: set = set()
-    for raw_name, label_text, token, rest in matcher.findall("\n" + text):
+    for raw_name, label_text, token, rest, mark in found:
+        if mark:
+            continue
         if not rest:  # the plain form: the line's only `}` closes its label set
             key = (raw_name, label_text[:-1])
             if key in seen:
@@ -209,8 +222,9 @@ _LABEL_CACHE_MAX = 200_000  # label sets repeat from scrape to scrape; bounded s
 
 def _wanted_regex(wanted: frozenset) -> "re.Pattern[str]":
     """One regex finding every wanted sample line: its name, then either the plain form
-    `[{labels}] value` split into (label text, value), or any other line's rest, for `_wanted_line`. The names are one trie (`_trie`): a line that is not wanted
-    fails on its first characters, whatever the number of names."""
+    `[{labels}] value` split into (label text, value), or any other line's rest, for `_wanted_line`;
+    and the `# EOF` and `# UNIT ` lines (`_check_eof`), so the body is read once. The names are one
+    trie (`_trie`): a line that is not wanted fails on its first characters, whatever their number."""
     rx = _REGEX_CACHE.get(wanted)
     if rx is None:
         alts = set()
@@ -222,7 +236,7 @@ def _wanted_regex(wanted: frozenset) -> "re.Pattern[str]":
         # plain: a label set without `}`, `#` or a newline inside, then one value without `{`, `}`,
         # `#` or blanks; the blanks around it are what str.split() skips (re's \s is the same set)
         plain = r"(?:[ \t]*(\{[^\n#}]*\})|[ \t])[^\S\n]*([^\s#{}]+)[^\S\n]*(?=\n|\Z)"
-        rx = re.compile(r"\n(" + names + r")(?:" + plain + r"|([{ \t][^\n]*))")
+        rx = re.compile(r"\n(?:(" + names + r")(?:" + plain + r"|([{ \t][^\n]*))|(# EOF(?=\n)|# UNIT ))")
         if len(_REGEX_CACHE) > 64:
             _REGEX_CACHE.clear()
         _REGEX_CACHE[wanted] = rx
