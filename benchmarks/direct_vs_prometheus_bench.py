@@ -106,14 +106,15 @@ def main() -> None:
                "prometheus_rounds_measured": round(elapsed / args.interval, 1),
                "ratio": round(hr / prom_per_round, 2), "target_ratio": 0.7, "when": time.strftime("%Y-%m-%d")}
         print(json.dumps(out), flush=True)
-        trials = []
+        kept = {}
         if os.path.exists(args.out):  # each run adds a trial: the ratio is read over repeated runs
             with open(args.out) as f:
-                trials = json.load(f).get("trials", [])
-        trials.append(out)
+                kept = json.load(f)  # other keys (earlier code's trials, notes) are kept as they are
+        trials = kept.get("trials", []) + [out]
         ratios = [t["ratio"] for t in trials]
+        kept.update(trials=trials, ratio_median=statistics.median(ratios), ratio_worst=max(ratios))
         with open(args.out, "w") as f:
-            json.dump({"trials": trials, "ratio_median": statistics.median(ratios), "ratio_worst": max(ratios)}, f, indent=1)
+            json.dump(kept, f, indent=1)
             f.write("\n")
     finally:
         if prom is not None:

@@ -130,6 +130,33 @@ def test_a_histogram_with_a_non_finite_bucket_is_dropped():
     assert scrape.anomalies == {"non_finite": 1}
 
 
+def _e2e_buckets(counts) -> str:
+    return "".join(f'vllm:e2e_request_latency_seconds_bucket{{engine="0",le="{le}",model_name="m"}} {c}\n'
+                   for le, c in zip(("0.5", "1.0", "+Inf"), counts))
+
+
+@pytest.mark.parametrize("counts, anomalies", [
+    (("1", "2", "3"), {}),
+    (("1", "1", "1"), {}),  # flat is cumulative
+    (("2", "1", "3"), {"histogram_not_cumulative": 1}),
+    (("1", "NaN", "3"), {"non_finite": 1}),  # NaN compares false: not reported as out of order
+    (("3", "NaN", "1"), {"non_finite": 1}),  # each neighbour pair with NaN compares false
+    (("3", "1", "+Inf"), {"histogram_not_cumulative": 1}),  # out of order is checked first
+    (("1", "2", "+Inf"), {"non_finite": 1}),
+    (("-2", "-1", "0"), {"negative": 1}),
+    (("0", "-0", "0"), {}),
+])
+def test_bucket_counts_are_checked_in_order(counts, anomalies):
+    scrape = parse_vllm('vllm:num_requests_running{engine="0",model_name="m"} 1\n' + _e2e_buckets(counts))
+    [r] = readings_from_scrape(scrape, "t", 1.0)
+    assert scrape.anomalies == anomalies
+    if anomalies:
+        assert "e2e" not in r.histograms
+    else:
+        assert r.histograms["e2e"].counts == tuple(float(c) for c in counts)
+        assert r.histograms["e2e"].bounds == (0.5, 1.0, float("inf"))
+
+
 class _Body:
     def __init__(self, text):
         self.text = text

@@ -67,62 +67,13 @@ def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[
     if strict_end and not text.endswith("\n") and not text.endswith("\n# EOF"):  # OpenMetrics may end at EOF
         raise ExpositionError("body does not end with a newline (truncated?)", reason="truncated",
                               line=text.count("\n") + 1)
-    last_line = text.rstrip("\n").rsplit("\n", 1)[-1]
-    if last_line.rstrip() == "# EOF":
-        out.openmetrics = True
-    elif text.startswith("# EOF\n") or "\n# EOF\n" in text:
-        eof = 0 if text.startswith("# EOF\n") else text.index("\n# EOF\n") + 1
-        raise ExpositionError("content after # EOF", line=text.count("\n", 0, eof) + 2)
-    elif strict_end and (openmetrics or text.startswith("# UNIT ") or "\n# UNIT " in text):
-        raise ExpositionError("OpenMetrics body without # EOF (truncated?)", reason="truncated")
-    samples = out.samples
-    if wanted is not None:
-        matcher = _wanted_regex(frozenset(wanted))
-        cache = _LABEL_CACHE
-        if len(cache) > _LABEL_CACHE_MAX:
-            cache.clear()
-        seen: set = set()
-        for raw_name, rest in matcher.findall("\n" + text):
-            if rest[0] != "{":
-                rest = _labels_first(rest)
-            key = (raw_name, rest.rsplit("}", 1)[0] if rest[0] == "{" else "")
-            if key in seen:
-                out.anomaly("duplicate_series")
-                continue
-            seen.add(key)
-            if "#" in rest:
-                out.stamp(_add_sample(samples, raw_name, rest, None))  # exemplar (or '#' in a label value)
-                continue
-            if rest[0] == "{":
-                close = rest.rfind("}")
-                label_text = rest[:close + 1]
-                tail = rest[close + 1:]
-                labels = cache.get(label_text) if close > 0 else None
-                if labels is None:
-                    if close <= 0:
-                        out.stamp(_add_sample(samples, raw_name, rest, None))  # strict path names the problem
-                        continue
-                    labels = parse_labels(label_text[1:], None)
-                    cache[label_text] = labels
-            else:
-                labels = {}
-                tail = rest
-            tokens = tail.split()
-            if len(tokens) != 1:
-                out.stamp(_add_sample(samples, raw_name, rest, None))  # timestamp, exemplar or malformed
-                continue
-            token = tokens[0]
-            try:
-                value = float(token) if "_" not in token else parse_float(token, None)
-            except ValueError:
-                value = parse_float(token, None)
-            name = normalise_name(raw_name)
-            bucket = samples.get(name)
-            if bucket is None:
-                samples[name] = [(labels, value)]
-            else:
-                bucket.append((labels, value))
+    if wanted is not None:  # one pass of the regex finds the wanted lines and the `# EOF`/`# UNIT ` ones
+        found = _wanted_regex(frozenset(wanted)).findall("\n" + text)
+        _check_eof(text, out, strict_end, openmetrics, {m[4] for m in found if m[4]})
+        _read_wanted(found, out)
         return out
+    _check_eof(text, out, strict_end, openmetrics, None)
+    samples = out.samples
     for m in _TYPE_RE.finditer("\n" + text):
         out.types[normalise_name(m.group(1))] = m.group(2)
         if m.group(2) not in KNOWN_TYPES:
@@ -169,6 +120,96 @@ def _blank(line: str) -> int:
     return a if b == -1 else (b if a == -1 else min(a, b))
 
 
+def _check_eof(text: str, out: ParsedScrape, strict_end: bool, openmetrics: Optional[bool],
+               marks: Optional[set]) -> None:
+    """OpenMetrics' `# EOF`: the last line (the body is OpenMetrics), or a line before the end
+    (raises), or missing from a body that is OpenMetrics by its Content-Type or a `# UNIT ` line
+    (truncated). `marks`: the `# EOF`/`# UNIT ` lines the fast path's regex found (None: search)."""
+    last_line = text.rstrip("\n").rsplit("\n", 1)[-1]
+    if last_line.rstrip() == "# EOF":
+        out.openmetrics = True
+    elif text.startswith("# EOF\n") or ("\n# EOF\n" in text if marks is None else "# EOF" in marks):
+        eof = 0 if text.startswith("# EOF\n") else text.index("\n# EOF\n") + 1
+        raise ExpositionError("content after # EOF", line=text.count("\n", 0, eof) + 2)
+    elif strict_end and (openmetrics or text.startswith("# UNIT ")
+                         or ("\n# UNIT " in text if marks is None else "# UNIT " in marks)):
+        raise ExpositionError("OpenMetrics body without # EOF (truncated?)", reason="truncated")
+
+
+def _read_wanted(found: list, out: ParsedScrape) -> None:
+    """The fast path: every wanted sample line, as found by one regex (`_wanted_regex`).
+
+    A plain line (`name[{labels}] value`, no timestamp, no `#`) comes back split by the regex:
+    name, label text, value. Any other wanted line comes back whole and is read as before, the
+    unusual ones (timestamp, exemplar, broken) by the strict `_add_sample`, which names the problem."""
+    samples = out.samples
+    cache = _LABEL_CACHE
+    if len(cache) > _LABEL_CACHE_MAX:
+        cache.clear()
+    normalised = _NORMALISED
+    seen: set = set()
+    for raw_name, label_text, token, rest, mark in found:
+        if mark:
+            continue
+        if not rest:  # the plain form: the line's only `}` closes its label set
+            key = (raw_name, label_text[:-1])
+            if key in seen:
+                out.anomaly("duplicate_series")
+                continue
+            seen.add(key)
+            if label_text:
+                labels = cache.get(label_text)
+                if labels is None:
+                    labels = cache[label_text] = parse_labels(label_text[1:], None)
+            else:
+                labels = {}
+        else:
+            labels, token = _wanted_line(raw_name, rest, seen, cache, out)
+            if labels is None:
+                continue
+        try:
+            value = float(token) if "_" not in token else parse_float(token, None)
+        except ValueError:
+            value = parse_float(token, None)
+        name = normalised.get(raw_name) or normalise_name(raw_name)
+        bucket = samples.get(name)
+        if bucket is None:
+            samples[name] = [(labels, value)]
+        else:
+            bucket.append((labels, value))
+
+
+def _wanted_line(raw_name: str, rest: str, seen: set, cache: dict, out: ParsedScrape):
+    """A wanted line not in the plain form: (labels, value token) to add, or (None, None) when it
+    was a duplicate or was read by the strict `_add_sample` (timestamp, exemplar, malformed)."""
+    if rest[0] != "{":
+        rest = _labels_first(rest)
+    key = (raw_name, rest.rsplit("}", 1)[0] if rest[0] == "{" else "")
+    if key in seen:
+        out.anomaly("duplicate_series")
+        return None, None
+    seen.add(key)
+    if "#" in rest:
+        out.stamp(_add_sample(out.samples, raw_name, rest, None))  # exemplar (or '#' in a label value)
+        return None, None
+    if rest[0] == "{":
+        close = rest.rfind("}")
+        if close <= 0:
+            out.stamp(_add_sample(out.samples, raw_name, rest, None))  # strict path names the problem
+            return None, None
+        label_text, tail = rest[:close + 1], rest[close + 1:]
+        labels = cache.get(label_text)
+        if labels is None:
+            labels = cache[label_text] = parse_labels(label_text[1:], None)
+    else:
+        labels, tail = {}, rest
+    tokens = tail.split()
+    if len(tokens) != 1:
+        out.stamp(_add_sample(out.samples, raw_name, rest, None))  # timestamp, exemplar or malformed
+        return None, None
+    return labels, tokens[0]
+
+
 KNOWN_TYPES = {"counter", "gauge", "histogram", "summary", "untyped", "unknown", "info", "stateset",
                "gaugehistogram"}
 _TYPE_RE = re.compile(r"\n# TYPE[ \t]+(\S+)[ \t]+(\S+)")
@@ -180,20 +221,52 @@ _LABEL_CACHE_MAX = 200_000  # label sets repeat from scrape to scrape; bounded s
 
 
 def _wanted_regex(wanted: frozenset) -> "re.Pattern[str]":
-    """One regex finding every wanted sample line: its name and the rest of the line."""
+    """One regex finding every wanted sample line: its name, then either the plain form
+    `[{labels}] value` split into (label text, value), or any other line's rest, for `_wanted_line`;
+    and the `# EOF` and `# UNIT ` lines (`_check_eof`), so the body is read once. The names are one
+    trie (`_trie`): a line that is not wanted fails on its first characters, whatever their number."""
     rx = _REGEX_CACHE.get(wanted)
     if rx is None:
         alts = set()
         for name in wanted:
-            alts.add(re.escape(name))
+            alts.add(name)
             if name.startswith("vllm:"):
-                alts.update(re.escape(prefix + name[5:]) for prefix in VLLM_PREFIXES)
-        body = "|".join(sorted(alts, key=len, reverse=True))
-        rx = re.compile(r"\n(" + body + r")([{ \t][^\n]*)")
+                alts.update(prefix + name[5:] for prefix in VLLM_PREFIXES)
+        names = _trie(alts)
+        # plain: a label set without `}`, `#` or a newline inside, then one value without `{`, `}`,
+        # `#` or blanks; the blanks around it are what str.split() skips (re's \s is the same set)
+        plain = r"(?:[ \t]*(\{[^\n#}]*\})|[ \t])[^\S\n]*([^\s#{}]+)[^\S\n]*(?=\n|\Z)"
+        rx = re.compile(r"\n(?:(" + names + r")(?:" + plain + r"|([{ \t][^\n]*))|(# EOF(?=\n)|# UNIT ))")
         if len(_REGEX_CACHE) > 64:
             _REGEX_CACHE.clear()
         _REGEX_CACHE[wanted] = rx
     return rx
+
+
+def _trie(words: Iterable[str]) -> str:
+    """A regex alternation matching exactly `words`, shared prefixes factored out (Python's re tries
+    the branches of a flat alternation one by one: 60 names cost 60 tries on every line)."""
+    root: dict = {}
+    for word in words:
+        node = root
+        for ch in word:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+    return _trie_node(root)
+
+
+def _trie_node(node: dict) -> str:
+    branches = []
+    for ch in sorted(k for k in node if k):
+        sub, text = node[ch], re.escape(ch)
+        while len(sub) == 1 and "" not in sub:  # a chain with one way on: one literal
+            (ch2, sub), = sub.items()
+            text += re.escape(ch2)
+        branches.append(text + _trie_node(sub))
+    if not branches:
+        return ""
+    body = branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
+    return "(?:" + body + ")?" if "" in node else body
 
 
 def _add_sample(samples, raw_name: str, rest: str, offset: Optional[int], lineno: Optional[int] = None

@@ -209,6 +209,7 @@ class Fetcher:
             if auth.cert_file:
                 ctx.load_cert_chain(auth.cert_file, auth.key_file)
             self.ssl_context = ctx
+        self._urls: dict[str, tuple] = {}  # url -> its parts (`_split`)
         self._local = threading.local()
         self._all: list[dict] = []  # every thread's connection map, for close()
         self._all_lock = threading.Lock()
@@ -256,12 +257,10 @@ class Fetcher:
         """
         if self.closed:
             raise FetchError("closed", "the client is shut down")
-        parts = urlsplit(url)
-        scheme, host, port = parts.scheme, parts.hostname or "", parts.port
-        path = (parts.path or "/") + ("?" + parts.query if parts.query else "")
+        scheme, host, port, path, url_auth = self._split(url)
         hdrs = dict(self.headers)
-        if parts.username:  # credentials in the URL: use them, never echo them
-            hdrs["Authorization"] = _basic(parts.username, parts.password or "")
+        if url_auth:  # credentials in the URL: use them, never echo them
+            hdrs["Authorization"] = url_auth
         hdrs.update(headers or {})
         deadline = time.monotonic() + timeout
         for attempt in (0, 1):  # a kept-alive connection the server closed gets one fresh retry
@@ -282,6 +281,20 @@ class Fetcher:
                     continue
                 raise (error or FetchError("connect", _short(exc))) from None
         raise AssertionError("unreachable")
+
+    def _split(self, url: str) -> tuple[str, str, Optional[int], str, Optional[str]]:
+        """(scheme, host, port, path with query, Authorization from the URL's credentials or None),
+        kept per URL: the same targets are asked every cycle (a bad port raises ValueError, uncached)."""
+        got = self._urls.get(url)
+        if got is None:
+            parts = urlsplit(url)
+            got = (parts.scheme, parts.hostname or "", parts.port,
+                   (parts.path or "/") + ("?" + parts.query if parts.query else ""),
+                   _basic(parts.username, parts.password or "") if parts.username else None)
+            if len(self._urls) >= 100_000:
+                self._urls.clear()
+            self._urls[url] = got
+        return got
 
     def _exchange(self, conn, method, path, body, headers, key) -> tuple[int, bytes]:
         if conn.sock is not None:  # a kept-alive socket still has the last request's timeout

@@ -320,46 +320,68 @@ def _bound(le: str) -> Optional[float]:
     return b
 
 
+def _series(labels: dict[str, str]) -> tuple:
+    """A histogram series' key: (model, engine, request type); `_engine` inlined (once per bucket)."""
+    engine = labels.get("engine", "")
+    replica = labels.get("ReplicaId")
+    return labels.get("model_name"), f"{replica}/{engine}" if replica else engine, labels.get("request_type", "")
+
+
 def _histograms(buckets, sums, counts, scrape: Optional[ParsedScrape] = None) -> dict[str, Histogram]:
     """Group `_bucket` samples by (model, engine, request_type) and sum them per model (the render
     histogram of vLLM 0.34 has one series per request type)."""
     groups: dict[tuple, list[tuple[float, float]]] = {}
+    bounds_of = _BOUNDS
     for labels, value in buckets:
         le = labels.get("le")
         if le is None:
             continue
-        bound = _bound(le)
+        bound = bounds_of.get(le)
         if bound is None:
-            continue
-        key = (labels.get("model_name"), _engine(labels), labels.get("request_type", ""))
+            bound = _bound(le)
+            if bound is None:
+                continue
+        key = _series(labels)
         g = groups.get(key)
         if g is None:
             groups[key] = [(bound, value)]
         else:
             g.append((bound, value))
-    sum_by = {(lb.get("model_name"), _engine(lb), lb.get("request_type", "")): v for lb, v in sums}
-    count_by = {(lb.get("model_name"), _engine(lb), lb.get("request_type", "")): v for lb, v in counts}
+    sum_by = {_series(lb): v for lb, v in sums}
+    count_by = {_series(lb): v for lb, v in counts}
     per_model: dict[str, Histogram] = {}
     for key, pairs in groups.items():
         model = key[0]
         if model is None:
             continue
         pairs.sort()
-        if scrape is not None and not math.isinf(pairs[-1][0]):
+        bounds, cum = zip(*pairs)
+        if scrape is not None and not math.isinf(bounds[-1]):
             scrape.anomaly("histogram_without_inf")  # used as is: the count comes from _count
-        if scrape is not None and any(b[1] < a[1] for a, b in zip(pairs, pairs[1:])):
-            scrape.anomaly("histogram_not_cumulative")
-            continue
-        if not all(math.isfinite(c) and c >= 0 for _, c in pairs):
-            if scrape is not None:
-                scrape.anomaly("non_finite" if not all(math.isfinite(c) for _, c in pairs) else "negative")
-            continue
-        bounds = tuple(b for b, _ in pairs)
-        cum = tuple(c for _, c in pairs)
-        hist = Histogram(bounds, cum, sum_by.get(key, 0.0), count_by.get(key, cum[-1]))
-        old = per_model.get(model)
-        per_model[model] = hist if old is None else (old.plus(hist) or old)
+        if _usable(cum, scrape):
+            hist = Histogram(bounds, cum, sum_by.get(key, 0.0), count_by.get(key, cum[-1]))
+            old = per_model.get(model)
+            per_model[model] = hist if old is None else (old.plus(hist) or old)
     return per_model
+
+
+def _usable(cum: tuple, scrape: Optional[ParsedScrape]) -> bool:
+    """Whether cumulative bucket counts are fit to use: never decreasing (else the anomaly
+    `histogram_not_cumulative`, checked first), each finite and not negative (else `non_finite` or
+    `negative`). The usual case, all finite, is checked with C-level calls."""
+    finite = all(map(math.isfinite, cum))
+    if finite:
+        ordered = list(cum) == sorted(cum)  # no NaN: sorted is the non-decreasing order
+    else:
+        ordered = not any(b < a for a, b in zip(cum, cum[1:]))
+    if scrape is not None and not ordered:
+        scrape.anomaly("histogram_not_cumulative")
+        return False
+    if finite and min(cum) >= 0:
+        return True
+    if scrape is not None:
+        scrape.anomaly("non_finite" if not finite else "negative")
+    return False
 
 
 def readings_from_text(text: str, target: str, timestamp: float,
