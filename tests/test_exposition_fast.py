@@ -10,8 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from monitor.sources import exposition, sglang, vllm
-from monitor.sources.exposition import ExpositionError, ParsedScrape, parse, parse_float
+from monitor.kit import exposition
+from monitor.sources import sglang, vllm
+from monitor.kit.exposition import ExpositionError, ParsedScrape, parse, parse_float
 from servers import fixture
 
 pytestmark = pytest.mark.fuzz
