@@ -315,6 +315,10 @@ NOT_IN_THE_DEMO = {
                "headroom_digest_last_success_timestamp_seconds", "headroom_digest_pending_deliveries"),
     **_because("one series per family a target lacks; the simulated replicas expose every family "
                "(tests/test_source_errors_live.py)", "headroom_source_missing_family_info"),
+    **_because("the simulated replicas expose vLLM 0.32's families; the render histogram is vLLM 0.34's "
+               "(tests/test_vllm_034.py reads it from 0.34 captures)", "headroom_rendering_requests"),
+    **_because("direct mode: only Prometheus mode keeps a query-layer part's values stale "
+               "(tests/test_prometheus_query_layer.py)", "headroom_source_stale_seconds"),
     **_because("the simulated DCGM exporter reports power and energy only", "DCGM_FI_DEV_GPU_UTIL"),
     **_because("the demo's gateways are Envoy AI Gateway and the app, not LiteLLM (tests/engine: real LiteLLM)",
                "model_task_quantile:litellm_request_total_latency_seconds:histogram_quantile5m",
