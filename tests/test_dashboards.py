@@ -59,7 +59,7 @@ GRAFANA_VARS = {
     "$__range_s": "21600",
     "${pool}": "llama",
     "$pool": "llama",
-    "$cluster": "eu-1",
+    "$cluster": ".*",  # the "All" value: the HA pair's test series carry no cluster label
     "$namespace": "inference",
     "$replica": "http://10.0.0.7:8000/metrics",
     "$ttft_target_seconds": "0.5",

@@ -31,7 +31,7 @@ def run(args) -> int:
     except ConfigError as exc:
         print(f"headroom: {exc}", file=sys.stderr)
         return 2
-    from ..history.store import store_problem  # noqa: PLC0415
+    from ..history.store_open import store_problem  # noqa: PLC0415 - no pandas: check-config stays quick
     problem = store_problem(cfg.store_path) if cfg.store_path else None
     if problem:
         print(f"headroom: {args.file}: store.path: {problem}: run would serve live numbers but write no "

@@ -13,6 +13,3 @@
 The forecasts (`forecasts.py`, called by monitor/forecaster.py) and the digest (monitor/digest/sources.py) read through
 a `HistorySource`; neither knows which one.
 """
-from monitor.schema import SERIES, HistorySource, Window, window
-
-__all__ = ["SERIES", "HistorySource", "Window", "window"]
