@@ -101,8 +101,6 @@ def test_the_lab_check_finds_what_the_image_holds(inside):
         "monitor/cli.py", "monitor/export"]
 
 
-@pytest.mark.xfail(strict=True, reason="monitor/sim and monitor/loadtest leave the runtime wheel with the "
-                                       "headroom-lab split; remove this mark when that lands")
 def test_image_holds_no_simulator_or_load_tester(inside):
     assert present(inside, LAB_PATHS) == []
 
