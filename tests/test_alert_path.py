@@ -438,7 +438,11 @@ def test_load_shed_fires_in_the_overload_and_not_before(stack):
         shed = [a for a in hook.alerts() if a["labels"]["alertname"] == "HeadroomLoadShed"
                 and a["labels"].get("pool") == chat_pool and a["status"] == "firing"]
         time.sleep(0.5)
-    assert shed, f"HeadroomLoadShed never arrived for {chat_pool}"
+    share = ('sum without (reason) (headroom_shed_requests_rate) / (sum without (reason) (headroom_shed_requests_rate)'
+             ' + headroom_completion_rate - (sum without (reason) (headroom_shed_requests_rate{reason="aborted"})'
+             ' or headroom_completion_rate * 0))')
+    assert shed, (f"HeadroomLoadShed never arrived for {chat_pool}: share over the last 5 min "
+                  f"{prom.query(f'max_over_time(({share})[5m:5s])')}, shed now {prom.query('headroom_shed_requests_rate > 0')}")
     assert shed[0]["labels"]["severity"] == "critical"
     assert shed[0]["annotations"]["runbook_url"].endswith("#headroomloadshed")
     assert chat_pool in shed[0]["annotations"]["description"]

@@ -18,6 +18,7 @@ import socket
 import ssl as ssl_mod
 import tempfile
 import threading
+import time
 from email.message import EmailMessage
 from email.utils import formatdate
 from typing import Callable
@@ -154,6 +155,7 @@ def smtp_sender(dest: Destination) -> Callable:
         fired = threading.Event()
         timer = threading.Timer(dest.timeout, lambda: (fired.set(), _shut(held)))
         timer.daemon = True
+        began = time.monotonic()
         timer.start()
         try:
             # made unconnected, then connected: the timer can end a greeting that never comes
@@ -177,7 +179,9 @@ def smtp_sender(dest: Destination) -> Callable:
         except smtplib.SMTPRecipientsRefused as exc:
             raise DeliveryError(f"smtp {dest.name}: all {len(exc.recipients)} recipient(s) refused") from None
         except (smtplib.SMTPException, OSError) as exc:
-            if fired.is_set():
+            # the timer's shutdown, or smtplib's own per-read timeout reaching the same deadline first
+            # (a busy machine runs the timer's thread late): either way the deadline ended it
+            if fired.is_set() or time.monotonic() - began >= dest.timeout:
                 raise DeliveryError(f"smtp {dest.name}: no acknowledgement within {dest.timeout:g}s") from None
             raise DeliveryError(f"smtp {dest.name}: {type(exc).__name__}") from None
         finally:
