@@ -71,7 +71,8 @@ SCENARIO_DEFAULTS: dict[str, dict[str, Any]] = {
     # flat rates at `level` x rate_per_s of every task type
     "steady": {"level": 1.0, "profile": False},
     # flat at `level`, then x`multiplier` from `at_s` for `duration_s` (seconds after start)
-    "burst": {"level": 0.7, "profile": False, "at_s": 10.0, "duration_s": 40.0, "multiplier": 3.0},
+    "burst": {"level": 0.7, "profile": False, "at_s": 10.0, "duration_s": 40.0, "multiplier": 3.0,
+              "request_timeout_s": 0.0},
     # the mix profiles (hour-of-day, weekday, bursts); `day_seconds` < 86400 compresses a day;
     # `start_hour` (with `start_weekday`, 0 = Monday) pins the profile clock at the scenario
     # origin instead of following the real clock; `min_level` floors the profile value
