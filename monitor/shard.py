@@ -15,6 +15,7 @@ Shard indices are 0-based, like StatefulSet ordinals: `0/2` and `1/2` are the tw
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 
 from monitor.kit.settings.kinds import Kind
 

@@ -6,7 +6,6 @@ the whole of it; the floors below take their own section or a narrower view.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 from typing import Optional
 

@@ -14,7 +14,7 @@ from typing import Optional
 
 from .. import __version__
 from ..capacity.fit import fleet_fit
-from ..model import Alert, Capacity, PoolSnapshot, Snapshot
+from ..model import Alert, Capacity, PoolSnapshot, Quantiles, Snapshot
 
 
 class Trends:
