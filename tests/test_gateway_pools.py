@@ -69,7 +69,7 @@ def test_step_gives_each_pool_the_reading_of_its_model():
 
 @pytest.fixture
 @starts_servers
-def fleet():
+def two_pool_servers():
     servers = {A: MetricsServer(), B: MetricsServer()}
     for model, server in servers.items():
         server.bodies["/metrics"] = vllm_body(model)
@@ -79,8 +79,8 @@ def fleet():
         server.stop()
 
 
-def test_collect_reads_the_gateway_per_model_of_the_cycles_pools(fleet):
-    servers, gateway = fleet
+def test_collect_reads_the_gateway_per_model_of_the_cycles_pools(two_pool_servers):
+    servers, gateway = two_pool_servers
     cfg = config([s.url("/metrics") for s in servers.values()], gateway.url("/metrics"))
     now = [T0]
     pipeline = Pipeline(cfg, clock=lambda: now[0], capacity=CapacityState(cfg))
@@ -103,8 +103,8 @@ def test_collect_reads_the_gateway_per_model_of_the_cycles_pools(fleet):
     assert chat_calls(snap) == {A: 10.0, B: 2.0}
 
 
-def test_one_pool_takes_the_whole_reading_and_nothing_is_read_per_model(fleet):
-    servers, gateway = fleet
+def test_one_pool_takes_the_whole_reading_and_nothing_is_read_per_model(two_pool_servers):
+    servers, gateway = two_pool_servers
     cfg = config([servers[A].url("/metrics")], gateway.url("/metrics"))
     pipeline = Pipeline(cfg, clock=lambda: T0, capacity=CapacityState(cfg))
     try:
