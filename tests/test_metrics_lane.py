@@ -36,7 +36,7 @@ def test_scrapes_answer_while_every_worker_renders_the_landing_page():
     state.publish(snap)
     server, _ = serve(state, "127.0.0.1:0")
     base = f"http://127.0.0.1:{server.server_address[1]}"
-    stop, views, failures = threading.Event(), [], []
+    stop, views, failures, held_after = threading.Event(), [], [], []
 
     def viewer():
         with requests.Session() as s:
@@ -60,7 +60,10 @@ def test_scrapes_answer_while_every_worker_renders_the_landing_page():
             assert r.status_code == 200
             assert f'headroom_active_requests{{pool="pool-{POOLS - 1:04d}/meta-llama/Llama-3.1-8B-Instruct"}} 270.0' \
                 in r.text
-            assert server.stats.requests_in_progress >= 1, "the views finished first: the scrape proved nothing"
+            # views still held when the scrape's answer is in: it did not wait for them. (Between two
+            # views of one viewer the count can touch 0, so this is counted over the ten scrapes.)
+            held_after.append(server.stats.requests_in_progress >= 1)
+        assert sum(held_after) >= 5, f"the views finished first in {held_after.count(False)} of 10 scrapes"
         wait_for(lambda: len(views), lambda n: n >= 1, 300, "a view answered")
         assert set(views) == {200} and not failures
     finally:
