@@ -95,9 +95,15 @@ def test_litellm_tasks_exact_and_call_latency_within_a_bucket(litellm_gateway):
         assert h.sum / h.count <= client.mean()  # the proxy's view excludes the client's HTTP time
 
 
+# the agent's tool call between two model calls; it also keeps the proxy below saturation, where its
+# metrics callback (run after each response) falls behind by seconds on a loaded 2-core machine
+TOOL_WAIT = 0.2
+
+
 def _agent_session(gw, task_type: str, started, stop: threading.Event, errors: list) -> None:
-    """One session of the agent application: 3-call tasks back to back through the proxy, each task
-    counted when it starts (agent_tasks_started_total), as the application convention asks."""
+    """One session of the agent application: 3-call tasks back to back through the proxy, a tool wait
+    of TOOL_WAIT between two calls, each task counted when it starts (agent_tasks_started_total), as
+    the application convention asks."""
     headers = {"Authorization": f"Bearer {gw.info['master_key']}"}
     with requests.Session() as s:
         while not stop.is_set():
@@ -109,6 +115,8 @@ def _agent_session(gw, task_type: str, started, stop: threading.Event, errors: l
                 r = s.post(gw.url + "/v1/chat/completions", json=body, headers=headers, timeout=300)
                 if r.status_code != 200:
                     errors.append(r.text[:200])
+                if i < 2 and stop.wait(TOOL_WAIT):
+                    return
 
 
 def test_live_tasks_and_sessions_over_the_task_window(litellm_gateway, vllm_small_engine):
@@ -124,7 +132,7 @@ def test_live_tasks_and_sessions_over_the_task_window(litellm_gateway, vllm_smal
     from monitor.model import PoolSnapshot
     from monitor.sources.gateway import UNATTRIBUTED, read_gateway_scrape
 
-    model, sessions, tt, window = litellm_gateway.info["served_model"], 3, f"live_{int(time.time())}", 20.0
+    model, sessions, tt, window = litellm_gateway.info["served_model"], 3, f"live_{int(time.time())}", 30.0
     registry = CollectorRegistry()
     started = PCounter("agent_tasks_started", "Tasks started.", ["task_type"], registry=registry)
     Gauge("agent_sessions_active", "Sessions open.", ["task_type"], registry=registry).labels(task_type=tt).set(sessions)
@@ -175,9 +183,9 @@ def test_live_tasks_and_sessions_over_the_task_window(litellm_gateway, vllm_smal
         # calls counted on completion, tasks on start: each session has at most one task in flight at
         # either edge of the window, so calls are 3 per task give or take 3 per session; LiteLLM also
         # records a call in a callback after the response, late by a varying amount on a busy
-        # machine (a clean-clone run read 3.14 over 158 tasks). Within 10 %: one-cycle counting
-        # read 1 to 9 for the same task; the exact 3 within 5 % is the driven-clock test's
-        # (tests/test_task_window.py)
+        # machine (clean-clone runs read 3.14 over 158 tasks and, with back-to-back calls that kept
+        # the proxy saturated, 2.69 over 225). Within 10 %: one-cycle counting read 1 to 9 for the
+        # same task; the exact 3 within 5 % is the driven-clock test's (tests/test_task_window.py)
         assert abs(s.calls_per_task - 3.0) <= 0.3, (age, s.calls_per_task, s.tasks)
     print(f"\n[tasks] calls per task over {window:g} s windows: "
           f"{', '.join(f'{s.calls_per_task:.2f} ({s.tasks:.0f} tasks)' for _a, s, _u in seen)}")
