@@ -154,11 +154,12 @@ def test_cli_once_reports_the_engine_under_load(vllm_small_engine):
                       prompt=lambda rng: token_prompt(rng, rng.randint(16, 64), vocab), seed=11)
     loop.start()
     try:
-        # up to three CLI runs, each after the engine showed a full batch and a queue: on 2 loaded
+        # up to five CLI runs, each after the engine showed a full batch and a queue: on 2 loaded
         # cores the engine's own queue can empty for a moment while requests sit in the HTTP
-        # frontend (a clean-clone run read 0 waiting once); the first run that sees a queue counts
+        # frontend (a clean-clone run read 0 waiting once; with the cores loaded to 18, three runs
+        # read (0, 0), (3, 0), (0, 0) active and queued); the first run that sees both counts
         tries = []
-        for _ in range(3):
+        for _ in range(5):
             wait_for(lambda: engine_gauges(fetch_metrics(url)[0])[MODEL],
                      lambda g: g["running"] == 8 and g["waiting"] > 0, timeout=60, every=0.2,
                      what="the engine with a full batch and a queue")
@@ -175,13 +176,16 @@ def test_cli_once_reports_the_engine_under_load(vllm_small_engine):
                              timeout=30, every=0.2, what="the engine queue after the CLI ran")
             assert proc.returncode == 0, proc.stderr[-2000:]
             snap = json.loads(proc.stdout)
-            tries.append(snap["pools"][0]["queued_requests"] if snap["pools"] else None)
-            if tries[-1]:
+            pools = snap["pools"]
+            tries.append((pools[0]["active_requests"], pools[0]["queued_requests"]) if pools else None)
+            # a run counts when it read the engine loaded: on loaded cores one read 0 running beside
+            # a queue (the engine between two steps), another 0 waiting
+            if tries[-1] and all(tries[-1]):
                 break
     finally:
         loop.stop()
         records = loop.join(timeout=300)
-    print(f"\n[cli] queued per CLI run: {tries}")
+    print(f"\n[cli] (active, queued) per CLI run: {tries}")
     assert len(snap["pools"]) == 1
     pool = snap["pools"][0]
     assert pool["pool"] == MODEL and pool["replicas"] == 1 and pool["stale"] is False
