@@ -34,11 +34,13 @@ KNEE_WINDOW_SECONDS = 6.0
 
 
 def knee_sweep(url: str, max_num_seqs: int, steps=KNEE_STEPS, step_seconds: float = KNEE_STEP_SECONDS,
-               window_seconds: float = KNEE_WINDOW_SECONDS, seed: int = 0) -> dict:
+               window_seconds: float = KNEE_WINDOW_SECONDS, seed: int = 0, enough=None) -> dict:
     """A stepped closed-loop sweep. headroom's KneeEstimator is fed from the engine's /metrics alone
     (queue-time signal, Little's-law load, one scrape a second, windows within one step, as a stepped
     load test measures each level once it holds); the reference is the client-side curve (clients vs
-    the mean client TTFT at that count) fitted with the same segmented regression."""
+    the mean client TTFT at that count) fitted with the same segmented regression. `enough(knee)`,
+    when given, ends the sweep after the first step at whose end it holds (a test's condition; the
+    benchmark runs every step)."""
     target = url + "/metrics"
     est = KneeEstimator("queue", prior_knee(max_num_seqs=max_num_seqs), min_observations=30)
     points: list[tuple[int, float]] = []
@@ -66,10 +68,13 @@ def knee_sweep(url: str, max_num_seqs: int, steps=KNEE_STEPS, step_seconds: floa
         records = loop.join(timeout=300)
         errors += [str(e) for e in loop.errors()]
         points += [(clients, r.ttft) for r in records if r.ttft is not None]
+        done = enough is not None and enough(knee)
         t0, t1 = min(r.start for r in records), max(r.end for r in records)
         whole = interval_observation(scrapes[-1], scrapes[first], "queue")
         steady.append((clients, sum(r.end - r.start for r in records) / (t1 - t0),
                        whole[0] if whole else None))
+        if done:
+            break
     levels = sorted({p[0] for p in points})
     x = np.array(levels, dtype=float)
     y = np.array([np.mean([p[1] for p in points if p[0] == c]) for c in levels])
