@@ -5,7 +5,10 @@ Each llm-d / inference-gateway / Dynamo body of the cycle was read into `Gateway
 gateway's `pool` when the config sets one (every request of that gateway feeds one pool); else its
 gateway pool label mapped by the gateway's `pools:`; else the one pool serving the row's model (a
 model served by two pools is not split: that queue is left out and counted as
-`gateway_queue_unmapped`). A sum that overflows is left out too (unknown, never +Inf), counted as
+`gateway_queue_unmapped`). Each is looked for among the pools of the gateway's scope only
+(sources.gateways[i].labels, monitor/derive/gateway_scope.py): a gateway labelled {cluster: a}
+puts its queue on cluster a's pool of that model; one without labels in front of two clusters
+serving the model leaves it out (unmapped), never counting it twice. A sum that overflows is left out too (unknown, never +Inf), counted as
 `gateway_queue_overflow`. The result is `PoolSnapshot.gateway_queued[<gateway URL>]`, part of
 `PoolSnapshot.load_requests`.
 """
@@ -16,6 +19,7 @@ from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 from ..model import PoolSnapshot
 from ..readings import GatewayQueue, GatewayScrape, finite_only
+from .gateway_scope import Scope
 
 
 def queued_by_pool(queues: Iterable[GatewayQueue],
@@ -52,6 +56,23 @@ def pool_of_served_models(served: Mapping[str, str], gateway_pools: Optional[Map
     return pool_of
 
 
+def _scoped(scope: Scope, fixed: Optional[str], mapping: Mapping[str, str]
+            ) -> Callable[[Optional[str], Optional[str]], Optional[str]]:
+    """`pool_of` of one gateway: its `pool`, else its `pools:` map, else the model's one pool,
+    each resolved in its scope (a name two pools in scope answer to is no pool: left out)."""
+    pinned = scope.named(fixed)[0] if fixed is not None else None
+    labels = {label: scope.named(pool)[0] for label, pool in mapping.items()}
+
+    def pool_of(label: Optional[str], model: Optional[str]) -> Optional[str]:
+        if fixed is not None:
+            return pinned
+        if label is not None and label in labels:
+            return labels[label]
+        return scope.serving(model)[0]
+
+    return pool_of
+
+
 def apply_gateway_queues(pools: Sequence[PoolSnapshot], gateways: Sequence[GatewayScrape],
                          gateway_pools: Sequence[dict], anomalies: dict) -> None:
     """Fill `gateway_queued` of `pools` from the cycle's gateway scrapes; `gateway_pools[i]` is
@@ -68,11 +89,7 @@ def apply_gateway_queues(pools: Sequence[PoolSnapshot], gateways: Sequence[Gatew
             key = "gateway_queue_" + reason.split(":", 1)[0]
             anomalies[key] = anomalies.get(key, 0.0) + n
         mapping = gateway_pools[scrape.index] if scrape.index < len(gateway_pools) else {}
-        default = pool_of_served_models(served, mapping)
-
-        def pool_of(label: Optional[str], model: Optional[str], fixed=scrape.pool, default=default):
-            pool = fixed if fixed is not None else default(label, model)
-            return pool if pool in by_name else None
+        pool_of = _scoped(Scope(served.items(), scrape.labels), scrape.pool, mapping)
 
         overflow: dict = {}
         for pool, queued in queued_by_pool(queues, pool_of, overflow).items():

