@@ -195,3 +195,22 @@ def test_scope_names_and_models():
     assert anywhere.routes({"x": "tiny", "y": "big", "z": "gone"}) == ({"x": None, "y": 'big{cluster="a"}', "z": None}, ["x"])
     plain = Scope([("chat", "m1"), ("code", "m2")])  # one pool_by label: every key a plain name, nothing changes
     assert plain.named("chat") == ("chat", False) and plain.serving("m2") == ("code", False)
+
+
+def test_prometheus_windows_keep_each_clusters_series_apart():
+    """The window query keeps the extra pool_by labels: a series' own cluster decides whose windows it is."""
+    from monitor.history.slo import PrometheusWindows, window_query
+
+    q = window_query("litellm_request_total_latency_metric", "metadata_task_type", 300.0, 15.0, ("cluster",))
+    assert q.startswith("sum by (metadata_task_type, cluster, le) (increase(")
+    assert "count by (metadata_task_type, cluster) (" in q
+
+    class Rows:  # what Prometheus answers that query with: buckets and coverage rows per task type and cluster
+        def query(self, query, at=None, deadline=None):
+            assert query == q
+            return [({"metadata_task_type": "chat", "cluster": c, "le": le}, v) for c, k in (("a", 1.0), ("b", 3.0))
+                    for le, v in (("1.0", 4 * k), ("+Inf", 5 * k), ("covered", 1.0))]
+
+    got = PrometheusWindows(Rows(), {"5m": 300.0}, {"call"}, [("litellm", None)], tolerance=15.0, extra=("cluster",)).read(T0)
+    assert sorted(got) == [("call", "chat", (("cluster", "a"),)), ("call", "chat", (("cluster", "b"),))]
+    assert [got[("call", "chat", (("cluster", c),))]["5m"].count for c in "ab"] == [5.0, 15.0]

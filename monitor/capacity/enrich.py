@@ -66,6 +66,7 @@ from monitor.capacity.power import key_map, power_by_pool
 from monitor.capacity.shed import gateway_shed_rates
 from monitor.capacity.slo import SloTracker, Target, bad_count, window_burn
 from monitor.capacity.tasks import TaskWindow, call_latency_by_class, derive_tasks, join_sources
+from monitor.poolkey import extras_of
 from monitor.model import Capacity, Histogram, PoolSlo, PoolSnapshot, PoolTasks, Quantiles, ReplicaReading, TaskStats
 from monitor.readings import DcgmReading, GatewayConfig, GatewayScrape
 
@@ -320,12 +321,14 @@ def _target_tag(target: Target) -> str:
 
 def _burn_rates(state: CapacityState, key: tuple, target: Target) -> tuple[dict, str]:
     """(window -> burn rate, source): Prometheus' counts when it has the task type's series and the
-    task type feeds one pool only (its series carry no pool), else the tracker's."""
+    task type feeds one pool only (its series carry no pool; with extra pool_by labels, one pool of
+    the series' cluster), else the tracker's."""
     pool, task_type = key[0], key[1]
     seen = state.slo_task_pools.setdefault(task_type, {})
     seen[pool] = state.tracker.newest(key) or seen.get(pool, 0.0)
-    windows = (state.slo_cycle_windows or {}).get((target.signal, task_type))
-    if windows is None or len(seen) > 1:
+    extras = tuple(extras_of(pool).items())
+    windows = (state.slo_cycle_windows or {}).get((target.signal, task_type, extras) if extras else (target.signal, task_type))
+    if windows is None or sum(1 for p in seen if tuple(extras_of(p).items()) == extras) > 1:
         return state.tracker.burn_rates(key, target), "tracker"
     return {name: window_burn(bad_count(windows.get(name), target), target) for name in state.slo.windows}, "prometheus"
 
