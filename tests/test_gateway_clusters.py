@@ -6,20 +6,24 @@ labels feeds a model's pool only when one pool serves that model, else nothing (
 gateway_unattributed / gateway_queue_unmapped, logged once), never both. The gateway bodies are the
 real LiteLLM capture (its counts checked against the run's client-side truth) and the llm-d router
 body; the engines are the real vLLM CPU capture. The gateway bodies go through the cycle's own
-reader (monitor/sources/auxiliary.py `AuxSources.read_gateway`), then the pure step.
+reader (monitor/sources/auxiliary.py `AuxSources.read_gateway`), then the pure step; the last test
+runs the whole cycle in Prometheus mode against a real Prometheus 2.42 that scrapes the engines and
+both proxies with a `cluster` target label.
 """
 from __future__ import annotations
 
 import csv
 import logging
 import re
+import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from monitor.capacity.enrich import CapacityState
-from monitor.config import Capacity, Config, GatewaySource, Target, from_dict
+from monitor.config import Capacity, Config, GatewaySource, PrometheusSource, Target, from_dict
+from monitor.cycle import Pipeline
 from monitor.derive.gateway_scope import Scope
 from monitor.kit.http import BodyBudget
 from monitor.kit.settings.reader import ConfigError
@@ -27,7 +31,8 @@ from monitor.sources.auxiliary import AuxSources, pool_models
 from monitor.sources.gateway_queue import read_gateway_queues
 from monitor.sources.vllm import readings_from_text
 from monitor.step import CycleInputs, CycleState, step
-from servers import fixture
+from servers import MetricsServer, Prometheus, fixture, wait_for
+from tiers import starts_servers
 
 FIX = Path(__file__).parent / "fixtures" / "gateway"
 LITELLM = (FIX / "litellm-1.108.7-agent-tasks.prom").read_text()
@@ -214,3 +219,71 @@ def test_prometheus_windows_keep_each_clusters_series_apart():
     got = PrometheusWindows(Rows(), {"5m": 300.0}, {"call"}, [("litellm", None)], tolerance=15.0, extra=("cluster",)).read(T0)
     assert sorted(got) == [("call", "chat", (("cluster", "a"),)), ("call", "chat", (("cluster", "b"),))]
     assert [got[("call", "chat", (("cluster", c),))]["5m"].count for c in "ab"] == [5.0, 15.0]
+
+
+PROM_CONFIG = """
+global:
+  scrape_interval: 1s
+scrape_configs:
+  - job_name: vllm
+    static_configs:
+{vllm}
+  - job_name: litellm
+    static_configs:
+{litellm}
+"""
+CALLS = "litellm_proxy_total_requests_metric_total"
+
+
+@pytest.fixture
+@starts_servers
+def two_clusters():
+    """One engine and one LiteLLM proxy per cluster (the real captures), on loopback."""
+    servers = {c: (MetricsServer(), MetricsServer()) for c in "ab"}
+    for engine, proxy in servers.values():
+        engine.bodies["/metrics"] = vllm_body("tiny")
+        proxy.bodies["/metrics"] = LITELLM
+    yield servers
+    for pair in servers.values():
+        for server in pair:
+            server.stop()
+
+
+def test_prometheus_mode_gives_each_clusters_pool_its_own_gateway_numbers(two_clusters, tmp_path):
+    groups = {job: "".join(f"      - targets: ['127.0.0.1:{pair[i].port}']\n        labels: {{cluster: {c}}}\n"
+                           for c, pair in two_clusters.items()) for i, job in enumerate(("vllm", "litellm"))}
+    prom = Prometheus(str(tmp_path), PROM_CONFIG.format(**groups))
+    by_cluster = f"sum by (cluster) ({CALLS}{{job=\"litellm\"}})"
+    try:
+        prom.wait_for('count(vllm:num_requests_running{job="vllm"}) == 2', timeout=60)
+        before = prom.wait_for(by_cluster, timeout=30, predicate=lambda result: len(result) == 2)
+        cfg = Config(prometheus=PrometheusSource(url=prom.url, selector='job="vllm"'), pool_by=POOL_BY, interval=1.0,
+                     gateways=[GatewaySource(kind="litellm", url=pair[1].url("/metrics"), labels={"cluster": c})
+                               for c, pair in two_clusters.items()], capacity=Capacity(task_window=2.0))
+        pipeline = Pipeline(cfg, capacity=CapacityState(cfg))
+        try:
+            first = pipeline.run_cycle()
+            # over the window cluster a's proxy serves the captured run once more, cluster b's twice more
+            for c, k in (("a", 2), ("b", 3)):
+                two_clusters[c][1].bodies["/metrics"] = scaled(LITELLM, k)
+            after = prom.wait_for(by_cluster, timeout=30, predicate=lambda result: len(result) == 2 and all(
+                float(r["value"][1]) > float(b["value"][1]) for r in result for b in before
+                if b["metric"] == r["metric"]))
+            wait_for(time.time, lambda t: t >= first.timestamp + cfg.capacity.task_window, timeout=30,
+                     what="a task window since the first cycle")
+            snap = pipeline.run_cycle()
+        finally:
+            pipeline.close()
+    finally:
+        prom.stop()
+    assert [s.up for s in snap.sources if s.source in ("prometheus", "gateway")] == [True, True, True]
+    pools = {p.extra_labels["cluster"]: p for p in snap.pools}
+    assert {c: (p.name, p.replicas) for c, p in pools.items()} == {"a": ("tiny", 1), "b": ("tiny", 1)}
+    truth = truth_calls()
+    assert {c: {tt: s.calls for tt, s in p.tasks.by_type.items()} for c, p in pools.items()} == {
+        "a": dict(truth), "b": {tt: 2 * n for tt, n in truth.items()}}
+    # each pool's calls are what Prometheus saw of that cluster's proxy alone over the same bodies
+    seen = {r["metric"]["cluster"]: float(r["value"][1]) for r in after}
+    seen = {c: v - next(float(b["value"][1]) for b in before if b["metric"]["cluster"] == c) for c, v in seen.items()}
+    assert {c: sum(s.calls for s in p.tasks.by_type.values()) for c, p in pools.items()} == seen
+    assert "gateway_unattributed" not in snap.anomalies
