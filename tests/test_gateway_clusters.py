@@ -287,3 +287,25 @@ def test_prometheus_mode_gives_each_clusters_pool_its_own_gateway_numbers(two_cl
     seen = {c: v - next(float(b["value"][1]) for b in before if b["metric"]["cluster"] == c) for c, v in seen.items()}
     assert {c: sum(s.calls for s in p.tasks.by_type.values()) for c, p in pools.items()} == seen
     assert "gateway_unattributed" not in snap.anomalies
+
+
+def test_a_shard_owning_one_clusters_pool_still_sees_the_reading_is_ambiguous():
+    """Two shards, each owning one cluster's pool of the model: a gateway without labels goes to
+    neither (each shard judges over the whole fleet), one with labels to its cluster's owner only."""
+    from dataclasses import replace as with_
+    from monitor.shard import owner
+
+    replicas = engines({"a": ["tiny"], "c": ["tiny"]})
+    keys = {c: f'tiny{{cluster="{c}"}}' for c in "ac"}
+    assert sorted(owner(k, 2) for k in keys.values()) == [0, 1]  # one pool a shard
+    got: dict = {}
+    for labels in ({}, {"cluster": "c"}):
+        for shard in (0, 1):
+            cfg = with_(config(replicas, [GatewaySource(kind="litellm", url="http://gw:4000/metrics", labels=labels)]),
+                        shard=(shard, 2))
+            fleet = Fleet(cfg, replicas)
+            fleet.cycle(T0, [LITELLM])
+            snap = fleet.cycle(T0 + WINDOW, [scaled(LITELLM, 2)])
+            assert [p.pool for p in snap.pools] == [k for k in keys.values() if owner(k, 2) == shard]
+            got.setdefault(bool(labels), {}).update(calls_by_pool(snap))
+    assert got == {False: {}, True: {keys["c"]: dict(truth_calls())}}

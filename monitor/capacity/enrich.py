@@ -215,11 +215,14 @@ class CapacityState:
 
 def assess(state: CapacityState, pools: list[PoolSnapshot], history: History,
            gateways: Sequence[GatewayScrape] = (), dcgm: Sequence[DcgmReading] = (), now: float = 0.0,
-           slo_windows: Optional[dict] = None, anomalies: Optional[dict] = None) -> None:
+           slo_windows: Optional[dict] = None, anomalies: Optional[dict] = None,
+           fleet: Optional[Sequence[tuple[str, str]]] = None) -> None:
     """Set `capacity` and `tasks` on every pool of the cycle (see the module docstring); gateway
-    readings no pool could be given alone are counted into `anomalies` (gateway_plan.py)."""
+    readings no pool could be given alone are counted into `anomalies`; `fleet`: (pool, model) of
+    every pool, other shards' too, the gateways' scopes are taken over (gateway_plan.py)."""
     state.slo_cycle_windows = slo_windows
-    planned = plan_gateways(state, pools, gateways, anomalies)
+    planned = plan_gateways(state, fleet or [(p.pool, p.model) for p in pools], gateways, anomalies,
+                            {p.pool for p in pools})
     tasks = _tasks(state, pools, planned, now)
     shed = gateway_shed_rates(planned, state.task_pools, {p.pool for p in pools})
     power = _power(state, history, dcgm)

@@ -21,7 +21,6 @@ from typing import Optional, Sequence
 
 from monitor.capacity.tasks import TaskWindow
 from monitor.derive.gateway_scope import Scope
-from monitor.model import PoolSnapshot
 from monitor.readings import GatewayConfig, GatewayReading, GatewayScrape
 
 log = logging.getLogger(__name__)
@@ -33,11 +32,12 @@ Planned = tuple[Optional[str], GatewayConfig, GatewayReading, Optional[GatewayRe
 Plan = list[tuple[Optional[str], GatewayConfig, GatewayReading]]
 
 
-def plan_gateways(state, pools: Sequence[PoolSnapshot], gateways: Sequence[GatewayScrape],
-                  anomalies: Optional[dict] = None) -> list[Planned]:
+def plan_gateways(state, served: Sequence[tuple[str, str]], gateways: Sequence[GatewayScrape],
+                  anomalies: Optional[dict] = None, owned: Optional[set] = None) -> list[Planned]:
     """The cycle's gateway readings with their pools (see the module docstring). `state` is the
-    capacity layer's (`CapacityState`): its task windows, task_pools and the gateways warned of."""
-    served = [(p.pool, p.model) for p in pools]
+    capacity layer's (`CapacityState`): its task windows, task_pools and the gateways warned of;
+    `served`: (pool, model) of every pool of the fleet, also those another shard owns (a pool not
+    `owned` (default: all of them) is fed by another instance, and left out here)."""
     out: list[Planned] = []
     for scrape in gateways:
         if scrape.reading is None:
@@ -50,6 +50,8 @@ def plan_gateways(state, pools: Sequence[PoolSnapshot], gateways: Sequence[Gatew
         if unattributed:
             _unattributed(state, scrape, unattributed, anomalies)
         for pool, gcfg, reading in plan:
+            if owned is not None and pool is not None and pool not in owned:
+                continue
             key = (scrape.index, pool)
             window = state.gateway_windows.get(key)
             if window is None:

@@ -74,11 +74,14 @@ def _scoped(scope: Scope, fixed: Optional[str], mapping: Mapping[str, str]
 
 
 def apply_gateway_queues(pools: Sequence[PoolSnapshot], gateways: Sequence[GatewayScrape],
-                         gateway_pools: Sequence[dict], anomalies: dict) -> None:
+                         gateway_pools: Sequence[dict], anomalies: dict,
+                         fleet: Optional[Sequence[tuple[str, str]]] = None) -> None:
     """Fill `gateway_queued` of `pools` from the cycle's gateway scrapes; `gateway_pools[i]` is
-    sources.gateways[i].pools. Bad values and unmapped rows are counted into `anomalies`."""
+    sources.gateways[i].pools; `fleet`: (pool, model) of every pool, also those of other shards
+    (default: `pools`), over which a name or model must be one pool's. Bad values and unmapped rows
+    are counted into `anomalies` (a row of a pool another shard owns is neither)."""
     by_name = {p.pool: p for p in pools}
-    served = {p.pool: p.model for p in pools}
+    served = dict(fleet) if fleet else {p.pool: p.model for p in pools}
     for scrape in gateways:
         if scrape.error is not None and scrape.error.startswith("too_large"):
             anomalies["gateway_too_large"] = anomalies.get("gateway_too_large", 0.0) + 1  # not parsed
@@ -89,7 +92,11 @@ def apply_gateway_queues(pools: Sequence[PoolSnapshot], gateways: Sequence[Gatew
             key = "gateway_queue_" + reason.split(":", 1)[0]
             anomalies[key] = anomalies.get(key, 0.0) + n
         mapping = gateway_pools[scrape.index] if scrape.index < len(gateway_pools) else {}
-        pool_of = _scoped(Scope(served.items(), scrape.labels), scrape.pool, mapping)
+        scoped = _scoped(Scope(served.items(), scrape.labels), scrape.pool, mapping)
+
+        def pool_of(label: Optional[str], model: Optional[str], scoped=scoped) -> Optional[str]:
+            pool = scoped(label, model)
+            return pool if pool in by_name else None
 
         overflow: dict = {}
         for pool, queued in queued_by_pool(queues, pool_of, overflow).items():
@@ -97,7 +104,7 @@ def apply_gateway_queues(pools: Sequence[PoolSnapshot], gateways: Sequence[Gatew
             mine[scrape.url] = mine.get(scrape.url, 0.0) + queued
         if overflow:
             anomalies["gateway_queue_overflow"] = anomalies.get("gateway_queue_overflow", 0.0) + sum(overflow.values())
-        unmapped = sum(1 for q in queues if q.queued is not None and pool_of(q.pool_label, q.model) is None)
+        unmapped = sum(1 for q in queues if q.queued is not None and scoped(q.pool_label, q.model) is None)
         if unmapped:
             anomalies["gateway_queue_unmapped"] = anomalies.get("gateway_queue_unmapped", 0.0) + unmapped
     for p in pools:  # several gateways' finite queues may still overflow together: unknown, not +Inf
