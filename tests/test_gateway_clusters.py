@@ -25,6 +25,7 @@ from monitor.capacity.enrich import CapacityState
 from monitor.config import Capacity, Config, GatewaySource, PrometheusSource, Target, from_dict
 from monitor.cycle import Pipeline
 from monitor.derive.gateway_scope import Scope
+from monitor.export.snapshot_json import snapshot_to_dict
 from monitor.kit.http import BodyBudget
 from monitor.kit.settings.reader import ConfigError
 from monitor.sources.auxiliary import AuxSources, pool_models
@@ -121,6 +122,7 @@ def test_a_gateway_without_labels_never_counts_a_model_twice(caplog):
     assert len({p.pool for p in snap.pools}) == 2
     assert calls_by_pool(snap) == {}  # neither cluster's pool: the proxy's calls cannot be split between them
     assert snap.anomalies["gateway_unattributed"] == 3.0  # one a cycle
+    assert snapshot_to_dict(snap)["gateway_unattributed_total"] == 3.0  # also in /api/v1/snapshot
     warned = [r.getMessage() for r in caplog.records if "not attributed" in r.getMessage()]
     assert len(warned) == 1 and "http://gw:4000/metrics" in warned[0] and "model tiny" in warned[0]
 
@@ -170,6 +172,7 @@ def test_each_clusters_pool_gets_only_its_routers_queue():
                  ).cycle(T0, [ROUTER])
     assert all(not p.gateway_queued for p in snap.pools)
     assert snap.anomalies["gateway_queue_unmapped"] >= 2
+    assert snapshot_to_dict(snap)["gateway_queue_unmapped_total"] == snap.anomalies["gateway_queue_unmapped"]
 
 
 def test_gateway_labels_must_be_extra_pool_by_labels():
