@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from monitor.capacity.enrich import CapacityState
+from monitor.capacity.slo_settings import read_slos
 from monitor.config import Capacity, Config, GatewaySource, PrometheusSource, Target, from_dict
 from monitor.cycle import Pipeline
 from monitor.derive.gateway_scope import Scope
@@ -183,13 +184,14 @@ def test_gateway_labels_must_be_extra_pool_by_labels():
                          {"kind": "litellm", "url": "http://gw-2:4000/metrics", "labels": labels}]}})
 
     assert load(["cluster", "model_name"], {"cluster": "a"}).gateways[1].labels == {"cluster": "a"}
-    for pool_by, labels in ((["cluster", "model_name"], {"zone": "x"}), (["cluster", "model_name"], {"model_name": "m"}),
-                            ("model_name", {"cluster": "a"})):
+    two = ["cluster", "model_name"]
+    for pool_by, labels in ((two, {"zone": "x"}), (two, {"model_name": "m"}), ("model_name", {"cluster": "a"})):
         with pytest.raises(ConfigError) as err:
             load(pool_by, labels)
         label = next(iter(labels))
-        assert f"sources.gateways[1].labels.{label}" in str(err.value) and "http://gw-2:4000/metrics" in str(err.value)
-        assert "not an extra global.pool_by label" in str(err.value)
+        text = str(err.value)
+        assert f"sources.gateways[1].labels.{label}" in text and "http://gw-2:4000/metrics" in text
+        assert "not an extra global.pool_by label" in text
 
 
 def test_scope_names_and_models():
@@ -197,10 +199,12 @@ def test_scope_names_and_models():
     a, anywhere = Scope(pools, {"cluster": "a"}), Scope(pools)
     assert sorted(a.pools) == ['big{cluster="a"}', 'tiny{cluster="a"}'] and len(anywhere) == 3
     assert a.named("tiny") == ('tiny{cluster="a"}', False) and anywhere.named("tiny") == (None, True)
-    assert anywhere.named('tiny{cluster="b"}') == ('tiny{cluster="b"}', False) and a.named('tiny{cluster="b"}') == (None, False)
+    assert anywhere.named('tiny{cluster="b"}') == ('tiny{cluster="b"}', False)
+    assert a.named('tiny{cluster="b"}') == (None, False)  # out of its scope
     assert anywhere.serving("big") == ('big{cluster="a"}', False) and anywhere.serving("tiny") == (None, True)
     assert Scope(pools, {"cluster": "c"}).only() is None and Scope(pools[1:2], {}).only() == 'tiny{cluster="b"}'
-    assert anywhere.routes({"x": "tiny", "y": "big", "z": "gone"}) == ({"x": None, "y": 'big{cluster="a"}', "z": None}, ["x"])
+    assert anywhere.routes({"x": "tiny", "y": "big", "z": "gone"}) == (
+        {"x": None, "y": 'big{cluster="a"}', "z": None}, ["x"])
     plain = Scope([("chat", "m1"), ("code", "m2")])  # one pool_by label: every key a plain name, nothing changes
     assert plain.named("chat") == ("chat", False) and plain.serving("m2") == ("code", False)
 
@@ -219,9 +223,51 @@ def test_prometheus_windows_keep_each_clusters_series_apart():
             return [({"metadata_task_type": "chat", "cluster": c, "le": le}, v) for c, k in (("a", 1.0), ("b", 3.0))
                     for le, v in (("1.0", 4 * k), ("+Inf", 5 * k), ("covered", 1.0))]
 
-    got = PrometheusWindows(Rows(), {"5m": 300.0}, {"call"}, [("litellm", None)], tolerance=15.0, extra=("cluster",)).read(T0)
+    got = PrometheusWindows(Rows(), {"5m": 300.0}, {"call"}, [("litellm", None)], tolerance=15.0,
+                            extra=("cluster",)).read(T0)
     assert sorted(got) == [("call", "chat", (("cluster", "a"),)), ("call", "chat", (("cluster", "b"),))]
     assert [got[("call", "chat", (("cluster", c),))]["5m"].count for c in "ab"] == [5.0, 15.0]
+
+
+
+def app_body(n: float, bad: float) -> str:
+    """An application's task counters: `n` summarise tasks done, `bad` of them over 30 s."""
+    lab = 'task_type="summarise"'
+    return (f"# TYPE agent_task_duration_seconds histogram\n"
+            f'agent_task_duration_seconds_bucket{{{lab},le="30"}} {n - bad}\n'
+            f'agent_task_duration_seconds_bucket{{{lab},le="+Inf"}} {n}\n'
+            f"agent_task_duration_seconds_sum{{{lab}}} {20.0 * n}\n"
+            f"agent_task_duration_seconds_count{{{lab}}} {n}\n")
+
+
+def test_each_clusters_pool_takes_its_clusters_burn_windows_from_prometheus():
+    """Prometheus mode: the windows read per cluster (PrometheusWindows with the extra labels) go to
+    the pool of that cluster; a task type in one pool per cluster is no longer left to the tracker."""
+    from monitor.capacity.slo import Target as SloTarget, bad_count, window_burn
+    from monitor.model import Histogram
+
+    replicas = engines({"a": ["tiny"], "b": ["tiny"]})
+    cfg = Config(vllm_targets=[Target(u, labels={"cluster": c}) for u, c, _ in replicas], pool_by=POOL_BY,
+                 gateways=[GatewaySource(kind="app", url=f"http://app-{c}:9000/metrics", labels={"cluster": c})
+                           for c in "ab"], capacity=Capacity(task_window=WINDOW),
+                 slos=read_slos({"task_types": {"summarise": {"p95_seconds": 30}}, "windows": ["5m"]}))
+    # the window of each cluster: a 10 % of 100 tasks over 30 s, b 40 %
+    windows = {("task", "summarise", (("cluster", c),)): {"5m": Histogram((30.0, float("inf")), (100 - bad, 100.0),
+                                                                          0.0, 100.0)}
+               for c, bad in (("a", 10.0), ("b", 40.0))}
+    fleet = Fleet(cfg, replicas)
+    for k in range(2):
+        t = T0 + k * WINDOW
+        readings = [r for url, c, m in replicas for r in readings_from_text(vllm_body(m), url, t, {"cluster": c})]
+        scrapes = [fleet.aux.read_gateway(i, app_body(100.0 * (k + 1), 10.0 * (k + 1)), t) for i in range(2)]
+        fleet.state, snap = step(fleet.state, CycleInputs(readings, [], gateways=scrapes, slo_windows=windows), t)
+    target = SloTarget(30.0, 0.95)
+    got = {p.extra_labels["cluster"]: p.tasks.by_type["summarise"] for p in snap.pools}
+    assert {c: t.slo_source for c, t in got.items()} == {"a": "prometheus", "b": "prometheus"}
+    for c in "ab":
+        h = windows[("task", "summarise", (("cluster", c),))]["5m"]
+        assert got[c].slo_burn_rate == {"5m": window_burn(bad_count(h, target), target)}
+    assert got["b"].slo_burn_rate["5m"] == pytest.approx(4 * got["a"].slo_burn_rate["5m"])
 
 
 PROM_CONFIG = """

@@ -329,8 +329,8 @@ def _burn_rates(state: CapacityState, key: tuple, target: Target) -> tuple[dict,
     pool, task_type = key[0], key[1]
     seen = state.slo_task_pools.setdefault(task_type, {})
     seen[pool] = state.tracker.newest(key) or seen.get(pool, 0.0)
-    extras = tuple(extras_of(pool).items())
-    windows = (state.slo_cycle_windows or {}).get((target.signal, task_type, extras) if extras else (target.signal, task_type))
+    extras = tuple(extras_of(pool).items())  # with extra pool_by labels, Prometheus' windows are per cluster
+    windows = (state.slo_cycle_windows or {}).get((target.signal, task_type, *((extras,) if extras else ())))
     if windows is None or sum(1 for p in seen if tuple(extras_of(p).items()) == extras) > 1:
         return state.tracker.burn_rates(key, target), "tracker"
     return {name: window_burn(bad_count(windows.get(name), target), target) for name in state.slo.windows}, "prometheus"

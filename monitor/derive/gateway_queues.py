@@ -8,8 +8,8 @@ model served by two pools is not split: that queue is left out and counted as
 `gateway_queue_unmapped`). Each is looked for among the pools of the gateway's scope only
 (sources.gateways[i].labels, monitor/derive/gateway_scope.py): a gateway labelled {cluster: a}
 puts its queue on cluster a's pool of that model; one without labels in front of two clusters
-serving the model leaves it out (unmapped), never counting it twice. A sum that overflows is left out too (unknown, never +Inf), counted as
-`gateway_queue_overflow`. The result is `PoolSnapshot.gateway_queued[<gateway URL>]`, part of
+serving the model leaves it out (unmapped), never counting it twice. A sum that overflows is left
+out too (unknown, never +Inf), counted as `gateway_queue_overflow`. The result is `PoolSnapshot.gateway_queued[<gateway URL>]`, part of
 `PoolSnapshot.load_requests`.
 """
 from __future__ import annotations

@@ -149,8 +149,8 @@ class PrometheusWindows:
 
     def read(self, now: float) -> Windows:
         """(signal, task type[, extra labels]) -> {window: histogram of the window, None when not
-        covered}; a task type Prometheus holds no series of is absent. Raises the client's error (PrometheusError) when a
-        query fails: the caller falls back to the tracker."""
+        covered}; a task type Prometheus holds no series of is absent. Raises the client's error
+        (PrometheusError) when a query fails: the caller falls back to the tracker."""
         deadline = time.monotonic() + self.budget
         out: Windows = {}
         for signal, fams in self.plan.items():
