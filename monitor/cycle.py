@@ -5,7 +5,8 @@
     pipeline.publish(snapshot)                   # one reference swap, then the listeners
 
 `collect` does all the cycle's I/O and parsing and returns a `CycleInputs` (plain data: replica
-readings, source statuses, gateway and DCGM readings (monitor/readings.py), input anomalies, the
+readings, source statuses, gateway and DCGM readings (monitor/readings.py; the gateways, DCGM
+exporters and alerts source are read by monitor/sources/auxiliary.py), input anomalies, the
 forecaster's latest result). `step` is a pure function of the state kept between cycles, those
 inputs and `now`; it reads no clock and no source. `Pipeline` owns the sources and the state, and publishes each
 finished `Snapshot` atomically for the exporter. Cycles never overlap: a cycle that finds the
@@ -25,21 +26,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import replace
 from typing import Callable, Iterable, Optional
 
 from .capacity.enrich import CapacityState
 from .config import Config
-from .derive.core import pool_of
 from .model import ReplicaReading, Snapshot, SourceStatus
 from .poolkey import normalise
-from .readings import DcgmReading, GatewayConfig, GatewayScrape
-from .sources.alerts import api_url, read_alerts, ui_url
-from .sources.aux_samples import AUX_MAX_BODY_BYTES
-from .sources.dcgm import read_dcgm
-from .sources.gateway import read_gateway_scrape
-from .sources.gateway_queue import KINDS as QUEUE_KINDS, read_gateway_queues
-from monitor.kit.http import BodyBudget, FetchError, Fetcher, redact
+from .readings import GatewayConfig
+from monitor.kit.http import BodyBudget, Fetcher
+from .sources.auxiliary import AuxSources, late as _late
 from .sources.prometheus_reader import PrometheusRead, PrometheusSourceReader
 from .sources.scrape import DeadlinePool, Late, Scraper
 from .step import CycleInputs, CycleState, count_into, step
@@ -119,12 +114,12 @@ class Pipeline:
             self.prom = PrometheusSourceReader(config.prometheus, budget=self.budget, forget_after=config.forget_after,
                                                pool_by=list(normalise(config.pool_by)), latency_window=config.latency_window,
                                                total_kinds=pool_slo_signals(config), shard=config.shard)
-        # how each gateway body is read: for the capacity layer, the only reader of task metrics
-        self._gateway_configs: Optional[list[GatewayConfig]] = None
+        # gateways, DCGM, alerts (monitor/sources/auxiliary.py); gateway bodies are read for the capacity layer only
+        gateway_configs: Optional[list[GatewayConfig]] = None
         if capacity is not None:
-            self._gateway_configs = [capacity.gateway_config(gw.kind, gw.task_label, gw.session_label)
-                                     for gw in config.gateways]
-        self._aux_fetchers: dict[int, Fetcher] = {}
+            gateway_configs = [capacity.gateway_config(gw.kind, gw.task_label, gw.session_label)
+                               for gw in config.gateways]
+        self.aux = AuxSources(config, self.budget, gateway_configs)
         self._sources: Optional[DeadlinePool] = None
         # Prometheus mode: now -> the SLO burn windows from Prometheus (monitor/history/slo.py attach)
         self.slo_windows: Optional[Callable[[float], dict]] = None
@@ -216,7 +211,7 @@ class Pipeline:
         pool = self._source_pool()
         prom = pool.start([("prometheus", lambda: self.prom.read_all(now, deadline))]) if self.prom else []
         slo = pool.start([("slo-windows", lambda: self.slo_windows(now))]) if self.slo_windows else []
-        aux = self._start_aux(pool)
+        aux = self.aux.start(pool)
         inputs = CycleInputs([], [])
         if self.scraper is not None:
             targets = self.config.vllm_targets
@@ -238,7 +233,7 @@ class Pipeline:
                 self.prom.stale_read(now, late)
                 inputs.pool_histograms, inputs.pool_totals = late.pool_histograms, late.pool_totals
                 inputs.stale_seconds = dict(late.stale_seconds)
-        self._collect_aux(inputs, now, deadline, aux, began)
+        self.aux.collect(inputs, now, pool.wait(aux, deadline), began, self.state.history)
         if slo:
             inputs.slo_windows = self.slo_windows_result(pool.wait(slo, deadline)[0])
         inputs.forecast = self.forecasts() if self.forecasts is not None else None
@@ -261,102 +256,8 @@ class Pipeline:
     def _source_pool(self) -> DeadlinePool:
         """Workers for Prometheus, gateways and DCGM (vLLM targets have the scraper's own)."""
         if self._sources is None:
-            cfg = self.config
-            self._sources = DeadlinePool(3 + len(cfg.gateways) + len(cfg.dcgm_targets), "sources")
+            self._sources = DeadlinePool(2 + self.aux.workers(), "sources")
         return self._sources
-
-    def _fetcher_for(self, auth) -> Fetcher:
-        key = id(auth)
-        f = self._aux_fetchers.get(key)
-        if f is None:
-            f = self._aux_fetchers[key] = Fetcher(auth, self.budget, max_body=AUX_MAX_BODY_BYTES)  # gateways, DCGM, alerts
-        return f
-
-    def _start_aux(self, pool: DeadlinePool) -> list:
-        timeout = self.config.scrape_timeout
-        jobs = [(("gateway", i, gw.url), lambda f=self._fetcher_for(gw.auth), u=gw.url: _fetch(f, u, timeout))
-                for i, gw in enumerate(self.config.gateways)]
-        dcgm = self._fetcher_for(None) if self.config.dcgm_targets else None
-        jobs += [(("dcgm", t.url), lambda u=t.url: _fetch(dcgm, u, timeout)) for t in self.config.dcgm_targets]
-        alerts = self.config.alerts
-        if alerts is not None:
-            url = api_url(alerts.url, alerts.kind)
-            jobs.append((("alerts", url), lambda f=self._fetcher_for(alerts.auth), u=url: _fetch(f, u, timeout)))
-        return pool.start(jobs)
-
-    def _collect_aux(self, inputs: CycleInputs, now: float, deadline: Optional[float], started: list,
-                     began: float) -> None:
-        """Gateway and DCGM bodies, parsed into `inputs`. Late ones are down (`deadline`)."""
-        results = self._source_pool().wait(started, deadline)
-        sources = [("gateway", gw.url, i) for i, gw in enumerate(self.config.gateways)]
-        sources += [("dcgm", t.url, None) for t in self.config.dcgm_targets]
-        if self.config.alerts is not None:
-            sources.append(("alerts", api_url(self.config.alerts.url, self.config.alerts.kind), None))
-            inputs.alerts_ui = redact(ui_url(self.config.alerts.url, self.config.alerts.kind))
-        models = self._pool_models(inputs.readings) if self.config.gateways else ()
-        for (kind, url, index), result in zip(sources, results):
-            if isinstance(result, tuple):
-                text, err, took = result
-                inputs.statuses.append(SourceStatus(kind, redact(url), err is None, err.reason if err else None,
-                                                    err.detail if err else None, took))
-            else:
-                text = None
-                inputs.statuses.append(_late(kind, url, result, began))
-            if kind == "gateway":
-                try:
-                    inputs.gateways.append(self._read_gateway(index, text, now, models))
-                except Exception as exc:  # never the cycle's: the gateway is down, its reason parse
-                    inputs.statuses[-1] = _unparsed(inputs.statuses[-1], exc)
-                    log.warning("gateway %s: %s", redact(url), inputs.statuses[-1].detail)
-                    src = self.config.gateways[index]
-                    inputs.gateways.append(GatewayScrape(index, redact(src.url), src.pool,
-                                                         GatewayConfig(kind=src.kind), now, error="parse"))
-            elif kind == "alerts":
-                if text is not None:
-                    self._read_alerts(inputs, text, url)
-            elif text is not None:
-                reading = _read_dcgm(text, redact(url))
-                if isinstance(reading, DcgmReading):
-                    inputs.dcgm.append(reading)
-                elif reading is not None:
-                    inputs.statuses[-1] = _unparsed(inputs.statuses[-1], reading)
-
-    def _read_alerts(self, inputs: CycleInputs, text: str, url: str) -> None:
-        try:
-            inputs.alerts, dropped = read_alerts(text, self.config.alerts.kind)
-        except Exception as exc:  # whatever the answer does to the reader, it is this source's error
-            inputs.statuses[-1] = _unparsed(inputs.statuses[-1], exc)
-            log.warning("alerts %s: %s", redact(url), inputs.statuses[-1].detail)
-            return
-        if dropped:
-            count_into(inputs.anomalies, {"alerts_cut": float(dropped)})
-
-    def _pool_models(self, readings: list[ReplicaReading]) -> tuple[str, ...]:
-        """The models of this cycle's pools: of its replica readings and of the replicas the state
-        keeps (one that did not answer still makes its pool); () for one pool (it takes it all)."""
-        newest = list(readings) + [dq[-1] for dq in self.state.history.values() if dq]
-        if len({pool_of(r, self.config.pool_by) for r in newest}) < 2:
-            return ()
-        return tuple(sorted({r.model for r in newest}))
-
-    def _read_gateway(self, index: int, text: Optional[str], now: float, models: tuple[str, ...] = ()
-                      ) -> GatewayScrape:
-        """The body parsed, also per model of `models` for a gateway with a model label and no `pool`;
-        without a capacity layer it is fetched (its status counts), not read."""
-        src = self.config.gateways[index]
-        if self._gateway_configs is None:
-            return GatewayScrape(index, redact(src.url), src.pool, GatewayConfig(kind=src.kind), now)
-        gcfg = self._gateway_configs[index]
-        per_model = models if (src.pool is None and gcfg.model) else ()
-        scrape = read_gateway_scrape(text, gcfg, now, index, redact(src.url), src.pool, per_model)
-        if scrape.error:
-            log.warning("gateway %s: %s", scrape.url, scrape.error)
-        if text is not None and src.kind in QUEUE_KINDS:
-            try:
-                scrape = replace(scrape, queues=read_gateway_queues(text, src.kind))
-            except ValueError as exc:
-                log.warning("gateway %s: queue: %s", scrape.url, exc)
-        return scrape
 
     def publish(self, snapshot: Snapshot) -> None:
         self.latest = snapshot  # a single reference swap: readers never see half a snapshot
@@ -375,44 +276,7 @@ class Pipeline:
             self.prom.close()
         if self._sources is not None:
             self._sources.close()
-        for f in list(self._aux_fetchers.values()):
-            f.close()
+        self.aux.close()
         if wait > 0 and self._lock.acquire(timeout=wait):
             self._lock.release()
 
-
-def _read_dcgm(text: str, target: str):
-    """The DCGM reading; None for a body without GPUs (a ValueError, logged); any other failure of
-    the reader is returned, for the cycle to mark the source down with it."""
-    try:
-        return read_dcgm(text, target)
-    except ValueError as exc:
-        log.warning("%s", exc)
-        return None
-    except Exception as exc:
-        log.warning("dcgm %s: %s: %s", target, type(exc).__name__, str(exc)[:200])
-        return exc
-
-
-def _unparsed(status: SourceStatus, exc: BaseException) -> SourceStatus:
-    """A source whose answer could not be read: down, reason `parse`, the error named (cut short)."""
-    detail = f"{type(exc).__name__}: {str(exc)[:200]}" if not isinstance(exc, ValueError) else str(exc)[:300]
-    return replace(status, up=False, error="parse", detail=detail)
-
-
-def _fetch(fetcher: Fetcher, url: str, timeout: float) -> tuple[Optional[str], Optional[FetchError], float]:
-    t0 = time.monotonic()
-    try:
-        return fetcher.get(url, timeout), None, time.monotonic() - t0
-    except FetchError as exc:
-        return None, exc, time.monotonic() - t0
-
-
-def _late(source: str, url: str, result: object, began: float) -> SourceStatus:
-    """The status of a source without an answer at the cycle deadline (or whose reader failed)."""
-    waited = time.monotonic() - began
-    if isinstance(result, Late):
-        return SourceStatus(source, redact(url), False, "deadline", result.detail(waited), waited,
-                            attempted=result.state not in ("busy", "closed"))
-    log.error("%s reader failed", source, exc_info=result if isinstance(result, BaseException) else None)
-    return SourceStatus(source, redact(url), False, "internal", type(result).__name__, waited)

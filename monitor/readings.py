@@ -232,6 +232,8 @@ class GatewayScrape:
     error: Optional[str] = None
     queues: Optional[GatewayQueues] = None  # llm-d / Dynamo: what waits in front of the engines
     by_model: Mapping[str, GatewayReading] = field(default_factory=dict)
+    # sources.gateways[i].labels: the extra pool_by labels of the pools it serves ({}: every pool)
+    labels: Mapping[str, str] = field(default_factory=dict)
 
     def for_model(self, model: str) -> Optional[GatewayReading]:
         """The reading of model `model`'s series; None when the cycle did not read that model."""

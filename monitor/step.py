@@ -97,6 +97,9 @@ class CycleState:
     kv_capacity_changes: dict[tuple[str, str], float] = field(default_factory=dict)
     slow_since: dict[tuple[str, str], float] = field(default_factory=dict)  # (pool, replica) -> ratio high since
     slow_named: set[tuple[str, str]] = field(default_factory=set)  # named slow (logged once)
+    # (pool, model) of every pool of the last cycle, this shard's or not: a gateway's scope is taken
+    # over the whole fleet, so two shards never both take a reading that two pools answer to
+    fleet: list[tuple[str, str]] = field(default_factory=list)
 
     def shift_time(self, seconds: float) -> None:
         """Move every time kept onto a wall clock that stepped by `seconds` (monitor/cycle.py), so
@@ -139,15 +142,21 @@ def step(state: CycleState, inputs: CycleInputs, now: float) -> tuple[CycleState
     history = _remember(state, readings, now)
     pools = _derive(state, history, inputs, now)
     _name_slow(state, pools, now)
-    queue_anomalies: dict = {}
-    apply_gateway_queues(pools, inputs.gateways, [gw.pools for gw in state.config.gateways], queue_anomalies)
-    count_into(state.anomalies, queue_anomalies)
+    gateway_anomalies: dict = {}
+    apply_gateway_queues(pools, inputs.gateways, [gw.pools for gw in state.config.gateways], gateway_anomalies,
+                         state.fleet)
     if state.capacity is not None:
         try:
-            assess(state.capacity, pools, history, inputs.gateways, inputs.dcgm, now, inputs.slo_windows)
+            assess(state.capacity, pools, history, inputs.gateways, inputs.dcgm, now, inputs.slo_windows,
+                   gateway_anomalies, state.fleet)
         except Exception:  # the capacity layer must never take the cycle down
             log.exception("capacity assessment failed")
             count_into(state.errors, {("enricher", "capacity"): 1.0})
+    if gateway_anomalies.get("gateway_queue_unmapped") and "gateway_queue_unmapped" not in state.anomalies:
+        log.warning("a gateway queue names no one pool it may feed (a model served by two pools in its scope, or a "
+                    "pool label its pools: map leaves out): not counted on any pool; give the gateway labels "
+                    "(e.g. {cluster: a}) or pools: (headroom_input_anomalies_total{kind=\"gateway_queue_unmapped\"})")
+    count_into(state.anomalies, gateway_anomalies)
     for p in pools:
         for rd in p.replica_detail:
             rd.kv_capacity_changes = state.kv_capacity_changes.get((p.pool, rd.replica), 0.0)
@@ -337,6 +346,7 @@ def _derive(state: CycleState, history: dict[str, list[ReplicaReading]], inputs:
     if blind and not fresh_keys:
         for p in pools:
             p.stale = True
+    state.fleet = [(p.pool, p.model) for p in pools]
     if cfg.shard is not None:
         from .shard import owns  # noqa: PLC0415
         pools = [p for p in pools if owns(p.pool, cfg.shard)]

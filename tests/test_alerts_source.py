@@ -198,8 +198,8 @@ def test_the_cycle_marks_a_deeply_nested_answer_as_a_parse_error():
                                  "alerts": {"url": "http://prom:9090", "kind": "prometheus"}}})
     pipeline = Pipeline(cfg)
     inputs = CycleInputs(readings=[], statuses=[SourceStatus("alerts", "http://prom:9090/api/v1/alerts", True)])
-    pipeline._read_alerts(inputs, '{"status": "success", "data": ' + "[" * 100_000 + "]" * 100_000 + "}",
-                          "http://prom:9090/api/v1/alerts")  # the cycle's own reading of the body
+    pipeline.aux._read_alerts(inputs, '{"status": "success", "data": ' + "[" * 100_000 + "]" * 100_000 + "}",
+                              "http://prom:9090/api/v1/alerts")  # the cycle's own reading of the body
     assert inputs.alerts is None
     assert (inputs.statuses[-1].up, inputs.statuses[-1].error) == (False, "parse")
     assert inputs.statuses[-1].detail == "alerts answer is nested too deeply to read"

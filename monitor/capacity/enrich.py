@@ -28,7 +28,8 @@ For each pool it
      capacity's KV limit counts with the same figure);
   3. turns the gateway readings of the cycle into per-task numbers (monitor/capacity/tasks.py:
      arrival rate, calls per task, latency quantiles, sessions) over the task window (each
-     gateway's reading one window back, `TaskWindow`) with SLO shares and burn rates;
+     gateway's reading one window back, `TaskWindow`) with SLO shares and burn rates; which pool a
+     gateway's reading feeds (its scope: sources.gateways[i].labels) is monitor/capacity/gateway_plan.py;
   4. joins DCGM power to the pool's replicas (monitor/capacity/power.py);
   5. sets `pool.capacity` (a `Capacity`, monitor/capacity/headroom.py) and `pool.tasks` (a
      `PoolTasks`); monitor/export/samples.py renders both.
@@ -58,14 +59,16 @@ from monitor.derive import histogram as histo
 from monitor.derive.core import pool_of
 from monitor.derive.kv_band import kv_band
 from monitor.derive.counters import histogram_increase, increase
+from monitor.capacity.gateway_plan import Planned, plan_gateways
 from monitor.capacity.headroom import CapacitySettings, pool_capacity
 from monitor.capacity.knee import KneeEstimator, SteadyPrior
 from monitor.capacity.power import key_map, power_by_pool
 from monitor.capacity.shed import gateway_shed_rates
 from monitor.capacity.slo import SloTracker, Target, bad_count, window_burn
 from monitor.capacity.tasks import TaskWindow, call_latency_by_class, derive_tasks, join_sources
+from monitor.poolkey import extras_of
 from monitor.model import Capacity, Histogram, PoolSlo, PoolSnapshot, PoolTasks, Quantiles, ReplicaReading, TaskStats
-from monitor.readings import DcgmReading, GatewayConfig, GatewayReading, GatewayScrape
+from monitor.readings import DcgmReading, GatewayConfig, GatewayScrape
 
 SIGNAL_HIST = {"queue": "queue", "ttft": "ttft", "e2e": "e2e", "itl": "itl", "e2e_per_token": "e2e"}
 STALE = "pool is stale: values withheld"
@@ -146,6 +149,7 @@ class CapacityState:
         self.seen: dict[str, float] = {}  # "target|model" -> timestamp of the newest reading observed
         self.task_window = float(getattr(c, "task_window", None) or self.window)
         self.gateway_windows: dict[tuple[int, Optional[str]], TaskWindow] = {}
+        self.gateways_warned: set[int] = set()  # gateways whose unattributed readings were logged
         self.pool_seen: dict[str, float] = {}  # pool -> the last cycle it was assessed
 
     def shift_time(self, seconds: float) -> None:
@@ -211,10 +215,14 @@ class CapacityState:
 
 def assess(state: CapacityState, pools: list[PoolSnapshot], history: History,
            gateways: Sequence[GatewayScrape] = (), dcgm: Sequence[DcgmReading] = (), now: float = 0.0,
-           slo_windows: Optional[dict] = None) -> None:
-    """Set `capacity` and `tasks` on every pool of the cycle (see the module docstring)."""
+           slo_windows: Optional[dict] = None, anomalies: Optional[dict] = None,
+           fleet: Optional[Sequence[tuple[str, str]]] = None) -> None:
+    """Set `capacity` and `tasks` on every pool of the cycle (see the module docstring); gateway
+    readings no pool could be given alone are counted into `anomalies`; `fleet`: (pool, model) of
+    every pool, other shards' too, the gateways' scopes are taken over (gateway_plan.py)."""
     state.slo_cycle_windows = slo_windows
-    planned = _gateway_readings(state, pools, gateways)
+    planned = plan_gateways(state, fleet or [(p.pool, p.model) for p in pools], gateways, anomalies,
+                            {p.pool for p in pools})
     tasks = _tasks(state, pools, planned, now)
     shed = gateway_shed_rates(planned, state.task_pools, {p.pool for p in pools})
     power = _power(state, history, dcgm)
@@ -264,49 +272,14 @@ def _observe(state: CapacityState, est: KneeEstimator, history: History) -> None
 
 # ---------------------------------------------------------------------- tasks
 
-Planned = tuple[Optional[str], GatewayConfig, GatewayReading, Optional[GatewayReading], bool]
-
-
-def _gateway_readings(state: CapacityState, pools: list[PoolSnapshot], gateways: Sequence[GatewayScrape]
-                      ) -> list[Planned]:
-    """[(pool or None, how it was read, reading, older reading, whether it is a whole task window
-    back)] for this cycle's gateway bodies.
-
-    A gateway configured with `pool` feeds that pool; with one pool, it feeds that pool; else a
-    gateway with a model label feeds each pool the reading of the pool's model's series (read by
-    the cycle's `collect`: `GatewayScrape.by_model`; a pool whose model it did not read gets none),
-    and the application convention (no model label) is split by capacity.task_pools."""
-    out = []
-    for scrape in gateways:
-        if scrape.reading is None:
-            continue
-        if scrape.pool:
-            plan = [(scrape.pool, scrape.config, scrape.reading)]
-        elif len(pools) == 1:
-            plan = [(pools[0].pool, scrape.config, scrape.reading)]
-        elif scrape.config.model:
-            plan = [(p.pool, scrape.model_config(p.model), scrape.for_model(p.model)) for p in pools
-                    if scrape.for_model(p.model) is not None]
-        else:
-            plan = [(None, scrape.config, scrape.reading)]
-        for pool, gcfg, reading in plan:
-            key = (scrape.index, pool)
-            window = state.gateway_windows.get(key)
-            if window is None:
-                window = state.gateway_windows[key] = TaskWindow(state.task_window)
-            window.add(reading)
-            out.append((pool, gcfg, reading, *window.older()))
-    return out
-
-
 def _tasks(state: CapacityState, pools: list[PoolSnapshot], planned: list[Planned], now: float
            ) -> dict[str, tuple[dict[str, TaskStats], dict[str, Quantiles]]]:
     """pool -> ({task_type: TaskStats}, {call class: Quantiles})."""
     by_pool: dict[str, tuple[dict[str, TaskStats], dict[str, Quantiles]]] = {}
     names = {p.pool for p in pools}
-    for pool, gcfg, reading, prev, covered in planned:
+    for pool, gcfg, reading, prev, covered, routes in planned:
         for tt, stats in derive_tasks(reading, prev, gcfg, state.slo, covered).items():
-            target_pool = state.task_pools.get(tt, pool)
+            target_pool = routes.get(tt, pool)
             if target_pool not in names:
                 continue
             t = reading.tasks[tt]
@@ -351,12 +324,14 @@ def _target_tag(target: Target) -> str:
 
 def _burn_rates(state: CapacityState, key: tuple, target: Target) -> tuple[dict, str]:
     """(window -> burn rate, source): Prometheus' counts when it has the task type's series and the
-    task type feeds one pool only (its series carry no pool), else the tracker's."""
+    task type feeds one pool only (its series carry no pool; with extra pool_by labels, one pool of
+    the series' cluster), else the tracker's."""
     pool, task_type = key[0], key[1]
     seen = state.slo_task_pools.setdefault(task_type, {})
     seen[pool] = state.tracker.newest(key) or seen.get(pool, 0.0)
-    windows = (state.slo_cycle_windows or {}).get((target.signal, task_type))
-    if windows is None or len(seen) > 1:
+    extras = tuple(extras_of(pool).items())  # with extra pool_by labels, Prometheus' windows are per cluster
+    windows = (state.slo_cycle_windows or {}).get((target.signal, task_type, *((extras,) if extras else ())))
+    if windows is None or sum(1 for p in seen if tuple(extras_of(p).items()) == extras) > 1:
         return state.tracker.burn_rates(key, target), "tracker"
     return {name: window_burn(bad_count(windows.get(name), target), target) for name in state.slo.windows}, "prometheus"
 

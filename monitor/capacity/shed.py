@@ -18,15 +18,17 @@ from monitor.derive.counters import increase
 def gateway_shed_rates(planned: Iterable[tuple], task_pools: dict[str, str], pools: set[str]
                        ) -> dict[str, dict[str, float]]:
     """pool -> {reason: requests per second} from the cycle's gateway readings and the readings
-    a window back (enrich.py `_gateway_readings`: (pool, config, reading, older, covered)); a
+    a window back (gateway_plan.py `plan_gateways`: (pool, config, reading, older, covered, routes),
+    routes being `task_pools` resolved in the gateway's scope; without it, `task_pools`); a
     reading without an older one says nothing yet."""
     out: dict[str, dict[str, float]] = {}
-    for pool, _cfg, reading, older, _covered in planned:
+    for pool, _cfg, reading, older, _covered, *routes in planned:
         if older is None or reading.timestamp <= older.timestamp:
             continue
         dt = reading.timestamp - older.timestamp
+        mapped = routes[0] if routes else task_pools
         for tt, t in reading.tasks.items():
-            target = task_pools.get(tt, pool)
+            target = mapped.get(tt, pool)
             if target not in pools or not t.failed_by_reason:
                 continue
             old = older.tasks.get(tt)

@@ -18,9 +18,10 @@ from monitor.kit.settings.kinds import Duration, File, Int, ListenAddress, Store
 from monitor.kit.settings.reader import Reader, key
 from monitor.kit.settings.shapes import ListOf, MapOf, Sub, group
 from monitor.kit.settings.values import DAY
-from monitor.poolkey import PoolBySetting, name_of
+from monitor.poolkey import PoolBySetting, extra_labels, name_of
 from monitor.shard import ShardSetting
-from monitor.sources.settings import AlertsSource, EngineTarget, GatewaySource, HttpAuth, PrometheusSource, Target
+from monitor.sources.settings import (AlertsSource, EngineTarget, GatewaySource, HttpAuth, PrometheusSource, Target,
+                                     check_gateway_labels)
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,7 @@ class Config:
             raise r.fail("sources", "configure either sources.vllm (direct scrape) or sources.prometheus, not both")
         if not (self.vllm_targets or self.prometheus):
             raise r.fail("sources", "no source: give sources.vllm.targets or sources.prometheus.url")
+        check_gateway_labels(self.gateways, extra_labels(self.pool_by), r)
         digest = None
         if self.digest is not None:
             self._check_digest(r)

@@ -101,4 +101,8 @@ def snapshot_to_dict(s: Snapshot) -> dict:
         "alerts": [clean(a.as_dict()) for a in s.alerts] if s.alerts is not None else None,
         # alerts past the cap and alert texts cut to it, since start (monitor/sources/alerts.py)
         "alerts_cut_total": s.anomalies.get("alerts_cut", 0.0),
+        # gateway readings and queue rows no one pool of the gateway's scope takes, cycles since start
+        # (a gateway without labels in front of two clusters serving a model: monitor/capacity/gateway_plan.py)
+        "gateway_unattributed_total": s.anomalies.get("gateway_unattributed", 0.0),
+        "gateway_queue_unmapped_total": s.anomalies.get("gateway_queue_unmapped", 0.0),
     }

@@ -16,7 +16,9 @@ tolerance `tol` (the cycle interval), the one query of the window is
     sum by (L, le) (increase(m_bucket[w]))
       or label_replace(count by (L) (m_count offset (w - tol)), "le", "covered", "", "")
 
-its bucket rows are the window's histogram per task type (the bad share is read from it as the
+(with `global.pool_by: [cluster, model_name]` both groupings also keep `cluster`: a gateway series
+carrying its cluster, e.g. a Prometheus target label, feeds that cluster's pools' windows only); its
+bucket rows are the window's histogram per task type (the bad share is read from it as the
 tracker does); the `covered` row says Prometheus held the series at the window's start (a sample in
 the lookback before `now - w + tol`). A task type with bucket rows but no `covered` row is not yet
 covered (its burn rate is None); a task type with no row at all is not in Prometheus (the gateway
@@ -32,6 +34,7 @@ from typing import Iterable, Optional
 
 from monitor.capacity.slo import SloTracker
 from monitor.model import Histogram
+from monitor.poolkey import extra_labels
 from monitor.sources.gateway_schema import APP_TASK_DURATION, APP_TASK_LABEL, DEFAULT_LABELS, GATEWAY_FAMILIES
 
 log = logging.getLogger(__name__)
@@ -77,12 +80,13 @@ def _seconds(value: float) -> str:
     return f"{max(1, int(round(value)))}s"
 
 
-def window_query(metric: str, label: str, window: float, tolerance: float) -> str:
-    """The one PromQL query of a window (module docstring)."""
+def window_query(metric: str, label: str, window: float, tolerance: float, extra: tuple[str, ...] = ()) -> str:
+    """The one PromQL query of a window (module docstring); `extra`: the extra pool_by labels, kept apart."""
+    by = ", ".join((label, *extra))
     offset = window - tolerance
-    present = f"count by ({label}) ({metric}_count{{{label}!=\"\"}}"
+    present = f"count by ({by}) ({metric}_count{{{label}!=\"\"}}"
     present += f" offset {_seconds(offset)})" if offset >= 1 else ")"
-    return (f"sum by ({label}, le) (increase({metric}_bucket{{{label}!=\"\"}}[{_seconds(window)}]))"
+    return (f"sum by ({by}, le) (increase({metric}_bucket{{{label}!=\"\"}}[{_seconds(window)}]))"
             f" or label_replace({present}, \"le\", \"{COVERED}\", \"\", \"\")")
 
 
@@ -112,43 +116,54 @@ def histogram_of(rows: dict[float, float]) -> Optional[Histogram]:
     return Histogram(bounds, counts, 0.0, counts[-1])
 
 
-Windows = dict[tuple[str, str], dict[str, Optional[Histogram]]]  # (signal, task type) -> window -> histogram
+# (signal, task type) -> window -> histogram; with extra pool_by labels the key is (signal, task type,
+# ((label, value), ...)): the series' own cluster decides which pools' windows they are
+Windows = dict[tuple, dict[str, Optional[Histogram]]]
 
 
 class PrometheusWindows:
     """Reads every window's histogram per task type from Prometheus (`client.query`, the client of
     monitor/sources/prometheus.py) at the cycle's time. `signals`: the target signals configured;
     `gateways`: (kind, task label) of the configured gateways; `budget`: seconds all the cycle's
-    queries may take together."""
+    queries may take together; `extra`: the extra pool_by labels (global.pool_by but the last): each
+    window is read per task type and their values, as the pools are keyed."""
 
     def __init__(self, client, windows: dict[str, float], signals: Iterable[str],
                  gateways: Iterable[tuple[str, Optional[str]]] = (), tolerance: float = 0.0,
-                 budget: float = 5.0) -> None:
+                 budget: float = 5.0, extra: tuple[str, ...] = ()) -> None:
         self.client, self.windows, self.tolerance, self.budget = client, dict(windows), float(tolerance), budget
+        self.extra = tuple(extra)
         gws = list(gateways)
         self.plan = {sig: families(sig, gws) for sig in sorted(set(signals))}
+
+    def _key(self, task_type: str, labels: dict) -> tuple:
+        """(task type,) or, with extra pool_by labels, (task type, ((label, value), ...)): a series
+        without one of them has it empty, as a replica without it is keyed."""
+        if not self.extra:
+            return (task_type,)
+        return task_type, tuple((x, labels.get(x, "")) for x in self.extra)
 
     def queries(self) -> int:
         """Queries one read sends: one per window and histogram family."""
         return len(self.windows) * sum(len(f) for f in self.plan.values())
 
     def read(self, now: float) -> Windows:
-        """(signal, task type) -> {window: histogram of the window, None when not covered}; a task type
-        Prometheus holds no series of is absent. Raises the client's error (PrometheusError) when a
-        query fails: the caller falls back to the tracker."""
+        """(signal, task type[, extra labels]) -> {window: histogram of the window, None when not
+        covered}; a task type Prometheus holds no series of is absent. Raises the client's error
+        (PrometheusError) when a query fails: the caller falls back to the tracker."""
         deadline = time.monotonic() + self.budget
         out: Windows = {}
         for signal, fams in self.plan.items():
             for name, secs in self.windows.items():
-                buckets: dict[str, dict[float, float]] = {}
-                covered: set[str] = set()
+                buckets: dict[tuple, dict[float, float]] = {}
+                covered: set[tuple] = set()
                 for metric, label in fams:
-                    for labels, value in self.client.query(window_query(metric, label, secs, self.tolerance),
-                                                           at=now, deadline=deadline):
-                        task = labels.get(label)
+                    query = window_query(metric, label, secs, self.tolerance, self.extra)
+                    for labels, value in self.client.query(query, at=now, deadline=deadline):
                         le = labels.get("le")
-                        if not task or le is None:
+                        if not labels.get(label) or le is None:
                             continue
+                        task = self._key(labels[label], labels)
                         if le == COVERED:
                             covered.add(task)
                             continue
@@ -161,7 +176,7 @@ class PrometheusWindows:
                             rows[bound] = rows.get(bound, 0.0) + value
                 for task in sorted(set(buckets) | covered):
                     h = histogram_of(buckets.get(task, {})) if task in covered else None
-                    out.setdefault((signal, task), {})[name] = h
+                    out.setdefault((signal, *task), {})[name] = h
         return out
 
 
@@ -193,7 +208,8 @@ def attach(pipeline, cfg, store, writable: bool, guard=None) -> None:
         targets = [*state.slo.task_targets.values(), state.slo.default_task_target]
         reader = PrometheusWindows(client, state.slo.windows, {t.signal for t in targets if t is not None},
                                    [(gw.kind, gw.task_label) for gw in cfg.gateways], tolerance=cfg.interval,
-                                   budget=min(cfg.prometheus.timeout, max(1.0, 0.5 * cfg.interval)))
+                                   budget=min(cfg.prometheus.timeout, max(1.0, 0.5 * cfg.interval)),
+                                   extra=extra_labels(cfg.pool_by))
         pipeline.slo_windows = reader.read  # read by the cycle's collect, beside the other sources
 
 

@@ -170,7 +170,24 @@ class GatewaySource:
     pools: dict[str, str] = key(MapOf(Text(), names="gateway pool"), {},
                                 help="the gateway's pool label (llm-d inference_pool) -> headroom pool, for its "
                                      "queue; default: a queue belongs to the pool serving its model")
+    labels: dict[str, str] = key(Labels(), {},
+                                 help="where the gateway sits: the extra global.pool_by labels of the pools it "
+                                      "serves, e.g. {cluster: a}; it feeds only those pools. Without labels it "
+                                      "feeds a model's pool only when one pool serves that model (two clusters "
+                                      "serving it: not attributed, counted as gateway_unattributed)")
     auth: HttpAuth = group(HttpAuth)
+
+
+def check_gateway_labels(gateways: list[GatewaySource], extra: tuple[str, ...], r: Reader) -> None:
+    """Each gateway's `labels` name extra pool_by labels only (`extra`: every pool_by label but the
+    last); a ConfigError names the gateway and the key otherwise."""
+    for i, gw in enumerate(gateways):
+        for label in gw.labels:
+            if label not in extra:
+                allowed = f"one of {', '.join(extra)}" if extra else "none: global.pool_by has a single label"
+                raise r.fail(f"sources.gateways[{i}].labels.{label}",
+                             f"gateway {gw.url}: {label!r} is not an extra global.pool_by label (allowed: {allowed}; "
+                             f"the last pool_by label names the pool and cannot place a gateway)")
 
 
 @dataclass
