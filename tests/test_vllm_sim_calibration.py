@@ -20,10 +20,8 @@ asserts none happened.
 from __future__ import annotations
 
 import heapq
-import math
 import random
 import statistics
-import threading
 import time
 
 import pytest
