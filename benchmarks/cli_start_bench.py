@@ -1,5 +1,5 @@
-"""How fast the command line answers: `headroom --help`, `headroom check-config FILE` and
-`headroom once --help` against `python -c pass` in the same run (the interpreter's own start-up).
+"""How fast the command line answers: `headroom --help`, `headroom check-config FILE`,
+`headroom once --help` and `headroom backtest --help` against `python -c pass` in the same run (the interpreter's own start-up).
 
     python benchmarks/cli_start_bench.py [--trials 15]   -> benchmarks/cli_start_results.json
 
@@ -42,7 +42,8 @@ def main(trials: int = 15) -> dict:
         cases = {"python -c pass": py + ["-c", "pass"],
                  "headroom --help": py + ["-m", "monitor.cli", "--help"],
                  "headroom check-config FILE": py + ["-m", "monitor.cli", "check-config", path],
-                 "headroom once --help": py + ["-m", "monitor.cli", "once", "--help"]}
+                 "headroom once --help": py + ["-m", "monitor.cli", "once", "--help"],
+                 "headroom backtest --help": py + ["-m", "monitor.cli", "backtest", "--help"]}
         times: dict[str, list[float]] = {k: [] for k in cases}
         for _ in range(trials):
             for name, argv in cases.items():

@@ -14,7 +14,7 @@ Conventions (monitoring-mixin style):
 - engine panels read vLLM and SGLang alike: `engine(vllm_rule, sglang_rule, legend)` gives a target
   for each engine's recording rule (rules/headroom.rules.yaml has both groups, with the same labels);
 - queries name only metrics from monitor/catalogue.py, the recording rules, vLLM / SGLang / gateway /
-  DCGM metrics, or the families other branches add (tests/rules/promql_names.py, PENDING_FAMILIES);
+  DCGM metrics (tests/rules/promql_names.py);
 - HA pairs: with Helm `replicaCount: 2` two pods export the same headroom_* series, stored twice
   under different `instance` / `pod`. `target()` therefore wraps every instant headroom_* selector in
   `max without (instance, pod) (...)` (`min` for the metrics in DEDUP_MIN, where lower is worse, as the

@@ -18,6 +18,11 @@ DASH = ("custom.lineStyle", {"fill": "dash", "dash": [10, 10]})
 NO_FILL = ("custom.fillOpacity", 0)
 
 
+def _stacked_per_replica(title: str, family: str, description: str) -> dict:
+    """One series per replica of the chosen ones, stacked: the pool's total is the top line."""
+    return timeseries(title, [target(f"{family}{{{R}}}", "{{replica}}")], description=description, stack=True)
+
+
 def replicas() -> dict:
     rt = 'target=~"$replica"'  # a replica is its engine target (the /metrics URL)
     panels = [
@@ -34,12 +39,10 @@ def replicas() -> dict:
             target(f"headroom_replica_latency_ratio{{{R}}}", "{{replica}}"),
         ], w=8, description="The replica's latency at its load over its pool's; 1 = like the rest of the pool.",
             thresholds=[(None, "green"), (1.5, "orange"), (2, "red")], show_thresholds=True, min_=0),
-        timeseries("Active requests per replica", [
-            target(f"headroom_replica_active_requests{{{R}}}", "{{replica}}"),
-        ], description="Requests in each replica's running batch.", stack=True),
-        timeseries("Queued requests per replica", [
-            target(f"headroom_replica_queued_requests{{{R}}}", "{{replica}}"),
-        ], description="Requests waiting in each replica's engine queue.", stack=True),
+        _stacked_per_replica("Active requests per replica", "headroom_replica_active_requests",
+                             "Requests in each replica's running batch."),
+        _stacked_per_replica("Queued requests per replica", "headroom_replica_queued_requests",
+                             "Requests waiting in each replica's engine queue."),
         timeseries("KV cache per replica: live vs capacity", [
             target(f"headroom_replica_kv_tokens{{{R}}}", "{{replica}} live"),
             target(f"headroom_replica_kv_tokens_low{{{R}}}", "{{replica}} live, low"),

@@ -10,10 +10,10 @@ the capacity alerts arrived before the burst began.
 
 With the same stack running, every Grafana panel query is sent to that Prometheus: each must be
 accepted by Prometheus 2.42 itself and return data, unless a metric it names is one this simulated
-setup does not produce (NOT_IN_THE_DEMO, each with its reason) or one another branch adds
-(PENDING_FAMILIES): both lists are checked to name only metrics that really have no data. The
+setup does not produce (NOT_IN_THE_DEMO, each with its reason): the list is checked to name only
+metrics that really have no data. The
 Replicas dashboard's queries are run once per replica. HeadroomLoadShed must stay quiet before the
-burst and, once its family is merged, fire in it.
+burst and fire in it.
 
 Needs the Debian binaries `prometheus` and `prometheus-alertmanager`; skipped without them.
 (The `replica-loss` scenario is not used: the simulator keeps answering a lost replica's scrapes on
@@ -293,9 +293,8 @@ def _live_substitute(expr: str, variables: dict | None = None) -> str:
 
 
 # Metrics the simulated demo does not produce, each with its reason. A panel query may come back
-# empty only when every metric it names that has no data here is in this list or in the families
-# other branches add (tests/rules/promql_names.py, PENDING_FAMILIES); each listed name must really
-# have no data (so the list cannot hide a broken panel) and the pending ones are named in the output.
+# empty only when every metric it names that has no data here is in this list; each listed name must
+# really have no data (so the list cannot hide a broken panel).
 def _because(reason: str, *metrics: str) -> dict[str, str]:
     return {m: reason for m in metrics}
 
@@ -363,14 +362,13 @@ def _run_panel_queries(prom, targets, names, variables=None):
         if r.json()["data"]["result"]:
             continue
         missing = [n for n in names.selector_names(q) if n and not present(n)]
-        if missing and all(n in NOT_IN_THE_DEMO or n in names.PENDING_FAMILIES for n in missing):
+        if missing and all(n in NOT_IN_THE_DEMO for n in missing):
             explained[(dash, title, q)] = missing
         else:
             empty.append((dash, title, q, missing))
-    # the lists explain only what is really absent here
+    # the list explains only what is really absent here
     listed = sorted({n for v in explained.values() for n in v})
     assert not [n for n in listed if present(n)]
-    assert not [n for n in NOT_IN_THE_DEMO if n in names.PENDING_FAMILIES]
     return rejected, empty, explained
 
 
@@ -388,12 +386,10 @@ def test_every_dashboard_query_runs_on_the_live_prometheus(stack):
     targets, names = _dashboard_targets()
     rejected, empty, explained = _run_panel_queries(prom, targets, names)
     assert not rejected, f"Prometheus rejected dashboard queries: {rejected}"
-    assert not empty, f"queries returned nothing without an explanation in NOT_IN_THE_DEMO or PENDING_FAMILIES: {empty}"
-    pending = sorted({n for v in explained.values() for n in v if n in names.PENDING_FAMILIES})
-    print(f"dashboard queries: {len(targets)}, with data: {len(targets) - len(explained)}, "
-          f"waiting for the other branches' families: {pending}")
+    assert not empty, f"queries returned nothing without an explanation in NOT_IN_THE_DEMO: {empty}"
+    print(f"dashboard queries: {len(targets)}, with data: {len(targets) - len(explained)}")
     # every query with no data here is explained; still, most must answer for this to mean something
-    # (178 queries, 98-99 with data on 2026-12-04: the rest are SGLang twins, forecasts, tasks, pending)
+    # (178 queries, 98-99 with data on 2026-12-04: the rest are SGLang twins, forecasts, tasks)
     assert len(targets) - len(explained) >= 0.5 * len(targets), (len(targets), explained)
 
 

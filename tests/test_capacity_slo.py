@@ -118,7 +118,6 @@ def test_violation_ratio_and_bad_count_from_histogram():
 
 
 def test_default_windows_cover_the_bundled_burn_alerts():
-    from monitor.capacity.slo import SloSettings
     assert set(SloSettings().windows) == {"5m", "30m", "1h", "2h", "6h", "1d", "3d"}
 
 

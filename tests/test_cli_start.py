@@ -1,6 +1,6 @@
 """The command line starts in a blink: `--help`, `check-config` (a store configured, as in production)
-and `once --help` import none of the numeric stack (pandas, numpy, statsmodels, matplotlib); a
-subcommand imports what it needs when it runs. Timings are a benchmark (benchmarks/cli_start_bench.py);
+and `once`, `run`, `digest` and `backtest --help` import none of the numeric stack (pandas, numpy,
+statsmodels, matplotlib); a subcommand imports what it needs when it runs. Timings are a benchmark (benchmarks/cli_start_bench.py);
 what is imported is exact, read from Python's own `-X importtime` list."""
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def _imported(args: list[str], cwd: Path) -> set[str]:
 
 
 @pytest.mark.parametrize("args", [["--help"], ["check-config", "headroom.yml"], ["once", "--help"],
-                                  ["run", "--help"], ["digest", "--help"]])
+                                  ["run", "--help"], ["digest", "--help"], ["backtest", "--help"]])
 def test_no_numeric_stack_before_the_work(tmp_path, args):
     (tmp_path / "headroom.yml").write_text(
         "sources:\n  vllm:\n    targets: [\"http://127.0.0.1:9/metrics\"]\n"

@@ -2,8 +2,6 @@
 
 - every family in monitor/catalogue.py is on some panel, or named with its reason in
   grafana/README.md ("Exported but on no panel", at most a handful);
-- the families the other branches add (tests/rules/promql_names.py, PENDING_FAMILIES) are on panels
-  and not yet in the catalogue (the integrator empties the list after the merge);
 - engine panels read vLLM and SGLang alike (each `pool:vllm_*` rule has its `pool:sglang_*` pair);
 - the per-replica dashboard, its `replica` variable, and the data links from the pool panels;
 - the cluster / namespace / pool variables on every dashboard;
@@ -15,7 +13,8 @@ from __future__ import annotations
 
 import re
 
-from test_dashboards import CATALOGUE, DASH_DIR, DASHBOARD_FILES, GRAFANA, _dash, _panels, _targets, names, substitute
+from monitor.catalogue import CATALOGUE
+from test_dashboards import DASH_DIR, DASHBOARD_FILES, GRAFANA, _dash, _panels, _targets, names, substitute
 
 def _used_names() -> dict[str, set[str]]:
     """metric name -> dashboard files whose panels query it."""
@@ -44,18 +43,6 @@ def test_every_exported_family_is_on_a_panel_or_named_in_the_readme():
     stale = sorted(n for n in excused if n in used or n not in {m.exposed_name for m in CATALOGUE})
     assert not stale, f"grafana/README.md excuses families that are on a panel or not exported: {stale}"
     assert all(len(reason) > 10 for reason in excused.values())
-
-
-def test_the_families_of_the_other_branches_are_on_panels_and_still_pending():
-    """PENDING_FAMILIES (tests/rules/promql_names.py) are the agreed names the edges branch adds.
-    They are on panels now; once they reach the catalogue the integrator empties the list."""
-    used = _used_names()
-    pending = names.PENDING_FAMILIES
-    assert sorted(n for n in pending if n not in used) == []
-    arrived = sorted(set(pending) & names.catalogue_names())
-    assert not arrived, f"now in monitor/catalogue.py, remove from PENDING_FAMILIES: {arrived}"
-    for n, labels in pending.items():
-        assert labels[0] == "pool" and set(labels) <= {"pool", "replica", "reason"}, n
 
 
 def test_engine_panels_read_vllm_and_sglang():

@@ -192,7 +192,7 @@ def test_charts_have_a_data_line_and_a_sane_axis(fleet, span, days):
 def _is(colour: str, px: np.ndarray) -> np.ndarray:
     """Pixels of a line drawn in `colour`, antialiasing included: the dark grey of the actual
     load (nothing else in the plot area is dark), the saturated blue of the headroom line."""
-    r, g, b = px[..., 0], px[..., 1], px[..., 2]
+    r, b = px[..., 0], px[..., 2]
     if colour == ACTUAL:
         return px.max(axis=2) <= 120
     assert colour == NEXT

@@ -1,7 +1,6 @@
 """The pipeline over real HTTP: direct scrape, the `once` and `run` commands, broken targets, and a
 real Prometheus giving the same numbers as the direct scrape."""
 import json
-import math
 import os
 import subprocess
 import sys

@@ -1,6 +1,5 @@
 """Restarts: a real daemon writing its history store is killed with SIGKILL again and again; every
 point committed before a kill is still there after the next restarts, exactly once."""
-import os
 import random
 import signal
 import sqlite3
@@ -11,7 +10,7 @@ import time
 import pytest
 import requests
 
-from servers import MetricsServer, fixture, free_port
+from servers import MetricsServer, free_port
 from test_pipeline_live import body
 
 pytestmark = pytest.mark.live  # tests/tiers.py: this file starts servers or binaries

@@ -16,10 +16,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-import requests
 import yaml
 
-from servers import FIXTURES, MetricsServer, Prometheus, fixture, wait_http
+from servers import MetricsServer, Prometheus, fixture, wait_http
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "Qwen/Qwen2.5-7B-Instruct"

@@ -1,19 +1,17 @@
 """The Prometheus source against VictoriaMetrics (the Debian single-node package), as it would run
 against a VictoriaMetrics cluster, Thanos or Mimir query endpoint: same numbers as the direct scrape,
 and query_range history for the forecasts."""
-import os
 import shutil
 import subprocess
 import time
 
 import pytest
-import requests
 
 from monitor.config import Config, PrometheusSource, Target
 from monitor.cycle import Pipeline
 from monitor.kit.process import stop_process
 from monitor.sources.prometheus import PrometheusClient
-from servers import MetricsServer, fixture, free_port, wait_http
+from servers import MetricsServer, free_port, wait_http
 from test_pipeline_live import body
 
 pytestmark = pytest.mark.live

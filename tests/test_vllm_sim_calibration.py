@@ -20,11 +20,9 @@ asserts none happened.
 from __future__ import annotations
 
 import heapq
-import math
 import random
 import statistics
 import sys
-import threading
 import time
 
 import pytest

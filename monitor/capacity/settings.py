@@ -16,6 +16,11 @@ from .slo_settings import PoolTargets
 KNEE_SIGNALS = ("queue", "ttft", "e2e_per_token", "e2e", "itl")
 
 
+def _tokens_per_call(direction: str):
+    """A pool's mean input or output tokens per model call: the digest prices a call with them."""
+    return key(Number(gt=0, le=1e9), help=f"mean {direction} tokens per model call (the digest's cost per call)")
+
+
 @dataclass
 class PoolSettings:
     REMOVED: ClassVar[dict] = {"knee_margin": "removed: it was read but never used (the knee is learned "
@@ -38,10 +43,8 @@ class PoolSettings:
                                               "modelled power)")
     max_watts_per_gpu: Optional[float] = key(Number(gt=0, le=1e6), help="GPU power at full load (the digest's "
                                              "modelled power)")
-    input_tokens_per_call: Optional[float] = key(Number(gt=0, le=1e9), help="mean input tokens per model call "
-                                                 "(the digest's cost per call)")
-    output_tokens_per_call: Optional[float] = key(Number(gt=0, le=1e9), help="mean output tokens per model call "
-                                                  "(the digest's cost per call)")
+    input_tokens_per_call: Optional[float] = _tokens_per_call("input")
+    output_tokens_per_call: Optional[float] = _tokens_per_call("output")
 
 
 @dataclass(frozen=True)

@@ -18,14 +18,13 @@ import json
 import math
 import re
 import sys
+from typing import TYPE_CHECKING
 
-import numpy as np
-import pandas as pd
+if TYPE_CHECKING:
+    import pandas as pd
 
-from monitor.forecast.backtest import (AVERAGE, ForecastSettings, average_folds, backtest_models, origins_for,
-                                       pooled_score, select)
-from monitor.forecast.models import FALLBACK_ORDER, get_model
-from monitor.forecast.series import SeriesError, prepare
+# The numeric stack (pandas, numpy, the forecast models) is imported when the command runs, not for
+# `headroom backtest --help` (tests/test_cli_start.py).
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
@@ -55,14 +54,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--origins", type=int, default=4, help="rolling origins (default 4)")
     p.add_argument("--step", default=None,
                    help="resample to this step (e.g. 5m) before fitting; default: inferred")
-    p.add_argument("--models", default=",".join(FALLBACK_ORDER),
-                   help="comma-separated models to backtest (default: all)")
+    p.add_argument("--models", default=None, help="comma-separated models to backtest (default: all)")
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     p.add_argument("--plot", default=None, metavar="FILE.png",
                    help="write a chart of actual vs forecast with 80%%/95%% bands")
 
 
 def load_csv(path: str, time_column: str | None, value_column: str | None) -> pd.Series:
+    import pandas as pd  # noqa: PLC0415
+
     try:
         df = pd.read_csv(path)
     except FileNotFoundError:
@@ -107,6 +107,11 @@ def _summary(score: dict) -> dict:
 
 def backtest(series: pd.Series, horizon_seconds: float, n_origins: int, models: list[str],
              step: float | None = None, progress=None) -> dict:
+    from monitor.forecast.backtest import (AVERAGE, ForecastSettings, average_folds,  # noqa: PLC0415
+                                           backtest_models, origins_for, pooled_score, select)
+    from monitor.forecast.models import get_model  # noqa: PLC0415
+    from monitor.forecast.series import SeriesError, prepare  # noqa: PLC0415
+
     try:
         prep = prepare(series, step)
     except SeriesError as exc:
@@ -160,6 +165,8 @@ def backtest(series: pd.Series, horizon_seconds: float, n_origins: int, models: 
 
 def plot(result: dict, path: str) -> None:
     import matplotlib
+    import numpy as np  # noqa: PLC0415
+    import pandas as pd  # noqa: PLC0415
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     prep, folds_by_model = result["_plot"]
@@ -200,12 +207,15 @@ def _progress_printer(stream):
 
 
 def run(args) -> int:
+    from monitor.forecast.models import FALLBACK_ORDER, get_model  # noqa: PLC0415
+
     try:
         horizon = parse_duration(args.horizon)
         step = parse_duration(args.step) if args.step else None
         if args.origins < 1:
             raise UsageError(f"--origins must be at least 1, got {args.origins}")
-        models = [m.strip() for m in args.models.split(",") if m.strip()]
+        chosen = ",".join(FALLBACK_ORDER) if args.models is None else args.models
+        models = [m.strip() for m in chosen.split(",") if m.strip()]
         for m in models:
             try:
                 get_model(m)
@@ -239,6 +249,8 @@ def run(args) -> int:
 
 
 def _json_default(o):
+    import numpy as np  # noqa: PLC0415
+
     if isinstance(o, (np.floating, np.integer)):
         return o.item()
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")

@@ -95,7 +95,7 @@ class Outbox:
                 db.execute("BEGIN IMMEDIATE")
                 return db
 
-            def __exit__(s, et, ev, tb):
+            def __exit__(s, et, _ev, _tb):
                 db.execute("COMMIT" if et is None else "ROLLBACK")
         return _T()
 

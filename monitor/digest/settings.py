@@ -8,7 +8,7 @@ both are checked when the file is loaded and read again only when a delivery is 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Optional
 from urllib.parse import urlparse
 
@@ -54,26 +54,6 @@ class Prices:
     gpu_hour: float = key(Number(ge=0), 2.5, help="price of one GPU-hour")
     energy_kwh: float = key(Number(ge=0), 0.15, help="price of one kWh")
     api: ApiPrice = key(Sub(ApiPrice), ApiPrice(), help="a managed API's token prices, for comparison")
-
-
-@dataclass(frozen=True)
-class PoolFacts:
-    """What the digest needs to know about a pool that history does not carry: read from the
-    daemon's own `pools.<pool>` section (monitor/capacity/settings.py `PoolSettings`), never retyped."""
-
-    replicas: Optional[int] = None
-    gpus_per_replica: int = 1
-    knee_requests_per_replica: Optional[float] = None
-    max_num_seqs: Optional[int] = None
-    kv_capacity_tokens_per_replica: Optional[float] = None
-    idle_watts_per_gpu: Optional[float] = None
-    max_watts_per_gpu: Optional[float] = None
-    input_tokens_per_call: Optional[float] = None
-    output_tokens_per_call: Optional[float] = None
-
-    @classmethod
-    def of(cls, pool: "PoolSettings") -> "PoolFacts":
-        return cls(**{f.name: getattr(pool, f.name) for f in fields(cls)})
 
 
 @dataclass(frozen=True)
@@ -209,7 +189,9 @@ class DigestSettings:
     recommend_level: float = key(Choice((0.8, 0.95)), 0.95, path="forecast.recommend_level",
                                  help="band whose upper bound the recommendation sizes for")
     prices: Prices = key(Sub(Prices), Prices(), help="prices of GPU time, energy and a managed API")
-    pools: dict[str, PoolFacts] = None  # pool (or *) -> facts, from the top-level `pools:` section
+    # pool (or *) -> what history does not carry (replicas, GPUs, watts, a pinned knee, tokens per call):
+    # the top-level `pools:` section itself (monitor/capacity/settings.py PoolSettings), never retyped
+    pools: dict[str, "PoolSettings"] = None
     tasks: dict[str, TaskFacts] = key(MapOf(Sub(TaskFacts), names="task type"), {}, help="facts per task type")
     slo_targets: dict[str, float] = None  # task type -> seconds, from the top-level `slos:` section
     slo_objectives: dict[str, float] = None  # task type -> objective, from `slos:`
@@ -243,13 +225,12 @@ def from_dict(d: Any, file: str = "<config>", slos: Optional["SloSettings"] = No
 
 def with_daemon(settings: DigestSettings, slos: Optional["SloSettings"],
                 pools: Optional[dict[str, "PoolSettings"]] = None) -> DigestSettings:
-    """The digest's task targets and objectives from the `slos:` section and its pool facts from the
+    """The digest's task targets and objectives from the `slos:` section and its pools from the
     `pools:` section (never repeated in `digest:`)."""
-    facts = {name: PoolFacts.of(ps) for name, ps in (pools or {}).items()}
     targets, objectives = {}, {}
     if slos is not None:
         for tt, t in slos.task_targets.items():
             targets[tt], objectives[tt] = t.seconds, t.objective
         if slos.default_task_target is not None:
             targets["*"], objectives["*"] = slos.default_task_target.seconds, slos.default_task_target.objective
-    return replace(settings, slo_targets=targets, slo_objectives=objectives, pools=facts)
+    return replace(settings, slo_targets=targets, slo_objectives=objectives, pools=dict(pools or {}))

@@ -17,9 +17,10 @@ from typing import Callable, Optional
 
 import pandas as pd
 
+from monitor.capacity.settings import PoolSettings
 from monitor.digest.content import WEEK, DigestError, DigestInput, PoolInput, fmt_time
 from monitor.digest.knee import KneeReading, choose, knees_from_prometheus
-from monitor.digest.settings import DigestSettings, PoolFacts
+from monitor.digest.settings import DigestSettings
 from monitor.history.prometheus import MAX_POINTS, PrometheusHistory
 from monitor.schema import HistorySource
 from monitor.history.store import StoreHistory
@@ -33,7 +34,7 @@ KneeFn = Callable[[float, float, float], dict[str, KneeReading]]  # (start, end,
 
 def _pool_input(name: str, series: dict[str, pd.Series], settings: DigestSettings,
                 knee: Optional[KneeReading] = None) -> PoolInput:
-    f = settings.pools.get(name) or settings.pools.get(name_of(name)) or settings.pools.get("*") or PoolFacts()
+    f = settings.pools.get(name) or settings.pools.get(name_of(name)) or settings.pools.get("*") or PoolSettings()
     if not f.replicas and knee is not None and knee.replicas:
         f = replace(f, replicas=knee.replicas)  # the replicas headroom saw with its knee
     if not f.replicas:

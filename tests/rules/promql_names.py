@@ -72,31 +72,25 @@ def catalogue_names() -> set[str]:
     return set(exposed_names())
 
 
-# Families (exposed names, with their labels) that the parallel "edges" branch adds to the catalogue
-# (issue 30, "Names agreed"). The dashboards and alerts use them already; the integrator empties this
-# list after the merge (tests/test_dashboards.py then fails if a name is still here, or if one of
-# them never reached monitor/catalogue.py). The live dashboard check names them when they return
-# nothing instead of skipping them silently.
-PENDING_FAMILIES: dict[str, tuple[str, ...]] = {}
-# The label the parallel "scale" branch adds to every pool and replica series with a list-valued
-# global.pool_by ([cluster, model_name]); not in the catalogue (it depends on the configuration).
+# The label a list-valued global.pool_by ([cluster, model_name]) adds to every pool and replica
+# series; not in the catalogue (it depends on the configuration).
 POOL_BY_LABELS = ("cluster",)
 
 
 def labels_of(name: str) -> tuple[str, ...] | None:
-    """Labels a headroom family may carry (catalogue or pending), with the pool_by labels on pool
+    """Labels a headroom family may carry (its catalogue labels), with the pool_by labels on pool
     series; None for a name that is not headroom's."""
     from monitor.catalogue import CATALOGUE
 
     by_exposed = {m.exposed_name: m.labels for m in CATALOGUE}
-    labels = by_exposed.get(name, PENDING_FAMILIES.get(name))
+    labels = by_exposed.get(name)
     if labels is None:
         return None
     return tuple(labels) + (POOL_BY_LABELS if "pool" in labels else ())
 
 
 def allowed_names() -> set[str]:
-    return catalogue_names() | recording_rule_names() | external_names() | set(PENDING_FAMILIES)
+    return catalogue_names() | recording_rule_names() | external_names()
 
 
 # ------------------------------------------------------------------ HA pairs

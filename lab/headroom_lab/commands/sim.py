@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
                       "dcgm": handle.dcgm_url, "theoretical_knee": knees}, indent=2), flush=True)
     stop = threading.Event()
 
-    def on_signal(signum, frame):
+    def on_signal(_signum, _frame):
         stop.set()
 
     main_thread = threading.current_thread() is threading.main_thread()

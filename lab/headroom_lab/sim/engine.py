@@ -458,10 +458,6 @@ class Replica:
             return r.cached + r.computed_prefill
         return 0
 
-    def blocks_by_request(self) -> int:
-        """Sum over running requests of the blocks each one holds (for consistency checks)."""
-        return sum(r.blocks for r in self.running.values())
-
     def power_watts(self, n: Optional[int] = None) -> float:
         p = self.p
         if n is None:

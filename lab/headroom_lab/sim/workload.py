@@ -59,11 +59,6 @@ class TokenDist:
             v = rng.lognormvariate(self.mu, self.sigma)
         return int(min(self.max, max(self.min, round(v))))
 
-    def clipped_mean(self, n: int = 4000, seed: int = 7) -> float:
-        """Mean after clipping (estimated by sampling with a fixed seed; used by the knee)."""
-        rng = random.Random(seed)
-        return sum(self.sample(rng) for _ in range(n)) / n
-
     @classmethod
     def parse(cls, where: str, d: Any) -> "TokenDist":
         if isinstance(d, (int, float)) and not isinstance(d, bool):
