@@ -108,9 +108,9 @@ def sample_names(gauges: Iterable[str], counters: dict[str, tuple[str, ...]],
 WANTED = sample_names(GAUGES.values(), COUNTER_NAMES, HISTOGRAM_NAMES)
 
 
-def parse_vllm(text: str) -> ParsedScrape:
-    """Parse only the vLLM families headroom reads (fast path)."""
-    return parse(text, wanted=WANTED, prefixes=("vllm",))
+def parse_vllm(text: str, notice: tuple[str, ...] = ()) -> ParsedScrape:
+    """Parse only the vLLM families headroom reads (fast path); `notice`: exposition.parse's."""
+    return parse(text, wanted=WANTED, prefixes=("vllm",), notice=notice)
 
 
 def _num(value: Optional[str]) -> Optional[float]:
@@ -327,21 +327,39 @@ def _series(labels: dict[str, str]) -> tuple:
     return labels.get("model_name"), f"{replica}/{engine}" if replica else engine, labels.get("request_type", "")
 
 
+# A bucket's label set -> (that label set, its series key, its bound or None): the fast parser hands
+# the same dict for the same label text every scrape (exposition's label cache, `shared_labels`), so
+# each is worked out once. Keyed by id(); the entry holds the dict itself, so the id cannot be reused
+# while it is kept. Label sets made afresh (Prometheus mode, full parses) are not kept.
+_BUCKET_KEYS: dict[int, tuple[dict, tuple, Optional[float]]] = {}
+_BUCKET_KEYS_MAX = 50_000
+
+
+def _bucket_key(labels: dict[str, str], keep: bool) -> tuple[dict, tuple, Optional[float]]:
+    le = labels.get("le")
+    got = (labels, _series(labels), None if le is None else _bound(le))
+    if not keep:
+        return got
+    if len(_BUCKET_KEYS) >= _BUCKET_KEYS_MAX:
+        _BUCKET_KEYS.clear()
+    _BUCKET_KEYS[id(labels)] = got
+    return got
+
+
 def _histograms(buckets, sums, counts, scrape: Optional[ParsedScrape] = None) -> dict[str, Histogram]:
     """Group `_bucket` samples by (model, engine, request_type) and sum them per model (the render
     histogram of vLLM 0.34 has one series per request type)."""
     groups: dict[tuple, list[tuple[float, float]]] = {}
-    bounds_of = _BOUNDS
+    keep = scrape is not None and scrape.shared_labels
+    known = _BUCKET_KEYS if keep else {}
     for labels, value in buckets:
-        le = labels.get("le")
-        if le is None:
-            continue
-        bound = bounds_of.get(le)
+        got = known.get(id(labels))
+        if got is None or got[0] is not labels:
+            got = _bucket_key(labels, keep)
+        bound = got[2]
         if bound is None:
-            bound = _bound(le)
-            if bound is None:
-                continue
-        key = _series(labels)
+            continue
+        key = got[1]
         g = groups.get(key)
         if g is None:
             groups[key] = [(bound, value)]
