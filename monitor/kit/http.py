@@ -137,6 +137,7 @@ class Fetcher:
                 ctx.load_cert_chain(auth.cert_file, auth.key_file)
             self.ssl_context = ctx
         self._urls: dict[str, tuple] = {}  # url -> its parts (`_split`)
+        self._asks: dict[tuple, bytes] = {}  # (method, path, host, headers) -> a GET's request bytes
         self._local = threading.local()
         self._all: list[dict] = []  # every thread's connection map, for close()
         self._all_lock = threading.Lock()
@@ -223,11 +224,17 @@ class Fetcher:
     def _exchange(self, conn: Wire, method, path, body, headers, key) -> tuple[int, bytes]:
         """One request and its answer on `conn`, read off the socket (http_wire), the body held
         within `max_body` and the shared budget (never inflated: the request asked for identity)."""
-        wanted = (method, path, tuple(headers.items())) if body is None else None
-        if wanted is None or conn.last_request != wanted:  # the same GET every cycle: its bytes kept
-            conn.request = request_bytes(method, path, conn.host_header, headers, body)
-            conn.last_request = wanted
-        conn.send(conn.request)
+        if body is None:  # the same GETs every cycle: their bytes are kept
+            ask = (method, path, conn.host_header, tuple(headers.items()))
+            wire = self._asks.get(ask)
+            if wire is None:
+                wire = request_bytes(method, path, conn.host_header, headers, None)
+                if len(self._asks) >= 100_000:
+                    self._asks.clear()
+                self._asks[ask] = wire
+        else:
+            wire = request_bytes(method, path, conn.host_header, headers, body)
+        conn.send(wire)
         held = _Held(self.max_body, self.budget)
         try:
             status, will_close, _ = read_response(conn, method == "HEAD", held)

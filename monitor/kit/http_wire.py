@@ -52,8 +52,6 @@ class Wire:
         self.sock: Optional[socket.socket] = None
         self.deadline = float("inf")
         self.buf = bytearray()
-        self.request = b""  # the last request's bytes, sent again while `last_request` is the same
-        self.last_request: Optional[tuple] = None
         default = 443 if context is not None else 80
         name = f"[{host}]" if ":" in host else host
         self.host_header = name if self.port == default else f"{name}:{self.port}"
