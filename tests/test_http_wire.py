@@ -125,3 +125,8 @@ def test_the_request_bytes_and_what_they_refuse():
     assert Wire("::1", 8443, object()).host_header == "[::1]:8443"
     assert Wire("h", 80).host_header == "h" and Wire("h", 443, object()).host_header == "h"
     assert Wire("h", 8080).host_header == "h:8080" and Wire("h", 80, object()).host_header == "h:80"
+
+
+def test_a_header_trickled_a_byte_at_a_time_reads_the_same():
+    answer = b"HTTP/1.1 200 OK\r\nX-Long: " + b"a" * 5000 + b"\r\nContent-Length: 2\r\n\r\nok"
+    assert read(*[answer[i:i + 1] for i in range(len(answer))])[:3] == (200, False, b"ok")

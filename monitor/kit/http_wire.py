@@ -89,13 +89,15 @@ class Wire:
         """(end of the line at `start` without its CRLF/LF, start of the next line), receiving as
         needed. The end of the connection before any byte of the status line: RemoteDisconnected
         (a kept-alive connection the server closed: worth one retry); anywhere else IncompleteRead."""
+        scan = start  # bytes before it were searched already: a trickled line costs one pass, not n
         while True:
-            nl = self.buf.find(b"\n", start, start + MAX_LINE + 1)
+            nl = self.buf.find(b"\n", scan, start + MAX_LINE + 1)
             if nl != -1:
                 end = nl - 1 if nl > start and self.buf[nl - 1] == 13 else nl
                 return end, nl + 1
             if len(self.buf) - start > MAX_LINE:
                 raise http.client.LineTooLong("header line")
+            scan = len(self.buf)
             if not self._recv():
                 if status_line and not self.buf:
                     raise http.client.RemoteDisconnected("Remote end closed connection without response")
