@@ -83,6 +83,7 @@ def main() -> None:
             time.sleep(0.5)
         else:
             sys.exit("Prometheus did not scrape every target")
+        load_before = round(os.getloadavg()[0], 2)
         p0, t0 = cpu_seconds(prom.pid), time.monotonic()
         targets = [Target(f"http://127.0.0.1:{port}/replica/{i}/metrics") for i in range(args.replicas)]
         pipe = Pipeline(Config(vllm_targets=targets, scrape_concurrency=32, scrape_timeout=10.0))
@@ -104,7 +105,8 @@ def main() -> None:
                "headroom_targets_up": sum(1 for s in snap.sources if s.up),
                "prometheus_cpu_seconds_per_round": round(prom_per_round, 3),
                "prometheus_rounds_measured": round(elapsed / args.interval, 1),
-               "ratio": round(hr / prom_per_round, 2), "target_ratio": 0.7, "when": time.strftime("%Y-%m-%d")}
+               "ratio": round(hr / prom_per_round, 2), "target_ratio": 0.7, "when": time.strftime("%Y-%m-%d"),
+               "load_average_1m": [load_before, round(os.getloadavg()[0], 2)]}  # at the start and the end
         print(json.dumps(out), flush=True)
         kept = {}
         if os.path.exists(args.out):  # each run adds a trial: the ratio is read over repeated runs

@@ -43,7 +43,8 @@ def normalise_name(name: str) -> str:
 
 
 def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[tuple[str, ...]] = None,
-          strict_end: bool = True, openmetrics: Optional[bool] = None) -> ParsedScrape:
+          strict_end: bool = True, openmetrics: Optional[bool] = None, notice: tuple[str, ...] = ()
+          ) -> ParsedScrape:
     """Parse exposition text.
 
     wanted: sample names to keep (normalised spelling, e.g. `vllm:e2e_request_latency_seconds_bucket`);
@@ -58,6 +59,8 @@ def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[
     rules (`check_openmetrics`): a line outside its grammar raises, a broken rule (misplaced
     metadata, a NaN counter, a histogram without +Inf, ...) is counted as an `openmetrics_*` anomaly.
     The fast path (`wanted`) reads its lines as strictly but leaves the others, and the rules, unread.
+    notice: line prefixes (not wanted names) whose presence at the start of some line is reported in
+        `noticed` (another engine's names: scrape.py tells the engine by them without a second search).
     """
     out = ParsedScrape()
     if not text:
@@ -68,11 +71,16 @@ def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[
         raise ExpositionError("body does not end with a newline (truncated?)", reason="truncated",
                               line=text.count("\n") + 1)
     if wanted is not None:  # one pass of the regex finds the wanted lines and the `# EOF`/`# UNIT ` ones
-        found = _wanted_regex(frozenset(wanted)).findall("\n" + text)
-        _check_eof(text, out, strict_end, openmetrics, {m[4] for m in found if m[4]})
+        found = _wanted_regex(frozenset(wanted), notice).findall("\n" + text)
+        marks = {m[4] for m in found if m[4]}
+        _check_eof(text, out, strict_end, openmetrics, marks)
+        if notice:
+            out.noticed = marks.intersection(notice)
         _read_wanted(found, out)
+        out.shared_labels = True  # readers may key their own work on these dicts' identity
         return out
     _check_eof(text, out, strict_end, openmetrics, None)
+    out.noticed = {p for p in notice if text.startswith(p) or "\n" + p in text}
     samples = out.samples
     for m in _TYPE_RE.finditer("\n" + text):
         out.types[normalise_name(m.group(1))] = m.group(2)
@@ -213,19 +221,20 @@ def _wanted_line(raw_name: str, rest: str, seen: set, cache: dict, out: ParsedSc
 KNOWN_TYPES = {"counter", "gauge", "histogram", "summary", "untyped", "unknown", "info", "stateset",
                "gaugehistogram"}
 _TYPE_RE = re.compile(r"\n# TYPE[ \t]+(\S+)[ \t]+(\S+)")
-_REGEX_CACHE: dict[frozenset, "re.Pattern[str]"] = {}
+_REGEX_CACHE: dict[tuple, "re.Pattern[str]"] = {}
 
 
 _LABEL_CACHE: dict[str, dict[str, str]] = {}
 _LABEL_CACHE_MAX = 200_000  # label sets repeat from scrape to scrape; bounded so memory is too
 
 
-def _wanted_regex(wanted: frozenset) -> "re.Pattern[str]":
+def _wanted_regex(wanted: frozenset, notice: tuple[str, ...] = ()) -> "re.Pattern[str]":
     """One regex finding every wanted sample line: its name, then either the plain form
     `[{labels}] value` split into (label text, value), or any other line's rest, for `_wanted_line`;
     and the `# EOF` and `# UNIT ` lines (`_check_eof`), so the body is read once. The names are one
-    trie (`_trie`): a line that is not wanted fails on its first characters, whatever their number."""
-    rx = _REGEX_CACHE.get(wanted)
+    trie (`_trie`): a line that is not wanted fails on its first characters, whatever their number.
+    The `notice` prefixes are marks too (`parse`'s `noticed`)."""
+    rx = _REGEX_CACHE.get((wanted, notice))
     if rx is None:
         alts = set()
         for name in wanted:
@@ -236,10 +245,11 @@ def _wanted_regex(wanted: frozenset) -> "re.Pattern[str]":
         # plain: a label set without `}`, `#` or a newline inside, then one value without `{`, `}`,
         # `#` or blanks; the blanks around it are what str.split() skips (re's \s is the same set)
         plain = r"(?:[ \t]*(\{[^\n#}]*\})|[ \t])[^\S\n]*([^\s#{}]+)[^\S\n]*(?=\n|\Z)"
-        rx = re.compile(r"\n(?:(" + names + r")(?:" + plain + r"|([{ \t][^\n]*))|(# EOF(?=\n)|# UNIT ))")
+        marks = "".join("|" + re.escape(p) for p in notice)
+        rx = re.compile(r"\n(?:(" + names + r")(?:" + plain + r"|([{ \t][^\n]*))|(# EOF(?=\n)|# UNIT " + marks + "))")
         if len(_REGEX_CACHE) > 64:
             _REGEX_CACHE.clear()
-        _REGEX_CACHE[wanted] = rx
+        _REGEX_CACHE[(wanted, notice)] = rx
     return rx
 
 

@@ -37,6 +37,8 @@ class ParsedScrape:
     skipped: int = 0  # sample lines not asked for
     anomalies: dict[str, int] = field(default_factory=dict)  # kind -> count (duplicate_series, ...)
     oldest_timestamp: Optional[float] = None  # the oldest explicit sample timestamp, Unix seconds
+    noticed: set[str] = field(default_factory=set)  # `parse`'s notice prefixes that start a line
+    shared_labels: bool = False  # label dicts from the parser's cache (reused across scrapes, never mutated)
 
     def anomaly(self, kind: str, n: int = 1) -> None:
         self.anomalies[kind] = self.anomalies.get(kind, 0) + n

@@ -32,6 +32,7 @@ class ScrapeResult:
     readings: list[ReplicaReading]
     status: SourceStatus
     anomalies: Optional[dict[str, int]] = None
+    engine: Any = None  # the reader module the body was read with (vllm or sglang), None when down
 
 
 def engine_of(text: str, kind: str = "auto"):
@@ -52,18 +53,42 @@ def engine_of(text: str, kind: str = "auto"):
         else vllm
 
 
+SGLANG_MARKS = ("sglang:", "sglang_")  # what `_mentions(text, "sglang")` looks for, as parse notices
+
+
+def read_body(text: str, kind: str = "auto", last: Any = None) -> tuple[Any, Any]:
+    """(reader module, parsed scrape) for a body, the module as `engine_of` chooses it. A target
+    whose last body was not SGLang's is first parsed as vLLM with SGLang's line starts noticed by
+    the same regex pass: none (the usual case) is `engine_of`'s vLLM answer without searching the
+    body again; otherwise (or when that parse fails) `engine_of` decides, as for SGLang targets."""
+    scrape = None
+    if kind == "auto" and last is not sglang:
+        try:
+            scrape = vllm.parse_vllm(text, notice=SGLANG_MARKS)
+        except ExpositionError:
+            scrape = None
+        if scrape is not None and not scrape.noticed:
+            return vllm, scrape
+    engine = engine_of(text, kind)
+    if engine is vllm:
+        return vllm, scrape if scrape is not None else vllm.parse_vllm(text)
+    return sglang, sglang.parse_sglang(text)
+
+
 def _mentions(text: str, prefix: str) -> bool:
     """Whether a sample line starts with `prefix:` or `prefix_` (one search when the word is absent)."""
     return prefix in text and (f"\n{prefix}:" in text or f"\n{prefix}_" in text or text.startswith((prefix + ":", prefix + "_")))
 
 
-def scrape_one(fetcher: Fetcher, target: Target, timeout: float, clock=time.time) -> ScrapeResult:
+def scrape_one(fetcher: Fetcher, target: Target, timeout: float, clock=time.time, last_engine: Any = None
+               ) -> ScrapeResult:
+    """One target read: its readings, or down with a reason. `last_engine`: the module its last
+    body was read with (`read_body`)."""
     start = time.monotonic()
     name = redact(target.url)
     try:
         text = fetcher.get(target.url, timeout)
-        engine = engine_of(text, getattr(target, "kind", "auto"))  # config.EngineTarget
-        scrape = sglang.parse_sglang(text) if engine is sglang else vllm.parse_vllm(text)
+        engine, scrape = read_body(text, getattr(target, "kind", "auto"), last_engine)  # config.EngineTarget
         now = clock()
         if scrape.oldest_timestamp is not None and now - scrape.oldest_timestamp > STALE_SAMPLE_SECONDS:
             scrape.anomaly("stale_sample")  # used, but the target says it is old: counted, never silent
@@ -72,7 +97,7 @@ def scrape_one(fetcher: Fetcher, target: Target, timeout: float, clock=time.time
             raise FetchError("no_engine_metrics", "no vllm: or sglang: running-requests or KV usage series in the body")
         return ScrapeResult(target, readings, SourceStatus("vllm", name, True, duration_seconds=time.monotonic() - start,
                                                            missing=engine.missing_families(scrape)),
-                            scrape.anomalies or None)
+                            scrape.anomalies or None, engine)
     except FetchError as exc:
         return ScrapeResult(target, [], SourceStatus("vllm", name, False, exc.reason, exc.detail,
                                                      time.monotonic() - start))
@@ -251,6 +276,7 @@ class Scraper:
         self.max_backoff = max_backoff
         self.rng = rng
         self.failing: dict[str, tuple[int, float, SourceStatus]] = {}  # url -> (failures, retry at, last)
+        self.engines: dict[str, Any] = {}  # url -> the reader its last answer was read with
 
     def _one(self, target: Target, clock) -> ScrapeResult:
         state = self.failing.get(target.url)
@@ -260,9 +286,13 @@ class Scraper:
             return ScrapeResult(target, [], SourceStatus(
                 "vllm", last.target, False, last.error, f"{last.detail}; retry in {state[1] - now:.1f}s",
                 0.0, attempted=False))
-        result = scrape_one(self.fetcher, target, self.timeout, clock)
+        result = scrape_one(self.fetcher, target, self.timeout, clock, self.engines.get(target.url))
         if result.status.up:
             self.failing.pop(target.url, None)
+            if self.engines.get(target.url) is not result.engine:
+                if len(self.engines) >= 100_000:
+                    self.engines.clear()
+                self.engines[target.url] = result.engine
         else:
             failures = (state[0] if state else 0) + 1
             delay = self.rng() * min(self.max_backoff, self.base_backoff * 2 ** (failures - 1))

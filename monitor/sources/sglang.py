@@ -30,7 +30,8 @@ from typing import Optional
 from ..model import ReplicaReading
 from monitor.kit.exposition import ParsedScrape, parse
 from .vllm import CONTRACT as vllm_contract
-from .vllm import _histograms, checked, families_present, missing_in, sample_names, unknown_if_overflowed
+from .engine_histograms import _histograms
+from .vllm import checked, families_present, missing_in, sample_names, unknown_if_overflowed
 
 P = "sglang:"
 
@@ -247,7 +248,7 @@ def readings_from_scrape(scrape: ParsedScrape, target: str, timestamp: float,
 
 
 def _as_engine_series(samples):
-    """Relabel each series for vllm._histograms: its labels other than model_name and le become its
+    """Relabel each series for engine_histograms._histograms: its labels other than model_name and le become its
     `engine` key, so the helper sums the series (DP ranks, is_streaming, priority) per model."""
     out = []
     for labels, value in samples:

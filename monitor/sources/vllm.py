@@ -14,8 +14,9 @@ from __future__ import annotations
 import math
 from typing import Iterable, Optional, Union
 
-from ..model import Histogram, ReplicaReading
+from ..model import ReplicaReading
 from monitor.kit.exposition import ParsedScrape, parse
+from .engine_histograms import _histograms
 
 P = "vllm:"
 
@@ -108,9 +109,9 @@ def sample_names(gauges: Iterable[str], counters: dict[str, tuple[str, ...]],
 WANTED = sample_names(GAUGES.values(), COUNTER_NAMES, HISTOGRAM_NAMES)
 
 
-def parse_vllm(text: str) -> ParsedScrape:
-    """Parse only the vLLM families headroom reads (fast path)."""
-    return parse(text, wanted=WANTED, prefixes=("vllm",))
+def parse_vllm(text: str, notice: tuple[str, ...] = ()) -> ParsedScrape:
+    """Parse only the vLLM families headroom reads (fast path); `notice`: exposition.parse's."""
+    return parse(text, wanted=WANTED, prefixes=("vllm",), notice=notice)
 
 
 def _num(value: Optional[str]) -> Optional[float]:
@@ -303,85 +304,6 @@ def unknown_if_overflowed(scrape: ParsedScrape, r: ReplicaReading) -> None:
             over.append(key)
     if over:
         scrape.anomaly("overflow")
-
-
-_BOUNDS: dict[str, float] = {}
-
-
-def _bound(le: str) -> Optional[float]:
-    b = _BOUNDS.get(le)
-    if b is None:
-        try:
-            b = float(le)
-        except ValueError:
-            return None
-        if len(_BOUNDS) < 10_000:
-            _BOUNDS[le] = b
-    return b
-
-
-def _series(labels: dict[str, str]) -> tuple:
-    """A histogram series' key: (model, engine, request type); `_engine` inlined (once per bucket)."""
-    engine = labels.get("engine", "")
-    replica = labels.get("ReplicaId")
-    return labels.get("model_name"), f"{replica}/{engine}" if replica else engine, labels.get("request_type", "")
-
-
-def _histograms(buckets, sums, counts, scrape: Optional[ParsedScrape] = None) -> dict[str, Histogram]:
-    """Group `_bucket` samples by (model, engine, request_type) and sum them per model (the render
-    histogram of vLLM 0.34 has one series per request type)."""
-    groups: dict[tuple, list[tuple[float, float]]] = {}
-    bounds_of = _BOUNDS
-    for labels, value in buckets:
-        le = labels.get("le")
-        if le is None:
-            continue
-        bound = bounds_of.get(le)
-        if bound is None:
-            bound = _bound(le)
-            if bound is None:
-                continue
-        key = _series(labels)
-        g = groups.get(key)
-        if g is None:
-            groups[key] = [(bound, value)]
-        else:
-            g.append((bound, value))
-    sum_by = {_series(lb): v for lb, v in sums}
-    count_by = {_series(lb): v for lb, v in counts}
-    per_model: dict[str, Histogram] = {}
-    for key, pairs in groups.items():
-        model = key[0]
-        if model is None:
-            continue
-        pairs.sort()
-        bounds, cum = zip(*pairs)
-        if scrape is not None and not math.isinf(bounds[-1]):
-            scrape.anomaly("histogram_without_inf")  # used as is: the count comes from _count
-        if _usable(cum, scrape):
-            hist = Histogram(bounds, cum, sum_by.get(key, 0.0), count_by.get(key, cum[-1]))
-            old = per_model.get(model)
-            per_model[model] = hist if old is None else (old.plus(hist) or old)
-    return per_model
-
-
-def _usable(cum: tuple, scrape: Optional[ParsedScrape]) -> bool:
-    """Whether cumulative bucket counts are fit to use: never decreasing (else the anomaly
-    `histogram_not_cumulative`, checked first), each finite and not negative (else `non_finite` or
-    `negative`). The usual case, all finite, is checked with C-level calls."""
-    finite = all(map(math.isfinite, cum))
-    if finite:
-        ordered = list(cum) == sorted(cum)  # no NaN: sorted is the non-decreasing order
-    else:
-        ordered = not any(b < a for a, b in zip(cum, cum[1:]))
-    if scrape is not None and not ordered:
-        scrape.anomaly("histogram_not_cumulative")
-        return False
-    if finite and min(cum) >= 0:
-        return True
-    if scrape is not None:
-        scrape.anomaly("non_finite" if not finite else "negative")
-    return False
 
 
 def readings_from_text(text: str, target: str, timestamp: float,

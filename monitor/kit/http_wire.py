@@ -1,0 +1,253 @@
+"""One HTTP/1.1 exchange read straight off the socket, for the sources' client (monitor/kit/http.py).
+
+http.client builds a buffered reader, an email-parser message and a response object for every
+answer: about four times the CPU of the bytes' own recv for a 50 KB metrics body, which, times a
+thousand targets a cycle, was a large part of direct mode's cost. Here the status line and headers
+are split from one receive buffer and the body is framed by Content-Length, chunked encoding or the
+connection's end, within the same limits: every receive waits at most the time left before the
+request's deadline, a header line is at most MAX_LINE bytes and a head at most MAX_HEADERS lines,
+the body is held within the caller's cap and shared budget (`BodySink`), and nothing is inflated
+(the request asks for identity). Broken answers raise http.client's own exceptions
+(RemoteDisconnected, BadStatusLine, IncompleteRead, LineTooLong, HTTPException), so the caller
+classifies them as before.
+"""
+from __future__ import annotations
+
+import http.client
+import socket
+import ssl
+import time
+from typing import Optional, Protocol
+
+MAX_LINE = 65536  # http.client's _MAXLINE
+MAX_HEADERS = 100  # http.client's _MAXHEADERS
+RECV_BYTES = 64 * 1024
+_NO_BODY = (204, 304)
+_BAD_TARGET = frozenset(range(0x21)) | {0x7F}  # what http.client refuses in a request target
+
+
+class BodySink(Protocol):
+    """Where a body goes as it arrives (the client's `_Held`: cap and budget); either may raise."""
+
+    def expect(self, length: int) -> None: ...
+
+    def __call__(self, chunk: bytes) -> None: ...
+
+
+def time_left(deadline: float) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("request deadline passed")
+    return left
+
+
+class Wire:
+    """One persistent connection to (host, port): its socket (None until used), its receive buffer
+    and the deadline of the request it is carrying (set before each request)."""
+
+    def __init__(self, host: str, port: Optional[int], context: Optional[ssl.SSLContext] = None):
+        self.host = host
+        self.port = port or (443 if context is not None else 80)
+        self.context = context
+        self.sock: Optional[socket.socket] = None
+        self.deadline = float("inf")
+        self.buf = bytearray()
+        default = 443 if context is not None else 80
+        name = f"[{host}]" if ":" in host else host
+        self.host_header = name if self.port == default else f"{name}:{self.port}"
+
+    def connect(self) -> None:
+        sock = socket.create_connection((self.host, self.port), time_left(self.deadline))
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.settimeout(time_left(self.deadline))  # the handshake gets only the time left
+            if self.context is not None:
+                sock = self.context.wrap_socket(sock, server_hostname=self.host)
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+        self.buf.clear()
+
+    def close(self) -> None:
+        sock, self.sock = self.sock, None
+        self.buf.clear()
+        if sock is not None:
+            sock.close()
+
+    def _recv(self) -> int:
+        """Receive what has arrived into the buffer (at most RECV_BYTES); 0 at the connection's end."""
+        sock = self.sock
+        if sock is None:  # closed under us (Fetcher.close from another thread)
+            return 0
+        sock.settimeout(time_left(self.deadline))
+        chunk = sock.recv(RECV_BYTES)
+        self.buf += chunk
+        return len(chunk)
+
+    def _line(self, start: int, status_line: bool = False) -> tuple[int, int]:
+        """(end of the line at `start` without its CRLF/LF, start of the next line), receiving as
+        needed. The end of the connection before any byte of the status line: RemoteDisconnected
+        (a kept-alive connection the server closed: worth one retry); anywhere else IncompleteRead."""
+        scan = start  # bytes before it were searched already: a trickled line costs one pass, not n
+        while True:
+            nl = self.buf.find(b"\n", scan, start + MAX_LINE + 1)
+            if nl != -1:
+                end = nl - 1 if nl > start and self.buf[nl - 1] == 13 else nl
+                return end, nl + 1
+            if len(self.buf) - start > MAX_LINE:
+                raise http.client.LineTooLong("header line")
+            scan = len(self.buf)
+            if not self._recv():
+                if status_line and not self.buf:
+                    raise http.client.RemoteDisconnected("Remote end closed connection without response")
+                raise http.client.IncompleteRead(bytes(self.buf[start:]))
+
+    def send(self, data: bytes) -> None:
+        if self.sock is None:
+            self.connect()
+        self.sock.settimeout(time_left(self.deadline))
+        self.sock.sendall(data)
+
+
+def request_bytes(method: str, path: str, host_header: str, headers: dict[str, str],
+                  body: Optional[bytes]) -> bytes:
+    """The request's head (and body); a target or header with a line break or control byte is refused."""
+    if any(b in _BAD_TARGET for b in path.encode("ascii", "strict")) or not method.isalpha():
+        raise http.client.InvalidURL("the request target holds a control character or blank")
+    lines = [f"{method} {path} HTTP/1.1", f"Host: {host_header}"]
+    for name, value in headers.items():
+        if "\r" in value or "\n" in value or "\r" in name or "\n" in name or ":" in name:
+            raise ValueError(f"header {name!r} holds a line break")  # the name only: values may be secrets
+        lines.append(f"{name}: {value}")
+    if body is not None or method in ("POST", "PUT", "PATCH"):
+        lines.append(f"Content-Length: {len(body or b'')}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b"")
+
+
+def read_response(wire: Wire, head_only: bool, sink: "BodySink") -> tuple[int, bool, Optional[int]]:
+    """Read one response off `wire`: (status, whether the connection must close, Content-Length
+    or None), the body handed to `sink` piece by piece (`sink.expect` hears a Content-Length
+    first, so it can refuse the body before it is read). A 100 Continue before it is skipped."""
+    while True:
+        status, version, fields, at = _read_head(wire)
+        if status != 100:
+            break
+        del wire.buf[:at]
+    del wire.buf[:at]
+    conn = fields.get("connection", "").lower()
+    will_close = "close" in conn or (version == 10 and "keep-alive" not in conn)
+    length = None
+    raw = fields.get("content-length")
+    if raw is not None:
+        if not raw.isdigit():
+            raise http.client.HTTPException(f"bad Content-Length {raw[:20]!r}")
+        length = int(raw)
+    if head_only or status in _NO_BODY or 100 <= status < 200:
+        return status, will_close, None
+    if fields.get("transfer-encoding", "").lower().rsplit(",", 1)[-1].strip() == "chunked":
+        _read_chunked(wire, sink)
+        return status, will_close or bool(wire.buf), None
+    if length is None:  # the body runs to the connection's end
+        while True:
+            if wire.buf:
+                sink(bytes(wire.buf))
+                wire.buf.clear()
+            if not wire._recv():
+                return status, True, None
+    sink.expect(length)
+    _read_length(wire, length, sink)
+    return status, will_close or bool(wire.buf), length
+
+
+def _read_head(wire: Wire) -> tuple[int, int, dict[str, str], int]:
+    """(status, 10 or 11, header fields by lower-case name, where the body starts in the buffer)."""
+    end, at = wire._line(0, status_line=True)
+    line = bytes(wire.buf[:end]).decode("latin-1")
+    parts = line.split(None, 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not (len(parts[1]) == 3 and parts[1].isdigit()):
+        raise http.client.BadStatusLine(line[:60])
+    version = 10 if parts[0] == "HTTP/1.0" else 11
+    fields: dict[str, str] = {}
+    last = None
+    for _ in range(MAX_HEADERS + 1):
+        end, nxt = wire._line(at)
+        if end == at:
+            return int(parts[1]), version, fields, nxt
+        text = bytes(wire.buf[at:end]).decode("latin-1")
+        at = nxt
+        if text[0] in " \t" and last is not None:  # an obsolete folded line continues the last field
+            fields[last] += " " + text.strip()
+            continue
+        name, sep, value = text.partition(":")
+        if not sep:
+            continue  # not a field (http.client's parser skips such lines too)
+        last = name.strip().lower()
+        value = value.strip()
+        fields[last] = value if last not in fields else fields[last] + ", " + value
+    raise http.client.HTTPException(f"got more than {MAX_HEADERS} headers")
+
+
+def _read_length(wire: Wire, length: int, sink: Callable[[bytes], None]) -> None:
+    got = 0
+    buf = wire.buf
+    while True:
+        take = min(len(buf), length - got)
+        if take == len(buf) and take:
+            sink(bytes(buf))
+            buf.clear()
+        elif take:
+            sink(bytes(buf[:take]))
+            del buf[:take]
+        got += take
+        if got >= length:
+            return
+        if not wire._recv():
+            raise http.client.IncompleteRead(_Partial(got), length - got)
+
+
+def _read_chunked(wire: Wire, sink: Callable[[bytes], None]) -> None:
+    got = 0
+    while True:
+        try:
+            end, at = wire._line(0)
+        except http.client.IncompleteRead:
+            raise http.client.IncompleteRead(_Partial(got)) from None
+        size_text = bytes(wire.buf[:end]).split(b";", 1)[0].strip()
+        try:
+            size = int(size_text, 16)
+        except ValueError:
+            raise http.client.HTTPException(f"bad chunk size {size_text[:20]!r}") from None
+        if size < 0:
+            raise http.client.HTTPException("negative chunk size")
+        del wire.buf[:at]
+        if size == 0:
+            break
+        try:
+            _read_length(wire, size, sink)
+            end, at = wire._line(0)  # the CRLF after the chunk's data
+        except http.client.IncompleteRead as exc:
+            raise http.client.IncompleteRead(_Partial(got + len(exc.partial))) from None
+        got += size
+        del wire.buf[:at]
+    while True:  # trailer fields up to the blank line
+        try:
+            end, at = wire._line(0)
+        except http.client.IncompleteRead:
+            raise http.client.IncompleteRead(_Partial(got)) from None
+        del wire.buf[:at]
+        if end == 0:
+            return
+
+
+class _Partial:
+    """A received-byte count standing in for IncompleteRead's `partial` (only its length is read)."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __repr__(self) -> str:
+        return f"{self.n} bytes"

@@ -1,0 +1,132 @@
+"""The HTTP/1.1 response reader of the sources' client (monitor/kit/http_wire.py), fed by a scripted
+socket: each framing (Content-Length, chunked, to the connection's end), what ends a connection,
+and the broken answers, which raise the http.client exceptions the client classifies. Pure: the
+real-socket behaviour (deadlines, TLS, budgets, hostile servers) is held by test_deadlines,
+test_hostile_sources and test_capped_bodies."""
+from __future__ import annotations
+
+import http.client
+
+import pytest
+
+from monitor.kit.http import FetchError, _Held
+from monitor.kit.http_wire import MAX_HEADERS, Wire, read_response, request_bytes
+
+
+class Scripted:
+    """A socket whose receives return the given pieces, then the end of the connection."""
+
+    def __init__(self, *pieces: bytes):
+        self.pieces = list(pieces)
+        self.timeouts: list[float] = []
+
+    def settimeout(self, t: float) -> None:
+        self.timeouts.append(t)
+
+    def recv(self, n: int) -> bytes:
+        if not self.pieces:
+            return b""
+        piece = self.pieces.pop(0)
+        if len(piece) > n:
+            self.pieces.insert(0, piece[n:])
+        return piece[:n]
+
+
+def read(*pieces: bytes, cap: int = 1 << 20, method: str = "GET"):
+    wire = Wire("example.test", None)
+    wire.sock = Scripted(*pieces)
+    wire.deadline = float("inf")
+    held = _Held(cap, None)
+    status, will_close, length = read_response(wire, method == "HEAD", held)
+    return status, will_close, held.data(), wire
+
+
+def test_content_length_body_split_anywhere_reads_whole_and_keeps_the_connection():
+    answer = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 11\r\n\r\nhello world"
+    for cut in range(1, len(answer)):
+        status, will_close, body, wire = read(answer[:cut], answer[cut:])
+        assert (status, will_close, body) == (200, False, b"hello world"), cut
+        assert wire.buf == b""
+
+
+def test_chunked_body_with_extensions_and_trailers():
+    answer = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+              b"5;x=1\r\nhello\r\n6\r\n world\r\n0\r\nX-Trailer: 1\r\n\r\n")
+    assert read(answer)[:3] == (200, False, b"hello world")
+    assert read(*[answer[i:i + 3] for i in range(0, len(answer), 3)])[:3] == (200, False, b"hello world")
+
+
+def test_a_body_without_length_runs_to_the_end_and_closes():
+    assert read(b"HTTP/1.0 200 OK\r\n\r\nab", b"cd")[:3] == (200, True, b"abcd")
+
+
+@pytest.mark.parametrize("head, closes", [
+    (b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n", True),
+    (b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n", True),
+    (b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 0\r\n\r\n", False),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\nextra", True),  # bytes after the answer: not reused
+])
+def test_what_ends_a_connection(head, closes):
+    assert read(head)[1] is closes
+
+
+def test_continue_is_skipped_and_folded_and_repeated_fields_are_read():
+    answer = (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 404 Not Found\r\nX-A: 1\r\n  2\r\n"
+              b"content-length: 3\r\n\r\nnah")
+    assert read(answer)[:3] == (404, False, b"nah")
+
+
+def test_a_head_answer_and_204_have_no_body():
+    assert read(b"HTTP/1.1 200 OK\r\nContent-Length: 99\r\n\r\n", method="HEAD")[:3] == (200, False, b"")
+    assert read(b"HTTP/1.1 204 No Content\r\n\r\n")[:3] == (204, False, b"")
+
+
+@pytest.mark.parametrize("pieces, error", [
+    ((), http.client.RemoteDisconnected),  # nothing at all: a kept-alive connection the server closed
+    ((b"SSH-2.0-OpenSSH\r\n\r\n",), http.client.BadStatusLine),
+    ((b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc",), http.client.IncompleteRead),
+    ((b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhel",), http.client.IncompleteRead),
+    ((b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n",), http.client.IncompleteRead),
+    ((b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",), http.client.HTTPException),
+    ((b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",), http.client.HTTPException),
+    ((b"HTTP/1.1 200 OK\r\n" + b"X: 1\r\n" * (MAX_HEADERS + 1) + b"\r\n",), http.client.HTTPException),
+    ((b"HTTP/1.1 200 OK\r\nX: " + b"a" * 70_000,), http.client.LineTooLong),
+])
+def test_broken_answers_raise_what_the_client_classifies(pieces, error):
+    with pytest.raises(error):
+        read(*pieces)
+
+
+def test_a_truncated_body_says_how_much_came():
+    with pytest.raises(http.client.IncompleteRead) as err:
+        read(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n3\r\nab")
+    assert len(err.value.partial) == 7
+
+
+def test_the_cap_refuses_a_content_length_before_reading_and_a_long_body_as_it_comes():
+    with pytest.raises(FetchError) as err:
+        read(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n", cap=10)
+    assert err.value.reason == "too_large" and "Content-Length" in err.value.detail
+    with pytest.raises(FetchError) as err:
+        read(b"HTTP/1.1 200 OK\r\n\r\n" + b"x" * 11, cap=10)
+    assert (err.value.reason, err.value.detail) == ("too_large", "body over 10 bytes")
+
+
+def test_the_request_bytes_and_what_they_refuse():
+    got = request_bytes("GET", "/metrics?a=1", "h:8000", {"Accept": "text/plain"}, None)
+    assert got == b"GET /metrics?a=1 HTTP/1.1\r\nHost: h:8000\r\nAccept: text/plain\r\n\r\n"
+    got = request_bytes("POST", "/q", "h", {}, b"x=1")
+    assert got == b"POST /q HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\n\r\nx=1"
+    with pytest.raises(http.client.InvalidURL):
+        request_bytes("GET", "/a b", "h", {}, None)
+    with pytest.raises(ValueError) as err:
+        request_bytes("GET", "/", "h", {"Authorization": "Bearer s3cret\r\nX: y"}, None)
+    assert "s3cret" not in str(err.value) and "Authorization" in str(err.value)
+    assert Wire("::1", 8443, object()).host_header == "[::1]:8443"
+    assert Wire("h", 80).host_header == "h" and Wire("h", 443, object()).host_header == "h"
+    assert Wire("h", 8080).host_header == "h:8080" and Wire("h", 80, object()).host_header == "h:80"
+
+
+def test_a_header_trickled_a_byte_at_a_time_reads_the_same():
+    answer = b"HTTP/1.1 200 OK\r\nX-Long: " + b"a" * 5000 + b"\r\nContent-Length: 2\r\n\r\nok"
+    assert read(*[answer[i:i + 1] for i in range(len(answer))])[:3] == (200, False, b"ok")
