@@ -17,7 +17,7 @@ import http.client
 import socket
 import ssl
 import time
-from typing import Optional, Protocol
+from typing import Callable, Optional, Protocol
 
 MAX_LINE = 65536  # http.client's _MAXLINE
 MAX_HEADERS = 100  # http.client's _MAXHEADERS
