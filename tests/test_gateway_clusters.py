@@ -192,6 +192,12 @@ def test_gateway_labels_must_be_extra_pool_by_labels():
         text = str(err.value)
         assert f"sources.gateways[1].labels.{label}" in text and "http://gw-2:4000/metrics" in text
         assert "not an extra global.pool_by label" in text
+    # credentials in a gateway's URL never reach the error
+    with pytest.raises(ConfigError) as err:
+        from_dict({"global": {"pool_by": two}, "sources": {
+            "vllm": {"targets": ["http://a:8000/metrics"]},
+            "gateways": [{"kind": "litellm", "url": "http://ops:hunter2@gw:4000/metrics", "labels": {"zone": "x"}}]}})
+    assert "hunter2" not in str(err.value) and "gw:4000" in str(err.value)
 
 
 def test_scope_names_and_models():

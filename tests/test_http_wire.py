@@ -76,9 +76,43 @@ def test_continue_is_skipped_and_folded_and_repeated_fields_are_read():
     assert read(answer)[:3] == (404, False, b"nah")
 
 
+def test_every_interim_answer_is_skipped_and_a_switch_of_protocols_refused():
+    # 103 Early Hints, then the answer: the answer is read, nothing of it is left for the next request
+    status, will_close, body, wire = read(b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n"
+                                          b"HTTP/1.1 102 Processing\r\n\r\n"
+                                          b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
+    assert (status, will_close, body, wire.buf) == (200, False, b"hello", b"")
+    with pytest.raises(http.client.HTTPException, match="101"):
+        read(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\n\r\n")
+
+
 def test_a_head_answer_and_204_have_no_body():
     assert read(b"HTTP/1.1 200 OK\r\nContent-Length: 99\r\n\r\n", method="HEAD")[:3] == (200, False, b"")
     assert read(b"HTTP/1.1 204 No Content\r\n\r\n")[:3] == (204, False, b"")
+    # a body sent anyway would be read as the next answer: the connection is not reused
+    assert read(b"HTTP/1.1 204 No Content\r\n\r\nstray")[:3] == (204, True, b"")
+
+
+def test_a_body_in_one_byte_chunks_is_held_in_about_its_own_size():
+    """The memory held is what the cap and the budget count, not ~50 bytes of objects per chunk (a
+    target sending `1\\r\\nX\\r\\n` for ever would hold 50x what its budget sees)."""
+    import tracemalloc
+
+    n = 100_000
+    answer = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + b"1\r\nX\r\n" * n + b"0\r\n\r\n"
+    wire = Wire("example.test", None)
+    wire.sock = Scripted(answer)
+    wire.deadline = float("inf")
+    held = _Held(1 << 20, None)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        read_response(wire, False, held)
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert held.held == n and held.data() == b"X" * n
+    assert grown < 3 * n, f"{grown} bytes held for a {n}-byte body"
 
 
 @pytest.mark.parametrize("pieces, error", [

@@ -270,7 +270,11 @@ class _Held:
 
     def __init__(self, cap: int, budget: Optional[BodyBudget]):
         self.cap, self.budget = cap, budget
-        self.chunks: list[bytes] = []
+        # the first piece as it came (a Content-Length body read in one receive is never copied), the
+        # rest in one growing buffer: a list of pieces would cost ~50 bytes of objects per piece, so a
+        # target sending 1-byte chunks would hold 50x what the budget counts
+        self.first: Optional[bytes] = None
+        self.rest: Optional[bytearray] = None
         self.held = self.taken = 0
 
     def expect(self, length: int) -> None:
@@ -286,18 +290,26 @@ class _Held:
                                               f"flight hold the scrape memory budget")
             self.taken += extra
         self.held = held + len(chunk)
-        self.chunks.append(chunk)
+        if self.first is None:
+            self.first = chunk
+        elif self.rest is None:
+            self.rest = bytearray(self.first)
+            self.rest += chunk
+        else:
+            self.rest += chunk
         if self.held > self.cap:
             raise FetchError("too_large", f"body over {self.cap} bytes")
 
     def data(self) -> bytes:
-        return self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
+        if self.rest is not None:
+            return bytes(self.rest)
+        return self.first if self.first is not None else b""
 
     def release(self) -> None:
         if self.taken:
             self.budget.give(self.taken)
             self.taken = 0
-        self.chunks = []
+        self.first = self.rest = None
 
 
 def _classify(exc: Exception, timeout: float) -> Optional[FetchError]:

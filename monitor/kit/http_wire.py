@@ -128,12 +128,14 @@ def request_bytes(method: str, path: str, host_header: str, headers: dict[str, s
 def read_response(wire: Wire, head_only: bool, sink: "BodySink") -> tuple[int, bool, Optional[int]]:
     """Read one response off `wire`: (status, whether the connection must close, Content-Length
     or None), the body handed to `sink` piece by piece (`sink.expect` hears a Content-Length
-    first, so it can refuse the body before it is read). A 100 Continue before it is skipped."""
+    first, so it can refuse the body before it is read). Interim 1xx answers before it are skipped."""
     while True:
         status, version, fields, at = _read_head(wire)
-        if status != 100:
+        if status == 101:  # never asked for: the connection is no longer HTTP
+            raise http.client.HTTPException("101 Switching Protocols without an Upgrade request")
+        if not 100 <= status < 200:
             break
-        del wire.buf[:at]
+        del wire.buf[:at]  # an interim answer (100 Continue, 103 Early Hints): the real one follows
     del wire.buf[:at]
     conn = fields.get("connection", "").lower()
     will_close = "close" in conn or (version == 10 and "keep-alive" not in conn)
@@ -143,8 +145,10 @@ def read_response(wire: Wire, head_only: bool, sink: "BodySink") -> tuple[int, b
         if not raw.isdigit():
             raise http.client.HTTPException(f"bad Content-Length {raw[:20]!r}")
         length = int(raw)
-    if head_only or status in _NO_BODY or 100 <= status < 200:
-        return status, will_close, None
+    if head_only or status in _NO_BODY:
+        # bytes already past the head of a bodiless answer (a server that sent a body anyway) would be
+        # read as the next answer on this connection: it is not reused
+        return status, will_close or bool(wire.buf), None
     if fields.get("transfer-encoding", "").lower().rsplit(",", 1)[-1].strip() == "chunked":
         _read_chunked(wire, sink)
         return status, will_close or bool(wire.buf), None

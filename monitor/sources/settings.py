@@ -14,7 +14,7 @@ from monitor.readings import GATEWAY_KINDS
 from monitor.kit.settings.kinds import Choice, Duration, File, Flag, Int, Labels, SecretEnv, SecretFile, Selector, Text, Url
 from monitor.kit.settings.reader import ConfigError, Reader, join, key
 from monitor.kit.settings.shapes import MapOf, Sub, group
-from monitor.kit.settings.values import read_secret_env, read_secret_file
+from monitor.kit.settings.values import read_secret_env, read_secret_file, redact
 
 
 
@@ -186,7 +186,7 @@ def check_gateway_labels(gateways: list[GatewaySource], extra: tuple[str, ...], 
             if label not in extra:
                 allowed = f"one of {', '.join(extra)}" if extra else "none: global.pool_by has a single label"
                 raise r.fail(f"sources.gateways[{i}].labels.{label}",
-                             f"gateway {gw.url}: {label!r} is not an extra global.pool_by label (allowed: {allowed}; "
+                             f"gateway {redact(gw.url)}: {label!r} is not an extra global.pool_by label (allowed: {allowed}; "
                              f"the last pool_by label names the pool and cannot place a gateway)")
 
 

@@ -239,7 +239,8 @@ def readings_from_scrape(scrape: ParsedScrape, target: str, timestamp: float,
             if not buckets:
                 continue
             parts = [_as_engine_series(_primary(scrape.get(base + s))) for s in ("_bucket", "_sum", "_count")]
-            for model, hist in _histograms(*parts, scrape).items():
+            # relabelled dicts are new every scrape: no scrape passed, so the bucket-key memo is not churned
+            for model, hist in _histograms(*parts).items():
                 reading(model).histograms[key] = hist
             break
     for r in by_model.values():
