@@ -276,6 +276,32 @@ def test_each_clusters_pool_takes_its_clusters_burn_windows_from_prometheus():
     assert got["b"].slo_burn_rate["5m"] == pytest.approx(4 * got["a"].slo_burn_rate["5m"])
 
 
+
+@pytest.mark.parametrize("gateway_clusters, source", [("a", "prometheus"), ("ab", "tracker")])
+def test_windows_of_series_without_the_cluster_label_go_to_the_one_pool_fed(gateway_clusters, source):
+    """Gateway series without the cluster label (one gateway, or the label only added at remote
+    write) come back keyed cluster="": one pool fed by the task type in the whole fleet takes them, as
+    before clusters; two pools leave it to the tracker, never both."""
+    from monitor.model import Histogram
+
+    replicas = engines({"a": ["tiny"], "b": ["tiny"]})
+    cfg = Config(vllm_targets=[Target(u, labels={"cluster": c}) for u, c, _ in replicas], pool_by=POOL_BY,
+                 gateways=[GatewaySource(kind="app", url=f"http://app-{c}:9000/metrics", labels={"cluster": c})
+                           for c in gateway_clusters], capacity=Capacity(task_window=WINDOW),
+                 slos=read_slos({"task_types": {"summarise": {"p95_seconds": 30}}, "windows": ["5m"]}))
+    windows = {("task", "summarise", (("cluster", ""),)): {"5m": Histogram((30.0, float("inf")), (90.0, 100.0),
+                                                                         0.0, 100.0)}}
+    fleet = Fleet(cfg, replicas)
+    for k in range(2):
+        t = T0 + k * WINDOW
+        readings = [r for url, c, m in replicas for r in readings_from_text(vllm_body(m), url, t, {"cluster": c})]
+        scrapes = [fleet.aux.read_gateway(i, app_body(100.0 * (k + 1), 10.0 * (k + 1)), t)
+                   for i in range(len(gateway_clusters))]
+        fleet.state, snap = step(fleet.state, CycleInputs(readings, [], gateways=scrapes, slo_windows=windows), t)
+    got = {p.extra_labels["cluster"]: p.tasks.by_type.get("summarise") for p in snap.pools}
+    assert {c: got[c].slo_source for c in gateway_clusters} == {c: source for c in gateway_clusters}
+
+
 PROM_CONFIG = """
 global:
   scrape_interval: 1s

@@ -325,13 +325,18 @@ def _target_tag(target: Target) -> str:
 def _burn_rates(state: CapacityState, key: tuple, target: Target) -> tuple[dict, str]:
     """(window -> burn rate, source): Prometheus' counts when it has the task type's series and the
     task type feeds one pool only (its series carry no pool; with extra pool_by labels, one pool of
-    the series' cluster), else the tracker's."""
+    the series' cluster; series without the cluster label, one pool of the whole fleet), else the
+    tracker's."""
     pool, task_type = key[0], key[1]
     seen = state.slo_task_pools.setdefault(task_type, {})
     seen[pool] = state.tracker.newest(key) or seen.get(pool, 0.0)
     extras = tuple(extras_of(pool).items())  # with extra pool_by labels, Prometheus' windows are per cluster
-    windows = (state.slo_cycle_windows or {}).get((target.signal, task_type, *((extras,) if extras else ())))
-    if windows is None or sum(1 for p in seen if tuple(extras_of(p).items()) == extras) > 1:
+    cycle = state.slo_cycle_windows or {}
+    windows = cycle.get((target.signal, task_type, *((extras,) if extras else ())))
+    feeding = sum(1 for p in seen if tuple(extras_of(p).items()) == extras)
+    if windows is None and extras:  # the gateway's series carry no cluster label: fleet-wide counts
+        windows, feeding = cycle.get((target.signal, task_type, tuple((k, "") for k, _ in extras))), len(seen)
+    if windows is None or feeding > 1:
         return state.tracker.burn_rates(key, target), "tracker"
     return {name: window_burn(bad_count(windows.get(name), target), target) for name in state.slo.windows}, "prometheus"
 
