@@ -171,6 +171,16 @@ class ManagedProcess:
         self.log.close()
 
 
+def scrape_config(jobs: dict, interval: str = "1s") -> str:
+    """A Prometheus configuration scraping every `interval`: `jobs` maps a job name to its targets,
+    each a (host:port, target labels or None) pair."""
+    import yaml
+    return yaml.safe_dump({"global": {"scrape_interval": interval}, "scrape_configs": [
+        {"job_name": job, "static_configs": [{"targets": [t], **({"labels": dict(labels)} if labels else {})}
+                                             for t, labels in targets]}
+        for job, targets in jobs.items()]}, sort_keys=False)
+
+
 class Prometheus(ManagedProcess):
     """A real Prometheus (Debian 2.42) on loopback, started in a temp dir, readiness polled."""
 

