@@ -70,10 +70,10 @@ def test_gateway_shed_rates_are_counter_increases_per_second_per_pool():
         return GatewayReading("litellm", ts, {"ask": tc})
     older = reading("ask", START, {"gateway_rate_limited": 10.0})
     newer = reading("ask", START + 20, {"gateway_rate_limited": 50.0, "gateway_timeout": 4.0})
-    rates = gateway_shed_rates([("p", None, newer, older, True)], {}, {"p"})
+    rates = gateway_shed_rates([("p", None, newer, older, True, {})], {"p"})
     assert rates == {"p": {"gateway_rate_limited": 2.0, "gateway_timeout": 0.2}}
-    assert gateway_shed_rates([("p", None, newer, None, False)], {}, {"p"}) == {}  # one reading: nothing yet
-    moved = gateway_shed_rates([("p", None, newer, older, True)], {"ask": "q"}, {"p", "q"})
+    assert gateway_shed_rates([("p", None, newer, None, False, {})], {"p"}) == {}  # one reading: nothing yet
+    moved = gateway_shed_rates([("p", None, newer, older, True, {"ask": "q"})], {"p", "q"})
     assert set(moved) == {"q"}  # capacity.task_pools sends the task type's calls elsewhere
 
 

@@ -224,7 +224,7 @@ def assess(state: CapacityState, pools: list[PoolSnapshot], history: History,
     planned = plan_gateways(state, fleet or [(p.pool, p.model) for p in pools], gateways, anomalies,
                             {p.pool for p in pools})
     tasks = _tasks(state, pools, planned, now)
-    shed = gateway_shed_rates(planned, state.task_pools, {p.pool for p in pools})
+    shed = gateway_shed_rates(planned, {p.pool for p in pools})
     power = _power(state, history, dcgm)
     by_pool: dict[str, dict] = {}  # one pass over the history: the work stays linear in series
     for key, readings in history.items():

@@ -15,20 +15,18 @@ from typing import Iterable, Optional
 from monitor.derive.counters import increase
 
 
-def gateway_shed_rates(planned: Iterable[tuple], task_pools: dict[str, str], pools: set[str]
-                       ) -> dict[str, dict[str, float]]:
+def gateway_shed_rates(planned: Iterable[tuple], pools: set[str]) -> dict[str, dict[str, float]]:
     """pool -> {reason: requests per second} from the cycle's gateway readings and the readings
     a window back (gateway_plan.py `plan_gateways`: (pool, config, reading, older, covered, routes),
-    routes being `task_pools` resolved in the gateway's scope; without it, `task_pools`); a
-    reading without an older one says nothing yet."""
+    routes being capacity.task_pools resolved in the gateway's scope); a reading without an older
+    one says nothing yet."""
     out: dict[str, dict[str, float]] = {}
-    for pool, _cfg, reading, older, _covered, *routes in planned:
+    for pool, _cfg, reading, older, _covered, routes in planned:
         if older is None or reading.timestamp <= older.timestamp:
             continue
         dt = reading.timestamp - older.timestamp
-        mapped = routes[0] if routes else task_pools
         for tt, t in reading.tasks.items():
-            target = mapped.get(tt, pool)
+            target = routes.get(tt, pool)
             if target not in pools or not t.failed_by_reason:
                 continue
             old = older.tasks.get(tt)
