@@ -12,7 +12,8 @@ import os
 import prometheus_client.metrics
 import pytest
 
-from monitor.derive.gateway_queues import pool_of_served_models, queued_by_pool
+from monitor.derive.gateway_queues import pool_of_in_scope, queued_by_pool
+from monitor.derive.gateway_scope import Scope
 from monitor.readings import GatewayQueue
 from monitor.sources.gateway_queue import queue_families_present, queues_from_samples, read_gateway_queues
 
@@ -206,16 +207,19 @@ def test_unknown_kind_and_bad_body():
 # ---------------------------------------------------------------- pool mapping
 
 def test_queued_by_pool_default_mapping():
+    def served(pools: dict, mapping=None):  # the pool_of of a gateway without labels, pool: or ... pools:
+        return pool_of_in_scope(Scope(pools.items()), None, mapping or {})
+
     result = read_gateway_queues(fixture("llm-d-router-flow-control.prom"), "llm-d")
-    assert queued_by_pool(result, pool_of_served_models({"chat": LLAMA, "code": QWEN})) == \
+    assert queued_by_pool(result, served({"chat": LLAMA, "code": QWEN})) == \
         {"chat": 10.0, "code": 8.0}
     # the gateway pool label is checked first
-    assert queued_by_pool(result, pool_of_served_models({"chat": LLAMA}, {"pool-b": "batch"})) == \
+    assert queued_by_pool(result, served({"chat": LLAMA, "batch": "batch-model"}, {"pool-b": "batch"})) == \
         {"chat": 10.0, "batch": 8.0}
     # a model served by two pools cannot be split: counted in neither
-    assert queued_by_pool(result, pool_of_served_models({"chat": LLAMA, "chat-2": LLAMA})) == {}
+    assert queued_by_pool(result, served({"chat": LLAMA, "chat-2": LLAMA})) == {}
     dyn = read_gateway_queues(fixture("dynamo-frontend.prom"), "dynamo")
-    assert queued_by_pool(dyn, pool_of_served_models({"small": QW3, "big": L8B})) == {"small": 3.0, "big": 2.0}
+    assert queued_by_pool(dyn, served({"small": QW3, "big": L8B})) == {"small": 3.0, "big": 2.0}
 
 
 def test_queued_by_pool_custom_mapping_and_unknown_rows():

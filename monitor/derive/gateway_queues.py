@@ -38,25 +38,7 @@ def queued_by_pool(queues: Iterable[GatewayQueue],
     return finite_only(out, anomalies)
 
 
-def pool_of_served_models(served: Mapping[str, str], gateway_pools: Optional[Mapping[str, str]] = None
-                          ) -> Callable[[Optional[str], Optional[str]], Optional[str]]:
-    """The default `pool_of`: `served` maps headroom pool -> its served model name, `gateway_pools`
-    maps gateway pool label -> headroom pool (checked first). A model served by two pools maps to
-    neither (the gateway's count cannot be split)."""
-    by_model: dict[str, Optional[str]] = {}
-    for pool, model in served.items():
-        by_model[model] = None if model in by_model else pool
-    labels = dict(gateway_pools or {})
-
-    def pool_of(pool_label: Optional[str], model: Optional[str]) -> Optional[str]:
-        if pool_label is not None and pool_label in labels:
-            return labels[pool_label]
-        return by_model.get(model) if model is not None else None
-
-    return pool_of
-
-
-def _scoped(scope: Scope, fixed: Optional[str], mapping: Mapping[str, str]
+def pool_of_in_scope(scope: Scope, fixed: Optional[str], mapping: Mapping[str, str]
             ) -> Callable[[Optional[str], Optional[str]], Optional[str]]:
     """`pool_of` of one gateway: its `pool`, else its `pools:` map, else the model's one pool,
     each resolved in its scope (a name two pools in scope answer to is no pool: left out)."""
@@ -92,7 +74,7 @@ def apply_gateway_queues(pools: Sequence[PoolSnapshot], gateways: Sequence[Gatew
             key = "gateway_queue_" + reason.split(":", 1)[0]
             anomalies[key] = anomalies.get(key, 0.0) + n
         mapping = gateway_pools[scrape.index] if scrape.index < len(gateway_pools) else {}
-        scoped = _scoped(Scope(served.items(), scrape.labels), scrape.pool, mapping)
+        scoped = pool_of_in_scope(Scope(served.items(), scrape.labels), scrape.pool, mapping)
 
         def pool_of(label: Optional[str], model: Optional[str], scoped=scoped) -> Optional[str]:
             pool = scoped(label, model)
