@@ -9,8 +9,27 @@ names the pool (the `pool` label, as with a single label); every other label is 
 
 So the same model in two clusters is two keys (two pools, two histories, two forecasts, two shard
 owners), and `labels_of(key)` gives back the exported labels: {"pool": name, "cluster": "a"}.
-A key without the `{...}` suffix is a plain pool name; a name that itself looks like a suffix is
-left alone unless every pair in it parses.
+
+Why a key is never mis-parsed, whatever its label values hold. A label value is any text: a target
+may name its model `evil{replica="x"}`. As a plain name that is also the key of the pool "evil"
+carrying `replica="x"`, so no reading of the text alone can tell the two apart while plain names
+stay byte for byte (every string is somebody's plain name). The key therefore has two forms, and the
+writer picks, never the reader:
+
+    raw     name + '{k="v",...}'    (the suffix only with extra labels)  -- what it always was
+    quoted  '"' + escaped name + '"' + '{k="v",...}'                      -- only when raw would lie
+
+`make_key` builds the raw form, reads it back with the one reader (`split`), and keeps it only when
+the reading gives back exactly (name, labels) and the raw form does not begin with `"`; otherwise it
+writes the quoted form. `split` reads a key beginning with `"` strictly (the name's escapes `\\`,
+`\"`, `\n` only, then `{k="v",...}` strictly or nothing), every other key as before. So for every
+name and labels: split(make_key(name, labels)) == (name, labels) -- for a raw key by the check made
+when it was written, for a quoted key because the strict reader is the exact inverse of the quoting
+(and a raw key never begins with `"`, so the two forms never meet). That is all the proof needs: the
+reader is a function, the writer checks it. Ordinary names (no `"` first, no `{...}` tail that reads
+as labels) keep their keys byte for byte, so existing stores, histories, shard owners, digests and
+the JSON read the same; a name that would be mis-read gets a new, quoted key (its old series in a
+store are not carried over: before this they could not be rendered at all).
 """
 from __future__ import annotations
 
@@ -25,6 +44,7 @@ DEFAULT_POOL_BY = ("model_name",)
 # a Prometheus label name (a pool_by label must be one: it becomes an exported label)
 LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 RESERVED = ("pool", "replica", "__name__")
+LABEL_NAME_AT = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="')  # a label name and its opening quote
 _PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 PoolBy = Union[str, Sequence[str]]
 
@@ -51,13 +71,22 @@ def _unescape(value: str) -> str:
     return re.sub(r"\\(.)", lambda m: "\n" if m.group(1) == "n" else m.group(1), value)
 
 
+def _suffix(pairs: Sequence[tuple[str, str]]) -> str:
+    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in pairs) + "}" if pairs else ""
+
+
 def make_key(name: str, extra: Mapping[str, str] = (), order: Iterable[str] = ()) -> str:
-    """The canonical key of pool `name` with its extra labels (in `order`, else sorted)."""
+    """The canonical key of pool `name` with its extra labels (in `order`, else sorted): the raw form
+    when it reads back as exactly this, else the quoted form (module docstring)."""
     extra = dict(extra)
-    if not extra:
-        return name
     names = [k for k in order if k in extra] or sorted(extra)
-    return name + "{" + ",".join(f'{k}="{_escape(extra[k])}"' for k in names) + "}"
+    pairs = tuple((k, extra[k]) for k in names)
+    if not pairs and not (name.endswith("}") or name.startswith('"')):
+        return name  # the common case, without a look-up: no tail to mis-read, not the quoted form
+    raw = name + _suffix(pairs)
+    if not raw.startswith('"') and split(raw) == (name, pairs):
+        return raw
+    return '"' + _escape(name) + '"' + _suffix(pairs)
 
 
 def key_of(labels: Mapping[str, str], model: str, pool_by: Optional[PoolBy]) -> str:
@@ -68,14 +97,68 @@ def key_of(labels: Mapping[str, str], model: str, pool_by: Optional[PoolBy]) -> 
     last = by[-1]
     name = model if last in MODEL_LABELS else (labels.get(last) or model)
     if len(by) == 1:
-        return name
+        return make_key(name)
     extra = {label: (model if label in MODEL_LABELS else labels.get(label, "")) for label in by[:-1]}
     return make_key(name, extra, by[:-1])
 
 
+def _read_quoted(text: str, at: int) -> Optional[tuple[str, int]]:
+    """The escaped text of `text` from `at` (just after an opening quote) to its closing quote, read
+    strictly (only \\\\, \\" and \\n), and the index after that quote; None when it does not read."""
+    out = []
+    i = at
+    while i < len(text):
+        c = text[i]
+        if c == '"':
+            return "".join(out), i + 1
+        if c == "\\":
+            nxt = text[i + 1:i + 2]
+            if nxt not in ("\\", '"', "n"):
+                return None
+            out.append("\n" if nxt == "n" else nxt)
+            i += 2
+            continue
+        out.append(c)
+        i += 1
+    return None
+
+
+def _split_quoted(key: str) -> Optional[tuple[str, tuple[tuple[str, str], ...]]]:
+    """The quoted form read strictly: '"name"' then nothing or '{k="v",...}'; None when it does not read."""
+    read = _read_quoted(key, 1)
+    if read is None:
+        return None
+    name, i = read
+    if i == len(key):
+        return name, ()
+    if key[i] != "{" or not key.endswith("}"):
+        return None
+    pairs = []
+    i += 1
+    while True:
+        m = LABEL_NAME_AT.match(key, i)
+        if m is None:
+            return None
+        value = _read_quoted(key, m.end())
+        if value is None:
+            return None
+        pairs.append((m.group(1), value[0]))
+        i = value[1]
+        if key[i:] == "}":
+            return name, tuple(pairs)
+        if key[i:i + 1] != ",":
+            return None
+        i += 1
+
+
 @lru_cache(maxsize=65536)
 def split(key: str) -> tuple[str, tuple[tuple[str, str], ...]]:
-    """(pool name, ((label, value), ...)) of a key; a plain name has no extra labels."""
+    """(pool name, ((label, value), ...)) of a key; a plain name has no extra labels. The one reader
+    of keys (make_key checks its raw keys with it)."""
+    if key.startswith('"'):
+        quoted = _split_quoted(key)
+        if quoted is not None:
+            return quoted
     if not key.endswith("}") or "{" not in key:
         return key, ()
     brace = key.find("{")

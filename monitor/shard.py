@@ -18,6 +18,7 @@ import hashlib
 from collections.abc import Iterable
 
 from monitor.kit.settings.kinds import Kind
+from monitor.poolkey import make_key
 
 Shard = tuple[int, int]
 
@@ -78,12 +79,14 @@ def owns(pool: str, shard: Shard) -> bool:
 
 
 def filter_pools(pools: Iterable[str], shard: Shard) -> list[str]:
-    """The pools of `pools` this shard owns, in their original order (duplicates kept): what a
-    Prometheus-mode shard asks its query layer for (monitor/sources/prometheus_reader.py)."""
+    """The pools of `pools` (model names) this shard owns, in their original order (duplicates
+    kept): what a Prometheus-mode shard asks its query layer for (monitor/sources/prometheus_reader.py).
+    Owned by their pool key, as the cycle owns them (the name itself but for a name that would read
+    back as labels: monitor/poolkey.py)."""
     index, total = _check(shard)
     if total == 1:
         return list(pools)
-    return [pool for pool in pools if owner(pool, total) == index]
+    return [pool for pool in pools if owner(make_key(pool), total) == index]
 
 class ShardSetting(Kind):
     """`global.shard` in the configuration: I/N, read by parse_shard."""

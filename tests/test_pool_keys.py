@@ -17,7 +17,7 @@ from monitor.config import ConfigError
 from monitor.config.headroom import Config
 from monitor.derive.core import derive_pools, pool_of
 from monitor.export.landing import Trends, render
-from monitor.export.samples import Renderer, UnknownMetric
+from monitor.export.samples import Renderer
 from monitor.export.snapshot_json import snapshot_to_dict
 from monitor.history.prometheus import PrometheusHistory, default_queries, pool_matcher
 from monitor.history.store import HistoryStore, StoreHistory, points_from_snapshot
@@ -129,11 +129,18 @@ def test_one_label_renders_exactly_the_pool_label():
                for rows in samples.values() for labels, _ in rows if "pool" in labels)
 
 
-def test_a_key_label_clashing_with_a_metric_label_is_refused():
-    p = PoolSnapshot(pool='m{replica="x"}', model="m", replicas=1, last_fresh_timestamp=1.0)
+def test_a_key_label_clashing_with_a_metric_label_is_dropped_and_counted_and_the_rest_served():
+    # (before issue 38 the whole render raised UnknownMetric: one clash froze /metrics)
+    p = PoolSnapshot(pool=make_key("m", {"replica": "x"}), model="m", replicas=1, last_fresh_timestamp=1.0)
     p.replica_detail = [ReplicaSnapshot(replica="a0", pool=p.pool, up=True)]
-    with pytest.raises(UnknownMetric, match="headroom_replica"):
-        Renderer().render(Snapshot(timestamp=1.0, pools=[p]))
+    renderer = Renderer()
+    samples = renderer.render(Snapshot(timestamp=1.0, pools=[p], cycles=3))
+    assert "headroom_replica_up" not in samples
+    assert renderer.errors["headroom_replica_up"] == 1.0
+    assert samples["headroom_cycles"] == [({}, 3.0)]
+    assert samples["headroom_replicas"] == [({"pool": "m", "replica": "x"}, 1.0)]
+    live = renderer.live(None)
+    assert ({"family": "headroom_replica_up"}, 1.0) in live["headroom_render_errors"]
 
 
 def test_the_json_names_the_cluster_and_where_sessions_fit():

@@ -12,7 +12,7 @@ import math
 from typing import Iterable, Optional
 
 from ..model import COUNTERS, Histogram, PoolSnapshot, Quantiles, ReplicaReading, ReplicaSnapshot
-from ..poolkey import PoolBy, key_of, name_of
+from ..poolkey import PoolBy, key_of, make_key, name_of
 from .counters import histogram_increase, increase
 from .histogram import quantiles
 from .kv_band import KvBand, kv_band, sum_bands, tokens_per_request_between
@@ -25,7 +25,7 @@ def pool_of(reading: ReplicaReading, pool_by: PoolBy = "model_name") -> str:
     """The replica's pool key (monitor/poolkey.py): the last pool_by label names it, the others
     ride along (`global.pool_by: [cluster, model_name]` -> 'model{cluster="a"}')."""
     if pool_by in ("model_name", "model") or pool_by == ("model_name",):
-        return reading.model
+        return make_key(reading.model)  # the model itself unless it would read back as labels
     return key_of(reading.labels, reading.model, pool_by)
 
 

@@ -10,12 +10,19 @@ digest's outbox). No other module builds metric samples. A pool is named by its 
 `pool` here, in one place, on every pool and replica series (`pool="m",cluster="a"`). Each sample is checked against the
 catalogue here (name and label names), so nothing unlisted is ever exported; None is never exported.
 
-A renderer keeps one thing between renders: how many series its cardinality cap cut, per metric
-(`headroom_dropped_series{what="<metric>"}`, a counter). The daemon has one renderer
+A renderer keeps two things between renders: how many series its cardinality cap cut, per metric
+(`headroom_dropped_series{what="<metric>"}`, a counter), and how many parts of its renders failed
+(`headroom_render_errors{family}`). A render never fails as a whole for one bad part: a sample the
+catalogue refuses (a pool key's label clashing with the metric's own) is dropped and counted under
+its family; a pool, the snapshot's other series or the process status that raises while rendered is
+dropped and counted under `pool`, `snapshot` or `status`; the rest is served. Label values are data:
+text that cannot be written as UTF-8 (a lone surrogate) is replaced (U+FFFD) here, as the last line
+(the cycle replaces and counts it where it comes in: monitor/cycle.py). The daemon has one renderer
 (monitor/export/collector.py `Exposition`).
 """
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import Optional
@@ -23,9 +30,11 @@ from typing import Optional
 from .. import __version__
 from ..catalogue import BY_NAME
 from ..model import Capacity, PoolSnapshot, PoolTasks, Snapshot
-from ..poolkey import name_of, split
+from ..poolkey import split
+from monitor.kit.text import valid_text
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
+log = logging.getLogger(__name__)
 
 # Cardinality cap per exported metric: a misconfigured label (a session id used as the task type)
 # must not flood Prometheus. What is cut is counted in headroom_dropped_series{what="<metric>"}.
@@ -73,27 +82,38 @@ class Renderer:
     def __init__(self, max_series_per_metric: int = MAX_SERIES_PER_METRIC):
         self.max_series = max_series_per_metric
         self.dropped: dict[str, float] = {}  # metric -> series cut so far
+        self.errors: dict[str, float] = {}  # family (or part) -> samples / parts dropped by a failure so far
+
+    def failed(self, family: str, detail: str) -> None:
+        """A part of a render dropped: counted, and logged the first time for that family."""
+        if family not in self.errors:
+            log.warning("render: %s dropped (%s); the rest is served, counted in headroom_render_errors_total",
+                        family, detail[:300])
+        self.errors[family] = self.errors.get(family, 0.0) + 1
 
     def render(self, snap: Optional[Snapshot], status: Optional[ProcessStatus] = None) -> Samples:
         out = Rows(self)
         out.add("headroom_build_info", {"version": __version__}, 1.0)
         if snap is not None:
             for p in snap.pools:
-                pool_samples(out, p)
-            _snapshot_samples(out, snap)
+                out.part("pool", pool_samples, out, p)
+            out.part("snapshot", _snapshot_samples, out, snap)
         if status is not None:
-            _status_samples(out, status)
+            out.part("status", _status_samples, out, status)
         for what, v in sorted(self.dropped.items()):
             out.add("headroom_dropped_series", {"what": what}, v)
         return out.samples
 
 
     def live(self, cadence: Optional[Cadence]) -> Samples:
-        """The samples computed at each scrape: the cycle's cadence."""
+        """The samples computed at each scrape: the cycle's cadence and the render errors (they must
+        move while the body of the last good render is served)."""
         out = Rows(self)
         if cadence is not None:
             out.add("headroom_last_cycle_age_seconds", {}, cadence.last_cycle_age_seconds)
             out.add("headroom_cycle_interval_seconds", {}, cadence.interval_seconds)
+        for family, v in sorted(list(self.errors.items())):
+            out.add("headroom_render_errors", {"family": family}, v)
         return out.samples
 
 
@@ -118,17 +138,38 @@ class Rows:
         self.renderer = renderer
         self.samples: Samples = {}
 
+    def part(self, what: str, fn, *args) -> None:
+        """Render one part (a pool, the snapshot's series, the status) by `fn`: the samples it added
+        are kept only when it finishes; one that raises is dropped and counted under `what`."""
+        before = {name: len(rows) for name, rows in self.samples.items()}
+        try:
+            fn(*args)
+        except Exception as exc:  # noqa: BLE001 -- one part must never take the others with it
+            for name in list(self.samples):
+                del self.samples[name][before.get(name, 0):]
+                if not self.samples[name]:
+                    del self.samples[name]
+            self.renderer.failed(what, f"{type(exc).__name__}: {exc}")
+
     def add(self, name: str, labels: dict[str, str], value: Optional[float]) -> None:
+        """One sample, checked against the catalogue; one it refuses is dropped and counted (an
+        unknown name is a programming error and raises)."""
         if value is None:
             return
         mdef = BY_NAME.get(name)
         if mdef is None:
             raise UnknownMetric(f"{name} is not in monitor/catalogue.py")
-        extra = split(labels["pool"])[1] if "pool" in labels else ()
-        if set(labels) != set(mdef.labels) or any(k in labels for k, _ in extra):
-            raise UnknownMetric(f"{name} takes labels {mdef.labels}, got {tuple(labels)}")
-        if extra:  # a pool key carrying pool_by labels: pool="<name>" and each label beside it
-            labels = {**labels, "pool": name_of(labels["pool"]), **dict(extra)}
+        pool, extra = split(labels["pool"]) if "pool" in labels else (None, ())
+        clash = [k for k, _ in extra if k in labels]
+        if set(labels) != set(mdef.labels) or clash:
+            why = (f"its pool key carries {clash}, labels of its own" if clash else
+                   f"takes labels {list(mdef.labels)}, got {sorted(labels)}")
+            self.renderer.failed(name, f"{name} {why}")
+            return
+        if pool is not None and (extra or pool != labels["pool"]):  # pool="<name>", each key label beside it
+            labels = {**labels, "pool": pool, **dict(extra)}
+        if not all(v.isascii() for v in labels.values()):
+            labels = {k: valid_text(v) for k, v in labels.items()}
         rows = self.samples.setdefault(name, [])
         if len(rows) >= self.renderer.max_series and name != "headroom_dropped_series":
             self.renderer.dropped[name] = self.renderer.dropped.get(name, 0.0) + 1

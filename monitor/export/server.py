@@ -20,6 +20,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from ..model import Snapshot
 from .collector import Exposition
 from .samples import Cadence
+from monitor.kit.text import valid_text
 from monitor.kit.web.http11 import Request, Response
 from monitor.kit.web.httpd import Limits, WebServer, WebStats
 from .landing import Trends, render
@@ -55,15 +56,22 @@ class WebState:
         self.ready = False
         self.authorize: Callable[[Optional[str]], bool] = lambda header: True
         self.web_stats: Optional[WebStats] = None  # the serving server's counters, set by serve()
-        self.cadence: Callable[[], Optional[Cadence]] = exposition.cadence  # the cycle's, read at each probe
+        # the cycle's, as the body served shows it (its age while renders fail), read at each probe
+        self.cadence: Callable[[], Optional[Cadence]] = exposition.served_cadence
         self._rendered: dict[str, tuple[object, bytes]] = {}  # page -> (the snapshot it shows, its body)
         self._render_locks: dict[str, threading.Lock] = {}  # one a page: the JSON does not wait for the page
 
     def publish(self, snapshot: Snapshot) -> None:
-        self.trends.add(snapshot)
-        self.exposition.update(snapshot)
+        """The snapshot to every endpoint: /metrics' body rendered once (a render that fails altogether
+        keeps the previous body and turns /-/ready 503: `Exposition.failure`), the JSON and the page
+        from it on their first view, the landing chart's trend."""
+        rendered = self.exposition.update(snapshot)
         self.snapshot = snapshot
-        self.ready = True
+        self.ready = self.ready or rendered
+        try:
+            self.trends.add(snapshot)
+        except Exception:  # noqa: BLE001 -- the chart is one part of one page
+            log.exception("the landing page's trend could not take this snapshot")
 
     def rendered(self, page: str, render_fn: Callable[[Optional[Snapshot]], bytes]) -> bytes:
         """`page`'s body for the current snapshot: rendered by the first viewer after a publish, the
@@ -82,6 +90,9 @@ def probe(state: WebState, req: Request) -> Optional[Response]:
     if req.path == "/-/healthy":
         return Response(200, b"Healthy.\n")
     if req.path == "/-/ready":
+        if state.exposition.failure is not None:
+            return Response(503, f"Not ready: {state.exposition.failure}; /metrics serves the previous body.\n"
+                            .encode())
         if not state.ready:
             return Response(503, b"Not ready: the first cycle has not finished.\n")
         stopped = cycles_stopped(state.cadence())
@@ -112,8 +123,8 @@ def handle(state: WebState, req: Request) -> Response:
     if path == "/metrics":
         return Response(200, state.exposition.body(), CONTENT_TYPE_LATEST)
     if path in ("/", "/index.html"):
-        page = state.rendered("/", lambda snap: render(snap, state.trends, state.title, state.links,
-                                                       state.has_alerts_source).encode("utf-8"))
+        page = state.rendered("/", lambda snap: valid_text(render(snap, state.trends, state.title, state.links,
+                                                                  state.has_alerts_source)).encode("utf-8"))
         return Response(200, page, "text/html; charset=utf-8")
     if path in ("/digest", "/digest/"):
         return latest_digest(state.digest_dir)

@@ -87,7 +87,7 @@ class Query:
         name = labels.get(self.pool_label)
         if not name:
             return None
-        return make_key(name, {e: labels.get(e, "") for e in self.extra}, self.extra) if self.extra else name
+        return make_key(name, {e: labels.get(e, "") for e in self.extra}, self.extra)
 
 
 def _matchers(*parts: str) -> str:

@@ -1,0 +1,95 @@
+"""Nothing a source says can stop the renderer (issue 38, Build 1), through the real daemon on loopback.
+
+One target exposes the legal label value `model_name="evil{replica=\"x\"}"` under the default
+`pool_by: model_name`. Before the fix its pool key was parsed back as `pool="evil",replica="x"`,
+every render raised and /metrics, / and /api/v1/snapshot stayed frozen at that cycle while /-/ready
+said 200. Here the cycle counter in each body must keep moving (waited on with a deadline), the
+hostile pool is exported under its own name, its neighbour is untouched, and /-/ready stays 200
+because the daemon really is cycling and publishing.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from bodies import vllm_body
+from monitor.kit.process import stop_process
+from servers import MetricsServer, free_port, wait_for, wait_http
+from tiers import starts_servers
+
+pytestmark = pytest.mark.live
+
+EVIL = 'evil{replica="x"}'  # the label value as the target means it
+EVIL_IN_TEXT = 'evil{replica=\\"x\\"}'  # the same value escaped in the exposition text
+
+
+def cycles_in(text: str) -> float:
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == "headroom_cycles_total":
+                return s.value
+    return -1.0
+
+
+def pool_values(text: str, name: str) -> dict[tuple, float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name:
+                out[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+@pytest.fixture
+@starts_servers
+def targets():
+    plain, evil = MetricsServer(), MetricsServer()
+    plain.bodies["/metrics"] = vllm_body("tiny")
+    evil.bodies["/metrics"] = vllm_body(EVIL_IN_TEXT)
+    yield plain, evil
+    plain.stop()
+    evil.stop()
+
+
+def test_a_label_value_that_looks_like_labels_never_freezes_what_is_served(targets, tmp_path):
+    plain, evil = targets
+    cfg = tmp_path / "h.yml"
+    cfg.write_text("global:\n  interval: 1s\n  scrape_timeout: 1s\n"
+                   f"sources:\n  vllm:\n    targets: [{plain.url('/metrics')}, {evil.url('/metrics')}]\n")
+    port = free_port()
+    env = dict(os.environ, HEADROOM_WEB_LISTEN_ADDRESS=f"127.0.0.1:{port}")
+    proc = subprocess.Popen([sys.executable, "-m", "monitor.cli", "run", "--config.file", str(cfg), "--duration", "180"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(base + "/-/ready", timeout=90)
+        first = wait_for(lambda: requests.get(base + "/metrics", timeout=5).text, lambda t: cycles_in(t) >= 1,
+                         timeout=60, what="a cycle in /metrics")
+        start = cycles_in(first)
+        # the body moves on: three more cycles are served, not one frozen body
+        text = wait_for(lambda: requests.get(base + "/metrics", timeout=5).text,
+                        lambda t: cycles_in(t) >= start + 3, timeout=60, what="/metrics moving past the first cycles")
+        then = requests.get(base + "/api/v1/snapshot", timeout=5).json()["timestamp"]
+        doc = wait_for(lambda: requests.get(base + "/api/v1/snapshot", timeout=5).json(),
+                       lambda d: d["timestamp"] >= then + 2 and len(d["pools"]) == 2, timeout=60,
+                       what="/api/v1/snapshot moving on with both pools")
+        page = requests.get(base + "/", timeout=5)
+        ready = requests.get(base + "/-/ready", timeout=5)
+    finally:
+        stop_process(proc, 20)
+
+    assert ready.status_code == 200, ready.text
+    # the hostile pool is exported under its own name: the value is data, never labels
+    replicas = pool_values(text, "headroom_replicas")
+    assert replicas == {(("pool", "tiny"),): 1.0, (("pool", EVIL),): 1.0}, replicas
+    assert all("replica" not in dict(k) for k in replicas)
+    assert pool_values(text, "headroom_render_errors_total") == {}
+    assert sorted(p["pool"] for p in doc["pools"]) == sorted(["tiny", EVIL])
+    assert all("key" not in p for p in doc["pools"])
+    assert page.status_code == 200
+    assert "evil{replica=&quot;x&quot;}" in page.text
