@@ -121,6 +121,20 @@ CATALOGUE: tuple[MetricDef, ...] = (
 BY_NAME = {m.name: m for m in CATALOGUE}
 
 
+# labels the exposition format itself gives a meaning (histogram buckets, summary quantiles, the name)
+FORMAT_LABELS = ("le", "quantile", "__name__")
+
+
+def own_labels() -> dict[str, str]:
+    """Every label headroom itself puts on its series, each with the first metric that carries it
+    (`global.pool_by`'s extra labels are exported beside these, so none may be one of them)."""
+    out: dict[str, str] = {label: "the exposition format" for label in FORMAT_LABELS}
+    for mdef in CATALOGUE:
+        for label in mdef.labels:
+            out.setdefault(label, mdef.name)
+    return out
+
+
 def exposed_names() -> set[str]:
     """Every sample name that can appear on /metrics (counters with _total)."""
     return {m.exposed_name for m in CATALOGUE}

@@ -18,10 +18,23 @@ from monitor.kit.settings.kinds import Duration, File, Int, ListenAddress, Store
 from monitor.kit.settings.reader import Reader, key
 from monitor.kit.settings.shapes import ListOf, MapOf, Sub, group
 from monitor.kit.settings.values import DAY
+from monitor.catalogue import own_labels
 from monitor.poolkey import PoolBySetting, extra_labels, name_of
 from monitor.shard import ShardSetting
 from monitor.sources.settings import (AlertsSource, EngineTarget, GatewaySource, HttpAuth, PrometheusSource, Target,
                                      check_gateway_labels)
+
+
+def check_pool_by(pool_by: tuple[str, ...], r: Reader) -> None:
+    """pool_by's extra labels are exported beside `pool` on every pool series: none may be a label
+    headroom itself adds (monitor/catalogue.py `own_labels`: `kind`, `reason`, `le`, ...), or a
+    series would carry it twice and one of the two values would be lost."""
+    own = own_labels()
+    for label in extra_labels(pool_by):
+        if label in own:
+            raise r.fail("global.pool_by", f"{label!r} is a label headroom adds to its own series (e.g. "
+                         f"{own[label]}), so it cannot be carried beside the pool; only the last pool_by "
+                         f"label may be {label!r}")
 
 
 @dataclass(frozen=True)
@@ -103,6 +116,7 @@ class Config:
             raise r.fail("sources", "configure either sources.vllm (direct scrape) or sources.prometheus, not both")
         if not (self.vllm_targets or self.prometheus):
             raise r.fail("sources", "no source: give sources.vllm.targets or sources.prometheus.url")
+        check_pool_by(self.pool_by, r)
         check_gateway_labels(self.gateways, extra_labels(self.pool_by), r)
         digest = None
         if self.digest is not None:
