@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import replace
 from typing import Callable, Iterable, Optional
 
 from .capacity.enrich import CapacityState
@@ -34,6 +35,7 @@ from .model import ReplicaReading, Snapshot, SourceStatus
 from .poolkey import normalise
 from .readings import GatewayConfig
 from monitor.kit.http import BodyBudget, Fetcher
+from monitor.kit.text import valid_text
 from .sources.auxiliary import AuxSources, late as _late
 from .sources.prometheus_reader import PrometheusRead, PrometheusSourceReader
 from .sources.scrape import DeadlinePool, Late, Scraper
@@ -45,6 +47,46 @@ log = logging.getLogger(__name__)
 
 DEADLINE_MARGIN = 0.5  # seconds a cycle waits beyond its sources' request timeouts
 CLOCK_STEP_TOLERANCE = 1.0  # seconds the wall clock may drift from the boot-time clock between cycles
+
+
+class _Texts:
+    """valid_text, counting the texts it had to change."""
+
+    def __init__(self) -> None:
+        self.replaced = 0
+
+    def __call__(self, text):
+        if not isinstance(text, str) or text.isascii():
+            return text
+        fixed = valid_text(text)
+        self.replaced += fixed is not text
+        return fixed
+
+    def labels(self, labels: dict) -> dict:
+        return {self(k): self(v) for k, v in labels.items()}
+
+
+def valid_inputs(inputs: CycleInputs) -> None:
+    """Label values are data: what a JSON answer may carry that cannot be written (a lone surrogate,
+    `"\\ud800"`, in a label of the query layer or in an alert's text) is replaced with U+FFFD where it
+    comes in, before it becomes a pool key, a label, the page or the JSON, and counted (input anomaly
+    `invalid_text`, one per text). Plain ASCII, nearly everything, is passed over at once."""
+    fix = _Texts()
+    for i, r in enumerate(inputs.readings):
+        if not (r.model.isascii() and r.target.isascii() and all(v.isascii() for v in r.labels.values())):
+            inputs.readings[i] = replace(r, model=fix(r.model), target=fix(r.target), labels=fix.labels(r.labels))
+    for i, st in enumerate(inputs.statuses):
+        if not (st.target.isascii() and (st.detail or "").isascii()):
+            inputs.statuses[i] = replace(st, target=fix(st.target), detail=fix(st.detail))
+    if inputs.alerts:
+        inputs.alerts = [replace(a, name=fix(a.name), severity=fix(a.severity), pool=fix(a.pool), summary=fix(a.summary),
+                                 labels=fix.labels(a.labels)) for a in inputs.alerts]
+    for attr in ("pool_histograms", "pool_totals"):
+        held = getattr(inputs, attr)
+        if held and not all(isinstance(k, str) and k.isascii() for k in held):
+            setattr(inputs, attr, {fix(k): v for k, v in held.items()})
+    if fix.replaced:
+        count_into(inputs.anomalies, {"invalid_text": float(fix.replaced)})
 
 
 def steady_clock() -> float:
@@ -237,6 +279,7 @@ class Pipeline:
         if slo:
             inputs.slo_windows = self.slo_windows_result(pool.wait(slo, deadline)[0])
         inputs.forecast = self.forecasts() if self.forecasts is not None else None
+        valid_inputs(inputs)
         return inputs
 
     def slo_windows_result(self, result: object) -> Optional[dict]:

@@ -93,3 +93,39 @@ def test_a_label_value_that_looks_like_labels_never_freezes_what_is_served(targe
     assert all("key" not in p for p in doc["pools"])
     assert page.status_code == 200
     assert "evil{replica=&quot;x&quot;}" in page.text
+
+
+# an alert of headroom's whose summary carries a lone surrogate, as a JSON answer may (\ud800)
+ALERTS = ('{"status":"success","data":{"alerts":[{"labels":{"alertname":"HeadroomLow","pool":"tiny",'
+          '"severity":"warning","cluster":"\\ud800"},"annotations":{"summary":"low \\ud800 headroom"},'
+          '"state":"firing","activeAt":"2026-12-06T00:00:00Z"}]}}')
+
+
+def test_a_lone_surrogate_in_an_alert_breaks_neither_the_page_nor_metrics(tmp_path):
+    replica, alerts = MetricsServer(), MetricsServer(content_type="application/json")
+    replica.bodies["/metrics"] = vllm_body("tiny")
+    alerts.bodies["/api/v1/alerts"] = ALERTS
+    cfg = tmp_path / "h.yml"
+    cfg.write_text("global:\n  interval: 1s\n  scrape_timeout: 1s\n"
+                   f"sources:\n  vllm:\n    targets: [{replica.url('/metrics')}]\n"
+                   f"  alerts: {{url: '{alerts.url('')}', kind: prometheus}}\n")
+    port = free_port()
+    env = dict(os.environ, HEADROOM_WEB_LISTEN_ADDRESS=f"127.0.0.1:{port}")
+    proc = subprocess.Popen([sys.executable, "-m", "monitor.cli", "run", "--config.file", str(cfg), "--duration", "180"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(base + "/-/ready", timeout=90)
+        raw = wait_for(lambda: requests.get(base + "/metrics", timeout=5).content,
+                       lambda b: b'kind="invalid_text"' in b, timeout=60, what="the replaced text counted")
+        page = requests.get(base + "/", timeout=5)
+        doc = requests.get(base + "/api/v1/snapshot", timeout=5)
+    finally:
+        stop_process(proc, 20)
+        replica.stop()
+        alerts.stop()
+    text = raw.decode("utf-8")  # strict: the body is UTF-8
+    assert pool_values(text, "headroom_input_anomalies_total")[(("kind", "invalid_text"),)] >= 2
+    assert page.status_code == 200
+    assert "low \ufffd headroom" in page.content.decode("utf-8")
+    assert doc.status_code == 200 and doc.json()["alerts"][0]["summary"] == "low \ufffd headroom"

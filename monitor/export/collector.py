@@ -57,14 +57,16 @@ class Exposition:
     read at each render. One `Renderer` per exposition keeps the cardinality cap's cut counts."""
 
     def __init__(self, status: Optional[Callable[[], Optional[ProcessStatus]]] = None,
-                 cadence: Optional[Callable[[], Optional[Cadence]]] = None):
+                 cadence: Optional[Callable[[], Optional[Cadence]]] = None,
+                 monotonic: Callable[[], float] = time.monotonic):
         self._lock = threading.Lock()
         self.renderer = Renderer()
         self.status = status or (lambda: None)
         self.cadence = cadence or (lambda: None)
+        self.monotonic = monotonic
         self.failure: Optional[str] = None  # why the last render failed altogether; None when it did not
-        self._failed_since: Optional[float] = None  # time.monotonic() of the body served when a render failed
-        self._body_at: Optional[float] = None  # time.monotonic() when the body served was rendered
+        self._failed_since: Optional[float] = None  # self.monotonic() of the body served when a render failed
+        self._body_at: Optional[float] = None  # self.monotonic() when the body served was rendered
         self._samples: Samples = self.renderer.render(None)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(SnapshotCollector(lambda: self._samples))
@@ -82,15 +84,15 @@ class Exposition:
                 body = generate_latest(self.registry)
             except Exception as exc:  # noqa: BLE001 -- the body served stays whole, the failure is said
                 self._samples = previous
-                self.renderer.failed("all", f"{type(exc).__name__}: {exc}")
+                self.renderer.errors["all"] = self.renderer.errors.get("all", 0.0) + 1
                 if self.failure is None:
-                    self._failed_since = self._body_at if self._body_at is not None else time.monotonic()
+                    self._failed_since = self._body_at if self._body_at is not None else self.monotonic()
                     log.error("the snapshot could not be rendered; /metrics keeps the previous body and "
                               "/-/ready answers 503: %s: %s", type(exc).__name__, str(exc)[:300])
                 self.failure = f"the last snapshot could not be rendered ({type(exc).__name__})"
                 return False
             self._body = body
-            self._body_at = time.monotonic()
+            self._body_at = self.monotonic()
             if self.failure is not None:
                 log.info("snapshots render again")
             self.failure, self._failed_since = None, None
@@ -103,7 +105,7 @@ class Exposition:
         if self.failure is None or cadence is None:
             return cadence
         since = self._failed_since
-        stale = None if since is None else time.monotonic() - since
+        stale = None if since is None else self.monotonic() - since
         age = cadence.last_cycle_age_seconds
         return Cadence(stale if age is None else max(age, stale or 0.0), cadence.interval_seconds)
 
