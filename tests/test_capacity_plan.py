@@ -221,3 +221,19 @@ def test_from_prometheus_measures_the_mix(tmp_path, capsys):
     assert result["inputs"]["knee_requests_per_replica"] == pytest.approx(6.0)
     assert result["inputs"]["replicas"] == 4
     check_hand_numbers(result)
+
+
+def test_the_table_escapes_control_characters_in_names(tmp_path, capsys):
+    # issue 38: a task type named with an escape sequence cleared the terminal that printed the plan
+    hostile = dict(HAND)
+    types = dict(HAND["task_types"])
+    first = next(iter(types))
+    types["\x1b[2J\x1b[Hwipe\u202e\r"] = types.pop(first)
+    hostile["task_types"] = types
+    mix = tmp_path / "mix.yaml"
+    mix.write_text(yaml.safe_dump(hostile, allow_unicode=True))
+    assert cli.main(["plan", "--mix", str(mix)]) == 0
+    table = capsys.readouterr().out
+    assert "\x1b" not in table and "\r" not in table and "\u202e" not in table
+    assert "\\x1b[2J\\x1b[Hwipe\\u202e\\r" in table
+    assert "Replicas needed: 4 (knee 4, KV 4)" in table  # the numbers are the same

@@ -129,8 +129,9 @@ def test_one_label_renders_exactly_the_pool_label():
                for rows in samples.values() for labels, _ in rows if "pool" in labels)
 
 
-def test_a_key_label_clashing_with_a_metric_label_is_dropped_and_counted_and_the_rest_served():
-    # (before issue 38 the whole render raised UnknownMetric: one clash froze /metrics)
+def test_a_key_label_clashing_with_a_metric_label_is_dropped_and_counted_and_the_rest_served(caplog):
+    # (before issue 38 the whole render raised UnknownMetric, whose message showed the same labels
+    # twice, "takes labels ('pool', 'replica'), got ('pool', 'replica')": one clash froze /metrics)
     p = PoolSnapshot(pool=make_key("m", {"replica": "x"}), model="m", replicas=1, last_fresh_timestamp=1.0)
     p.replica_detail = [ReplicaSnapshot(replica="a0", pool=p.pool, up=True)]
     renderer = Renderer()
@@ -141,6 +142,7 @@ def test_a_key_label_clashing_with_a_metric_label_is_dropped_and_counted_and_the
     assert samples["headroom_replicas"] == [({"pool": "m", "replica": "x"}, 1.0)]
     live = renderer.live(None)
     assert ({"family": "headroom_replica_up"}, 1.0) in live["headroom_render_errors"]
+    assert "headroom_replica_up its pool key carries ['replica'], labels of its own" in caplog.text
 
 
 def test_the_json_names_the_cluster_and_where_sessions_fit():

@@ -27,6 +27,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
+from monitor.kit.text import for_terminal
+
+
 @dataclass(frozen=True)
 class TaskMix:
     name: str
@@ -179,16 +182,17 @@ def _fmt(v, digits=2) -> str:
 
 
 def render_table(result: dict) -> str:
-    """Plain-text report for a terminal."""
+    """Plain-text report for a terminal; names from a mix or from Prometheus (task types, the pool,
+    scenarios, the measuring notes) with their control characters escaped (kit/text.py)."""
     base = result["base"]
     inp = result["inputs"]
     lines = []
-    title = f"Capacity plan{' for pool ' + result['pool'] if result.get('pool') else ''}"
+    title = f"Capacity plan{' for pool ' + for_terminal(result['pool']) if result.get('pool') else ''}"
     lines += [title, "=" * len(title), ""]
     head = ("task type", "tasks/s", "calls/task", "calls/s", "s/call", "avg active", "avg KV tokens")
     rows = [head]
     for name, r in base["task_types"].items():
-        rows.append((name, _fmt(r["tasks_per_second"], 3), _fmt(r["calls_per_task"]), _fmt(r["calls_per_second"], 3),
+        rows.append((for_terminal(name), _fmt(r["tasks_per_second"], 3), _fmt(r["calls_per_task"]), _fmt(r["calls_per_second"], 3),
                      _fmt(r["seconds_per_call"]), _fmt(r["average_active_calls"]), _fmt(r["average_kv_tokens"], 0)))
     rows.append(("total", "", "", "", "", _fmt(base["average_active_calls"]), _fmt(base["average_kv_tokens"], 0)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
@@ -196,7 +200,7 @@ def render_table(result: dict) -> str:
         lines.append("  ".join(c.ljust(widths[j]) if j == 0 else c.rjust(widths[j]) for j, c in enumerate(r)))
         if i == 0 or i == len(rows) - 2:
             lines.append("  ".join("-" * w for w in widths))
-    lines += [""] + [f"Measured: {note}" for note in result.get("measured", ())]
+    lines += [""] + [f"Measured: {for_terminal(note)}" for note in result.get("measured", ())]
     lines += [
         "Average active calls (Little's law) are averages, not peak limits.",
         f"Busy-period load: {_fmt(base['busy_period_active_calls'])} active calls ({base['busy_period_method']})",
@@ -211,7 +215,7 @@ def render_table(result: dict) -> str:
     if result["what_if"]:
         lines += ["", "What if"]
         head = ("scenario", "avg active", "busy load", "replicas needed", "replicas", "headroom", "fits")
-        rows = [head] + [(s["name"], _fmt(s["average_active_calls"]), _fmt(s["busy_period_active_calls"]),
+        rows = [head] + [(for_terminal(s["name"]), _fmt(s["average_active_calls"]), _fmt(s["busy_period_active_calls"]),
                           _fmt(s["replicas_needed"]), _fmt(s.get("replicas")), _fmt(s.get("headroom_ratio")),
                           _fmt(s.get("fits"))) for s in result["what_if"]]
         widths = [max(len(r[i]) for r in rows) for i in range(len(head))]

@@ -1,4 +1,5 @@
-"""Text from outside as text that can be written: a lone surrogate replaced by U+FFFD.
+"""Text from outside as text that can be written: a lone surrogate replaced by U+FFFD; control
+characters escaped before a terminal sees them.
 
 A JSON answer may carry `"\\ud800"` (a lone UTF-16 surrogate): Python decodes it into a str that
 cannot be encoded as UTF-8, so the first body, page or log line that writes it fails. `valid_text`
@@ -23,4 +24,14 @@ def is_valid_text(text: str) -> bool:
     return valid_text(text) is text
 
 
-__all__ = ["is_valid_text", "valid_text"]
+def for_terminal(text: str) -> str:
+    """`text` safe to print on a terminal: control and format characters (escape sequences that
+    clear the screen or move the cursor, carriage returns, bidirectional overrides, newlines inside a
+    value) written as Python escapes (`\\x1b`, `\\u202e`), everything else as it is."""
+    if text.isascii() and text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == " " else c.encode("unicode_escape").decode("ascii")
+                   for c in valid_text(text))
+
+
+__all__ = ["for_terminal", "is_valid_text", "valid_text"]
