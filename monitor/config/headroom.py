@@ -57,7 +57,8 @@ class Config:
     pool_by: tuple[str, ...] = key(PoolBySetting(), ("model_name",), path="global.pool_by",
                                    help="target label that names the pool, or a list of labels (pools keyed by all "
                                         "of them): [cluster, model_name] makes the same model in two clusters two "
-                                        "pools, each exported with pool= and cluster=")
+                                        "pools, each exported with pool= and cluster=; a label carried beside the "
+                                        "pool may not be one headroom adds to its own series (kind, reason, le, ...)")
     stall_window: float = key(Duration(ge=0, le=DAY), 60.0, path="global.stall_window",
                               help="a replica holding work that completes nothing for this long is stalled "
                                    "(not counted as capacity); 0 turns the check off")
