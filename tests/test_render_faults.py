@@ -93,3 +93,18 @@ def test_a_first_render_that_fails_is_not_ready():
     assert ready(state)[0] == 503
     clock.now += 30.0
     assert exp.served_cadence().last_cycle_age_seconds == 30.0
+
+
+def test_a_forecast_that_fails_to_render_drops_the_forecasts_only():
+    from monitor.model import RefitResult
+
+    class Broken:
+        horizons = {"1d": "not a forecast"}  # raises half-way through
+    renderer = Renderer()
+    snap = Snapshot(timestamp=1.0, pools=[pool("a", 1.0)], cycles=2,
+                    forecast=RefitResult(pools={"a": Broken()}, finished=5.0))
+    samples = renderer.render(snap)
+    assert renderer.errors == {"forecast": 1.0}
+    assert "headroom_forecast_last_fit_timestamp_seconds" not in samples
+    assert samples["headroom_active_requests"] == [({"pool": "a"}, 1.0)]
+    assert samples["headroom_cycles"] == [({}, 2.0)]

@@ -14,8 +14,9 @@ A renderer keeps two things between renders: how many series its cardinality cap
 (`headroom_dropped_series{what="<metric>"}`, a counter), and how many parts of its renders failed
 (`headroom_render_errors{family}`). A render never fails as a whole for one bad part: a sample the
 catalogue refuses (a pool key's label clashing with the metric's own) is dropped and counted under
-its family; a pool, the snapshot's other series or the process status that raises while rendered is
-dropped and counted under `pool`, `snapshot` or `status`; the rest is served. Label values are data:
+its family; a pool, the forecasts, the snapshot's other series or the process status that raises
+while rendered is dropped and counted under `pool`, `forecast`, `snapshot` or `status`; the rest is
+served. Label values are data:
 text that cannot be written as UTF-8 (a lone surrogate) is replaced (U+FFFD) here, as the last line
 (the cycle replaces and counts it where it comes in: monitor/cycle.py). The daemon has one renderer
 (monitor/export/collector.py `Exposition`).
@@ -349,7 +350,7 @@ def _snapshot_samples(out: Rows, snap: Snapshot) -> None:
     for kind, v in sorted(snap.anomalies.items()):
         out.add("headroom_input_anomalies", {"kind": kind}, v)
     if snap.forecast is not None:
-        forecast_samples(out, snap.forecast, snap.pools)
+        out.part("forecast", forecast_samples, out, snap.forecast, snap.pools)
 
 
 def _status_samples(out: Rows, status: ProcessStatus) -> None:
