@@ -41,12 +41,14 @@ def self_health() -> list[dict]:
             target(per_s("headroom_cycles_total", "job"), "cycles/s", dedup_ha=False),
         ], min_=0, w=8, description="Seconds since the last cycle on the monotonic clock; HeadroomCyclesStopped "
                                     "fires above 3 collection intervals."),
-        timeseries("Clock steps, input anomalies, store errors", [
+        timeseries("Clock steps, input anomalies, store and render errors", [
             target(per_s("headroom_clock_steps_total", "direction"), "clock step {{direction}}/s", dedup_ha=False),
             target(per_s("headroom_input_anomalies_total", "kind"), "anomaly {{kind}}/s", dedup_ha=False),
             target(per_s("headroom_store_errors_total", "operation"), "store error {{operation}}/s", dedup_ha=False),
+            target(per_s("headroom_render_errors_total", "family"), "render error {{family}}/s", dedup_ha=False),
         ], unit="reqps", min_=0, w=8, description="Wall-clock steps, malformed input seen and dropped (never fatal), "
-                                                  "and history store failures (HeadroomHistoryStoreFailing)."),
+                                                  "history store failures (HeadroomHistoryStoreFailing) and parts "
+                                                  "of /metrics dropped by a render failure (HeadroomRenderErrors)."),
         timeseries("Pool freshness and headroom in requests", [
             target(f"time() - headroom_pool_last_fresh_timestamp_seconds{{{P}}}", "{{pool}} seconds since fresh"),
             target(f"headroom_headroom_requests{{{P}}}", "{{pool}} requests left before the knee ({{scenario}})"),
