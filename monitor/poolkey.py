@@ -11,10 +11,10 @@ So the same model in two clusters is two keys (two pools, two histories, two for
 owners), and `labels_of(key)` gives back the exported labels: {"pool": name, "cluster": "a"}.
 
 Why a key is never mis-parsed, whatever its label values hold. A label value is any text: a target
-may name its model `evil{replica="x"}`. As a plain name that is also the key of the pool "evil"
-carrying `replica="x"`, so no reading of the text alone can tell the two apart while plain names
-stay byte for byte (every string is somebody's plain name). The key therefore has two forms, and the
-writer picks, never the reader:
+may name its model `evil{replica="x"}`, which is also the key of the pool "evil" carrying
+`replica="x"`. If every plain name kept its bytes, no reader of the text alone could tell the two
+apart (every string would be somebody's plain name), and one such value froze every render for an
+hour (issue 38). The key therefore has two forms, and the writer picks, never the reader:
 
     raw     name + '{k="v",...}'    (the suffix only with extra labels)  -- what it always was
     quoted  '"' + escaped name + '"' + '{k="v",...}'                      -- only when raw would lie
@@ -26,10 +26,16 @@ writes the quoted form. `split` reads a key beginning with `"` strictly (the nam
 name and labels: split(make_key(name, labels)) == (name, labels) -- for a raw key by the check made
 when it was written, for a quoted key because the strict reader is the exact inverse of the quoting
 (and a raw key never begins with `"`, so the two forms never meet). That is all the proof needs: the
-reader is a function, the writer checks it. Ordinary names (no `"` first, no `{...}` tail that reads
+reader is a function, the writer checks it (label names are Prometheus label names: pool_by's are
+checked when the configuration is read). Ordinary names (no `"` first, no `{...}` tail that reads
 as labels) keep their keys byte for byte, so existing stores, histories, shard owners, digests and
 the JSON read the same; a name that would be mis-read gets a new, quoted key (its old series in a
 store are not carried over: before this they could not be rendered at all).
+
+Why a text key and not a structure: the key crosses the store, the shard hash, the history read
+from Prometheus, the digest and the JSON as text; a structure would need an encoding at each of
+those edges anyway, with the same proof to make. One encoding, checked where it is written, is the
+smaller change, and callers keep `split` / `name_of` / `labels_of` / `extras_of` as they were.
 """
 from __future__ import annotations
 
