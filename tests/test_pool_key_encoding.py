@@ -90,3 +90,19 @@ def test_a_shard_owns_a_hostile_model_in_prometheus_mode_as_the_cycle_owns_its_p
     for total in (2, 3):
         for index in range(total):
             assert filter_pools(names, (index, total)) == [n for n in names if owns(make_key(n), (index, total))]
+
+
+def test_a_quoted_key_goes_through_the_store_and_back_to_its_pool_label(tmp_path):
+    from monitor.history.store import HistoryStore, StoreHistory, points_from_snapshot
+    key = make_key('evil{replica="x"}\n"')
+    p = PoolSnapshot(pool=key, model='evil{replica="x"}\n"', replicas=1, active_requests=4.0, last_fresh_timestamp=600.0)
+    points = points_from_snapshot(Snapshot(timestamp=600.0, pools=[p, pool_snapshot("tiny")]))
+    with HistoryStore(str(tmp_path / "h.sqlite"), retention_seconds=None, downsample_after_seconds=None) as st:
+        st.append(points)
+        got = StoreHistory(st).load(None, 600.0, 900.0, 300.0, ["active_requests"])
+    assert set(got) == {key, "tiny"}
+    assert labels_of(next(k for k in got if k != "tiny")) == {"pool": 'evil{replica="x"}\n"'}
+
+
+def pool_snapshot(name: str) -> PoolSnapshot:
+    return PoolSnapshot(pool=make_key(name), model=name, replicas=1, active_requests=1.0, last_fresh_timestamp=600.0)
