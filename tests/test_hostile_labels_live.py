@@ -18,8 +18,11 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from bodies import vllm_body
+from monitor.config import Config, PrometheusSource
+from monitor.cycle import Pipeline
+from monitor.export.collector import Exposition
 from monitor.kit.process import stop_process
-from servers import MetricsServer, free_port, wait_for, wait_http
+from servers import MetricsServer, Prometheus, free_port, scrape_config, wait_for, wait_http
 from tiers import starts_servers
 
 pytestmark = pytest.mark.live
@@ -129,3 +132,29 @@ def test_a_lone_surrogate_in_an_alert_breaks_neither_the_page_nor_metrics(tmp_pa
     assert page.status_code == 200
     assert "low \ufffd headroom" in page.content.decode("utf-8")
     assert doc.status_code == 200 and doc.json()["alerts"][0]["summary"] == "low \ufffd headroom"
+
+
+def test_prometheus_mode_keys_the_hostile_model_as_direct_mode_does(targets, tmp_path):
+    # the same value read back from a real Prometheus: its replica and its series land on one pool
+    # named by it, rendered with the rest
+    plain, evil = targets
+    prom = Prometheus(str(tmp_path), scrape_config({"vllm": [(f"127.0.0.1:{s.port}", None) for s in (plain, evil)]}))
+    try:
+        prom.wait_for('count(vllm:num_requests_running{job="vllm"}) == 2', timeout=60)
+        pipeline = Pipeline(Config(prometheus=PrometheusSource(url=prom.url, selector='job="vllm"')))
+        try:
+            pipeline.run_cycle()
+            snap = pipeline.run_cycle()
+        finally:
+            pipeline.close()
+    finally:
+        prom.stop()
+    assert [s.up for s in snap.sources if s.source == "prometheus"] == [True]
+    pools = {p.name: p for p in snap.pools}
+    assert set(pools) == {"tiny", EVIL}
+    assert pools[EVIL].replicas == 1 and pools[EVIL].extra_labels == {}
+    exp = Exposition()
+    assert exp.update(snap)
+    text = exp.body().decode("utf-8")
+    assert pool_values(text, "headroom_replicas") == {(("pool", "tiny"),): 1.0, (("pool", EVIL),): 1.0}
+    assert pool_values(text, "headroom_render_errors_total") == {}
