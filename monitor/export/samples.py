@@ -16,10 +16,9 @@ A renderer keeps two things between renders: how many series its cardinality cap
 catalogue refuses (a pool key's label clashing with the metric's own) is dropped and counted under
 its family; a pool, the forecasts, the snapshot's other series or the process status that raises
 while rendered is dropped and counted under `pool`, `forecast`, `snapshot` or `status`; the rest is
-served. Label values are data:
-text that cannot be written as UTF-8 (a lone surrogate) is replaced (U+FFFD) here, as the last line
-(the cycle replaces and counts it where it comes in: monitor/cycle.py). The daemon has one renderer
-(monitor/export/collector.py `Exposition`).
+served. Label values are data: text that cannot be written as UTF-8 (a lone surrogate) is replaced
+(U+FFFD) here, as the last line (the cycle replaces and counts it where it comes in: monitor/cycle.py).
+The daemon has one renderer (monitor/export/collector.py `Exposition`).
 """
 from __future__ import annotations
 
@@ -140,8 +139,9 @@ class Rows:
         self.samples: Samples = {}
 
     def part(self, what: str, fn, *args) -> None:
-        """Render one part (a pool, the snapshot's series, the status) by `fn`: the samples it added
-        are kept only when it finishes; one that raises is dropped and counted under `what`."""
+        """Render one part (a pool, the forecasts, the snapshot's series, the status) by `fn`: the
+        samples it added are kept only when it finishes; one that raises is dropped whole and counted
+        under `what`."""
         before = {name: len(rows) for name, rows in self.samples.items()}
         try:
             fn(*args)
