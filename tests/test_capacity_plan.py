@@ -237,3 +237,17 @@ def test_the_table_escapes_control_characters_in_names(tmp_path, capsys):
     assert "\x1b" not in table and "\r" not in table and "\u202e" not in table
     assert "\\x1b[2J\\x1b[Hwipe\\u202e\\r" in table
     assert "Replicas needed: 4 (knee 4, KV 4)" in table  # the numbers are the same
+
+
+def test_once_fit_escapes_control_characters_in_pool_labels():
+    import io
+
+    from monitor.commands.once import print_fit
+    from monitor.model import Capacity, PoolSnapshot, Scenarios, Snapshot
+    from monitor.poolkey import make_key
+    p = PoolSnapshot(pool=make_key("m\x1b[2J", {"cluster": "a\r\x07"}), model="m", replicas=1)
+    p.capacity = Capacity(headroom_requests=Scenarios(10.0, 4.0), active_requests_per_session=2.0)
+    out = io.StringIO()
+    print_fit(Snapshot(timestamp=1.0, pools=[p]), 1, out)
+    assert "\x1b" not in out.getvalue() and "\r" not in out.getvalue() and "\x07" not in out.getvalue()
+    assert "cluster=a\\r\\x07 pool=m\\x1b[2J" in out.getvalue()

@@ -23,6 +23,7 @@ import threading
 import time
 from dataclasses import replace
 
+from monitor.kit.text import for_terminal
 from ..config import Config, ConfigError, EngineTarget, check_url, load
 
 
@@ -118,10 +119,10 @@ def print_fit(snap, sessions: float, out) -> int:
         out.write(f"{sessions:g} more sessions fit in {len(takers)} of {len(fits)} pools:\n")
     else:
         out.write(f"{sessions:g} more sessions fit in no pool (of {len(fits)} with a known headroom)\n")
-    for f in fits:
-        where = " ".join(f"{k}={v}" for k, v in f.labels)
+    for f in fits:  # label values as data: control characters escaped before the terminal sees them
+        where = " ".join(f"{k}={for_terminal(v)}" for k, v in f.labels)
         n1 = "unknown" if f.spare_sessions_n_minus_1 is None else f"{f.spare_sessions_n_minus_1:g}"
         mark = "fits" if f in takers else "    "
-        out.write(f"  {mark}  {(where + ' ') if where else ''}pool={f.pool}  spare_sessions={f.spare_sessions:g}"
+        out.write(f"  {mark}  {(where + ' ') if where else ''}pool={for_terminal(f.pool)}  spare_sessions={f.spare_sessions:g}"
                   f"  with_one_replica_lost={n1}\n")
     return 0 if takers else 3
