@@ -94,7 +94,8 @@ def test_body_without_vllm_metrics_gives_no_readings():
 
 @pytest.mark.parametrize("running, waiting, usage, kind, expect", [
     ("+Inf", 1, 0.5, "non_finite", (None, 1.0, 0.5)),
-    ("1e308", 1, 0.5, None, (1e308, 1.0, 0.5)),  # finite: kept as it is (an SRE sees it on the page)
+    ("1e308", 1, 0.5, "out_of_range", (None, 1.0, 0.5)),  # finite but absurd (over 1e6): refused, counted
+    ("999999", 1, 0.5, None, (999999.0, 1.0, 0.5)),  # large but within the bound: kept as it is
     ("NaN", 1, 0.5, "non_finite", (None, 1.0, 0.5)),  # unknown, never 0
     (2, -3, 0.5, "negative", (2.0, None, 0.5)),
     (2, 1, 7.5, "out_of_range", (2.0, 1.0, None)),
