@@ -4,7 +4,8 @@ It reads only the sample names it is asked for (everything else is skipped after
 but parses those fully: quoted label values with escapes, +Inf/-Inf/NaN, optional timestamps,
 OpenMetrics exemplars and the `# EOF` terminator. Label order never matters.
 
-Broken input raises `ExpositionError` naming the line and the problem; a body cut short (no final
+Broken input raises `ExpositionError` naming the line and the problem; a native-histogram item where
+a value goes (`{count:..,schema:..}`) is skipped and counted (`native_histogram`); a body cut short (no final
 newline, or OpenMetrics without `# EOF`) is reported as truncated, so the caller can mark the target
 down instead of deriving from half a scrape.
 """
@@ -110,7 +111,12 @@ def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[
             out.anomaly("duplicate_series")
             continue
         seen_generic.add(key)
-        out.stamp(_add_sample(samples, raw_name, rest, None, lineno))
+        try:
+            out.stamp(_add_sample(samples, raw_name, rest, None, lineno))
+        except ExpositionError:
+            if not native_item(rest):
+                raise
+            out.anomaly("native_histogram")  # that item skipped, the rest of the body read
     if out.openmetrics:
         check_openmetrics(text, out)
     return out
@@ -197,6 +203,9 @@ def _wanted_line(raw_name: str, rest: str, seen: set, cache: dict, out: ParsedSc
         out.anomaly("duplicate_series")
         return None, None
     seen.add(key)
+    if (_NATIVE_RE.match(rest) or rest.count("{") > 1) and native_item(rest):
+        out.anomaly("native_histogram")  # that item skipped, the rest of the body read
+        return None, None
     if "#" in rest:
         out.stamp(_add_sample(out.samples, raw_name, rest, None))  # exemplar (or '#' in a label value)
         return None, None
@@ -316,6 +325,22 @@ def _add_sample(samples, raw_name: str, rest: str, offset: Optional[int], lineno
     else:
         bucket.append((labels, value))
     return stamp
+
+
+_NATIVE_RE = re.compile(r"[ \t]*\{[ \t]*[a-z_]+:")
+
+
+def native_item(rest: str) -> bool:
+    """Whether a sample line's rest (`[{labels}] value...`) holds a native-histogram item where the
+    value goes (`{count:12,sum:100.5,schema:0,...}`: Prometheus' text of a native histogram, the
+    OpenMetrics 2.0 draft's): not a value this parser reads; its callers skip and count it."""
+    text = rest.lstrip(" \t")
+    if text.startswith("{") and not _NATIVE_RE.match(text):  # a label set first (no `name:` in one)
+        try:
+            text = text[_find_close(text, 0, None) + 1:]
+        except ExpositionError:
+            return False
+    return bool(_NATIVE_RE.match(text))
 
 
 def _find_close(line: str, start: int, lineno: int) -> int:
