@@ -44,8 +44,8 @@ def normalise_name(name: str) -> str:
 
 
 def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[tuple[str, ...]] = None,
-          strict_end: bool = True, openmetrics: Optional[bool] = None, notice: tuple[str, ...] = ()
-          ) -> ParsedScrape:
+          strict_end: bool = True, openmetrics: Optional[bool] = None, notice: tuple[str, ...] = (),
+          max_samples: Optional[int] = None) -> ParsedScrape:
     """Parse exposition text.
 
     wanted: sample names to keep (normalised spelling, e.g. `vllm:e2e_request_latency_seconds_bucket`);
@@ -62,6 +62,8 @@ def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[
     The fast path (`wanted`) reads its lines as strictly but leaves the others, and the rules, unread.
     notice: line prefixes (not wanted names) whose presence at the start of some line is reported in
         `noticed` (another engine's names: scrape.py tells the engine by them without a second search).
+    max_samples: with `wanted`, read at most this many wanted sample lines: the body is not read past
+        them (its end not checked) and `cut` says how many were found beyond (at least 1).
     """
     out = ParsedScrape()
     if not text:
@@ -72,9 +74,11 @@ def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[
         raise ExpositionError("body does not end with a newline (truncated?)", reason="truncated",
                               line=text.count("\n") + 1)
     if wanted is not None:  # one pass of the regex finds the wanted lines and the `# EOF`/`# UNIT ` ones
-        found = _wanted_regex(frozenset(wanted), notice).findall("\n" + text)
+        rx = _wanted_regex(frozenset(wanted), notice)
+        found = rx.findall("\n" + text) if max_samples is None else _first_found(rx, text, max_samples, out)
         marks = {m[4] for m in found if m[4]}
-        _check_eof(text, out, strict_end, openmetrics, marks)
+        if not out.cut:  # a body read to its end: its end checked
+            _check_eof(text, out, strict_end, openmetrics, marks)
         if notice:
             out.noticed = marks.intersection(notice)
         _read_wanted(found, out)
@@ -148,6 +152,21 @@ def _check_eof(text: str, out: ParsedScrape, strict_end: bool, openmetrics: Opti
     elif strict_end and (openmetrics or text.startswith("# UNIT ")
                          or ("\n# UNIT " in text if marks is None else "# UNIT " in marks)):
         raise ExpositionError("OpenMetrics body without # EOF (truncated?)", reason="truncated")
+
+
+def _first_found(rx: "re.Pattern[str]", text: str, max_samples: int, out: ParsedScrape) -> list:
+    """`rx.findall` up to `max_samples` sample lines; one more found sets `out.cut` and ends the search."""
+    found: list = []
+    rows = 0
+    for m in rx.finditer("\n" + text):
+        groups = m.groups("")
+        if groups[0]:
+            rows += 1
+            if rows > max_samples:
+                out.cut = 1
+                break
+        found.append(groups)
+    return found
 
 
 def _read_wanted(found: list, out: ParsedScrape) -> None:
