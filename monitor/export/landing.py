@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 import math
 import time
+import urllib.parse
 from collections import deque
 from typing import Optional
 
@@ -319,14 +320,61 @@ def _fit_section(pools: list[PoolSnapshot]) -> str:
     e = html.escape
     rows = "".join(
         f"<tr><td>{e(' '.join(f'{k}={v}' for k, v in f.labels))}</td><td>{e(f.pool)}</td>"
-        f"<td>{_fmt(f.spare_sessions, 1)}</td><td>{_fmt(f.spare_sessions_n_minus_1, 1)}</td></tr>" for f in fits)
+        f"<td>{_fmt(f.spare_sessions, 1)}</td><td>{_fmt(f.spare_sessions_n_minus_1, 1)}</td></tr>"
+        for f in fits[:LANDING_PAGE_POOLS])
+    more = (f'<p class="muted">and {len(fits) - LANDING_PAGE_POOLS:,} more pools with room (the JSON\'s '
+            f'<code>fit</code>)</p>' if len(fits) > LANDING_PAGE_POOLS else "")
     return ('<h3>Where more sessions fit</h3><table class="tasks fit"><tr><th>where</th><th>pool</th>'
-            f'<th>spare sessions</th><th>with one replica lost</th></tr>{rows}</table>')
+            f'<th>spare sessions</th><th>with one replica lost</th></tr>{rows}</table>{more}')
+
+
+# ---- large fleets: the page is paged, the pools under most pressure first ------------------------
+# 2,000 pools made a 2.3 MB page that took Chromium 15.5 s: past LANDING_PAGE_POOLS pools the page shows
+# that many, least headroom first, and links the others (`?page=N`); /api/v1/snapshot has them all.
+LANDING_PAGE_POOLS = 50
+
+
+def page_count(pools: int) -> int:
+    """How many pages the landing page of `pools` pools has (1 up to LANDING_PAGE_POOLS)."""
+    return max(1, -(-pools // LANDING_PAGE_POOLS))
+
+
+def page_number(query: str, pools: int) -> int:
+    """The page `?page=N` of a request's query asks for, within 1 .. page_count(pools) (a bad number: 1)."""
+    values = urllib.parse.parse_qs(query).get("page", ["1"])
+    try:
+        n = int(values[0])
+    except ValueError:
+        return 1
+    return min(max(1, n), page_count(pools))
+
+
+def _pressure(p: PoolSnapshot) -> tuple:
+    """Sort key, most pressure first: least headroom now (unknown last), then the most load, then the name."""
+    ratio = p.capacity.ratio.current if p.capacity is not None else None
+    return (ratio is None, ratio if ratio is not None else 0.0, -(p.load_requests or 0.0), p.pool)
+
+
+def paged(pools: list[PoolSnapshot], page: int) -> tuple[list[PoolSnapshot], str]:
+    """(the pools page `page` shows, the line that says which and links the others): every pool, in
+    the fleet's order and no line, up to LANDING_PAGE_POOLS; else that many, most pressure first."""
+    if len(pools) <= LANDING_PAGE_POOLS:
+        return pools, ""
+    pages = page_count(len(pools))
+    page = min(max(1, page), pages)
+    start = (page - 1) * LANDING_PAGE_POOLS
+    shown = sorted(pools, key=_pressure)[start:start + LANDING_PAGE_POOLS]
+    nav = " ".join(f'<a href="?page={n}">{n}</a>' if n != page else f"<b>{n}</b>" for n in range(1, pages + 1))
+    line = (f'<p class="pages">Pools {start + 1:,}-{start + len(shown):,} of the fleet\'s: {len(shown):,} of '
+            f'{len(pools):,} pools, least headroom first (all of them: <a href="/api/v1/snapshot">/api/v1/snapshot'
+            f'</a>, <a href="/metrics">/metrics</a>). Pages: {nav}</p>')
+    return shown, line
 
 
 def render(snapshot: Optional[Snapshot], trends: Trends, title: str = "headroom",
-           links: tuple[tuple[str, str], ...] = (), has_alerts_source: bool = False) -> str:
-    """The page; `links`: (label, URL) pairs shown under the title (the demo's Prometheus pages)."""
+           links: tuple[tuple[str, str], ...] = (), has_alerts_source: bool = False, page: int = 1) -> str:
+    """The page; `links`: (label, URL) pairs shown under the title (the demo's Prometheus pages);
+    `page`: which page of a large fleet's pools (`paged`)."""
     e = html.escape
     when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(snapshot.timestamp)) if snapshot else "no cycle yet"
     cards = ""
@@ -335,9 +383,11 @@ def render(snapshot: Optional[Snapshot], trends: Trends, title: str = "headroom"
     more = "".join(f' · <a href="{e(url)}">{e(label)}</a>' for label, url in links)
     if snapshot:
         alerts = "<h3>Alerts</h3>" + _alerts_section(snapshot, has_alerts_source)
-        cards = "".join(_group_head(group) + "".join(
+        shown, pages = paged(snapshot.pools, page)
+        groups = _groups(shown) if not pages else [((), shown)]  # paged: in pressure order, labels on each card
+        cards = pages + "".join(_group_head(group) + "".join(
             _pool_card(p, list(trends.points.get(p.pool, ())), snapshot.alerts, snapshot.timestamp) for p in pools)
-            for group, pools in _groups(snapshot.pools))
+            for group, pools in groups)
         alerts += _fit_section(snapshot.pools)
         down = [s for s in snapshot.sources if not s.up]
         up = len(snapshot.sources) - len(down)
@@ -359,6 +409,7 @@ b.bad {{ color: #e63946; }} b.warn {{ color: #b08900; }}
 .bar {{ background: #e9ecef; height: 8px; border-radius: 4px; margin: 10px 0; }} .bar div {{ background: #457b9d; height: 8px; border-radius: 4px; }}
 .badge {{ font-size: 12px; padding: 2px 6px; border-radius: 4px; color: white; background: #e63946; }}
 .legend i {{ display: inline-block; width: 10px; height: 10px; margin: 0 4px 0 10px; }}
+p.pages {{ width: 100%; margin: 0; }}
 ul.down {{ color: #e63946; }} ul.alerts li.firing {{ color: #e63946; }} ul.alerts li.pending {{ color: #b08900; }}
 table.tasks {{ border-collapse: collapse; font-size: 12px; margin-top: 8px; }} table.tasks td, table.tasks th {{ padding: 2px 8px; text-align: right; }}
 table.tasks td:first-child, table.tasks th:first-child {{ text-align: left; }}
