@@ -79,3 +79,23 @@ def test_a_full_disk_is_logged_as_such_not_as_cannot_rollback(tmp_path, caplog):
     assert all("rollback" not in r.getMessage() for r in caplog.records)
     store.stop()
     pipeline.close()
+
+
+def test_an_append_that_finds_maintenance_in_flight_is_skipped_counted_and_written_later(tmp_path, caplog):
+    """Hourly maintenance holds the store (a long downsample): the cycle's append waits STORE_WRITE_WAIT
+    at most, is skipped and counted; its points are written with the next append (no gap)."""
+    _, pipeline, store = _store(tmp_path)
+    _cycle(pipeline, 1000.0)
+    written = store.store.count()
+    with caplog.at_level(logging.WARNING, logger="monitor.app"):
+        with store._lock:  # maintenance in flight
+            _cycle(pipeline, 1015.0)
+            _cycle(pipeline, 1030.0)
+    assert store.errors["append"] == 2.0 and store.store.count() == written
+    assert len([r for r in caplog.records if "skipped" in r.getMessage()]) == 1  # said once, no traceback
+    assert not any(r.exc_info for r in caplog.records)
+    _cycle(pipeline, 1045.0)
+    # the two skipped cycles' points are written with this one's
+    assert sorted(store.store.query("tiny", "load", 0, 2000).index) == [1000.0, 1015.0, 1030.0, 1045.0]
+    store.stop()
+    pipeline.close()
