@@ -26,7 +26,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from monitor.export.landing import LANDING_PAGE_POOLS, Trends, render  # noqa: E402
+from monitor.export.landing import Trends, render  # noqa: E402
+from monitor.export.landing_pages import LANDING_PAGE_POOLS  # noqa: E402
 from monitor.export.snapshot_json import snapshot_to_dict  # noqa: E402
 from monitor.forecast.pool import Horizon, PoolForecast  # noqa: E402
 from monitor.model import (Alert, Capacity, Limits, PoolSnapshot, PoolTasks, Quantiles, Scenarios,  # noqa: E402

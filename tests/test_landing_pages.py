@@ -7,7 +7,8 @@ from __future__ import annotations
 import re
 
 from monitor.export.collector import Exposition
-from monitor.export.landing import LANDING_PAGE_POOLS, Trends, render
+from monitor.export.landing import Trends, render
+from monitor.export.landing_pages import LANDING_PAGE_POOLS
 from monitor.export.server import WebState, handle
 from monitor.kit.web.http11 import Request
 from monitor.model import Capacity, PoolSnapshot, Scenarios, Snapshot

@@ -23,7 +23,8 @@ from .collector import Exposition
 from .samples import Cadence
 from monitor.kit.web.http11 import Request, Response
 from monitor.kit.web.httpd import Limits, WebServer, WebStats
-from .landing import Trends, page_number, render
+from .landing import Trends, render
+from .landing_pages import page_number
 from .snapshot_json import snapshot_to_dict
 
 log = logging.getLogger(__name__)
