@@ -29,7 +29,10 @@ log = logging.getLogger(__name__)
 
 STOP_GRACE = 2.0  # seconds the running cycle may take to publish after its sources are cut off
 STORE_MAINTENANCE_HOURS = 1
-REFIT_STOP_WAIT = 3.0  # seconds a stop waits for a forecast refit to end (it ends before its next pool)
+REFIT_STOP_WAIT = 3.0
+# seconds a cycle's store write waits for a lock held elsewhere before it is skipped (its points kept)
+STORE_WRITE_WAIT = 0.5
+STORE_BACKLOG_POINTS = 200_000  # points of skipped appends kept for the next one (oldest dropped past it)  # seconds a stop waits for a forecast refit to end (it ends before its next pool)
 
 
 class Component:
@@ -62,20 +65,27 @@ class Store(Component):
     """The embedded history store: each snapshot's pool series appended (unless read-only), expired
     and downsampled hourly. Optional at run time (it only feeds the forecasts): a corrupt file is moved
     aside and a fresh store started, one that cannot be written is read only, one that cannot be read
-    is not used; each said in one log line and as headroom_store_errors_total{operation="open"}."""
+    is not used; each said in one log line and as headroom_store_errors_total{operation="open"}.
+    Never on the live path: the cycle publishes first (the web server renders before the store is
+    written), and a write waits STORE_WRITE_WAIT for a lock held elsewhere (another process, this
+    one's maintenance), then is skipped and counted; its points are written with the next append that
+    gets the lock (at most STORE_BACKLOG_POINTS kept, the oldest dropped past it)."""
     name = "store"
 
     def __init__(self, cfg: Config, pipeline: Pipeline, writable: bool):
         from .history.store import open_store  # noqa: PLC0415
         self.clock = pipeline.clock
-        opened = open_store(cfg.store_path, writable=writable, now=self.clock(), retention_seconds=cfg.store_retention)
+        opened = open_store(cfg.store_path, writable=writable, now=self.clock(), retention_seconds=cfg.store_retention,
+                            write_timeout=STORE_WRITE_WAIT)
         self.store = opened.store
         self.writable = opened.writable
         # failures by operation (headroom_store_errors_total): the first is logged with its traceback,
         # the rest as one line each, so a full disk does not fill the log with tracebacks
-        self.errors = {"open": 0.0, "append": 0.0, "maintain": 0.0} if writable else {}
+        self.errors = {"open": 0.0, "append": 0.0, "maintain": 0.0, "restore": 0.0} if writable else {}
         self._lock = threading.Lock()  # a persist or maintenance in flight finishes before stop() closes
         self._closed = False
+        self._backlog: list = []  # points of appends skipped because the store was locked
+        self._busy = False  # the store was locked at the last write (said when it starts and ends)
         if opened.problem:
             self.errors["open"] = 1.0
             log.warning("history store %s: %s; %s", cfg.store_path, opened.problem, _store_fallback(opened))
@@ -83,23 +93,54 @@ class Store(Component):
             pipeline.on_snapshot(self.persist)
             pipeline.on_clock_step(self.clock_stepped)
 
-    def guarded(self, operation: str, fn) -> None:
-        with self._lock:
+    def guarded(self, operation: str, fn, wait: Optional[float] = None) -> bool:
+        """Run the store operation `fn`, counted and logged when it fails; `wait`: seconds to wait for
+        a store operation in flight (an append: STORE_WRITE_WAIT). True when `fn` ran and succeeded."""
+        from .history.sqlite_store import StoreBusy  # noqa: PLC0415
+        if wait is None and operation == "append":
+            wait = STORE_WRITE_WAIT
+        if not self._lock.acquire(timeout=-1 if wait is None else wait):
+            self._failed(operation, StoreBusy(f"history store busy with another operation for over {wait:g} s"))
+            return False
+        try:
             if self._closed:  # a cycle that ends after stop(): its points are not written
-                return
-            try:
-                fn()
-            except Exception as exc:
-                first = not any(v for k, v in self.errors.items() if k != "open")
-                self.errors[operation] = self.errors.get(operation, 0.0) + 1
-                if first:
-                    log.exception("history store %s failed (headroom_store_errors_total counts them)", operation)
-                else:
-                    log.warning("history store %s failed: %s: %s", operation, type(exc).__name__, exc)
+                return False
+            fn()
+        except Exception as exc:
+            self._failed(operation, exc)
+            return False
+        finally:
+            self._lock.release()
+        if self._busy and operation == "append":
+            self._busy = False
+            log.info("history store writable again: the skipped cycles' points are written")
+        return True
+
+    def _failed(self, operation: str, exc: Exception) -> None:
+        from .history.sqlite_store import StoreBusy  # noqa: PLC0415
+        first = not any(v for k, v in self.errors.items() if k not in ("open", "restore"))
+        self.errors[operation] = self.errors.get(operation, 0.0) + 1
+        if isinstance(exc, StoreBusy):  # not the store's fault: said once while it lasts, no traceback
+            if not self._busy:
+                log.warning("history store %s skipped: %s; the cycles go on, their points are kept for the next "
+                            "append (headroom_store_errors_total counts the skipped ones)", operation, exc)
+            self._busy = True
+        elif first:
+            log.exception("history store %s failed (headroom_store_errors_total counts them)", operation,
+                          exc_info=exc)
+        else:
+            log.warning("history store %s failed: %s: %s", operation, type(exc).__name__, exc)
+
+    def count_skipped(self, operation: str, n: int) -> None:
+        """`n` items an operation left out (badly typed rows at restore): counted, never fatal."""
+        self.errors[operation] = self.errors.get(operation, 0.0) + n
 
     def persist(self, snapshot) -> None:
         from .history.store import points_from_snapshot  # noqa: PLC0415
-        self.guarded("append", lambda: self.store.append(points_from_snapshot(snapshot)))
+        points = self._backlog + points_from_snapshot(snapshot)
+        self._backlog = points[-STORE_BACKLOG_POINTS:]  # until written: a locked store loses no point
+        if self.guarded("append", lambda: self.store.append(points)) or not self._busy:
+            self._backlog = []  # written, or failed for another reason (a full disk: history has a gap)
 
     def clock_stepped(self, seconds: float, now: float) -> None:
         """After a step back, points stamped after the new now are dropped: no future stamp is kept."""
@@ -214,7 +255,8 @@ class Web(Component):
         self.state = WebState(Exposition(status=status, cadence=cadence), Trends(), links=tuple(cfg.web_links.items()),
                               has_alerts_source=cfg.alerts is not None, digest_dir=digest_directory(cfg))
         self.state.authorize, ssl_context = web_security(web_config_file or cfg.web_config_file)
-        pipeline.on_snapshot(self.state.publish)  # every snapshot rendered once, for every endpoint
+        # every snapshot rendered once, for every endpoint, before any other listener (the store) runs
+        pipeline.on_snapshot(self.state.publish, first=True)
         pipeline.on_clock_step(lambda seconds, now: self.state.trends.shift_time(seconds))
         self.server, _ = serve(self.state, listen_address, ssl_context)
 
@@ -306,7 +348,8 @@ no digest, no web).
         from .history.slo import attach  # noqa: PLC0415  (the SLO windows' history: store, Prometheus)
         store = app.store_component
         attach(app.pipeline, cfg, app.store, writable=daemon and store is not None and store.writable,
-               guard=store.guarded if store is not None else None)
+               guard=store.guarded if store is not None else None,
+               skipped=(lambda n: store.count_skipped("restore", n)) if store is not None else None)
         if daemon and (cfg.prometheus is not None or app.store is not None):
             app.forecasts = app.add(Forecasts(cfg, app.pipeline, history_source(cfg, app.store)))
         elif app.store is not None:  # once: one refit from the store it found (monitor/commands/once.py)

@@ -176,8 +176,13 @@ class Pipeline:
     last_success = property(lambda self: self.state.last_success)
     last_fresh = property(lambda self: self.state.last_fresh)
 
-    def on_snapshot(self, listener: Callable[[Snapshot], None]) -> None:
-        self._listeners.append(listener)
+    def on_snapshot(self, listener: Callable[[Snapshot], None], first: bool = False) -> None:
+        """`listener(snapshot)` after each cycle, in the order added; `first`: before every other (the
+        web server renders /metrics before the store is written: the store is never on the live path)."""
+        if first:
+            self._listeners.insert(0, listener)
+        else:
+            self._listeners.append(listener)
 
     def on_clock_step(self, listener: Callable[[float, float], None]) -> None:
         """`listener(seconds, now)` after a wall-clock step of `seconds` (negative: back) is found."""

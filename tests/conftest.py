@@ -163,7 +163,9 @@ THREADS_EXEMPT: tuple[tuple[str, str], ...] = (
      "one connection of a threading HTTP server (a module fixture's, held open by a client such as "
      "Prometheus); it ends with the connection, and the server is its fixture's to stop"),
 )
-THREAD_GRACE_SECONDS = 5.0  # a thread told to stop may still be on its way out on a loaded machine
+# a thread told to stop may still be on its way out on a loaded machine (a web worker finishing a
+# render of a 2,000-pool page): the check waits for the threads to end, up to this deadline
+THREAD_DEADLINE_SECONDS = 120.0
 
 
 def _target(thread: threading.Thread) -> str:
@@ -175,20 +177,27 @@ def _lingering(before: set) -> list:
     return [t for t in threading.enumerate() if t not in before and t.is_alive() and _target(t) not in exempt]
 
 
+def _wait_for_threads(before: set, seconds: float) -> list:
+    """Wait until no thread started since `before` is running (each joined as it ends, so a check
+    whose threads have ended returns at once); the ones still running after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while True:
+        left = _lingering(before)
+        remaining = deadline - time.monotonic()
+        if not left or remaining <= 0:
+            return left
+        left[0].join(min(remaining, 0.5))
+
+
 @pytest.fixture(autouse=True)
 def no_thread_outlives_its_test():
     """Fail the test that leaves a thread running which was not running when it began (its
     function-scoped fixtures are torn down first; module and session fixtures started theirs before).
-    The thread gets a short grace to end; then the failure names it and its target."""
+    The check waits for such threads to end (up to THREAD_DEADLINE_SECONDS); then the failure names
+    each one still running and its target."""
     before = set(threading.enumerate())
     yield
-    left = _lingering(before)
-    if not left:
-        return
-    deadline = time.monotonic() + THREAD_GRACE_SECONDS
-    for t in left:
-        t.join(max(0.0, deadline - time.monotonic()))
-    left = _lingering(before)
+    left = _wait_for_threads(before, THREAD_DEADLINE_SECONDS)
     if left:
         named = ", ".join(f"{t.name!r} ({'daemon' if t.daemon else 'non-daemon'}, target {_target(t)})"
                           for t in left)

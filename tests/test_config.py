@@ -202,3 +202,14 @@ def test_a_prometheus_reader_built_alone_forgets_as_the_config_default():
     from monitor.config import Config
     from monitor.sources.prometheus_reader import FORGET_AFTER
     assert Config().forget_after == FORGET_AFTER
+
+
+def test_a_store_with_a_damaged_header_is_valid_another_file_is_not(tmp_path):
+    """A file sized in whole SQLite pages whose header is damaged is a damaged store (run moves it aside,
+    kept); a file of another size is another file named by mistake (refused, as before)."""
+    damaged = tmp_path / "history.sqlite"
+    damaged.write_bytes(b"\x00" * 16 + b"\xff" * 4080)
+    assert from_dict({**GOOD, "store": {"path": str(damaged)}}, "f").store_path == str(damaged)
+    (tmp_path / "notes.txt").write_bytes(b"x" * 4095)
+    with pytest.raises(ConfigError, match=r"store.path: not a SQLite database"):
+        from_dict({**GOOD, "store": {"path": str(tmp_path / "notes.txt")}}, "f")

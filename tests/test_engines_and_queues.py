@@ -157,3 +157,20 @@ def test_a_stray_series_of_the_other_engine_does_not_decide_the_engine():
     assert engine_of_scrape(scrapes["a"]) is sglang
     # a tie is vLLM's, as before
     assert engine_of(stray_vllm + stray_sglang) is vllm
+
+
+def test_a_pools_gateway_queue_is_shown_when_every_replica_is_down():
+    """Every replica of the pool down (a rollout, a crash): the router still holds 10 requests for it.
+    That is when users wait, so the queue is exported, in the JSON and on the pool, not withheld."""
+    state, _ = step(CycleState(_config()), _inputs()[0], NOW)
+    inputs, parts = _inputs()
+    down = CycleInputs(readings=[], statuses=[SourceStatus("vllm", u, False, "connect") for u in parts],
+                       gateways=inputs.gateways)
+    _, snap = step(state, down, NOW + 15)
+    (pool,) = snap.pools
+    assert pool.replicas == 0 and pool.gateway_queued == {"http://epp:9090/metrics": 10.0}
+    samples = Renderer().render(snap)
+    assert samples["headroom_gateway_queued_requests"] == [
+        ({"pool": MODEL, "gateway": "http://epp:9090/metrics"}, 10.0)]
+    assert "headroom_active_requests" not in samples  # the engines' own numbers stay withheld
+    assert snapshot_to_dict(snap)["pools"][0]["gateway_queued_requests"] == 10.0

@@ -79,17 +79,24 @@ def test_the_pool_usage_is_over_the_replicas_whose_usage_is_known():
     assert "KV tokens (50%)" in page
 
 
-def test_engines_summing_past_the_largest_float_are_unknown_and_counted():
+def test_engines_past_the_sane_bound_are_refused_each_never_summed():
     text = second_engine(with_values(fixture(LOAD), running="1.7e308", waiting=1))
     scrape = parse_vllm(text)
     [r] = readings_from_scrape(scrape, "t", T0)
     assert r.engines == 2 and r.running is None and r.waiting == 2.0
-    assert scrape.anomalies == {"overflow": 1}
+    assert scrape.anomalies == {"out_of_range": 2}
+
+
+def _huge(target: str, running: float, waiting: float):
+    """A reading as a reader without the bodies' bounds could give it (each value finite)."""
+    from monitor.model import ReplicaReading
+    return ReplicaReading(target=target, model="tiny", timestamp=T0, running=running, waiting=waiting)
 
 
 def test_replicas_summing_past_the_largest_float_are_unknown_and_counted():
-    big = with_values(fixture(LOAD), running="1.7e308", waiting=1)
-    snap = one_cycle([big, big])
+    cfg = Config(vllm_targets=[Target("http://r0/metrics"), Target("http://r1/metrics")])
+    readings = [_huge("http://r0/metrics", 1.7e308, 1.0), _huge("http://r1/metrics", 1.7e308, 1.0)]
+    _, snap = step(CycleState(cfg), CycleInputs(readings, [SourceStatus("vllm", r.target, True) for r in readings]), T0)
     [p] = snap.pools
     assert p.active_requests is None and p.load_requests is None
     assert snap.anomalies == {"overflow": 1.0}
@@ -97,7 +104,8 @@ def test_replicas_summing_past_the_largest_float_are_unknown_and_counted():
     assert "headroom_active_requests" not in samples
     assert all(math.isfinite(v) for rows in samples.values() for _labels, v in rows)
     # active and queued each finite, their sum (the load) not: both unknown
-    [p] = one_cycle([with_values(fixture(LOAD), running="1.7e308", waiting="1.7e308")]).pools
+    one = [_huge("http://r0/metrics", 1.7e308, 1.7e308)]
+    [p] = step(CycleState(cfg), CycleInputs(one, [SourceStatus("vllm", "http://r0/metrics", True)]), T0)[1].pools
     assert (p.active_requests, p.queued_requests, p.load_requests) == (None, None, None)
 
 
@@ -146,3 +154,31 @@ def test_replicas_histograms_summing_past_the_largest_float_are_unknown_and_coun
     assert p.latency["e2e"].p95 is None and p.latency["e2e"].mean is None  # unknown, not the last bucket
     assert p.latency["ttft"].p50 is not None  # the other kinds are read as usual
     assert anomalies == {"overflow": 1.0}
+
+
+@pytest.mark.parametrize("running, kind", [("1e308", "out_of_range"), ("2e6", "out_of_range"),
+                                           ("-3", "negative"), ("NaN", "non_finite")])
+def test_an_absurd_request_count_is_refused_and_counted_the_rest_of_the_replica_kept(running, kind):
+    """One replica says num_requests_running 1e308 (or 2 million, -3, NaN): that series is refused (over
+    1e6 requests a replica does not hold), counted as an input anomaly; its waiting, KV and counters
+    are kept, and the other replica's running count makes the pool's."""
+    snap = one_cycle([with_values(fixture(LOAD), running=running, waiting=2, usage="0.5"),
+                      with_values(fixture(LOAD), running=3, waiting=1)])
+    [p] = snap.pools
+    assert p.active_requests == 3.0 and p.queued_requests == 3.0 and p.kv_tokens_capacity == 2 * 3072
+    assert snap.anomalies == {kind: 1.0}
+    samples = Renderer().render(snap)
+    assert samples["headroom_active_requests"] == [({"pool": "tiny"}, 3.0)]
+    assert samples["headroom_replica_active_requests"] == [({"pool": "tiny", "replica": "http://r1/metrics"}, 3.0)]
+    assert ({"pool": "tiny", "replica": "http://r0/metrics"}, 2.0) in samples["headroom_replica_queued_requests"]
+
+
+def test_absurd_kv_tokens_and_counters_are_refused_and_counted():
+    text = fixture(LOAD).replace('kv_cache_size_tokens="3072"', 'kv_cache_size_tokens="5e12"')
+    text = text.replace('vllm:prompt_tokens_total{engine="0",model_name="tiny"} 19895.0',
+                        'vllm:prompt_tokens_total{engine="0",model_name="tiny"} 1e300')
+    scrape = parse_vllm(text)
+    [r] = readings_from_scrape(scrape, "t", T0)
+    assert r.kv_capacity_tokens is None and "prompt_tokens" not in r.counters
+    assert r.running == 0.0 and r.counters.get("generation_tokens") is not None  # the rest kept
+    assert scrape.anomalies == {"out_of_range": 2}

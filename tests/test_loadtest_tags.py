@@ -107,3 +107,28 @@ def test_the_html_report_says_an_unconfident_knee_was_not_used_and_what_each_req
     assert f"not found (confidence 0.20 &lt; {KNEE_MIN_CONFIDENCE:.2f}; the fit at" in page
     assert "metadata task_type={task_type}; header Authorization: &lt;redacted&gt;" in page
     assert "sk-9" not in page
+
+
+@pytest.mark.parametrize("name", ["X-Jwt-Assertion", "Signature", "X-Amz-Signature", "X-Hub-Sig", "X-Hmac",
+                                  "Proxy-Authorization", "X-Goog-Api-Key", "apikey", "X-Access-Token",
+                                  "X-Client-Cert", "X-Bearer", "X-Passphrase", "X-Pwd", "X-Private-Id"])
+def test_credential_like_headers_are_redacted_by_the_family_rule(name):
+    tags = Tags({}, parse_headers([f"{name}: s3cr3t", "agent-session-id: {task}"]))
+    assert tags.shown()["headers"] == {name: "<redacted>", "agent-session-id": "{task}"}
+    assert tags.secrets() == ("s3cr3t",)
+
+
+@pytest.mark.parametrize("key", ["user_api_key", "litellm_token", "jwt", "client_secret", "password"])
+def test_credential_like_metadata_keys_are_redacted_and_sent_verbatim(key):
+    tags = Tags(parse_metadata([f"{key}=sk-{{x}}1", "task_type={task_type}"]), {})
+    assert tags.shown()["metadata"] == {key: "<redacted>", "task_type": "{task_type}"}
+    assert tags.secrets() == ("sk-{x}1",)  # scrubbed from error texts too
+    meta, _ = tags.for_call("email", "3-1", 3, 0)
+    assert meta == {key: "sk-{x}1", "task_type": "email"}  # a credential is never a template
+    assert _scrub("HTTP 401: bad key sk-{x}1", tags.secrets()) == "HTTP 401: bad key <redacted>"
+
+
+def test_ordinary_tags_are_not_secrets():
+    tags = Tags(parse_metadata(["task_type={task_type}", "session_id={task}"]),
+                parse_headers(["agent-session-id: {task}", "x-llm-d-inference-fairness-id: {session}"]))
+    assert tags.secrets() == () and "<redacted>" not in str(tags.shown())

@@ -1,5 +1,6 @@
 """/metrics never waits behind the pages (a real server on loopback, a 2,000-pool snapshot): while
-every worker is taken by views of the landing page (each render of that snapshot takes seconds),
+every worker is taken by views of the landing page (each render of that snapshot takes a while:
+seconds for every pool on one page, 0.1 s or more for the paged page of the 50 with least headroom),
 every scrape is answered, within its timeout, with the snapshot's exposition. The timing figures
 (scrape latency while viewed, render time) are in benchmarks/metrics_lane_bench.py."""
 import threading

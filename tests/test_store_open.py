@@ -85,7 +85,7 @@ def test_the_daemon_store_component_reports_a_corrupt_file_once(tmp_path, caplog
     pipeline = Pipeline(cfg, clock=lambda: NOW)
     with caplog.at_level(logging.INFO):
         store = Store(cfg, pipeline, writable=True)
-    assert store.errors == {"open": 1.0, "append": 0.0, "maintain": 0.0} and store.writable
+    assert store.errors == {"open": 1.0, "append": 0.0, "maintain": 0.0, "restore": 0.0} and store.writable
     assert len(caplog.records) == 1 and not caplog.records[0].exc_info
     line = caplog.records[0].getMessage()
     assert line.startswith(f"history store {path}: corrupt (") and "a fresh store was started" in line

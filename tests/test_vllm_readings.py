@@ -94,7 +94,8 @@ def test_body_without_vllm_metrics_gives_no_readings():
 
 @pytest.mark.parametrize("running, waiting, usage, kind, expect", [
     ("+Inf", 1, 0.5, "non_finite", (None, 1.0, 0.5)),
-    ("1e308", 1, 0.5, None, (1e308, 1.0, 0.5)),  # finite: kept as it is (an SRE sees it on the page)
+    ("1e308", 1, 0.5, "out_of_range", (None, 1.0, 0.5)),  # finite but absurd (over 1e6): refused, counted
+    ("999999", 1, 0.5, None, (999999.0, 1.0, 0.5)),  # large but within the bound: kept as it is
     ("NaN", 1, 0.5, "non_finite", (None, 1.0, 0.5)),  # unknown, never 0
     (2, -3, 0.5, "negative", (2.0, None, 0.5)),
     (2, 1, 7.5, "out_of_range", (2.0, 1.0, None)),
@@ -197,3 +198,37 @@ def test_the_metric_contract_names_what_a_target_does_not_expose():
         ({"source": "vllm", "target": "http://b:8000/metrics"}, 2.0)]
     assert {lab["family"] for lab, _ in samples["headroom_source_missing_family_info"]} == {
         "num_requests_waiting", "request_queue_time_seconds"}
+
+
+NATIVE = "{count:12,sum:100.5,schema:0,zero_threshold:1e-128,zero_count:0,positive_spans:[0:2],positive_deltas:[2,1]}"
+
+
+@pytest.mark.parametrize("line", [
+    'vllm:e2e_request_latency_seconds_bucket{engine="0",model_name="tiny",le="7.0"} ' + NATIVE,
+    'vllm:num_requests_running{engine="1",model_name="tiny"} ' + NATIVE,
+    'vllm:e2e_request_latency_seconds_count ' + NATIVE,
+])
+def test_a_native_histogram_item_is_skipped_and_counted_the_replica_kept(line):
+    """A native-histogram item (Prometheus' text of a native histogram: `{count:..,schema:..}` where
+    a value goes) on a series headroom reads: that item is skipped and counted, the replica is read."""
+    from monitor.config import Target
+    from monitor.sources.scrape import scrape_one
+
+    class Body:
+        def get(self, url, timeout):
+            return fixture(LOAD) + line + "\n"
+    r = scrape_one(Body(), Target("http://r/metrics"), 5.0, clock=lambda: 1.0)
+    assert r.status.up, r.status
+    assert r.anomalies == {"native_histogram": 1}
+    [reading] = r.readings
+    assert reading.running == 0.0 and reading.counters["request_success"] == 120
+    assert reading.histograms["e2e"].count == 120.0
+
+
+def test_a_native_histogram_item_in_a_full_read_is_skipped_and_counted():
+    from monitor.kit import exposition
+    parsed = exposition.parse('a_total 1\nh{x="}"} ' + NATIVE + '\nb 2\n')
+    assert parsed.samples == {"a_total": [({}, 1.0)], "b": [({}, 2.0)]}
+    assert parsed.anomalies == {"native_histogram": 1}
+    with pytest.raises(exposition.ExpositionError):
+        exposition.parse('h{x="1"} {not a native item}\n')  # anything else still names the problem

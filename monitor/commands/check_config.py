@@ -6,7 +6,8 @@ file gives the same one line as `run`: `headroom: file: key: problem`.
 
 The history store is checked as `run` opens it (`monitor.history.store.store_problem`): a store
 `run` could not write (a read-only mount, a missing directory) exits 1 with one line naming
-`store.path`; `run` would still start and serve live numbers, without writing history.
+`store.path`; `run` would still start and serve live numbers, without writing history. A store
+whose header or first page is damaged is valid (exit 0) with one line saying `run` moves it aside.
 """
 from __future__ import annotations
 
@@ -31,8 +32,12 @@ def run(args) -> int:
     except ConfigError as exc:
         print(f"headroom: {exc}", file=sys.stderr)
         return 2
-    from ..history.store_open import store_problem  # noqa: PLC0415 - no pandas: check-config stays quick
+    from ..history.store_open import store_damage, store_problem  # noqa: PLC0415 - no pandas: stays quick
     problem = store_problem(cfg.store_path) if cfg.store_path else None
+    damage = store_damage(cfg.store_path) if cfg.store_path and not problem else None
+    if damage:  # run starts with a fresh store: valid, and said
+        print(f"headroom: {args.file}: store.path: {cfg.store_path} is {damage}: run will move it aside to "
+              f"{cfg.store_path}.corrupt-<time> (kept) and start a fresh store", file=sys.stderr)
     if problem:
         print(f"headroom: {args.file}: store.path: {problem}: run would serve live numbers but write no "
               f"history (forecasts read what is there)", file=sys.stderr)

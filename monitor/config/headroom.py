@@ -97,7 +97,7 @@ class Config:
                                          help="TLS and basic auth of headroom's endpoints (--web.config.file wins)")
     web_links: dict[str, str] = key(MapOf(Url(), names="link label"), {}, path="web.links",
                                     help="label -> URL shown on the landing page (your Prometheus, Grafana, the digest)")
-    store_path: Optional[str] = key(StorePath("history.sqlite"), path="store.path",
+    store_path: Optional[str] = key(StorePath("history.sqlite", damaged_ok=True), path="store.path",
                                     help="embedded history for the forecasts (direct mode)")
     store_retention: float = key(Duration(gt=0), 35 * DAY, path="store.retention", help="history kept")
     capacity: Capacity = key(Sub(Capacity), Capacity(), help="knee and capacity knobs")

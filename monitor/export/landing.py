@@ -15,6 +15,7 @@ from typing import Optional
 from .. import __version__
 from ..capacity.fit import fleet_fit
 from ..model import Alert, Capacity, PoolSnapshot, Quantiles, Snapshot
+from .landing_pages import LANDING_PAGE_POOLS, paged
 
 
 class Trends:
@@ -319,14 +320,18 @@ def _fit_section(pools: list[PoolSnapshot]) -> str:
     e = html.escape
     rows = "".join(
         f"<tr><td>{e(' '.join(f'{k}={v}' for k, v in f.labels))}</td><td>{e(f.pool)}</td>"
-        f"<td>{_fmt(f.spare_sessions, 1)}</td><td>{_fmt(f.spare_sessions_n_minus_1, 1)}</td></tr>" for f in fits)
+        f"<td>{_fmt(f.spare_sessions, 1)}</td><td>{_fmt(f.spare_sessions_n_minus_1, 1)}</td></tr>"
+        for f in fits[:LANDING_PAGE_POOLS])
+    more = (f'<p class="muted">and {len(fits) - LANDING_PAGE_POOLS:,} more pools with room (the JSON\'s '
+            f'<code>fit</code>)</p>' if len(fits) > LANDING_PAGE_POOLS else "")
     return ('<h3>Where more sessions fit</h3><table class="tasks fit"><tr><th>where</th><th>pool</th>'
-            f'<th>spare sessions</th><th>with one replica lost</th></tr>{rows}</table>')
+            f'<th>spare sessions</th><th>with one replica lost</th></tr>{rows}</table>{more}')
 
 
 def render(snapshot: Optional[Snapshot], trends: Trends, title: str = "headroom",
-           links: tuple[tuple[str, str], ...] = (), has_alerts_source: bool = False) -> str:
-    """The page; `links`: (label, URL) pairs shown under the title (the demo's Prometheus pages)."""
+           links: tuple[tuple[str, str], ...] = (), has_alerts_source: bool = False, page: int = 1) -> str:
+    """The page; `links`: (label, URL) pairs shown under the title (the demo's Prometheus pages);
+    `page`: which page of a large fleet's pools (`paged`)."""
     e = html.escape
     when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(snapshot.timestamp)) if snapshot else "no cycle yet"
     cards = ""
@@ -335,9 +340,11 @@ def render(snapshot: Optional[Snapshot], trends: Trends, title: str = "headroom"
     more = "".join(f' · <a href="{e(url)}">{e(label)}</a>' for label, url in links)
     if snapshot:
         alerts = "<h3>Alerts</h3>" + _alerts_section(snapshot, has_alerts_source)
-        cards = "".join(_group_head(group) + "".join(
+        shown, pages = paged(snapshot.pools, page)
+        groups = _groups(shown) if not pages else [((), shown)]  # paged: in pressure order, labels on each card
+        cards = pages + "".join(_group_head(group) + "".join(
             _pool_card(p, list(trends.points.get(p.pool, ())), snapshot.alerts, snapshot.timestamp) for p in pools)
-            for group, pools in _groups(snapshot.pools))
+            for group, pools in groups)
         alerts += _fit_section(snapshot.pools)
         down = [s for s in snapshot.sources if not s.up]
         up = len(snapshot.sources) - len(down)
@@ -359,6 +366,7 @@ b.bad {{ color: #e63946; }} b.warn {{ color: #b08900; }}
 .bar {{ background: #e9ecef; height: 8px; border-radius: 4px; margin: 10px 0; }} .bar div {{ background: #457b9d; height: 8px; border-radius: 4px; }}
 .badge {{ font-size: 12px; padding: 2px 6px; border-radius: 4px; color: white; background: #e63946; }}
 .legend i {{ display: inline-block; width: 10px; height: 10px; margin: 0 4px 0 10px; }}
+p.pages {{ width: 100%; margin: 0; }}
 ul.down {{ color: #e63946; }} ul.alerts li.firing {{ color: #e63946; }} ul.alerts li.pending {{ color: #b08900; }}
 table.tasks {{ border-collapse: collapse; font-size: 12px; margin-top: 8px; }} table.tasks td, table.tasks th {{ padding: 2px 8px; text-align: right; }}
 table.tasks td:first-child, table.tasks th:first-child {{ text-align: left; }}

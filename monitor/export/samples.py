@@ -198,14 +198,16 @@ def pool_samples(out: Rows, p: PoolSnapshot) -> None:
             out.add("headroom_replica_kv_tokens_high", rl, r.kv_tokens_live_high)
         out.add("headroom_replica_kv_capacity_tokens", rl, r.kv_tokens_capacity)
         out.add("headroom_replica_kv_capacity_changes", rl, r.kv_capacity_changes)
+    # a gateway's queue is this cycle's reading of the gateway, fresh when the replicas are down too
+    # (exactly when users wait)
+    for gateway, v in sorted(p.gateway_queued.items()):
+        out.add("headroom_gateway_queued_requests", {"pool": p.pool, "gateway": gateway}, v)
     if p.replicas == 0:
         return  # nothing fresh to say about this pool: withhold rather than repeat old values
     out.add("headroom_active_requests", pl, p.active_requests)
     out.add("headroom_queued_requests", pl, p.queued_requests)
     for reason, v in sorted(p.queued_by_reason.items()):
         out.add("headroom_queued_requests_by_reason", {"pool": p.pool, "reason": reason}, v)
-    for gateway, v in sorted(p.gateway_queued.items()):
-        out.add("headroom_gateway_queued_requests", {"pool": p.pool, "gateway": gateway}, v)
     out.add("headroom_kv_tokens", pl, p.kv_tokens_live)
     out.add("headroom_kv_tokens_low", pl, p.kv_tokens_live_low)
     out.add("headroom_kv_tokens_high", pl, p.kv_tokens_live_high)

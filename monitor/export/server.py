@@ -14,6 +14,7 @@ import os
 import re
 import threading
 from typing import Callable, Optional
+from urllib.parse import urlsplit
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -24,6 +25,7 @@ from monitor.kit.text import valid_text
 from monitor.kit.web.http11 import Request, Response
 from monitor.kit.web.httpd import Limits, WebServer, WebStats
 from .landing import Trends, render
+from .landing_pages import page_number
 from .snapshot_json import snapshot_to_dict
 
 log = logging.getLogger(__name__)
@@ -123,9 +125,7 @@ def handle(state: WebState, req: Request) -> Response:
     if path == "/metrics":
         return Response(200, state.exposition.body(), CONTENT_TYPE_LATEST)
     if path in ("/", "/index.html"):
-        page = state.rendered("/", lambda snap: valid_text(render(snap, state.trends, state.title, state.links,
-                                                                  state.has_alerts_source)).encode("utf-8"))
-        return Response(200, page, "text/html; charset=utf-8")
+        return landing(state, req)
     if path in ("/digest", "/digest/"):
         return latest_digest(state.digest_dir)
     if path == "/api/v1/snapshot":
@@ -133,6 +133,17 @@ def handle(state: WebState, req: Request) -> Response:
                                                             {"pools": [], "sources": []}, allow_nan=False).encode())
         return Response(200, body, "application/json")
     return probe(state, req) or Response(404, b"Not found. Try /metrics or /.\n")
+
+
+def landing(state: WebState, req: Request) -> Response:
+    """The landing page, `?page=N` of a large fleet's (monitor/export/landing.py `paged`): each page
+    rendered once per snapshot; the number kept within the fleet's pages, so the pages held are too."""
+    snap = state.snapshot
+    n = page_number(urlsplit(req.target).query, len(snap.pools) if snap is not None else 0)
+    key = "/" if n == 1 else f"/?page={n}"
+    page = state.rendered(key, lambda s: valid_text(render(s, state.trends, state.title, state.links,
+                                                           state.has_alerts_source, page=n)).encode("utf-8"))
+    return Response(200, page, "text/html; charset=utf-8")
 
 
 WEEK_DIR = re.compile(r"\d{4}-W\d{2}(-shard-\d+-of-\d+)?\Z")  # monitor/digest/deliver.py writes PATH/<edition>/ (the ISO week, -shard-I-of-N when sharded)

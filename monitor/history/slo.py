@@ -46,22 +46,56 @@ def _encode(key) -> str:
 
 
 def _decode(text: str):
-    value = json.loads(text)
-    return tuple(value) if isinstance(value, list) else value
+    """A saved key back as the tracker holds it: lists (nested ones too) as tuples."""
+    def hashable(value):
+        return tuple(hashable(v) for v in value) if isinstance(value, list) else value
+    return hashable(json.loads(text))
 
 
-def restore(tracker: SloTracker, store) -> int:
-    """Load the store's saved points into `tracker`; returns the number of keys restored. Rows whose
-    key is not valid JSON are skipped (they cannot be placed)."""
-    rows = []
-    for key, ts, total, bad, raw_total, raw_bad in store.slo_rows():
-        try:
-            k = _decode(key)
-        except ValueError:
-            continue
-        rows.append((k, ts, total, bad, raw_total, raw_bad))
+def _is_key(key) -> bool:
+    """A tracker's key: a string, or a non-empty tuple of strings, numbers and such tuples."""
+    if isinstance(key, str):
+        return True
+    return isinstance(key, tuple) and bool(key) and all(
+        _is_key(k) or (isinstance(k, (int, float)) and not isinstance(k, bool)) for k in key)
+
+
+def restore(tracker: SloTracker, store, skipped=None) -> int:
+    """Load the store's saved points into `tracker`; returns the number of keys restored. A row that
+    cannot be placed (its key not a JSON string or list of strings, a value not a finite number:
+    SQLite keeps a text in a REAL column) is skipped, never fatal: logged once, with how many, and
+    `skipped(n)` told (headroom_store_errors_total{operation="restore"})."""
+    rows, bad = [], 0
+    for row in store.slo_rows():
+        point = _slo_row(row)
+        if point is None:
+            bad += 1
+        else:
+            rows.append(point)
+    if bad:
+        log.warning("history store slo_counts: %d rows skipped (a key or value of the wrong type); the SLO windows "
+                    "are restored from the other %d rows", bad, len(rows))
+        if skipped is not None:
+            skipped(bad)
     tracker.restore(rows)
     return len({r[0] for r in rows})
+
+
+def _slo_row(row) -> Optional[tuple]:
+    """(key, ts, total, bad, raw_total, raw_bad) of one saved row, typed; None for a row that is not."""
+    try:
+        key, *values = row
+        key = _decode(key)
+    except (TypeError, ValueError):
+        return None
+    if not _is_key(key):
+        return None  # a number, a mapping, an empty list: not a tracker's key
+    if len(values) != 5 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return None
+    values = [float(v) for v in values]
+    if not all(math.isfinite(v) for v in values):
+        return None
+    return (key, *values)
 
 
 def save(tracker: SloTracker, store, now: float) -> int:
@@ -180,18 +214,19 @@ class PrometheusWindows:
         return out
 
 
-def attach(pipeline, cfg, store, writable: bool, guard=None) -> None:
+def attach(pipeline, cfg, store, writable: bool, guard=None, skipped=None) -> None:
     """Hand the SLO windows' history to the pipeline's capacity state: the tracker restored from
     `store` (and, when `writable`, saved after every published snapshot), and in Prometheus mode
     (`cfg.prometheus`) a `PrometheusWindows` over the pipeline's Prometheus client, which the
     cycle's `collect` reads (monitor/cycle.py). `guard(operation, fn)`: how the application runs a
-    store write (monitor/app.py Store.guarded: counted, logged once, never after the store closed)."""
+    store write (monitor/app.py Store.guarded: counted, logged once, never after the store closed);
+    `skipped(n)`: told how many saved rows the restore left out."""
     state = getattr(pipeline.state, "capacity", None)
     if state is None:
         return
     tracker = state.tracker
     if store is not None:
-        restore(tracker, store)
+        restore(tracker, store, skipped)
         if writable:
             tracker.journal = True
             if guard is not None:

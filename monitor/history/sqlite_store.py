@@ -74,6 +74,11 @@ class StoreError(ValueError):
     """Bad input to the store; the message names the field."""
 
 
+class StoreBusy(sqlite3.OperationalError):
+    """A write that found the store locked (another process's write lock, or this process's
+    maintenance) for longer than the store's `write_timeout`: nothing was written."""
+
+
 def _ms(ts: float) -> int:
     return int(round(ts * 1000.0))
 
@@ -81,7 +86,8 @@ def _ms(ts: float) -> int:
 class HistoryStore:
     def __init__(self, path: str, *, retention_seconds: Optional[float] = 35 * 86400.0,
                  downsample_after_seconds: Optional[float] = 7 * 86400.0,
-                 downsample_step_seconds: int = 3600, synchronous: str = "FULL", read_only: bool = False):
+                 downsample_step_seconds: int = 3600, synchronous: str = "FULL", read_only: bool = False,
+                 write_timeout: Optional[float] = None):
         if retention_seconds is not None and retention_seconds <= 0:
             raise StoreError(f"retention_seconds must be positive, got {retention_seconds!r}")
         if downsample_after_seconds is not None and downsample_after_seconds <= 0:
@@ -98,6 +104,8 @@ class HistoryStore:
         self.downsample_after_seconds = downsample_after_seconds
         self.downsample_step = int(downsample_step_seconds)
         self.read_only = read_only
+        # how long a write waits for a lock held elsewhere before it gives up (StoreBusy); None: 30 s
+        self.write_timeout = write_timeout
         self._lock = threading.RLock()
         self._closed = True
         if read_only:
@@ -125,6 +133,8 @@ class HistoryStore:
         problem = self._db.execute("PRAGMA quick_check(1)").fetchone()[0]
         if problem != "ok":  # a file cut short reads its first pages well, then fails here
             raise sqlite3.DatabaseError(f"database disk image is malformed ({problem})")
+        if self.write_timeout is not None:  # opened with SQLite's longer wait; each write waits this long
+            self._db.execute(f"PRAGMA busy_timeout = {max(0, int(self.write_timeout * 1000))}")
 
     def _upgrade(self) -> None:
         row = self._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
@@ -144,6 +154,24 @@ class HistoryStore:
         if row[0] != SCHEMA_VERSION:
             raise StoreError(f"{self.path}: history store schema {row[0]!r} is newer than this headroom "
                              f"({SCHEMA_VERSION}); upgrade headroom or point store.path elsewhere")
+
+    @contextmanager
+    def _writing(self):
+        """This store's lock for a write, waited for `write_timeout` at most; SQLite's own lock
+        (another process) waited for as long (the connection's busy timeout). Either: StoreBusy."""
+        timeout = -1 if self.write_timeout is None else self.write_timeout
+        if not self._lock.acquire(timeout=timeout):
+            raise StoreBusy(f"history store {self.path} is busy (maintenance in this process) for over "
+                            f"{self.write_timeout:g} s")
+        try:
+            yield
+        except sqlite3.OperationalError as exc:
+            if "locked" in str(exc) or "busy" in str(exc):
+                raise StoreBusy(f"history store {self.path} is locked by another writer for over "
+                                f"{self.write_timeout if self.write_timeout is not None else 30:g} s ({exc})") from exc
+            raise
+        finally:
+            self._lock.release()
 
     @contextmanager
     def _transaction(self):
@@ -205,7 +233,7 @@ class HistoryStore:
             rows.append((pool, series, _ms(ts), value, value))
         if not rows:
             return 0
-        with self._lock:
+        with self._writing():
             self._check_open(write=True)
             with self._transaction():
                 self._db.executemany(
@@ -285,10 +313,9 @@ class HistoryStore:
                 raise StoreError(f"SLO point {i}: values must be finite, got {p!r}")
             rows.append((key, _ms(ts), *values))
         gone = [(k, _ms(ts)) for k, ts in dropped]
-        with self._lock:
+        with self._writing():
             self._check_open()
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
+            with self._transaction():
                 self._db.executemany("DELETE FROM slo_counts WHERE key = ? AND ts = ?", gone)
                 self._db.executemany(
                     "INSERT INTO slo_counts (key, ts, total, bad, raw_total, raw_bad) VALUES (?, ?, ?, ?, ?, ?) "
@@ -297,10 +324,6 @@ class HistoryStore:
                 if expire_before is not None:
                     self._db.execute("DELETE FROM slo_counts WHERE key IN (SELECT key FROM slo_counts "
                                      "GROUP BY key HAVING MAX(ts) < ?)", (_ms(expire_before),))
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
         return len(rows)
 
     def slo_rows(self) -> list[tuple[str, float, float, float, float, float]]:

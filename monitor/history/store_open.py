@@ -1,12 +1,14 @@
 """Opening the history store as the daemon does: never stopped by the store (it only feeds the
 forecasts). `open_store` gives the store read-write, a corrupt file moved aside for a fresh one,
 read-only when it cannot be written, or none; `store_problem` says why a path cannot be written
-(`headroom run` and `headroom check-config` both ask it)."""
+(`headroom run` and `headroom check-config` both ask it); `store_damage` why a file is not read as
+SQLite (a damaged header or first page: `open_store` moves it aside as it does a truncated one)."""
 from __future__ import annotations
 
 import os
 import sqlite3
 import time
+import urllib.parse
 from dataclasses import dataclass
 from typing import Optional
 
@@ -25,6 +27,29 @@ def store_problem(path: str) -> Optional[str]:
         if not os.access(what, os.W_OK):  # a read-only mount too (EROFS)
             return f"{what} is read-only" + (" (SQLite writes its -wal and -shm files beside the store)"
                                              if what == parent else "")
+    return None
+
+
+def store_damage(path: str) -> Optional[str]:
+    """Why the store at `path` cannot be read as SQLite (its header or first page damaged), or None
+    (no file, or it reads). `headroom run` moves such a file aside (kept) and starts a fresh store;
+    `headroom check-config` says so. Reads the header and the schema page only: quick on any size."""
+    if not os.path.isfile(path) or os.path.getsize(path) == 0:
+        return None
+    try:
+        with open(path, "rb") as f:
+            if f.read(16) != b"SQLite format 3\x00":
+                return "not a SQLite database (its header is damaged)"
+        uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
+        db = sqlite3.connect(uri, uri=True, timeout=5.0)
+        try:
+            db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+        finally:
+            db.close()
+    except sqlite3.OperationalError:
+        return None  # locked or unreadable here: not known to be damaged (store_problem says the rest)
+    except (sqlite3.DatabaseError, OSError) as exc:
+        return f"not a SQLite database ({exc})"
     return None
 
 

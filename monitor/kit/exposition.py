@@ -4,7 +4,8 @@ It reads only the sample names it is asked for (everything else is skipped after
 but parses those fully: quoted label values with escapes, +Inf/-Inf/NaN, optional timestamps,
 OpenMetrics exemplars and the `# EOF` terminator. Label order never matters.
 
-Broken input raises `ExpositionError` naming the line and the problem; a body cut short (no final
+Broken input raises `ExpositionError` naming the line and the problem; a native-histogram item where
+a value goes (`{count:..,schema:..}`) is skipped and counted (`native_histogram`); a body cut short (no final
 newline, or OpenMetrics without `# EOF`) is reported as truncated, so the caller can mark the target
 down instead of deriving from half a scrape.
 """
@@ -43,8 +44,8 @@ def normalise_name(name: str) -> str:
 
 
 def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[tuple[str, ...]] = None,
-          strict_end: bool = True, openmetrics: Optional[bool] = None, notice: tuple[str, ...] = ()
-          ) -> ParsedScrape:
+          strict_end: bool = True, openmetrics: Optional[bool] = None, notice: tuple[str, ...] = (),
+          max_samples: Optional[int] = None) -> ParsedScrape:
     """Parse exposition text.
 
     wanted: sample names to keep (normalised spelling, e.g. `vllm:e2e_request_latency_seconds_bucket`);
@@ -61,6 +62,8 @@ def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[
     The fast path (`wanted`) reads its lines as strictly but leaves the others, and the rules, unread.
     notice: line prefixes (not wanted names) whose presence at the start of some line is reported in
         `noticed` (another engine's names: scrape.py tells the engine by them without a second search).
+    max_samples: with `wanted`, read at most this many wanted sample lines: the body is not read past
+        them (its end not checked) and `cut` says how many were found beyond (at least 1).
     """
     out = ParsedScrape()
     if not text:
@@ -71,9 +74,11 @@ def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[
         raise ExpositionError("body does not end with a newline (truncated?)", reason="truncated",
                               line=text.count("\n") + 1)
     if wanted is not None:  # one pass of the regex finds the wanted lines and the `# EOF`/`# UNIT ` ones
-        found = _wanted_regex(frozenset(wanted), notice).findall("\n" + text)
+        rx = _wanted_regex(frozenset(wanted), notice)
+        found = rx.findall("\n" + text) if max_samples is None else _first_found(rx, text, max_samples, out)
         marks = {m[4] for m in found if m[4]}
-        _check_eof(text, out, strict_end, openmetrics, marks)
+        if not out.cut:  # a body read to its end: its end checked
+            _check_eof(text, out, strict_end, openmetrics, marks)
         if notice:
             out.noticed = marks.intersection(notice)
         _read_wanted(found, out)
@@ -110,7 +115,12 @@ def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[
             out.anomaly("duplicate_series")
             continue
         seen_generic.add(key)
-        out.stamp(_add_sample(samples, raw_name, rest, None, lineno))
+        try:
+            out.stamp(_add_sample(samples, raw_name, rest, None, lineno))
+        except ExpositionError:
+            if not native_item(rest):
+                raise
+            out.anomaly("native_histogram")  # that item skipped, the rest of the body read
     if out.openmetrics:
         check_openmetrics(text, out)
     return out
@@ -142,6 +152,21 @@ def _check_eof(text: str, out: ParsedScrape, strict_end: bool, openmetrics: Opti
     elif strict_end and (openmetrics or text.startswith("# UNIT ")
                          or ("\n# UNIT " in text if marks is None else "# UNIT " in marks)):
         raise ExpositionError("OpenMetrics body without # EOF (truncated?)", reason="truncated")
+
+
+def _first_found(rx: "re.Pattern[str]", text: str, max_samples: int, out: ParsedScrape) -> list:
+    """`rx.findall` up to `max_samples` sample lines; one more found sets `out.cut` and ends the search."""
+    found: list = []
+    rows = 0
+    for m in rx.finditer("\n" + text):
+        groups = m.groups("")
+        if groups[0]:
+            rows += 1
+            if rows > max_samples:
+                out.cut = 1
+                break
+        found.append(groups)
+    return found
 
 
 def _read_wanted(found: list, out: ParsedScrape) -> None:
@@ -197,6 +222,9 @@ def _wanted_line(raw_name: str, rest: str, seen: set, cache: dict, out: ParsedSc
         out.anomaly("duplicate_series")
         return None, None
     seen.add(key)
+    if (_NATIVE_RE.match(rest) or rest.count("{") > 1) and native_item(rest):
+        out.anomaly("native_histogram")  # that item skipped, the rest of the body read
+        return None, None
     if "#" in rest:
         out.stamp(_add_sample(out.samples, raw_name, rest, None))  # exemplar (or '#' in a label value)
         return None, None
@@ -316,6 +344,22 @@ def _add_sample(samples, raw_name: str, rest: str, offset: Optional[int], lineno
     else:
         bucket.append((labels, value))
     return stamp
+
+
+_NATIVE_RE = re.compile(r"[ \t]*\{[ \t]*[a-z_]+:")
+
+
+def native_item(rest: str) -> bool:
+    """Whether a sample line's rest (`[{labels}] value...`) holds a native-histogram item where the
+    value goes (`{count:12,sum:100.5,schema:0,...}`: Prometheus' text of a native histogram, the
+    OpenMetrics 2.0 draft's): not a value this parser reads; its callers skip and count it."""
+    text = rest.lstrip(" \t")
+    if text.startswith("{") and not _NATIVE_RE.match(text):  # a label set first (no `name:` in one)
+        try:
+            text = text[_find_close(text, 0, None) + 1:]
+        except ExpositionError:
+            return False
+    return bool(_NATIVE_RE.match(text))
 
 
 def _find_close(line: str, start: int, lineno: int) -> int:

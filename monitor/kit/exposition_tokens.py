@@ -39,6 +39,7 @@ class ParsedScrape:
     oldest_timestamp: Optional[float] = None  # the oldest explicit sample timestamp, Unix seconds
     noticed: set[str] = field(default_factory=set)  # `parse`'s notice prefixes that start a line
     shared_labels: bool = False  # label dicts from the parser's cache (reused across scrapes, never mutated)
+    cut: int = 0  # parse(max_samples=): 1 when wanted sample lines past the cap were left unread
 
     def anomaly(self, kind: str, n: int = 1) -> None:
         self.anomalies[kind] = self.anomalies.get(kind, 0) + n

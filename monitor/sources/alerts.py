@@ -21,6 +21,10 @@ UI_PATH = {"prometheus": "/alerts", "alertmanager": "/#/alerts"}
 # MAX_ALERTS alerts and MAX_PAGE_TEXT characters of text in all. What was cut is counted (the cycle
 # adds it to headroom_input_anomalies_total{kind="alerts_cut"}; the page and the JSON show it).
 MAX_ALERTS = 200
+# alerts of the answer's list looked at (anyone's: headroom's are picked from them), like the rows of a
+# gateway body (monitor/sources/aux_samples.py AUX_MAX_ROWS, counted as aux_rows_cut past it): 90,000
+# small alerts took 3.5 s to read; a fleet's own alerts are a few hundred
+MAX_ITEMS = 5_000
 MAX_TEXT = 1024
 MAX_PAGE_TEXT = 64 * 1024
 CUT_MARK = " …[cut]"
@@ -92,29 +96,34 @@ def _alert(labels: object, annotations: object, state: str, since: object, cuts:
                  summary=cuts.text(ann.get("summary", "")), since=_when(since), labels=cuts.labels(labels))
 
 
-def _items(doc: object, kind: str) -> list:
-    """The answer's alerts, each as (labels, annotations, state, since), before headroom's are picked."""
+def _items(doc: object, kind: str, rows_cut: Optional[list] = None) -> list:
+    """The answer's alerts, each as (labels, annotations, state, since), before headroom's are picked:
+    the first MAX_ITEMS of its list (`rows_cut` gets True appended when there were more)."""
+    def first(items: list) -> list:
+        if len(items) > MAX_ITEMS and rows_cut is not None:
+            rows_cut.append(True)
+        return items[:MAX_ITEMS]
     if kind == "prometheus":
         if not isinstance(doc, dict) or doc.get("status") != "success":
             raise ValueError("alerts answer is not a Prometheus API success (status != success)")
         items = (doc.get("data") or {}).get("alerts") if isinstance(doc.get("data"), dict) else None
         if not isinstance(items, list):
             raise ValueError("alerts answer has no data.alerts list")
-        return [(a.get("labels"), a.get("annotations"), a["state"], a.get("activeAt")) for a in items
+        return [(a.get("labels"), a.get("annotations"), a["state"], a.get("activeAt")) for a in first(items)
                 if isinstance(a, dict) and a.get("state") in ("firing", "pending")]
     if not isinstance(doc, list):
         raise ValueError("alerts answer is not an Alertmanager v2 alert list")
-    return [(a.get("labels"), a.get("annotations"), "firing", a.get("startsAt")) for a in doc
+    return [(a.get("labels"), a.get("annotations"), "firing", a.get("startsAt")) for a in first(doc)
             if isinstance(a, dict) and isinstance(a.get("status"), dict) and a["status"].get("state") == "active"]
 
 
-def _read(text: str, kind: str) -> tuple[list[Alert], int]:
+def _read(text: str, kind: str, rows_cut: Optional[list] = None) -> tuple[list[Alert], int]:
     try:
         doc = json.loads(text)
     except ValueError as exc:
         raise ValueError(f"alerts answer is not JSON: {exc}") from None
     cuts, out, shortened = _Cuts(), [], set()
-    for item in _items(doc, kind):
+    for item in _items(doc, kind, rows_cut):
         before = cuts.texts
         alert = _alert(*item, cuts)
         if alert is not None:
@@ -131,16 +140,17 @@ def _read(text: str, kind: str) -> tuple[list[Alert], int]:
     return kept, len(out) - len(kept) + sum(id(a) in shortened for a in kept)
 
 
-def read_alerts(text: str, kind: str) -> tuple[list[Alert], int]:
+def read_alerts(text: str, kind: str, rows_cut: Optional[list] = None) -> tuple[list[Alert], int]:
     """(headroom's alerts, firing first then by name and pool; how many were cut: the alerts left
-    out past MAX_ALERTS or MAX_PAGE_TEXT, plus those kept with a text cut to MAX_TEXT).
+    out past MAX_ALERTS or MAX_PAGE_TEXT, plus those kept with a text cut to MAX_TEXT). Only the
+    first MAX_ITEMS alerts of the answer are looked at (`rows_cut`, a list, gets True when more).
 
     Raises ValueError naming what is wrong with a body that is not such an answer, whatever the failure
     (a nesting too deep for the parser, a value of an unexpected type)."""
     if kind not in KINDS:
         raise ValueError(f"unknown alerts source kind {kind!r} (known: {', '.join(KINDS)})")
     try:
-        return _read(text, kind)
+        return _read(text, kind, rows_cut)
     except ValueError:
         raise
     except RecursionError:

@@ -5,7 +5,9 @@
     aux.collect(inputs, now, pool.wait(started, deadline), began, history)   # parsed into CycleInputs
 
 Each body is fetched with the source's own credentials under the shared memory budget and the
-auxiliary body cap (AUX_MAX_BODY_BYTES). A source without an answer by the cycle deadline is down
+auxiliary body cap (AUX_MAX_BODY_BYTES), and parsed by the worker that fetched it, at most
+AUX_MAX_ROWS rows of it (a body cut there is counted as the input anomaly `aux_rows_cut`), so the
+cycle's deadline covers the parse. A source without an answer by the cycle deadline is down
 (`deadline`); one whose answer does not parse is down with reason `parse` and the reader's error;
 either way the cycle goes on. Gateway bodies are read for the capacity layer only (`gateway_configs`
 None: fetched, their status counted, not read), also per model of the cycle's pools when a gateway
@@ -16,18 +18,18 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
-from typing import Any, Mapping, Optional, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from monitor.derive.core import pool_of
 from monitor.kit.http import BodyBudget, FetchError, Fetcher, redact
 from monitor.model import ReplicaReading, SourceStatus
 from monitor.readings import DcgmReading, GatewayConfig, GatewayScrape
 from monitor.sources.alerts import api_url, read_alerts, ui_url
-from monitor.sources.aux_samples import AUX_MAX_BODY_BYTES
+from monitor.sources.aux_samples import AUX_MAX_BODY_BYTES, AUX_MAX_ROWS
 from monitor.sources.dcgm import read_dcgm
-from monitor.sources.gateway import read_gateway_scrape
-from monitor.sources.gateway_queue import KINDS as QUEUE_KINDS, read_gateway_queues
+from monitor.sources.gateway import gateway_samples, scrape_from_samples
+from monitor.sources.gateway_queue import KINDS as QUEUE_KINDS, queue_samples, queues_from_samples
 from monitor.sources.scrape import DeadlinePool, Late
 from monitor.step import CycleInputs, count_into
 
@@ -42,6 +44,7 @@ class AuxSources:
         self.budget = budget
         self.gateway_configs = gateway_configs
         self._fetchers: dict[int, Fetcher] = {}
+        self._cut_said: set = set()  # (kind, url) of sources whose body was cut at the row cap (said once)
 
     def workers(self) -> int:
         """How many requests a cycle starts at most."""
@@ -55,17 +58,42 @@ class AuxSources:
         return f
 
     def start(self, pool: DeadlinePool) -> list:
-        """Every auxiliary body requested on `pool`; the handles for `pool.wait`."""
+        """Every auxiliary body requested on `pool` and parsed there, by the worker that fetched it, so
+        the cycle's deadline covers the parse too; the handles for `pool.wait`."""
         timeout = self.config.scrape_timeout
-        jobs = [(("gateway", i, gw.url), lambda f=self._fetcher_for(gw.auth), u=gw.url: fetch(f, u, timeout))
+        jobs = [(("gateway", i, gw.url), lambda f=self._fetcher_for(gw.auth), u=gw.url, i=i:
+                 fetch(f, u, timeout, lambda text: self.prepare_gateway(i, text)))
                 for i, gw in enumerate(self.config.gateways)]
         dcgm = self._fetcher_for(None) if self.config.dcgm_targets else None
-        jobs += [(("dcgm", t.url), lambda u=t.url: fetch(dcgm, u, timeout)) for t in self.config.dcgm_targets]
+        jobs += [(("dcgm", t.url), lambda u=t.url: fetch(dcgm, u, timeout, lambda text: _prepare_dcgm(text, redact(u))))
+                 for t in self.config.dcgm_targets]
         alerts = self.config.alerts
         if alerts is not None:
             url = api_url(alerts.url, alerts.kind)
-            jobs.append((("alerts", url), lambda f=self._fetcher_for(alerts.auth), u=url: fetch(f, u, timeout)))
+            jobs.append((("alerts", url), lambda f=self._fetcher_for(alerts.auth), u=url:
+                         fetch(f, u, timeout, lambda text: _prepare_alerts(text, alerts.kind))))
         return pool.start(jobs)
+
+    def prepare_gateway(self, index: int, text: str) -> "Parsed":
+        """A gateway body parsed (on the worker that fetched it): the samples its reading needs and, for
+        a router, its queues; each at most AUX_MAX_ROWS rows. A failure is kept, for `collect` to say."""
+        src = self.config.gateways[index]
+        if self.gateway_configs is None:  # fetched for its status only
+            return Parsed(None)
+        cut = False
+        try:
+            samples: Any = gateway_samples(text, self.gateway_configs[index])
+            cut = samples.cut
+        except ValueError as exc:
+            samples = str(exc)
+        queues: Any = None
+        if src.kind in QUEUE_KINDS:
+            try:
+                rows = queue_samples(text, src.kind)
+                queues, cut = queues_from_samples(rows, src.kind), cut or rows.cut
+            except ValueError as exc:
+                queues = exc
+        return Parsed((samples, queues), cut)
 
     def collect(self, inputs: CycleInputs, now: float, results: Sequence[object], began: float,
                 history: Optional[Mapping[str, Sequence[ReplicaReading]]] = None) -> None:
@@ -80,62 +108,78 @@ class AuxSources:
         models = pool_models(inputs.readings, history or {}, cfg.pool_by) if cfg.gateways else ()
         for (kind, url, index), result in zip(sources, results):
             if isinstance(result, tuple):
-                text, err, took = result
+                parsed, err, took = result
                 inputs.statuses.append(SourceStatus(kind, redact(url), err is None, err.reason if err else None,
                                                     err.detail if err else None, took))
             else:
-                text = None
+                parsed = None
                 inputs.statuses.append(late(kind, url, result, began))
+            if isinstance(parsed, Parsed) and parsed.cut:
+                count_into(inputs.anomalies, {"aux_rows_cut": 1.0})
+                self._say_cut(kind, url)
             if kind == "gateway":
-                self._gateway(inputs, index, text, now, models)
+                self._gateway(inputs, index, parsed, now, models)
             elif kind == "alerts":
-                if text is not None:
-                    self._read_alerts(inputs, text, url)
-            elif text is not None:
-                reading = _read_dcgm(text, redact(url))
+                if parsed is not None:
+                    self._alerts_read(inputs, parsed.value, url)
+            elif parsed is not None:
+                reading = parsed.value
                 if isinstance(reading, DcgmReading):
                     inputs.dcgm.append(reading)
                 elif reading is not None:
                     inputs.statuses[-1] = unparsed(inputs.statuses[-1], reading)
 
-    def _gateway(self, inputs: CycleInputs, index: int, text: Optional[str], now: float, models: tuple) -> None:
+    def _say_cut(self, kind: str, url: str) -> None:
+        """A body cut at the row cap: said once per source (the anomaly counts every cycle)."""
+        if (kind, url) not in self._cut_said:
+            self._cut_said.add((kind, url))
+            log.warning("%s %s: more than %d rows; the rest of its body is not read (headroom_input_anomalies_total"
+                        "{kind=\"aux_rows_cut\"} counts the cycles it happens)", kind, redact(url), AUX_MAX_ROWS)
+
+    def _gateway(self, inputs: CycleInputs, index: int, parsed: Optional["Parsed"], now: float, models: tuple) -> None:
         src = self.config.gateways[index]
         try:
-            inputs.gateways.append(self.read_gateway(index, text, now, models))
+            inputs.gateways.append(self.read_gateway(index, parsed, now, models))
         except Exception as exc:  # never the cycle's: the gateway is down, its reason parse
             inputs.statuses[-1] = unparsed(inputs.statuses[-1], exc)
             log.warning("gateway %s: %s", redact(src.url), inputs.statuses[-1].detail)
             inputs.gateways.append(GatewayScrape(index, redact(src.url), src.pool, GatewayConfig(kind=src.kind), now,
                                                  error="parse", labels=dict(src.labels)))
 
-    def read_gateway(self, index: int, text: Optional[str], now: float, models: tuple[str, ...] = ()
+    def read_gateway(self, index: int, body: Union[str, "Parsed", None], now: float, models: tuple[str, ...] = ()
                      ) -> GatewayScrape:
-        """The body parsed, also per model of `models` for a gateway with a model label and no `pool`;
-        without a capacity layer it is fetched (its status counts), not read."""
+        """The body (text, or parsed already by `prepare_gateway`) read, also per model of `models` for a
+        gateway with a model label and no `pool`; without a capacity layer it is fetched (its status
+        counts), not read."""
         src = self.config.gateways[index]
         if self.gateway_configs is None:
             return GatewayScrape(index, redact(src.url), src.pool, GatewayConfig(kind=src.kind), now,
                                  labels=dict(src.labels))
+        if isinstance(body, str):
+            body = self.prepare_gateway(index, body)
+        samples, queues = body.value if body is not None else (None, None)
         gcfg = self.gateway_configs[index]
         per_model = models if (src.pool is None and gcfg.model) else ()
-        scrape = read_gateway_scrape(text, gcfg, now, index, redact(src.url), src.pool, per_model)
+        scrape = scrape_from_samples(samples, gcfg, now, index, redact(src.url), src.pool, per_model)
         scrape = replace(scrape, labels=dict(src.labels))
         if scrape.error:
             log.warning("gateway %s: %s", scrape.url, scrape.error)
-        if text is not None and src.kind in QUEUE_KINDS:
-            try:
-                scrape = replace(scrape, queues=read_gateway_queues(text, src.kind))
-            except ValueError as exc:
-                log.warning("gateway %s: queue: %s", scrape.url, exc)
+        if isinstance(queues, ValueError):
+            log.warning("gateway %s: queue: %s", scrape.url, queues)
+        elif queues is not None:
+            scrape = replace(scrape, queues=queues)
         return scrape
 
     def _read_alerts(self, inputs: CycleInputs, text: str, url: str) -> None:
-        try:
-            inputs.alerts, dropped = read_alerts(text, self.config.alerts.kind)
-        except Exception as exc:  # whatever the answer does to the reader, it is this source's error
-            inputs.statuses[-1] = unparsed(inputs.statuses[-1], exc)
+        """The alerts answer `text` read into `inputs` (as the worker does, `_prepare_alerts`)."""
+        self._alerts_read(inputs, _prepare_alerts(text, self.config.alerts.kind).value, url)
+
+    def _alerts_read(self, inputs: CycleInputs, result: Any, url: str) -> None:
+        if isinstance(result, BaseException):  # whatever the answer did to the reader: this source's error
+            inputs.statuses[-1] = unparsed(inputs.statuses[-1], result)
             log.warning("alerts %s: %s", redact(url), inputs.statuses[-1].detail)
             return
+        inputs.alerts, dropped = result
         if dropped:
             count_into(inputs.anomalies, {"alerts_cut": float(dropped)})
 
@@ -154,17 +198,35 @@ def pool_models(readings: Sequence[ReplicaReading], history: Mapping[str, Sequen
     return tuple(sorted({r.model for r in newest}))
 
 
-def _read_dcgm(text: str, target: str):
+@dataclass(frozen=True)
+class Parsed:
+    """An auxiliary body parsed by the worker that fetched it: what its reader made of it (`value`),
+    and whether rows past AUX_MAX_ROWS were left unread (`cut`)."""
+    value: Any
+    cut: bool = False
+
+
+def _prepare_dcgm(text: str, target: str) -> Parsed:
     """The DCGM reading; None for a body without GPUs (a ValueError, logged); any other failure of
     the reader is returned, for the cycle to mark the source down with it."""
+    cut: list = []
     try:
-        return read_dcgm(text, target)
+        return Parsed(read_dcgm(text, target, cut), bool(cut))
     except ValueError as exc:
         log.warning("%s", exc)
-        return None
+        return Parsed(None, bool(cut))
     except Exception as exc:
         log.warning("dcgm %s: %s: %s", target, type(exc).__name__, str(exc)[:200])
-        return exc
+        return Parsed(exc, bool(cut))
+
+
+def _prepare_alerts(text: str, kind: str) -> Parsed:
+    """(headroom's alerts, how many cut) of an alerts answer, or the exception reading it raised."""
+    cut: list = []
+    try:
+        return Parsed(read_alerts(text, kind, cut), bool(cut))
+    except Exception as exc:
+        return Parsed(exc, bool(cut))
 
 
 def unparsed(status: SourceStatus, exc: BaseException) -> SourceStatus:
@@ -173,12 +235,16 @@ def unparsed(status: SourceStatus, exc: BaseException) -> SourceStatus:
     return replace(status, up=False, error="parse", detail=detail)
 
 
-def fetch(fetcher: Fetcher, url: str, timeout: float) -> tuple[Optional[str], Optional[FetchError], float]:
+def fetch(fetcher: Fetcher, url: str, timeout: float, parse: Optional[Callable[[str], Any]] = None
+          ) -> tuple[Any, Optional[FetchError], float]:
+    """(the body, or what `parse` made of it; the fetch error; seconds the fetch took)."""
     t0 = time.monotonic()
     try:
-        return fetcher.get(url, timeout), None, time.monotonic() - t0
+        text = fetcher.get(url, timeout)
     except FetchError as exc:
         return None, exc, time.monotonic() - t0
+    took = time.monotonic() - t0
+    return (text if parse is None else parse(text)), None, took
 
 
 def late(source: str, url: str, result: object, began: float) -> SourceStatus:

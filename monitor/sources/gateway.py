@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Union
 
 from monitor.model import Histogram
 from monitor.readings import GatewayScrape
-from monitor.sources.aux_samples import AUX_MAX_BODY_BYTES, iter_samples, too_large  # noqa: F401  (re-exported)
+from monitor.sources.aux_samples import (AUX_MAX_BODY_BYTES, BodySamples, iter_samples,  # noqa: F401  (re-exported)
+                                         read_samples, too_large)
 from monitor.sources.gateway_schema import (  # noqa: F401  (re-exported: the names every reader uses)
     APP_MODEL_CALLS, APP_SESSIONS_ACTIVE, APP_TASK_DURATION, APP_TASK_LABEL, APP_TASKS_STARTED,
     DEFAULT_LABELS, ENVOY_TOKENS, GATEWAY_FAMILIES, KINDS, UNATTRIBUTED, UNSET_VALUES, Families,
@@ -104,21 +105,40 @@ def reading_from_samples(samples: Iterable[tuple[str, dict, float]], config: Gat
     return acc.finish()
 
 
+def gateway_samples(text: str, config: GatewayConfig) -> BodySamples:
+    """The samples of a gateway body its reading needs (at most AUX_MAX_ROWS: `cut` past them).
+    Raises ValueError for a body over the byte cap (`too_large: ...`) or one that does not parse."""
+    problem = too_large(text, "gateway")
+    if problem:
+        raise ValueError(problem)
+    return read_samples(text, _wanted_bases(config))
+
+
 def read_gateway_scrape(text: Optional[str], config: GatewayConfig, timestamp: float, index: int = 0,
                         url: str = "", pool: Optional[str] = None, models: Iterable[str] = ()) -> GatewayScrape:
     """Parse one gateway body of the cycle (None: no body) into a `GatewayScrape`: its reading of
     every series and, for each of `models`, the reading of that model's series (`by_model`). A body
     that does not parse gives a scrape without a reading, its error kept (the cycle logs it; the
     gateway stays up)."""
-    scrape = GatewayScrape(index, url, pool, config, timestamp)
     if text is None:
-        return scrape
-    if too_large(text, "gateway"):
-        return replace(scrape, error=too_large(text, "gateway"))
+        return GatewayScrape(index, url, pool, config, timestamp)
     try:
-        samples = tuple(iter_samples(text, _wanted_bases(config)))
+        samples: Union[BodySamples, str] = gateway_samples(text, config)
     except ValueError as exc:
-        return replace(scrape, error=str(exc))
+        samples = str(exc)
+    return scrape_from_samples(samples, config, timestamp, index, url, pool, models)
+
+
+def scrape_from_samples(samples: Union[BodySamples, str, None], config: GatewayConfig, timestamp: float,
+                        index: int = 0, url: str = "", pool: Optional[str] = None,
+                        models: Iterable[str] = ()) -> GatewayScrape:
+    """`read_gateway_scrape` of samples parsed already (`gateway_samples`); a str is the parse's error,
+    None no body."""
+    scrape = GatewayScrape(index, url, pool, config, timestamp)
+    if samples is None:
+        return scrape
+    if isinstance(samples, str):
+        return replace(scrape, error=samples)
     by_model = {m: reading_from_samples(samples, scrape.model_config(m), timestamp) for m in models}
     return replace(scrape, reading=reading_from_samples(samples, config, timestamp), by_model=by_model)
 

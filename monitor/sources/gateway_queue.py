@@ -37,7 +37,7 @@ import math
 from typing import Iterable, Optional, Union
 
 from monitor.readings import GatewayQueue, GatewayQueues
-from monitor.sources.aux_samples import iter_samples, too_large
+from monitor.sources.aux_samples import BodySamples, iter_samples, read_samples, too_large
 
 KINDS = ("llm-d", "dynamo")
 
@@ -73,6 +73,16 @@ def read_gateway_queues(text: str, kind: str) -> GatewayQueues:
     if too_large(text, "router"):
         raise ValueError(too_large(text, "router"))
     return queues_from_samples(iter_samples(text, set(QUEUE_SAMPLE_NAMES[kind])), kind)
+
+
+def queue_samples(text: str, kind: str) -> BodySamples:
+    """The samples of a router body its queues need (at most AUX_MAX_ROWS: `cut` past them); raises
+    ValueError for an unknown kind, a body over the byte cap or one that does not parse."""
+    if kind not in KINDS:
+        raise ValueError(f"gateway queue kind {kind!r} is not one of {', '.join(KINDS)}")
+    if too_large(text, "router"):
+        raise ValueError(too_large(text, "router"))
+    return read_samples(text, set(QUEUE_SAMPLE_NAMES[kind]))
 
 
 def queues_from_samples(samples: Iterable[Sample], kind: str) -> GatewayQueues:

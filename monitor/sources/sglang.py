@@ -31,7 +31,8 @@ from ..model import ReplicaReading
 from monitor.kit.exposition import ParsedScrape, parse
 from .vllm import CONTRACT as vllm_contract
 from .engine_histograms import _histograms
-from .vllm import checked, families_present, missing_in, sample_names, unknown_if_overflowed
+from .vllm import (MAX_COUNT, MAX_REQUESTS, MAX_TOKENS, checked, families_present, missing_in, sample_names,
+                   unknown_if_overflowed)
 
 P = "sglang:"
 
@@ -189,9 +190,9 @@ def readings_from_scrape(scrape: ParsedScrape, target: str, timestamp: float,
     for model, r in by_model.items():
         for attr in ("running", "waiting"):
             if any(m == model for m, _ in g[attr]):
-                setattr(r, attr, _total(per_engine(attr, model)))
+                setattr(r, attr, _total(per_engine(attr, model, MAX_REQUESTS)))
         capacity, live, usage = [], [], []
-        for cap, used, share in zip(per_engine("capacity", model), per_engine("used_tokens", model),
+        for cap, used, share in zip(per_engine("capacity", model, MAX_TOKENS), per_engine("used_tokens", model, MAX_TOKENS),
                                     per_engine("token_usage", model, high=1.0)):
             if cap is not None and not cap > 0:
                 scrape.anomaly("out_of_range")  # a KV capacity of 0: unknown
@@ -223,7 +224,7 @@ def readings_from_scrape(scrape: ParsedScrape, target: str, timestamp: float,
                 continue
             per_model: dict[str, list[Optional[float]]] = {}
             for labels, value in _primary(samples):
-                per_model.setdefault(labels["model_name"], []).append(checked(scrape, value))
+                per_model.setdefault(labels["model_name"], []).append(checked(scrape, value, MAX_COUNT))
             for model, values in per_model.items():
                 total = _total(values)  # one series unusable: the sum is unknown, not partial
                 if total is not None:

@@ -137,6 +137,12 @@ def _model_of(labels: dict[str, str]) -> Optional[str]:
     return labels.get("model_name")
 
 
+# The most a replica's series can sanely say; past it a value is refused (`out_of_range`), never used:
+MAX_REQUESTS = 1e6  # requests running or waiting on one replica (vLLM's max_num_seqs is in the hundreds)
+MAX_TOKENS = 1e12  # KV tokens of one replica (a few million on the largest GPUs today)
+MAX_COUNT = 2.0 ** 53  # a counter past this cannot count by 1 any more (a float's exact integers)
+
+
 def checked(scrape: ParsedScrape, value: float, high: Optional[float] = None) -> Optional[float]:
     """A count, fraction or counter fit to use, or None: NaN and +-Inf are `non_finite`, a value
     below 0 is `negative`, one above `high` is `out_of_range`, each counted in the scrape's
@@ -184,7 +190,7 @@ def readings_from_scrape(scrape: ParsedScrape, target: str, timestamp: float,
         if model is None:
             return
         engine = _engine(labels)
-        if checked(scrape, value) is None or not first(attr, model, engine):
+        if checked(scrape, value, MAX_REQUESTS) is None or not first(attr, model, engine):
             return
         r = reading(model)
         engines.setdefault(model, set()).add(engine)
@@ -197,7 +203,7 @@ def readings_from_scrape(scrape: ParsedScrape, target: str, timestamp: float,
     for labels, value in scrape.get(GAUGES["waiting_by_reason"]):
         model = _model_of(labels)
         reason = labels.get("reason")
-        if model is None or reason is None or checked(scrape, value) is None:
+        if model is None or reason is None or checked(scrape, value, MAX_REQUESTS) is None:
             continue
         r = reading(model)
         r.waiting_by_reason[reason] = r.waiting_by_reason.get(reason, 0.0) + value
@@ -212,8 +218,8 @@ def readings_from_scrape(scrape: ParsedScrape, target: str, timestamp: float,
         tokens = _num(labels.get("kv_cache_size_tokens"))
         if tokens is None and block is not None and blocks is not None:
             tokens = block * blocks
-        if tokens is not None and not tokens > 0:
-            scrape.anomaly("out_of_range")  # a KV capacity of 0 or less: unknown
+        if tokens is not None and not 0 < tokens <= MAX_TOKENS:
+            scrape.anomaly("out_of_range")  # a KV capacity of 0 or less, or absurd: unknown
             tokens = None
         capacity[(model or "", engine)] = (tokens, int(block) if block else None, int(blocks) if blocks else None)
 
@@ -252,7 +258,7 @@ def readings_from_scrape(scrape: ParsedScrape, target: str, timestamp: float,
                 continue
             for labels, value in samples:
                 model = _model_of(labels)
-                if model is None or checked(scrape, value) is None:
+                if model is None or checked(scrape, value, MAX_COUNT) is None:
                     continue
                 r = reading(model)
                 r.counters[key] = r.counters.get(key, 0.0) + value

@@ -8,8 +8,9 @@ Values may name the call's task with placeholders, filled per call:
   {session}    the session number              {call}     the call's index within its task
 e.g. `--metadata task_type={task_type} --metadata session_id={task}` or `--header 'agent-session-id: {task}'`.
 
-A header whose name looks like a credential (Authorization, *key*, *token*, *secret*, *auth*,
-cookie, password) is a secret: its value is never printed, logged or written to the report.
+A header or metadata key whose name looks like a credential (the family of `_SECRET_NAME`: *auth*,
+*key*, *token*, *secret*, cookie, password, *jwt*, *assertion*, *signature*, sig, hmac, bearer, cert,
+private) is a secret: its value is sent verbatim and never printed, logged or written to the report.
 """
 from __future__ import annotations
 
@@ -20,7 +21,12 @@ from typing import Any
 
 PLACEHOLDERS = ("task_type", "task", "session", "call")
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP token (RFC 9110)
-_SECRET_NAME = re.compile(r"auth|key|token|secret|cookie|passw|credential", re.IGNORECASE)
+# A credential by its name's family, not a list of names: authentication (Authorization,
+# Proxy-Authorization), keys and tokens (X-Api-Key, apikey, X-Access-Token, user_api_key), secrets,
+# cookies, passwords (passphrase, pwd), signed assertions (X-Jwt-Assertion, SAML), signatures and
+# MACs (Signature, X-Amz-Signature, X-Hub-Sig, X-Hmac), bearer values, certificates, private values.
+_SECRET_NAME = re.compile(r"auth|key|token|secret|cookie|pass|pwd|credential|jwt|assert|signature|hmac|bearer|"
+                          r"cert|private|(?:^|[-_.])sig(?:$|[-_.])", re.IGNORECASE)
 REDACTED = "<redacted>"
 
 
@@ -41,7 +47,8 @@ def is_secret(name: str) -> bool:
 
 
 def parse_metadata(items: list[str]) -> dict[str, str]:
-    """`--metadata key=value` items -> {key: value template}."""
+    """`--metadata key=value` items -> {key: value template}; a credential-like key's value is
+    taken verbatim (no template), never shown."""
     out: dict[str, str] = {}
     for item in items:
         k, sep, v = item.partition("=")
@@ -50,7 +57,7 @@ def parse_metadata(items: list[str]) -> dict[str, str]:
             raise ValueError(f"--metadata {item!r}: expected key=value (e.g. task_type={{task_type}})")
         if k in out:
             raise ValueError(f"--metadata {k}: given twice")
-        out[k] = _check_template(v, f"--metadata {k}")
+        out[k] = v if is_secret(k) else _check_template(v, f"--metadata {k}")
     return out
 
 
@@ -78,16 +85,17 @@ class Tags:
     headers: dict[str, str] = field(default_factory=dict)
 
     def secrets(self) -> tuple[str, ...]:
-        return tuple(v for k, v in self.headers.items() if is_secret(k) and v)
+        """The values of credential-like headers and metadata keys (cut out of every error text)."""
+        return tuple(v for table in (self.metadata, self.headers) for k, v in table.items() if is_secret(k) and v)
 
     def shown(self) -> dict[str, Any]:
-        """For the report: metadata as given, header values of credentials redacted."""
-        return {"metadata": dict(self.metadata),
+        """For the report: metadata and headers as given, the values of credential-like names redacted."""
+        return {"metadata": {k: (REDACTED if is_secret(k) else v) for k, v in self.metadata.items()},
                 "headers": {k: (REDACTED if is_secret(k) else v) for k, v in self.headers.items()}}
 
     def for_call(self, task_type: str, task: str, session: int, call: int) -> tuple[dict, dict]:
         """(metadata, headers) of one call, placeholders filled (credential headers sent verbatim)."""
         values = {"task_type": task_type, "task": task, "session": session, "call": call}
-        meta = {k: v.format(**values) for k, v in self.metadata.items()}
+        meta = {k: (v if is_secret(k) else v.format(**values)) for k, v in self.metadata.items()}
         heads = {k: (v if is_secret(k) else v.format(**values)) for k, v in self.headers.items()}
         return meta, heads

@@ -312,14 +312,25 @@ class SecretEnv(Kind):
         return "must be set; a secret: no control characters"
 
 
+def damaged_store(path: str) -> bool:
+    """Whether a file that does not start as SQLite does is sized as a SQLite file is (whole pages of
+    512 bytes or a larger power of two): a store with a damaged header, not a file of another kind."""
+    size = os.path.getsize(path)
+    return size >= 512 and size % 512 == 0
+
+
 class StorePath(Text):
-    """A SQLite file: its directory must exist; an existing directory means DIR/`file_name`."""
+    """A SQLite file: its directory must exist; an existing directory means DIR/`file_name`.
+    A file that is not SQLite is refused, except with `damaged_ok` one sized in whole pages (a
+    multiple of 512 bytes, as every SQLite file is): a store whose header was damaged, which its
+    opener moves aside (kept) for a fresh one, rather than another file named by mistake."""
 
     name = "file path"
 
-    def __init__(self, file_name: str):
+    def __init__(self, file_name: str, damaged_ok: bool = False):
         super().__init__()
         self.file_name = file_name
+        self.damaged_ok = damaged_ok
 
     def parse(self, v: Any) -> str:
         path = super().parse(v)
@@ -336,7 +347,7 @@ class StorePath(Text):
                     header = f.read(16)
             except OSError as exc:
                 raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
-            if header != b"SQLite format 3\x00":
+            if header != b"SQLite format 3\x00" and not (self.damaged_ok and damaged_store(path)):
                 raise ValueError(f"not a SQLite database: {path}")
         return path
 
