@@ -96,6 +96,7 @@ CATALOGUE: tuple[MetricDef, ...] = (
     _m("headroom_slo_violation_ratio", "gauge", "Fraction of tasks (or calls) over their latency target in the SLO window.", ["pool", "task_type"], "capacity"),
     _m("headroom_slo_burn_rate", "gauge", "Error-budget burn rate over a window (1 = spending the budget exactly); absent until the history covers the window.", ["pool", "task_type", "window"], "capacity"),
     _m("headroom_task_arrival_rate", "gauge", "Tasks started per second over the task window (capacity.task_window), by task type.", ["pool", "task_type"], "capacity"),
+    _m("headroom_task_completion_rate", "gauge", "Tasks completed per second over the task window (capacity.task_window), by task type: the application's task-duration histogram's count (absent without it).", ["pool", "task_type"], "capacity"),
     _m("headroom_task_calls_per_task", "gauge", "Model calls per completed task over the task window (capacity.task_window), by task type.", ["pool", "task_type"], "capacity"),
     _m("headroom_task_latency_seconds", "gauge", "Task completion latency quantile by task type (q 0.5, 0.9, 0.95, 0.99).", ["pool", "task_type", "q"], "capacity"),
     _m("headroom_call_latency_seconds", "gauge", "Per-call latency quantile by class (interactive, batch; q 0.5, 0.9, 0.95, 0.99).", ["pool", "class", "q"], "capacity"),

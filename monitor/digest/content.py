@@ -203,10 +203,13 @@ def build_pool(p: PoolInput, start: float, end: float, settings: DigestSettings,
     # tasks (one whole count per task type) and the cost over the covered hours
     tasks = _tasks(p, series, start, end, step, settings)
     out["tasks"] = tasks
-    out["completed_tasks"] = sum(t["completed"] for t in tasks)
+    out["task_count"] = sum(t["tasks"] for t in tasks)  # completed where measured, else started
+    out["tasks_counted"] = coverage.counted_as(tasks)
+    done = [t["completed"] for t in tasks if t["completed"] is not None]
+    out["completed_tasks"] = sum(done) if done else None
 
     # SLO of the pool: arrival-weighted over its task types
-    viol = [(t["slo"]["violation_ratio"], t["completed"]) for t in tasks if t["slo"]["violation_ratio"] is not None]
+    viol = [(t["slo"]["violation_ratio"], t["tasks"]) for t in tasks if t["slo"]["violation_ratio"] is not None]
     out["slo_violation_ratio"] = (sum(v * w for v, w in viol) / sum(w for _, w in viol)) \
         if viol and sum(w for _, w in viol) > 0 else None
 
@@ -258,7 +261,8 @@ def _forecasts(p: PoolInput, load: Optional[pd.Series], start: float, end: float
 
 def _tasks(p: PoolInput, series: dict[str, pd.Series], start: float, end: float, step: float,
            settings: DigestSettings) -> list[dict]:
-    """Per task type: tasks completed (a whole number, `coverage.completed`), peak arrivals, SLO,
+    """Per task type: tasks completed where the history has completions, else started (a whole number,
+    `coverage.tasks_in`; `counted` says which; both kept), peak arrivals, SLO,
     next week's forecast and, where tokens per call are known, the managed API's price per 1,000."""
     tz, prices = settings.timezone, settings.prices
     tasks = []
@@ -266,7 +270,13 @@ def _tasks(p: PoolInput, series: dict[str, pd.Series], start: float, end: float,
         arr = series[f"task_arrivals:{name}"]
         facts = p.tasks.get(name) or settings.tasks.get(name) or TaskFacts(pool=p.name)
         nxt = forecast_week(arr, end, settings, tz, agg="mean")
-        t = {"name": name, "completed": coverage.completed(arr, start, end, step),
+        done = series.get(f"task_completions:{name}")
+        started = coverage.tasks_in(arr, start, end, step)
+        completed = coverage.tasks_in(done, start, end, step) if (
+            done is not None and not _window(done, start, end).empty) else None
+        t = {"name": name, "tasks": completed if completed is not None else started,
+             "counted": "completed" if completed is not None else "started",
+             "completed": completed, "started": started,
              "peak_arrival_rate": peak_of(arr, start, end, tz),
              "slo": _slo(p, name, start, end, settings, arr),
              "forecast_next_week": {k: v for k, v in nxt.items() if not k.startswith("_")},

@@ -66,7 +66,7 @@ def hours(h) -> str:
 def per_1000(c: dict, key: str, currency: str) -> str:
     """A cost per 1,000 tasks, or why there is none (fewer tasks than the minimum)."""
     if c.get(key) is None and c.get("per_task_note"):
-        return f"{c['per_task_note']} ({num(c['completed_tasks'])}; a cost per task needs {num(c['min_tasks'])})"
+        return f"{c['per_task_note']} ({num(c['tasks'])} {c['counted']}; a cost per task needs {num(c['min_tasks'])})"
     return money(c.get(key), currency)
 
 
@@ -159,13 +159,14 @@ def _task_types(p: dict) -> tuple[str, list[str], list[list[str]]]:
         s = t["slo"]
         pk = t.get("peak_arrival_rate") or {}
         f = t.get("forecast_next_week") or {}
-        rows.append([t["name"], f"{t['completed']:,d}", f"{num(pk.get('value'), 2)}/s ({pk.get('when', 'n/a')})",
+        done = "n/a" if t["completed"] is None else f"{t['completed']:,d}"
+        rows.append([t["name"], done, f"{t['started']:,d}", f"{num(pk.get('value'), 2)}/s ({pk.get('when', 'n/a')})",
                      f"{num(f.get('peak'), 2)}/s (95% to {num((f.get('interval95') or [None, None])[1], 2)})"
                      if f.get("defined") else "n/a",
                      "n/a" if not s["target_seconds"] else f"p{s['objective'] * 100:g} ≤ {num(s['target_seconds'], 1)} s",
                      pct(s["violation_ratio"], 2),
                      "n/a" if s["met"] is None else ("met" if s["met"] else "MISSED")])
-    return ("Task types", ["task type", "completed", "peak arrivals", "next week's peak", "SLO target",
+    return ("Task types", ["task type", "completed", "started", "peak arrivals", "next week's peak", "SLO target",
                            "over target", "SLO"], rows)
 
 
@@ -174,9 +175,9 @@ def _cost(p: dict, currency: str) -> tuple[str, list[str], list[list[str]]]:
     rows = [["hours covered by history", hours(c["covered_hours"])],
             ["GPU-hours", f"{num(c['gpu_hours'], 2)} ({money(c['gpu_cost'], currency)})"],
             ["energy", f"{num(c['energy_kwh'], 2)} kWh ({money(c['energy_cost'], currency)})"],
-            ["completed tasks", f"{c['completed_tasks']:,d}"],
-            ["private cost per 1,000 tasks", per_1000(c, "private_per_1000", currency)],
-            [f"{c['api_name']} per 1,000 tasks (same tokens)", per_1000(c, "api_per_1000", currency)],
+            [f"tasks {c['counted']}", f"{c['tasks']:,d}"],
+            [f"private cost per 1,000 tasks {c['counted']}", per_1000(c, "private_per_1000", currency)],
+            [f"{c['api_name']} per 1,000 tasks {c['counted']} (same tokens)", per_1000(c, "api_per_1000", currency)],
             ["private / API", "n/a" if c["private_over_api"] is None else f"{c['private_over_api']:.2f}x"]]
     for t in p["tasks"]:
         if t.get("api_cost_per_1000") is not None:
@@ -342,7 +343,7 @@ def render_slack(d: dict) -> dict:
                   f"*Next week's peak*\n{num(fn.get('peak'))} (95%: {interval(fn.get('interval95'))})"
                   if fn.get("defined") else "*Next week's peak*\nn/a",
                   f"*Over SLO target*\n{pct(slo, 2)}",
-                  f"*Per 1,000 tasks*\n{per_1000(c, 'private_per_1000', slack_escape(c['currency']))} private vs "
+                  f"*Per 1,000 tasks {c['counted']}*\n{per_1000(c, 'private_per_1000', slack_escape(c['currency']))} private vs "
                   f"{per_1000(c, 'api_per_1000', slack_escape(c['currency']))} API",
                   f"*Sessions per MW*\n{num(p.get('sessions_per_megawatt'))}"]
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": f"*Pool {slack_escape(p['name'])}*"[:3000]},

@@ -232,6 +232,7 @@ def task_samples(out: Rows, pool: str, tasks: PoolTasks) -> None:
     for tt, t in sorted(entries.items()):
         lab = {"task_type": tt}
         add("headroom_task_arrival_rate", lab, getattr(t, "arrival_rate", None))
+        add("headroom_task_completion_rate", lab, getattr(t, "completion_rate", None))
         add("headroom_task_calls_per_task", lab, getattr(t, "calls_per_task", None))
         latency = getattr(t, "task_latency", None)
         if latency is not None:
