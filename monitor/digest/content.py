@@ -107,6 +107,22 @@ def load_series(series: dict[str, pd.Series]) -> Optional[pd.Series]:
     return a.add(q.reindex(a.index).fillna(0.0), fill_value=0.0)
 
 
+def demand_series(series: dict[str, pd.Series], load: Optional[pd.Series]) -> tuple[Optional[pd.Series], str]:
+    """(what the forecasts are of, its name): "offered" where the history has it, else "load".
+
+    The offered series is the active requests plus what was turned away (monitor/schema.py); it
+    does not count what waits in the queues, so on its own it reads the active requests while the
+    peaks table's load is active + queued. The demand is at least either: bucket by bucket the
+    larger of the two."""
+    offered = series.get("offered")
+    if offered is None or offered.dropna().empty:
+        return load, "load"
+    if load is None:
+        return offered, "offered"
+    both = pd.concat([offered, load], axis=1)
+    return both.max(axis=1, skipna=True).dropna(), "offered"
+
+
 # ---- one pool ---------------------------------------------------------------------------------
 
 def _slo(p: PoolInput, task: str, start: float, end: float, settings: DigestSettings,
@@ -194,10 +210,11 @@ def build_pool(p: PoolInput, start: float, end: float, settings: DigestSettings,
         out["sessions_per_megawatt"] = out["utilisation_mean"] = None
 
     # forecasts: last week (trained before it) and next week (trained on everything), of the
-    # offered load (served + what was turned away) where the history has it, else the served load
-    offered = series.get("offered")
-    demand, out["forecast_series"] = ((offered, "offered") if offered is not None and not offered.dropna().empty
-                                      else (load, "load"))
+    # offered load where the history has it, else the served load; the chart's actual line, the
+    # check of last week's forecast and the peaks table's forecast row are of that same series
+    demand, out["forecast_series"] = demand_series(series, load)
+    if out["forecast_series"] == "offered":
+        out["peaks"]["offered"] = peak_of(demand, start, end, tz)
     out.update(_forecasts(p, demand, start, end, step, settings))
 
     # tasks (one whole count per task type) and the cost over the covered hours

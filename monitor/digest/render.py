@@ -14,7 +14,8 @@ from typing import Callable, Optional
 
 from monitor.digest.content import public
 
-SERIES_LABELS = {"load": "active + queued requests", "active_requests": "active requests",
+SERIES_LABELS = {"load": "active + queued requests", "offered": "offered load (the forecasts' series)",
+                 "active_requests": "active requests",
                  "queued_requests": "queued requests", "kv_tokens": "KV-cache tokens",
                  "sessions": "agent sessions"}
 
@@ -87,7 +88,8 @@ def coverage_text(p: dict) -> str:
 # ---- rows shared by every format -----------------------------------------------------------------
 
 # what the next week's forecast is of (digest/content.py `forecast_series`)
-FORECAST_OF = {"offered": "the offered load (served + turned away)", "load": "the served load (active + queued)"}
+FORECAST_OF = {"offered": "the offered load (active + queued, or active + turned away where higher)",
+               "load": "the served load (active + queued)"}
 
 
 def pool_sections(p: dict, currency: str) -> list[tuple[str, list[str], list[list[str]]]]:
@@ -97,7 +99,9 @@ def pool_sections(p: dict, currency: str) -> list[tuple[str, list[str], list[lis
 
 def _peaks(p: dict) -> tuple[str, list[str], list[list[str]]]:
     rows = []
-    for key in ("load", "active_requests", "queued_requests", "kv_tokens", "sessions"):
+    keys = ("load",) + (("offered",) if "offered" in p["peaks"] else ()) + (
+        "active_requests", "queued_requests", "kv_tokens", "sessions")
+    for key in keys:
         pk = p["peaks"].get(key)
         when = "n/a" if not pk else (pk["when"] if pk["value"] > 0 else "(none)")
         rows.append([SERIES_LABELS[key], num(pk["value"], 1) if pk else "n/a", when])
