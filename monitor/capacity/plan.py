@@ -27,6 +27,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
+from monitor.kit.numbers import fixed
+
+
 @dataclass(frozen=True)
 class TaskMix:
     name: str
@@ -173,8 +176,8 @@ def _fmt(v, digits=2) -> str:
         if math.isinf(v):
             return "-inf" if v < 0 else "inf"
         if abs(v) >= 1000:
-            return f"{v:,.0f}"
-        return f"{v:.{digits}f}"
+            return fixed(v, ",.0f")
+        return fixed(v, f".{digits}f")
     return str(v)
 
 

@@ -309,6 +309,8 @@ def _clean(o):
     """JSON has no infinities: write them as the strings Prometheus uses (+Inf, -Inf, NaN)."""
     if isinstance(o, float) and not math.isfinite(o):
         return "NaN" if math.isnan(o) else ("+Inf" if o > 0 else "-Inf")
+    if isinstance(o, float):
+        return o + 0.0  # never -0.0
     if isinstance(o, dict):
         return {k: _clean(v) for k, v in o.items()}
     if isinstance(o, (list, tuple)):

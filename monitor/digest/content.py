@@ -352,7 +352,7 @@ def public(obj):
     if isinstance(obj, (list, tuple)):
         return [public(v) for v in obj]
     if isinstance(obj, (np.floating, float)):
-        return float(obj) if math.isfinite(obj) else None
+        return float(obj) + 0.0 if math.isfinite(obj) else None  # + 0.0: never -0.0
     if isinstance(obj, np.integer):
         return int(obj)
     if isinstance(obj, np.bool_):

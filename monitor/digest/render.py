@@ -12,6 +12,7 @@ import json
 import math
 from typing import Callable, Optional
 
+from monitor.kit.numbers import fixed
 from monitor.digest.content import public
 
 SERIES_LABELS = {"load": "active + queued requests", "offered": "offered load (the forecasts' series)",
@@ -26,18 +27,18 @@ def num(x, digits: int = 0, unit: str = "") -> str:
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return "n/a"
     if abs(x) >= 100 or digits == 0:
-        text = f"{x:,.{digits if abs(x) < 100 else 0}f}"
+        text = fixed(x, f",.{digits if abs(x) < 100 else 0}f")
     else:
-        text = f"{x:,.{digits}f}"
+        text = fixed(x, f",.{digits}f")
     return text + unit
 
 
 def pct(x, digits: int = 1) -> str:
-    return "n/a" if x is None else f"{x * 100:.{digits}f}%"
+    return "n/a" if x is None else fixed(x * 100, f".{digits}f") + "%"
 
 
 def money(x, currency: str, digits: int = 2) -> str:
-    return "n/a" if x is None else f"{x:,.{digits}f} {currency}"
+    return "n/a" if x is None else f"{fixed(x, f',.{digits}f')} {currency}"
 
 
 def duration(seconds) -> str:
@@ -149,7 +150,7 @@ def _last_week(p: dict) -> tuple[str, list[str], list[list[str]]]:
                                   f"(80% {interval(fl['interval80'])}, 95% {interval(fl['interval95'])})"],
                 ["actual peak", num(fl["actual_peak"], 1)],
                 ["error", f"{num(fl['error'], 1)} ({pct(fl['error_ratio'])})"],
-                ["peak timing error", f"{fl['peak_timing_hours']:+.0f} h"],
+                ["peak timing error", f"{fixed(fl['peak_timing_hours'], '+.0f')} h"],
                 ["hours inside the 80% / 95% band", f"{pct(fl['coverage']['0.8'], 0)} / {pct(fl['coverage']['0.95'], 0)}"],
                 ["mean absolute error per hour", pct(fl["hourly_mape"])]]
     else:

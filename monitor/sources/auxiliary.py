@@ -23,7 +23,7 @@ from monitor.derive.core import pool_of
 from monitor.kit.http import BodyBudget, FetchError, Fetcher, redact
 from monitor.model import ReplicaReading, SourceStatus
 from monitor.readings import DcgmReading, GatewayConfig, GatewayScrape
-from monitor.sources.alerts import api_url, read_alerts, ui_url
+from monitor.sources.alerts import api_url, read_alerts, this_jobs, ui_url
 from monitor.sources.aux_samples import AUX_MAX_BODY_BYTES
 from monitor.sources.dcgm import read_dcgm
 from monitor.sources.gateway import read_gateway_scrape
@@ -131,7 +131,8 @@ class AuxSources:
 
     def _read_alerts(self, inputs: CycleInputs, text: str, url: str) -> None:
         try:
-            inputs.alerts, dropped = read_alerts(text, self.config.alerts.kind)
+            alerts, dropped = read_alerts(text, self.config.alerts.kind)
+            inputs.alerts = this_jobs(alerts, self.config.alerts.match)
         except Exception as exc:  # whatever the answer does to the reader, it is this source's error
             inputs.statuses[-1] = unparsed(inputs.statuses[-1], exc)
             log.warning("alerts %s: %s", redact(url), inputs.statuses[-1].detail)

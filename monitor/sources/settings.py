@@ -196,4 +196,9 @@ class AlertsSource:
                                               "page shows (headroom's own, names Headroom*)")
     kind: str = key(Choice(("prometheus", "alertmanager")), "prometheus",
                     help="prometheus reads /api/v1/alerts (firing and pending), alertmanager /api/v2/alerts")
+    match: dict[str, str] = key(Labels(), {},
+                                help="this daemon's own target labels, e.g. {job: headroom}: an alert carrying one "
+                                     "of these labels with another value is another job's (another headroom "
+                                     "watching the same pools) and is not shown; alerts without the label (the "
+                                     "vLLM rules') are kept. Default: every Headroom* alert")
     auth: HttpAuth = group(HttpAuth)
