@@ -175,6 +175,12 @@ class GatewaySource:
                                       "serves, e.g. {cluster: a}; it feeds only those pools. Without labels it "
                                       "feeds a model's pool only when one pool serves that model (two clusters "
                                       "serving it: not attributed, counted as gateway_unattributed)")
+    timeout: Optional[float] = key(Duration(gt=0, le=3600),
+                                   help="how long a request to this gateway's /metrics may take; default the "
+                                        "larger of global.scrape_timeout and 60% of global.interval (9 s at 15 s: "
+                                        "LiteLLM's /metrics took 2.5 s on average under load and often over 5 s). "
+                                        "An answer after global.scrape_timeout is slow, not down; the cycle waits "
+                                        "for it up to 90% of the interval (monitor/sources/gateway_pace.py)")
     auth: HttpAuth = group(HttpAuth)
 
 
