@@ -16,11 +16,7 @@ from .. import __version__
 from ..capacity.fit import fleet_fit
 from ..kit.numbers import fixed
 from ..model import Alert, Capacity, PoolSnapshot, Quantiles, Snapshot
-
-# The headline headroom is judged as the capacity alerts judge it: the median over the window
-# HeadroomCriticallyLow reads (`quantile_over_time(0.5, headroom_ratio{scenario="current"}[5m])`,
-# rules/headroom.alerts.yaml; HeadroomLow reads 10 minutes), the instant value beside it, labelled.
-HEADLINE_WINDOW = 300.0
+from .headline import Ratios, headline
 
 
 class Trends:
@@ -30,10 +26,10 @@ class Trends:
         self.keep = keep_seconds
         self.resolution = resolution
         self.points: dict[str, deque] = {}
-        self.ratios: dict[str, deque] = {}  # per pool: (timestamp, current headroom ratio), every cycle
+        self.ratios = Ratios()  # every cycle's headroom ratio, for the headline (export/headline.py)
 
     def add(self, snap: Snapshot) -> None:
-        self._add_ratios(snap)
+        self.ratios.add(snap)
         for p in snap.pools:
             if p.replicas == 0:
                 continue
@@ -57,21 +53,7 @@ class Trends:
         """The wall clock stepped by `seconds`: the chart's points move with it."""
         for pool, dq in self.points.items():
             self.points[pool] = deque((t + seconds, *rest) for t, *rest in dq)
-        for pool, dq in self.ratios.items():
-            self.ratios[pool] = deque((t + seconds, r) for t, r in dq)
-
-    def _add_ratios(self, snap: Snapshot) -> None:
-        """Every cycle's headroom ratio of the last HEADLINE_WINDOW seconds, for the headline's median."""
-        for p in snap.pools:
-            ratio = p.capacity.ratio.current if p.capacity is not None else None
-            if ratio is not None and math.isfinite(ratio):
-                self.ratios.setdefault(p.pool, deque()).append((snap.timestamp, ratio))
-        for pool in list(self.ratios):
-            dq = self.ratios[pool]
-            while dq and snap.timestamp - dq[0][0] > HEADLINE_WINDOW:
-                dq.popleft()
-            if not dq:
-                del self.ratios[pool]
+        self.ratios.shift_time(seconds)
 
     def seed(self, pool: str, points: list[tuple[float, float, float, float]]) -> None:
         dq = self.points.setdefault(pool, deque())
@@ -253,46 +235,6 @@ def _kv_band_text(p: PoolSnapshot) -> str:
     return f" · band {_fmt(lo)}–{_fmt(hi)}"
 
 
-def _pct(ratio: Optional[float]) -> str:
-    return fixed(ratio * 100, ".0f") + "%" if ratio is not None else "–"
-
-
-def _median(samples) -> Optional[float]:
-    values = sorted(r for _, r in samples)
-    if not values:
-        return None
-    mid = len(values) // 2
-    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
-
-
-def _headline(p: PoolSnapshot, cap: Capacity, samples) -> tuple[str, str]:
-    """(card class, the headroom KPI): the median of the last HEADLINE_WINDOW seconds, the window the
-    capacity alerts judge, as the big figure; the instant value and N-1 beside it, labelled."""
-    ratio = cap.ratio.current
-    samples = list(samples)
-    median = _median(samples) if ratio is not None else None
-    shown = median if median is not None else ratio
-    cls = "ok"
-    if shown is not None and shown < 0.1:
-        cls = "bad"
-    elif shown is not None and shown < 0.25:
-        cls = "warn"
-    ratio_n1 = cap.ratio.n_minus_1
-    headroom_n1 = _pct(ratio_n1)
-    if ratio_n1 is None and ratio is not None and p.replicas - p.stalled_replicas == 1:
-        headroom_n1 = "no N-1"  # one working replica: nothing is left when it is lost
-    window = HEADLINE_WINDOW / 60
-    if median is None:
-        how = f"headroom now (instant) · N-1: {headroom_n1}"
-    else:
-        span = (samples[-1][0] - samples[0][0]) / 60 if len(samples) > 1 else 0.0
-        over = (f"median of the last {window:.0f} min" if span >= window - 0.5 else
-                f"median of the {len(samples)} cycles so far ({fixed(span, '.0f')} of {window:.0f} min)")
-        how = (f"headroom, {over}: the window the capacity alerts judge (HeadroomCriticallyLow; "
-               f"HeadroomLow 10 min) · now (instant): {_pct(ratio)} · N-1 now: {headroom_n1}")
-    return cls, f'<div><b class="{cls}">{_pct(shown)}</b><span>{how}</span></div>'
-
-
 def _pool_card(p: PoolSnapshot, trend: list, alerts: Optional[list[Alert]] = None, now: float = 0.0,
                ratios=()) -> str:
     e = html.escape
@@ -300,7 +242,7 @@ def _pool_card(p: PoolSnapshot, trend: list, alerts: Optional[list[Alert]] = Non
     knee = cap.knee_requests
     kv_pct = p.kv_usage_ratio * 100 if p.kv_usage_ratio is not None else None
     kv_text = _fmt(None) if kv_pct is None else f"{kv_pct:.0f}%"  # unknown usage: the page's dash, never 0 %
-    cls, headline = _headline(p, cap, ratios)
+    cls, headline_kpi = headline(p, cap, list(ratios))
     stale = ' <span class="badge bad">stale</span>' if p.stale else ""
     sessions, session_cap, spmw = cap.sessions, cap.session_capacity, cap.sessions_per_megawatt
     mine = [a for a in alerts or () if a.state == "firing" and _alert_of(a, p)]  # pending: above
@@ -317,7 +259,7 @@ def _pool_card(p: PoolSnapshot, trend: list, alerts: Optional[list[Alert]] = Non
     <div><b>{_fmt(p.queued_requests)}</b><span>queued in the engines</span></div>
     {_gateway_kpi(p)}
     <div><b>{_fmt(p.kv_tokens_live)}</b><span>of {_fmt(p.kv_tokens_capacity)} KV tokens ({kv_text}){_kv_band_text(p)}</span></div>
-    {headline}
+    {headline_kpi}
     <div><b>{_fmt(sessions)}</b><span>agent sessions of {_fmt(session_cap)} sustainable</span></div>
     <div><b>{_fmt(spmw)}</b><span>sessions per MW</span></div>
     <div><b>{p.replicas}/{p.replicas_configured}</b><span>replicas up</span></div>
@@ -391,7 +333,7 @@ def render(snapshot: Optional[Snapshot], trends: Trends, title: str = "headroom"
         alerts = "<h3>Alerts</h3>" + _alerts_section(snapshot, has_alerts_source)
         cards = "".join(_group_head(group) + "".join(
             _pool_card(p, list(trends.points.get(p.pool, ())), snapshot.alerts, snapshot.timestamp,
-                       trends.ratios.get(p.pool, ())) for p in pools)
+                       trends.ratios.get(p.pool)) for p in pools)
             for group, pools in _groups(snapshot.pools))
         alerts += _fit_section(snapshot.pools)
         down = [s for s in snapshot.sources if not s.up]
