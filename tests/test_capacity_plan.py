@@ -263,6 +263,7 @@ def test_plan_names_the_series_it_read_and_no_untagged_task_types():
     assert "agent_task_model_calls_total" not in " ".join(notes)
     assert notes[1] == ("gateway calls without application tasks, not planned: probe 0.1 calls/s, "
                         "unattributed 0.5 calls/s")
+    assert notes[2] == "agent_tasks_started_total without a task type (0.25 tasks/s): not planned"
 
 
 def test_plan_names_the_application_counter_when_it_is_there():

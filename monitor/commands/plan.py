@@ -137,10 +137,12 @@ def measure_mix(query: QueryFn, window: str, kind: str = "litellm", task_label: 
                          f"(label {model_label})")
             label, gw = model_label, fallback
     if arrivals:
-        arrivals.pop(UNATTRIBUTED, None)  # tasks the application counted without a type: no mix entry
+        untyped = arrivals.pop(UNATTRIBUTED, None)  # tasks the application counted without a type
         app_calls = _by_task(query(f"sum by (task_type) (rate({APP_MODEL_CALLS}[{w}]))"), "task_type")
         calls = {tt: app_calls.get(tt, gw["calls"].get(tt)) for tt in arrivals}
         notes += _app_sources(arrivals, app_calls, gw, kind, label)
+        if untyped:
+            notes.append(f"{APP_TASKS_STARTED} without a task type ({untyped:.3g} tasks/s): not planned")
     else:
         arrivals, calls = _gateway_arrivals(query, kind, label, w, gw, task_id_label, known_calls or {}, notes)
     return _assemble(arrivals, calls, gw, kind, label), notes
