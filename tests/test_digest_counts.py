@@ -125,3 +125,12 @@ def test_the_command_says_it_kept_the_first(tmp_path, capsys):
     assert _versioned(out, {"digest.md": b"# second"}) == out + "-2"
     assert capsys.readouterr().err == (f"headroom digest: {out} holds another digest (an earlier run); kept it, "
                                        f"writing this one to {out}-2\n")
+
+
+def test_completions_that_cover_fewer_hours_than_the_starts_are_not_the_weeks_count():
+    """A daemon upgraded mid-week exported completions for the last day only: the week's count is
+    the tasks started (said so), not one day's completions."""
+    late = _rate(270)[TIMES >= END - 86400.0]
+    d = _digest({"p": {"load": _flat(3.0), "task_arrivals:draft": _rate(444), "task_completions:draft": late}})
+    (t,) = d["pools"][0]["tasks"]
+    assert (t["tasks"], t["counted"], t["completed"]) == (444, "started", None)

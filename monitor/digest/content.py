@@ -289,8 +289,11 @@ def _tasks(p: PoolInput, series: dict[str, pd.Series], start: float, end: float,
         nxt = forecast_week(arr, end, settings, tz, agg="mean")
         done = series.get(f"task_completions:{name}")
         started = coverage.tasks_in(arr, start, end, step)
+        # completions count only where they cover the hours the starts do (a daemon upgraded mid-week
+        # has starts from before it exported completions): else the week's count is the starts
         completed = coverage.tasks_in(done, start, end, step) if (
-            done is not None and not _window(done, start, end).empty) else None
+            done is not None and coverage.covered([done], start, end, step)["seconds"]
+            >= coverage.covered([arr], start, end, step)["seconds"]) else None
         t = {"name": name, "tasks": completed if completed is not None else started,
              "counted": "completed" if completed is not None else "started",
              "completed": completed, "started": started,
