@@ -282,3 +282,10 @@ def test_no_negative_zero_on_the_page_or_in_the_json():
     exp.update(_at(1796289000.0, -0.0))
     body = exp.body().decode()
     assert 'headroom_ratio{pool="p",scenario="current"} 0.0' in body and " -0.0\n" not in body
+
+
+def test_the_first_cycle_says_its_median_is_of_one_cycle():
+    trends = Trends()
+    snap = _at(1796289000.0, 0.4)
+    trends.add(snap)
+    assert "<b class=\"ok\">40%</b><span>headroom, median of the 1 cycle so far (0 of 5 min)" in render(snap, trends)

@@ -77,7 +77,8 @@ def headline(p: PoolSnapshot, cap: Capacity, samples: list) -> tuple[str, str]:
     else:
         span = (samples[-1][0] - samples[0][0]) / 60 if len(samples) > 1 else 0.0
         over = (f"median of the last {window:.0f} min" if span >= window - 0.5 else
-                f"median of the {len(samples)} cycles so far ({fixed(span, '.0f')} of {window:.0f} min)")
+                f"median of the {len(samples)} cycle{'s' if len(samples) != 1 else ''} so far "
+                f"({fixed(span, '.0f')} of {window:.0f} min)")
         how = (f"headroom, {over}: the window the capacity alerts judge (HeadroomCriticallyLow; "
                f"HeadroomLow 10 min) · now (instant): {pct(ratio)} · N-1 now: {headroom_n1}")
     return cls, f'<div><b class="{cls}">{pct(shown)}</b><span>{how}</span></div>'
