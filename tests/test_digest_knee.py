@@ -142,3 +142,20 @@ def test_from_source_uses_the_knees_and_the_shard():
     one = from_source(OneSource(data), T0, settings, knees=knees, shard=(1, 2))  # agent-70b's shard
     assert [p.name for p in one.pools] == ["agent-70b"] and one.shard == (1, 2)
     assert build_digest(one, settings)["edition"] == "2025-W48-shard-1-of-2"
+
+
+def test_a_copy_gone_long_ago_is_not_compared():
+    """A pod replaced two weeks ago (its instance label gone since) learned a low knee then: the
+    copies that report now decide, not its old series."""
+    old, now_ = {"instance": "pod-old:9880"}, {"instance": "pod-new:9880"}
+    client = Recorded({
+        "learned": [({"pool": "a", **old}, [(T0, 1.5)]), ({"pool": "a", **now_}, [(T0 + 14 * 86400, 6.0)])],
+        "prior": [], "replicas": [],
+    })
+    got = knees_from_prometheus(client, T0, T0 + 15 * 86400, 3600.0)
+    assert got["a"].per_replica == 6.0 and got["a"].copies == 1 and got["a"].copy == ""
+    # both seen lately: both are copies, the lower decides
+    client = Recorded({"learned": [({"pool": "a", **old}, [(T0 + 14 * 86400 - 3600, 1.5)]),
+                                   ({"pool": "a", **now_}, [(T0 + 14 * 86400, 6.0)])], "prior": [], "replicas": []})
+    got = knees_from_prometheus(client, T0, T0 + 15 * 86400, 3600.0)
+    assert got["a"].per_replica == 1.5 and got["a"].copies == 2

@@ -40,6 +40,7 @@ class KneeReading:
     copies: int = 1  # copies of headroom that exported a knee for the pool
 
 
+COPY_RECENT = 900.0  # seconds: a copy whose knee was last seen longer before the pool's newest is gone
 # labels of a knee series that are not the copy's: the pool's own and the knee's description
 _NOT_COPY = ("__name__", "pool", "source", "signal")
 _COPY_FIRST = ("job", "instance", "pod")
@@ -58,11 +59,16 @@ def copy_name(copy: tuple[tuple[str, str], ...]) -> str:
     return ", ".join(f'{k}="{v}"' for k, v in order)
 
 
-def pessimistic(readings: dict) -> dict:
+def pessimistic(readings: dict, seen: Optional[dict] = None, recent: float = 0.0) -> dict:
     """{pool: {copy: KneeReading}} -> {pool: the reading with the lowest knee per replica}, named with
-    its copy and the number of copies (the pessimistic copy decides, docs/runbook.md)."""
+    its copy and the number of copies (the pessimistic copy decides, docs/runbook.md). With `seen`
+    ({pool: {copy: when its knee series was last seen}}), only the copies seen within `recent`
+    seconds of the pool's newest are compared: a pod replaced weeks ago is not a copy any more."""
     out = {}
     for pool, by_copy in readings.items():
+        if seen is not None and seen.get(pool):
+            newest = max(seen[pool].values())
+            by_copy = {c: r for c, r in by_copy.items() if seen[pool].get(c, newest) >= newest - recent}
         copy, low = min(by_copy.items(), key=lambda kv: (kv[1].per_replica, kv[0]))
         out[pool] = replace(low, copy=copy_name(copy) if len(by_copy) > 1 else "", copies=len(by_copy))
     return out
@@ -91,15 +97,18 @@ def knees_from_prometheus(client, start: float, end: float, step: float, selecto
     lowest per replica. `extra`: the pool_by labels beside `pool` (a pool is (pool, cluster) with
     [cluster, model_name])."""
     per_copy: dict[str, dict] = {}
+    seen: dict[str, dict] = {}  # pool -> copy -> newest time of its knee series, learned or prior
     for source in ("learned", "prior"):
         for labels, points in read_range(client, _per_replica_query(source, selector), start, end, step,
                                          max_points):
             pool, copy = _key(labels, extra), copy_labels(labels, extra)
             good = {t: v for t, v in points.items() if math.isfinite(v) and v > 0}
-            if not pool or not good or copy in per_copy.get(pool, {}):
+            if not pool or not good:
                 continue
             t = max(good)
-            per_copy.setdefault(pool, {})[copy] = KneeReading(float(good[t]), source, float(t))
+            seen.setdefault(pool, {})[copy] = max(t, seen.get(pool, {}).get(copy, t))
+            if copy not in per_copy.get(pool, {}):
+                per_copy.setdefault(pool, {})[copy] = KneeReading(float(good[t]), source, float(t))
     if per_copy:  # the replicas each copy saw at its newest reading: the digest's default replica count
         m = f"{{{selector}}}" if selector else ""
         for labels, points in read_range(client, f"headroom_replicas{m}", start, end, step, max_points):
@@ -107,7 +116,7 @@ def knees_from_prometheus(client, start: float, end: float, step: float, selecto
             good = {t: v for t, v in points.items() if math.isfinite(v) and v >= 1}
             if good and copy in per_copy.get(pool, {}):
                 per_copy[pool][copy] = replace(per_copy[pool][copy], replicas=int(good[max(good)]))
-    return pessimistic(per_copy)
+    return pessimistic(per_copy, seen, max(2 * step, COPY_RECENT))
 
 
 def knees_from_snapshot(snapshot) -> dict[str, KneeReading]:
