@@ -204,9 +204,11 @@ def tasks_sessions() -> dict:
         ], unit="s"),
         timeseries("Model calls per task", [target(f"headroom_task_calls_per_task{{{P},{T}}}", "{{pool}} {{task_type}}")],
                    description="More calls per task multiplies per-call latency; a change here is usually an agent change."),
-        timeseries("Tasks started per second", [
-            target(f"headroom_task_arrival_rate{{{P},{T}}}", "{{pool}} {{task_type}}"),
-        ], unit="reqps", stack=True),
+        timeseries("Tasks started and completed per second", [
+            target(f"headroom_task_arrival_rate{{{P},{T}}}", "{{pool}} {{task_type}} started"),
+            target(f"headroom_task_completion_rate{{{P},{T}}}", "{{pool}} {{task_type}} completed"),
+        ], unit="reqps", description="Started (agent_tasks_started_total) and completed (the task-duration "
+                                     "histogram's count); in an overload many started tasks do not complete."),
         row("SLO"),
         timeseries("SLO burn rate", [
             target(f"headroom_slo_burn_rate{{{P},{T}}}", "{{task_type}} {{window}}"),

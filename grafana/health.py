@@ -33,7 +33,13 @@ def self_health() -> list[dict]:
                    "{{source}} {{reason}} errors/s", dedup_ha=False),
             target(f"sum by (what) (max without ({HA_LABELS}) (rate(headroom_dropped_series_total[$__rate_interval])))",
                    "dropped {{what}}/s", dedup_ha=False),
-        ], w=6),
+            target(f"max without ({HA_LABELS}, headroom_shard) (headroom_source_duration_seconds)",
+                   "{{source}} {{target}} request (s)", dedup_ha=False),
+            target(f"sum by (source, target) (max without ({HA_LABELS}, headroom_shard) "
+                   "(rate(headroom_source_slow_total[$__rate_interval])))", "{{source}} {{target}} slow/s",
+                   dedup_ha=False),
+        ], w=6, description="A gateway slow under load is slow, not down (headroom_source_slow_total, up stays 1); "
+                            "request (s) is each source's last request time."),
         row("headroom itself: cycles, store, web, digest"),
         timeseries("Cycle age vs interval", [
             target("headroom_last_cycle_age_seconds", "since the last cycle (s)"),

@@ -37,6 +37,7 @@ from .readings import GatewayConfig
 from monitor.kit.http import BodyBudget, Fetcher
 from monitor.kit.text import valid_text
 from .sources.auxiliary import AuxSources, late as _late
+from .sources.gateway_pace import gateway_timeout
 from .sources.prometheus_reader import PrometheusRead, PrometheusSourceReader
 from .sources.scrape import DeadlinePool, Late, Scraper
 from .step import CycleInputs, CycleState, count_into, step
@@ -108,6 +109,7 @@ def cycle_deadline_seconds(cfg: Config) -> float:
     timeouts = [cfg.prometheus.timeout] if cfg.prometheus else []
     if cfg.vllm_targets or cfg.gateways or cfg.dcgm_targets:
         timeouts.append(cfg.scrape_timeout)
+    timeouts += [gateway_timeout(cfg, gw) for gw in cfg.gateways]  # a gateway's own (a slow LiteLLM's)
     return max(0.05, min(0.9 * cfg.interval, max(timeouts, default=0.0) + DEADLINE_MARGIN))
 
 

@@ -14,6 +14,7 @@ simulated fortnight of the demo - is a set of per-pool series with these names:
 | `arrival_rate`                    | model calls finished per second            | 1/s      | mean     | `headroom_completion_rate`    | `rate(vllm:request_success_total)`  |
 | `power_watts`                     | GPU power                                  | W        | mean     | `headroom_power_watts`        | -                                   |
 | `task_arrivals:<task_type>`       | tasks started per second                   | 1/s      | mean     | `headroom_task_arrival_rate`  | -                                   |
+| `task_completions:<task_type>`    | tasks completed per second                 | 1/s      | mean     | `headroom_task_completion_rate`| -                                  |
 | `slo_violation_ratio:<task_type>` | share of tasks over their latency target   | ratio    | max      | `headroom_slo_violation_ratio`| -                                   |
 | `task_latency:<task_type>`        | task latency per interval (demo estimate)  | s        | max      | -                             | -                                   |
 
@@ -86,6 +87,8 @@ _SPECS = (  # the docstring's table, row by row (a test holds them equal)
     Spec("power_watts", "GPU power", "W", "mean", metric="headroom_power_watts"),
     Spec("task_arrivals", "tasks started per second", "1/s", "mean", per_task=True,
          metric="headroom_task_arrival_rate"),
+    Spec("task_completions", "tasks completed per second", "1/s", "mean", per_task=True,
+         metric="headroom_task_completion_rate"),
     Spec("slo_violation_ratio", "share of tasks over their latency target", "ratio", "max", per_task=True,
          metric="headroom_slo_violation_ratio"),
     Spec("task_latency", "task latency per interval (demo estimate)", "s", "max", per_task=True),

@@ -84,6 +84,7 @@ class CycleState:
     capacity: Optional[CapacityState] = None  # None: the pipeline has no capacity layer
     history: dict[str, deque[ReplicaReading]] = field(default_factory=dict)  # "target|model" -> readings
     errors: dict[tuple[str, str], float] = field(default_factory=dict)  # (source, reason) -> count
+    slow: dict[tuple[str, str], float] = field(default_factory=dict)  # (source, target) -> cycles slow
     dropped: dict[str, float] = field(default_factory=dict)  # what the cardinality cap cut
     anomalies: dict[str, float] = field(default_factory=dict)  # malformed-but-usable input, by kind
     cycles: int = 0
@@ -135,6 +136,8 @@ def step(state: CycleState, inputs: CycleInputs, now: float) -> tuple[CycleState
         elif st.up and state.down.pop(key, None) is not None:
             state.down_seen.pop(key, None)
             log.info("source %s %s is back", st.source, st.target)
+        if st.up and st.slow:
+            count_into(state.slow, {key: 1.0})
     count_into(state.anomalies, inputs.anomalies)
     readings = _cap(state, inputs.readings)
     _watch_kv_capacity(state, readings, now)
@@ -176,7 +179,8 @@ def step(state: CycleState, inputs: CycleInputs, now: float) -> tuple[CycleState
                            errors={f"{s}|{r}": v for (s, r), v in state.errors.items()},
                            cycles=state.cycles, dropped=dict(state.dropped), anomalies=dict(state.anomalies),
                            forecast=inputs.forecast, alerts=inputs.alerts, alerts_ui=inputs.alerts_ui,
-                           source_stale_seconds=dict(inputs.stale_seconds))
+                           source_stale_seconds=dict(inputs.stale_seconds),
+                           slow={f"{s}|{t}": v for (s, t), v in state.slow.items()})
 
 
 def expire(state: CycleState, now: float, present: frozenset | set = frozenset()) -> None:

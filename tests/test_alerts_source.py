@@ -219,3 +219,86 @@ def test_a_flood_of_90000_small_alerts_is_read_up_to_the_item_cap_and_the_cut_sa
     cut = []
     read_alerts(json.dumps(PROM), "prometheus", cut)
     assert cut == []
+def test_only_this_jobs_alerts_are_listed():
+    """A direct-mode and a Prometheus-mode daemon watch the same pool through one Prometheus: with
+    sources.alerts.match {job: headroom-direct}, the other job's HeadroomLow for the same pool is not
+    shown; an alert without a job label (a vLLM rule's) is kept."""
+    pool = "meta-llama/Llama-3.1-8B-Instruct"
+    answer = {"status": "success", "data": {"alerts": [
+        {"labels": {"alertname": "HeadroomLow", "pool": pool, "job": "headroom-direct"}, "state": "firing",
+         "activeAt": "2026-12-03T09:05:30Z"},
+        {"labels": {"alertname": "HeadroomCriticallyLow", "pool": pool, "job": "headroom-prom"},
+         "state": "firing", "activeAt": "2026-12-03T09:05:30Z"},
+        {"labels": {"alertname": "HeadroomQueueBuilding", "pool": pool}, "state": "pending",
+         "activeAt": "2026-12-03T09:06:00Z"}]}}
+    from monitor.cycle import Pipeline
+    from monitor.model import SourceStatus
+    from monitor.step import CycleInputs
+    cfg = from_dict({"sources": {"vllm": {"targets": ["http://a:1/metrics"]},
+                                 "alerts": {"url": "http://prom:9090", "match": {"job": "headroom-direct"}}}})
+    assert cfg.alerts.match == {"job": "headroom-direct"}
+    pipeline = Pipeline(cfg)
+    try:
+        inputs = CycleInputs(readings=[], statuses=[SourceStatus("alerts", "http://prom:9090/api/v1/alerts", True)])
+        pipeline.aux._read_alerts(inputs, json.dumps(answer), "http://prom:9090/api/v1/alerts")
+    finally:
+        pipeline.close()
+    assert [a.name for a in inputs.alerts] == ["HeadroomLow", "HeadroomQueueBuilding"]
+    page = render(_snapshot(inputs.alerts), Trends(), has_alerts_source=True)
+    assert "HeadroomCriticallyLow" not in page and "1 firing, 1 pending" in page
+    unfiltered = from_dict({"sources": {"vllm": {"targets": ["http://a:1/metrics"]},
+                                        "alerts": {"url": "http://prom:9090"}}})
+    assert unfiltered.alerts.match == {}
+
+
+def _at(t: float, ratio: float) -> Snapshot:
+    from monitor.model import Capacity, Scenarios
+    pool = PoolSnapshot(pool="p", model="m", replicas=2, replicas_configured=2, active_requests=4.0,
+                        capacity=Capacity(ratio=Scenarios(ratio, ratio - 0.5)))
+    return Snapshot(timestamp=t, pools=[pool], alerts=[])
+
+
+def test_the_headline_is_the_median_the_alerts_judge_with_the_instant_value_labelled():
+    """Tool waits swing the instant headroom: five cycles near +69 % and a last one at -84 %. The
+    capacity alerts judge the 5-minute median (+69 %), so the headline shows that, the instant -84 %
+    beside it, labelled; the card is not marked bad by one cycle."""
+    trends, t0 = Trends(), 1796289000.0
+    for i, r in enumerate((0.70, 0.69, 0.68, 0.70, 0.69, -0.84)):
+        snap = _at(t0 + 60 * i, r)
+        trends.add(snap)
+    page = render(snap, trends, has_alerts_source=True)
+    assert '<b class="ok">69%</b><span>headroom, median of the last 5 min: the window the capacity alerts judge' in page
+    assert "now (instant): -84%" in page and "N-1 now: -134%" in page
+    # older samples leave the window: the median follows the last 5 minutes only
+    for i in range(6, 12):
+        snap = _at(t0 + 60 * i, -0.84)
+        trends.add(snap)
+    assert '<b class="bad">-84%</b>' in render(snap, trends)
+    # the first cycles: a median of what there is, said so
+    fresh = Trends()
+    fresh.add(_at(t0, 0.2))
+    fresh.add(_at(t0 + 15, 0.3))
+    assert "median of the 2 cycles so far (0 of 5 min)" in render(_at(t0 + 15, 0.3), fresh)
+
+
+def test_no_negative_zero_on_the_page_or_in_the_json():
+    from monitor.kit.numbers import fixed, unsigned
+    assert fixed(-0.004, ".2f") == "0.00" and fixed(-0.0, ".1f") == "0.0" and fixed(-0.2, ".0f") + "%" == "0%"
+    assert fixed(-0.05, ".2f") == "-0.05" and fixed(float("-inf"), ".1f") == "-inf"
+    assert str(unsigned(-0.0)) == "0.0" and unsigned(-1.5) == -1.5 and unsigned(None) is None
+    page = render(_at(1796289000.0, -0.0), Trends())
+    assert "-0%" not in page and "0%" in page
+    doc = json.dumps(snapshot_to_dict(_at(1796289000.0, -0.0)))
+    assert "-0.0" not in doc
+    from monitor.export.collector import Exposition
+    exp = Exposition()
+    exp.update(_at(1796289000.0, -0.0))
+    body = exp.body().decode()
+    assert 'headroom_ratio{pool="p",scenario="current"} 0.0' in body and " -0.0\n" not in body
+
+
+def test_the_first_cycle_says_its_median_is_of_one_cycle():
+    trends = Trends()
+    snap = _at(1796289000.0, 0.4)
+    trends.add(snap)
+    assert "<b class=\"ok\">40%</b><span>headroom, median of the 1 cycle so far (0 of 5 min)" in render(snap, trends)

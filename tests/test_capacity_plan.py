@@ -251,3 +251,65 @@ def test_once_fit_escapes_control_characters_in_pool_labels():
     print_fit(Snapshot(timestamp=1.0, pools=[p]), 1, out)
     assert "\x1b" not in out.getvalue() and "\r" not in out.getvalue() and "\x07" not in out.getvalue()
     assert "cluster=a\\r\\x07 pool=m\\x1b[2J" in out.getvalue()
+# --- which series the measured mix names, and what is not a task type (a recorded query answer)
+
+class _Answers:
+    """PromQL -> result, by the metric name and grouping label in the query (one function's input)."""
+
+    def __init__(self, rows: dict):
+        self.rows, self.asked = rows, []
+
+    def __call__(self, q: str) -> list:
+        self.asked.append(q)
+        for (metric, label), result in self.rows.items():
+            if f"({label})" in q and metric in q:
+                return result
+        return []
+
+
+def _gateway_rows(label: str, per_type: dict) -> dict:
+    def rows(f):
+        return [({label: tt}, f(v)) for tt, v in per_type.items()]
+    return {("litellm_proxy_total_requests_metric_total", label): rows(lambda v: v),
+            ("litellm_request_total_latency_metric_sum", label): rows(lambda v: v * 2.0),
+            ("litellm_request_total_latency_metric_count", label): rows(lambda v: v)}
+
+
+def test_plan_names_the_series_it_read_and_no_untagged_task_types():
+    """The application counts tasks but not model calls (agent_task_model_calls_total absent): the
+    notes name the gateway's counter as the calls' source, never the absent series; the gateway's
+    untagged calls ("None") and a probe's calls with no application tasks are not task types."""
+    from monitor.commands.plan import measure_mix
+    query = _Answers({("agent_tasks_started_total", "task_type"): [({"task_type": "draft"}, 1.0),
+                                                                     ({"task_type": "None"}, 0.25)],
+                      **_gateway_rows("metadata_task_type", {"draft": 3.0, "None": 0.5, "probe": 0.1})})
+    tasks, notes = measure_mix(query, "1h", "litellm")
+    assert list(tasks) == ["draft"]
+    assert tasks["draft"]["calls_per_task"] == pytest.approx(3.0)
+    assert notes[0] == ("tasks/s from agent_tasks_started_total; calls per task from the litellm gateway's "
+                        "litellm_proxy_total_requests_metric_total (label metadata_task_type) for draft")
+    assert "agent_task_model_calls_total" not in " ".join(notes)
+    assert notes[1] == ("gateway calls without application tasks, not planned: probe 0.1 calls/s, "
+                        "unattributed 0.5 calls/s")
+    assert notes[2] == "agent_tasks_started_total without a task type (0.25 tasks/s): not planned"
+
+
+def test_plan_names_the_application_counter_when_it_is_there():
+    from monitor.commands.plan import measure_mix
+    query = _Answers({("agent_tasks_started_total", "task_type"): [({"task_type": "draft"}, 1.0)],
+                      ("agent_task_model_calls_total", "task_type"): [({"task_type": "draft"}, 2.5)],
+                      **_gateway_rows("metadata_task_type", {"draft": 3.0})})
+    tasks, notes = measure_mix(query, "1h", "litellm")
+    assert tasks["draft"]["calls_per_task"] == pytest.approx(2.5)
+    assert notes == ["tasks/s from agent_tasks_started_total; calls per task from agent_task_model_calls_total "
+                     "for draft"]
+
+
+def test_plan_from_the_gateway_alone_lists_untagged_calls_as_unattributed():
+    """Without application counters every gateway call is planned; "None" and "null" are one
+    `unattributed` entry, not task types called None."""
+    from monitor.commands.plan import measure_mix
+    query = _Answers(_gateway_rows("metadata_task_type", {"draft": 3.0, "None": 0.5, "null": 0.25}))
+    tasks, _ = measure_mix(query, "1h", "litellm")
+    assert sorted(tasks) == ["draft", "unattributed"]
+    assert tasks["unattributed"]["tasks_per_second"] == pytest.approx(0.75)

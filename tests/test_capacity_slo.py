@@ -131,3 +131,14 @@ def test_tracker_thins_old_points_but_keeps_counts():
     n = len(tr._series["k"])
     assert n < 2000  # not one point per cycle (would be ~17,000 for 3 days)
     assert abs(tr.ratio("k", 259200.0) - 0.1) < 1e-6 and abs(tr.ratio("k", 300.0) - 0.1) < 1e-6
+
+
+def test_a_burn_rate_is_never_negative_nor_minus_zero():
+    """Prometheus' increase() extrapolates: the bad count of a quiet window can read a hair below 0
+    (or -0.0); the burn rate is then 0.0, printed "0.00", never "-0.00"."""
+    from monitor.capacity.slo import window_burn
+    target = Target(10.0, 0.95, "task")
+    for bad in (-0.0, -1e-12):
+        burn = window_burn((120.0, bad), target)
+        assert burn == 0.0 and math.copysign(1.0, burn) == 1.0 and f"{burn:.2f}" == "0.00"
+    assert window_burn((100.0, 10.0), target) == pytest.approx(2.0)

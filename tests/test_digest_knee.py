@@ -24,7 +24,7 @@ class Recorded:
 
     def query_range(self, query, start, end, step):
         self.queries.append(query)
-        if query.startswith("max by (pool) (headroom_replicas"):
+        if query.startswith("headroom_replicas"):
             return self.answers.get("replicas", [])
         source = "learned" if 'source="learned"' in query else "prior"
         return self.answers.get(source, [])
@@ -42,15 +42,43 @@ def test_the_newest_learned_knee_wins_over_a_newer_prior():
     # the replicas answering at the newest reading come along (the digest's default replica count)
     assert got == {"a": KneeReading(7.0, "learned", T0 + 120, replicas=3),
                    "b": KneeReading(12.0, "prior", T0 + 120)}
-    learned = client.queries[0]
-    assert learned.startswith("max by (pool) (headroom_knee_requests) / max by (pool) (headroom_replicas > 0)")
-    assert learned.endswith('and on (pool) max by (pool) (headroom_knee_info{source="learned"})')
+    learned = client.queries[0]  # per copy: each copy's knee over its own replicas, its own source
+    assert learned == ('headroom_knee_requests / (headroom_replicas > 0) '
+                       'and ignoring (source, signal) headroom_knee_info{source="learned"}')
+
+
+def test_copies_disagree_the_pessimistic_one_decides_with_its_own_source():
+    """Two HA copies and a Prometheus-mode daemon export pool a's knee: the lowest per replica is
+    the digest's, named with its copy; a copy's prior stays a prior when another copy learned."""
+    ha0, ha1 = {"job": "headroom", "instance": "ha-0:9880"}, {"job": "headroom", "instance": "ha-1:9880"}
+    pm = {"job": "headroom-prom", "instance": "pm:9880"}
+    client = Recorded({
+        "learned": [({"pool": "a", **ha0}, [(T0 + 60, 5.0)]), ({"pool": "a", **pm}, [(T0 + 60, 1.65)]),
+                    ({"pool": "b", **ha0}, [(T0 + 60, 9.0)])],
+        "prior": [({"pool": "a", **ha1}, [(T0 + 300, 6.5)]), ({"pool": "b", **ha1}, [(T0 + 300, 6.5)])],
+        "replicas": [({"pool": "a", **ha0}, [(T0 + 60, 2.0)]), ({"pool": "a", **pm}, [(T0 + 60, 4.0)]),
+                     ({"pool": "b", **ha1}, [(T0 + 300, 3.0)])],
+    })
+    got = knees_from_prometheus(client, T0, T0 + 900, 300.0)
+    assert got["a"] == KneeReading(1.65, "learned", T0 + 60, replicas=4,
+                                   copy='job="headroom-prom", instance="pm:9880"', copies=3)
+    # b: the copy on its prior has the lower knee; it is reported as the prior it is, not "learned"
+    assert got["b"] == KneeReading(6.5, "prior", T0 + 300, replicas=3,
+                                   copy='job="headroom", instance="ha-1:9880"', copies=2)
+    _, source, note = choose(None, got["b"], 8)
+    assert source == "prior" and note == ("nothing learned yet: headroom's prior from the engine's limits; from "
+                                          'the copy job="headroom", instance="ha-1:9880", the lowest of 2 copies '
+                                          "of headroom")
+    per_rep, source, note = choose(None, got["a"], 8)
+    assert (per_rep, source) == (1.65, "learned") and 'from the copy job="headroom-prom", instance="pm:9880"' in note
 
 
 def test_the_selector_reaches_every_series():
     client = Recorded({})
     knees_from_prometheus(client, T0, T0 + 300, 300.0, selector='job="headroom"')
     assert all(q.count('job="headroom"') == 3 for q in client.queries) and len(client.queries) == 2
+    assert all('headroom_knee_info{source=' in q and 'job="headroom"' in q.split("headroom_knee_info")[1]
+               for q in client.queries)
 
 
 def test_a_snapshots_knee_per_replica_and_source():
@@ -114,3 +142,20 @@ def test_from_source_uses_the_knees_and_the_shard():
     one = from_source(OneSource(data), T0, settings, knees=knees, shard=(1, 2))  # agent-70b's shard
     assert [p.name for p in one.pools] == ["agent-70b"] and one.shard == (1, 2)
     assert build_digest(one, settings)["edition"] == "2025-W48-shard-1-of-2"
+
+
+def test_a_copy_gone_long_ago_is_not_compared():
+    """A pod replaced two weeks ago (its instance label gone since) learned a low knee then: the
+    copies that report now decide, not its old series."""
+    old, now_ = {"instance": "pod-old:9880"}, {"instance": "pod-new:9880"}
+    client = Recorded({
+        "learned": [({"pool": "a", **old}, [(T0, 1.5)]), ({"pool": "a", **now_}, [(T0 + 14 * 86400, 6.0)])],
+        "prior": [], "replicas": [],
+    })
+    got = knees_from_prometheus(client, T0, T0 + 15 * 86400, 3600.0)
+    assert got["a"].per_replica == 6.0 and got["a"].copies == 1 and got["a"].copy == ""
+    # both seen lately: both are copies, the lower decides
+    client = Recorded({"learned": [({"pool": "a", **old}, [(T0 + 14 * 86400 - 3600, 1.5)]),
+                                   ({"pool": "a", **now_}, [(T0 + 14 * 86400, 6.0)])], "prior": [], "replicas": []})
+    got = knees_from_prometheus(client, T0, T0 + 15 * 86400, 3600.0)
+    assert got["a"].per_replica == 1.5 and got["a"].copies == 2

@@ -274,6 +274,18 @@ def test_app_convention_slo_and_rates():
     assert 5 < d.task_latency.p95 <= 10
 
 
+def test_tasks_completed_are_the_duration_histograms_count_not_the_tasks_started():
+    # an overload: 44 tasks started in the minute, 27 completed (the task-duration histogram's count)
+    cfg = GatewayConfig(kind="app")
+    old = read_gateway(_app_text({"draft": 10}, {"draft": 30}, {"draft": [1.5] * 10}, {"draft": 20}), cfg, 0.0)
+    new = read_gateway(_app_text({"draft": 54}, {"draft": 111}, {"draft": [1.5] * 10 + [9.0] * 27},
+                                 {"draft": 20}), cfg, 60.0)
+    d = derive_tasks(new, old, cfg)["draft"]
+    assert d.tasks == 44 and d.arrival_rate == pytest.approx(44 / 60)
+    assert d.completed_tasks == 27 and d.completion_rate == pytest.approx(27 / 60)
+    assert derive_tasks(new, None, cfg)["draft"].completion_rate is None  # one reading: no window
+
+
 def test_app_counters_reset_count_the_new_values_as_promql_increase_does():
     # the application restarted between the readings: every counter and the histogram went down;
     # the window's tasks, calls and latencies are those since the restart (monitor/derive/counters.py)

@@ -60,7 +60,7 @@ def test_application_counters_win_and_nothing_found_is_a_clear_error():
     }
     tasks, notes = measure_mix(_answers(table)[0], "1h", "litellm")
     assert tasks["a"]["calls_per_task"] == pytest.approx(3.0) and tasks["a"]["seconds_per_call"] == pytest.approx(2.0)
-    assert notes == ["tasks/s and calls per task from agent_tasks_started_total and agent_task_model_calls_total"]
+    assert notes == ["tasks/s from agent_tasks_started_total; calls per task from agent_task_model_calls_total for a"]
     with pytest.raises(ValueError, match="neither agent_tasks_started_total nor litellm gateway call series"):
         measure_mix(_answers({})[0], "1h", "litellm")
     with pytest.raises(ValueError, match="--window '1x'"):

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from monitor.capacity.fit import fleet_fit, where_fits
+from monitor.capacity.fit import fleet_fit, unknown, where_fits
 from monitor.commands.once import print_fit
 from monitor.config import ConfigError
 from monitor.config.headroom import Config
@@ -155,7 +155,7 @@ def test_the_json_names_the_cluster_and_where_sessions_fit():
     assert by_cluster["a"]["key"] == MODEL + '{cluster="a"}'
     assert doc["fit"] == [
         {"cluster": "b", "pool": MODEL, "spare_sessions": 15.0, "spare_sessions_n_minus_1": None},
-        {"cluster": "a", "pool": MODEL, "spare_sessions": 4.5, "spare_sessions_n_minus_1": 0.5}]
+        {"cluster": "a", "pool": MODEL, "spare_sessions": 4.0, "spare_sessions_n_minus_1": 0.0}]
 
 
 def test_the_json_of_one_label_has_no_cluster_or_key():
@@ -167,12 +167,15 @@ def test_the_json_of_one_label_has_no_cluster_or_key():
 def test_fit_leaves_out_stale_and_unknown_pools_and_rounds_down():
     fresh = with_capacity(PoolSnapshot(pool="x", model="x", replicas=1), 10.0, 3.0, per_session=3.0)
     stale = with_capacity(PoolSnapshot(pool="s", model="s", replicas=0, stale=True), 50.0, 1.0)
-    unknown = PoolSnapshot(pool="u", model="u", replicas=1, capacity=Capacity())
+    unknown_pool = PoolSnapshot(pool="u", model="u", replicas=1, capacity=Capacity())
     full = with_capacity(PoolSnapshot(pool="f", model="f", replicas=1), -4.0, -8.0)
-    fits = fleet_fit([stale, unknown, full, fresh])
-    assert [(f.pool, f.spare_sessions, f.spare_sessions_n_minus_1) for f in fits] == [("x", 3.33, 1.0), ("f", -2.0, -4.0)]
+    fits = fleet_fit([stale, unknown_pool, full, fresh])
+    # whole sessions, rounded down (10 / 3 = 3.33 -> 3): the docs' promise
+    assert [(f.pool, f.spare_sessions, f.spare_sessions_n_minus_1) for f in fits] == [("x", 3.0, 1.0), ("f", -2.0, -4.0)]
     assert [f.pool for f in where_fits(fits, 3)] == ["x"]
     assert where_fits(fits, 4) == []
+    assert unknown([stale, unknown_pool, full, fresh]) == [("s", (), "stale (its sources did not answer)"),
+                                                           ("u", (), "no session size (no agent sessions measured, none configured)")]
 
 
 def test_once_fit_prints_where_n_sessions_fit():
@@ -185,10 +188,27 @@ def test_once_fit_prints_where_n_sessions_fit():
     lines = out.getvalue().splitlines()
     assert lines[0] == "10 more sessions fit in 1 of 2 pools:"
     assert lines[1].split() == ["fits", "cluster=b", f"pool={MODEL}", "spare_sessions=15", "with_one_replica_lost=unknown"]
-    assert lines[2].split() == ["cluster=a", f"pool={MODEL}", "spare_sessions=4.5", "with_one_replica_lost=0.5"]
+    assert lines[2].split() == ["cluster=a", f"pool={MODEL}", "spare_sessions=4", "with_one_replica_lost=0"]
     out = io.StringIO()
     assert print_fit(snap, 16, out) == 3
     assert out.getvalue().startswith("16 more sessions fit in no pool")
+
+
+def test_once_fit_at_idle_says_unknown_not_none():
+    """An idle fleet: no agent sessions measured, so no session size: the answer is unknown (exit 4),
+    never "fits in no pool" (exit 3); a pool that does take them still answers 0."""
+    idle = PoolSnapshot(pool="i", model="i", replicas=2, capacity=Capacity())
+    out = io.StringIO()
+    assert print_fit(Snapshot(timestamp=1.0, pools=[idle]), 5, out) == 4
+    assert out.getvalue().splitlines() == [
+        "5 more sessions: unknown (1 of 1 pools without a known headroom or session size; none of the other 0 "
+        "takes them)",
+        "  ?     pool=i  unknown: no session size (no agent sessions measured, none configured)"]
+    full = with_capacity(PoolSnapshot(pool="f", model="f", replicas=1), -4.0, -8.0)
+    assert print_fit(Snapshot(timestamp=1.0, pools=[idle, full]), 5, io.StringIO()) == 4
+    assert print_fit(Snapshot(timestamp=1.0, pools=[full]), 5, io.StringIO()) == 3
+    roomy = with_capacity(PoolSnapshot(pool="r", model="r", replicas=1), 40.0, 20.0)
+    assert print_fit(Snapshot(timestamp=1.0, pools=[idle, roomy]), 5, io.StringIO()) == 0
 
 
 def test_the_landing_page_groups_pools_by_cluster():
@@ -282,7 +302,7 @@ def test_the_digest_reads_each_clusters_knee_into_its_own_key():
     from monitor.digest.knee import KneeReading, knees_from_prometheus
 
     def answers(query, start, end, step):
-        if query.startswith("max by (pool, cluster) (headroom_replicas)"):
+        if query.startswith("headroom_replicas"):
             return [({"pool": "m", "cluster": "a"}, [(start, 2.0)]), ({"pool": "m", "cluster": "b"}, [(start, 4.0)])]
         if 'source="prior"' in query:
             return [({"pool": "m", "cluster": "a"}, [(start, 8.0)]), ({"pool": "m", "cluster": "b"}, [(start, 16.0)])]
@@ -291,7 +311,8 @@ def test_the_digest_reads_each_clusters_knee_into_its_own_key():
     got = knees_from_prometheus(client, 600.0, 600.0, 300.0, extra=("cluster",))
     assert got == {'m{cluster="a"}': KneeReading(8.0, "prior", 600.0, replicas=2),
                    'm{cluster="b"}': KneeReading(16.0, "prior", 600.0, replicas=4)}
-    assert all("by (pool, cluster)" in q for q in client.queries)
+    # the cluster is the pool's label, not a copy's: two clusters are two pools, one copy each
+    assert all(k.copies == 1 and k.copy == "" for k in got.values())
 
 
 def test_a_firing_alert_shows_on_its_own_clusters_card_only():

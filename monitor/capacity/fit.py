@@ -2,10 +2,12 @@
 
 Per pool (its extra pool_by labels, e.g. its cluster, beside its name): the spare sessions, the
 pool's headroom in concurrent requests before the knee over the active requests one session holds
-(`Capacity.active_requests_per_session`: measured, else configured); the same with the pool's
-largest replica lost. Sorted most spare first (ties by cluster, then pool), so the first row is where
-new work fits best. A stale pool, or one whose headroom or session size is unknown, is left out:
-nothing is promised about it.
+(`Capacity.active_requests_per_session`: measured, else configured), rounded down to whole
+sessions; the same with the pool's largest replica lost. Sorted most spare first (ties by cluster,
+then pool), so the first row is where new work fits best. A stale pool, or one whose headroom or
+session size is unknown, is left out of the fits: nothing is promised about it; `unknown` names
+those pools and why, so "fits nowhere" (every pool known, none takes them) is never said when the
+answer is unknown (an idle fleet has no measured session size).
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ class Fit:
 def _spare(requests: Optional[float], per_session: float) -> Optional[float]:
     if requests is None or not math.isfinite(requests):
         return None
-    return math.floor(requests / per_session * 100) / 100  # rounded down: never promise a fraction more
+    return float(math.floor(requests / per_session + 1e-9))  # whole sessions, rounded down: never promise more
 
 
 def fleet_fit(pools: Iterable[PoolSnapshot]) -> list[Fit]:
@@ -51,9 +53,28 @@ def fleet_fit(pools: Iterable[PoolSnapshot]) -> list[Fit]:
     return out
 
 
+def unknown(pools: Iterable[PoolSnapshot]) -> list[tuple[str, tuple[tuple[str, str], ...], str]]:
+    """The pools `fleet_fit` leaves out, each (name, other pool_by labels, why its answer is unknown)."""
+    out = []
+    for p in pools:
+        c = p.capacity
+        if p.stale:
+            why = "stale (its sources did not answer)"
+        elif c is None or c.withheld:
+            why = "no capacity known"
+        elif not c.active_requests_per_session:
+            why = "no session size (no agent sessions measured, none configured)"
+        elif c.headroom_requests.current is None or not math.isfinite(c.headroom_requests.current):
+            why = "headroom unknown"
+        else:
+            continue
+        out.append((p.name, tuple(sorted(p.extra_labels.items())), why))
+    return sorted(out, key=lambda u: (u[1], u[0]))
+
+
 def where_fits(fits: list[Fit], sessions: float) -> list[Fit]:
     """The pools that take `sessions` more sessions each (most spare first)."""
     return [f for f in fits if f.spare_sessions >= sessions]
 
 
-__all__ = ["Fit", "fleet_fit", "where_fits"]
+__all__ = ["Fit", "fleet_fit", "unknown", "where_fits"]

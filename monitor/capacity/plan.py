@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from monitor.kit.text import for_terminal
+from monitor.kit.numbers import fixed
 
 
 @dataclass(frozen=True)
@@ -176,8 +177,8 @@ def _fmt(v, digits=2) -> str:
         if math.isinf(v):
             return "-inf" if v < 0 else "inf"
         if abs(v) >= 1000:
-            return f"{v:,.0f}"
-        return f"{v:.{digits}f}"
+            return fixed(v, ",.0f")
+        return fixed(v, f".{digits}f")
     return str(v)
 
 

@@ -84,7 +84,7 @@ def window_burn(counts: Optional[tuple[float, float]], target: Target) -> Option
     """Burn rate of (total, bad) counts over a window; None without observations."""
     if counts is None or not counts[0] > 0:
         return None
-    return (counts[1] / counts[0]) / target.budget
+    return max(0.0, counts[1] / counts[0]) / target.budget  # an increase a hair below 0 is no burn, never -0.00
 
 
 # a point as saved: (key, ts, total, bad, raw total, raw bad); total/bad are rebased over resets
@@ -269,5 +269,5 @@ class SloTracker:
         out = {}
         for name, secs in self.windows.items():
             r = self.window_ratio(key, secs)
-            out[name] = None if r is None else r / target.budget
+            out[name] = None if r is None else max(0.0, r) / target.budget
         return out

@@ -152,6 +152,8 @@ def derive_tasks(newer: GatewayReading, older: Optional[GatewayReading], config:
         call_h = _hdelta(t.call_latency, o.call_latency if o else None)
         ttft_h = _hdelta(t.ttft, o.ttft if o else None)
         gw_calls = _delta(t.calls, o.calls if o else None)
+        done = _delta(t.task_duration.count, o.task_duration.count if (o and o.task_duration) else None) \
+            if (covered and t.task_duration is not None) else None
         if t.sessions_active is not None:
             sessions, sessions_source = t.sessions_active, "app"
         else:
@@ -167,6 +169,7 @@ def derive_tasks(newer: GatewayReading, older: Optional[GatewayReading], config:
             arrival_rate=(tasks / window) if (window and tasks is not None) else None,
             call_rate=(calls / window) if (window and calls is not None) else None,
             completed_tasks=per_task_tasks if source == "app" else None,
+            completion_rate=(done / window) if (window and done is not None) else None,
             calls_per_task=_ratio(calls, per_task_tasks), calls_per_task_source=source,
             task_latency=_quantiles(duration), call_latency=_quantiles(call_h), ttft=_quantiles(ttft_h),
             sessions=sessions, sessions_source=sessions_source, call_class=config.class_of(tt, {}),

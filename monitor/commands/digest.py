@@ -87,9 +87,19 @@ def _build_fn(args, cfg, settings):
     return history_build_fn(cfg, settings)
 
 
+def _versioned(out: str, files: dict) -> str:
+    """--out, or its next free version when it holds another digest (said on stderr): never rewritten."""
+    from monitor.digest.deliver import free_dir
+    path = free_dir(out, files)
+    if path != out:
+        print(f"headroom digest: {out} holds another digest (an earlier run); kept it, writing this one to {path}",
+              file=sys.stderr)
+    return path
+
+
 def run(args) -> int:
     from monitor.digest.content import DigestError, build_digest
-    from monitor.digest.deliver import render_files, write_dir
+    from monitor.digest.deliver import free_dir, render_files, write_dir
     from monitor.digest.schedule import drain, open_outbox, run_digest, week_end_for
     try:
         cfg, settings = _settings(args)
@@ -111,8 +121,9 @@ def run(args) -> int:
                 return 2
             digest = build_digest(build_fn(week_end), settings, generated_at=week_end)
             files = render_files(digest)
-            written = write_dir(args.out, files)
-            print(json.dumps({"week": digest["iso_week"], "out": args.out, "files": written}))
+            out = _versioned(args.out, files)
+            written = write_dir(out, files)
+            print(json.dumps({"week": digest["iso_week"], "out": out, "files": written}))
             return 0
         outbox = open_outbox(settings)
         try:
@@ -121,8 +132,9 @@ def run(args) -> int:
             else:
                 result = run_digest(settings, build_fn, week_end, outbox, deliver=not args.no_deliver)
                 if args.out:
-                    write_dir(args.out, outbox.payload(result["week"]))
-                    result["out"] = args.out
+                    payload = outbox.payload(result["week"])
+                    result["out"] = _versioned(args.out, payload)
+                    write_dir(result["out"], payload)
             deadline = time.monotonic() + wait
             while wait > 0 and outbox.pending_count() and time.monotonic() < deadline:
                 due = outbox.next_due()

@@ -12,8 +12,11 @@ same history. With `--interval 0` the refit comes first, before any capacity is 
 no time to exhaustion.
 
 `--fit N` answers "where would N more agent sessions fit?" instead: every pool (with its cluster,
-or whatever other `global.pool_by` labels it carries) with its spare sessions, most first, those
-that take N marked; exit 0 when at least one pool takes them, 3 when none does.
+or whatever other `global.pool_by` labels it carries) with its spare sessions (whole sessions,
+rounded down), most first, those that take N marked; exit 0 when at least one pool takes them, 3
+when none does (every pool's answer known), 4 when the answer is unknown: no pool with a known
+answer takes them and some pool's headroom or session size is not known (an idle fleet has no
+measured session size), each such pool named with why.
 """
 from __future__ import annotations
 
@@ -37,8 +40,10 @@ def add_arguments(p) -> None:
                    help="seconds between the two readings used for rates and latency windows (0: one reading)")
     p.add_argument("--json", action="store_true", help="print the snapshot as JSON (the default output)")
     p.add_argument("--fit", type=float, metavar="N", default=None,
-                   help="print where N more agent sessions fit (spare sessions per cluster and pool, most "
-                        "first) instead of the snapshot; exit 3 when no pool takes them")
+                   help="print where N more agent sessions fit (spare sessions per cluster and pool, whole "
+                        "sessions rounded down, most first) instead of the snapshot; exit 0 when a pool takes "
+                        "them, 3 when no pool does (every pool known), 4 when unknown (some pool's headroom "
+                        "or session size is not known, e.g. an idle fleet: no sessions measured)")
 
 
 def config_from_args(args) -> Config:
@@ -110,13 +115,22 @@ def _readings(app, interval: float):
     return pipeline.run_cycle()
 
 
+FIT_NONE, FIT_UNKNOWN = 3, 4  # `once --fit` exit codes: fits in no pool; not known
+
+
 def print_fit(snap, sessions: float, out) -> int:
-    """The fit view as text: one line per pool, most spare first; 0 if some pool takes `sessions`."""
-    from ..capacity.fit import fleet_fit, where_fits  # noqa: PLC0415
+    """The fit view as text: one line per pool, most spare first, then the pools whose answer is
+    unknown and why. 0 if some pool takes `sessions`; 3 if none does and every pool is known; 4 if
+    none with a known answer does and some pool's answer is unknown."""
+    from ..capacity.fit import fleet_fit, unknown, where_fits  # noqa: PLC0415
     fits = fleet_fit(snap.pools)
     takers = where_fits(fits, sessions)
+    left_out = unknown(snap.pools)
     if takers:
         out.write(f"{sessions:g} more sessions fit in {len(takers)} of {len(fits)} pools:\n")
+    elif left_out:
+        out.write(f"{sessions:g} more sessions: unknown ({len(left_out)} of {len(fits) + len(left_out)} pools "
+                  f"without a known headroom or session size; none of the other {len(fits)} takes them)\n")
     else:
         out.write(f"{sessions:g} more sessions fit in no pool (of {len(fits)} with a known headroom)\n")
     for f in fits:  # label values as data: control characters escaped before the terminal sees them
@@ -125,4 +139,9 @@ def print_fit(snap, sessions: float, out) -> int:
         mark = "fits" if f in takers else "    "
         out.write(f"  {mark}  {(where + ' ') if where else ''}pool={for_terminal(f.pool)}  spare_sessions={f.spare_sessions:g}"
                   f"  with_one_replica_lost={n1}\n")
-    return 0 if takers else 3
+    for name, labels, why in left_out:
+        where = " ".join(f"{k}={v}" for k, v in labels)
+        out.write(f"  ?     {(where + ' ') if where else ''}pool={name}  unknown: {why}\n")
+    if takers:
+        return 0
+    return FIT_UNKNOWN if left_out else FIT_NONE

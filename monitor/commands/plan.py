@@ -11,10 +11,11 @@ from typing import Callable, Optional
 from monitor.capacity.plan import plan, render_table
 from monitor.config import ConfigError
 from monitor.capacity.mix import parse_mix
+from monitor.digest.knee import copy_labels, copy_name
 from monitor.kit.settings.reader import read_yaml
 from monitor.kit.settings.values import parse_duration
 from monitor.sources.gateway import (APP_MODEL_CALLS, APP_TASKS_STARTED, DEFAULT_LABELS, ENVOY_TOKENS,
-                                    GATEWAY_FAMILIES, KINDS)
+                                    GATEWAY_FAMILIES, KINDS, UNATTRIBUTED, UNSET_VALUES)
 
 QueryFn = Callable[[str], list]  # PromQL -> [(labels, value)]
 
@@ -48,12 +49,17 @@ def _query_fn(url: str, at: Optional[float]) -> QueryFn:
     return lambda q: client.query(q, at)
 
 
-def _by(result: list, label: str) -> dict[str, float]:
-    out = {}
+def _by_task(result: list, label: str) -> dict[str, float]:
+    """{task label value: value}. The values a gateway writes for "no value" ("None", "null") are one
+    `unattributed` entry (their sum), never a task type of their own; a series without the label
+    (absent in Prometheus) is left out, as a series of another kind."""
+    out: dict[str, float] = {}
     for labels, value in result:
-        key = labels.get(label)
-        if key and math.isfinite(value):
-            out[key] = value
+        key = labels.get(label, "")
+        if not key or not math.isfinite(value):
+            continue
+        key = UNATTRIBUTED if key in UNSET_VALUES else key
+        out[key] = out.get(key, 0.0) + value
     return out
 
 
@@ -69,20 +75,20 @@ def _gateway(query: QueryFn, kind: str, label: str, w: str) -> dict[str, dict[st
     fam = GATEWAY_FAMILIES[kind]
     out: dict[str, dict[str, float]] = {"calls": {}, "lat_sum": {}, "lat_count": {}, "tok_in": {}, "tok_out": {}}
     if fam.calls:
-        out["calls"] = _by(query(f"sum by ({label}) (rate({fam.calls[0]}[{w}]))"), label)
+        out["calls"] = _by_task(query(f"sum by ({label}) (rate({fam.calls[0]}[{w}]))"), label)
     if fam.call_latency:
         base = fam.call_latency[0]
-        out["lat_sum"] = _by(query(f"sum by ({label}) (rate({base}_sum[{w}]))"), label)
-        out["lat_count"] = _by(query(f"sum by ({label}) (rate({base}_count[{w}]))"), label)
+        out["lat_sum"] = _by_task(query(f"sum by ({label}) (rate({base}_sum[{w}]))"), label)
+        out["lat_count"] = _by_task(query(f"sum by ({label}) (rate({base}_count[{w}]))"), label)
         if not out["calls"]:
             out["calls"] = out["lat_count"]
     if fam.input_tokens:
-        out["tok_in"] = _by(query(f"sum by ({label}) (rate({fam.input_tokens[0]}[{w}]))"), label)
-        out["tok_out"] = _by(query(f"sum by ({label}) (rate({fam.output_tokens[0]}[{w}]))"), label)
+        out["tok_in"] = _by_task(query(f"sum by ({label}) (rate({fam.input_tokens[0]}[{w}]))"), label)
+        out["tok_out"] = _by_task(query(f"sum by ({label}) (rate({fam.output_tokens[0]}[{w}]))"), label)
     elif kind == "envoy":
         for key, typ in (("tok_in", "input"), ("tok_out", "output")):
             sel = f'{ENVOY_TOKENS[0]}{{gen_ai_token_type="{typ}"}}'
-            out[key] = _by(query(f"sum by ({label}) (rate({sel}[{w}]))"), label)
+            out[key] = _by_task(query(f"sum by ({label}) (rate({sel}[{w}]))"), label)
     return out
 
 
@@ -90,7 +96,7 @@ def _distinct_tasks(query: QueryFn, kind: str, label: str, id_label: str, w: str
     """Tasks per task type in the window: distinct values of `id_label` whose calls grew in it."""
     fam = GATEWAY_FAMILIES[kind]
     calls = fam.calls[0] if fam.calls else f"{fam.call_latency[0]}_count"
-    return _by(query(f"count by ({label}) (count by ({label}, {id_label}) (increase({calls}[{w}]) > 0))"), label)
+    return _by_task(query(f"count by ({label}) (count by ({label}, {id_label}) (increase({calls}[{w}]) > 0))"), label)
 
 
 def _per_call(tt: str, rate: float, calls: float, gw: dict, kind: str, label: str) -> dict:
@@ -122,7 +128,7 @@ def measure_mix(query: QueryFn, window: str, kind: str = "litellm", task_label: 
     label = task_label or DEFAULT_LABELS[kind][0]
     w, notes = window, []
     gw = _gateway(query, kind, label, w)
-    arrivals = _by(query(f"sum by (task_type) (rate({APP_TASKS_STARTED}[{w}]))"), "task_type")
+    arrivals = _by_task(query(f"sum by (task_type) (rate({APP_TASKS_STARTED}[{w}]))"), "task_type")
     model_label = DEFAULT_LABELS[kind][2]
     if not arrivals and not gw["calls"] and model_label:
         fallback = _gateway(query, kind, model_label, w)
@@ -131,12 +137,34 @@ def measure_mix(query: QueryFn, window: str, kind: str = "litellm", task_label: 
                          f"(label {model_label})")
             label, gw = model_label, fallback
     if arrivals:
-        app_calls = _by(query(f"sum by (task_type) (rate({APP_MODEL_CALLS}[{w}]))"), "task_type")
+        untyped = arrivals.pop(UNATTRIBUTED, None)  # tasks the application counted without a type
+        app_calls = _by_task(query(f"sum by (task_type) (rate({APP_MODEL_CALLS}[{w}]))"), "task_type")
         calls = {tt: app_calls.get(tt, gw["calls"].get(tt)) for tt in arrivals}
-        notes.append(f"tasks/s and calls per task from {APP_TASKS_STARTED} and {APP_MODEL_CALLS}")
+        notes += _app_sources(arrivals, app_calls, gw, kind, label)
+        if untyped:
+            notes.append(f"{APP_TASKS_STARTED} without a task type ({untyped:.3g} tasks/s): not planned")
     else:
         arrivals, calls = _gateway_arrivals(query, kind, label, w, gw, task_id_label, known_calls or {}, notes)
     return _assemble(arrivals, calls, gw, kind, label), notes
+
+
+def _app_sources(arrivals: dict, app_calls: dict, gw: dict, kind: str, label: str) -> list[str]:
+    """Which series the application-counter path actually read, and the gateway's calls it left out."""
+    fam = GATEWAY_FAMILIES[kind]
+    gw_series = fam.calls[0] if fam.calls else f"{fam.call_latency[0]}_count"
+    from_app = sorted(tt for tt in arrivals if tt in app_calls)
+    from_gw = sorted(tt for tt in arrivals if tt not in app_calls and tt in gw["calls"])
+    parts = []
+    if from_app:
+        parts.append(f"from {APP_MODEL_CALLS} for {', '.join(from_app)}")
+    if from_gw:
+        parts.append(f"from the {kind} gateway's {gw_series} (label {label}) for {', '.join(from_gw)}")
+    notes = [f"tasks/s from {APP_TASKS_STARTED}; calls per task " + ("; ".join(parts) or "not found")]
+    left = {tt: v for tt, v in gw["calls"].items() if tt not in arrivals and v > 0}
+    if left:
+        notes.append("gateway calls without application tasks, not planned: " +
+                     ", ".join(f"{tt} {v:.3g} calls/s" for tt, v in sorted(left.items())))
+    return notes
 
 
 def _gateway_arrivals(query: QueryFn, kind: str, label: str, w: str, gw: dict, task_id_label: Optional[str],
@@ -190,15 +218,33 @@ def _assemble(arrivals: dict, calls: dict, gw: dict, kind: str, label: str) -> d
     return tasks
 
 
-def read_pool(query: QueryFn, pool: str) -> dict:
-    """Knee per replica and replicas of a pool from headroom's own metrics."""
-    knee = _by(query(f'headroom_knee_requests{{pool="{pool}"}}'), "pool").get(pool)
-    reps = _by(query(f'headroom_replicas{{pool="{pool}"}}'), "pool").get(pool)
-    out = {}
-    if knee is not None and reps:
-        out["knee_requests_per_replica"] = knee / reps
-        out["replicas"] = int(reps)
-    return out
+def read_pool(query: QueryFn, pool: str) -> tuple[dict, list[str]]:
+    """Knee per replica and replicas of a pool from headroom's own metrics, and a note on where from.
+
+    Copies of headroom (HA replicas of the daemon, a direct-mode and a Prometheus-mode daemon) export
+    the same pool's knee, told apart by their target labels (`instance`, `pod`, `job`): the
+    pessimistic copy decides (docs/runbook.md), the lowest knee per replica, each copy's knee over
+    its own replicas, and the note names the copy and its source (learned or prior)."""
+    knees = _by_copy(query(f'headroom_knee_requests{{pool="{pool}"}}'))
+    reps = _by_copy(query(f'headroom_replicas{{pool="{pool}"}}'))
+    sources = {copy_labels(labels): labels.get("source", "") for labels, _ in
+               query(f'headroom_knee_info{{pool="{pool}"}}')}
+    per_copy = {c: (k / reps[c], int(reps[c])) for c, k in knees.items() if reps.get(c)}
+    if not per_copy:
+        return {}, []
+    copy, (per_rep, n) = min(per_copy.items(), key=lambda kv: (kv[1][0], kv[0]))
+    source = sources.get(copy) or "source unknown"
+    note = f"knee {per_rep:.2f} per replica x {n} replicas from headroom_knee_requests ({source})"
+    if len(per_copy) > 1:
+        others = "; ".join(f"{copy_name(c) or 'no labels'}: {v[0]:.2f}" for c, v in sorted(per_copy.items()) if c != copy)
+        note += (f" of the copy {copy_name(copy) or 'without target labels'}, the lowest of {len(per_copy)} "
+                 f"copies of headroom (the pessimistic copy decides; others {others})")
+    return {"knee_requests_per_replica": per_rep, "replicas": n}, [note]
+
+
+def _by_copy(result: list) -> dict:
+    """{copy's labels: value} of one pool's series, finite values only."""
+    return {copy_labels(labels): value for labels, value in result if math.isfinite(value)}
 
 
 def _known_calls(data) -> dict[str, float]:
@@ -230,7 +276,9 @@ def run(args: argparse.Namespace) -> int:
             overrides["task_types"], notes = measure_mix(query, args.window, args.gateway_kind, args.task_label,
                                                          args.task_id_label, _known_calls(data))
             if args.pool:
-                measured = read_pool(query, args.pool)
+                measured, pool_notes = read_pool(query, args.pool)
+                if "knee_requests_per_replica" not in data:
+                    notes += pool_notes
                 for k, v in measured.items():
                     if k not in data:
                         overrides[k] = v
@@ -263,6 +311,8 @@ def _clean(o):
     """JSON has no infinities: write them as the strings Prometheus uses (+Inf, -Inf, NaN)."""
     if isinstance(o, float) and not math.isfinite(o):
         return "NaN" if math.isnan(o) else ("+Inf" if o > 0 else "-Inf")
+    if isinstance(o, float):
+        return o + 0.0  # never -0.0
     if isinstance(o, dict):
         return {k: _clean(v) for k, v in o.items()}
     if isinstance(o, (list, tuple)):

@@ -98,7 +98,9 @@ def forecast_figure(pool: dict, tz: str):
     _band(ax, nxt, NEXT, "next week's forecast", tz)
     shown = []
     if actual is not None and len(actual):
-        label = "actual (hourly peak)" if pool.get("_chart_step", 3600.0) >= 3600.0 else "actual (peak per step)"
+        what = "offered load" if pool.get("forecast_series") == "offered" else "active + queued"
+        per = "hourly peak" if pool.get("_chart_step", 3600.0) >= 3600.0 else "peak per step"
+        label = f"actual {what} ({per})"
         _line(ax, actual.index.to_numpy(), actual.to_numpy(), tz, color=ACTUAL, linewidth=1.2,
               label=label, zorder=5)
         shown.append(actual.index.to_numpy())

@@ -107,6 +107,22 @@ def load_series(series: dict[str, pd.Series]) -> Optional[pd.Series]:
     return a.add(q.reindex(a.index).fillna(0.0), fill_value=0.0)
 
 
+def demand_series(series: dict[str, pd.Series], load: Optional[pd.Series]) -> tuple[Optional[pd.Series], str]:
+    """(what the forecasts are of, its name): "offered" where the history has it, else "load".
+
+    The offered series is the active requests plus what was turned away (monitor/schema.py); it
+    does not count what waits in the queues, so on its own it reads the active requests while the
+    peaks table's load is active + queued. The demand is at least either: bucket by bucket the
+    larger of the two."""
+    offered = series.get("offered")
+    if offered is None or offered.dropna().empty:
+        return load, "load"
+    if load is None:
+        return offered, "offered"
+    both = pd.concat([offered, load], axis=1)
+    return both.max(axis=1, skipna=True).dropna(), "offered"
+
+
 # ---- one pool ---------------------------------------------------------------------------------
 
 def _slo(p: PoolInput, task: str, start: float, end: float, settings: DigestSettings,
@@ -194,19 +210,23 @@ def build_pool(p: PoolInput, start: float, end: float, settings: DigestSettings,
         out["sessions_per_megawatt"] = out["utilisation_mean"] = None
 
     # forecasts: last week (trained before it) and next week (trained on everything), of the
-    # offered load (served + what was turned away) where the history has it, else the served load
-    offered = series.get("offered")
-    demand, out["forecast_series"] = ((offered, "offered") if offered is not None and not offered.dropna().empty
-                                      else (load, "load"))
+    # offered load where the history has it, else the served load; the chart's actual line, the
+    # check of last week's forecast and the peaks table's forecast row are of that same series
+    demand, out["forecast_series"] = demand_series(series, load)
+    if out["forecast_series"] == "offered":
+        out["peaks"]["offered"] = peak_of(demand, start, end, tz)
     out.update(_forecasts(p, demand, start, end, step, settings))
 
     # tasks (one whole count per task type) and the cost over the covered hours
     tasks = _tasks(p, series, start, end, step, settings)
     out["tasks"] = tasks
-    out["completed_tasks"] = sum(t["completed"] for t in tasks)
+    out["task_count"] = sum(t["tasks"] for t in tasks)  # completed where measured, else started
+    out["tasks_counted"] = coverage.counted_as(tasks)
+    done = [t["completed"] for t in tasks if t["completed"] is not None]
+    out["completed_tasks"] = sum(done) if done else None
 
     # SLO of the pool: arrival-weighted over its task types
-    viol = [(t["slo"]["violation_ratio"], t["completed"]) for t in tasks if t["slo"]["violation_ratio"] is not None]
+    viol = [(t["slo"]["violation_ratio"], t["tasks"]) for t in tasks if t["slo"]["violation_ratio"] is not None]
     out["slo_violation_ratio"] = (sum(v * w for v, w in viol) / sum(w for _, w in viol)) \
         if viol and sum(w for _, w in viol) > 0 else None
 
@@ -258,7 +278,8 @@ def _forecasts(p: PoolInput, load: Optional[pd.Series], start: float, end: float
 
 def _tasks(p: PoolInput, series: dict[str, pd.Series], start: float, end: float, step: float,
            settings: DigestSettings) -> list[dict]:
-    """Per task type: tasks completed (a whole number, `coverage.completed`), peak arrivals, SLO,
+    """Per task type: tasks completed where the history has completions, else started (a whole number,
+    `coverage.tasks_in`; `counted` says which; both kept), peak arrivals, SLO,
     next week's forecast and, where tokens per call are known, the managed API's price per 1,000."""
     tz, prices = settings.timezone, settings.prices
     tasks = []
@@ -266,7 +287,16 @@ def _tasks(p: PoolInput, series: dict[str, pd.Series], start: float, end: float,
         arr = series[f"task_arrivals:{name}"]
         facts = p.tasks.get(name) or settings.tasks.get(name) or TaskFacts(pool=p.name)
         nxt = forecast_week(arr, end, settings, tz, agg="mean")
-        t = {"name": name, "completed": coverage.completed(arr, start, end, step),
+        done = series.get(f"task_completions:{name}")
+        started = coverage.tasks_in(arr, start, end, step)
+        # completions count only where they cover the hours the starts do (a daemon upgraded mid-week
+        # has starts from before it exported completions): else the week's count is the starts
+        completed = coverage.tasks_in(done, start, end, step) if (
+            done is not None and coverage.covered([done], start, end, step)["seconds"]
+            >= coverage.covered([arr], start, end, step)["seconds"]) else None
+        t = {"name": name, "tasks": completed if completed is not None else started,
+             "counted": "completed" if completed is not None else "started",
+             "completed": completed, "started": started,
              "peak_arrival_rate": peak_of(arr, start, end, tz),
              "slo": _slo(p, name, start, end, settings, arr),
              "forecast_next_week": {k: v for k, v in nxt.items() if not k.startswith("_")},
@@ -325,7 +355,7 @@ def public(obj):
     if isinstance(obj, (list, tuple)):
         return [public(v) for v in obj]
     if isinstance(obj, (np.floating, float)):
-        return float(obj) if math.isfinite(obj) else None
+        return float(obj) + 0.0 if math.isfinite(obj) else None  # + 0.0: never -0.0
     if isinstance(obj, np.integer):
         return int(obj)
     if isinstance(obj, np.bool_):

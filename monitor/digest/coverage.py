@@ -6,14 +6,18 @@ nominal 168 hours:
 
     step_of(series, default)        the history's step (median spacing of its buckets)
     covered(series, start, end, s)  the buckets [b, b + s) of the week holding a value, as seconds
-    completed(rate, start, end, s)  tasks in the week from a tasks-per-second series: a whole number
+    tasks_in(rate, start, end, s)   tasks in the week from a tasks-per-second series: a whole number
     cost(...)                       GPU-hours, energy and cost per 1,000 tasks over the covered hours
                                     (content.py passes the hours the tasks were counted in)
 
-One count of tasks: `completed` rounds each task type's count to a whole number once, and every
-table and figure (the task table, the cost table, the per-task costs, the JSON) uses those numbers
-and their sum. No cost per task is given from fewer than `MIN_TASKS_FOR_COST` tasks: a handful of
-tasks over a few minutes says nothing about what a task costs (the digest says "too few tasks").
+Tasks completed, not started: a task type's count is its completions (the history's
+`task_completions:<type>`, the application's task-duration histogram's count) where the history
+has them; only where it has none is it the tasks started, and the digest says "started" there
+(in an overload many started tasks never complete: 444 started, 270 completed). One count of
+tasks: `tasks_in` rounds each task type's count to a whole number once, and every table and figure
+(the task table, the cost table, the per-task costs, the JSON) uses those numbers and their sum.
+No cost per task is given from fewer than `MIN_TASKS_FOR_COST` tasks: a handful of tasks over a
+few minutes says nothing about what a task costs (the digest says "too few tasks").
 """
 from __future__ import annotations
 
@@ -27,7 +31,7 @@ import pandas as pd
 
 WEEK = 7 * 86400.0
 HOUR = 3600.0
-MIN_TASKS_FOR_COST = 100  # tasks completed in the covered hours below which no cost per task is given
+MIN_TASKS_FOR_COST = 100  # tasks counted in the covered hours below which no cost per task is given
 TOO_FEW_TASKS = "too few tasks"
 
 
@@ -79,9 +83,9 @@ def covered(series: Iterable[Optional[pd.Series]], start: float, end: float, ste
             "share": seconds / (end - start) if end > start else 0.0, "buckets": buckets}
 
 
-def completed(rate: pd.Series, start: float, end: float, step: float) -> int:
-    """Tasks started in [start, end) from a tasks-per-second series whose values cover `step`
-    seconds each: sum(rate) x step, rounded once to a whole number of tasks."""
+def tasks_in(rate: pd.Series, start: float, end: float, step: float) -> int:
+    """Tasks in [start, end) (started or completed, as the series is) from a tasks-per-second series
+    whose values cover `step` seconds each: sum(rate) x step, rounded once to a whole number."""
     w = _in(rate, start, end)
     return int(round(float(w.sum()) * step))
 
@@ -103,20 +107,21 @@ def energy_kwh(power: Optional[pd.Series], start: float, end: float, step: float
 def cost(*, replicas: int, gpus_per_replica: int, covered_hours: float, kwh: Optional[float],
          tasks: list[dict], prices, utilisation_mean: Optional[float]) -> dict:
     """The cost section of a pool over the covered hours. `tasks`: the pool's task rows with their
-    whole `completed` counts and, where known, tokens per task; their per-task private cost is
-    set here (shared out by tokens), or left None below the minimum."""
-    total = sum(int(t["completed"]) for t in tasks)
+    whole `tasks` counts (`counted`: "completed", or "started" where completions are not measured)
+    and, where known, tokens per task; their per-task private cost is set here (shared out by
+    tokens), or left None below the minimum."""
+    total = sum(int(t["tasks"]) for t in tasks)
     gpu_hours = replicas * gpus_per_replica * covered_hours
     gpu_cost = gpu_hours * prices.gpu_hour
     energy_cost = kwh * prices.energy_kwh if kwh is not None else None
     private = gpu_cost + (energy_cost or 0.0)
     priced = [t for t in tasks if t.get("input_tokens_per_task") is not None]
-    tokens_total = sum((t["input_tokens_per_task"] + t["output_tokens_per_task"]) * t["completed"] for t in priced)
-    api_total = sum(t["api_cost_per_1000"] / 1000.0 * t["completed"] for t in priced)
+    tokens_total = sum((t["input_tokens_per_task"] + t["output_tokens_per_task"]) * t["tasks"] for t in priced)
+    api_total = sum(t["api_cost_per_1000"] / 1000.0 * t["tasks"] for t in priced)
     enough = total >= MIN_TASKS_FOR_COST
     out = {"currency": prices.currency, "covered_hours": covered_hours, "gpu_hours": gpu_hours,
            "gpu_cost": gpu_cost, "energy_kwh": kwh, "energy_cost": energy_cost, "private_cost": private,
-           "utilisation_mean": utilisation_mean, "completed_tasks": total,
+           "utilisation_mean": utilisation_mean, "tasks": total, "counted": counted_as(tasks),
            "min_tasks": MIN_TASKS_FOR_COST, "per_task_note": None if enough else TOO_FEW_TASKS,
            "private_per_1000": (private / total * 1000.0) if enough else None,
            "api_name": prices.api.name, "api_cost": api_total if tokens_total > 0 else None,
@@ -125,8 +130,17 @@ def cost(*, replicas: int, gpus_per_replica: int, covered_hours: float, kwh: Opt
         if out["private_per_1000"] and out["api_per_1000"] else None
     for t in tasks:
         t["private_cost_per_1000"] = None
-        if enough and tokens_total > 0 and t.get("input_tokens_per_task") is not None and t["completed"] > 0:
-            share = (t["input_tokens_per_task"] + t["output_tokens_per_task"]) * t["completed"] / tokens_total
-            t["private_cost_per_1000"] = private * share / t["completed"] * 1000.0
+        if enough and tokens_total > 0 and t.get("input_tokens_per_task") is not None and t["tasks"] > 0:
+            share = (t["input_tokens_per_task"] + t["output_tokens_per_task"]) * t["tasks"] / tokens_total
+            t["private_cost_per_1000"] = private * share / t["tasks"] * 1000.0
     return out
 
+
+
+def counted_as(tasks: list[dict]) -> str:
+    """What a set of task rows counts: "completed", "started", or "completed and started" (some
+    task types without completions in the history); "completed" for none."""
+    kinds = {t["counted"] for t in tasks}
+    if len(kinds) > 1:
+        return "completed and started"
+    return kinds.pop() if kinds else "completed"

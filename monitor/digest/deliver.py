@@ -49,6 +49,29 @@ def render_files(digest: dict) -> dict[str, bytes]:
     return files
 
 
+DIGEST_FILES = ("digest.md", "digest.html", "digest.json")
+
+
+def free_dir(path: str, files: dict[str, bytes]) -> str:
+    """Where to write a digest without losing one written before: `path` when it holds no digest, or
+    this same digest (a retried write); else the first of `path-2`, `path-3`, ... that holds none
+    or this one. A rerun in the same week never rewrites the first digest: it is versioned."""
+    def ours(d: str) -> bool:
+        old = [n for n in DIGEST_FILES if os.path.exists(os.path.join(d, n))]
+        if not old:
+            return True
+        for n in old:
+            with open(os.path.join(d, n), "rb") as f:
+                if n not in files or f.read() != files[n]:
+                    return False
+        return True
+    n, candidate = 1, path
+    while not ours(candidate):
+        n += 1
+        candidate = f"{path.rstrip(os.sep)}-{n}"
+    return candidate
+
+
 def write_dir(path: str, files: dict[str, bytes], formats=("md", "html", "json")) -> list[str]:
     """Write the chosen formats into `path` (each file via a temporary file, fsync and rename)."""
     os.makedirs(path, exist_ok=True)
@@ -81,7 +104,7 @@ def write_dir(path: str, files: dict[str, bytes], formats=("md", "html", "json")
 def directory_sender(dest: Destination) -> Callable:
     def send(key: str, week: str, payload: dict) -> None:
         try:
-            write_dir(os.path.join(dest.path, week), payload, dest.formats)
+            write_dir(free_dir(os.path.join(dest.path, week), payload), payload, dest.formats)
         except OSError as exc:
             raise DeliveryError(f"directory {dest.path}: {exc.strerror or type(exc).__name__}") from None
     return send

@@ -12,9 +12,11 @@ import json
 import math
 from typing import Callable, Optional
 
+from monitor.kit.numbers import fixed
 from monitor.digest.content import public
 
-SERIES_LABELS = {"load": "active + queued requests", "active_requests": "active requests",
+SERIES_LABELS = {"load": "active + queued requests", "offered": "offered load (the forecasts' series)",
+                 "active_requests": "active requests",
                  "queued_requests": "queued requests", "kv_tokens": "KV-cache tokens",
                  "sessions": "agent sessions"}
 
@@ -25,18 +27,18 @@ def num(x, digits: int = 0, unit: str = "") -> str:
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return "n/a"
     if abs(x) >= 100 or digits == 0:
-        text = f"{x:,.{digits if abs(x) < 100 else 0}f}"
+        text = fixed(x, f",.{digits if abs(x) < 100 else 0}f")
     else:
-        text = f"{x:,.{digits}f}"
+        text = fixed(x, f",.{digits}f")
     return text + unit
 
 
 def pct(x, digits: int = 1) -> str:
-    return "n/a" if x is None else f"{x * 100:.{digits}f}%"
+    return "n/a" if x is None else fixed(x * 100, f".{digits}f") + "%"
 
 
 def money(x, currency: str, digits: int = 2) -> str:
-    return "n/a" if x is None else f"{x:,.{digits}f} {currency}"
+    return "n/a" if x is None else f"{fixed(x, f',.{digits}f')} {currency}"
 
 
 def duration(seconds) -> str:
@@ -66,7 +68,7 @@ def hours(h) -> str:
 def per_1000(c: dict, key: str, currency: str) -> str:
     """A cost per 1,000 tasks, or why there is none (fewer tasks than the minimum)."""
     if c.get(key) is None and c.get("per_task_note"):
-        return f"{c['per_task_note']} ({num(c['completed_tasks'])}; a cost per task needs {num(c['min_tasks'])})"
+        return f"{c['per_task_note']} ({num(c['tasks'])} {c['counted']}; a cost per task needs {num(c['min_tasks'])})"
     return money(c.get(key), currency)
 
 
@@ -87,7 +89,8 @@ def coverage_text(p: dict) -> str:
 # ---- rows shared by every format -----------------------------------------------------------------
 
 # what the next week's forecast is of (digest/content.py `forecast_series`)
-FORECAST_OF = {"offered": "the offered load (served + turned away)", "load": "the served load (active + queued)"}
+FORECAST_OF = {"offered": "the offered load (active + queued, or active + turned away where higher)",
+               "load": "the served load (active + queued)"}
 
 
 def pool_sections(p: dict, currency: str) -> list[tuple[str, list[str], list[list[str]]]]:
@@ -97,7 +100,9 @@ def pool_sections(p: dict, currency: str) -> list[tuple[str, list[str], list[lis
 
 def _peaks(p: dict) -> tuple[str, list[str], list[list[str]]]:
     rows = []
-    for key in ("load", "active_requests", "queued_requests", "kv_tokens", "sessions"):
+    keys = ("load",) + (("offered",) if "offered" in p["peaks"] else ()) + (
+        "active_requests", "queued_requests", "kv_tokens", "sessions")
+    for key in keys:
         pk = p["peaks"].get(key)
         when = "n/a" if not pk else (pk["when"] if pk["value"] > 0 else "(none)")
         rows.append([SERIES_LABELS[key], num(pk["value"], 1) if pk else "n/a", when])
@@ -145,7 +150,7 @@ def _last_week(p: dict) -> tuple[str, list[str], list[list[str]]]:
                                   f"(80% {interval(fl['interval80'])}, 95% {interval(fl['interval95'])})"],
                 ["actual peak", num(fl["actual_peak"], 1)],
                 ["error", f"{num(fl['error'], 1)} ({pct(fl['error_ratio'])})"],
-                ["peak timing error", f"{fl['peak_timing_hours']:+.0f} h"],
+                ["peak timing error", f"{fixed(fl['peak_timing_hours'], '+.0f')} h"],
                 ["hours inside the 80% / 95% band", f"{pct(fl['coverage']['0.8'], 0)} / {pct(fl['coverage']['0.95'], 0)}"],
                 ["mean absolute error per hour", pct(fl["hourly_mape"])]]
     else:
@@ -159,13 +164,14 @@ def _task_types(p: dict) -> tuple[str, list[str], list[list[str]]]:
         s = t["slo"]
         pk = t.get("peak_arrival_rate") or {}
         f = t.get("forecast_next_week") or {}
-        rows.append([t["name"], f"{t['completed']:,d}", f"{num(pk.get('value'), 2)}/s ({pk.get('when', 'n/a')})",
+        done = "n/a" if t["completed"] is None else f"{t['completed']:,d}"
+        rows.append([t["name"], done, f"{t['started']:,d}", f"{num(pk.get('value'), 2)}/s ({pk.get('when', 'n/a')})",
                      f"{num(f.get('peak'), 2)}/s (95% to {num((f.get('interval95') or [None, None])[1], 2)})"
                      if f.get("defined") else "n/a",
                      "n/a" if not s["target_seconds"] else f"p{s['objective'] * 100:g} ≤ {num(s['target_seconds'], 1)} s",
                      pct(s["violation_ratio"], 2),
                      "n/a" if s["met"] is None else ("met" if s["met"] else "MISSED")])
-    return ("Task types", ["task type", "completed", "peak arrivals", "next week's peak", "SLO target",
+    return ("Task types", ["task type", "completed", "started", "peak arrivals", "next week's peak", "SLO target",
                            "over target", "SLO"], rows)
 
 
@@ -174,9 +180,9 @@ def _cost(p: dict, currency: str) -> tuple[str, list[str], list[list[str]]]:
     rows = [["hours covered by history", hours(c["covered_hours"])],
             ["GPU-hours", f"{num(c['gpu_hours'], 2)} ({money(c['gpu_cost'], currency)})"],
             ["energy", f"{num(c['energy_kwh'], 2)} kWh ({money(c['energy_cost'], currency)})"],
-            ["completed tasks", f"{c['completed_tasks']:,d}"],
-            ["private cost per 1,000 tasks", per_1000(c, "private_per_1000", currency)],
-            [f"{c['api_name']} per 1,000 tasks (same tokens)", per_1000(c, "api_per_1000", currency)],
+            [f"tasks {c['counted']}", f"{c['tasks']:,d}"],
+            [f"private cost per 1,000 tasks {c['counted']}", per_1000(c, "private_per_1000", currency)],
+            [f"{c['api_name']} per 1,000 tasks {c['counted']} (same tokens)", per_1000(c, "api_per_1000", currency)],
             ["private / API", "n/a" if c["private_over_api"] is None else f"{c['private_over_api']:.2f}x"]]
     for t in p["tasks"]:
         if t.get("api_cost_per_1000") is not None:
@@ -342,7 +348,7 @@ def render_slack(d: dict) -> dict:
                   f"*Next week's peak*\n{num(fn.get('peak'))} (95%: {interval(fn.get('interval95'))})"
                   if fn.get("defined") else "*Next week's peak*\nn/a",
                   f"*Over SLO target*\n{pct(slo, 2)}",
-                  f"*Per 1,000 tasks*\n{per_1000(c, 'private_per_1000', slack_escape(c['currency']))} private vs "
+                  f"*Per 1,000 tasks {c['counted']}*\n{per_1000(c, 'private_per_1000', slack_escape(c['currency']))} private vs "
                   f"{per_1000(c, 'api_per_1000', slack_escape(c['currency']))} API",
                   f"*Sessions per MW*\n{num(p.get('sessions_per_megawatt'))}"]
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": f"*Pool {slack_escape(p['name'])}*"[:3000]},

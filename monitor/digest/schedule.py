@@ -48,8 +48,10 @@ def run_digest(settings: DigestSettings, build_fn: Callable[[float], DigestInput
     end = week_end_for(now)
     week = digest_edition(digest_week(end, settings.timezone), getattr(build_fn, "shard", None))
     dests = [d.name for d in settings.destinations]
-    if outbox.has_week(week):
-        log.info("digest %s is already in the outbox; queueing only missing destinations", week)
+    kept = outbox.has_week(week)
+    if kept:
+        log.info("digest %s is already in the outbox: the first one is kept (not rebuilt); queueing only "
+                 "missing destinations", week)
         queued = outbox.enqueue(week, {}, dests, now)
     else:
         digest = build_digest(build_fn(end), settings, generated_at=now)
@@ -57,7 +59,10 @@ def run_digest(settings: DigestSettings, build_fn: Callable[[float], DigestInput
             raise ValueError(f"the digest built is {digest['edition']}, expected {week} (shard mismatch)")
         queued = outbox.enqueue(week, render_files(digest), dests, now)
     outcomes = drain(settings, outbox, now, clock) if deliver else {}
-    return {"week": week, "queued": queued, "outcomes": outcomes, "pending": outbox.pending_count()}
+    out = {"week": week, "queued": queued, "outcomes": outcomes, "pending": outbox.pending_count()}
+    if kept:
+        out["note"] = f"digest {week} was built before: the first one is kept, not rebuilt"
+    return out
 
 
 class HistoryBuild:

@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ..catalogue import CATALOGUE
+from ..kit.numbers import unsigned
 from ..model import Snapshot
 from .samples import Cadence, ProcessStatus, Renderer, Samples
 
@@ -46,7 +47,7 @@ class SnapshotCollector:
                 fam = GaugeMetricFamily(mdef.name, mdef.help)
             sample_name = fam.name + "_total" if mdef.type == "counter" else fam.name
             for lab, value in rows:  # the catalogue's labels and a pool key's (cluster=...: samples.py)
-                fam.add_sample(sample_name, lab, value)
+                fam.add_sample(sample_name, lab, unsigned(value))  # never -0.0 (monitor/kit/numbers.py)
             yield fam
 
 

@@ -14,7 +14,9 @@ from typing import Optional
 
 from .. import __version__
 from ..capacity.fit import fleet_fit
+from ..kit.numbers import fixed
 from ..model import Alert, Capacity, PoolSnapshot, Quantiles, Snapshot
+from .headline import Ratios, headline
 from .landing_pages import LANDING_PAGE_POOLS, paged
 
 
@@ -25,8 +27,10 @@ class Trends:
         self.keep = keep_seconds
         self.resolution = resolution
         self.points: dict[str, deque] = {}
+        self.ratios = Ratios()  # every cycle's headroom ratio, for the headline (export/headline.py)
 
     def add(self, snap: Snapshot) -> None:
+        self.ratios.add(snap)
         for p in snap.pools:
             if p.replicas == 0:
                 continue
@@ -50,6 +54,7 @@ class Trends:
         """The wall clock stepped by `seconds`: the chart's points move with it."""
         for pool, dq in self.points.items():
             self.points[pool] = deque((t + seconds, *rest) for t, *rest in dq)
+        self.ratios.shift_time(seconds)
 
     def seed(self, pool: str, points: list[tuple[float, float, float, float]]) -> None:
         dq = self.points.setdefault(pool, deque())
@@ -62,8 +67,8 @@ def _fmt(v: Optional[float], digits: int = 0) -> str:
     if v is None:
         return "–"
     if digits == 0:
-        return f"{v:,.0f}"
-    return f"{v:,.{digits}f}"
+        return fixed(v, ",.0f")
+    return fixed(v, f",.{digits}f")
 
 
 def _quantile(q: Optional[Quantiles], name: str, digits: int = 2) -> str:
@@ -205,7 +210,7 @@ def _tasks_table(p: PoolSnapshot) -> str:
     rows = []
     for name, t in sorted(p.tasks.by_type.items()):
         target = f"{t.slo_target_seconds:g} s" if t.slo_target_seconds is not None else "–"
-        over = (f"{t.slo_violation_ratio * 100:.1f} %" if t.slo_violation_ratio is not None else "–")
+        over = (fixed(t.slo_violation_ratio * 100, ".1f") + " %" if t.slo_violation_ratio is not None else "–")
         rows.append(f"<tr><td>{e(name)}</td><td>{_fmt(t.arrival_rate, 2)}</td><td>{_fmt(t.calls_per_task, 1)}</td>"
                     f"<td>{_fmt(t.sessions)}</td><td>{_quantile(t.task_latency, 'p95', 1)}</td><td>{target}</td><td>{over}</td>"
                     f"<td>{_burn_cell(t.slo_burn_rate)}</td></tr>")
@@ -218,7 +223,7 @@ def _burn_cell(rates: dict) -> str:
     """Each burn window's rate; a window the history does not cover yet reads "—", titled so."""
     if not rates:
         return "–"
-    return " ".join(f"{html.escape(w)} {v:.1f}" if v is not None else
+    return " ".join(f"{html.escape(w)} {fixed(v, '.1f')}" if v is not None else
                     f'<span class="muted" title="not yet covered">{html.escape(w)} —</span>'
                     for w, v in rates.items())
 
@@ -231,25 +236,16 @@ def _kv_band_text(p: PoolSnapshot) -> str:
     return f" · band {_fmt(lo)}–{_fmt(hi)}"
 
 
-def _pool_card(p: PoolSnapshot, trend: list, alerts: Optional[list[Alert]] = None, now: float = 0.0) -> str:
+def _pool_card(p: PoolSnapshot, trend: list, alerts: Optional[list[Alert]] = None, now: float = 0.0,
+               ratios=()) -> str:
     e = html.escape
     cap = p.capacity if p.capacity is not None else Capacity()
     knee = cap.knee_requests
-    ratio = cap.ratio.current
-    ratio_n1 = cap.ratio.n_minus_1
     kv_pct = p.kv_usage_ratio * 100 if p.kv_usage_ratio is not None else None
     kv_text = _fmt(None) if kv_pct is None else f"{kv_pct:.0f}%"  # unknown usage: the page's dash, never 0 %
-    cls = "ok"
-    if ratio is not None and ratio < 0.1:
-        cls = "bad"
-    elif ratio is not None and ratio < 0.25:
-        cls = "warn"
+    cls, headline_kpi = headline(p, cap, list(ratios))
     stale = ' <span class="badge bad">stale</span>' if p.stale else ""
     sessions, session_cap, spmw = cap.sessions, cap.session_capacity, cap.sessions_per_megawatt
-    headroom = f"{ratio * 100:.0f}%" if ratio is not None else "–"
-    headroom_n1 = f"{ratio_n1 * 100:.0f}%" if ratio_n1 is not None else "–"
-    if ratio_n1 is None and ratio is not None and p.replicas - p.stalled_replicas == 1:
-        headroom_n1 = "no N-1"  # one working replica: nothing is left when it is lost
     mine = [a for a in alerts or () if a.state == "firing" and _alert_of(a, p)]  # pending: above
     if mine:
         stale += ' <span class="badge bad">alert firing</span>'
@@ -264,7 +260,7 @@ def _pool_card(p: PoolSnapshot, trend: list, alerts: Optional[list[Alert]] = Non
     <div><b>{_fmt(p.queued_requests)}</b><span>queued in the engines</span></div>
     {_gateway_kpi(p)}
     <div><b>{_fmt(p.kv_tokens_live)}</b><span>of {_fmt(p.kv_tokens_capacity)} KV tokens ({kv_text}){_kv_band_text(p)}</span></div>
-    <div><b class="{cls}">{headroom}</b><span>headroom now · N-1: {headroom_n1}</span></div>
+    {headline_kpi}
     <div><b>{_fmt(sessions)}</b><span>agent sessions of {_fmt(session_cap)} sustainable</span></div>
     <div><b>{_fmt(spmw)}</b><span>sessions per MW</span></div>
     <div><b>{p.replicas}/{p.replicas_configured}</b><span>replicas up</span></div>
@@ -343,7 +339,8 @@ def render(snapshot: Optional[Snapshot], trends: Trends, title: str = "headroom"
         shown, pages = paged(snapshot.pools, page)
         groups = _groups(shown) if not pages else [((), shown)]  # paged: in pressure order, labels on each card
         cards = pages + "".join(_group_head(group) + "".join(
-            _pool_card(p, list(trends.points.get(p.pool, ())), snapshot.alerts, snapshot.timestamp) for p in pools)
+            _pool_card(p, list(trends.points.get(p.pool, ())), snapshot.alerts, snapshot.timestamp,
+                       trends.ratios.get(p.pool)) for p in pools)
             for group, pools in groups)
         alerts += _fit_section(snapshot.pools)
         down = [s for s in snapshot.sources if not s.up]

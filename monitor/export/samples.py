@@ -276,6 +276,7 @@ def task_samples(out: Rows, pool: str, tasks: PoolTasks) -> None:
     for tt, t in sorted(entries.items()):
         lab = {"task_type": tt}
         add("headroom_task_arrival_rate", lab, getattr(t, "arrival_rate", None))
+        add("headroom_task_completion_rate", lab, getattr(t, "completion_rate", None))
         add("headroom_task_calls_per_task", lab, getattr(t, "calls_per_task", None))
         latency = getattr(t, "task_latency", None)
         if latency is not None:
@@ -330,6 +331,9 @@ def _snapshot_samples(out: Rows, snap: Snapshot) -> None:
             continue
         seen.add(key)
         out.add("headroom_source_up", {"source": st.source, "target": st.target}, 1.0 if st.up else 0.0)
+        if st.duration_seconds is not None:
+            out.add("headroom_source_duration_seconds", {"source": st.source, "target": st.target},
+                    st.duration_seconds)
         if st.up and st.source == "vllm":
             out.add("headroom_source_missing_families", {"source": st.source, "target": st.target},
                     float(len(st.missing)))
@@ -339,6 +343,9 @@ def _snapshot_samples(out: Rows, snap: Snapshot) -> None:
     for part, v in sorted(snap.source_stale_seconds.items()):
         if v == v:  # NaN: never read yet, nothing to say
             out.add("headroom_source_stale_seconds", {"source": "prometheus", "part": part}, v)
+    for key, v in sorted(snap.slow.items()):
+        source, _, target = key.partition("|")
+        out.add("headroom_source_slow", {"source": source, "target": target}, v)
     for key, v in sorted(snap.errors.items()):
         source, _, reason = key.partition("|")
         out.add("headroom_source_errors", {"source": source, "reason": reason}, v)

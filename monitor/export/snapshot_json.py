@@ -16,6 +16,7 @@ import math
 from typing import Any
 
 from ..capacity.fit import fleet_fit
+from ..kit.numbers import unsigned
 from ..model import PoolSnapshot, Snapshot
 
 
@@ -25,7 +26,7 @@ def clean(v: Any) -> Any:
             return None
         if math.isinf(v):
             return "+Inf" if v > 0 else "-Inf"
-        return v
+        return unsigned(v)  # never -0.0 (monitor/kit/numbers.py)
     if isinstance(v, dict):
         return {str(k): clean(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):

@@ -45,6 +45,7 @@ def points_from_snapshot(snapshot) -> list[tuple[str, str, float, float]]:
             add(p.pool, "power_watts", p.capacity.power_watts)
         for task, stats in sorted((p.tasks.by_type if p.tasks is not None else {}).items()):
             add(p.pool, schema.key("task_arrivals", task), stats.arrival_rate)
+            add(p.pool, schema.key("task_completions", task), stats.completion_rate)
             add(p.pool, schema.key("slo_violation_ratio", task), stats.slo_violation_ratio)
     return out
 

@@ -107,6 +107,7 @@ class TaskStats:
     arrival_rate: Optional[float] = None  # tasks per second
     call_rate: Optional[float] = None
     completed_tasks: Optional[float] = None
+    completion_rate: Optional[float] = None  # tasks completed per second (the task-duration histogram's count)
     calls_per_task: Optional[float] = None
     calls_per_task_source: Optional[str] = None
     task_latency: Optional[Quantiles] = None
@@ -129,6 +130,7 @@ class TaskStats:
         out = {
             "tasks": self.tasks, "calls": self.calls, "arrival_rate": self.arrival_rate,
             "call_rate": self.call_rate, "completed_tasks": self.completed_tasks,
+            "completion_rate": self.completion_rate,
             "calls_per_task": self.calls_per_task, "calls_per_task_source": self.calls_per_task_source,
             "task_latency": _q(self.task_latency), "call_latency": _q(self.call_latency),
             "ttft": _q(self.ttft), "sessions": self.sessions, "sessions_source": self.sessions_source,

@@ -194,6 +194,8 @@ class SourceStatus:
     duration_seconds: Optional[float] = None
     attempted: bool = True  # False while a failing target waits out its backoff (not a new error)
     missing: tuple = ()  # families of the metric contract the target did not expose (monitor/sources/vllm.py)
+    slow: bool = False  # up, but slow: answered after global.scrape_timeout or the cycle deadline, or
+    # missed this cycle while its last reading is kept (a gateway under load: monitor/sources/auxiliary.py)
 
 
 @dataclass
@@ -218,3 +220,4 @@ class Snapshot:
     clock_steps: dict[str, float] = field(default_factory=dict)  # wall-clock steps found, by direction (cumulative)
     # Prometheus mode: per part of the read (replicas, histograms) the age of the values in use; 0 fresh
     source_stale_seconds: dict[str, float] = field(default_factory=dict)
+    slow: dict[str, float] = field(default_factory=dict)  # "source|target" -> cycles it was slow (cumulative)

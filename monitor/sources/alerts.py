@@ -3,7 +3,10 @@
 The landing page shows them beside the numbers they are about (`sources.alerts` in the config; the
 demo points it at its own Prometheus). Pure given the response body: `read_alerts(text, kind)`.
 Only `headroom`'s own alerts (names starting `Headroom`) are kept, firing ones first; pending
-ones (Prometheus: the `for:` has not elapsed yet) are kept too, marked as such.
+ones (Prometheus: the `for:` has not elapsed yet) are kept too, marked as such. With
+`sources.alerts.match` (this daemon's target labels, e.g. `{job: headroom}`) another job's alerts for
+the same pools are left out (`this_jobs`): a direct-mode and a Prometheus-mode daemon, both watched
+by one Prometheus, each list their own.
 """
 from __future__ import annotations
 
@@ -138,6 +141,12 @@ def _read(text: str, kind: str, rows_cut: Optional[list] = None) -> tuple[list[A
             break
         kept.append(alert)
     return kept, len(out) - len(kept) + sum(id(a) in shortened for a in kept)
+
+
+def this_jobs(alerts: list[Alert], match: dict[str, str]) -> list[Alert]:
+    """The alerts that are not another job's: none of `match`'s labels set to another value (an
+    alert without the label, as the vLLM rules' are, is kept)."""
+    return [a for a in alerts if all(a.labels.get(k, v) == v for k, v in match.items())]
 
 
 def read_alerts(text: str, kind: str, rows_cut: Optional[list] = None) -> tuple[list[Alert], int]:

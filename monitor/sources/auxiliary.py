@@ -12,7 +12,9 @@ cycle's deadline covers the parse. A source without an answer by the cycle deadl
 either way the cycle goes on. Gateway bodies are read for the capacity layer only (`gateway_configs`
 None: fetched, their status counted, not read), also per model of the cycle's pools when a gateway
 with a model label and no `pool` fronts several; each `GatewayScrape` carries the gateway's
-`labels` (its scope: monitor/derive/gateway_scope.py).
+`labels` (its scope: monitor/derive/gateway_scope.py). A gateway is read once per cycle at its own
+pace (its timeout, a late answer read the next cycle, its last reading kept through a missed cycle:
+slow, not down): monitor/sources/gateway_pace.py.
 """
 from __future__ import annotations
 
@@ -25,10 +27,11 @@ from monitor.derive.core import pool_of
 from monitor.kit.http import BodyBudget, FetchError, Fetcher, redact
 from monitor.model import ReplicaReading, SourceStatus
 from monitor.readings import DcgmReading, GatewayConfig, GatewayScrape
-from monitor.sources.alerts import api_url, read_alerts, ui_url
+from monitor.sources.alerts import api_url, read_alerts, this_jobs, ui_url
 from monitor.sources.aux_samples import AUX_MAX_BODY_BYTES, AUX_MAX_ROWS
 from monitor.sources.dcgm import read_dcgm
 from monitor.sources.gateway import gateway_samples, scrape_from_samples
+from monitor.sources.gateway_pace import MISSED, SLOW_MISSES, GatewayPace, gateway_timeout
 from monitor.sources.gateway_queue import KINDS as QUEUE_KINDS, queue_samples, queues_from_samples
 from monitor.sources.scrape import DeadlinePool, Late
 from monitor.step import CycleInputs, count_into
@@ -45,6 +48,8 @@ class AuxSources:
         self.gateway_configs = gateway_configs
         self._fetchers: dict[int, Fetcher] = {}
         self._cut_said: set = set()  # (kind, url) of sources whose body was cut at the row cap (said once)
+        self.pace = GatewayPace()
+        self._started: list = []
 
     def workers(self) -> int:
         """How many requests a cycle starts at most."""
@@ -59,11 +64,14 @@ class AuxSources:
 
     def start(self, pool: DeadlinePool) -> list:
         """Every auxiliary body requested on `pool` and parsed there, by the worker that fetched it, so
-        the cycle's deadline covers the parse too; the handles for `pool.wait`."""
+        the cycle's deadline covers the parse too; the handles for `pool.wait`. A gateway whose request
+        of an earlier cycle has finished since is not asked again: that answer is read."""
         timeout = self.config.scrape_timeout
-        jobs = [(("gateway", i, gw.url), lambda f=self._fetcher_for(gw.auth), u=gw.url, i=i:
-                 fetch(f, u, timeout, lambda text: self.prepare_gateway(i, text)))
-                for i, gw in enumerate(self.config.gateways)]
+        self.pace.carried.clear()
+        carried = {i: self.pace.carry(i) for i in range(len(self.config.gateways))}
+        jobs = [(("gateway", i, gw.url), lambda f=self._fetcher_for(gw.auth), u=gw.url, i=i, t=gateway_timeout(
+                 self.config, gw): fetch(f, u, t, lambda text: self.prepare_gateway(i, text)))
+                for i, gw in enumerate(self.config.gateways) if carried[i] is None]
         dcgm = self._fetcher_for(None) if self.config.dcgm_targets else None
         jobs += [(("dcgm", t.url), lambda u=t.url: fetch(dcgm, u, timeout, lambda text: _prepare_dcgm(text, redact(u))))
                  for t in self.config.dcgm_targets]
@@ -72,7 +80,11 @@ class AuxSources:
             url = api_url(alerts.url, alerts.kind)
             jobs.append((("alerts", url), lambda f=self._fetcher_for(alerts.auth), u=url:
                          fetch(f, u, timeout, lambda text: _prepare_alerts(text, alerts.kind))))
-        return pool.start(jobs)
+        started = iter(pool.start(jobs))
+        out = [(("gateway", i, gw.url), carried[i]) if carried[i] is not None else next(started)
+               for i, gw in enumerate(self.config.gateways)]
+        self._started = out + list(started)
+        return self._started
 
     def prepare_gateway(self, index: int, text: str) -> "Parsed":
         """A gateway body parsed (on the worker that fetched it): the samples its reading needs and, for
@@ -106,7 +118,11 @@ class AuxSources:
             sources.append(("alerts", api_url(cfg.alerts.url, cfg.alerts.kind), None))
             inputs.alerts_ui = redact(ui_url(cfg.alerts.url, cfg.alerts.kind))
         models = pool_models(inputs.readings, history or {}, cfg.pool_by) if cfg.gateways else ()
-        for (kind, url, index), result in zip(sources, results):
+        for j, ((kind, url, index), result) in enumerate(zip(sources, results)):
+            if kind == "gateway":
+                future = self._started[j][1] if j < len(self._started) else None
+                self._paced_gateway(inputs, index, url, result, future, now, began, models)
+                continue
             if isinstance(result, tuple):
                 parsed, err, took = result
                 inputs.statuses.append(SourceStatus(kind, redact(url), err is None, err.reason if err else None,
@@ -117,9 +133,7 @@ class AuxSources:
             if isinstance(parsed, Parsed) and parsed.cut:
                 count_into(inputs.anomalies, {"aux_rows_cut": 1.0})
                 self._say_cut(kind, url)
-            if kind == "gateway":
-                self._gateway(inputs, index, parsed, now, models)
-            elif kind == "alerts":
+            if kind == "alerts":
                 if parsed is not None:
                     self._alerts_read(inputs, parsed.value, url)
             elif parsed is not None:
@@ -128,6 +142,46 @@ class AuxSources:
                     inputs.dcgm.append(reading)
                 elif reading is not None:
                     inputs.statuses[-1] = unparsed(inputs.statuses[-1], reading)
+
+    def _paced_gateway(self, inputs: CycleInputs, index: int, url: str, result: object, future: object,
+                       now: float, began: float, models: tuple) -> None:
+        """A gateway's answer, or a slow gateway's kept reading, or down (gateway_pace.py)."""
+        if isinstance(result, Late):
+            self.pace.still_running(index, future, now)
+        text, err, took = result if isinstance(result, tuple) else (None, None, time.monotonic() - began)
+        if isinstance(result, tuple) and err is None:
+            if isinstance(text, Parsed) and text.cut:
+                count_into(inputs.anomalies, {"aux_rows_cut": 1.0})
+                self._say_cut("gateway", url)
+            stamp, late_answer = self.pace.stamp(index, now, took)
+            slow = late_answer or took > self.config.scrape_timeout
+            detail = None
+            if slow:
+                detail = (f"slow: answered in {took:.1f} s" + (", after the cycle deadline (read this cycle)"
+                                                               if late_answer else f", over scrape_timeout "
+                                                               f"{self.config.scrape_timeout:g} s"))
+            inputs.statuses.append(SourceStatus("gateway", redact(url), True, None, detail, took, slow=slow))
+            self._gateway(inputs, index, text, stamp, models)
+            if inputs.statuses[-1].up:
+                self.pace.answered(index, inputs.gateways[-1])
+            else:
+                self.pace.failed(index)
+            return
+        self.pace.carried.pop(index, None)
+        down = (SourceStatus("gateway", redact(url), False, err.reason, err.detail, took) if err is not None
+                else late("gateway", url, result, began))
+        kept = self.pace.missed(index) if down.error in MISSED else None
+        if kept is None:
+            if down.error not in MISSED:
+                self.pace.failed(index)
+            inputs.statuses.append(down)
+            self._gateway(inputs, index, None, now, models)
+            return
+        why = down.detail or down.error
+        inputs.statuses.append(SourceStatus(
+            "gateway", redact(url), True, None, f"slow: {why}; its reading of {now - kept.timestamp:.0f} s ago is kept "
+            f"(missed {self.pace.misses[index]} of at most {SLOW_MISSES} cycles in a row)", took, slow=True))
+        inputs.gateways.append(kept)
 
     def _say_cut(self, kind: str, url: str) -> None:
         """A body cut at the row cap: said once per source (the anomaly counts every cycle)."""
@@ -179,7 +233,8 @@ class AuxSources:
             inputs.statuses[-1] = unparsed(inputs.statuses[-1], result)
             log.warning("alerts %s: %s", redact(url), inputs.statuses[-1].detail)
             return
-        inputs.alerts, dropped = result
+        alerts, dropped = result
+        inputs.alerts = this_jobs(alerts, self.config.alerts.match)
         if dropped:
             count_into(inputs.anomalies, {"alerts_cut": float(dropped)})
 

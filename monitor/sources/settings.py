@@ -175,6 +175,12 @@ class GatewaySource:
                                       "serves, e.g. {cluster: a}; it feeds only those pools. Without labels it "
                                       "feeds a model's pool only when one pool serves that model (two clusters "
                                       "serving it: not attributed, counted as gateway_unattributed)")
+    timeout: Optional[float] = key(Duration(gt=0, le=3600),
+                                   help="how long a request to this gateway's /metrics may take; default the "
+                                        "larger of global.scrape_timeout and 60% of global.interval (9 s at 15 s: "
+                                        "LiteLLM's /metrics took 2.5 s on average under load and often over 5 s). "
+                                        "An answer after global.scrape_timeout is slow, not down; the cycle waits "
+                                        "for it up to 90% of the interval (monitor/sources/gateway_pace.py)")
     auth: HttpAuth = group(HttpAuth)
 
 
@@ -196,4 +202,9 @@ class AlertsSource:
                                               "page shows (headroom's own, names Headroom*)")
     kind: str = key(Choice(("prometheus", "alertmanager")), "prometheus",
                     help="prometheus reads /api/v1/alerts (firing and pending), alertmanager /api/v2/alerts")
+    match: dict[str, str] = key(Labels(), {},
+                                help="this daemon's own target labels, e.g. {job: headroom}: an alert carrying one "
+                                     "of these labels with another value is another job's (another headroom "
+                                     "watching the same pools) and is not shown; alerts without the label (the "
+                                     "vLLM rules') are kept. Default: every Headroom* alert")
     auth: HttpAuth = group(HttpAuth)
