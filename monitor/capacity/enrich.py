@@ -32,7 +32,11 @@ For each pool it
      gateway's reading feeds (its scope: sources.gateways[i].labels) is monitor/capacity/gateway_plan.py;
   4. joins DCGM power to the pool's replicas (monitor/capacity/power.py);
   5. sets `pool.capacity` (a `Capacity`, monitor/capacity/headroom.py) and `pool.tasks` (a
-     `PoolTasks`); monitor/export/samples.py renders both.
+     `PoolTasks`); monitor/export/samples.py renders both. The load `current` and N-1 judge is the
+     pool's load (active + engine queued + gateway queued) averaged over the latency window
+     (monitor/capacity/load_window.py, time-weighted over the cycles); `instant` judges this cycle's. Every
+     latency target of the pool is judged over the latency window (`_judge`): one over its allowed
+     share is the `slo` limit (monitor/capacity/slo_limit.py).
 
 Configuration (`capacity:` section; every key optional):
     knee_signal: queue            # queue | ttft | e2e_per_token | e2e | itl
@@ -59,12 +63,15 @@ from monitor.derive import histogram as histo
 from monitor.derive.core import pool_of
 from monitor.derive.kv_band import kv_band
 from monitor.derive.counters import histogram_increase, increase
+from monitor.capacity.gateway_latency import added_latency, gateway_call_histograms
 from monitor.capacity.gateway_plan import Planned, plan_gateways
 from monitor.capacity.headroom import CapacitySettings, pool_capacity
 from monitor.capacity.knee import KneeEstimator, SteadyPrior
+from monitor.capacity.load_window import LoadWindows
 from monitor.capacity.power import key_map, power_by_pool
 from monitor.capacity.shed import gateway_shed_rates
 from monitor.capacity.slo import SloTracker, Target, bad_count, window_burn
+from monitor.capacity.slo_limit import Judged, judged_from_counts, slo_limit
 from monitor.capacity.tasks import TaskWindow, call_latency_by_class, derive_tasks, join_sources
 from monitor.poolkey import extras_of
 from monitor.model import Capacity, Histogram, PoolSlo, PoolSnapshot, PoolTasks, Quantiles, ReplicaReading, TaskStats
@@ -151,6 +158,8 @@ class CapacityState:
         self.gateway_windows: dict[tuple[int, Optional[str]], TaskWindow] = {}
         self.gateways_warned: set[int] = set()  # gateways whose unattributed readings were logged
         self.pool_seen: dict[str, float] = {}  # pool -> the last cycle it was assessed
+        self.loads = LoadWindows(self.window)  # each pool's load over the latency window
+        self.judged: dict[str, list[Judged]] = {}  # pool -> its latency targets judged this cycle
 
     def shift_time(self, seconds: float) -> None:
         """The wall clock stepped by `seconds` (monitor/step.py CycleState.shift_time): the SLO windows,
@@ -160,6 +169,7 @@ class CapacityState:
             window.shift_time(seconds)
         self.seen = {key: t + seconds for key, t in self.seen.items()}
         self.pool_seen = {pool: t + seconds for pool, t in self.pool_seen.items()}
+        self.loads.shift_time(seconds)
         self.slo_task_pools = {tt: {pool: t + seconds for pool, t in pools.items()}
                                for tt, pools in self.slo_task_pools.items()}
 
@@ -171,6 +181,7 @@ class CapacityState:
             del self.pool_seen[pool]
             self.knees.pop(pool, None)
             self.priors.pop(pool, None)
+            self.loads.forget(pool)
         for task_type, pools in list(self.slo_task_pools.items()):
             for pool in [p for p, t in pools.items() if t < before]:
                 del pools[pool]
@@ -221,10 +232,12 @@ def assess(state: CapacityState, pools: list[PoolSnapshot], history: History,
     readings no pool could be given alone are counted into `anomalies`; `fleet`: (pool, model) of
     every pool, other shards' too, the gateways' scopes are taken over (gateway_plan.py)."""
     state.slo_cycle_windows = slo_windows
+    state.judged = {}
     planned = plan_gateways(state, fleet or [(p.pool, p.model) for p in pools], gateways, anomalies,
                             {p.pool for p in pools})
     tasks = _tasks(state, pools, planned, now)
     shed = gateway_shed_rates(planned, {p.pool for p in pools})
+    gateway_calls = gateway_call_histograms(planned, {p.pool for p in pools})
     power = _power(state, history, dcgm)
     by_pool: dict[str, dict] = {}  # one pass over the history: the work stays linear in series
     for key, readings in history.items():
@@ -247,13 +260,19 @@ def assess(state: CapacityState, pools: list[PoolSnapshot], history: History,
         settings = CapacitySettings(max_num_seqs=ps.max_num_seqs, kv_tokens_per_request=state.kv_per_request,
                                     watts_per_replica=ps.watts_per_replica,
                                     active_requests_per_session=state.per_session)
+        pool_slos = _pool_slos(state, p, mine, now)
+        if p.pool in gateway_calls:
+            p.gateway_added_latency = added_latency(histo.quantiles(gateway_calls[p.pool]), p.latency.get("e2e"))
         if p.stale or p.replicas == 0:
             p.capacity = Capacity(knee_detail=STALE, withheld=True)
         else:
             sp = state.steady_prior(p.pool)
             steady = (sp.kv_tokens_per_request, sp.kv_source) if sp.kv_tokens_per_request else None
-            p.capacity = pool_capacity(p, knee, settings, power.get(p.pool), sessions, kv_per_request=steady)
-        p.tasks = PoolTasks(by_type, _pool_slos(state, p, mine, now), classes)
+            load = state.loads.mean(p.pool, now, p.load_requests)
+            limit = slo_limit(load[0] if load else None, state.judged.get(p.pool, ()))
+            p.capacity = pool_capacity(p, knee, settings, power.get(p.pool), sessions, kv_per_request=steady,
+                                       load=load, slo=(limit[0], limit[1].as_dict()) if limit else None)
+        p.tasks = PoolTasks(by_type, pool_slos, classes)
 
 
 def _observe(state: CapacityState, est: KneeEstimator, history: History) -> None:
@@ -311,10 +330,18 @@ def _slo_windows(state: CapacityState, pool: str, t, stats: TaskStats, now: floa
     except ValueError:
         return stats
     ratio = state.tracker.ratio(key, state.window)
+    _judge(state, pool, stats.task_type, target, key)
     if ratio is not None:
         stats = replace(stats, slo_violation_ratio=ratio, slo_window_seconds=state.window)
     rates, source = _burn_rates(state, key, target)
     return replace(stats, slo_burn_rate=rates, slo_source=source)
+
+
+def _judge(state: CapacityState, pool: str, name: str, target: Target, key: tuple) -> None:
+    """The target's counts over the latency window, for the pool's slo limit (slo_limit.py)."""
+    judged = judged_from_counts(name, target.seconds, target.budget, state.tracker.counts(key, state.window))
+    if judged is not None:
+        state.judged.setdefault(pool, []).append(judged)
 
 
 def _target_tag(target: Target) -> str:
@@ -362,6 +389,7 @@ def _pool_slos(state: CapacityState, p: PoolSnapshot, history: History, now: flo
             state.tracker.observe(key, now, total, (histo.fraction_above(h, target.seconds) or 0.0) * total)
         except ValueError:
             continue
+        _judge(state, p.pool, slo.key, target, key)
         out[slo.key] = replace(slo, slo_violation_ratio=state.tracker.ratio(key, state.window),
                                slo_burn_rate=state.tracker.burn_rates(key, target))
     return out

@@ -163,7 +163,12 @@ def pool_samples(out: Rows, p: PoolSnapshot) -> None:
     for reason, v in sorted(p.queued_by_reason.items()):
         out.add("headroom_queued_requests_by_reason", {"pool": p.pool, "reason": reason}, v)
     for gateway, v in sorted(p.gateway_queued.items()):
-        out.add("headroom_gateway_queued_requests", {"pool": p.pool, "gateway": gateway}, v)
+        out.add("headroom_gateway_queued_requests",
+                {"pool": p.pool, "gateway": gateway, "source": p.gateway_queued_source.get(gateway, "queue")}, v)
+    if p.gateway_added_latency is not None:
+        for label, attr in QUANTILE_FIELDS:
+            out.add("headroom_gateway_added_latency_seconds", {"pool": p.pool, "q": label},
+                    getattr(p.gateway_added_latency, attr))
     out.add("headroom_kv_tokens", pl, p.kv_tokens_live)
     out.add("headroom_kv_tokens_low", pl, p.kv_tokens_live_low)
     out.add("headroom_kv_tokens_high", pl, p.kv_tokens_live_high)
