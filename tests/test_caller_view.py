@@ -123,7 +123,9 @@ def test_the_gateway_queue_is_litellm_in_flight_less_the_engines_running_and_wai
     assert pool.load_requests == 3.0 + 1.0 + 14.0
     samples = Renderer().render(snap)
     assert samples["headroom_gateway_queued_requests"] == [({"pool": "tiny", "gateway": GW, "source": "in_flight"}, 14.0)]
-    assert samples["headroom_queued_requests"] == [({"pool": "tiny"}, 1.0)]  # the engine's queue, as before
+    # where each waits: 1 in the engine, 14 in front of it
+    assert samples["headroom_queued_requests"] == [({"pool": "tiny", "where": "engine"}, 1.0),
+                                                   ({"pool": "tiny", "where": "gateway"}, 14.0)]
     assert pool.capacity.load_requests_instant == 18.0  # headroom counts the gateway's queue
     doc = snapshot_to_dict(snap)["pools"][0]
     assert doc["gateway_queued_requests"] == 14.0 and doc["gateway_queued_source"] == {GW: "in_flight"}

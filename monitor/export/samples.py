@@ -159,7 +159,9 @@ def pool_samples(out: Rows, p: PoolSnapshot) -> None:
     if p.replicas == 0:
         return  # nothing fresh to say about this pool: withhold rather than repeat old values
     out.add("headroom_active_requests", pl, p.active_requests)
-    out.add("headroom_queued_requests", pl, p.queued_requests)
+    out.add("headroom_queued_requests", {"pool": p.pool, "where": "engine"}, p.queued_requests)
+    if p.gateway_queued:
+        out.add("headroom_queued_requests", {"pool": p.pool, "where": "gateway"}, p.gateway_queued_requests)
     for reason, v in sorted(p.queued_by_reason.items()):
         out.add("headroom_queued_requests_by_reason", {"pool": p.pool, "reason": reason}, v)
     for gateway, v in sorted(p.gateway_queued.items()):
