@@ -136,3 +136,59 @@ def test_an_idle_litellm_reads_its_own_scrape_and_queues_nothing():
     assert snap.pools[0].gateway_queued == {GW: 0.0}
     snap = _cycle(2.0, 3.0, 2.0, gateway_pool="tiny")  # the engines hold more than the gateway sent: never < 0
     assert snap.pools[0].gateway_queued == {GW: 0.0} and snap.pools[0].load_requests == 5.0
+
+
+def _scrape(url: str, in_flight: float, kind: str = "litellm", pool=None, labels=None, queues=None):
+    from monitor.readings import GatewayReading, GatewayScrape
+    return GatewayScrape(index=0, url=url, pool=pool, config=GatewayConfig(kind=kind), timestamp=NOW,
+                         reading=GatewayReading(kind=kind, timestamp=NOW, in_flight=in_flight),
+                         queues=queues, labels=labels or {})
+
+
+def test_two_litellm_replicas_share_the_queue_and_a_router_queue_is_not_counted_twice():
+    from monitor.derive.gateway_queues import in_flight_queues
+    p = PoolSnapshot(pool="tiny", model="tiny", replicas=1, active_requests=4.0, queued_requests=2.0)
+    p.gateway_queued["http://epp/metrics"] = 5.0  # an llm-d router behind LiteLLM holds 5 in its flow control
+    anomalies: dict = {}
+    # two LiteLLM pods, 13 and 7 in flight (each counting its own scrape): 12 + 6 = 18 at the gateways,
+    # less 4 running, 2 waiting and the router's 5: 7 wait, shared 12 : 6
+    in_flight_queues([p], [_scrape("http://a/metrics", 13.0), _scrape("http://b/metrics", 7.0)],
+                     {"tiny": "tiny"}, anomalies)
+    assert p.gateway_queued == {"http://epp/metrics": 5.0, "http://a/metrics": pytest.approx(7.0 * 12 / 18),
+                                "http://b/metrics": pytest.approx(7.0 * 6 / 18)}
+    assert p.gateway_queued_requests == pytest.approx(12.0) and p.load_requests == pytest.approx(18.0)
+    assert anomalies == {}
+
+
+def test_a_gateway_in_front_of_two_pools_is_unmapped_not_split():
+    from monitor.derive.gateway_queues import in_flight_queues
+    a = PoolSnapshot(pool="a", model="ma", replicas=1, active_requests=1.0, queued_requests=0.0)
+    b = PoolSnapshot(pool="b", model="mb", replicas=1, active_requests=1.0, queued_requests=0.0)
+    anomalies: dict = {}
+    in_flight_queues([a, b], [_scrape("http://gw/metrics", 10.0)], {"a": "ma", "b": "mb"}, anomalies)
+    assert a.gateway_queued == {} and b.gateway_queued == {} and anomalies == {"gateway_queue_unmapped": 1}
+    # with its pool: given, the whole excess is that pool's
+    in_flight_queues([a, b], [_scrape("http://gw/metrics", 10.0, pool="b")], {"a": "ma", "b": "mb"}, {})
+    assert b.gateway_queued == {"http://gw/metrics": 10.0 - 1 - 1.0} and a.gateway_queued == {}
+    # unknown engine counts: nothing is said of what waits in front of them
+    c = PoolSnapshot(pool="c", model="mc", replicas=1, active_requests=None, queued_requests=0.0)
+    in_flight_queues([c], [_scrape("http://gw/metrics", 10.0)], {"c": "mc"}, {})
+    assert c.gateway_queued == {}
+
+
+def test_the_gateway_added_latency_from_the_real_litellm_capture():
+    from monitor.capacity.gateway_latency import added_latency, gateway_call_histograms
+    from monitor.model import Quantiles
+    gw = read_gateway_scrape(LITELLM, GatewayConfig(kind="litellm", task_label="metadata_task_type"), NOW, 0, GW, None)
+    planned = [("tiny", gw.config, gw.reading, None, False, {})]
+    (h,) = gateway_call_histograms(planned, {"tiny"}).values()
+    # every call of the capture's 30 tasks (the truth file: 12 x 1 + 11 x 2 + 7 x 4 = 62 calls), merged
+    calls = sum(t.call_latency.count for t in gw.reading.tasks.values() if t.call_latency is not None)
+    seconds = sum(t.call_latency.sum for t in gw.reading.tasks.values() if t.call_latency is not None)
+    assert histo.total(h) == calls == 62 and h.sum == pytest.approx(seconds)
+    gateway = histo.quantiles(h)
+    engine = Quantiles(p50=0.1, p90=0.2, p95=0.25, p99=None, mean=0.05)
+    added = added_latency(gateway, engine)
+    assert added.mean == pytest.approx(seconds / calls - 0.05)
+    assert added.p95 == pytest.approx(gateway.p95 - 0.25) and added.p99 is None
+    assert gateway_call_histograms(planned, {"other"}) == {} and added_latency(None, engine) is None
