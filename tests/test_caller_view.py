@@ -192,3 +192,36 @@ def test_the_gateway_added_latency_from_the_real_litellm_capture():
     assert added.mean == pytest.approx(seconds / calls - 0.05)
     assert added.p95 == pytest.approx(gateway.p95 - 0.25) and added.p99 is None
     assert gateway_call_histograms(planned, {"other"}) == {} and added_latency(None, engine) is None
+
+
+def test_an_envoy_gateway_s_queue_is_estimated_from_its_arrivals_and_latency():
+    from monitor.capacity.gateway_estimate import estimate_gateway_queues, gateway_in_flight
+    from monitor.capacity.tasks import TaskWindow
+    from monitor.model import Quantiles
+    from monitor.readings import GatewayReading, GatewayScrape, TaskCumulative
+
+    def reading(t: float, calls: float, seconds: float) -> GatewayReading:
+        h = Histogram((1.0, 5.0, float("inf")), (calls / 2, calls, calls), sum=seconds, count=calls)
+        return GatewayReading(kind="envoy", timestamp=t, tasks={"chat": TaskCumulative("chat", calls=calls, call_latency=h)})
+
+    window = TaskWindow(300.0)
+    window.add(reading(NOW - 300.0, 100.0, 100.0))
+    window.add(reading(NOW, 700.0, 1300.0))
+    # 600 calls finished in 300 s with 1,200 s of latency: 2 calls/s x 2 s = 4 held at the gateway on average
+    assert gateway_in_flight(window.readings[-1], window.readings[0]) == pytest.approx(4.0)
+    p = PoolSnapshot(pool="tiny", model="tiny", replicas=1, active_requests=2.0, queued_requests=0.0,
+                     completion_rate=2.0, latency={"e2e": Quantiles(mean=1.2)})
+    envoy = GatewayScrape(index=0, url="http://envoy/metrics", pool=None, config=GatewayConfig(kind="envoy"),
+                          timestamp=NOW, reading=window.readings[-1])
+    # the engines held 2/s x 1.2 s = 2.4: 4 - 2.4 = 1.6 waited in front of them (an estimate)
+    estimate_gateway_queues([p], [envoy], {(0, "tiny"): window})
+    assert p.gateway_queued == {"http://envoy/metrics": pytest.approx(1.6)}
+    assert p.gateway_queued_source == {"http://envoy/metrics": "estimate"}
+    # a gateway with an in-flight gauge (LiteLLM) is never estimated; nor is one not a window old
+    q = PoolSnapshot(pool="tiny", model="tiny", replicas=1, active_requests=2.0, queued_requests=0.0,
+                     completion_rate=2.0, latency={"e2e": Quantiles(mean=1.2)})
+    short = TaskWindow(300.0)
+    short.add(reading(NOW - 100.0, 100.0, 100.0))
+    short.add(reading(NOW, 700.0, 1300.0))
+    estimate_gateway_queues([q], [envoy], {(0, "tiny"): short})
+    assert q.gateway_queued == {}

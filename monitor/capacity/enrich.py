@@ -63,6 +63,7 @@ from monitor.derive import histogram as histo
 from monitor.derive.core import pool_of
 from monitor.derive.kv_band import kv_band
 from monitor.derive.counters import histogram_increase, increase
+from monitor.capacity.gateway_estimate import estimate_gateway_queues
 from monitor.capacity.gateway_latency import added_latency, gateway_call_histograms
 from monitor.capacity.gateway_plan import Planned, plan_gateways
 from monitor.capacity.headroom import CapacitySettings, pool_capacity
@@ -236,6 +237,7 @@ def assess(state: CapacityState, pools: list[PoolSnapshot], history: History,
     planned = plan_gateways(state, fleet or [(p.pool, p.model) for p in pools], gateways, anomalies,
                             {p.pool for p in pools})
     tasks = _tasks(state, pools, planned, now)
+    estimate_gateway_queues(pools, gateways, state.gateway_windows)  # before the load is judged
     shed = gateway_shed_rates(planned, {p.pool for p in pools})
     gateway_calls = gateway_call_histograms(planned, {p.pool for p in pools})
     power = _power(state, history, dcgm)
