@@ -225,3 +225,19 @@ def test_an_envoy_gateway_s_queue_is_estimated_from_its_arrivals_and_latency():
     short.add(reading(NOW, 700.0, 1300.0))
     estimate_gateway_queues([q], [envoy], {(0, "tiny"): short})
     assert q.gateway_queued == {}
+
+
+def test_current_judges_little_s_law_plus_the_averaged_gateway_queue():
+    from monitor.capacity.enrich import _judged_load
+    from monitor.model import Quantiles
+    cfg = Config(vllm_targets=[EngineTarget("http://v:8000/metrics")], latency_window=300.0)
+    state = CapacityState(cfg)
+    p = PoolSnapshot(pool="tiny", model="tiny", replicas=1, active_requests=8.0, queued_requests=4.0)
+    p.gateway_queued = {GW: 6.0}
+    # no completions measured yet: the time-weighted mean of the cycles' loads (one cycle: 18)
+    assert _judged_load(state, p, NOW) == (18.0, 0.0, "window_mean")
+    # 3 requests/s finished in 2.5 s on average over the 300 s rate window: 7.5 in the engines, plus the
+    # gateway's queue averaged over the cycles: 6 then 2 over 15 s -> 4
+    p.completion_rate, p.latency, p.window_seconds = 3.0, {"e2e": Quantiles(mean=2.5)}, 300.0
+    p.gateway_queued = {GW: 2.0}
+    assert _judged_load(state, p, NOW + 15.0) == (pytest.approx(7.5 + 4.0), 300.0, "littles_law")

@@ -63,7 +63,7 @@ from monitor.derive import histogram as histo
 from monitor.derive.core import pool_of
 from monitor.derive.kv_band import kv_band
 from monitor.derive.counters import histogram_increase, increase
-from monitor.capacity.gateway_estimate import estimate_gateway_queues
+from monitor.capacity.gateway_estimate import engines_in_flight, estimate_gateway_queues
 from monitor.capacity.gateway_latency import added_latency, gateway_call_histograms
 from monitor.capacity.gateway_plan import Planned, plan_gateways
 from monitor.capacity.headroom import CapacitySettings, pool_capacity
@@ -160,6 +160,7 @@ class CapacityState:
         self.gateways_warned: set[int] = set()  # gateways whose unattributed readings were logged
         self.pool_seen: dict[str, float] = {}  # pool -> the last cycle it was assessed
         self.loads = LoadWindows(self.window)  # each pool's load over the latency window
+        self.gateway_loads = LoadWindows(self.window)  # each pool's gateway-queued requests over it
         self.judged: dict[str, list[Judged]] = {}  # pool -> its latency targets judged this cycle
 
     def shift_time(self, seconds: float) -> None:
@@ -171,6 +172,7 @@ class CapacityState:
         self.seen = {key: t + seconds for key, t in self.seen.items()}
         self.pool_seen = {pool: t + seconds for pool, t in self.pool_seen.items()}
         self.loads.shift_time(seconds)
+        self.gateway_loads.shift_time(seconds)
         self.slo_task_pools = {tt: {pool: t + seconds for pool, t in pools.items()}
                                for tt, pools in self.slo_task_pools.items()}
 
@@ -183,6 +185,7 @@ class CapacityState:
             self.knees.pop(pool, None)
             self.priors.pop(pool, None)
             self.loads.forget(pool)
+            self.gateway_loads.forget(pool)
         for task_type, pools in list(self.slo_task_pools.items()):
             for pool in [p for p, t in pools.items() if t < before]:
                 del pools[pool]
@@ -270,11 +273,26 @@ def assess(state: CapacityState, pools: list[PoolSnapshot], history: History,
         else:
             sp = state.steady_prior(p.pool)
             steady = (sp.kv_tokens_per_request, sp.kv_source) if sp.kv_tokens_per_request else None
-            load = state.loads.mean(p.pool, now, p.load_requests)
+            load = _judged_load(state, p, now)
             limit = slo_limit(load[0] if load else None, state.judged.get(p.pool, ()))
             p.capacity = pool_capacity(p, knee, settings, power.get(p.pool), sessions, kv_per_request=steady,
                                        load=load, slo=(limit[0], limit[1].as_dict()) if limit else None)
         p.tasks = PoolTasks(by_type, pool_slos, classes)
+
+
+def _judged_load(state: CapacityState, p: PoolSnapshot, now: float) -> Optional[tuple[float, float, str]]:
+    """(the load `current` judges, the seconds it covers, how it was found): the engines' by Little's
+    law over the rate window (completion rate x mean e2e: every request's time in the engines, not
+    15-s samples of it) plus the gateway-queued requests averaged over the latency window; the
+    time-weighted mean of the cycles' loads while Little's law is unknown (module load_window.py)."""
+    averaged = state.loads.mean(p.pool, now, p.load_requests)
+    gateway = state.gateway_loads.mean(p.pool, now, p.gateway_queued_requests or 0.0)
+    littles = engines_in_flight(p)
+    if averaged is None:
+        return None
+    if littles is None or gateway is None or not p.window_seconds:
+        return averaged[0], averaged[1], "window_mean"
+    return littles + gateway[0], p.window_seconds, "littles_law"
 
 
 def _observe(state: CapacityState, est: KneeEstimator, history: History) -> None:

@@ -120,12 +120,13 @@ def _kv_per_request(pool: PoolSnapshot, knee: Knee, settings: CapacitySettings
 def pool_capacity(pool: PoolSnapshot, knee: Knee, settings: CapacitySettings,
                   power_watts: Optional[float] = None, sessions: Optional[float] = None, *,
                   kv_per_request: Optional[tuple[float, str]] = None,
-                  load: Optional[tuple[float, float]] = None,
+                  load: Optional[tuple] = None,
                   slo: Optional[tuple[float, dict]] = None) -> Capacity:
     """`kv_per_request`: (KV tokens per request, its source) kept steady by the caller (the cycle's
     `SteadyPrior`), used for the KV limit instead of this snapshot's own measurement, which moves
-    with every cycle. `load`: (the load averaged over the latency window, that window's seconds):
-    what `current`, N-1, utilisation and sessions judge (default: this cycle's load, as `instant`).
+    with every cycle. `load`: (the load averaged over the latency window, the seconds it covers[, how
+    it was found]): what `current`, N-1, utilisation and sessions judge (default: this cycle's load,
+    as `instant`).
     `slo`: (the slo limit, the target over its allowed share that sets it:
     monitor/capacity/slo_limit.py), one more limit."""
     if not isinstance(pool, PoolSnapshot):
@@ -135,7 +136,8 @@ def pool_capacity(pool: PoolSnapshot, knee: Knee, settings: CapacitySettings,
     if n < 0:
         raise ValueError(f"pool {pool.pool}: replicas must be >= 0, got {n}")
     instant = pool.load_requests  # None: the engines' active or queued count is unknown
-    load, load_window = load if (load is not None and instant is not None) else (instant, None)
+    load, load_window, load_source = (tuple(load) + ("window_mean",))[:3] if (load is not None and instant is not None) \
+        else (instant, None, "instant" if instant is not None else None)
     kv_per_req, kv_src = kv_per_request or _kv_per_request(pool, knee, settings)
     kv_capacity = (pool.kv_tokens_capacity or 0.0) - pool.stalled_kv_tokens_capacity
 
@@ -185,7 +187,8 @@ def pool_capacity(pool: PoolSnapshot, knee: Knee, settings: CapacitySettings,
         sessions=sessions, session_capacity=session_capacity, power_watts=power,
         sessions_per_megawatt=spmw,
         limiting_factor=limiting, load_requests=load, load_requests_instant=instant,
-        load_window_seconds=load_window, slo_limited_by=slo[1] if slo is not None else None,
+        load_window_seconds=load_window, load_source=load_source,
+        slo_limited_by=slo[1] if slo is not None else None,
         kv_tokens_per_request=kv_per_req, kv_tokens_per_request_source=kv_src,
         active_requests_per_session=per_session, active_requests_per_session_source=ps_src,
         power_source=power_src, n_minus_1_share=share, knee_detail=knee.detail,

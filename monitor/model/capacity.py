@@ -61,6 +61,7 @@ class Capacity:
     load_requests: Optional[float] = None  # averaged over load_window_seconds: what `current` judges
     load_requests_instant: Optional[float] = None  # this cycle's: what `instant` judges
     load_window_seconds: Optional[float] = None
+    load_source: Optional[str] = None  # littles_law | window_mean | instant (monitor/capacity/enrich.py)
     slo_limited_by: Optional[dict] = None  # the target over its allowed share setting the slo limit
     kv_tokens_per_request: Optional[float] = None
     kv_tokens_per_request_source: Optional[str] = None
@@ -93,6 +94,7 @@ class Capacity:
             "power_watts": self.power_watts, "sessions_per_megawatt": self.sessions_per_megawatt,
             "limiting_factor": self.limiting_factor, "load_requests": self.load_requests,
             "load_requests_instant": self.load_requests_instant, "load_window_seconds": self.load_window_seconds,
+            "load_source": self.load_source,
             "slo_limited_by": self.slo_limited_by,
             "kv_tokens_per_request": self.kv_tokens_per_request,
             "kv_tokens_per_request_source": self.kv_tokens_per_request_source,
