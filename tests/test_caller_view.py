@@ -57,6 +57,13 @@ def test_the_slo_limit_from_a_latency_histogram_over_target():
     # the instant scenario: this cycle's 14 requests against the same effective capacity
     assert c.ratio.instant == pytest.approx(1 - 14.0 / limit)
     assert c.as_dict()["slo_limited_by"]["slo_violation_ratio"] == pytest.approx(0.6)
+    # the page names the limit and the target that sets it, and the load it judged
+    from monitor.export.landing import Trends, render
+    from monitor.model import Snapshot
+    p.capacity = c
+    page = render(Snapshot(timestamp=NOW, pools=[p]), Trends())
+    assert "<b>slo</b><span>limits the pool: pool:ttft 60% over 1 s (allowed 5%)" in page
+    assert "load 20 averaged over 300 s · now 14" in page
 
 
 def test_within_target_few_observations_or_no_target_is_no_slo_limit():
