@@ -248,3 +248,32 @@ def test_current_judges_little_s_law_plus_the_averaged_gateway_queue():
     p.completion_rate, p.latency, p.window_seconds = 3.0, {"e2e": Quantiles(mean=2.5)}, 300.0
     p.gateway_queued = {GW: 2.0}
     assert _judged_load(state, p, NOW + 15.0) == (pytest.approx(7.5 + 4.0), 300.0, "littles_law")
+
+
+def test_a_pool_target_on_the_gateway_s_call_latency_is_judged_and_limits():
+    # slos.pools.tiny.call_p95_seconds: 2 (was accepted, never judged: no replica has a "call" histogram)
+    from monitor.capacity.slo import SloSettings
+    from monitor.readings import GatewayReading, GatewayScrape, TaskCumulative
+    cfg = Config(vllm_targets=[EngineTarget("http://v:8000/metrics")], gateways=[GatewaySource(kind="litellm", url=GW)],
+                 slos=SloSettings(pool_targets={"tiny": [Target(seconds=2.0, objective=0.95, signal="call")]}))
+    state = CycleState(cfg, CapacityState(cfg))
+    engine = _with(_with(VLLM, "vllm:num_requests_running", 3.0), "vllm:num_requests_waiting", 1.0)
+
+    def cycle(t: float, calls: float, slow: float):
+        # cumulative gateway call latency: `calls` calls, `slow` of them over 2 s (buckets 1 / 2 / 5 / +Inf)
+        h = Histogram((1.0, 2.0, 5.0, float("inf")), (calls - slow, calls - slow, calls, calls), sum=0.0, count=calls)
+        reading = GatewayReading(kind="litellm", timestamp=t, in_flight=1.0,
+                                 tasks={"chat": TaskCumulative("chat", calls=calls, calls_seen=True, call_latency=h)})
+        gw = GatewayScrape(index=0, url=GW, pool=None, config=GatewayConfig(kind="litellm"), timestamp=t, reading=reading)
+        r = scrape_one(_Body(engine), EngineTarget("http://v:8000/metrics"), 5.0, clock=lambda: t)
+        return step(state, CycleInputs(readings=r.readings, statuses=[r.status], gateways=[gw]), t)
+
+    state, _ = cycle(NOW, 100.0, 0.0)
+    # 60 more calls in 60 s, 12 of them over 2 s: 20 % over a 5 % allowance
+    state, snap = cycle(NOW + 60.0, 160.0, 12.0)
+    (p,) = snap.pools
+    assert p.tasks.slos["pool:call"].slo_violation_ratio == pytest.approx(12 / 60)
+    c = p.capacity
+    assert c.limiting_factor == "slo" and c.slo_limited_by["target"] == "pool:call"
+    assert c.capacity_requests.slo == pytest.approx(c.load_requests * 0.05 / 0.2)
+    assert c.ratio.current == pytest.approx(1 - 0.2 / 0.05)

@@ -64,18 +64,18 @@ from monitor.derive.core import pool_of
 from monitor.derive.kv_band import kv_band
 from monitor.derive.counters import histogram_increase, increase
 from monitor.capacity.gateway_estimate import engines_in_flight, estimate_gateway_queues
-from monitor.capacity.gateway_latency import added_latency, gateway_call_histograms
+from monitor.capacity.gateway_latency import added_latency, gateway_call_histograms, gateway_call_totals
 from monitor.capacity.gateway_plan import Planned, plan_gateways
 from monitor.capacity.headroom import CapacitySettings, pool_capacity
 from monitor.capacity.knee import KneeEstimator, SteadyPrior
 from monitor.capacity.load_window import LoadWindows
 from monitor.capacity.power import key_map, power_by_pool
 from monitor.capacity.shed import gateway_shed_rates
-from monitor.capacity.slo import SloTracker, Target, bad_count, window_burn
-from monitor.capacity.slo_limit import Judged, judged_from_counts, slo_limit
+from monitor.capacity.slo import SloTracker
+from monitor.capacity.slo_judge import pool_slos as slo_pools, slo_windows
+from monitor.capacity.slo_limit import Judged, slo_limit
 from monitor.capacity.tasks import TaskWindow, call_latency_by_class, derive_tasks, join_sources
-from monitor.poolkey import extras_of
-from monitor.model import Capacity, Histogram, PoolSlo, PoolSnapshot, PoolTasks, Quantiles, ReplicaReading, TaskStats
+from monitor.model import Capacity, PoolSnapshot, PoolTasks, Quantiles, ReplicaReading, TaskStats
 from monitor.readings import DcgmReading, GatewayConfig, GatewayScrape
 
 SIGNAL_HIST = {"queue": "queue", "ttft": "ttft", "e2e": "e2e", "itl": "itl", "e2e_per_token": "e2e"}
@@ -116,13 +116,6 @@ def older_reading(readings, min_span: float):
         if newer.timestamp - r.timestamp >= min_span:
             return r
     return readings[0]
-
-
-def _sum_hist(hs: list[Histogram]) -> Optional[Histogram]:
-    try:
-        return histo.merge(hs)
-    except ValueError:
-        return None
 
 
 class CapacityState:
@@ -243,6 +236,7 @@ def assess(state: CapacityState, pools: list[PoolSnapshot], history: History,
     estimate_gateway_queues(pools, gateways, state.gateway_windows)  # before the load is judged
     shed = gateway_shed_rates(planned, {p.pool for p in pools})
     gateway_calls = gateway_call_histograms(planned, {p.pool for p in pools})
+    call_totals = gateway_call_totals(planned, {p.pool for p in pools})
     power = _power(state, history, dcgm)
     by_pool: dict[str, dict] = {}  # one pass over the history: the work stays linear in series
     for key, readings in history.items():
@@ -265,7 +259,7 @@ def assess(state: CapacityState, pools: list[PoolSnapshot], history: History,
         settings = CapacitySettings(max_num_seqs=ps.max_num_seqs, kv_tokens_per_request=state.kv_per_request,
                                     watts_per_replica=ps.watts_per_replica,
                                     active_requests_per_session=state.per_session)
-        pool_slos = _pool_slos(state, p, mine, now)
+        pool_slos = slo_pools(state, p, mine, now, call_totals.get(p.pool))
         if p.pool in gateway_calls:
             p.gateway_added_latency = added_latency(histo.quantiles(gateway_calls[p.pool]), p.latency.get("e2e"))
         if p.stale or p.replicas == 0:
@@ -325,94 +319,13 @@ def _tasks(state: CapacityState, pools: list[PoolSnapshot], planned: list[Planne
             if gcfg.models and t.calls == 0 and t.call_latency is None and t.tasks_started is None:
                 continue  # no series of this pool's model for the task type
             entry = by_pool.setdefault(target_pool, ({}, {}))[0]
-            stats = _slo_windows(state, target_pool, t, stats, now)
+            stats = slo_windows(state, target_pool, t, stats, now)
             # the same task type from two sources (the gateway and the application): joined
             entry[tt] = join_sources(entry[tt], stats) if tt in entry else stats
         classes = call_latency_by_class(reading, prev)
         if pool in names and classes:
             by_pool.setdefault(pool, ({}, {}))[1].update(classes)
     return by_pool
-
-
-def _slo_windows(state: CapacityState, pool: str, t, stats: TaskStats, now: float) -> TaskStats:
-    """The task type's SLO share over the latency window and its burn rates (SloTracker)."""
-    target = state.slo.task_target(stats.task_type)
-    if target is None:
-        return stats
-    h = t.task_duration if target.signal == "task" else (t.ttft if target.signal == "ttft" else t.call_latency)
-    if h is None:
-        return stats
-    total = histo.total(h)
-    bad = (histo.fraction_above(h, target.seconds) or 0.0) * total
-    key = (pool, stats.task_type, _target_tag(target))
-    try:
-        state.tracker.observe(key, now, total, bad)
-    except ValueError:
-        return stats
-    ratio = state.tracker.ratio(key, state.window)
-    _judge(state, pool, stats.task_type, target, key)
-    if ratio is not None:
-        stats = replace(stats, slo_violation_ratio=ratio, slo_window_seconds=state.window)
-    rates, source = _burn_rates(state, key, target)
-    return replace(stats, slo_burn_rate=rates, slo_source=source)
-
-
-def _judge(state: CapacityState, pool: str, name: str, target: Target, key: tuple) -> None:
-    """The target's counts over the latency window, for the pool's slo limit (slo_limit.py)."""
-    judged = judged_from_counts(name, target.seconds, target.budget, state.tracker.counts(key, state.window))
-    if judged is not None:
-        state.judged.setdefault(pool, []).append(judged)
-
-
-def _target_tag(target: Target) -> str:
-    """Part of a tracker key: counts over another target (a changed config) are not mixed in."""
-    return f"{target.signal}<={target.seconds:g}"
-
-
-def _burn_rates(state: CapacityState, key: tuple, target: Target) -> tuple[dict, str]:
-    """(window -> burn rate, source): Prometheus' counts when it has the task type's series and the
-    task type feeds one pool only (its series carry no pool; with extra pool_by labels, one pool of
-    the series' cluster; series without the cluster label, one pool of the whole fleet), else the
-    tracker's."""
-    pool, task_type = key[0], key[1]
-    seen = state.slo_task_pools.setdefault(task_type, {})
-    seen[pool] = state.tracker.newest(key) or seen.get(pool, 0.0)
-    extras = tuple(extras_of(pool).items())  # with extra pool_by labels, Prometheus' windows are per cluster
-    cycle = state.slo_cycle_windows or {}
-    windows = cycle.get((target.signal, task_type, *((extras,) if extras else ())))
-    feeding = sum(1 for p in seen if tuple(extras_of(p).items()) == extras)
-    if windows is None and extras:  # the gateway's series carry no cluster label: fleet-wide counts
-        windows, feeding = cycle.get((target.signal, task_type, tuple((k, "") for k, _ in extras))), len(seen)
-    if windows is None or feeding > 1:
-        return state.tracker.burn_rates(key, target), "tracker"
-    return {name: window_burn(bad_count(windows.get(name), target), target) for name in state.slo.windows}, "prometheus"
-
-
-def _pool_slos(state: CapacityState, p: PoolSnapshot, history: History, now: float) -> dict[str, PoolSlo]:
-    """Pool-level latency targets (ttft, e2e, queue, itl) over the summed replica histograms."""
-    out: dict[str, PoolSlo] = {}
-    targets = state.slo.pool_targets.get(p.pool) or state.slo.pool_targets.get(p.name, [])
-    if not targets:
-        return out
-    newest = [rs[-1] for rs in history.values() if rs]  # the pool's own series
-    for target in targets:
-        if p.latency_totals is not None:  # Prometheus mode: the query layer summed the pool's buckets
-            h = p.latency_totals.get(target.signal)
-        else:
-            h = _sum_hist([r.histograms[target.signal] for r in newest if target.signal in r.histograms])
-        if h is None:
-            continue
-        slo = PoolSlo(target.signal, target.seconds, target.objective)
-        total = histo.total(h)
-        key = (p.pool, slo.key, _target_tag(target))
-        try:
-            state.tracker.observe(key, now, total, (histo.fraction_above(h, target.seconds) or 0.0) * total)
-        except ValueError:
-            continue
-        _judge(state, p.pool, slo.key, target, key)
-        out[slo.key] = replace(slo, slo_violation_ratio=state.tracker.ratio(key, state.window),
-                               slo_burn_rate=state.tracker.burn_rates(key, target))
-    return out
 
 
 # ---------------------------------------------------------------------- power

@@ -43,6 +43,25 @@ def gateway_call_histograms(planned: Iterable[tuple], names: set) -> dict[str, H
     return {p: h for p, h in out.items() if p not in bad and histo.total(h) > 0}
 
 
+def gateway_call_totals(planned: Iterable[tuple], names: set) -> dict[str, Histogram]:
+    """pool -> its gateways' cumulative call latency histograms merged (a pool target on `call`,
+    slos.pools.<pool>.call_pNN_seconds, is judged on it by the SLO tracker, which takes resets)."""
+    out: dict[str, Histogram] = {}
+    bad: set = set()
+    for pool, _cfg, reading, *_ in planned:
+        if pool is None or pool not in names:
+            continue
+        for t in reading.tasks.values():
+            if t.call_latency is None:
+                continue
+            merged = out[pool].plus(t.call_latency) if pool in out else t.call_latency
+            if merged is None:
+                bad.add(pool)
+            else:
+                out[pool] = merged
+    return {p: h for p, h in out.items() if p not in bad}
+
+
 def _delta(new: Optional[Histogram], old: Optional[Histogram]) -> Optional[Histogram]:
     """The window's increase (the cumulative histogram while there is no older reading, as the tasks')."""
     if new is None:
@@ -61,4 +80,4 @@ def added_latency(gateway: Optional[Quantiles], engine: Optional[Quantiles]) -> 
     return Quantiles(**vals, count=gateway.count)
 
 
-__all__ = ["added_latency", "gateway_call_histograms"]
+__all__ = ["added_latency", "gateway_call_histograms", "gateway_call_totals"]
