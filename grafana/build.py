@@ -19,14 +19,17 @@ from drilldown import actions, replicas  # noqa: E402
 from health import self_health  # noqa: E402
 
 OUT_DIR = Path(__file__).resolve().parent / "dashboards"
+# the engines' queue: headroom_queued_requests{where="engine"} (series written before the label have none)
+Q_ENGINE = f'headroom_queued_requests{{where!="gateway",{P}}}'
 
 
 def fleet_capacity() -> dict:
-    q_load = f"headroom_active_requests{{{P}}} + headroom_queued_requests{{{P}}}"
+    q_load = f"headroom_active_requests{{{P}}} + ignoring(where) {Q_ENGINE}"
     panels = [
         row("Headroom"),
         stat("Headroom now", [target(f'headroom_ratio{{scenario="current",{P}}}', "{{pool}}")], unit="percentunit",
-             description="1 - load / capacity at the utilisation knee (headroom_ratio, scenario current).",
+             description="1 - load / effective capacity (headroom_ratio, scenario current: the load averaged over the "
+                         "latency window, what the alerts read; scenario instant is this cycle's).",
              thresholds=[(None, "red"), (0.05, "orange"), (0.2, "green")]),
         stat("Headroom if the largest replica is lost (N-1)",
              [target(f'headroom_ratio{{scenario="n_minus_1",{P}}}', "{{pool}}")], unit="percentunit",
@@ -54,7 +57,7 @@ def fleet_capacity() -> dict:
         row("Load"),
         timeseries("Active vs queued requests", [
             target(f"headroom_active_requests{{{P}}}", "{{pool}} active"),
-            target(f"headroom_queued_requests{{{P}}}", "{{pool}} queued"),
+            target(Q_ENGINE, "{{pool}} queued"),
             *engine(f"pool:vllm_num_requests_running:sum{{{M}}}", f"pool:sglang_num_running_reqs:sum{{{M}}}",
                    "{{model_name}} running"),
             *engine(f"pool:vllm_num_requests_waiting:sum{{{M}}}", f"pool:sglang_num_queue_reqs:sum{{{M}}}",
@@ -71,7 +74,8 @@ def fleet_capacity() -> dict:
                    thresholds=[(None, "green"), (1, "red")], show_thresholds=True, min_=0),
         timeseries("Capacity by limit", [target(f"headroom_capacity_requests{{{P}}}", "{{pool}} {{limit}}")],
                    description="Concurrent requests the pool can take by limiting factor: slots (max_num_seqs), "
-                               "kv (KV tokens / tokens per request), knee, and effective (the smallest)."),
+                               "kv (KV tokens / tokens per request), knee, slo (while a latency target is over its "
+                               "allowed share: below the load), and effective (the smallest)."),
         timeseries("Queue by reason", [
             target(f"pool:vllm_num_requests_waiting_by_reason:sum{{{M}}}", "{{model_name}} {{reason}} (vLLM)"),
             target(f"headroom_queued_requests_by_reason{{{P}}}", "{{pool}} {{reason}}"),
@@ -274,7 +278,7 @@ def forecast() -> dict:
     panels = [
         row("Actual vs forecast"),
         timeseries("Load: actual vs forecast ($pool)", [
-            target(f"headroom_active_requests{{{P}}} + headroom_queued_requests{{{P}}}", "actual"),
+            target(f"headroom_active_requests{{{P}}} + ignoring(where) {Q_ENGINE}", "actual"),
             target(f"headroom_forecast_requests{{{P},{H}}}", "forecast mean"),
             target(f"headroom_forecast_peak_requests{{{P},{H}}}", "forecast peak"),
             target(f"headroom_forecast_peak_requests_upper{{{P},{H}}}", "forecast peak upper (95%)"),

@@ -97,12 +97,19 @@ def actions() -> dict:
             overrides=[by_name(".* lead time .*", DASH, NO_FILL)], w=12),
         timeseries("Gateway queue vs engine queue", [
             target(f"sum by (pool) (headroom_gateway_queued_requests{{{P}}})", "{{pool}} queued at the gateway"),
-            target(f"headroom_queued_requests{{{P}}}", "{{pool}} queued in the engines"),
+            target(f'headroom_queued_requests{{where!="gateway",{P}}}', "{{pool}} queued in the engines"),
             *engine(f"pool:vllm_num_requests_waiting:sum{{{M}}}", f"pool:sglang_num_queue_reqs:sum{{{M}}}",
                    "{{model_name}} queued in the engines"),
             target(f"headroom_queued_requests_by_reason{{{P}}}", "{{pool}} queued: {{reason}}"),
-        ], description="A router's or gateway's queue (llm-d, inference gateway, Dynamo) beside the engines' own; "
-                       "by reason where the engine says (capacity, deferred).", w=12),
+        ], description="What waits in front of the engines, by source: a router's or gateway's queue (llm-d, inference "
+                       "gateway, Dynamo), or a gateway's requests in flight beyond the engines' running + waiting "
+                       "(LiteLLM); beside the engines' own queue, by reason where the engine says (capacity, deferred).",
+            w=12),
+        timeseries("What the gateway adds to a call", [
+            target(f'headroom_gateway_added_latency_seconds{{q="mean",{P}}}', "{{pool}} mean"),
+            target(f'headroom_gateway_added_latency_seconds{{q="0.95",{P}}}', "{{pool}} p95 less p95"),
+        ], unit="s", description="The gateway's call latency less the engines' end-to-end latency: its queue, a "
+                                 "starved front end, the network (headroom_gateway_added_latency_seconds).", w=12),
         timeseries("Offered vs served load", [
             target(f"headroom_offered_requests{{{P}}}", "{{pool}} offered"),
             target(f"headroom_active_requests{{{P}}}", "{{pool}} served (active)"),

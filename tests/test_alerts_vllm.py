@@ -125,8 +125,8 @@ def test_capacity_alerts_fire_through_a_real_overload_and_clear_at_idle(stack):
                          timeout=150, what=f"{CAPACITY_ALERTS} firing for pool {pool}", every=0.5)
         t_fired = time.monotonic()
         overloaded = _value(prom, f"min_over_time(headroom_ratio{sel}[30s])")
-        load = _value(prom, f'max_over_time((headroom_active_requests{{pool="{pool}"}} + '
-                            f'headroom_queued_requests{{pool="{pool}"}})[30s:1s])')
+        load = _value(prom, f'max_over_time((headroom_active_requests{{pool="{pool}"}} + ignoring(where) '
+                            f'headroom_queued_requests{{pool="{pool}",where="engine"}})[30s:1s])')
     finally:
         loop.stop()
     assert fired == {n: "firing" for n in CAPACITY_ALERTS}

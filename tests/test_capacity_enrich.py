@@ -66,7 +66,7 @@ def test_capacity_in_the_cycle_step_learns_the_knee_and_exports_catalogue_sample
                  "headroom_task_calls_per_task", "headroom_task_latency_seconds", "headroom_call_latency_seconds",
                  "headroom_slo_burn_rate", "headroom_slo_violation_ratio", "headroom_power_watts"):
         assert name in samples, name
-    assert {lab["scenario"] for lab, _ in samples["headroom_ratio"]} == {"current", "n_minus_1"}
+    assert {lab["scenario"] for lab, _ in samples["headroom_ratio"]} == {"current", "n_minus_1", "instant"}
     knee_sample = [v for lab, v in samples["headroom_knee_requests"] if lab["pool"] == "m"]
     assert knee_sample == [cap.knee_requests]
     burn = {(lab["task_type"], lab["window"]): v for lab, v in samples["headroom_slo_burn_rate"]}

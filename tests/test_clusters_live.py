@@ -105,7 +105,7 @@ def test_two_clusters_with_the_same_model_are_two_pools_through_the_daemon(clust
     assert samples(text, "headroom_active_requests") == {
         (("cluster", c), ("pool", "tiny")): EXPECTED[c][0] for c in EXPECTED}
     assert samples(text, "headroom_queued_requests") == {
-        (("cluster", c), ("pool", "tiny")): EXPECTED[c][1] for c in EXPECTED}
+        (("cluster", c), ("pool", "tiny"), ("where", "engine")): EXPECTED[c][1] for c in EXPECTED}
     replicas = samples(text, "headroom_replica_active_requests")
     assert sorted((dict(k)["cluster"], v) for k, v in replicas.items()) == [("a", 3.0), ("a", 8.0), ("b", 1.0), ("b", 5.0)]
     # every pool-level series names its cluster; none is left without it

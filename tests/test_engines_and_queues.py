@@ -94,7 +94,7 @@ def test_the_pool_is_the_sum_of_its_engines_and_the_router_queue():
     assert pool.load_requests == v.running + s.running + v.waiting + s.waiting + expected_gw
     samples = Renderer().render(snap)
     assert samples["headroom_gateway_queued_requests"] == [
-        ({"pool": MODEL, "gateway": "http://epp:9090/metrics"}, expected_gw)]
+        ({"pool": MODEL, "gateway": "http://epp:9090/metrics", "source": "queue"}, expected_gw)]
     doc = snapshot_to_dict(snap)["pools"][0]
     assert doc["engines"] == ["sglang", "vllm"] and doc["gateway_queued_requests"] == expected_gw
 

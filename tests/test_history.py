@@ -11,6 +11,7 @@ import pytest
 
 from monitor.catalogue import BY_NAME
 from monitor.history.forecasts import forecast_history
+from monitor.history.prometheus import ONLY, headroom_queries
 from monitor.forecast.pool import CAPACITY_SERIES, SERIES as FORECAST_SERIES, TASK_PREFIX
 from monitor.history.store import HistoryStore
 from monitor import schema
@@ -62,7 +63,12 @@ def test_one_name_one_meaning_active_queued_and_load_apart():
     assert CAPACITY_SERIES == "load"
     for spec in schema.SERIES.values():  # the exported metric each series is read back from
         if spec.metric:
-            assert BY_NAME[spec.metric].labels == (("pool", "task_type") if spec.per_task else ("pool",))
+            # a metric of several meanings told apart by a label is read back with one of them
+            told_apart = ("where",) if spec.metric in ONLY else ()
+            assert BY_NAME[spec.metric].labels == (("pool", "task_type") if spec.per_task else ("pool",)) + told_apart
+    # the engine queue: where="engine", and the series written before the label
+    assert ONLY["headroom_queued_requests"] == 'where!="gateway"'
+    assert 'headroom_queued_requests{where!="gateway"}' in headroom_queries()["queued_requests"].expr
     assert all(schema.is_known(s) for s in FORECAST_SERIES) and TASK_PREFIX == "task_arrivals:"
 
 

@@ -125,7 +125,7 @@ def test_one_label_renders_exactly_the_pool_label():
     p = PoolSnapshot(pool=MODEL, model=MODEL, replicas=1, active_requests=3.0, last_fresh_timestamp=1.0)
     samples = Renderer().render(Snapshot(timestamp=1.0, pools=[p]))
     assert samples["headroom_active_requests"] == [({"pool": MODEL}, 3.0)]
-    assert all(set(labels) <= {"pool", "replica", "version", "limit", "scenario"}
+    assert all(set(labels) <= {"pool", "replica", "version", "limit", "scenario", "where"}
                for rows in samples.values() for labels, _ in rows if "pool" in labels)
 
 

@@ -32,7 +32,11 @@ For each pool it
      gateway's reading feeds (its scope: sources.gateways[i].labels) is monitor/capacity/gateway_plan.py;
   4. joins DCGM power to the pool's replicas (monitor/capacity/power.py);
   5. sets `pool.capacity` (a `Capacity`, monitor/capacity/headroom.py) and `pool.tasks` (a
-     `PoolTasks`); monitor/export/samples.py renders both.
+     `PoolTasks`); monitor/export/samples.py renders both. The load `current` and N-1 judge is the
+     pool's load (active + engine queued + gateway queued) averaged over the latency window
+     (monitor/capacity/load_window.py, time-weighted over the cycles); `instant` judges this cycle's. Every
+     latency target of the pool is judged over the latency window (`_judge`): one over its allowed
+     share is the `slo` limit (monitor/capacity/slo_limit.py).
 
 Configuration (`capacity:` section; every key optional):
     knee_signal: queue            # queue | ttft | e2e_per_token | e2e | itl
@@ -59,15 +63,19 @@ from monitor.derive import histogram as histo
 from monitor.derive.core import pool_of
 from monitor.derive.kv_band import kv_band
 from monitor.derive.counters import histogram_increase, increase
+from monitor.capacity.gateway_estimate import engines_in_flight, estimate_gateway_queues
+from monitor.capacity.gateway_latency import added_latency, gateway_call_histograms, gateway_call_totals
 from monitor.capacity.gateway_plan import Planned, plan_gateways
 from monitor.capacity.headroom import CapacitySettings, pool_capacity
 from monitor.capacity.knee import KneeEstimator, SteadyPrior
+from monitor.capacity.load_window import LoadWindows
 from monitor.capacity.power import key_map, power_by_pool
 from monitor.capacity.shed import gateway_shed_rates
-from monitor.capacity.slo import SloTracker, Target, bad_count, window_burn
+from monitor.capacity.slo import SloTracker
+from monitor.capacity.slo_judge import pool_slos as slo_pools, slo_windows
+from monitor.capacity.slo_limit import Judged, slo_limit
 from monitor.capacity.tasks import TaskWindow, call_latency_by_class, derive_tasks, join_sources
-from monitor.poolkey import extras_of
-from monitor.model import Capacity, Histogram, PoolSlo, PoolSnapshot, PoolTasks, Quantiles, ReplicaReading, TaskStats
+from monitor.model import Capacity, PoolSnapshot, PoolTasks, Quantiles, ReplicaReading, TaskStats
 from monitor.readings import DcgmReading, GatewayConfig, GatewayScrape
 
 SIGNAL_HIST = {"queue": "queue", "ttft": "ttft", "e2e": "e2e", "itl": "itl", "e2e_per_token": "e2e"}
@@ -110,13 +118,6 @@ def older_reading(readings, min_span: float):
     return readings[0]
 
 
-def _sum_hist(hs: list[Histogram]) -> Optional[Histogram]:
-    try:
-        return histo.merge(hs)
-    except ValueError:
-        return None
-
-
 class CapacityState:
     """The capacity layer's settings (checked here) and what it keeps from one cycle to the next."""
 
@@ -151,6 +152,9 @@ class CapacityState:
         self.gateway_windows: dict[tuple[int, Optional[str]], TaskWindow] = {}
         self.gateways_warned: set[int] = set()  # gateways whose unattributed readings were logged
         self.pool_seen: dict[str, float] = {}  # pool -> the last cycle it was assessed
+        self.loads = LoadWindows(self.window)  # each pool's load over the latency window
+        self.gateway_loads = LoadWindows(self.window)  # each pool's gateway-queued requests over it
+        self.judged: dict[str, list[Judged]] = {}  # pool -> its latency targets judged this cycle
 
     def shift_time(self, seconds: float) -> None:
         """The wall clock stepped by `seconds` (monitor/step.py CycleState.shift_time): the SLO windows,
@@ -160,6 +164,8 @@ class CapacityState:
             window.shift_time(seconds)
         self.seen = {key: t + seconds for key, t in self.seen.items()}
         self.pool_seen = {pool: t + seconds for pool, t in self.pool_seen.items()}
+        self.loads.shift_time(seconds)
+        self.gateway_loads.shift_time(seconds)
         self.slo_task_pools = {tt: {pool: t + seconds for pool, t in pools.items()}
                                for tt, pools in self.slo_task_pools.items()}
 
@@ -171,6 +177,8 @@ class CapacityState:
             del self.pool_seen[pool]
             self.knees.pop(pool, None)
             self.priors.pop(pool, None)
+            self.loads.forget(pool)
+            self.gateway_loads.forget(pool)
         for task_type, pools in list(self.slo_task_pools.items()):
             for pool in [p for p, t in pools.items() if t < before]:
                 del pools[pool]
@@ -221,10 +229,14 @@ def assess(state: CapacityState, pools: list[PoolSnapshot], history: History,
     readings no pool could be given alone are counted into `anomalies`; `fleet`: (pool, model) of
     every pool, other shards' too, the gateways' scopes are taken over (gateway_plan.py)."""
     state.slo_cycle_windows = slo_windows
+    state.judged = {}
     planned = plan_gateways(state, fleet or [(p.pool, p.model) for p in pools], gateways, anomalies,
                             {p.pool for p in pools})
     tasks = _tasks(state, pools, planned, now)
+    estimate_gateway_queues(pools, gateways, state.gateway_windows)  # before the load is judged
     shed = gateway_shed_rates(planned, {p.pool for p in pools})
+    gateway_calls = gateway_call_histograms(planned, {p.pool for p in pools})
+    call_totals = gateway_call_totals(planned, {p.pool for p in pools})
     power = _power(state, history, dcgm)
     by_pool: dict[str, dict] = {}  # one pass over the history: the work stays linear in series
     for key, readings in history.items():
@@ -247,13 +259,34 @@ def assess(state: CapacityState, pools: list[PoolSnapshot], history: History,
         settings = CapacitySettings(max_num_seqs=ps.max_num_seqs, kv_tokens_per_request=state.kv_per_request,
                                     watts_per_replica=ps.watts_per_replica,
                                     active_requests_per_session=state.per_session)
+        pool_slos = slo_pools(state, p, mine, now, call_totals.get(p.pool))
+        if p.pool in gateway_calls:
+            p.gateway_added_latency = added_latency(histo.quantiles(gateway_calls[p.pool]), p.latency.get("e2e"))
         if p.stale or p.replicas == 0:
             p.capacity = Capacity(knee_detail=STALE, withheld=True)
         else:
             sp = state.steady_prior(p.pool)
             steady = (sp.kv_tokens_per_request, sp.kv_source) if sp.kv_tokens_per_request else None
-            p.capacity = pool_capacity(p, knee, settings, power.get(p.pool), sessions, kv_per_request=steady)
-        p.tasks = PoolTasks(by_type, _pool_slos(state, p, mine, now), classes)
+            load = _judged_load(state, p, now)
+            limit = slo_limit(load[0] if load else None, state.judged.get(p.pool, ()))
+            p.capacity = pool_capacity(p, knee, settings, power.get(p.pool), sessions, kv_per_request=steady,
+                                       load=load, slo=(limit[0], limit[1].as_dict()) if limit else None)
+        p.tasks = PoolTasks(by_type, pool_slos, classes)
+
+
+def _judged_load(state: CapacityState, p: PoolSnapshot, now: float) -> Optional[tuple[float, float, str]]:
+    """(the load `current` judges, the seconds it covers, how it was found): the engines' by Little's
+    law over the rate window (completion rate x mean e2e: every request's time in the engines, not
+    15-s samples of it) plus the gateway-queued requests averaged over the latency window; the
+    time-weighted mean of the cycles' loads while Little's law is unknown (module load_window.py)."""
+    averaged = state.loads.mean(p.pool, now, p.load_requests)
+    gateway = state.gateway_loads.mean(p.pool, now, p.gateway_queued_requests or 0.0)
+    littles = engines_in_flight(p)
+    if averaged is None:
+        return None
+    if littles is None or gateway is None or not p.window_seconds:
+        return averaged[0], averaged[1], "window_mean"
+    return littles + gateway[0], p.window_seconds, "littles_law"
 
 
 def _observe(state: CapacityState, est: KneeEstimator, history: History) -> None:
@@ -286,85 +319,13 @@ def _tasks(state: CapacityState, pools: list[PoolSnapshot], planned: list[Planne
             if gcfg.models and t.calls == 0 and t.call_latency is None and t.tasks_started is None:
                 continue  # no series of this pool's model for the task type
             entry = by_pool.setdefault(target_pool, ({}, {}))[0]
-            stats = _slo_windows(state, target_pool, t, stats, now)
+            stats = slo_windows(state, target_pool, t, stats, now)
             # the same task type from two sources (the gateway and the application): joined
             entry[tt] = join_sources(entry[tt], stats) if tt in entry else stats
         classes = call_latency_by_class(reading, prev)
         if pool in names and classes:
             by_pool.setdefault(pool, ({}, {}))[1].update(classes)
     return by_pool
-
-
-def _slo_windows(state: CapacityState, pool: str, t, stats: TaskStats, now: float) -> TaskStats:
-    """The task type's SLO share over the latency window and its burn rates (SloTracker)."""
-    target = state.slo.task_target(stats.task_type)
-    if target is None:
-        return stats
-    h = t.task_duration if target.signal == "task" else (t.ttft if target.signal == "ttft" else t.call_latency)
-    if h is None:
-        return stats
-    total = histo.total(h)
-    bad = (histo.fraction_above(h, target.seconds) or 0.0) * total
-    key = (pool, stats.task_type, _target_tag(target))
-    try:
-        state.tracker.observe(key, now, total, bad)
-    except ValueError:
-        return stats
-    ratio = state.tracker.ratio(key, state.window)
-    if ratio is not None:
-        stats = replace(stats, slo_violation_ratio=ratio, slo_window_seconds=state.window)
-    rates, source = _burn_rates(state, key, target)
-    return replace(stats, slo_burn_rate=rates, slo_source=source)
-
-
-def _target_tag(target: Target) -> str:
-    """Part of a tracker key: counts over another target (a changed config) are not mixed in."""
-    return f"{target.signal}<={target.seconds:g}"
-
-
-def _burn_rates(state: CapacityState, key: tuple, target: Target) -> tuple[dict, str]:
-    """(window -> burn rate, source): Prometheus' counts when it has the task type's series and the
-    task type feeds one pool only (its series carry no pool; with extra pool_by labels, one pool of
-    the series' cluster; series without the cluster label, one pool of the whole fleet), else the
-    tracker's."""
-    pool, task_type = key[0], key[1]
-    seen = state.slo_task_pools.setdefault(task_type, {})
-    seen[pool] = state.tracker.newest(key) or seen.get(pool, 0.0)
-    extras = tuple(extras_of(pool).items())  # with extra pool_by labels, Prometheus' windows are per cluster
-    cycle = state.slo_cycle_windows or {}
-    windows = cycle.get((target.signal, task_type, *((extras,) if extras else ())))
-    feeding = sum(1 for p in seen if tuple(extras_of(p).items()) == extras)
-    if windows is None and extras:  # the gateway's series carry no cluster label: fleet-wide counts
-        windows, feeding = cycle.get((target.signal, task_type, tuple((k, "") for k, _ in extras))), len(seen)
-    if windows is None or feeding > 1:
-        return state.tracker.burn_rates(key, target), "tracker"
-    return {name: window_burn(bad_count(windows.get(name), target), target) for name in state.slo.windows}, "prometheus"
-
-
-def _pool_slos(state: CapacityState, p: PoolSnapshot, history: History, now: float) -> dict[str, PoolSlo]:
-    """Pool-level latency targets (ttft, e2e, queue, itl) over the summed replica histograms."""
-    out: dict[str, PoolSlo] = {}
-    targets = state.slo.pool_targets.get(p.pool) or state.slo.pool_targets.get(p.name, [])
-    if not targets:
-        return out
-    newest = [rs[-1] for rs in history.values() if rs]  # the pool's own series
-    for target in targets:
-        if p.latency_totals is not None:  # Prometheus mode: the query layer summed the pool's buckets
-            h = p.latency_totals.get(target.signal)
-        else:
-            h = _sum_hist([r.histograms[target.signal] for r in newest if target.signal in r.histograms])
-        if h is None:
-            continue
-        slo = PoolSlo(target.signal, target.seconds, target.objective)
-        total = histo.total(h)
-        key = (p.pool, slo.key, _target_tag(target))
-        try:
-            state.tracker.observe(key, now, total, (histo.fraction_above(h, target.seconds) or 0.0) * total)
-        except ValueError:
-            continue
-        out[slo.key] = replace(slo, slo_violation_ratio=state.tracker.ratio(key, state.window),
-                               slo_burn_rate=state.tracker.burn_rates(key, target))
-    return out
 
 
 # ---------------------------------------------------------------------- power

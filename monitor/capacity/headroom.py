@@ -11,9 +11,9 @@ digest). Fields and the metric each becomes (scenario / limit fields carry the m
     knee_source, knee_signal    headroom_knee_info{pool, source, signal}
     knee_confidence_ratio       headroom_knee_confidence_ratio{pool}
     utilisation_ratio           headroom_utilisation_ratio{pool}
-    ratio                       headroom_ratio{pool, scenario}             (Scenarios: current, n_minus_1)
+    ratio                       headroom_ratio{pool, scenario}             (Scenarios: current, n_minus_1, instant)
     headroom_requests           headroom_headroom_requests{pool, scenario}
-    capacity_requests           headroom_capacity_requests{pool, limit}    (Limits: slots, kv, knee, effective)
+    capacity_requests           headroom_capacity_requests{pool, limit}    (Limits: slots, kv, knee, slo, effective)
     sessions                    headroom_sessions{pool}
     session_capacity            headroom_session_capacity{pool}
     power_watts                 headroom_power_watts{pool}
@@ -24,12 +24,15 @@ kv_tokens_per_request_source, power_source, n_minus_1_share, knee_detail). None 
 and must not be exported.
 
 Definitions (per pool, N = replicas answering):
-  load              = active + queued requests
+  load              = active + engine queued + gateway queued requests, averaged over the latency
+                      window (`load`, given by the cycle); `instant`: this cycle's
   slots capacity    = max_num_seqs x N
   kv capacity       = KV capacity tokens / mean KV tokens per request (the steady figure the cycle
                       keeps when given, else live KV / running requests, else the configured
                       kv_tokens_per_request)
   knee capacity     = knee requests per replica x N
+  slo capacity      = only while a latency target is over its allowed share over the window: the
+                      load scaled down, load x allowed / over (monitor/capacity/slo_limit.py)
   effective         = the smallest of those known; its name is the limiting factor
   utilisation       = load / effective;   headroom ratio = 1 - load / effective (negative when over)
   N-1               = effective x (1 - largest replica's share), the share from per-replica KV
@@ -81,6 +84,10 @@ def _ratio(load: Optional[float], cap: Optional[float]) -> Optional[float]:
     return 1.0 - load / cap
 
 
+def _less(cap: Optional[float], load: Optional[float]) -> Optional[float]:
+    return cap - load if (cap is not None and load is not None) else None
+
+
 def largest_replica_share(pool: PoolSnapshot) -> Optional[float]:
     """Share of the pool's capacity held by its largest answering, working (not stalled) replica."""
     n = pool.replicas - pool.stalled_replicas
@@ -112,21 +119,30 @@ def _kv_per_request(pool: PoolSnapshot, knee: Knee, settings: CapacitySettings
 
 def pool_capacity(pool: PoolSnapshot, knee: Knee, settings: CapacitySettings,
                   power_watts: Optional[float] = None, sessions: Optional[float] = None, *,
-                  kv_per_request: Optional[tuple[float, str]] = None) -> Capacity:
+                  kv_per_request: Optional[tuple[float, str]] = None,
+                  load: Optional[tuple] = None,
+                  slo: Optional[tuple[float, dict]] = None) -> Capacity:
     """`kv_per_request`: (KV tokens per request, its source) kept steady by the caller (the cycle's
     `SteadyPrior`), used for the KV limit instead of this snapshot's own measurement, which moves
-    with every cycle."""
+    with every cycle. `load`: (the load averaged over the latency window, the seconds it covers[, how
+    it was found]): what `current`, N-1, utilisation and sessions judge (default: this cycle's load,
+    as `instant`).
+    `slo`: (the slo limit, the target over its allowed share that sets it:
+    monitor/capacity/slo_limit.py), one more limit."""
     if not isinstance(pool, PoolSnapshot):
         raise TypeError("pool_capacity needs a PoolSnapshot")
     # a stalled replica holds work but completes none: it is no capacity (as if lost)
     n = pool.replicas - pool.stalled_replicas
     if n < 0:
         raise ValueError(f"pool {pool.pool}: replicas must be >= 0, got {n}")
-    load = pool.load_requests  # None: the engines' active or queued count is unknown
+    instant = pool.load_requests  # None: the engines' active or queued count is unknown
+    load, load_window, load_source = (tuple(load) + ("window_mean",))[:3] if (load is not None and instant is not None) \
+        else (instant, None, "instant" if instant is not None else None)
     kv_per_req, kv_src = kv_per_request or _kv_per_request(pool, knee, settings)
     kv_capacity = (pool.kv_tokens_capacity or 0.0) - pool.stalled_kv_tokens_capacity
 
-    caps: dict[str, Optional[float]] = {"slots": None, "kv": None, "knee": None}
+    caps: dict[str, Optional[float]] = {"slots": None, "kv": None, "knee": None,
+                                        "slo": slo[0] if slo is not None else None}
     if settings.max_num_seqs:
         caps["slots"] = float(settings.max_num_seqs * n)
     if pool.kv_tokens_capacity and kv_per_req:
@@ -165,13 +181,14 @@ def pool_capacity(pool: PoolSnapshot, knee: Knee, settings: CapacitySettings,
         knee_source=knee.source, knee_signal=knee.signal,
         knee_confidence_ratio=float(knee.confidence),
         utilisation_ratio=(load / effective) if (effective and load is not None) else None,
-        ratio=Scenarios(_ratio(load, effective), _ratio(load, cap_n1)),
-        headroom_requests=Scenarios((effective - load) if (effective is not None and load is not None) else None,
-                                    (cap_n1 - load) if (cap_n1 is not None and load is not None) else None),
-        capacity_requests=Limits(caps["slots"], caps["kv"], caps["knee"], effective),
+        ratio=Scenarios(_ratio(load, effective), _ratio(load, cap_n1), _ratio(instant, effective)),
+        headroom_requests=Scenarios(_less(effective, load), _less(cap_n1, load), _less(effective, instant)),
+        capacity_requests=Limits(caps["slots"], caps["kv"], caps["knee"], effective, caps["slo"]),
         sessions=sessions, session_capacity=session_capacity, power_watts=power,
         sessions_per_megawatt=spmw,
-        limiting_factor=limiting, load_requests=load,
+        limiting_factor=limiting, load_requests=load, load_requests_instant=instant,
+        load_window_seconds=load_window, load_source=load_source,
+        slo_limited_by=slo[1] if slo is not None else None,
         kv_tokens_per_request=kv_per_req, kv_tokens_per_request_source=kv_src,
         active_requests_per_session=per_session, active_requests_per_session_source=ps_src,
         power_source=power_src, n_minus_1_share=share, knee_detail=knee.detail,

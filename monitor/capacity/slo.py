@@ -218,6 +218,11 @@ class SloTracker:
 
     def ratio(self, key, window_seconds: float) -> Optional[float]:
         """Share of bad observations in the last window_seconds (None without observations)."""
+        counts = self.counts(key, window_seconds)
+        return counts[1] / counts[0] if counts is not None else None
+
+    def counts(self, key, window_seconds: float) -> Optional[tuple[float, float]]:
+        """(observations, bad ones) in the last window_seconds (None without observations)."""
         series = self._series.get(key)
         if not series or len(series) < 2:
             return None
@@ -231,7 +236,7 @@ class SloTracker:
         d_total = now_total - start[1]
         if d_total <= 0:
             return None
-        return (now_bad - start[2]) / d_total
+        return d_total, now_bad - start[2]
 
     def slack(self, window_seconds: float) -> float:
         """How far before a window's start its start point may lie (module docstring)."""

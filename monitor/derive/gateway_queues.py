@@ -10,7 +10,21 @@ model served by two pools is not split: that queue is left out and counted as
 puts its queue on cluster a's pool of that model; one without labels in front of two clusters
 serving the model leaves it out (unmapped), never counting it twice. A sum that overflows is left
 out too (unknown, never +Inf), counted as `gateway_queue_overflow`. The result is `PoolSnapshot.gateway_queued[<gateway URL>]`, part of
-`PoolSnapshot.load_requests`.
+`PoolSnapshot.load_requests`, with `gateway_queued_source[<URL>] = "queue"`.
+
+A gateway without a queue gauge but with a gauge of its requests in flight (LiteLLM
+`litellm_in_flight_requests`, llm-d `llm_d_epp_request_running`: `GatewayReading.in_flight`) holds
+in front of the engines what it has in flight beyond what the engines report running and waiting
+(`in_flight_queues`): per pool, the in-flight requests of the gateways feeding it less its engines'
+running + waiting less what gateway queue gauges already put on it (a LiteLLM in front of an llm-d
+router: the router's queue is in LiteLLM's in-flight too; never counted twice), never below 0,
+shared among those gateways in proportion to their in-flight counts (`source` "in_flight"). A
+gateway's in-flight gauge carries no model: it is put on a pool only when the gateway feeds one pool
+(its `pool:`, or one pool in its scope); else it is `gateway_queue_unmapped`. LiteLLM's gauge counts
+every HTTP request, the /metrics scrape reading it too: one is taken off. What it counts includes the
+engines' own front ends (a request tokenising in vLLM's API server is in neither running nor waiting):
+the queue the engines cannot see, wherever it waits before the scheduler. Requests sent to the
+engines around the gateway lower the figure (a lower bound then).
 """
 from __future__ import annotations
 
@@ -84,12 +98,54 @@ def apply_gateway_queues(pools: Sequence[PoolSnapshot], gateways: Sequence[Gatew
         for pool, queued in queued_by_pool(queues, pool_of, overflow).items():
             mine = by_name[pool].gateway_queued
             mine[scrape.url] = mine.get(scrape.url, 0.0) + queued
+            by_name[pool].gateway_queued_source[scrape.url] = "queue"
         if overflow:
             anomalies["gateway_queue_overflow"] = anomalies.get("gateway_queue_overflow", 0.0) + sum(overflow.values())
         unmapped = sum(1 for q in queues if q.queued is not None and scoped(q.pool_label, q.model) is None)
         if unmapped:
             anomalies["gateway_queue_unmapped"] = anomalies.get("gateway_queue_unmapped", 0.0) + unmapped
+    in_flight_queues(pools, gateways, served, anomalies)
     for p in pools:  # several gateways' finite queues may still overflow together: unknown, not +Inf
         if p.gateway_queued and not math.isfinite(sum(p.gateway_queued.values()) + (p.load_requests or 0.0)):
             p.gateway_queued.clear()
+            p.gateway_queued_source.clear()
             anomalies["gateway_queue_overflow"] = anomalies.get("gateway_queue_overflow", 0.0) + 1
+
+
+# a gateway whose in-flight gauge counts the scrape that reads it (LiteLLM's ASGI middleware counts
+# every HTTP request, /metrics included: an idle proxy reads 1)
+SCRAPE_COUNTED = {"litellm": 1.0}
+
+
+def in_flight_queues(pools: Sequence[PoolSnapshot], gateways: Sequence[GatewayScrape],
+                     served: Mapping[str, str], anomalies: dict) -> None:
+    """Put on each pool what its gateways hold in flight beyond its engines (module docstring);
+    `served`: {pool: model} of the whole fleet (a gateway's scope)."""
+    by_name = {p.pool: p for p in pools}
+    held: dict[str, dict[str, float]] = {}  # pool -> {gateway URL: requests in flight}
+    for scrape in gateways:
+        reading = scrape.reading
+        if reading is None or reading.in_flight is None or not math.isfinite(reading.in_flight):
+            continue
+        if scrape.queues is not None and any(q.queued is not None for q in scrape.queues):
+            continue  # its own queue gauge says what waits there
+        scope = Scope(served.items(), scrape.labels)
+        pool = scope.named(scrape.pool)[0] if scrape.pool is not None else scope.only()
+        n = max(0.0, reading.in_flight - SCRAPE_COUNTED.get(reading.kind, 0.0))
+        if pool is None:
+            if n > 0:
+                anomalies["gateway_queue_unmapped"] = anomalies.get("gateway_queue_unmapped", 0.0) + 1
+            continue
+        if pool in by_name:  # else another shard's pool
+            mine = held.setdefault(pool, {})
+            mine[scrape.url] = mine.get(scrape.url, 0.0) + n
+    for pool, urls in held.items():
+        p = by_name[pool]
+        if p.active_requests is None or p.queued_requests is None:
+            continue  # what the engines hold is unknown: so is what waits in front of them
+        total = sum(urls.values())
+        counted = sum(v for u, v in p.gateway_queued.items() if u not in urls)
+        excess = max(0.0, total - p.active_requests - p.queued_requests - counted)
+        for url, n in urls.items():
+            p.gateway_queued[url] = excess * n / total if total > 0 else 0.0
+            p.gateway_queued_source[url] = "in_flight"

@@ -155,6 +155,22 @@ def _gateway_kpi(p: PoolSnapshot) -> str:
     return f'<div><b>{_fmt(p.gateway_queued_requests)}</b><span>queued in front of them (gateway)</span></div>'
 
 
+def _limit_kpi(cap: Capacity) -> str:
+    """What limits the pool (the smallest capacity: slots, kv, knee or slo) and the load it is judged on."""
+    if cap.limiting_factor is None:
+        return ""
+    e = html.escape
+    why = ""
+    by = cap.slo_limited_by
+    if cap.limiting_factor == "slo" and by:
+        why = (f": {e(str(by.get('target')))} {by.get('slo_violation_ratio', 0) * 100:.0f}% over "
+               f"{by.get('slo_target_seconds'):g} s (allowed {by.get('allowed_ratio', 0) * 100:.0f}%)")
+    window = cap.load_window_seconds
+    judged = f"load {_fmt(cap.load_requests)} averaged over {window:.0f} s" if window else f"load {_fmt(cap.load_requests)}"
+    instant = f" · now {_fmt(cap.load_requests_instant)}" if window else ""
+    return (f'<div><b>{e(cap.limiting_factor)}</b><span>limits the pool{why} · {judged}{instant}</span></div>')
+
+
 def _knee_kpi(cap: Capacity) -> str:
     """The knee and where it comes from: learned (with its confidence) or the prior from the limits."""
     if cap.knee_requests is None:
@@ -265,6 +281,7 @@ def _pool_card(p: PoolSnapshot, trend: list, alerts: Optional[list[Alert]] = Non
     <div><b>{_fmt(spmw)}</b><span>sessions per MW</span></div>
     <div><b>{p.replicas}/{p.replicas_configured}</b><span>replicas up</span></div>
     {_knee_kpi(cap)}
+    {_limit_kpi(cap)}
     {_forecast_kpi(p)}
   </div>
   <div class="bar"><div style="width:{min(kv_pct or 0.0, 100):.0f}%"></div></div>

@@ -201,13 +201,20 @@ def pool_samples(out: Rows, p: PoolSnapshot) -> None:
     # a gateway's queue is this cycle's reading of the gateway, fresh when the replicas are down too
     # (exactly when users wait)
     for gateway, v in sorted(p.gateway_queued.items()):
-        out.add("headroom_gateway_queued_requests", {"pool": p.pool, "gateway": gateway}, v)
+        out.add("headroom_gateway_queued_requests",
+                {"pool": p.pool, "gateway": gateway, "source": p.gateway_queued_source.get(gateway, "queue")}, v)
+    if p.gateway_queued:
+        out.add("headroom_queued_requests", {"pool": p.pool, "where": "gateway"}, p.gateway_queued_requests)
     if p.replicas == 0:
         return  # nothing fresh to say about this pool: withhold rather than repeat old values
     out.add("headroom_active_requests", pl, p.active_requests)
-    out.add("headroom_queued_requests", pl, p.queued_requests)
+    out.add("headroom_queued_requests", {"pool": p.pool, "where": "engine"}, p.queued_requests)
     for reason, v in sorted(p.queued_by_reason.items()):
         out.add("headroom_queued_requests_by_reason", {"pool": p.pool, "reason": reason}, v)
+    if p.gateway_added_latency is not None:
+        for label, attr in QUANTILE_FIELDS:
+            out.add("headroom_gateway_added_latency_seconds", {"pool": p.pool, "q": label},
+                    getattr(p.gateway_added_latency, attr))
     out.add("headroom_kv_tokens", pl, p.kv_tokens_live)
     out.add("headroom_kv_tokens_low", pl, p.kv_tokens_live_low)
     out.add("headroom_kv_tokens_high", pl, p.kv_tokens_live_high)

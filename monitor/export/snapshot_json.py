@@ -50,6 +50,8 @@ def pool_to_dict(p: PoolSnapshot) -> dict:
         "queued_by_reason": p.queued_by_reason,
         "gateway_queued_requests": p.gateway_queued_requests,
         "gateway_queued": dict(p.gateway_queued),
+        "gateway_queued_source": dict(p.gateway_queued_source),
+        "gateway_added_latency": p.gateway_added_latency.as_dict() if p.gateway_added_latency is not None else None,
         "load_requests": p.load_requests if p.replicas else None,
         "offered_requests": p.offered_requests if p.replicas else None,
         "shed_rates": dict(p.shed_rates),

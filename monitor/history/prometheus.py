@@ -90,6 +90,11 @@ class Query:
         return make_key(name, {e: labels.get(e, "") for e in self.extra}, self.extra)
 
 
+# series of several meanings told apart by a label: the history series reads one (headroom_queued_requests
+# where="engine"; its series written before the label have none, so `!=` keeps them)
+ONLY = {"headroom_queued_requests": 'where!="gateway"'}
+
+
 def _matchers(*parts: str) -> str:
     inner = [p.strip().strip("{}") for p in parts if p and p.strip().strip("{}")]
     return "{" + ", ".join(inner) + "}" if inner else ""
@@ -111,7 +116,7 @@ def headroom_queries(selector: str = "", pools: Optional[Iterable[str]] = None,
     pool = ", ".join(("pool",) + extra)
 
     def one(metric: str, by: str = pool) -> str:
-        return f"max by ({by}) ({metric}{m})"
+        return f"max by ({by}) ({metric}{_matchers(m, ONLY.get(metric, ''))})"
     out = {name: Query(one(spec.metric, f"{pool}, task_type" if spec.per_task else pool), extra=extra)
            for name, spec in schema.SERIES.items() if spec.metric}
     out["load"] = Query(f"{one('headroom_active_requests')} + {one('headroom_queued_requests')}", extra=extra)

@@ -9,26 +9,31 @@ from .values import Quantiles
 
 @dataclass(frozen=True)
 class Scenarios:
-    """A value now and with the pool's largest replica lost."""
+    """A value now and with the pool's largest replica lost, both on the load averaged over the
+    latency window; `instant`: now, on this cycle's load (it swings with every tool wait)."""
 
     current: Optional[float] = None
     n_minus_1: Optional[float] = None
+    instant: Optional[float] = None
 
     def as_dict(self) -> dict:
-        return {"current": self.current, "n_minus_1": self.n_minus_1}
+        return {"current": self.current, "n_minus_1": self.n_minus_1, "instant": self.instant}
 
 
 @dataclass(frozen=True)
 class Limits:
-    """Concurrent requests a pool can hold, by limit; `effective` is the smallest known."""
+    """Concurrent requests a pool can hold, by limit; `effective` is the smallest known. `slo`: set
+    only while a latency target is over its allowed share (monitor/capacity/slo_limit.py)."""
 
     slots: Optional[float] = None
     kv: Optional[float] = None
     knee: Optional[float] = None
     effective: Optional[float] = None
+    slo: Optional[float] = None
 
     def as_dict(self) -> dict:
-        return {"slots": self.slots, "kv": self.kv, "knee": self.knee, "effective": self.effective}
+        return {"slots": self.slots, "kv": self.kv, "knee": self.knee, "slo": self.slo,
+                "effective": self.effective}
 
 
 @dataclass(frozen=True)
@@ -52,8 +57,12 @@ class Capacity:
     power_watts: Optional[float] = None
     sessions_per_megawatt: Optional[float] = None
     # explanations (not metrics)
-    limiting_factor: Optional[str] = None
-    load_requests: Optional[float] = None
+    limiting_factor: Optional[str] = None  # slots | kv | knee | slo: the limit the effective capacity is
+    load_requests: Optional[float] = None  # averaged over load_window_seconds: what `current` judges
+    load_requests_instant: Optional[float] = None  # this cycle's: what `instant` judges
+    load_window_seconds: Optional[float] = None
+    load_source: Optional[str] = None  # littles_law | window_mean | instant (monitor/capacity/enrich.py)
+    slo_limited_by: Optional[dict] = None  # the target over its allowed share setting the slo limit
     kv_tokens_per_request: Optional[float] = None
     kv_tokens_per_request_source: Optional[str] = None
     active_requests_per_session: Optional[float] = None
@@ -84,6 +93,9 @@ class Capacity:
             "sessions": self.sessions, "session_capacity": self.session_capacity,
             "power_watts": self.power_watts, "sessions_per_megawatt": self.sessions_per_megawatt,
             "limiting_factor": self.limiting_factor, "load_requests": self.load_requests,
+            "load_requests_instant": self.load_requests_instant, "load_window_seconds": self.load_window_seconds,
+            "load_source": self.load_source,
+            "slo_limited_by": self.slo_limited_by,
             "kv_tokens_per_request": self.kv_tokens_per_request,
             "kv_tokens_per_request_source": self.kv_tokens_per_request_source,
             "active_requests_per_session": self.active_requests_per_session,

@@ -71,6 +71,12 @@ class PoolSnapshot:
     # requests waiting in front of the engines, in a router's or gateway's queue (llm-d / inference
     # gateway flow control, Dynamo's router), by gateway; {}: no gateway reports a queue for the pool
     gateway_queued: dict[str, float] = field(default_factory=dict)
+    # how each gateway's figure was found: "queue" (its own queue gauge), "in_flight" (its requests in
+    # flight beyond what the engines hold), "estimate" (its arrival rate x its latency beyond the engines')
+    gateway_queued_source: dict[str, str] = field(default_factory=dict)
+    # the gateway's added latency: its call latency quantiles less the engines' end-to-end ones over
+    # the task window (monitor/capacity/gateway_latency.py); None: no gateway latency for the pool
+    gateway_added_latency: Optional[Quantiles] = None
     engines: tuple[str, ...] = ()  # the engine kinds serving the pool: "vllm", "sglang"
     kv_tokens_live: Optional[float] = None  # the estimate: partial last blocks corrected (derive/kv_band.py)
     kv_tokens_live_low: Optional[float] = None
