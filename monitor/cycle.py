@@ -34,6 +34,7 @@ from .model import ReplicaReading, Snapshot, SourceStatus
 from .poolkey import normalise
 from .readings import GatewayConfig
 from monitor.kit.http import BodyBudget, Fetcher
+from monitor.kit.ticker import steady_clock
 from .sources.auxiliary import AuxSources, late as _late
 from .sources.prometheus_reader import PrometheusRead, PrometheusSourceReader
 from .sources.scrape import DeadlinePool, Late, Scraper
@@ -45,15 +46,6 @@ log = logging.getLogger(__name__)
 
 DEADLINE_MARGIN = 0.5  # seconds a cycle waits beyond its sources' request timeouts
 CLOCK_STEP_TOLERANCE = 1.0  # seconds the wall clock may drift from the boot-time clock between cycles
-
-
-def steady_clock() -> float:
-    """Seconds on a clock that never steps and, unlike time.monotonic, counts a suspend (Linux
-    CLOCK_BOOTTIME), so a resumed machine's wall-clock jump is not taken for a step."""
-    try:
-        return time.clock_gettime(time.CLOCK_BOOTTIME)
-    except (AttributeError, OSError):
-        return time.monotonic()
 
 
 def cycle_deadline_seconds(cfg: Config) -> float:
@@ -121,8 +113,9 @@ class Pipeline:
                                for gw in config.gateways]
         self.aux = AuxSources(config, self.budget, gateway_configs)
         self._sources: Optional[DeadlinePool] = None
-        # Prometheus mode: now -> the SLO burn windows from Prometheus (monitor/history/slo.py attach)
-        self.slo_windows: Optional[Callable[[float], dict]] = None
+        # Prometheus mode: time -> the SLO burn windows from Prometheus (monitor/history/slo.py attach); the
+        # cycle passes None: at the query layer's own time, never headroom's clock (which may have stepped)
+        self.slo_windows: Optional[Callable[[Optional[float]], dict]] = None
         self._slo_windows_failing = False
 
     # the state between cycles, as the pipeline's callers read it
@@ -189,6 +182,8 @@ class Pipeline:
         snapshot = self.advance(self.collect(now, deadline), now)
         snapshot.cycle_duration_seconds = time.monotonic() - started
         snapshot.clock_steps = dict(self.clock_steps)
+        if self.prom is not None:
+            snapshot.query_clock_steps = dict(self.prom.clock.steps)
         self.publish(snapshot)
         self.finished_at = time.monotonic()
         return snapshot
@@ -210,7 +205,7 @@ class Pipeline:
             deadline = began + cycle_deadline_seconds(self.config)
         pool = self._source_pool()
         prom = pool.start([("prometheus", lambda: self.prom.read_all(now, deadline))]) if self.prom else []
-        slo = pool.start([("slo-windows", lambda: self.slo_windows(now))]) if self.slo_windows else []
+        slo = pool.start([("slo-windows", lambda: self.slo_windows(None))]) if self.slo_windows else []
         aux = self.aux.start(pool)
         inputs = CycleInputs([], [])
         if self.scraper is not None:

@@ -147,10 +147,11 @@ class PrometheusWindows:
         """Queries one read sends: one per window and histogram family."""
         return len(self.windows) * sum(len(f) for f in self.plan.values())
 
-    def read(self, now: float) -> Windows:
+    def read(self, now: Optional[float] = None) -> Windows:
         """(signal, task type[, extra labels]) -> {window: histogram of the window, None when not
-        covered}; a task type Prometheus holds no series of is absent. Raises the client's error
-        (PrometheusError) when a query fails: the caller falls back to the tracker."""
+        covered} at `now`, or at the query layer's own time when None (the cycle's: never headroom's
+        clock, which may have stepped); a task type Prometheus holds no series of is absent. Raises the
+        client's error (PrometheusError) when a query fails: the caller falls back to the tracker."""
         deadline = time.monotonic() + self.budget
         out: Windows = {}
         for signal, fams in self.plan.items():

@@ -91,16 +91,21 @@ class PrometheusClient:
         raise last
 
     def query(self, query: str, at: Optional[float] = None, deadline: Optional[float] = None,
-              warnings: Optional[list] = None) -> list[tuple[dict[str, str], float]]:
-        """An instant vector; the answer's `warnings` (a partial response: a store or shard did not
-        answer) are appended to `warnings` when given, so the caller can say the answer is partial."""
+              warnings: Optional[list] = None, stamps: Optional[list] = None) -> list[tuple[dict[str, str], float]]:
+        """An instant vector at `at`, or at the query layer's own now when None (no `time` sent). The
+        answer's `warnings` (a partial response: a store or shard did not answer) are appended to
+        `warnings` when given, so the caller can say the answer is partial; with `stamps`, the time the
+        query layer evaluated it at (its samples' timestamp) is appended when the vector is not empty."""
         params = {"query": query}
         if at is not None:
             params["time"] = f"{at:.3f}"
         data = self._call("/api/v1/query", params, deadline)
         if warnings is not None:
             warnings.extend(str(w) for w in data.get("_warnings") or ())
-        return decode_vector(data)
+        vector = decode_vector(data)
+        if stamps is not None and vector:
+            stamps.append(_value(data["result"][0].get("value"))[0])
+        return vector
 
     def query_range(self, query: str, start: float, end: float, step: float, deadline: Optional[float] = None
                     ) -> list[tuple[dict[str, str], list[tuple[float, float]]]]:

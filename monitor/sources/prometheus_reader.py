@@ -20,6 +20,7 @@ from .settings import PrometheusSource
 from ..model import Histogram, ReplicaReading, SourceStatus
 from monitor.kit.http import BodyBudget, redact
 from .prometheus import PrometheusClient, PrometheusError, engine_of_scrape, scrapes_from_vector
+from .query_clock import QueryClock
 from ..shard import filter_pools
 from .prometheus_queries import (RULE_WINDOW, RULES_QUERY, pool_histogram_query, pool_histograms, present_bases,
                                  replica_selector, rule_histograms, shard_pools_query, with_pools)
@@ -69,6 +70,7 @@ class PrometheusSourceReader:
         self.shard = shard  # global.shard: read only the pools this shard owns
         self.selector = src.selector  # the selector of the cycle's queries (narrowed to the shard's pools)
         self._failing: dict[str, str] = {}  # part -> the reason it last failed (logged once)
+        self.clock = QueryClock()  # every query at the query layer's time; its steps counted (query_clock.py)
 
     def read(self, now: Optional[float] = None, deadline: Optional[float] = None
              ) -> tuple[list[ReplicaReading], list[SourceStatus], dict[str, int]]:
@@ -86,10 +88,10 @@ class PrometheusSourceReader:
         if deadline is not None:  # end the queries a little before the cycle stops waiting: what was read counts
             deadline -= min(RETURN_MARGIN, 0.1 * max(0.0, deadline - start))
         warnings: list[str] = []
+        self.clock.begin()
         try:
             self.selector = self._shard_selector(now, deadline)
-            vector = self.client.query(replica_selector(self.selector), at=now, deadline=deadline,
-                                       warnings=warnings)
+            vector = self._query(replica_selector(self.selector), deadline, warnings)
         except PrometheusError as exc:
             self._note("replicas", exc.reason)
             status = SourceStatus("prometheus", name, False, exc.reason, exc.detail, time.monotonic() - start)
@@ -110,12 +112,16 @@ class PrometheusSourceReader:
                         warnings[0][:200])
         return out
 
+    def _query(self, query: str, deadline: Optional[float], warnings: Optional[list] = None) -> list:
+        """An instant query at the query layer's time (never headroom's clock: query_clock.py)."""
+        return self.clock.query(self.client, query, deadline, warnings)
+
     def _shard_selector(self, now: float, deadline: Optional[float]) -> str:
         """The source's selector; on a shard (global.shard, pools by model_name), narrowed to the
         models this shard owns, so each shard's queries read only its own pools' series."""
         if self.shard is None or self.shard[1] <= 1 or self.pool_by != ["model_name"]:
             return self.src.selector
-        names = self.client.query(shard_pools_query(self.src.selector), at=now, deadline=deadline)
+        names = self._query(shard_pools_query(self.src.selector), deadline)
         owned = filter_pools(sorted({labels.get("model_name", "") for labels, _v in names} - {""}), self.shard)
         return with_pools(self.src.selector, owned)
 
@@ -136,7 +142,7 @@ class PrometheusSourceReader:
     def _statuses(self, now: float, deadline: Optional[float], missing: dict, out: PrometheusRead) -> None:
         """Targets Prometheus itself sees as down, and the missing families of those that answered."""
         try:
-            ups = self.client.query(_up_selector(self.src.selector), at=now, deadline=deadline)
+            ups = self._query(_up_selector(self.src.selector), deadline)
         except PrometheusError as exc:
             self._note("up", exc.reason)
             return
@@ -163,7 +169,7 @@ class PrometheusSourceReader:
             from_rules = self._from_rules(now, deadline, warnings, present)
             query = pool_histogram_query(self.selector, self.pool_by, self.latency_window, self.total_kinds,
                                          present) if present else ""
-            vector = self.client.query(query, at=now, deadline=deadline, warnings=warnings) if query else []
+            vector = self._query(query, deadline, warnings) if query else []
         except PrometheusError as exc:
             self._note("histograms", exc.reason)
             self._last_histograms(now, out)
@@ -183,7 +189,7 @@ class PrometheusSourceReader:
         if not (src.recording_rules and self.latency_window == RULE_WINDOW and self.pool_by == ["model_name"]
                 and not self.total_kinds and any(b.startswith("vllm:") for b in present)):
             return {}
-        got = rule_histograms(self.client.query(RULES_QUERY, at=now, deadline=deadline, warnings=warnings))
+        got = rule_histograms(self._query(RULES_QUERY, deadline, warnings))
         if not got:
             if self._rules is not False:
                 log.info("the bundled recording rules are not loaded in %s: the pools' latency buckets are "
