@@ -10,17 +10,19 @@ and quantiles within one bucket.
 """
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import threading
 import time
 from typing import Any, Callable, Optional, Sequence
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 from .settings import PrometheusSource
 from . import sglang, vllm
 from monitor.kit.exposition import ParsedScrape, normalise_name
 from monitor.kit.http import Backoff, BodyBudget, FetchError, Fetcher, redact
+from monitor.kit.redact import scrub
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +80,8 @@ class PrometheusClient:
                 status, data = self.fetcher.request("POST", self.url + path, timeout, body, headers)
             except FetchError as exc:
                 if exc.reason not in ("timeout", "connect", "truncated"):
-                    raise PrometheusError(exc.reason, exc.detail) from None
-                last = PrometheusError(exc.reason, exc.detail)
+                    raise PrometheusError(exc.reason, self.scrub(exc.detail)) from None
+                last = PrometheusError(exc.reason, self.scrub(exc.detail))
                 continue
             if status >= 500 or status == 429:
                 last = PrometheusError("http", f"HTTP {status} from {redact(self.url)}{path}")
@@ -87,8 +89,37 @@ class PrometheusClient:
             if 300 <= status < 400:
                 raise PrometheusError("http", f"HTTP {status} from {redact(self.url)}{path}: redirects are not "
                                               "followed (give the final URL)")
-            return _data(data, status)
+            try:
+                return _data(data, status)
+            except PrometheusError as exc:  # its detail quotes the answer: capped, the secrets masked
+                raise PrometheusError(exc.reason, self.scrub(exc.detail)) from None
         raise last
+
+    def secrets(self) -> list[str]:
+        """What must never be shown of the requests: the credentials (a bearer token, a Basic header's
+        password), the URL's password and the extra headers' values (tenants)."""
+        out = []
+        auth = self.fetcher.headers.get("Authorization", "")
+        scheme, _, value = auth.partition(" ")
+        if value:
+            out.append(value)
+            if scheme == "Basic":
+                try:
+                    out.append(base64.b64decode(value).decode("utf-8", "replace").partition(":")[2])
+                except ValueError:
+                    pass
+        try:
+            out.append(urlsplit(self.url).password or "")
+            if self.headers is not None:
+                out.extend(self.headers().values())
+        except Exception:  # noqa: BLE001 - a header's file gone: the other secrets are still masked
+            pass
+        return [s for s in out if s]
+
+    def scrub(self, text: object) -> str:
+        """Upstream text fit for a log line, the snapshot and the landing page (monitor/kit/redact.py):
+        at most 512 characters, the secrets of `secrets()` masked wherever they appear."""
+        return scrub(text, self.secrets())
 
     def query(self, query: str, at: Optional[float] = None, deadline: Optional[float] = None,
               warnings: Optional[list] = None, stamps: Optional[list] = None) -> list[tuple[dict[str, str], float]]:
@@ -101,7 +132,7 @@ class PrometheusClient:
             params["time"] = f"{at:.3f}"
         data = self._call("/api/v1/query", params, deadline)
         if warnings is not None:
-            warnings.extend(str(w) for w in data.get("_warnings") or ())
+            warnings.extend(self.scrub(w) for w in (data.get("_warnings") or ())[:10])
         vector = decode_vector(data)
         if stamps is not None and vector:
             stamps.append(_value(data["result"][0].get("value"))[0])

@@ -27,6 +27,9 @@ from .prometheus_queries import (RULE_WINDOW, RULES_QUERY, pool_histogram_query,
 
 log = logging.getLogger("monitor.sources.prometheus")
 
+# PromQL's own notes on a query (Prometheus 2.45+: "PromQL info: metric might not be a counter..."),
+# carried in `warnings` by some versions: about the data, not a part of it missing
+PROMQL_NOTES = ("PromQL info:", "PromQL warning:")
 RETURN_MARGIN = 0.3  # seconds a read keeps between its last query's deadline and the cycle's
 FORGET_AFTER = 3600.0  # global.forget_after's default, for a reader built without it (a test holds them equal)
 
@@ -70,6 +73,7 @@ class PrometheusSourceReader:
         self.shard = shard  # global.shard: read only the pools this shard owns
         self.selector = src.selector  # the selector of the cycle's queries (narrowed to the shard's pools)
         self._failing: dict[str, str] = {}  # part -> the reason it last failed (logged once)
+        self._partials = 0  # this read's queries that answered partially
         self.clock = QueryClock()  # every query at the query layer's time; its steps counted (query_clock.py)
 
     def read(self, now: Optional[float] = None, deadline: Optional[float] = None
@@ -80,24 +84,26 @@ class PrometheusSourceReader:
 
     def read_all(self, now: Optional[float] = None, deadline: Optional[float] = None) -> PrometheusRead:
         """The cycle's read; no request runs past `deadline` (monotonic seconds), if given. A partial
-        answer (Prometheus `warnings`) is used and counted as the anomaly `partial_response`, its
-        first warning logged."""
+        answer (Prometheus `warnings` other than PromQL's own notes: a store, shard or tenant did not
+        answer) is never taken for the whole fleet: its part is read as failed (reason `partial`, the
+        last values kept and marked stale) and counted as the anomaly `partial_response`."""
         now = time.time() if now is None else now
         name = redact(self.src.url)
         start = time.monotonic()
         if deadline is not None:  # end the queries a little before the cycle stops waiting: what was read counts
             deadline -= min(RETURN_MARGIN, 0.1 * max(0.0, deadline - start))
-        warnings: list[str] = []
         self.clock.begin()
+        self._partials = 0
         try:
             self.selector = self._shard_selector(now, deadline)
-            vector = self._query(replica_selector(self.selector), deadline, warnings)
+            vector = self._query(replica_selector(self.selector), deadline)
         except PrometheusError as exc:
-            self._note("replicas", exc.reason)
+            self._note("replicas", exc.reason, exc.detail)
             status = SourceStatus("prometheus", name, False, exc.reason, exc.detail, time.monotonic() - start)
             out = PrometheusRead([], [status])
             out.stale_seconds["replicas"] = math.nan if self._replicas_at is None else max(0.0, now - self._replicas_at)
             self._last_histograms(now, out)
+            self._count_partials(out)
             return out
         self._note("replicas", None)
         self._replicas_at = now
@@ -105,16 +111,24 @@ class PrometheusSourceReader:
                              stale_seconds={"replicas": 0.0})
         missing = self._readings(vector, now, out)
         self._statuses(now, deadline, missing, out)
-        self._histograms(now, deadline, out, warnings, present_bases(vector))
-        if warnings:
-            out.anomalies["partial_response"] = 1
-            log.warning("Prometheus answered with %d warning(s) (a partial response): %s", len(warnings),
-                        warnings[0][:200])
+        self._histograms(now, deadline, out, present_bases(vector))
+        self._count_partials(out)
         return out
 
-    def _query(self, query: str, deadline: Optional[float], warnings: Optional[list] = None) -> list:
-        """An instant query at the query layer's time (never headroom's clock: query_clock.py)."""
-        return self.clock.query(self.client, query, deadline, warnings)
+    def _count_partials(self, out: PrometheusRead) -> None:
+        if self._partials:
+            out.anomalies["partial_response"] = out.anomalies.get("partial_response", 0) + self._partials
+
+    def _query(self, query: str, deadline: Optional[float]) -> list:
+        """An instant query at the query layer's time (never headroom's clock: query_clock.py); a
+        partial answer raises PrometheusError `partial` (its first warning, capped, as the detail)."""
+        warnings: list[str] = []
+        got = self.clock.query(self.client, query, deadline, warnings)
+        partial = [w for w in warnings if not w.startswith(PROMQL_NOTES)]
+        if partial:
+            self._partials += 1
+            raise PrometheusError("partial", f"a partial answer ({len(partial)} warning(s)): {partial[0]}")
+        return got
 
     def _shard_selector(self, now: float, deadline: Optional[float]) -> str:
         """The source's selector; on a shard (global.shard, pools by model_name), narrowed to the
@@ -144,7 +158,7 @@ class PrometheusSourceReader:
         try:
             ups = self._query(_up_selector(self.src.selector), deadline)
         except PrometheusError as exc:
-            self._note("up", exc.reason)
+            self._note("up", exc.reason, exc.detail)
             return
         self._note("up", None)
         seen = {r.target for r in out.readings}
@@ -158,20 +172,19 @@ class PrometheusSourceReader:
             elif inst in seen:
                 out.statuses.append(SourceStatus("vllm", inst, True, missing=missing.get(inst, ())))
 
-    def _histograms(self, now: float, deadline: Optional[float], out: PrometheusRead, warnings: list,
-                    present: dict[str, str]) -> None:
+    def _histograms(self, now: float, deadline: Optional[float], out: PrometheusRead, present: dict[str, str]) -> None:
         """Every pool's latency histograms, summed by the query layer; the last ones when it fails."""
         if not present:  # no replica has a latency histogram: nothing to ask
             out.pool_histograms, out.pool_totals = {}, {}
             out.stale_seconds["histograms"] = 0.0
             return
         try:
-            from_rules = self._from_rules(now, deadline, warnings, present)
+            from_rules = self._from_rules(now, deadline, present)
             query = pool_histogram_query(self.selector, self.pool_by, self.latency_window, self.total_kinds,
                                          present) if present else ""
-            vector = self._query(query, deadline, warnings) if query else []
+            vector = self._query(query, deadline) if query else []
         except PrometheusError as exc:
-            self._note("histograms", exc.reason)
+            self._note("histograms", exc.reason, exc.detail)
             self._last_histograms(now, out)
             return
         self._note("histograms", None)
@@ -181,7 +194,7 @@ class PrometheusSourceReader:
         out.stale_seconds["histograms"] = 0.0
         self._hists = (now, out.pool_histograms, out.pool_totals)
 
-    def _from_rules(self, now: float, deadline: Optional[float], warnings: list, present: dict[str, str]) -> dict:
+    def _from_rules(self, now: float, deadline: Optional[float], present: dict[str, str]) -> dict:
         """The vLLM pools' latency buckets from the bundled recording rules, when they are loaded and
         fit (latency_window 5m, pools by model_name, no pool SLO needing cumulative buckets); the
         vLLM bases they cover are taken out of `present`, so the increase query asks for the rest."""
@@ -189,7 +202,7 @@ class PrometheusSourceReader:
         if not (src.recording_rules and self.latency_window == RULE_WINDOW and self.pool_by == ["model_name"]
                 and not self.total_kinds and any(b.startswith("vllm:") for b in present)):
             return {}
-        got = rule_histograms(self._query(RULES_QUERY, deadline, warnings))
+        got = rule_histograms(self._query(RULES_QUERY, deadline))
         if not got:
             if self._rules is not False:
                 log.info("the bundled recording rules are not loaded in %s: the pools' latency buckets are "
@@ -219,7 +232,7 @@ class PrometheusSourceReader:
             out.pool_histograms, out.pool_totals = {}, {}
             out.stale_seconds["histograms"] = math.nan
 
-    def _note(self, part: str, reason: Optional[str]) -> None:
+    def _note(self, part: str, reason: Optional[str], detail: str = "") -> None:
         """Log a part's failure when it starts and when it is over, never every cycle."""
         before = self._failing.get(part)
         if reason is None:
@@ -231,7 +244,8 @@ class PrometheusSourceReader:
             what = {"replicas": "replica series (the pools keep their last values, marked stale)",
                     "up": "up series (targets down in Prometheus are not named)",
                     "histograms": "pool latency histograms (the last ones read are used, marked stale)"}[part]
-            log.warning("could not read the %s from Prometheus: %s; said once until it answers again", what, reason)
+            log.warning("could not read the %s from Prometheus: %s%s; said once until it answers again", what, reason,
+                        f" ({detail})" if detail else "")
         self._failing[part] = reason
 
     def _remember(self, seen: set[str], now: float) -> None:
