@@ -235,3 +235,23 @@ def test_label_values_are_escaped_on_the_landing_page():
     page = render(snap, trends)
     assert evil not in page
     assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in page
+
+
+def test_plan_never_prints_the_password_of_a_prometheus_url(capsys, caplog):
+    """Issue 38: `plan --from-prometheus http://user:pw@host` printed the password in its error."""
+    from monitor.cli import main
+    from servers import free_port
+    url = f"http://planner:{SECRET}@127.0.0.1:{free_port()}"  # nothing listens: the measurement fails
+    assert main(["plan", "--from-prometheus", url, "--json"]) == 1
+    err = capsys.readouterr().err
+    assert "http://***@127.0.0.1:" in err and "cannot measure the mix" in err
+    assert SECRET not in err and SECRET not in caplog.text
+
+
+def test_log_lines_mask_the_user_information_of_any_url():
+    import logging
+    from monitor.cli import JsonFormatter, TextFormatter
+    record = logging.LogRecord("x", logging.WARNING, __file__, 1, "cannot reach %s", (f"https://bob:{SECRET}@h:1/q",), None)
+    for formatter in (TextFormatter("%(message)s"), JsonFormatter()):
+        line = formatter.format(record)
+        assert SECRET not in line and "https://***@h:1/q" in line
