@@ -105,7 +105,8 @@ class Pipeline:
         if config.prometheus:
             self.prom = PrometheusSourceReader(config.prometheus, budget=self.budget, forget_after=config.forget_after,
                                                pool_by=list(normalise(config.pool_by)), latency_window=config.latency_window,
-                                               total_kinds=pool_slo_signals(config), shard=config.shard)
+                                               total_kinds=pool_slo_signals(config), shard=config.shard,
+                                               max_series=config.max_series)
         # gateways, DCGM, alerts (monitor/sources/auxiliary.py); gateway bodies are read for the capacity layer only
         gateway_configs: Optional[list[GatewayConfig]] = None
         if capacity is not None:

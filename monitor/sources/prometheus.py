@@ -42,12 +42,17 @@ class PrometheusClient:
     def __init__(self, url: str, timeout: float = 10.0, retries: int = 3,
                  fetcher: Optional[Fetcher] = None, backoff: Optional[Backoff] = None,
                  sleep: Optional[Callable[[float], Any]] = None,
-                 headers: Optional[Callable[[], dict[str, str]]] = None):
+                 headers: Optional[Callable[[], dict[str, str]]] = None,
+                 make_fetcher: Optional[Callable[[int], Fetcher]] = None):
         self.url = url.rstrip("/")
         self.headers = headers  # the extra headers (tenant), resolved on every request; never logged
         self.timeout = timeout
         self.retries = max(0, retries)
         self.fetcher = fetcher or Fetcher()
+        # answers held to a smaller cap than the fetcher's (`max_bytes`): one fetcher per cap, made on demand
+        self._make_fetcher = make_fetcher or (lambda cap: Fetcher(max_body=cap))
+        self._capped: dict[int, Fetcher] = {}
+        self._capped_lock = threading.Lock()
         self.backoff = backoff or Backoff()
         self._closed = threading.Event()
         self.sleep = sleep or self._closed.wait  # a backoff wait ends at once on close()
@@ -55,9 +60,27 @@ class PrometheusClient:
     @classmethod
     def from_config(cls, src: PrometheusSource, budget: Optional[BodyBudget] = None) -> "PrometheusClient":
         return cls(src.url, src.timeout, src.retries, Fetcher(src.auth, budget),
-                   headers=src.header_values if src.headers else None)
+                   headers=src.header_values if src.headers else None,
+                   make_fetcher=lambda cap: Fetcher(src.auth, budget, cap))
 
-    def _call(self, path: str, params: dict[str, Any], deadline: Optional[float] = None) -> Any:
+    def _fetcher(self, max_bytes: Optional[int]) -> Fetcher:
+        """The fetcher holding an answer to `max_bytes` (rounded up to a power of two, at least 1 MiB),
+        or the client's own when None or not smaller than its cap."""
+        own = getattr(self.fetcher, "max_body", None)
+        if max_bytes is None or own is None or max_bytes >= own:
+            return self.fetcher
+        cap = max(1 << 20, 1 << (max(1, max_bytes) - 1).bit_length())
+        if cap >= own:
+            return self.fetcher
+        with self._capped_lock:
+            if cap not in self._capped:
+                self._capped[cap] = self._make_fetcher(cap)
+                if self._closed.is_set():
+                    self._capped[cap].close()
+            return self._capped[cap]
+
+    def _call(self, path: str, params: dict[str, Any], deadline: Optional[float] = None,
+              max_bytes: Optional[int] = None) -> Any:
         last = PrometheusError("deadline", "no attempt fitted before the deadline")
         body = urlencode(params).encode()
         try:
@@ -77,7 +100,7 @@ class PrometheusClient:
             if timeout <= 0:
                 break
             try:
-                status, data = self.fetcher.request("POST", self.url + path, timeout, body, headers)
+                status, data = self._fetcher(max_bytes).request("POST", self.url + path, timeout, body, headers)
             except FetchError as exc:
                 if exc.reason not in ("timeout", "connect", "truncated"):
                     raise PrometheusError(exc.reason, self.scrub(exc.detail)) from None
@@ -122,15 +145,17 @@ class PrometheusClient:
         return scrub(text, self.secrets())
 
     def query(self, query: str, at: Optional[float] = None, deadline: Optional[float] = None,
-              warnings: Optional[list] = None, stamps: Optional[list] = None) -> list[tuple[dict[str, str], float]]:
+              warnings: Optional[list] = None, stamps: Optional[list] = None,
+              max_bytes: Optional[int] = None) -> list[tuple[dict[str, str], float]]:
         """An instant vector at `at`, or at the query layer's own now when None (no `time` sent). The
         answer's `warnings` (a partial response: a store or shard did not answer) are appended to
         `warnings` when given, so the caller can say the answer is partial; with `stamps`, the time the
-        query layer evaluated it at (its samples' timestamp) is appended when the vector is not empty."""
+        query layer evaluated it at (its samples' timestamp) is appended when the vector is not empty.
+        `max_bytes`: a smaller cap on this answer (FetchError too_large past it, before it is parsed)."""
         params = {"query": query}
         if at is not None:
             params["time"] = f"{at:.3f}"
-        data = self._call("/api/v1/query", params, deadline)
+        data = self._call("/api/v1/query", params, deadline, max_bytes)
         if warnings is not None:
             warnings.extend(self.scrub(w) for w in (data.get("_warnings") or ())[:10])
         vector = decode_vector(data)
@@ -148,6 +173,9 @@ class PrometheusClient:
         """Ends a backoff wait and any request in flight, from any thread."""
         self._closed.set()
         self.fetcher.close()
+        with self._capped_lock:
+            for fetcher in self._capped.values():
+                fetcher.close()
 
 
 _POST_HEADERS = {"Content-Type": "application/x-www-form-urlencoded", "Accept": "application/json"}
@@ -169,6 +197,8 @@ def _data(raw: bytes, status: int) -> Any:
     warnings = body.get("warnings")
     if warnings:
         data["_warnings"] = warnings if isinstance(warnings, list) else [warnings]
+    if body.get("isPartial") is True:  # VictoriaMetrics cluster: a vmstorage node did not answer
+        data["_warnings"] = [*data.get("_warnings", ()), "the query layer marked its answer partial (isPartial)"]
     return data
 
 

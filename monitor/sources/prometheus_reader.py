@@ -30,6 +30,12 @@ log = logging.getLogger("monitor.sources.prometheus")
 # PromQL's own notes on a query (Prometheus 2.45+: "PromQL info: metric might not be a counter..."),
 # carried in `warnings` by some versions: about the data, not a part of it missing
 PROMQL_NOTES = ("PromQL info:", "PromQL warning:")
+# The replica answer's own cap, sized from the fleet: one 60 MB answer (under the client's 64 MiB cap)
+# took 1.26 GB and 17.6 s to read. The fleet's series are counted by the query layer (`count(...)`) on
+# the first read and after a refusal, else taken as twice the last whole answer's; each may take
+# SERIES_BYTES of JSON (a Kubernetes label set is ~500), and no answer is held to less than the floor.
+ANSWER_FLOOR_BYTES = 4 << 20
+SERIES_BYTES = 1536
 RETURN_MARGIN = 0.3  # seconds a read keeps between its last query's deadline and the cycle's
 FORGET_AFTER = 3600.0  # global.forget_after's default, for a reader built without it (a test holds them equal)
 
@@ -59,7 +65,8 @@ class PrometheusSourceReader:
     def __init__(self, src: PrometheusSource, client: Optional[PrometheusClient] = None,
                  budget: Optional[BodyBudget] = None, forget_after: float = FORGET_AFTER,
                  pool_by: Sequence[str] = ("model_name",), latency_window: float = 300.0,
-                 total_kinds: Sequence[str] = (), shard: Optional[tuple[int, int]] = None):
+                 total_kinds: Sequence[str] = (), shard: Optional[tuple[int, int]] = None,
+                 max_series: int = 100_000):
         self.src = src
         self.client = client or PrometheusClient.from_config(src, budget)
         self.known: dict[str, float] = {}  # instance that served vLLM series -> the last time it did
@@ -74,6 +81,8 @@ class PrometheusSourceReader:
         self.selector = src.selector  # the selector of the cycle's queries (narrowed to the shard's pools)
         self._failing: dict[str, str] = {}  # part -> the reason it last failed (logged once)
         self._partials = 0  # this read's queries that answered partially
+        self.max_series = max_series  # global.max_series: no answer is sized for more series than this
+        self._series: Optional[int] = None  # series in the last whole replica answer (None: count them)
         self.clock = QueryClock()  # every query at the query layer's time; its steps counted (query_clock.py)
 
     def read(self, now: Optional[float] = None, deadline: Optional[float] = None
@@ -96,7 +105,7 @@ class PrometheusSourceReader:
         self._partials = 0
         try:
             self.selector = self._shard_selector(now, deadline)
-            vector = self._query(replica_selector(self.selector), deadline)
+            vector = self._replica_read(deadline)
         except PrometheusError as exc:
             self._note("replicas", exc.reason, exc.detail)
             status = SourceStatus("prometheus", name, False, exc.reason, exc.detail, time.monotonic() - start)
@@ -115,15 +124,40 @@ class PrometheusSourceReader:
         self._count_partials(out)
         return out
 
+    def _replica_read(self, deadline: Optional[float]) -> list:
+        """The per-replica series, held to a cap sized from the fleet (`ANSWER_FLOOR_BYTES`,
+        `SERIES_BYTES`): a bigger answer is refused (too_large) before it is parsed."""
+        query = replica_selector(self.selector)
+        if self._series is None:
+            counted = self._query(f"count({query})", deadline)
+            value = counted[0][1] if counted else 0.0
+            series = int(value) if math.isfinite(value) and value > 0 else 0
+        else:
+            series = 2 * self._series  # room for the fleet to double between two cycles
+        series = min(series, self.max_series)
+        cap = max(ANSWER_FLOOR_BYTES, series * SERIES_BYTES)
+        try:
+            vector = self._query(query, deadline, max_bytes=cap)
+        except PrometheusError as exc:
+            if exc.reason != "too_large":
+                raise
+            self._series = None  # counted again next cycle
+            raise PrometheusError("too_large", f"the replica answer is over {cap} bytes, the cap sized from the "
+                                               f"fleet ({series} series x {SERIES_BYTES} bytes, at least "
+                                               f"{ANSWER_FLOOR_BYTES >> 20} MiB; global.max_series bounds it): "
+                                               f"{exc.detail}") from None
+        self._series = len(vector)
+        return vector
+
     def _count_partials(self, out: PrometheusRead) -> None:
         if self._partials:
             out.anomalies["partial_response"] = out.anomalies.get("partial_response", 0) + self._partials
 
-    def _query(self, query: str, deadline: Optional[float]) -> list:
+    def _query(self, query: str, deadline: Optional[float], **kw) -> list:
         """An instant query at the query layer's time (never headroom's clock: query_clock.py); a
         partial answer raises PrometheusError `partial` (its first warning, capped, as the detail)."""
         warnings: list[str] = []
-        got = self.clock.query(self.client, query, deadline, warnings)
+        got = self.clock.query(self.client, query, deadline, warnings, **kw)
         partial = [w for w in warnings if not w.startswith(PROMQL_NOTES)]
         if partial:
             self._partials += 1

@@ -35,13 +35,13 @@ class QueryClock:
     def begin(self) -> None:
         self.at = None
 
-    def query(self, client, query: str, deadline: Optional[float], warnings: Optional[list] = None) -> list:
+    def query(self, client, query: str, deadline: Optional[float], warnings: Optional[list] = None, **kw) -> list:
         """`client.query` at the cycle's query time; the first answer with samples sets it."""
         if self.at is not None:
-            return client.query(query, at=self.at, deadline=deadline, warnings=warnings)
+            return client.query(query, at=self.at, deadline=deadline, warnings=warnings, **kw)
         stamps: list[float] = []
         before = self.steady()
-        got = client.query(query, at=None, deadline=deadline, warnings=warnings, stamps=stamps)
+        got = client.query(query, at=None, deadline=deadline, warnings=warnings, stamps=stamps, **kw)
         if stamps:
             self.at = stamps[0]
             self._check((stamps[0], before, self.steady()))
