@@ -112,7 +112,7 @@ def test_prometheus_mode_reads_at_the_query_layer_s_time_after_headroom_s_clock_
     spec = tmp_path / "faketime.spec"
     spec.write_text("+0\n")
     cfg = tmp_path / "headroom.yml"
-    cfg.write_text(f"global:\n  interval: 1s\nsources:\n  prometheus:\n    url: {prom.url}\n    timeout: 0.8s\n")
+    cfg.write_text(f"global:\n  interval: 2s\nsources:\n  prometheus:\n    url: {prom.url}\n    timeout: 1.5s\n")
     port = free_port()
     env = {**os.environ, "LD_PRELOAD": libfaketime(), "FAKETIME_TIMESTAMP_FILE": str(spec),
            "FAKETIME_NO_CACHE": "1", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
@@ -136,7 +136,7 @@ def test_prometheus_mode_reads_at_the_query_layer_s_time_after_headroom_s_clock_
                  timeout=60, what="the step back counted")
         running[0] = "50"
         prom.wait_for('vllm:num_requests_running{model_name="tiny"} == 50', timeout=60)
-        wait_for(active, lambda v: v == 50.0, timeout=20, what="headroom exports what Prometheus holds now")
+        wait_for(active, lambda v: v == 50.0, timeout=30, what="headroom exports what Prometheus holds now")
         body = metrics()
         assert _metric(body, "headroom_source_up", source="prometheus") == 1.0
         assert _metric(body, "headroom_clock_steps_total", clock="query_layer", direction="back") == 0.0
