@@ -178,6 +178,17 @@ class PrometheusClient:
                 fetcher.close()
 
 
+# PromQL's own notes on a query (Prometheus 2.45+: "PromQL info: metric might not be a counter..."),
+# carried in `warnings` by some versions: about the data, not a part of it missing
+PROMQL_NOTES = ("PromQL info:", "PromQL warning:")
+
+
+def partial_warnings(warnings: list[str]) -> list[str]:
+    """The warnings that say an answer is partial (a store, shard or tenant did not answer; Thanos,
+    Mimir, VictoriaMetrics' isPartial), not PromQL's own notes on the data."""
+    return [w for w in warnings if not w.startswith(PROMQL_NOTES)]
+
+
 _POST_HEADERS = {"Content-Type": "application/x-www-form-urlencoded", "Accept": "application/json"}
 
 

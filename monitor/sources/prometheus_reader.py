@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 from .settings import PrometheusSource
 from ..model import Histogram, ReplicaReading, SourceStatus
 from monitor.kit.http import BodyBudget, redact
-from .prometheus import PrometheusClient, PrometheusError, engine_of_scrape, scrapes_from_vector
+from .prometheus import PrometheusClient, PrometheusError, engine_of_scrape, partial_warnings, scrapes_from_vector
 from .query_clock import QueryClock
 from ..shard import filter_pools
 from .prometheus_queries import (RULE_WINDOW, RULES_QUERY, pool_histogram_query, pool_histograms, present_bases,
@@ -27,9 +27,6 @@ from .prometheus_queries import (RULE_WINDOW, RULES_QUERY, pool_histogram_query,
 
 log = logging.getLogger("monitor.sources.prometheus")
 
-# PromQL's own notes on a query (Prometheus 2.45+: "PromQL info: metric might not be a counter..."),
-# carried in `warnings` by some versions: about the data, not a part of it missing
-PROMQL_NOTES = ("PromQL info:", "PromQL warning:")
 # The replica answer's own cap, sized from the fleet: one 60 MB answer (under the client's 64 MiB cap)
 # took 1.26 GB and 17.6 s to read. The fleet's series are counted by the query layer (`count(...)`) on
 # the first read and after a refusal, else taken as twice the last whole answer's; each may take
@@ -158,7 +155,7 @@ class PrometheusSourceReader:
         partial answer raises PrometheusError `partial` (its first warning, capped, as the detail)."""
         warnings: list[str] = []
         got = self.clock.query(self.client, query, deadline, warnings, **kw)
-        partial = [w for w in warnings if not w.startswith(PROMQL_NOTES)]
+        partial = partial_warnings(warnings)
         if partial:
             self._partials += 1
             raise PrometheusError("partial", f"a partial answer ({len(partial)} warning(s)): {partial[0]}")
