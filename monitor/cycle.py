@@ -36,6 +36,7 @@ from .poolkey import normalise
 from .readings import GatewayConfig
 from monitor.kit.http import BodyBudget, Fetcher
 from monitor.kit.text import valid_text
+from monitor.kit.ticker import steady_clock
 from .sources.auxiliary import AuxSources, late as _late
 from .sources.gateway_pace import gateway_timeout
 from .sources.prometheus_reader import PrometheusRead, PrometheusSourceReader
@@ -88,15 +89,6 @@ def valid_inputs(inputs: CycleInputs) -> None:
             setattr(inputs, attr, {fix(k): v for k, v in held.items()})
     if fix.replaced:
         count_into(inputs.anomalies, {"invalid_text": float(fix.replaced)})
-
-
-def steady_clock() -> float:
-    """Seconds on a clock that never steps and, unlike time.monotonic, counts a suspend (Linux
-    CLOCK_BOOTTIME), so a resumed machine's wall-clock jump is not taken for a step."""
-    try:
-        return time.clock_gettime(time.CLOCK_BOOTTIME)
-    except (AttributeError, OSError):
-        return time.monotonic()
 
 
 def cycle_deadline_seconds(cfg: Config) -> float:
@@ -157,7 +149,8 @@ class Pipeline:
         if config.prometheus:
             self.prom = PrometheusSourceReader(config.prometheus, budget=self.budget, forget_after=config.forget_after,
                                                pool_by=list(normalise(config.pool_by)), latency_window=config.latency_window,
-                                               total_kinds=pool_slo_signals(config), shard=config.shard)
+                                               total_kinds=pool_slo_signals(config), shard=config.shard,
+                                               max_series=config.max_series)
         # gateways, DCGM, alerts (monitor/sources/auxiliary.py); gateway bodies are read for the capacity layer only
         gateway_configs: Optional[list[GatewayConfig]] = None
         if capacity is not None:
@@ -165,8 +158,9 @@ class Pipeline:
                                for gw in config.gateways]
         self.aux = AuxSources(config, self.budget, gateway_configs)
         self._sources: Optional[DeadlinePool] = None
-        # Prometheus mode: now -> the SLO burn windows from Prometheus (monitor/history/slo.py attach)
-        self.slo_windows: Optional[Callable[[float], dict]] = None
+        # Prometheus mode: time -> the SLO burn windows from Prometheus (monitor/history/slo.py attach); the
+        # cycle passes None: at the query layer's own time, never headroom's clock (which may have stepped)
+        self.slo_windows: Optional[Callable[[Optional[float]], dict]] = None
         self._slo_windows_failing = False
 
     # the state between cycles, as the pipeline's callers read it
@@ -238,6 +232,8 @@ class Pipeline:
         snapshot = self.advance(self.collect(now, deadline), now)
         snapshot.cycle_duration_seconds = time.monotonic() - started
         snapshot.clock_steps = dict(self.clock_steps)
+        if self.prom is not None:
+            snapshot.query_clock_steps = dict(self.prom.clock.steps)
         self.publish(snapshot)
         self.finished_at = time.monotonic()
         return snapshot
@@ -259,7 +255,7 @@ class Pipeline:
             deadline = began + cycle_deadline_seconds(self.config)
         pool = self._source_pool()
         prom = pool.start([("prometheus", lambda: self.prom.read_all(now, deadline))]) if self.prom else []
-        slo = pool.start([("slo-windows", lambda: self.slo_windows(now))]) if self.slo_windows else []
+        slo = pool.start([("slo-windows", lambda: self.slo_windows(None))]) if self.slo_windows else []
         aux = self.aux.start(pool)
         inputs = CycleInputs([], [])
         if self.scraper is not None:

@@ -124,7 +124,7 @@ class OneInstancePerCall:
     def __init__(self):
         self.n = 0
 
-    def query(self, query, at=None, deadline=None, warnings=None):
+    def query(self, query, at=None, deadline=None, warnings=None, stamps=None, max_bytes=None):
         inst = f"i{self.n}"
         if query.startswith('{__name__="up"'):
             return [({"__name__": "up", "instance": inst}, 1.0)]

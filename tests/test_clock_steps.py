@@ -164,3 +164,52 @@ def test_the_prometheus_reader_s_last_seen_times_move_with_a_step():
         assert list(reader.known) == ["a:8000"]
     finally:
         reader.close()
+
+
+class Answers:
+    """A query API stub for the query clock alone: the query layer's now is `offset` + the steady
+    clock; each request takes `takes` seconds of the steady clock, evaluated in its middle."""
+
+    def __init__(self, steady: list):
+        self.steady, self.offset, self.takes, self.asked, self.evaluated = steady, 1_800_000_000.0, 0.2, [], None
+
+    def query(self, query, at=None, deadline=None, warnings=None, stamps=None):
+        self.asked.append(at)
+        self.evaluated = self.offset + self.steady[0] + self.takes / 2
+        self.steady[0] += self.takes
+        if stamps is not None:
+            stamps.append(self.evaluated)
+        return [({"__name__": "up", "instance": "a"}, 1.0)]
+
+
+def test_every_query_of_a_cycle_is_at_the_query_layer_s_time_and_its_steps_are_counted():
+    from monitor.sources.query_clock import QueryClock
+    steady = [100.0]
+    api = Answers(steady)
+    clock = QueryClock(steady=lambda: steady[0])
+
+    def cycle(advance: float):
+        steady[0] += advance
+        clock.begin()
+        for q in ("replicas", "up", "histograms"):
+            clock.query(api, q, deadline=None)
+        return api.asked[-3]
+
+    first = cycle(0.0)
+    assert first is None and api.asked[-2:] == [clock.at, clock.at]  # the first without `time`, the rest at its answer's
+    for _ in range(5):
+        cycle(15.0)  # the query layer's clock keeps pace with the steady clock
+    assert clock.steps == {"back": 0.0, "forward": 0.0}
+    api.takes = 4.0  # one slow cycle: its answer may be evaluated anywhere within its request
+    cycle(15.0)
+    api.takes = 0.2
+    cycle(15.0)
+    assert clock.steps == {"back": 0.0, "forward": 0.0}
+    api.offset -= 45.0  # the query layer's clock steps back 45 s
+    cycle(15.0)
+    assert clock.steps == {"back": 1.0, "forward": 0.0}
+    assert clock.at == api.offset + steady[0] - 3 * 0.2 + 0.1  # read at its new time, never headroom's
+    cycle(15.0)
+    api.offset += 3600.0
+    cycle(15.0)
+    assert clock.steps == {"back": 1.0, "forward": 1.0}

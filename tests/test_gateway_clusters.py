@@ -219,7 +219,7 @@ def test_prometheus_windows_keep_each_clusters_series_apart():
     assert "count by (metadata_task_type, cluster) (" in q
 
     class Rows:  # what Prometheus answers that query with: buckets and coverage rows per task type and cluster
-        def query(self, query, at=None, deadline=None):
+        def query(self, query, at=None, deadline=None, warnings=None):
             assert query == q
             return [({"metadata_task_type": "chat", "cluster": c, "le": le}, v) for c, k in (("a", 1.0), ("b", 3.0))
                     for le, v in (("1.0", 4 * k), ("+Inf", 5 * k), ("covered", 1.0))]
@@ -364,3 +364,26 @@ def test_a_shard_owning_one_clusters_pool_still_sees_the_reading_is_ambiguous():
             assert [p.pool for p in snap.pools] == [k for k in keys.values() if owner(k, 2) == shard]
             got.setdefault(bool(labels), {}).update(calls_by_pool(snap))
     assert got == {False: {}, True: {keys["c"]: dict(truth_calls())}}
+
+
+def test_slo_windows_from_a_partial_answer_are_refused_and_promql_notes_are_not():
+    """Issue 38: the burn windows of a partial answer (a store did not answer) would be a part of the
+    fleet's; the read raises `partial` and the cycle falls back to the tracker's windows."""
+    import pytest
+    from monitor.history.slo import PrometheusWindows
+    from monitor.sources.prometheus import PrometheusError
+
+    class Partial:
+        def __init__(self, warning):
+            self.warning = warning
+
+        def query(self, query, at=None, deadline=None, warnings=None):
+            warnings.append(self.warning)
+            return [({"metadata_task_type": "chat", "le": le}, v) for le, v in (("+Inf", 5.0), ("covered", 1.0))]
+
+    def read(warning):
+        return PrometheusWindows(Partial(warning), {"5m": 300.0}, {"call"}, [("litellm", None)], tolerance=15.0).read(T0)
+    with pytest.raises(PrometheusError) as err:
+        read("store gateway 2 did not answer")
+    assert err.value.reason == "partial" and "store gateway 2" in err.value.detail
+    assert read("PromQL info: metric might not be a counter")[("call", "chat")]["5m"].count == 5.0

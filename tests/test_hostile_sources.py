@@ -117,16 +117,16 @@ def test_prometheus_mode_a_bad_answer_is_the_source_down(hostile, body, mode, re
     assert [v for lab, v in samples["headroom_source_up"] if lab["source"] == "prometheus"] == [0.0]
 
 
-def test_prometheus_mode_partial_answer_and_bad_values_are_counted(hostile):
+def test_prometheus_mode_bad_values_are_counted_and_promql_notes_are_not_partial(hostile):
     samples = (_replica("a:8000", "2") + _replica("b:8000", "+Inf") + _replica("c:8000", "-1", usage="7.5"))
     answer = json.loads(_vector(samples))
-    answer["warnings"] = ["store gateway 3 did not answer: partial data"]
+    answer["warnings"] = ['PromQL info: metric might not be a counter, name does not end in _total: "x"']
     prom = hostile(json.dumps(answer), "ok", content_type="application/json")
     cfg = Config(prometheus=PrometheusSource(url=prom.url(""), timeout=2.0, retries=0), interval=5.0)
     snap, _, p = _cycle(cfg)
     [st] = [s for s in snap.sources if s.source == "prometheus"]
     assert st.up
-    assert snap.anomalies == {"partial_response": 1.0, "non_finite": 1.0, "negative": 1.0, "out_of_range": 1.0}
+    assert snap.anomalies == {"non_finite": 1.0, "negative": 1.0, "out_of_range": 1.0}
     [pool] = snap.pools
     assert pool.replicas == 3 and pool.active_requests == 2.0  # the unknown counts add nothing
     exported = snapshot_samples(snap)
@@ -134,6 +134,34 @@ def test_prometheus_mode_partial_answer_and_bad_values_are_counted(hostile):
         for labels, v in rows:
             assert v == v and v not in (float("inf"), float("-inf")) or name == "headroom_exhaustion_seconds", \
                 (name, labels, v)
+
+
+def test_prometheus_mode_a_partial_answer_is_never_the_whole_fleet(hostile, caplog):
+    """Issue 38: a partial answer (a store gateway did not answer: `warnings`) was used as the whole
+    fleet: active 9 -> 3, replicas 3 -> 1, not stale. Now its part is read as failed: the pools keep
+    the last whole read's values, marked stale, the source says `partial` with the warning (capped),
+    and it is counted."""
+    whole = _vector(_replica("a:8000", "3") + _replica("b:8000", "3") + _replica("c:8000", "3"))
+    partial = json.loads(_vector(_replica("a:8000", "3")))
+    partial["warnings"] = ["store gateway 3 did not answer: partial data " + "x" * 100_000]
+    prom = hostile(whole, "ok", content_type="application/json")
+    cfg = Config(prometheus=PrometheusSource(url=prom.url(""), timeout=2.0, retries=0), interval=5.0)
+    p = Pipeline(cfg)
+    try:
+        [pool] = p.run_cycle().pools
+        assert (pool.replicas, pool.active_requests, pool.stale) == (3, 9.0, False)
+        prom.body = json.dumps(partial).encode()
+        snap = p.run_cycle()
+    finally:
+        p.close()
+    [pool] = snap.pools
+    assert (pool.replicas, pool.active_requests, pool.stale) == (3, 9.0, True)
+    [st] = [s for s in snap.sources if s.source == "prometheus"]
+    assert not st.up and st.error == "partial" and "store gateway 3 did not answer" in st.detail
+    assert len(st.detail) < 700  # the 100,000-character warning is capped
+    assert snap.anomalies.get("partial_response") == 1.0
+    logged = [r.getMessage() for r in caplog.records if "partial" in r.getMessage()]
+    assert logged and all(len(m) < 1200 for m in logged)
 
 
 def test_a_target_with_50000_models_is_cut_and_the_good_replicas_are_read(good, hostile):

@@ -115,6 +115,23 @@ def test_bad_tenant_headers_are_refused_naming_the_key(headers, where, problem):
     assert "X-Evil" not in str(err.value)
 
 
+def test_a_tenant_header_http_cannot_carry_is_refused_at_load_naming_the_key(tmp_path, monkeypatch):
+    """Issue 38: a non-Latin-1 tenant value passed check-config, then every query failed."""
+    with pytest.raises(ConfigError) as err:
+        from_dict(_prom(headers={"X-Scope-OrgID": "team-\u2603"}), "f.yml")
+    assert err.value.key == "sources.prometheus.headers.X-Scope-OrgID" and "Latin-1" in err.value.problem
+    assert "\u2603" not in str(err.value) and "U+2603" in str(err.value)
+    secret = tmp_path / "tenant"
+    secret.write_text("\u0442\u0435\u043d\u0430\u043d\u0442\n")
+    monkeypatch.setenv("HEADROOM_TEST_TENANT", "\u79df\u6237")
+    for given, key in (({"file": str(secret)}, "file"), ({"env": "HEADROOM_TEST_TENANT"}, "env")):
+        with pytest.raises(ConfigError) as err:
+            from_dict(_prom(headers={"X-Scope-OrgID": given}), "f.yml")
+        assert err.value.file == "f.yml" and err.value.key == f"sources.prometheus.headers.X-Scope-OrgID.{key}"
+        assert "Latin-1" in err.value.problem and "\u0442" not in str(err.value) and "\u79df" not in str(err.value)
+    assert from_dict(_prom(headers={"X-Scope-OrgID": "caf\u00e9"}), "f.yml")  # Latin-1 is sent as such
+
+
 def _reading(target, t, running, model="m"):
     from monitor.model import ReplicaReading
     return ReplicaReading(target=target, model=model, timestamp=t, running=running, waiting=1.0,

@@ -1,6 +1,7 @@
 """Security: credentials from files or env never reach logs or pages; TLS and basic auth on
 headroom's own endpoints (web-config file with bcrypt hashes); label values are escaped.
 Every wait is a condition with a deadline. (Hostile clients and every web-config key: test_web_hostile.py.)"""
+import json
 import os
 import re
 import subprocess
@@ -75,6 +76,51 @@ def test_outgoing_credentials_never_logged(tmp_path):
         assert SECRET not in text
     assert "DEBUG" in err or "INFO" in err  # logs were captured at a verbose level
     prom.stop()
+
+
+def test_an_upstream_error_echoing_the_tenant_and_token_is_capped_and_masked(tmp_path):
+    """Issue 38: a query layer whose error text echoes the request (tenant, token) and is huge: before,
+    both secrets and the whole 30 MB went into the log and the snapshot. Now the text is cut to 512
+    characters and every configured secret is masked wherever it appears."""
+    tenant = "tenant-4f1d9c"
+    prom = MetricsServer()
+    token_file, tenant_file = tmp_path / "token", tmp_path / "tenant"
+    token_file.write_text(SECRET + "\n")
+    tenant_file.write_text(tenant + "\n")
+    seen = []
+
+    def do_post(handler):
+        seen.append(handler.headers.get("X-Scope-OrgID"))
+        body = json.dumps({"status": "error", "errorType": "bad_data", "error": (
+            f"tenant {handler.headers.get('X-Scope-OrgID')} with {handler.headers.get('Authorization')} may not "
+            f"query: " + "y" * 3_000_000)}).encode()
+        handler.send_response(422)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
+    prom.server.RequestHandlerClass.do_POST = do_post
+    proc, port = _daemon(
+        "global:\n  interval: 1s\nsources:\n  prometheus:\n"
+        f"    url: http://127.0.0.1:{prom.port}\n    bearer_token_file: {token_file}\n    retries: 0\n"
+        f"    headers: {{X-Scope-OrgID: {{file: {tenant_file}}}}}\n", tmp_path)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(base + "/-/ready", timeout=30)
+        metrics = wait_for(lambda: requests.get(base + "/metrics", timeout=5).text, lambda text: cycles(text) >= 2,
+                           30, "two cycles against the echoing query layer")
+        page = requests.get(base + "/", timeout=5).text
+        api = requests.get(base + "/api/v1/snapshot", timeout=5).json()
+    finally:
+        proc.terminate()
+        out, err = proc.communicate(timeout=20)
+        prom.stop()
+    assert tenant in seen  # the tenant was really sent
+    [status] = [s for s in api["sources"] if s["source"] == "prometheus"]
+    assert "may not query" in status["detail"] and len(status["detail"]) < 700, status["detail"][:1000]
+    for text in (out, err, page, metrics, json.dumps(api)):
+        assert SECRET not in text and tenant not in text
+    assert max(len(line) for line in err.splitlines()) < 2000
 
 
 def test_password_from_env_and_url_credentials_never_logged(tmp_path):
@@ -189,3 +235,23 @@ def test_label_values_are_escaped_on_the_landing_page():
     page = render(snap, trends)
     assert evil not in page
     assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in page
+
+
+def test_plan_never_prints_the_password_of_a_prometheus_url(capsys, caplog):
+    """Issue 38: `plan --from-prometheus http://user:pw@host` printed the password in its error."""
+    from monitor.cli import main
+    from servers import free_port
+    url = f"http://planner:{SECRET}@127.0.0.1:{free_port()}"  # nothing listens: the measurement fails
+    assert main(["plan", "--from-prometheus", url, "--json"]) == 1
+    err = capsys.readouterr().err
+    assert "http://***@127.0.0.1:" in err and "cannot measure the mix" in err
+    assert SECRET not in err and SECRET not in caplog.text
+
+
+def test_log_lines_mask_the_user_information_of_any_url():
+    import logging
+    from monitor.cli import JsonFormatter, TextFormatter
+    record = logging.LogRecord("x", logging.WARNING, __file__, 1, "cannot reach %s", (f"https://bob:{SECRET}@h:1/q",), None)
+    for formatter in (TextFormatter("%(message)s"), JsonFormatter()):
+        line = formatter.format(record)
+        assert SECRET not in line and "https://***@h:1/q" in line

@@ -474,3 +474,66 @@ def test_an_encrypted_key_is_refused_not_prompted_for(tmp_path, pki):
     path.write_text(f"tls_server_config:\n  cert_file: {pki.server}\n  key_file: enc.key\n")
     with pytest.raises(ConfigError, match="tls_server_config: cannot load certificate: key_file is encrypted"):
         web_security(str(path))
+
+
+# ---- a wrong-password flood never starves /metrics (issue 38) -------------------------------------
+
+def _get(port: int, header: str, source: str = "127.0.0.1", conn=None, timeout: float = 5.0):
+    """(status, connection) of one GET /metrics from `source`, on `conn` when given (keep-alive)."""
+    import http.client
+    conn = conn or http.client.HTTPConnection("127.0.0.1", port, timeout=timeout, source_address=(source, 0))
+    conn.request("GET", "/metrics", headers={"Authorization": header})
+    resp = conn.getresponse()
+    resp.read()
+    return resp.status, conn
+
+
+@pytest.mark.live
+def test_a_wrong_password_flood_never_starves_authorised_scrapes(start):
+    """Before: the flood's bcrypt checks filled the one /metrics worker and its queue, and 10 of 10
+    authorised scrapes got 503. Now eight connections send wrong passwords as fast as they can from
+    127.0.0.1 while a scraper whose credentials passed once scrapes 10 times from the same address,
+    and a second scraper, never seen before, logs in from 127.0.0.2: every scrape is 200 within its
+    5 s timeout, and the flood is refused at once (429) once its address has used its checks."""
+    hashed = bcrypt.hashpw(b"right-password", bcrypt.gensalt(rounds=12)).decode()
+    s = start(f"basic_auth_users:\n  prom: '{hashed}'\n")
+    good, bad = _basic("prom", "right-password"), _basic("prom", "wrong")
+    assert _get(s.port, good)[0] == 200  # the scraper's first login: one bcrypt check, remembered
+    stop, seen = threading.Event(), []
+
+    def flood():
+        conn = None
+        while not stop.is_set():
+            try:
+                status, conn = _get(s.port, bad, conn=conn)
+                seen.append(status)
+                if status == 429:
+                    conn.close()
+                    conn = None  # a new connection each time after a refusal: the costliest flood
+            except OSError:
+                conn = None
+    threads = [threading.Thread(target=flood, name=f"flood-{i}") for i in range(8)]
+    began = time.monotonic()
+    for t in threads:
+        t.start()
+    try:
+        wait_for(lambda: len(seen), lambda n: n >= 20, timeout=60, what="the flood under way")
+        statuses = []
+        for _ in range(10):
+            try:
+                statuses.append(_get(s.port, good)[0])
+            except OSError as exc:  # a timeout: the scrape starved
+                statuses.append(type(exc).__name__)
+            time.sleep(0.1)  # a scraper's pace, compressed; no assertion waits on it
+        newcomer = [_get(s.port, good, source="127.0.0.2")[0] for _ in range(3)]
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+        flooded = time.monotonic() - began
+    assert statuses == [200] * 10
+    assert newcomer == [200] * 3  # another address's flood never throttles a first login
+    checked = seen.count(401)
+    assert seen.count(429) >= 50 and set(seen) <= {401, 429}
+    assert checked <= 5 + 0.5 * flooded + 8  # the burst, one every 2 s, and those in flight when it ran out
+    assert s.stats.auth_throttled >= 50

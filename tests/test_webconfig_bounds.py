@@ -32,6 +32,41 @@ def test_a_hash_within_the_bound_checks_passwords():
     assert authorize("Basic cHJvbTpwdw==")  # prom:pw
 
 
+def test_a_good_credential_is_remembered_while_used_and_forgotten_when_idle(monkeypatch):
+    from monitor.kit.web.auth import CACHE_SECONDS, BasicAuth
+    now = [1000.0]
+    hashed = bcrypt.hashpw(b"pw", bcrypt.gensalt(rounds=4))
+    auth = BasicAuth({"prom": hashed}, bcrypt.hashpw(b"dummy", bcrypt.gensalt(rounds=4)), clock=lambda: now[0])
+    checks = []
+    real = bcrypt.checkpw
+    monkeypatch.setattr(bcrypt, "checkpw", lambda pw, h: checks.append(h) or real(pw, h))
+    good, wrong = "Basic cHJvbTpwdw==", "Basic cHJvbTp3cm9uZw=="
+    assert not auth.known(good) and auth(good) and auth.known(good)
+    for _ in range(5):  # scraped every 60 s: never checked again
+        now[0] += 60.0
+        assert auth(good)
+    assert not auth(wrong) and not auth(wrong) and not auth.known(wrong)  # failures are never remembered
+    assert len(checks) == 3
+    now[0] += CACHE_SECONDS + 1  # unused past the cache time: checked again
+    assert not auth.known(good) and auth(good) and len(checks) == 4
+
+
+def test_each_client_address_gets_a_few_checks_then_one_every_two_seconds():
+    from monitor.kit.web.auth import BURST, PER_SECOND, CheckThrottle
+    now = [0.0]
+    throttle = CheckThrottle(clock=lambda: now[0])
+    assert [throttle.take("10.0.0.1") for _ in range(BURST + 2)] == [True] * BURST + [False, False]
+    assert throttle.take("10.0.0.2")  # another address has its own checks
+    now[0] += 1.0 / PER_SECOND
+    assert throttle.take("10.0.0.1") and not throttle.take("10.0.0.1")
+    throttle.give_back("10.0.0.1")  # a check that passed gives its token back
+    assert throttle.take("10.0.0.1")
+    small = CheckThrottle(max_clients=3, clock=lambda: now[0])
+    for i in range(10):
+        small.take(f"10.0.1.{i}")
+    assert len(small._buckets) <= 3  # a bounded table, whatever the number of addresses
+
+
 @pytest.mark.live  # starts `headroom run`
 def test_the_daemon_refuses_a_cost_31_hash_at_once(tmp_path):
     import subprocess

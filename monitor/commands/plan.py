@@ -12,6 +12,7 @@ from monitor.capacity.plan import plan, render_table
 from monitor.config import ConfigError
 from monitor.capacity.mix import parse_mix
 from monitor.digest.knee import copy_labels, copy_name
+from monitor.kit.redact import redact_urls
 from monitor.kit.settings.reader import read_yaml
 from monitor.kit.settings.values import parse_duration
 from monitor.sources.gateway import (APP_MODEL_CALLS, APP_TASKS_STARTED, DEFAULT_LABELS, ENVOY_TOKENS,
@@ -298,7 +299,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     except Exception as exc:  # Prometheus unreachable etc.
         text = str(exc) if getattr(exc, "reason", None) else f"{type(exc).__name__}: {exc}"
-        print(f"headroom plan: cannot measure the mix from {args.from_prometheus}: {text}", file=sys.stderr)
+        print(f"headroom plan: cannot measure the mix from {redact_urls(args.from_prometheus)}: {redact_urls(text)}",
+              file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(_clean(result), indent=2, allow_nan=False))

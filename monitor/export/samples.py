@@ -359,8 +359,9 @@ def _snapshot_samples(out: Rows, snap: Snapshot) -> None:
     out.add("headroom_cycle_duration_seconds", {}, snap.cycle_duration_seconds)
     out.add("headroom_last_success_timestamp_seconds", {}, snap.last_success_timestamp)
     out.add("headroom_cycles", {}, float(snap.cycles))
-    for direction, v in sorted(snap.clock_steps.items()):
-        out.add("headroom_clock_steps", {"direction": direction}, v)
+    for clock, steps in (("headroom", snap.clock_steps), ("query_layer", snap.query_clock_steps)):
+        for direction, v in sorted(steps.items()):
+            out.add("headroom_clock_steps", {"clock": clock, "direction": direction}, v)
     for what, v in sorted(snap.dropped.items()):
         out.add("headroom_dropped_series", {"what": what}, v)
     for kind, v in sorted(snap.anomalies.items()):

@@ -22,6 +22,7 @@ from ..model import Snapshot
 from .collector import Exposition
 from .samples import Cadence
 from monitor.kit.text import valid_text
+from monitor.kit.web.auth import CheckThrottle
 from monitor.kit.web.http11 import Request, Response
 from monitor.kit.web.httpd import Limits, WebServer, WebStats
 from .landing import Trends, render
@@ -57,6 +58,7 @@ class WebState:
         self.snapshot: Optional[Snapshot] = None
         self.ready = False
         self.authorize: Callable[[Optional[str]], bool] = lambda header: True
+        self.throttle = CheckThrottle()  # bcrypt checks per client address (monitor/kit/web/auth.py)
         self.web_stats: Optional[WebStats] = None  # the serving server's counters, set by serve()
         # the cycle's, as the body served shows it (its age while renders fail), read at each probe
         self.cadence: Callable[[], Optional[Cadence]] = exposition.served_cadence
@@ -118,9 +120,39 @@ def cycles_stopped(cadence: Optional[Cadence]) -> Optional[str]:
             f"(interval {cadence.interval_seconds:g} s).\n")
 
 
+def _unauthorized() -> Response:
+    return Response(401, b"Unauthorized\n", headers={"WWW-Authenticate": 'Basic realm="headroom"'})
+
+
+def known(state: WebState, req: Request) -> bool:
+    """The request's credentials are known good without a bcrypt check (or no auth is configured)."""
+    check = getattr(state.authorize, "known", None)
+    return check is None or check(req.headers.get("authorization"))
+
+
+def admit(state: WebState, req: Request) -> Optional[Response]:
+    """On the selector thread, before any worker: with basic auth on, credentials not known good
+    need a bcrypt check. None missing or not Basic: 401 at once; else the check takes one of its
+    client address's tokens (monitor/kit/web/auth.py CheckThrottle), none left: 429 at once, no check.
+    None: on to a worker."""
+    if known(state, req):
+        return None
+    header = req.headers.get("authorization")
+    if not header or not header.startswith("Basic "):
+        return _unauthorized()
+    if state.throttle.take(req.client[0] if req.client else ""):
+        return None
+    if state.web_stats is not None:
+        state.web_stats.auth_throttled += 1
+    return Response(429, b"Too many failed logins from this address: try again shortly.\n",
+                    headers={"Retry-After": "2"})
+
+
 def handle(state: WebState, req: Request) -> Response:
     if not state.authorize(req.headers.get("authorization")):
-        return Response(401, b"Unauthorized\n", headers={"WWW-Authenticate": 'Basic realm="headroom"'})
+        return _unauthorized()
+    if hasattr(state.authorize, "known"):
+        state.throttle.give_back(req.client[0] if req.client else "")  # a check passed: its token back
     path = req.path
     if path == "/metrics":
         return Response(200, state.exposition.body(), CONTENT_TYPE_LATEST)
@@ -177,8 +209,11 @@ def serve(state: WebState, address: str, ssl_context=None,
           limits: Optional[Limits] = None) -> tuple[WebServer, threading.Thread]:
     """Listen on `address` and serve in a daemon thread; stop with server.shutdown(), server.server_close()."""
     host, port = parse_listen_address(address)
-    server = WebServer((host, port), app=lambda req: handle(state, req), fast=lambda req: probe(state, req),
-                       ssl_context=ssl_context, limits=limits, priority=lambda req: req.path == "/metrics")
+    # probes first (open); then credentials that need a bcrypt check are throttled per client; /metrics
+    # with known-good credentials has its own lane, so a password flood's checks never hold a scrape
+    server = WebServer((host, port), app=lambda req: handle(state, req),
+                       fast=lambda req: probe(state, req) or admit(state, req), ssl_context=ssl_context,
+                       limits=limits, priority=lambda req: req.path == "/metrics" and known(state, req))
     state.web_stats = server.stats
     thread = threading.Thread(target=server.serve_forever, name="web", daemon=True)
     thread.start()

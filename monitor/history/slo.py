@@ -35,6 +35,7 @@ from typing import Iterable, Optional
 from monitor.capacity.slo import SloTracker
 from monitor.model import Histogram
 from monitor.poolkey import extra_labels
+from monitor.sources.prometheus import PrometheusError, partial_warnings
 from monitor.sources.gateway_schema import APP_TASK_DURATION, APP_TASK_LABEL, DEFAULT_LABELS, GATEWAY_FAMILIES
 
 log = logging.getLogger(__name__)
@@ -177,14 +178,25 @@ class PrometheusWindows:
             return (task_type,)
         return task_type, tuple((x, labels.get(x, "")) for x in self.extra)
 
+    def _query(self, query: str, at: Optional[float], deadline: float) -> list:
+        """One window's rows; a partial answer raises PrometheusError `partial`: the windows of a part
+        of the fleet are never the fleet's (the caller falls back to the tracker, said once)."""
+        warnings: list[str] = []
+        got = self.client.query(query, at=at, deadline=deadline, warnings=warnings)
+        partial = partial_warnings(warnings)
+        if partial:
+            raise PrometheusError("partial", f"a partial answer ({len(partial)} warning(s)): {partial[0]}")
+        return got
+
     def queries(self) -> int:
         """Queries one read sends: one per window and histogram family."""
         return len(self.windows) * sum(len(f) for f in self.plan.values())
 
-    def read(self, now: float) -> Windows:
+    def read(self, now: Optional[float] = None) -> Windows:
         """(signal, task type[, extra labels]) -> {window: histogram of the window, None when not
-        covered}; a task type Prometheus holds no series of is absent. Raises the client's error
-        (PrometheusError) when a query fails: the caller falls back to the tracker."""
+        covered} at `now`, or at the query layer's own time when None (the cycle's: never headroom's
+        clock, which may have stepped); a task type Prometheus holds no series of is absent. Raises the
+        client's error (PrometheusError) when a query fails: the caller falls back to the tracker."""
         deadline = time.monotonic() + self.budget
         out: Windows = {}
         for signal, fams in self.plan.items():
@@ -193,7 +205,7 @@ class PrometheusWindows:
                 covered: set[tuple] = set()
                 for metric, label in fams:
                     query = window_query(metric, label, secs, self.tolerance, self.extra)
-                    for labels, value in self.client.query(query, at=now, deadline=deadline):
+                    for labels, value in self._query(query, now, deadline):
                         le = labels.get("le")
                         if not labels.get(label) or le is None:
                             continue

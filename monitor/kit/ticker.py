@@ -26,6 +26,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+
+def steady_clock() -> float:
+    """Seconds on a clock that never steps and, unlike time.monotonic, counts a suspend (Linux
+    CLOCK_BOOTTIME), so a resumed machine's wall-clock jump is not taken for a step."""
+    try:
+        return time.clock_gettime(time.CLOCK_BOOTTIME)
+    except (AttributeError, OSError):
+        return time.monotonic()
+
+
 log = logging.getLogger(__name__)
 
 WALL_POLL = 30.0  # seconds a wall-clock job sleeps at most before it looks at the wall clock again

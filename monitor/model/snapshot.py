@@ -224,6 +224,7 @@ class Snapshot:
     alerts: Optional[list[Alert]] = None
     alerts_ui: Optional[str] = None  # the alerts page of that source, for the landing page's link
     clock_steps: dict[str, float] = field(default_factory=dict)  # wall-clock steps found, by direction (cumulative)
+    query_clock_steps: dict[str, float] = field(default_factory=dict)  # Prometheus mode: the query layer's clock's
     # Prometheus mode: per part of the read (replicas, histograms) the age of the values in use; 0 fresh
     source_stale_seconds: dict[str, float] = field(default_factory=dict)
     slow: dict[str, float] = field(default_factory=dict)  # "source|target" -> cycles it was slow (cumulative)

@@ -10,17 +10,19 @@ and quantiles within one bucket.
 """
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import threading
 import time
 from typing import Any, Callable, Optional, Sequence
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 from .settings import PrometheusSource
 from . import sglang, vllm
 from monitor.kit.exposition import ParsedScrape, normalise_name
 from monitor.kit.http import Backoff, BodyBudget, FetchError, Fetcher, redact
+from monitor.kit.redact import scrub
 
 log = logging.getLogger(__name__)
 
@@ -40,12 +42,17 @@ class PrometheusClient:
     def __init__(self, url: str, timeout: float = 10.0, retries: int = 3,
                  fetcher: Optional[Fetcher] = None, backoff: Optional[Backoff] = None,
                  sleep: Optional[Callable[[float], Any]] = None,
-                 headers: Optional[Callable[[], dict[str, str]]] = None):
+                 headers: Optional[Callable[[], dict[str, str]]] = None,
+                 make_fetcher: Optional[Callable[[int], Fetcher]] = None):
         self.url = url.rstrip("/")
         self.headers = headers  # the extra headers (tenant), resolved on every request; never logged
         self.timeout = timeout
         self.retries = max(0, retries)
         self.fetcher = fetcher or Fetcher()
+        # answers held to a smaller cap than the fetcher's (`max_bytes`): one fetcher per cap, made on demand
+        self._make_fetcher = make_fetcher or (lambda cap: Fetcher(max_body=cap))
+        self._capped: dict[int, Fetcher] = {}
+        self._capped_lock = threading.Lock()
         self.backoff = backoff or Backoff()
         self._closed = threading.Event()
         self.sleep = sleep or self._closed.wait  # a backoff wait ends at once on close()
@@ -53,9 +60,27 @@ class PrometheusClient:
     @classmethod
     def from_config(cls, src: PrometheusSource, budget: Optional[BodyBudget] = None) -> "PrometheusClient":
         return cls(src.url, src.timeout, src.retries, Fetcher(src.auth, budget),
-                   headers=src.header_values if src.headers else None)
+                   headers=src.header_values if src.headers else None,
+                   make_fetcher=lambda cap: Fetcher(src.auth, budget, cap))
 
-    def _call(self, path: str, params: dict[str, Any], deadline: Optional[float] = None) -> Any:
+    def _fetcher(self, max_bytes: Optional[int]) -> Fetcher:
+        """The fetcher holding an answer to `max_bytes` (rounded up to a power of two, at least 1 MiB),
+        or the client's own when None or not smaller than its cap."""
+        own = getattr(self.fetcher, "max_body", None)
+        if max_bytes is None or own is None or max_bytes >= own:
+            return self.fetcher
+        cap = max(1 << 20, 1 << (max(1, max_bytes) - 1).bit_length())
+        if cap >= own:
+            return self.fetcher
+        with self._capped_lock:
+            if cap not in self._capped:
+                self._capped[cap] = self._make_fetcher(cap)
+                if self._closed.is_set():
+                    self._capped[cap].close()
+            return self._capped[cap]
+
+    def _call(self, path: str, params: dict[str, Any], deadline: Optional[float] = None,
+              max_bytes: Optional[int] = None) -> Any:
         last = PrometheusError("deadline", "no attempt fitted before the deadline")
         body = urlencode(params).encode()
         try:
@@ -75,11 +100,11 @@ class PrometheusClient:
             if timeout <= 0:
                 break
             try:
-                status, data = self.fetcher.request("POST", self.url + path, timeout, body, headers)
+                status, data = self._fetcher(max_bytes).request("POST", self.url + path, timeout, body, headers)
             except FetchError as exc:
                 if exc.reason not in ("timeout", "connect", "truncated"):
-                    raise PrometheusError(exc.reason, exc.detail) from None
-                last = PrometheusError(exc.reason, exc.detail)
+                    raise PrometheusError(exc.reason, self.scrub(exc.detail)) from None
+                last = PrometheusError(exc.reason, self.scrub(exc.detail))
                 continue
             if status >= 500 or status == 429:
                 last = PrometheusError("http", f"HTTP {status} from {redact(self.url)}{path}")
@@ -87,20 +112,56 @@ class PrometheusClient:
             if 300 <= status < 400:
                 raise PrometheusError("http", f"HTTP {status} from {redact(self.url)}{path}: redirects are not "
                                               "followed (give the final URL)")
-            return _data(data, status)
+            try:
+                return _data(data, status)
+            except PrometheusError as exc:  # its detail quotes the answer: capped, the secrets masked
+                raise PrometheusError(exc.reason, self.scrub(exc.detail)) from None
         raise last
 
+    def secrets(self) -> list[str]:
+        """What must never be shown of the requests: the credentials (a bearer token, a Basic header's
+        password), the URL's password and the extra headers' values (tenants)."""
+        out = []
+        auth = self.fetcher.headers.get("Authorization", "")
+        scheme, _, value = auth.partition(" ")
+        if value:
+            out.append(value)
+            if scheme == "Basic":
+                try:
+                    out.append(base64.b64decode(value).decode("utf-8", "replace").partition(":")[2])
+                except ValueError:
+                    pass
+        try:
+            out.append(urlsplit(self.url).password or "")
+            if self.headers is not None:
+                out.extend(self.headers().values())
+        except Exception:  # noqa: BLE001 - a header's file gone: the other secrets are still masked
+            pass
+        return [s for s in out if s]
+
+    def scrub(self, text: object) -> str:
+        """Upstream text fit for a log line, the snapshot and the landing page (monitor/kit/redact.py):
+        at most 512 characters, the secrets of `secrets()` masked wherever they appear."""
+        return scrub(text, self.secrets())
+
     def query(self, query: str, at: Optional[float] = None, deadline: Optional[float] = None,
-              warnings: Optional[list] = None) -> list[tuple[dict[str, str], float]]:
-        """An instant vector; the answer's `warnings` (a partial response: a store or shard did not
-        answer) are appended to `warnings` when given, so the caller can say the answer is partial."""
+              warnings: Optional[list] = None, stamps: Optional[list] = None,
+              max_bytes: Optional[int] = None) -> list[tuple[dict[str, str], float]]:
+        """An instant vector at `at`, or at the query layer's own now when None (no `time` sent). The
+        answer's `warnings` (a partial response: a store or shard did not answer) are appended to
+        `warnings` when given, so the caller can say the answer is partial; with `stamps`, the time the
+        query layer evaluated it at (its samples' timestamp) is appended when the vector is not empty.
+        `max_bytes`: a smaller cap on this answer (FetchError too_large past it, before it is parsed)."""
         params = {"query": query}
         if at is not None:
             params["time"] = f"{at:.3f}"
-        data = self._call("/api/v1/query", params, deadline)
+        data = self._call("/api/v1/query", params, deadline, max_bytes)
         if warnings is not None:
-            warnings.extend(str(w) for w in data.get("_warnings") or ())
-        return decode_vector(data)
+            warnings.extend(self.scrub(w) for w in (data.get("_warnings") or ())[:10])
+        vector = decode_vector(data)
+        if stamps is not None and vector:
+            stamps.append(_value(data["result"][0].get("value"))[0])
+        return vector
 
     def query_range(self, query: str, start: float, end: float, step: float, deadline: Optional[float] = None
                     ) -> list[tuple[dict[str, str], list[tuple[float, float]]]]:
@@ -112,6 +173,20 @@ class PrometheusClient:
         """Ends a backoff wait and any request in flight, from any thread."""
         self._closed.set()
         self.fetcher.close()
+        with self._capped_lock:
+            for fetcher in self._capped.values():
+                fetcher.close()
+
+
+# PromQL's own notes on a query (Prometheus 2.45+: "PromQL info: metric might not be a counter..."),
+# carried in `warnings` by some versions: about the data, not a part of it missing
+PROMQL_NOTES = ("PromQL info:", "PromQL warning:")
+
+
+def partial_warnings(warnings: list[str]) -> list[str]:
+    """The warnings that say an answer is partial (a store, shard or tenant did not answer; Thanos,
+    Mimir, VictoriaMetrics' isPartial), not PromQL's own notes on the data."""
+    return [w for w in warnings if not w.startswith(PROMQL_NOTES)]
 
 
 _POST_HEADERS = {"Content-Type": "application/x-www-form-urlencoded", "Accept": "application/json"}
@@ -133,6 +208,8 @@ def _data(raw: bytes, status: int) -> Any:
     warnings = body.get("warnings")
     if warnings:
         data["_warnings"] = warnings if isinstance(warnings, list) else [warnings]
+    if body.get("isPartial") is True:  # VictoriaMetrics cluster: a vmstorage node did not answer
+        data["_warnings"] = [*data.get("_warnings", ()), "the query layer marked its answer partial (isPartial)"]
     return data
 
 

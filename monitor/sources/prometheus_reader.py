@@ -19,13 +19,20 @@ from typing import Optional, Sequence
 from .settings import PrometheusSource
 from ..model import Histogram, ReplicaReading, SourceStatus
 from monitor.kit.http import BodyBudget, redact
-from .prometheus import PrometheusClient, PrometheusError, engine_of_scrape, scrapes_from_vector
+from .prometheus import PrometheusClient, PrometheusError, engine_of_scrape, partial_warnings, scrapes_from_vector
+from .query_clock import QueryClock
 from ..shard import filter_pools
 from .prometheus_queries import (RULE_WINDOW, RULES_QUERY, pool_histogram_query, pool_histograms, present_bases,
                                  replica_selector, rule_histograms, shard_pools_query, with_pools)
 
 log = logging.getLogger("monitor.sources.prometheus")
 
+# The replica answer's own cap, sized from the fleet: one 60 MB answer (under the client's 64 MiB cap)
+# took 1.26 GB and 17.6 s to read. The fleet's series are counted by the query layer (`count(...)`) on
+# the first read and after a refusal, else taken as twice the last whole answer's; each may take
+# SERIES_BYTES of JSON (a Kubernetes label set is ~500), and no answer is held to less than the floor.
+ANSWER_FLOOR_BYTES = 4 << 20
+SERIES_BYTES = 1536
 RETURN_MARGIN = 0.3  # seconds a read keeps between its last query's deadline and the cycle's
 FORGET_AFTER = 3600.0  # global.forget_after's default, for a reader built without it (a test holds them equal)
 
@@ -55,7 +62,8 @@ class PrometheusSourceReader:
     def __init__(self, src: PrometheusSource, client: Optional[PrometheusClient] = None,
                  budget: Optional[BodyBudget] = None, forget_after: float = FORGET_AFTER,
                  pool_by: Sequence[str] = ("model_name",), latency_window: float = 300.0,
-                 total_kinds: Sequence[str] = (), shard: Optional[tuple[int, int]] = None):
+                 total_kinds: Sequence[str] = (), shard: Optional[tuple[int, int]] = None,
+                 max_series: int = 100_000):
         self.src = src
         self.client = client or PrometheusClient.from_config(src, budget)
         self.known: dict[str, float] = {}  # instance that served vLLM series -> the last time it did
@@ -69,6 +77,10 @@ class PrometheusSourceReader:
         self.shard = shard  # global.shard: read only the pools this shard owns
         self.selector = src.selector  # the selector of the cycle's queries (narrowed to the shard's pools)
         self._failing: dict[str, str] = {}  # part -> the reason it last failed (logged once)
+        self._partials = 0  # this read's queries that answered partially
+        self.max_series = max_series  # global.max_series: no answer is sized for more series than this
+        self._series: Optional[int] = None  # series in the last whole replica answer (None: count them)
+        self.clock = QueryClock()  # every query at the query layer's time; its steps counted (query_clock.py)
 
     def read(self, now: Optional[float] = None, deadline: Optional[float] = None
              ) -> tuple[list[ReplicaReading], list[SourceStatus], dict[str, int]]:
@@ -78,24 +90,26 @@ class PrometheusSourceReader:
 
     def read_all(self, now: Optional[float] = None, deadline: Optional[float] = None) -> PrometheusRead:
         """The cycle's read; no request runs past `deadline` (monotonic seconds), if given. A partial
-        answer (Prometheus `warnings`) is used and counted as the anomaly `partial_response`, its
-        first warning logged."""
+        answer (Prometheus `warnings` other than PromQL's own notes: a store, shard or tenant did not
+        answer) is never taken for the whole fleet: its part is read as failed (reason `partial`, the
+        last values kept and marked stale) and counted as the anomaly `partial_response`."""
         now = time.time() if now is None else now
         name = redact(self.src.url)
         start = time.monotonic()
         if deadline is not None:  # end the queries a little before the cycle stops waiting: what was read counts
             deadline -= min(RETURN_MARGIN, 0.1 * max(0.0, deadline - start))
-        warnings: list[str] = []
+        self.clock.begin()
+        self._partials = 0
         try:
             self.selector = self._shard_selector(now, deadline)
-            vector = self.client.query(replica_selector(self.selector), at=now, deadline=deadline,
-                                       warnings=warnings)
+            vector = self._replica_read(deadline)
         except PrometheusError as exc:
-            self._note("replicas", exc.reason)
+            self._note("replicas", exc.reason, exc.detail)
             status = SourceStatus("prometheus", name, False, exc.reason, exc.detail, time.monotonic() - start)
             out = PrometheusRead([], [status])
             out.stale_seconds["replicas"] = math.nan if self._replicas_at is None else max(0.0, now - self._replicas_at)
             self._last_histograms(now, out)
+            self._count_partials(out)
             return out
         self._note("replicas", None)
         self._replicas_at = now
@@ -103,19 +117,56 @@ class PrometheusSourceReader:
                              stale_seconds={"replicas": 0.0})
         missing = self._readings(vector, now, out)
         self._statuses(now, deadline, missing, out)
-        self._histograms(now, deadline, out, warnings, present_bases(vector))
-        if warnings:
-            out.anomalies["partial_response"] = 1
-            log.warning("Prometheus answered with %d warning(s) (a partial response): %s", len(warnings),
-                        warnings[0][:200])
+        self._histograms(now, deadline, out, present_bases(vector))
+        self._count_partials(out)
         return out
+
+    def _replica_read(self, deadline: Optional[float]) -> list:
+        """The per-replica series, held to a cap sized from the fleet (`ANSWER_FLOOR_BYTES`,
+        `SERIES_BYTES`): a bigger answer is refused (too_large) before it is parsed."""
+        query = replica_selector(self.selector)
+        if self._series is None:
+            counted = self._query(f"count({query})", deadline)
+            value = counted[0][1] if counted else 0.0
+            series = int(value) if math.isfinite(value) and value > 0 else 0
+        else:
+            series = 2 * self._series  # room for the fleet to double between two cycles
+        series = min(series, self.max_series)
+        cap = max(ANSWER_FLOOR_BYTES, series * SERIES_BYTES)
+        try:
+            vector = self._query(query, deadline, max_bytes=cap)
+        except PrometheusError as exc:
+            if exc.reason != "too_large":
+                raise
+            self._series = None  # counted again next cycle
+            raise PrometheusError("too_large", f"the replica answer is over {cap} bytes, the cap sized from the "
+                                               f"fleet ({series} series x {SERIES_BYTES} bytes, at least "
+                                               f"{ANSWER_FLOOR_BYTES >> 20} MiB; global.max_series bounds it): "
+                                               f"{exc.detail}") from None
+        self._series = len(vector)
+        return vector
+
+    def _count_partials(self, out: PrometheusRead) -> None:
+        if self._partials:
+            out.anomalies["partial_response"] = out.anomalies.get("partial_response", 0) + self._partials
+
+    def _query(self, query: str, deadline: Optional[float], **kw) -> list:
+        """An instant query at the query layer's time (never headroom's clock: query_clock.py); a
+        partial answer raises PrometheusError `partial` (its first warning, capped, as the detail)."""
+        warnings: list[str] = []
+        got = self.clock.query(self.client, query, deadline, warnings, **kw)
+        partial = partial_warnings(warnings)
+        if partial:
+            self._partials += 1
+            raise PrometheusError("partial", f"a partial answer ({len(partial)} warning(s)): {partial[0]}")
+        return got
 
     def _shard_selector(self, now: float, deadline: Optional[float]) -> str:
         """The source's selector; on a shard (global.shard, pools by model_name), narrowed to the
         models this shard owns, so each shard's queries read only its own pools' series."""
         if self.shard is None or self.shard[1] <= 1 or self.pool_by != ["model_name"]:
             return self.src.selector
-        names = self.client.query(shard_pools_query(self.src.selector), at=now, deadline=deadline)
+        names = self._query(shard_pools_query(self.src.selector), deadline)
         owned = filter_pools(sorted({labels.get("model_name", "") for labels, _v in names} - {""}), self.shard)
         return with_pools(self.src.selector, owned)
 
@@ -136,9 +187,9 @@ class PrometheusSourceReader:
     def _statuses(self, now: float, deadline: Optional[float], missing: dict, out: PrometheusRead) -> None:
         """Targets Prometheus itself sees as down, and the missing families of those that answered."""
         try:
-            ups = self.client.query(_up_selector(self.src.selector), at=now, deadline=deadline)
+            ups = self._query(_up_selector(self.src.selector), deadline)
         except PrometheusError as exc:
-            self._note("up", exc.reason)
+            self._note("up", exc.reason, exc.detail)
             return
         self._note("up", None)
         seen = {r.target for r in out.readings}
@@ -152,20 +203,19 @@ class PrometheusSourceReader:
             elif inst in seen:
                 out.statuses.append(SourceStatus("vllm", inst, True, missing=missing.get(inst, ())))
 
-    def _histograms(self, now: float, deadline: Optional[float], out: PrometheusRead, warnings: list,
-                    present: dict[str, str]) -> None:
+    def _histograms(self, now: float, deadline: Optional[float], out: PrometheusRead, present: dict[str, str]) -> None:
         """Every pool's latency histograms, summed by the query layer; the last ones when it fails."""
         if not present:  # no replica has a latency histogram: nothing to ask
             out.pool_histograms, out.pool_totals = {}, {}
             out.stale_seconds["histograms"] = 0.0
             return
         try:
-            from_rules = self._from_rules(now, deadline, warnings, present)
+            from_rules = self._from_rules(now, deadline, present)
             query = pool_histogram_query(self.selector, self.pool_by, self.latency_window, self.total_kinds,
                                          present) if present else ""
-            vector = self.client.query(query, at=now, deadline=deadline, warnings=warnings) if query else []
+            vector = self._query(query, deadline) if query else []
         except PrometheusError as exc:
-            self._note("histograms", exc.reason)
+            self._note("histograms", exc.reason, exc.detail)
             self._last_histograms(now, out)
             return
         self._note("histograms", None)
@@ -175,7 +225,7 @@ class PrometheusSourceReader:
         out.stale_seconds["histograms"] = 0.0
         self._hists = (now, out.pool_histograms, out.pool_totals)
 
-    def _from_rules(self, now: float, deadline: Optional[float], warnings: list, present: dict[str, str]) -> dict:
+    def _from_rules(self, now: float, deadline: Optional[float], present: dict[str, str]) -> dict:
         """The vLLM pools' latency buckets from the bundled recording rules, when they are loaded and
         fit (latency_window 5m, pools by model_name, no pool SLO needing cumulative buckets); the
         vLLM bases they cover are taken out of `present`, so the increase query asks for the rest."""
@@ -183,7 +233,7 @@ class PrometheusSourceReader:
         if not (src.recording_rules and self.latency_window == RULE_WINDOW and self.pool_by == ["model_name"]
                 and not self.total_kinds and any(b.startswith("vllm:") for b in present)):
             return {}
-        got = rule_histograms(self.client.query(RULES_QUERY, at=now, deadline=deadline, warnings=warnings))
+        got = rule_histograms(self._query(RULES_QUERY, deadline))
         if not got:
             if self._rules is not False:
                 log.info("the bundled recording rules are not loaded in %s: the pools' latency buckets are "
@@ -213,7 +263,7 @@ class PrometheusSourceReader:
             out.pool_histograms, out.pool_totals = {}, {}
             out.stale_seconds["histograms"] = math.nan
 
-    def _note(self, part: str, reason: Optional[str]) -> None:
+    def _note(self, part: str, reason: Optional[str], detail: str = "") -> None:
         """Log a part's failure when it starts and when it is over, never every cycle."""
         before = self._failing.get(part)
         if reason is None:
@@ -225,7 +275,8 @@ class PrometheusSourceReader:
             what = {"replicas": "replica series (the pools keep their last values, marked stale)",
                     "up": "up series (targets down in Prometheus are not named)",
                     "histograms": "pool latency histograms (the last ones read are used, marked stale)"}[part]
-            log.warning("could not read the %s from Prometheus: %s; said once until it answers again", what, reason)
+            log.warning("could not read the %s from Prometheus: %s%s; said once until it answers again", what, reason,
+                        f" ({detail})" if detail else "")
         self._failing[part] = reason
 
     def _remember(self, seen: set[str], now: float) -> None:

@@ -122,10 +122,25 @@ class HeaderValue:
             raise r.fail(at, "give exactly one of value, file or env")
         if self.value is not None and any(ord(c) < 32 or ord(c) == 127 for c in self.value):
             raise r.fail(at, "a header value may not hold control characters (the value is not shown)")
+        where = at if self.value is not None else join(at, "file" if self.file is not None else "env")
+        try:
+            self.resolve()
+        except ConfigError:
+            raise
+        except ValueError as exc:  # a character HTTP cannot carry: every query would fail
+            raise r.fail(where, str(exc)) from None
 
     def resolve(self) -> str:
-        """The value as it is now (a file or variable is read on every use, so a rotation is picked up)."""
-        return self.value if self.value is not None else (_secret(self.file, self.env) or "")
+        """The value as it is now (a file or variable is read on every use, so a rotation is picked up);
+        ValueError when it holds a character beyond Latin-1, which an HTTP header cannot carry."""
+        value = self.value if self.value is not None else (_secret(self.file, self.env) or "")
+        try:
+            value.encode("latin-1")
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"a header value must be Latin-1 text (ISO-8859-1; a tenant id is usually ASCII): "
+                             f"character {exc.start + 1} is U+{ord(value[exc.start]):04X}, which HTTP cannot send "
+                             "(the value is not shown)") from None
+        return value
 
 
 RESERVED_HEADERS = frozenset({"authorization", "content-type", "content-length", "host", "accept",

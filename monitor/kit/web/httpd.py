@@ -43,7 +43,7 @@ _R = selectors.EVENT_READ
 class Limits:
     max_connections: int = 512     # open connections; past it a waiting one is evicted (or the new one refused)
     workers: int = 4               # threads rendering /, /api/v1/snapshot (and checking bcrypt)
-    priority_workers: int = 1      # threads answering what `priority` picks (/metrics) and nothing else
+    priority_workers: int = 1      # threads answering what `priority` picks (/metrics, credentials known) only
     queue: int = 64                # requests waiting for a worker beyond `workers`; past it: 503
     handshake_timeout: float = 5.0
     header_timeout: float = 10.0   # request line + headers
@@ -60,7 +60,7 @@ class WebStats:
     COUNTERS = ("connections_accepted", "connections_refused", "connections_evicted", "client_disconnects",
                 "header_timeouts", "idle_timeouts", "write_timeouts", "tls_handshake_timeouts",
                 "tls_handshake_errors", "tls_client_cert_rejected", "bad_requests", "overloaded",
-                "requests", "handler_errors")
+                "requests", "handler_errors", "auth_throttled")
 
     def __init__(self) -> None:
         for name in self.COUNTERS:

@@ -8,21 +8,18 @@ Relative file names are taken from the web-config file's directory, as exporter-
 """
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
 import logging
 import os
 import re
 import secrets
 import ssl
-import threading
 import time
 from typing import Callable, Optional
 
 import yaml
 
 from monitor.kit.settings.reader import ConfigError
+from monitor.kit.web.auth import BasicAuth
 
 log = logging.getLogger(__name__)
 
@@ -316,9 +313,10 @@ def _ciphers(path: str, tls: dict, ctx: ssl.SSLContext) -> None:
         raise ConfigError(path, key, f"not available in this OpenSSL build: {', '.join(missing)}")
 
 
-def basic_auth(path: str, users: dict[str, str]) -> Authorize:
-    """authorize(header): bcrypt-checked basic auth. Every hash is validated here; an unknown user is
-    checked against a dummy hash of the same cost, so the answer takes as long as for a known one."""
+def basic_auth(path: str, users: dict[str, str]) -> BasicAuth:
+    """authorize(header): bcrypt-checked basic auth (monitor/kit/web/auth.py: successful checks
+    remembered for a while). Every hash is validated here; an unknown user is checked against a dummy
+    hash of the same cost, so the answer takes as long as for a known one."""
     import bcrypt  # noqa: PLC0415
 
     hashes: dict[str, bytes] = {}
@@ -337,30 +335,4 @@ def basic_auth(path: str, users: dict[str, str]) -> Authorize:
             raise ConfigError(path, f"basic_auth_users.{user}", f"not a valid bcrypt hash: {exc}") from None
         hashes[user] = hashed.encode()
     cost = max(int(h[4:6]) for h in hashes.values())
-    dummy = bcrypt.hashpw(secrets.token_bytes(18), bcrypt.gensalt(rounds=cost))
-    verified: dict[bytes, str] = {}  # sha256(header) -> user, so bcrypt runs once per good credential
-    lock = threading.Lock()
-
-    def authorize(header: Optional[str]) -> bool:
-        if not header or not header.startswith("Basic "):
-            return False
-        digest = hashlib.sha256(header.encode("utf-8", "surrogateescape")).digest()
-        with lock:
-            if digest in verified:
-                return True
-        try:
-            user, sep, password = base64.b64decode(header[6:], validate=True).decode().partition(":")
-        except (binascii.Error, UnicodeDecodeError):
-            return False
-        # bcrypt reads at most 72 bytes of a password (htpasswd hashes those); the library refuses more
-        secret = password.encode()[:72]
-        hashed = hashes.get(user)
-        ok = bcrypt.checkpw(secret, hashed if hashed is not None else dummy) and hashed is not None and bool(sep)
-        if ok:
-            with lock:
-                if len(verified) > 1000:
-                    verified.clear()
-                verified[digest] = user
-        return ok
-
-    return authorize
+    return BasicAuth(hashes, bcrypt.hashpw(secrets.token_bytes(18), bcrypt.gensalt(rounds=cost)))
