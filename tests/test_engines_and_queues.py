@@ -171,6 +171,8 @@ def test_a_pools_gateway_queue_is_shown_when_every_replica_is_down():
     assert pool.replicas == 0 and pool.gateway_queued == {"http://epp:9090/metrics": 10.0}
     samples = Renderer().render(snap)
     assert samples["headroom_gateway_queued_requests"] == [
-        ({"pool": MODEL, "gateway": "http://epp:9090/metrics"}, 10.0)]
-    assert "headroom_active_requests" not in samples  # the engines' own numbers stay withheld
+        ({"pool": MODEL, "gateway": "http://epp:9090/metrics", "source": "queue"}, 10.0)]
+    # where the users wait is said too; the engines' own numbers stay withheld
+    assert samples["headroom_queued_requests"] == [({"pool": MODEL, "where": "gateway"}, 10.0)]
+    assert "headroom_active_requests" not in samples
     assert snapshot_to_dict(snap)["pools"][0]["gateway_queued_requests"] == 10.0
