@@ -2,7 +2,7 @@
 
 Per trial: the real vLLM CPU engine (the engine tier's reference: `small`, 8 slots, 24 x 128 KV
 tokens, engine at nice 10), the real LiteLLM proxy in front of it (task-type label), an agent
-application (benchmarks/journey_app.py: closed-loop 3-call chat tasks with tool waits, a 10 s task
+application (tests/engine/agent_app.py: closed-loop 3-call chat tasks with tool waits, a 10 s task
 target, some sessions giving up after 4 s without a reply), headroom `run` in direct mode at its
 default 15 s interval reading the engine, LiteLLM and the application, and a real Prometheus scraping
 all four every 15 s and evaluating `rules/` **unchanged** (no shortened window or `for:`).
@@ -45,7 +45,7 @@ import requests  # noqa: E402
 import yaml  # noqa: E402
 
 from engine import servers  # noqa: E402  (tests/engine: the real engine and proxy)
-from journey_app import AgentApp, SlowGateway  # noqa: E402
+from engine.agent_app import AgentApp, SlowGateway  # noqa: E402
 from servers import Prometheus, free_port, scrape_config, wait_http  # noqa: E402
 
 RESULTS = os.path.join(HERE, "overload_journey_results.json")

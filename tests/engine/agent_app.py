@@ -1,4 +1,5 @@
-"""The agent application and the slow gateway of the overload journey (benchmarks/overload_journey.py).
+"""The agent application and the slow gateway of the overload journey (benchmarks/overload_journey.py,
+tests/test_journey_vllm.py).
 
 `AgentApp` runs closed-loop agent sessions against an OpenAI-compatible gateway: a session runs tasks
 one after another; a task makes `calls` chat calls with a tool wait between two calls. Some sessions
@@ -74,6 +75,7 @@ class AgentApp:
         self.calls_log: list[CallRecord] = []
         self.in_flight_samples: list[tuple[float, int]] = []
         self.sessions: list[tuple[threading.Event, threading.Thread]] = []
+        self.retired: list[threading.Thread] = []  # stopped sessions, maybe still finishing a call
         self.stop_all = threading.Event()
         self.server = None
 
@@ -91,6 +93,7 @@ class AgentApp:
         while len(self.sessions) > n:
             stop, thread = self.sessions.pop()
             stop.set()
+            self.retired.append(thread)
         while len(self.sessions) < n:
             i = len(self.sessions)
             stop = threading.Event()
@@ -100,11 +103,17 @@ class AgentApp:
         self.give_up_sessions = give_up
         self.m_sessions.labels(self.task_type).set(n)
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 120.0) -> None:
+        """Every session stopped and joined (a call in flight ends first), /metrics shut."""
         self.set_sessions(0)
+        threads = self.retired
         self.stop_all.set()
+        end = time.monotonic() + timeout
+        for t in threads:
+            t.join(max(0.0, end - time.monotonic()))
         if self.server is not None:
             self.server.shutdown()
+            self.server.server_close()
 
     def _sample_in_flight(self) -> None:
         while not self.stop_all.wait(1.0):
