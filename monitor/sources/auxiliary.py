@@ -57,6 +57,8 @@ class AuxSources:
     def start(self, pool: DeadlinePool) -> list:
         """Every auxiliary body requested on `pool`; the handles for `pool.wait`."""
         timeout = self.config.scrape_timeout
+        for fetcher in self._fetchers.values():  # kept connections the sources closed since the last cycle
+            fetcher.prune()
         jobs = [(("gateway", i, gw.url), lambda f=self._fetcher_for(gw.auth), u=gw.url: fetch(f, u, timeout))
                 for i, gw in enumerate(self.config.gateways)]
         dcgm = self._fetcher_for(None) if self.config.dcgm_targets else None
