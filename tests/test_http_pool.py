@@ -198,3 +198,17 @@ def test_prune_closes_idle_connections_the_server_closed_and_keeps_the_others():
     assert fetcher.get("http://h0:8000/metrics", 5.0) == "conn0 req1"
     fetcher.close()
     assert FLEET.open_peers() == 0
+
+
+@pytest.mark.parametrize("answer, words", [
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+     "Content-Length together with Transfer-Encoding"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0x5\r\nhello\r\n0\r\n\r\n", "bad chunk size"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: s3cret-token\r\n\r\n", "bad Content-Length"),
+])
+def test_a_framing_error_is_a_protocol_error_that_names_it_without_the_upstream_bytes(answer, words):
+    FLEET.answer = lambda conn, n: answer
+    with pytest.raises(FetchError) as err:
+        Fetcher().get("http://h:8000/metrics", 5.0)
+    assert err.value.reason == "protocol" and words in err.value.detail, err.value
+    assert "s3cret" not in err.value.detail and "0x5" not in err.value.detail

@@ -391,6 +391,8 @@ def _classify(exc: Exception, timeout: float) -> Optional[FetchError]:
         return None
     if isinstance(exc, http.client.BadStatusLine):  # bytes that are not an answer (not echoed: any text)
         return FetchError("protocol", "the answer does not start with an HTTP/1.x status line")
+    if isinstance(exc, http.client.HTTPException) and str(exc):  # the reader's own words (no upstream bytes)
+        return FetchError("protocol", str(exc)[:160])
     return FetchError("protocol", type(exc).__name__)
 
 

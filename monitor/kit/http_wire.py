@@ -183,7 +183,7 @@ def read_response(wire: Wire, head_only: bool, sink: "BodySink") -> tuple[int, b
             raise http.client.HTTPException("Content-Length together with Transfer-Encoding (RFC 9112 6.3): "
                                             "a message framed two ways is refused")
         if not _DIGITS.fullmatch(raw):
-            raise http.client.HTTPException(f"bad Content-Length {raw[:20]!r}")
+            raise http.client.HTTPException("bad Content-Length: not 1 to 18 ASCII digits")
         length = int(raw)
     if head_only or status in _NO_BODY:
         # bytes already past the head of a bodiless answer (a server that sent a body anyway) would be
@@ -266,7 +266,7 @@ def _read_chunked(wire: Wire, sink: Callable[[bytes], None]) -> None:
             raise http.client.IncompleteRead(_Partial(got)) from None
         size_text = bytes(wire.buf[:min(end, 64)]).split(b";", 1)[0].rstrip(b" \t")  # BWS before an extension
         if not _HEX.fullmatch(size_text):  # 1*HEXDIG: int(x, 16) would also take 0x, a sign, _ and blanks
-            raise http.client.HTTPException(f"bad chunk size {size_text[:20]!r}")
+            raise http.client.HTTPException("bad chunk size: not 1 to 16 hex digits")
         size = int(size_text, 16)
         del wire.buf[:at]
         if size == 0:
