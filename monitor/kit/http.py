@@ -337,7 +337,8 @@ class _Held:
         if size > MAX_HEAD_BYTES:
             raise FetchError("too_large", f"response head over {MAX_HEAD_BYTES} bytes")
         if size > self.head_held:
-            self._charge(size - self.head_held, "response head")
+            if size + self.held > BodyBudget.FREE_BYTES:
+                self._charge(size - self.head_held, "response head")
             self.head_held = size
 
     def _charge(self, n: int, what: str) -> None:
@@ -355,8 +356,10 @@ class _Held:
             raise FetchError("too_large", f"body of {length} bytes (Content-Length) over the {self.cap}-byte cap")
 
     def __call__(self, chunk: bytes) -> None:
-        self._charge(len(chunk), "body")
-        held = self.held = self.held + len(chunk)
+        held = self.held + len(chunk)
+        if held + self.head_held > BodyBudget.FREE_BYTES:  # within the free part: nothing to take
+            self._charge(len(chunk), "body")
+        self.held = held
         if self.first is None:
             self.first = chunk
         elif self.rest is None:
