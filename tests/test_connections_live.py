@@ -112,3 +112,28 @@ def test_a_target_answering_garbage_is_down_with_a_protocol_reason(fleet):
     assert status[f.urls[1]].up
     bad = status[f.urls[0]]
     assert not bad.up and bad.error == "protocol" and "SSH" not in (bad.detail or ""), bad
+
+
+def test_auxiliary_sources_keep_one_connection_per_exporter(fleet):
+    """DCGM exporters are read on the cycle's source pool, one worker per source: each worker kept
+    its own socket to every exporter (100 exporters: 3,297 descriptors). Sixty exporters, a third
+    closing idle connections: over four cycles the auxiliary fetcher holds at most one per exporter."""
+    f = fleet(60, ["keep", "idle_close", "push_408"], idle=1.0)
+    vllm = fleet(1, ["keep"])
+    base = open_fds()
+    p = Pipeline(Config(vllm_targets=[Target(vllm.urls[0])], dcgm_targets=[Target(u) for u in f.urls],
+                        interval=15.0, scrape_timeout=5.0))
+    try:
+        for cycle in range(4):
+            before = f.stats()
+            snap = p.run_cycle()
+            answered = [s for s in snap.sources if s.source == "dcgm" and s.error not in ("connect", "http", "protocol")]
+            assert len(answered) == 60, [(s.error, s.detail) for s in snap.sources if s.source == "dcgm"][:5]
+            assert open_fds() - base <= 61 + 16, (cycle, open_fds() - base)
+            held = sum(x.connections() for x in p.aux._fetchers.values())
+            assert held <= 60, (cycle, held)
+            wait_for(f.stats, lambda s, b=before: s["closed_idle"] + s["pushed_408"] >= b["closed_idle"] +
+                     b["pushed_408"] + 40, 30.0, "the idle connections timed out")
+        assert f.stats()["requests"] >= 4 * 60
+    finally:
+        p.close()
