@@ -164,3 +164,85 @@ def test_the_request_bytes_and_what_they_refuse():
 def test_a_header_trickled_a_byte_at_a_time_reads_the_same():
     answer = b"HTTP/1.1 200 OK\r\nX-Long: " + b"a" * 5000 + b"\r\nContent-Length: 2\r\n\r\nok"
     assert read(*[answer[i:i + 1] for i in range(len(answer))])[:3] == (200, False, b"ok")
+
+
+# ---- strictness (issue #38 items 5-6) ------------------------------------------------------------
+
+@pytest.mark.parametrize("size", [b"0x10", b"+a_bc", b"a_bc", b" a", b"-1", b"1" * 17])
+def test_a_chunk_size_that_is_not_plain_hex_digits_is_refused(size):
+    """RFC 9112 7.1: chunk-size = 1*HEXDIG. int(x, 16) also takes `0x`, a sign, underscores and
+    blanks: a server (or a proxy in between) reading them differently is a request-smuggling seam."""
+    with pytest.raises(http.client.HTTPException, match="chunk size"):
+        read(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + size + b"\r\n" + b"x" * 16 + b"\r\n0\r\n\r\n")
+
+
+def test_a_chunk_size_with_an_extension_and_blanks_before_it_is_read():
+    assert read(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nA \t;ext=1\r\n0123456789\r\n0\r\n\r\n")[:3] \
+        == (200, False, b"0123456789")
+
+
+def test_content_length_with_chunked_is_refused():
+    """RFC 9112 6.3: a message with both may be an attempt at smuggling; the client may treat it as
+    an error, or prefer chunked. headroom refuses it (a protocol error naming both headers)."""
+    with pytest.raises(http.client.HTTPException, match="Content-Length.*Transfer-Encoding"):
+        read(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+
+
+@pytest.mark.parametrize("value", ["\u00b2".encode("latin-1"), b"1" * 30, b"5, 6", b"+5"])
+def test_a_content_length_that_is_not_plain_ascii_digits_is_refused(value):
+    with pytest.raises(http.client.HTTPException, match="Content-Length"):
+        read(b"HTTP/1.1 200 OK\r\nContent-Length: " + value + b"\r\n\r\nhello")
+
+
+def test_the_head_is_held_within_the_budget_together_with_the_body():
+    """A response head counts in the memory budget with its body: 900 KB of headers and a 900 KB body
+    are 1.8 MB held, past the free MiB, refused by an empty budget (the headers alone used to be
+    outside it: 32 targets with big duplicated headers held 856 MB)."""
+    from monitor.kit.http import BodyBudget
+    answer = b"HTTP/1.1 200 OK\r\n" + (b"X-Dup: " + b"a" * 9000 + b"\r\n") * 99 \
+        + b"Content-Length: 900000\r\n\r\n" + b"b" * 900_000
+    for budget, ok in ((BodyBudget(0), False), (BodyBudget(2 << 20), True)):
+        wire = Wire("example.test", None)
+        wire.sock = Scripted(answer)
+        wire.deadline = float("inf")
+        held = _Held(1 << 30, budget)
+        try:
+            if ok:
+                assert read_response(wire, False, held)[0] == 200 and len(held.data()) == 900_000
+                assert budget.peak >= 99 * 9000 + 900_000 - (1 << 20)
+            else:
+                with pytest.raises(FetchError) as err:
+                    read_response(wire, False, held)
+                assert err.value.reason == "too_large"
+        finally:
+            held.release()
+        assert budget.used == 0
+
+
+def test_a_head_over_its_cap_is_refused_whatever_the_budget():
+    """A head is at most MAX_HEAD_BYTES (every interim answer's head included): duplicated header
+    lines or an endless run of 103 Early Hints cannot hold more."""
+    from monitor.kit.http_wire import MAX_HEAD_BYTES
+    big = b"HTTP/1.1 200 OK\r\n" + (b"X-Dup: " + b"a" * 60_000 + b"\r\n") * 99 + b"Content-Length: 0\r\n\r\n"
+    hints = b"HTTP/1.1 103 Early Hints\r\nLink: </" + b"a" * 50_000 + b">\r\n\r\n"
+    for answer in (big, hints * (MAX_HEAD_BYTES // len(hints) + 2)):
+        with pytest.raises(FetchError) as err:
+            read(answer)
+        assert err.value.reason == "too_large" and "head" in err.value.detail
+
+
+def test_only_the_framing_fields_of_a_head_are_kept():
+    """99 duplicated 9 KB header lines were joined into one ~900 KB string beside the buffer holding
+    them: only Connection, Content-Length and Transfer-Encoding are read, so nothing else is copied."""
+    import tracemalloc
+    answer = b"HTTP/1.1 200 OK\r\n" + (b"X-Dup: " + b"a" * 9000 + b"\r\n") * 99 + b"Content-Length: 2\r\n\r\nok"
+    wire = Wire("example.test", None)
+    wire.sock = Scripted(answer)
+    wire.deadline = float("inf")
+    tracemalloc.start()
+    try:
+        read_response(wire, False, _Held(1 << 20, None))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2.5 * len(answer), f"{peak} bytes at the peak for a {len(answer)}-byte answer"

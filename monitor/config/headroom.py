@@ -52,8 +52,8 @@ class Config:
     scrape_concurrency: int = key(Int(ge=1, le=4096), 32, path="global.scrape_concurrency",
                                   help="scrapes in flight at once")
     scrape_memory_mib: int = key(Int(ge=0, le=65536), 96, path="global.scrape_memory_mib",
-                                 help="MiB of response bodies all sources may hold at once beyond 1 MiB each; "
-                                      "a body past it fails too_large")
+                                 help="MiB of responses (heads and bodies together) all sources may hold at "
+                                      "once beyond 1 MiB each; an answer past it fails too_large")
     pool_by: tuple[str, ...] = key(PoolBySetting(), ("model_name",), path="global.pool_by",
                                    help="target label that names the pool, or a list of labels (pools keyed by all "
                                         "of them): [cluster, model_name] makes the same model in two clusters two "

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import http.client
 import random
+import select
 import socket
 import ssl
 import threading
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Protocol
 from urllib.parse import urlsplit
 
+from monitor.kit.http_held import BodyBudget, FetchError, Held as _Held
 from monitor.kit.http_wire import Wire, read_response, request_bytes
 
 
@@ -36,44 +38,6 @@ class Credentials(Protocol):
 
 ACCEPT_TEXT = "text/plain;version=0.0.4;q=1.0,application/openmetrics-text;version=1.0.0;q=0.5,*/*;q=0.1"
 MAX_BODY_BYTES = 64 * 1024 * 1024
-
-
-class BodyBudget:
-    """The bytes of response bodies that requests sharing it may hold at once beyond each one's own
-    first FREE_BYTES (so an ordinary body is never refused because others are huge). A request that
-    would go past it fails `too_large` and gives its bytes back: 32 endless targets cost
-    32 x FREE_BYTES + the budget, not 32 x MAX_BODY_BYTES. Thread-safe."""
-
-    FREE_BYTES = 1024 * 1024
-
-    def __init__(self, total: int):
-        if total < 0:
-            raise ValueError(f"a body budget cannot be negative, got {total}")
-        self.total = total
-        self.used = 0
-        self.peak = 0
-        self._lock = threading.Lock()
-
-    def take(self, n: int) -> bool:
-        with self._lock:
-            if self.used + n > self.total:
-                return False
-            self.used += n
-            self.peak = max(self.peak, self.used)
-            return True
-
-    def give(self, n: int) -> None:
-        with self._lock:
-            self.used -= n
-
-
-class FetchError(Exception):
-    """A target could not be read. `reason` is a short label (timeout, connect, http, truncated, ...)."""
-
-    def __init__(self, reason: str, detail: str):
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
 
 
 def redact(url: str) -> str:
@@ -109,12 +73,22 @@ class Backoff:
 class Fetcher:
     """Lean keep-alive HTTP client for the sources (the hot path of every cycle), one deadline per request.
 
-    One persistent connection per (thread, host), each answer read straight off the socket
-    (`http_wire`: neither requests, whose per-call overhead is larger than parsing the body and whose
-    timeout bounds each socket read, not the request, nor http.client's response object, four times
-    the CPU of the bytes' own receive). Credentials are sent as headers and never appear in errors. `close()` (from any
+    Kept connections are shared by every thread, per host: a request takes an idle connection to
+    its host (or opens one when every one is busy) and gives it back when its answer allows, so a
+    host has at most as many connections as requests ever ran to it at once (one per target when
+    each host serves one target and a target is asked once at a time, as the scrape pool does),
+    never one per thread and host. An idle connection is checked before it is reused: one the server
+    closed, or with bytes waiting that no request asked for, is closed and replaced, never read
+    (`prune` also closes them between cycles). A request that got no byte of an answer on a reused
+    connection (the server closed it as the request went) or an idle-timeout 408 there goes once
+    more on a fresh connection. Each answer is read straight off the socket (`http_wire`: neither
+    requests, whose per-call overhead is larger than parsing the body and whose timeout bounds each
+    socket read, not the request, nor http.client's response object, four times the CPU of the bytes'
+    own receive). Credentials are sent as headers and never appear in errors. `close()` (from any
     thread) also breaks the requests still in flight, so a stopping process never waits on a source.
     """
+
+    MAX_IDLE_SECONDS = 300.0  # `prune` closes a connection idle longer (a target no longer asked)
 
     def __init__(self, auth: Optional[Credentials] = None, budget: Optional[BodyBudget] = None,
                  max_body: int = MAX_BODY_BYTES):
@@ -139,29 +113,67 @@ class Fetcher:
             self.ssl_context = ctx
         self._urls: dict[str, tuple] = {}  # url -> its parts (`_split`)
         self._asks: dict[tuple, bytes] = {}  # (method, path, host, headers) -> a GET's request bytes
-        self._local = threading.local()
-        self._all: list[dict] = []  # every thread's connection map, for close()
-        self._all_lock = threading.Lock()
+        self._idle: dict[tuple, list[Wire]] = {}  # (scheme, host, port) -> its idle connections
+        self._busy: set[Wire] = set()  # connections carrying a request now (close() breaks them)
+        self._lock = threading.Lock()
         self.closed = False
 
-    def _conn(self, scheme: str, host: str, port: Optional[int]) -> Wire:
-        conns = getattr(self._local, "conns", None)
-        if conns is None:
-            conns = self._local.conns = {}
-            with self._all_lock:
-                self._all.append(conns)
-        key = (scheme, host, port)
-        conn = conns.get(key)
-        if conn is None:
-            tls = (self.ssl_context or ssl.create_default_context()) if scheme == "https" else None
-            conn = conns[key] = Wire(host, port, tls)
-        return conn
+    def _take(self, key: tuple) -> tuple[Wire, bool]:
+        """(a connection to `key`'s host, whether it carried a request before): the idle one used
+        last that passes its check (the others found closed or dirty on the way are closed), or a
+        new one (connected by its first send)."""
+        while True:
+            with self._lock:
+                idle = self._idle.get(key)
+                conn = idle.pop() if idle else None
+                if conn is None:
+                    scheme, host, port = key
+                    tls = (self.ssl_context or ssl.create_default_context()) if scheme == "https" else None
+                    conn = Wire(host, port, tls)
+                    self._busy.add(conn)
+                    return conn, False
+                self._busy.add(conn)
+            if conn.reusable():
+                return conn, True
+            self._give(key, conn, False)
 
-    def _drop(self, scheme: str, host: str, port: Optional[int]) -> None:
-        conns = getattr(self._local, "conns", None) or {}
-        conn = conns.pop((scheme, host, port), None)
-        if conn is not None:
-            conn.close()
+    def _give(self, key: tuple, conn: Wire, keep: bool) -> None:
+        """Back to the idle connections of `key` (`keep`: its answer left it clean and open), or closed."""
+        with self._lock:
+            self._busy.discard(conn)
+            if keep and not self.closed and conn.sock is not None:
+                conn.idle_since = time.monotonic()
+                self._idle.setdefault(key, []).append(conn)
+                return
+        conn.close()
+
+    def prune(self, max_idle: Optional[float] = None) -> int:
+        """Close the idle connections the server closed or wrote to unasked, and those idle over
+        `max_idle` seconds (MAX_IDLE_SECONDS); how many were closed. The scrape calls it each cycle,
+        so a connection the server closed leaves CLOSE_WAIT within a cycle, not at its next use."""
+        limit = time.monotonic() - (self.MAX_IDLE_SECONDS if max_idle is None else max_idle)
+        with self._lock:
+            conns = [(key, conn) for key, idle in self._idle.items() for conn in idle]
+            self._idle.clear()
+            self._busy.update(conn for _, conn in conns)
+        poller = select.poll()  # one poll over every idle connection: one call, however many targets
+        for _, conn in conns:
+            if conn.sock is not None and conn.sock.fileno() >= 0:
+                poller.register(conn.sock, select.POLLIN | select.POLLPRI)
+        waiting = {fd for fd, _ in poller.poll(0)}
+        closed = 0
+        for key, conn in conns:
+            sock = conn.sock
+            keep = (conn.idle_since >= limit and sock is not None and sock.fileno() not in waiting
+                    and not conn.buf and not (isinstance(sock, ssl.SSLSocket) and sock.pending()))
+            closed += not keep
+            self._give(key, conn, keep)
+        return closed
+
+    def connections(self) -> int:
+        """Open connections, idle and busy (the bound the tests and the soak hold)."""
+        with self._lock:
+            return sum(len(idle) for idle in self._idle.values()) + sum(1 for c in self._busy if c.sock is not None)
 
     def get(self, url: str, timeout: float) -> str:
         """GET a metrics body within `timeout` seconds in all; FetchError with a reason otherwise."""
@@ -189,23 +201,29 @@ class Fetcher:
             hdrs["Authorization"] = url_auth
         hdrs.update(headers or {})
         deadline = time.monotonic() + timeout
-        for attempt in (0, 1):  # a kept-alive connection the server closed gets one fresh retry
-            conn = self._conn(scheme, host, port)
+        key = (scheme, host, port)
+        for attempt in (0, 1):  # on a reused connection, an answer not for this request: one fresh try
+            conn, reused = self._take(key)
             conn.deadline = deadline
-            reused = conn.sock is not None
+            retry = attempt == 0 and reused
             try:
-                return self._exchange(conn, method, path, body, hdrs, (scheme, host, port))
+                status, data, keep = self._exchange(conn, method, path, body, hdrs)
             except FetchError:
-                self._drop(scheme, host, port)
+                self._give(key, conn, False)
                 raise
             except (OSError, ValueError, http.client.HTTPException) as exc:
-                self._drop(scheme, host, port)
+                self._give(key, conn, False)
                 if self.closed:  # close() broke the connection under us
                     raise FetchError("closed", "the client was shut down during the request") from None
                 error = _classify(exc, timeout)
-                if error is None and attempt == 0 and reused and time.monotonic() < deadline:
-                    continue
+                if error is None and retry and conn.received == 0 and time.monotonic() < deadline:
+                    continue  # closed as the request went: no byte of an answer came
                 raise (error or FetchError("connect", _short(exc))) from None
+            if status == 408 and retry and time.monotonic() < deadline:
+                self._give(key, conn, False)  # the server timed the idle connection out: not our answer
+                continue
+            self._give(key, conn, keep)
+            return status, data
         raise AssertionError("unreachable")
 
     def _split(self, url: str) -> tuple[str, str, Optional[int], str, Optional[str]]:
@@ -222,9 +240,10 @@ class Fetcher:
             self._urls[url] = got
         return got
 
-    def _exchange(self, conn: Wire, method, path, body, headers, key) -> tuple[int, bytes]:
-        """One request and its answer on `conn`, read off the socket (http_wire), the body held
-        within `max_body` and the shared budget (never inflated: the request asked for identity)."""
+    def _exchange(self, conn: Wire, method, path, body, headers) -> tuple[int, bytes, bool]:
+        """(status, body, whether `conn` may be kept) of one request on `conn`, read off the socket
+        (http_wire), head and body held within their caps and the shared budget (never inflated:
+        the request asked for identity)."""
         if body is None:  # the same GETs every cycle: their bytes are kept
             ask = (method, path, conn.host_header, tuple(headers.items()))
             wire = self._asks.get(ask)
@@ -242,74 +261,23 @@ class Fetcher:
             data = held.data()
         finally:
             held.release()
-        if will_close:
-            self._drop(*key)
-        return status, data
+        return status, data, not will_close
 
     def close(self) -> None:
         """Close every connection; a request in flight on one ends at once (its read sees the end)."""
-        self.closed = True
-        with self._all_lock:
-            maps = list(self._all)
-        for conns in maps:
-            for conn in list(conns.values()):
-                sock = conn.sock
-                if sock is not None:
-                    try:  # wakes a read blocked in another thread; the plain-socket call leaves TLS state be
-                        socket.socket.shutdown(sock, socket.SHUT_RDWR)
-                    except OSError:
-                        pass
-                conn.close()
-            conns.clear()
-
-
-class _Held:
-    """A response body as it arrives, within one request's cap and the shared budget: bytes past the
-    first FREE_BYTES are taken from the budget as they come and given back by `release`. A
-    Content-Length over the cap fails before any of the body is read."""
-
-    def __init__(self, cap: int, budget: Optional[BodyBudget]):
-        self.cap, self.budget = cap, budget
-        # the first piece as it came (a Content-Length body read in one receive is never copied), the
-        # rest in one growing buffer: a list of pieces would cost ~50 bytes of objects per piece, so a
-        # target sending 1-byte chunks would hold 50x what the budget counts
-        self.first: Optional[bytes] = None
-        self.rest: Optional[bytearray] = None
-        self.held = self.taken = 0
-
-    def expect(self, length: int) -> None:
-        if length > self.cap:
-            raise FetchError("too_large", f"body of {length} bytes (Content-Length) over the {self.cap}-byte cap")
-
-    def __call__(self, chunk: bytes) -> None:
-        held, free = self.held, BodyBudget.FREE_BYTES
-        extra = max(0, held + len(chunk) - free) - max(0, held - free)  # beyond the free part
-        if extra and self.budget is not None:
-            if not self.budget.take(extra):
-                raise FetchError("too_large", f"body over {held + len(chunk)} bytes while the bodies in "
-                                              f"flight hold the scrape memory budget")
-            self.taken += extra
-        self.held = held + len(chunk)
-        if self.first is None:
-            self.first = chunk
-        elif self.rest is None:
-            self.rest = bytearray(self.first)
-            self.rest += chunk
-        else:
-            self.rest += chunk
-        if self.held > self.cap:
-            raise FetchError("too_large", f"body over {self.cap} bytes")
-
-    def data(self) -> bytes:
-        if self.rest is not None:
-            return bytes(self.rest)
-        return self.first if self.first is not None else b""
-
-    def release(self) -> None:
-        if self.taken:
-            self.budget.give(self.taken)
-            self.taken = 0
-        self.first = self.rest = None
+        with self._lock:
+            self.closed = True
+            conns = [c for idle in self._idle.values() for c in idle] + list(self._busy)
+            self._idle.clear()
+            self._busy.clear()
+        for conn in conns:
+            sock = conn.sock
+            if sock is not None:
+                try:  # wakes a read blocked in another thread; the plain-socket call leaves TLS state be
+                    socket.socket.shutdown(sock, socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            conn.close()
 
 
 def _classify(exc: Exception, timeout: float) -> Optional[FetchError]:
@@ -320,8 +288,12 @@ def _classify(exc: Exception, timeout: float) -> Optional[FetchError]:
         return FetchError("truncated", f"got {len(exc.partial)} bytes, connection closed")
     if isinstance(exc, ssl.SSLError):
         return FetchError("tls", type(exc).__name__)
-    if isinstance(exc, (OSError, http.client.RemoteDisconnected, http.client.BadStatusLine)):
+    if isinstance(exc, (OSError, http.client.RemoteDisconnected)):  # RemoteDisconnected: no byte at all
         return None
+    if isinstance(exc, http.client.BadStatusLine):  # bytes that are not an answer (not echoed: any text)
+        return FetchError("protocol", "the answer does not start with an HTTP/1.x status line")
+    if isinstance(exc, http.client.HTTPException) and str(exc):  # the reader's own words (no upstream bytes)
+        return FetchError("protocol", str(exc)[:160])
     return FetchError("protocol", type(exc).__name__)
 
 

@@ -6,14 +6,22 @@ thousand targets a cycle, was a large part of direct mode's cost. Here the statu
 are split from one receive buffer and the body is framed by Content-Length, chunked encoding or the
 connection's end, within the same limits: every receive waits at most the time left before the
 request's deadline, a header line is at most MAX_LINE bytes and a head at most MAX_HEADERS lines,
-the body is held within the caller's cap and shared budget (`BodySink`), and nothing is inflated
-(the request asks for identity). Broken answers raise http.client's own exceptions
-(RemoteDisconnected, BadStatusLine, IncompleteRead, LineTooLong, HTTPException), so the caller
-classifies them as before.
+the head (every interim answer's included) and the body are held within the caller's caps and
+shared budget together (`BodySink`: the head's bytes are counted as they arrive, and only the
+framing fields are kept from it), and nothing is inflated (the request asks for identity).
+
+Framing is strict (RFC 9112): Content-Length is plain ASCII digits, a chunk size plain hex digits
+(not `0x10`, `+a`, `a_b` or blanks, which int(x, 16) takes), and an answer with both Content-Length
+and Transfer-Encoding is refused (section 6.3 lets a client treat it as an error or prefer chunked:
+a message framed two ways is how responses are smuggled, and no metrics server sends one). Broken
+answers raise http.client's own exceptions (RemoteDisconnected, BadStatusLine, IncompleteRead,
+LineTooLong, HTTPException), so the caller classifies them.
 """
 from __future__ import annotations
 
 import http.client
+import re
+import select
 import socket
 import ssl
 import time
@@ -21,13 +29,19 @@ from typing import Callable, Optional, Protocol
 
 MAX_LINE = 65536  # http.client's _MAXLINE
 MAX_HEADERS = 100  # http.client's _MAXHEADERS
+MAX_HEAD_BYTES = 1024 * 1024  # every head of one answer (interim ones included): metrics servers send < 1 KB
+HEAD_STEP = 16 * 1024  # a head's bytes are told to the sink at its end and each time this many more came
+_FRAMING = frozenset({"connection", "content-length", "transfer-encoding"})  # the fields kept from a head
+_HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
 RECV_BYTES = 64 * 1024
 _NO_BODY = (204, 304)
 _BAD_TARGET = frozenset(range(0x21)) | {0x7F}  # what http.client refuses in a request target
 
 
 class BodySink(Protocol):
-    """Where a body goes as it arrives (the client's `_Held`: cap and budget); either may raise."""
+    """Where a body goes as it arrives (the client's `_Held`: cap and budget); any may raise."""
+
+    def head(self, size: int) -> None: ...  # the answer's head bytes received so far (it grows)
 
     def expect(self, length: int) -> None: ...
 
@@ -42,8 +56,9 @@ def time_left(deadline: float) -> float:
 
 
 class Wire:
-    """One persistent connection to (host, port): its socket (None until used), its receive buffer
-    and the deadline of the request it is carrying (set before each request)."""
+    """One persistent connection to (host, port): its socket (None until used), its receive buffer,
+    the deadline of the request it is carrying (set before each request), the bytes received since
+    that request was sent (`received`: none means no byte of an answer came) and when it went idle."""
 
     def __init__(self, host: str, port: Optional[int], context: Optional[ssl.SSLContext] = None):
         self.host = host
@@ -52,6 +67,8 @@ class Wire:
         self.sock: Optional[socket.socket] = None
         self.deadline = float("inf")
         self.buf = bytearray()
+        self.received = 0
+        self.idle_since = 0.0
         default = 443 if context is not None else 80
         name = f"[{host}]" if ":" in host else host
         self.host_header = name if self.port == default else f"{name}:{self.port}"
@@ -83,7 +100,21 @@ class Wire:
         sock.settimeout(time_left(self.deadline))
         chunk = sock.recv(RECV_BYTES)
         self.buf += chunk
+        self.received += len(chunk)
         return len(chunk)
+
+    def reusable(self) -> bool:
+        """Whether this idle connection may carry another request: open, and nothing waiting on it.
+        A readable idle connection is one the server closed (EOF, a reset) or one holding bytes no
+        request asked for (an extra answer, an idle-timeout 408): either way never read, closed."""
+        sock = self.sock
+        if sock is None or self.buf or sock.fileno() < 0:
+            return False
+        if isinstance(sock, ssl.SSLSocket) and sock.pending():
+            return False
+        poller = select.poll()  # not select.select: it cannot watch a descriptor over 1023
+        poller.register(sock, select.POLLIN | select.POLLPRI)
+        return not poller.poll(0)
 
     def _line(self, start: int, status_line: bool = False) -> tuple[int, int]:
         """(end of the line at `start` without its CRLF/LF, start of the next line), receiving as
@@ -106,6 +137,7 @@ class Wire:
     def send(self, data: bytes) -> None:
         if self.sock is None:
             self.connect()
+        self.received = 0
         self.sock.settimeout(time_left(self.deadline))
         self.sock.sendall(data)
 
@@ -128,28 +160,35 @@ def request_bytes(method: str, path: str, host_header: str, headers: dict[str, s
 def read_response(wire: Wire, head_only: bool, sink: "BodySink") -> tuple[int, bool, Optional[int]]:
     """Read one response off `wire`: (status, whether the connection must close, Content-Length
     or None), the body handed to `sink` piece by piece (`sink.expect` hears a Content-Length
-    first, so it can refuse the body before it is read). Interim 1xx answers before it are skipped."""
+    first, so it can refuse the body before it is read; `sink.head` hears the head's bytes as
+    they arrive). Interim 1xx answers before it are skipped (their heads count in the same bytes)."""
+    before = 0  # head bytes of the interim answers already read
     while True:
-        status, version, fields, at = _read_head(wire)
+        status, version, fields, at = _read_head(wire, sink, before)
         if status == 101:  # never asked for: the connection is no longer HTTP
             raise http.client.HTTPException("101 Switching Protocols without an Upgrade request")
         if not 100 <= status < 200:
             break
         del wire.buf[:at]  # an interim answer (100 Continue, 103 Early Hints): the real one follows
+        before += at
     del wire.buf[:at]
     conn = fields.get("connection", "").lower()
     will_close = "close" in conn or (version == 10 and "keep-alive" not in conn)
     length = None
     raw = fields.get("content-length")
+    chunked = fields.get("transfer-encoding", "").lower().rsplit(",", 1)[-1].strip() == "chunked"
     if raw is not None:
-        if not raw.isdigit():
-            raise http.client.HTTPException(f"bad Content-Length {raw[:20]!r}")
+        if "transfer-encoding" in fields:
+            raise http.client.HTTPException("Content-Length together with Transfer-Encoding (RFC 9112 6.3): "
+                                            "a message framed two ways is refused")
+        if not (0 < len(raw) <= 18 and raw.isascii() and raw.isdigit()):  # not str.isdigit alone: it takes ²
+            raise http.client.HTTPException("bad Content-Length: not 1 to 18 ASCII digits")
         length = int(raw)
     if head_only or status in _NO_BODY:
         # bytes already past the head of a bodiless answer (a server that sent a body anyway) would be
         # read as the next answer on this connection: it is not reused
         return status, will_close or bool(wire.buf), None
-    if fields.get("transfer-encoding", "").lower().rsplit(",", 1)[-1].strip() == "chunked":
+    if chunked:
         _read_chunked(wire, sink)
         return status, will_close or bool(wire.buf), None
     if length is None:  # the body runs to the connection's end
@@ -164,12 +203,15 @@ def read_response(wire: Wire, head_only: bool, sink: "BodySink") -> tuple[int, b
     return status, will_close or bool(wire.buf), length
 
 
-def _read_head(wire: Wire) -> tuple[int, int, dict[str, str], int]:
-    """(status, 10 or 11, header fields by lower-case name, where the body starts in the buffer)."""
+def _read_head(wire: Wire, sink: "BodySink", before: int = 0) -> tuple[int, int, dict[str, str], int]:
+    """(status, 10 or 11, the framing fields by lower-case name, where the body starts in the
+    buffer); `sink.head` hears `before` + the head's bytes read: at its end, and on the way each
+    time HEAD_STEP more were read (one call for an ordinary head: a call per line cost 4 us)."""
     end, at = wire._line(0, status_line=True)
+    told = 0
     line = bytes(wire.buf[:end]).decode("latin-1")
     parts = line.split(None, 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not (len(parts[1]) == 3 and parts[1].isdigit()):
+    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not (len(parts[1]) == 3 and parts[1].isascii() and parts[1].isdigit()):
         raise http.client.BadStatusLine(line[:60])
     version = 10 if parts[0] == "HTTP/1.0" else 11
     fields: dict[str, str] = {}
@@ -177,17 +219,25 @@ def _read_head(wire: Wire) -> tuple[int, int, dict[str, str], int]:
     for _ in range(MAX_HEADERS + 1):
         end, nxt = wire._line(at)
         if end == at:
+            sink.head(before + nxt)
             return int(parts[1]), version, fields, nxt
-        text = bytes(wire.buf[at:end]).decode("latin-1")
-        at = nxt
-        if text[0] in " \t" and last is not None:  # an obsolete folded line continues the last field
-            fields[last] += " " + text.strip()
+        if nxt - told > HEAD_STEP:
+            sink.head(before + nxt)
+            told = nxt
+        buf, start, at = wire.buf, at, nxt
+        if buf[start] in (32, 9):  # an obsolete folded line continues the last field
+            if last is not None:
+                fields[last] += " " + bytes(buf[start:end]).decode("latin-1").strip()
             continue
-        name, sep, value = text.partition(":")
-        if not sep:
-            continue  # not a field (http.client's parser skips such lines too)
-        last = name.strip().lower()
-        value = value.strip()
+        colon = buf.find(b":", start, min(end, start + 40))  # no framing field's name is longer
+        if colon == -1:
+            last = None
+            continue  # not a field (http.client's parser skips such lines too), or one never read
+        last = bytes(buf[start:colon]).decode("latin-1").strip().lower()
+        if last not in _FRAMING:  # the others are never read: not copied either
+            last = None
+            continue
+        value = bytes(buf[colon + 1:end]).decode("latin-1").strip()
         fields[last] = value if last not in fields else fields[last] + ", " + value
     raise http.client.HTTPException(f"got more than {MAX_HEADERS} headers")
 
@@ -217,13 +267,10 @@ def _read_chunked(wire: Wire, sink: Callable[[bytes], None]) -> None:
             end, at = wire._line(0)
         except http.client.IncompleteRead:
             raise http.client.IncompleteRead(_Partial(got)) from None
-        size_text = bytes(wire.buf[:end]).split(b";", 1)[0].strip()
-        try:
-            size = int(size_text, 16)
-        except ValueError:
-            raise http.client.HTTPException(f"bad chunk size {size_text[:20]!r}") from None
-        if size < 0:
-            raise http.client.HTTPException("negative chunk size")
+        size_text = bytes(wire.buf[:min(end, 64)]).split(b";", 1)[0].rstrip(b" \t")  # BWS before an extension
+        if not _HEX.fullmatch(size_text):  # 1*HEXDIG: int(x, 16) would also take 0x, a sign, _ and blanks
+            raise http.client.HTTPException("bad chunk size: not 1 to 16 hex digits")
+        size = int(size_text, 16)
         del wire.buf[:at]
         if size == 0:
             break

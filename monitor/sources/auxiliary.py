@@ -67,6 +67,8 @@ class AuxSources:
         the cycle's deadline covers the parse too; the handles for `pool.wait`. A gateway whose request
         of an earlier cycle has finished since is not asked again: that answer is read."""
         timeout = self.config.scrape_timeout
+        for fetcher in self._fetchers.values():  # kept connections the sources closed since the last cycle
+            fetcher.prune()
         self.pace.carried.clear()
         carried = {i: self.pace.carry(i) for i in range(len(self.config.gateways))}
         jobs = [(("gateway", i, gw.url), lambda f=self._fetcher_for(gw.auth), u=gw.url, i=i, t=gateway_timeout(

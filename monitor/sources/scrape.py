@@ -109,8 +109,8 @@ def scrape_one(fetcher: Fetcher, target: Target, timeout: float, clock=time.time
 # ---- workers and deadlines ----------------------------------------------------------------------
 
 class Workers(Executor):
-    """Up to `size` daemon worker threads, started as work arrives and kept (with their keep-alive
-    connections) across cycles."""
+    """Up to `size` daemon worker threads, started as work arrives and kept across cycles (the
+    keep-alive connections are the fetcher's, shared by the threads: at most one per target)."""
 
     def __init__(self, size: int, name: str):
         self.size = max(1, size)
@@ -300,7 +300,9 @@ class Scraper:
         return result
 
     def start(self, targets: list[Target], clock=time.time) -> list:
-        """Start one cycle's scrapes; `finish` collects them."""
+        """Start one cycle's scrapes; `finish` collects them. The kept connections the targets closed
+        since the last cycle are closed first (`Fetcher.prune`: one poll over them)."""
+        self.fetcher.prune()
         return self.pool.start([(t.url, lambda t=t: self._one(t, clock)) for t in targets])
 
     def finish(self, targets: list[Target], started: list, deadline: Optional[float],
