@@ -85,6 +85,7 @@ CATALOGUE: tuple[MetricDef, ...] = (
     _m("headroom_knee_kv_tokens", "gauge", "Live KV tokens at the utilisation knee.", ["pool"], "capacity"),
     _m("headroom_knee_info", "gauge", "How the knee was found (source=learned|prior, signal), always 1; confidence in headroom_knee_confidence_ratio.", ["pool", "source", "signal"], "capacity"),
     _m("headroom_knee_confidence_ratio", "gauge", "Confidence of the learned knee fit (0-1); 0 for a prior.", ["pool"], "capacity"),
+    _m("headroom_knee_implausible", "gauge", "1 when the knee learned for the pool was refused or withdrawn as implausible: far under the engine's slot and KV limits, or contradicted by load well past it without latency turning up (the prior, or the knee published before, answers; knee_detail says why). Else 0.", ["pool"], "capacity"),
     _m("headroom_utilisation_ratio", "gauge", "Current concurrent requests over concurrent requests at the knee.", ["pool"], "capacity"),
     _m("headroom_ratio", "gauge", "Headroom: 1 - load / capacity at the knee; scenario current or n_minus_1 (largest replica lost). May go negative.", ["pool", "scenario"], "capacity"),
     _m("headroom_headroom_requests", "gauge", "Further concurrent requests that fit before the knee; scenario current or n_minus_1.", ["pool", "scenario"], "capacity"),
