@@ -211,6 +211,7 @@ class KneeEstimator:
         self.implausible = ""  # why the last learned knee was refused or withdrawn
         self._implausible_at = 0  # observations seen when it was
         self._seen = 0  # observations accepted, ever
+        self._fitted_at = -1  # self._seen at the last fit
 
     def set_prior(self, prior: Knee) -> None:
         """Update the prior (e.g. replicas' limits became known); a learned knee is kept."""
@@ -283,10 +284,11 @@ class KneeEstimator:
             return None
         arr = self._window()
         if len(arr) < self.min_observations:
-            self.last_fit = None
+            self.last_fit, self._fitted_at = None, -1
             return None
-        fit = fit_hinge(arr[:, 0], arr[:, 2], n_bins=self.n_bins)
-        self.last_fit = fit
+        if self._fitted_at != self._seen:  # no new observation (a stale pool): the same fit
+            self.last_fit, self._fitted_at = fit_hinge(arr[:, 0], arr[:, 2], n_bins=self.n_bins), self._seen
+        fit = self.last_fit
         if fit is None or fit.confidence < self.min_confidence:
             return None
         why = self.contradiction(fit, arr)

@@ -158,7 +158,8 @@ def fit_hinge(load, latency, n_bins: Optional[int] = None, min_bin: int = 3,
     resid_sd = math.sqrt(sse / max(1.0, float(np.sum(w))))
     rise = b2 * (x[-1] - k)
     rise_snr = rise / (resid_sd + 1e-12) if rise > 0 else 0.0
-    agreement = _agreement(load, latency, k, binned, bootstrap) if _steeper(b1, b2) else 0.0
+    # the bootstrap (the cost) only where its answer can matter
+    agreement = _agreement(load, latency, k, binned, bootstrap) if _steeper(b1, b2) and coverage > 0 else 0.0
     conf = agreement * coverage
     return Fit(float(k), float(max(0.0, min(1.0, conf))), float(b1), float(b1 + b2), float(a),
                float(r_gain), float(rise_snr), int(x.size), float(agreement), support)
