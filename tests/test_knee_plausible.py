@@ -184,3 +184,4 @@ def test_the_refusal_reaches_the_json_and_metrics():
         capacity_samples(rows, "chat", cap)
         assert rows.samples["headroom_knee_implausible"] == [({"pool": "chat"}, flag)]
     assert cap.as_dict()["knee_detail"].startswith("prior from kv limit") and "implausible: knee 1." in knee.detail
+

@@ -347,7 +347,9 @@ class KneeEstimator:
         return self._answer(self._published)
 
     def _answer(self, knee: Knee) -> Knee:
-        return replace(knee, implausible=self.implausible)
+        """The published learned knee, saying so when a later fit was refused beside it."""
+        detail = f"{knee.detail}; a later fit was refused: {self.implausible}" if self.implausible else knee.detail
+        return replace(knee, implausible=self.implausible, detail=detail)
 
     def _prior_answer(self) -> Knee:
         n = len(self._obs)
