@@ -161,6 +161,8 @@ def test_a_knee_far_over_the_limits_learned_only_past_them_is_refused():
     # with load under the limit in the window, the same knee is judged on its observations instead
     under = np.column_stack([np.linspace(3, 6, 10), np.full(10, np.nan), np.zeros(10)])
     assert "learned only from load past" not in est.contradiction(fit, np.vstack([arr, under]))
+    # nor is a knee published before withdrawn because a later overload stays past the limit
+    assert est.contradiction(fit, arr, learned_from=False) == ""
 
 
 def test_the_refusal_reaches_the_json_and_metrics():

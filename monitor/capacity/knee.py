@@ -63,7 +63,8 @@ contradicting share, and once under `min_confidence` it is withdrawn (the prior 
 implausible) instead of being held by the hysteresis below for ever. A knee over 1.5x the limit
 learned from load that (nearly) never went under the limit is refused too: every observation was
 past the engine's limit, so none shows where latency turned up (a closed loop overloading the engine
-throughout; the benchmark's 3 s tool waits learned 12.5 on a 6.46 engine before). The flag clears with a
+throughout; the benchmark's 3 s tool waits learned 12.5 on a 6.46 engine before); this one is
+asked of a fit's own observations only, not of a published knee's later ones. The flag clears with a
 plausible confident fit, or after `min_observations` further observations without a refused one.
 
 Until a fit is confident the estimator answers with the prior from the engine's limits
@@ -262,10 +263,12 @@ class KneeEstimator:
             return bar, 0.0, high
         return bar, float(np.mean(fit.excess(high[:, 0], high[:, 2]) < 0.5)), high
 
-    def contradiction(self, fit: Fit, arr: np.ndarray) -> str:
-        """Why `fit`'s knee is implausible against the limits and the observations `arr`, or ""."""
+    def contradiction(self, fit: Fit, arr: np.ndarray, learned_from: bool = True) -> str:
+        """Why `fit`'s knee is implausible against the limits and the observations `arr`, or "".
+        `learned_from`: `arr` are the observations the fit was made on (not later ones: a sustained
+        overload after a knee was learned does not make it a knee seen only past the limit)."""
         limit = self.prior.requests
-        if limit and fit.knee > FAR_ABOVE * limit and np.sum(arr[:, 0] <= limit) < CONTRADICTION_MIN:
+        if learned_from and limit and fit.knee > FAR_ABOVE * limit and np.sum(arr[:, 0] <= limit) < CONTRADICTION_MIN:
             return (f"implausible: knee {fit.knee:.3g}, {fit.knee / limit:.2f}x the engine's limit {limit:.3g}, "
                     f"learned only from load past that limit (from {arr[:, 0].min():.3g})")
         bar, calm, high = self._calm(fit, arr)
@@ -307,7 +310,7 @@ class KneeEstimator:
         if pub is None or fit is None:
             return
         recent = np.array(list(self._obs)[-self.min_observations:])
-        why = self.contradiction(fit, recent)
+        why = self.contradiction(fit, recent, learned_from=False)
         if not why:
             return
         _, calm, _ = self._calm(fit, recent)
