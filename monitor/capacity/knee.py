@@ -63,7 +63,7 @@ contradicting share, and once under `min_confidence` it is withdrawn (the prior 
 implausible) instead of being held by the hysteresis below for ever. A knee over 1.5x the limit
 learned from load that (nearly) never went under the limit is refused too: every observation was
 past the engine's limit, so none shows where latency turned up (a closed loop overloading the engine
-throughout; the benchmark's 3 s tool waits learned 12.5 on a 6.46 engine before); this one is
+throughout: with the benchmark's 3 s tool waits the old fit published 13.3 on a 6.46 engine); this one is
 asked of a fit's own observations only, not of a published knee's later ones. The flag clears with a
 plausible confident fit, or after `min_observations` further observations without a refused one.
 
