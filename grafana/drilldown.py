@@ -131,9 +131,11 @@ def actions() -> dict:
             target(f"headroom_knee_info{{{P}}}", "", instant=True, table=True),
         ], description="learned (fitted on the pool's own latency) or prior (configured); the signal it was found on.",
             w=8),
-        timeseries("Knee confidence", [target(f"headroom_knee_confidence_ratio{{{P}}}", "{{pool}}")],
+        timeseries("Knee confidence", [target(f"headroom_knee_confidence_ratio{{{P}}}", "{{pool}}"),
+                                        target(f"headroom_knee_implausible{{{P}}}", "{{pool}} implausible")],
                    unit="percentunit", min_=0, w=8,
-                   description="Confidence of the learned knee fit; 0 for a prior (HeadroomKneeConfidenceLost).",
+                   description="Confidence of the learned knee fit; 0 for a prior (HeadroomKneeConfidenceLost). "
+                               "'implausible' at 100%: a learned knee was refused or withdrawn (HeadroomKneeImplausible).",
                    thresholds=[(None, "red"), (0.3, "orange"), (0.6, "green")], show_thresholds=True),
         timeseries("Knee in KV tokens", [
             target(f"headroom_knee_kv_tokens{{{P}}}", "{{pool}} at knee"),

@@ -77,11 +77,11 @@ def test_prior_until_enough_data_and_says_so():
     assert k.source == "prior" and k.signal == "limits" and k.confidence == 0.0
     assert k.requests == 10  # KV: 50 000 / 5 000 = 10 < 16 slots
     assert k.kv_tokens == 50_000
-    assert "kv limit" in k.detail and "0 of 60 observations" in k.detail
+    assert "kv limit" in k.detail and "0 of 30 observations" in k.detail
     for i in range(20):
         est.observe(i, None, 0.1)
     assert est.estimate().source == "prior"
-    assert "20 of 60" in est.estimate().detail
+    assert "20 of 30" in est.estimate().detail
     assert prior_knee(max_num_seqs=16).requests == 16
     assert prior_knee().requests is None
 

@@ -10,6 +10,7 @@ digest). Fields and the metric each becomes (scenario / limit fields carry the m
     knee_kv_tokens              headroom_knee_kv_tokens{pool}
     knee_source, knee_signal    headroom_knee_info{pool, source, signal}
     knee_confidence_ratio       headroom_knee_confidence_ratio{pool}
+    knee_implausible            headroom_knee_implausible{pool}
     utilisation_ratio           headroom_utilisation_ratio{pool}
     ratio                       headroom_ratio{pool, scenario}             (Scenarios: current, n_minus_1, instant)
     headroom_requests           headroom_headroom_requests{pool, scenario}
@@ -180,6 +181,7 @@ def pool_capacity(pool: PoolSnapshot, knee: Knee, settings: CapacitySettings,
         knee_kv_tokens=knee.kv_tokens * n_knee if knee.kv_tokens is not None else None,
         knee_source=knee.source, knee_signal=knee.signal,
         knee_confidence_ratio=float(knee.confidence),
+        knee_implausible=bool(knee.implausible),
         utilisation_ratio=(load / effective) if (effective and load is not None) else None,
         ratio=Scenarios(_ratio(load, effective), _ratio(load, cap_n1), _ratio(instant, effective)),
         headroom_requests=Scenarios(_less(effective, load), _less(cap_n1, load), _less(effective, instant)),

@@ -3,25 +3,77 @@
 `KneeEstimator` is stateful but pure (no I/O, no clock): feed it one (load, kv_tokens, latency)
 observation per replica and cycle with `observe`, ask `estimate()` each cycle.
 
-Fit (segmented regression, "hockey stick"):
-  1. keep the last `max_observations` observations (older behaviour ages out);
-  2. bin them by load (equal width between the 2nd and 98th percentile of load) and take each bin's
-     median latency, weighted by the bin's count: robust to outliers and to uneven sampling;
+Fit (segmented regression, "hockey stick"; monitor/capacity/knee_fit.py):
+  1. keep the last `max_observations` observations (older behaviour ages out); observations above
+     `fit_range_factor` (4) x the prior's knee are left out (a queue far past every engine limit says
+     nothing about where latency turned up);
+  2. bin them by load into equal-COUNT bins (n / 3 of them, 6..24) and take each bin's median
+     latency, weighted by sqrt(count): robust to outliers, and every bin has data;
   3. for each candidate knee k between bin centres fit  y = a + b1 x + b2 max(0, x - k)  by weighted
      least squares; keep the k with the smallest error, then refine on a finer grid around it;
-  4. confidence (0..1) = (share of the straight line's error the hinge removes)
-     x min(1, rise after the knee / (5 x residual spread)) x coverage (bins on both sides), and
-     0 when latency does not get steeper past the knee (b2 <= 0 or slope ratio < 2).
+  4. confidence (0..1) = agreement x coverage, 0 unless latency gets at least twice as steep past
+     the knee. Agreement: the share of 32 bootstrap resamples of the observations (drawn with
+     replacement; the generator seeded from their number, so the same data give the same answer)
+     whose own hinge is also twice as steep and lands within 15 % of k. Coverage: bins on both sides
+     (3 below, 2 above) and at least 5 observations past the knee nearer the hinge than the straight
+     line (`Fit.support`): a knee the load barely reached is not claimed. The confidence says how
+     reproducibly the data place the knee.
 
-Observations above `fit_range_factor` (4) x the prior's knee are left out of the fit: a queue
-far past every engine limit says nothing about where latency turned up.
+Why not the earlier fit (24 equal-width bins, at least 3 observations each, confidence = share of
+the straight line's error the hinge removes x rise / 5 residual spreads x coverage, 60
+observations): on the real vLLM CPU engine behind LiteLLM with 20 closed-loop agent sessions (tool
+waits between calls), direct mode at the default 15 s reached 60 observations after 17 min and every
+fit then scored 0.00-0.56. That run's observations were not kept; its shape was replayed through the
+simulator (benchmarks/knee_learn_bench.py: 8 slots, 3,072 KV tokens, a KV knee of 6.46 by
+construction, 20 sessions, 8 s tool waits) and on hand-made series (tests/test_knee_plausible.py).
+The engine's load is bursty: the 30 s averages sit mostly at 4-5 and pass the knee in 3-9 % of
+the windows. Three causes, in order of weight:
+  - the bar came late: 60 observations are 15 min at 15 s with one replica, before any fit;
+  - the score swung: equal-width bins over that range (24 of about 0.1-0.2 requests) drop the thin
+    tail past the knee (fewer than 3 observations a bin) and leave medians of 3-4 observations, which
+    the error-share score reads as "no knee" one cycle and as a knee the next: the old fit's
+    confidence on the simulated trials ranged 0.00-0.97 within each 25-minute run, so three
+    confident fits in a row (the confirmations) came at 16-25 min (median 16.5);
+  - the hinge can sit no higher than the third bin from the top, so with the tail dropped the knee
+    comes out low, and the coverage term (2 bins past the knee) is met by construction and says
+    nothing about how many observations show the rise.
+Left as they were: the overlapping observations (each 30 s window shares half with the one before:
+successive observations are alike, so 30 of them hold about 15 windows' worth, which the bootstrap
+does not discount) and the queue-time signal, zero below the knee most of the time (a hinge fits a
+flat zero well; the hand-made series are zero in 80 % of the windows under the knee and are learned).
+Equal-count bins keep the tail in its own bins; `Fit.support` asks for 5 observations that show the
+rise; the bootstrap scores what the confidence should say (would the same process give this knee
+again?) and is not lowered by noise that averages out. `min_observations` is 30: at 15 s with one
+replica the first fit comes after 7.5 min. Measured (the benchmark, 8 trials): the knee learned in
+8 of 8, within 10 min in 6 (median 8.5 min) against 0 of 8 within 10 min (median 16.5) before; the
+knee both learn is 0.72-0.92 of the construction's 6.46, because a 30 s average of bursty load
+queues before it reaches the per-instant limit (the knee is where the load as averaged turns
+latency up; the headroom it feeds is counted on the same averages).
+
+Plausibility. A learned knee is compared with the engine's limits (the prior: max_num_seqs and KV
+capacity / KV tokens per request) and with the load it was learned under. It is contradicted when
+at least half of the observations at load >= 1.5 x the knee (at least 5 of them) lie nearer the
+straight line below the knee than the hinge past it (`Fit.excess` < 0.5: the load went well past
+the knee and latency did not turn up); when the knee is under half the prior's limit, a quarter of
+those at >= 2 x the knee is enough. A contradicted fit is not published: the prior (or the knee published before)
+answers, `implausible` holds the reason, and the prior's `detail` says "implausible: ..."
+(headroom_knee_implausible, alert HeadroomKneeImplausible). A published knee is checked again each
+cycle against the last `min_observations` observations: contradicted, its confidence falls by the
+contradicting share, and once under `min_confidence` it is withdrawn (the prior answers, flagged
+implausible) instead of being held by the hysteresis below for ever. A knee over 1.5x the limit
+learned from load that (nearly) never went under the limit is refused too: every observation was
+past the engine's limit, so none shows where latency turned up (a closed loop overloading the engine
+throughout: with the benchmark's 3 s tool waits the old fit published 13.3 on a 6.46 engine); this one is
+asked of a fit's own observations only, not of a published knee's later ones. The flag clears with a
+plausible confident fit, or after `min_observations` further observations without a refused one.
 
 Until a fit is confident the estimator answers with the prior from the engine's limits
 (`prior_knee`: max_num_seqs, or KV capacity / mean KV tokens per request, whichever is smaller),
 labelled source="prior". `SteadyPrior` keeps that prior from jumping between cycles: it changes
-only when the limits do (the KV tokens per request, a median of measurements, with hysteresis). The published knee moves only when `confirmations` consecutive confident
-fits agree with each other and all differ from the published knee by at least `min_change`
-(relative): noise does not move it, a real change does after a few cycles.
+only when the limits do (the KV tokens per request, a median of measurements, with hysteresis). The
+published knee moves only when `confirmations` consecutive confident fits agree with each other and
+all differ from the published knee by at least `min_change` (relative): noise does not move it, a
+real change does after a few cycles.
 """
 from __future__ import annotations
 
@@ -31,6 +83,8 @@ from dataclasses import dataclass, replace
 from typing import Optional
 
 import numpy as np
+
+from monitor.capacity.knee_fit import Fit, fit_hinge
 
 SIGNALS = ("ttft", "queue", "e2e_per_token", "e2e", "itl")
 
@@ -44,6 +98,7 @@ class Knee:
     confidence: float = 0.0
     observations: int = 0
     detail: str = ""  # why a prior, or the fit's numbers
+    implausible: str = ""  # why the last learned knee was refused or withdrawn ("" when it was not)
 
 
 def prior_knee(max_num_seqs: Optional[float] = None, kv_capacity_tokens: Optional[float] = None,
@@ -124,85 +179,17 @@ def _same_limits(a: tuple, b: tuple, tolerance: float = 0.01) -> bool:
     return True
 
 
-@dataclass(frozen=True)
-class Fit:
-    knee: float
-    confidence: float
-    slope_before: float
-    slope_after: float
-    intercept: float
-    r_gain: float
-    rise_snr: float
-    bins: int
-
-
-def _wls(X: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, float]:
-    sw = np.sqrt(w)
-    coef, *_ = np.linalg.lstsq(X * sw[:, None], y * sw, rcond=None)
-    resid = y - X @ coef
-    return coef, float(np.sum(w * resid ** 2))
-
-
-def fit_hinge(load: np.ndarray, latency: np.ndarray, n_bins: int = 24, min_bin: int = 3) -> Optional[Fit]:
-    """Segmented-regression knee of latency over load; None when the data cannot support one."""
-    load = np.asarray(load, dtype=float)
-    latency = np.asarray(latency, dtype=float)
-    ok = np.isfinite(load) & np.isfinite(latency)
-    load, latency = load[ok], latency[ok]
-    if load.size < 4 * min_bin:
-        return None
-    lo, hi = np.percentile(load, 2), np.percentile(load, 98)
-    if not hi > lo:
-        return None
-    edges = np.linspace(lo, hi, n_bins + 1)
-    idx = np.clip(np.searchsorted(edges, load, side="right") - 1, 0, n_bins - 1)
-    xs, ys, ws = [], [], []
-    for b in range(n_bins):
-        sel = idx == b
-        if sel.sum() >= min_bin:
-            xs.append(float(np.median(load[sel])))
-            ys.append(float(np.median(latency[sel])))
-            ws.append(float(sel.sum()))
-    x, y, w = np.array(xs), np.array(ys), np.array(ws)
-    if x.size < 6:
-        return None
-    w = np.sqrt(w)  # dampen heavily sampled bins so the sparse high-load tail still counts
-    ones = np.ones_like(x)
-    _, sse_lin = _wls(np.column_stack([ones, x]), y, w)
-    best = None
-
-    def trial(k: float):
-        X = np.column_stack([ones, x, np.maximum(0.0, x - k)])
-        coef, sse = _wls(X, y, w)
-        return sse, k, coef
-
-    for k in x[1:-2]:
-        t = trial(float(k))
-        if best is None or t[0] < best[0]:
-            best = t
-    step = (x[-1] - x[0]) / (x.size - 1)
-    for k in np.linspace(best[1] - step, best[1] + step, 41):
-        if x[1] <= k <= x[-3]:
-            t = trial(float(k))
-            if t[0] < best[0]:
-                best = t
-    sse, k, (a, b1, b2) = best
-    below, above = int(np.sum(x <= k)), int(np.sum(x > k))
-    coverage = min(1.0, below / 3.0, above / 2.0)
-    r_gain = 0.0 if sse_lin <= 0 else max(0.0, 1.0 - sse / sse_lin)
-    resid_sd = math.sqrt(sse / max(1.0, float(np.sum(w))))
-    rise = b2 * (x[-1] - k)
-    rise_snr = rise / (resid_sd + 1e-12) if rise > 0 else 0.0
-    steeper = b2 > 0 and (b1 + b2) >= 2.0 * max(b1, 0.0) and (b1 + b2) > 0
-    conf = r_gain * min(1.0, rise_snr / 5.0) * coverage if steeper else 0.0
-    return Fit(float(k), float(max(0.0, min(1.0, conf))), float(b1), float(b1 + b2), float(a),
-               float(r_gain), float(rise_snr), int(x.size))
+CONTRADICTION_LOAD, CONTRADICTION_SHARE = 1.5, 0.5  # half the observations at >= 1.5 x the knee calm
+CONTRADICTION_MIN = 5  # ... of at least this many
+FAR_BELOW = 0.5  # a knee under half the prior's limit ...
+FAR_LOAD, FAR_SHARE = 2.0, 0.25  # ... is refused when a quarter of those at >= 2 x the knee are calm
+FAR_ABOVE = 1.5  # a knee over 1.5 x the limit, from load that never went under the limit, is refused
 
 
 class KneeEstimator:
-    def __init__(self, signal: str = "ttft", prior: Optional[Knee] = None, *, min_observations: int = 60,
+    def __init__(self, signal: str = "ttft", prior: Optional[Knee] = None, *, min_observations: int = 30,
                  min_confidence: float = 0.6, min_change: float = 0.10, confirmations: int = 3,
-                 max_observations: int = 5000, n_bins: int = 24, fit_range_factor: float = 4.0) -> None:
+                 max_observations: int = 5000, n_bins: Optional[int] = None, fit_range_factor: float = 4.0) -> None:
         if signal not in SIGNALS:
             raise ValueError(f"knee signal {signal!r} is not one of {', '.join(SIGNALS)}")
         if not 0 <= min_confidence <= 1:
@@ -219,8 +206,13 @@ class KneeEstimator:
         self.fit_range_factor = fit_range_factor
         self._obs: deque = deque(maxlen=max_observations)
         self._published: Optional[Knee] = None
+        self._published_fit: Optional[Fit] = None
         self._pending: deque = deque(maxlen=confirmations)
         self.last_fit: Optional[Fit] = None
+        self.implausible = ""  # why the last learned knee was refused or withdrawn
+        self._implausible_at = 0  # observations seen when it was
+        self._seen = 0  # observations accepted, ever
+        self._fitted_at = -1  # self._seen at the last fit
 
     def set_prior(self, prior: Knee) -> None:
         """Update the prior (e.g. replicas' limits became known); a learned knee is kept."""
@@ -234,6 +226,7 @@ class KneeEstimator:
             return False
         kv = float(kv_tokens) if kv_tokens is not None and math.isfinite(kv_tokens) else math.nan
         self._obs.append((float(load), kv, float(latency_signal)))
+        self._seen += 1
         return True
 
     @property
@@ -250,53 +243,122 @@ class KneeEstimator:
         slope, icpt = np.polyfit(x, kv, 1)
         return float(max(0.0, slope * k + icpt))
 
-    def _candidate(self) -> Optional[Knee]:
-        if len(self._obs) < self.min_observations:
-            return None
-        arr = np.array(self._obs)
+    def _window(self) -> Optional[np.ndarray]:
+        arr = np.array(self._obs) if self._obs else np.empty((0, 3))
         if self.prior.requests and self.fit_range_factor:
             # deep overload (a queue far past every engine limit) says nothing about where the knee
             # is and would stretch the bins: fit on loads up to fit_range_factor x the prior
             arr = arr[arr[:, 0] <= self.fit_range_factor * self.prior.requests]
-            if len(arr) < self.min_observations:
-                self.last_fit = None
-                return None
-        fit = fit_hinge(arr[:, 0], arr[:, 2], n_bins=self.n_bins)
-        self.last_fit = fit
+        return arr
+
+    def _calm(self, fit: Fit, arr: np.ndarray) -> tuple[float, float, np.ndarray]:
+        """(the bar, the share of the observations well past the knee where latency did not turn up,
+        those observations); the bar is lower and "well past" further for a knee far under the
+        engine's limit."""
+        limit = self.prior.requests
+        far = bool(limit) and fit.knee < FAR_BELOW * limit
+        factor, bar = (FAR_LOAD, FAR_SHARE) if far else (CONTRADICTION_LOAD, CONTRADICTION_SHARE)
+        high = arr[arr[:, 0] >= factor * fit.knee]
+        if len(high) < CONTRADICTION_MIN:
+            return bar, 0.0, high
+        return bar, float(np.mean(fit.excess(high[:, 0], high[:, 2]) < 0.5)), high
+
+    def contradiction(self, fit: Fit, arr: np.ndarray, learned_from: bool = True) -> str:
+        """Why `fit`'s knee is implausible against the limits and the observations `arr`, or "".
+        `learned_from`: `arr` are the observations the fit was made on (not later ones: a sustained
+        overload after a knee was learned does not make it a knee seen only past the limit)."""
+        limit = self.prior.requests
+        if learned_from and limit and fit.knee > FAR_ABOVE * limit and np.sum(arr[:, 0] <= limit) < CONTRADICTION_MIN:
+            return (f"implausible: knee {fit.knee:.3g}, {fit.knee / limit:.2f}x the engine's limit {limit:.3g}, "
+                    f"learned only from load past that limit (from {arr[:, 0].min():.3g})")
+        bar, calm, high = self._calm(fit, arr)
+        if not len(high) or calm < bar:
+            return ""
+        k, limit = fit.knee, self.prior.requests
+        against = f", {k / limit:.2f}x the engine's limit {limit:.3g}" if limit else ""
+        return (f"implausible: knee {k:.3g}{against}, but {calm:.0%} of {len(high)} observations at load "
+                f"{high[:, 0].min():.3g}-{high[:, 0].max():.3g} show latency not turning up")
+
+    def _flag(self, why: str) -> None:
+        self.implausible, self._implausible_at = why, self._seen
+
+    def _candidate(self) -> Optional[Knee]:
+        if len(self._obs) < self.min_observations:
+            return None
+        arr = self._window()
+        if len(arr) < self.min_observations:
+            self.last_fit, self._fitted_at = None, -1
+            return None
+        if self._fitted_at != self._seen:  # no new observation (a stale pool): the same fit
+            self.last_fit, self._fitted_at = fit_hinge(arr[:, 0], arr[:, 2], n_bins=self.n_bins), self._seen
+        fit = self.last_fit
         if fit is None or fit.confidence < self.min_confidence:
             return None
+        why = self.contradiction(fit, arr)
+        if why:
+            self._flag(why)
+            return None
+        self.implausible = ""
         return Knee(fit.knee, self._kv_at(fit.knee, arr), "learned", self.signal, fit.confidence,
                     len(self._obs), f"hinge fit: slope {fit.slope_before:.3g} -> {fit.slope_after:.3g} "
-                    f"per request, {fit.bins} bins")
+                    f"per request, {fit.bins} bins, {fit.agreement:.0%} of resamples agree")
+
+    def _recheck_published(self) -> None:
+        """A published knee contradicted by the recent observations loses confidence; under the bar
+        it is withdrawn (the prior answers, flagged implausible)."""
+        pub, fit = self._published, self._published_fit
+        if pub is None or fit is None:
+            return
+        recent = np.array(list(self._obs)[-self.min_observations:])
+        why = self.contradiction(fit, recent, learned_from=False)
+        if not why:
+            return
+        _, calm, _ = self._calm(fit, recent)
+        conf = pub.confidence * (1.0 - calm)
+        if conf >= self.min_confidence:
+            self._published = replace(pub, confidence=conf)
+            return
+        self._flag(f"{why}; the learned knee {pub.requests:.3g} was withdrawn")
+        self._published = self._published_fit = None
 
     def estimate(self) -> Knee:
-        """The published knee: learned when a fit is confident and confirmed, else the prior."""
+        """The published knee: learned when a fit is confident, plausible and confirmed, else the prior."""
+        if self.implausible and self._seen - self._implausible_at >= self.min_observations:
+            self.implausible = ""  # a window of observations without a refused fit
+        self._recheck_published()
         cand = self._candidate()
         pub = self._published
         if cand is None:
             self._pending.clear()
             if pub is not None:
-                return replace(pub, observations=len(self._obs))
+                return self._answer(replace(pub, observations=len(self._obs)))
             return self._prior_answer()
         if pub is not None and abs(cand.requests - pub.requests) < self.min_change * pub.requests:
             self._pending.clear()
             # confirm the published knee; confidence follows the latest fit, the value does not move
             self._published = replace(pub, confidence=cand.confidence, observations=len(self._obs))
-            return self._published
-        self._pending.append(cand)
+            return self._answer(self._published)
+        self._pending.append((cand, self.last_fit))
         if len(self._pending) < self.confirmations:
-            return replace(pub, observations=len(self._obs)) if pub is not None else self._prior_answer()
-        values = [c.requests for c in self._pending]
+            return self._answer(replace(pub, observations=len(self._obs))) if pub is not None else self._prior_answer()
+        values = [c.requests for c, _ in self._pending]
         centre = float(np.median(values))
         if max(abs(v - centre) for v in values) > self.min_change * centre:
-            return replace(pub, observations=len(self._obs)) if pub is not None else self._prior_answer()
-        self._published = self._pending[-1]
+            return self._answer(replace(pub, observations=len(self._obs))) if pub is not None else self._prior_answer()
+        self._published, self._published_fit = self._pending[-1]
         self._pending.clear()
-        return self._published
+        return self._answer(self._published)
+
+    def _answer(self, knee: Knee) -> Knee:
+        """The published learned knee, saying so when a later fit was refused beside it."""
+        detail = f"{knee.detail}; a later fit was refused: {self.implausible}" if self.implausible else knee.detail
+        return replace(knee, implausible=self.implausible, detail=detail)
 
     def _prior_answer(self) -> Knee:
         n = len(self._obs)
-        if n < self.min_observations:
+        if self.implausible:
+            why = self.implausible
+        elif n < self.min_observations:
             why = f"{n} of {self.min_observations} observations needed for a fit"
         elif self.last_fit is None:
             why = "load has not varied enough for a fit"
@@ -304,5 +366,5 @@ class KneeEstimator:
             why = f"fit awaiting confirmation ({len(self._pending)} of {self.confirmations})"
         else:
             why = f"fit confidence {self.last_fit.confidence:.2f} below {self.min_confidence:.2f}"
-        return replace(self.prior, observations=n,
+        return replace(self.prior, observations=n, implausible=self.implausible,
                        detail=(self.prior.detail + "; " if self.prior.detail else "") + why)

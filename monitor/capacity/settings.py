@@ -56,7 +56,7 @@ class Capacity:
     min_confidence: float = key(Number(ge=0, le=1), 0.6, help="a learned knee is published above this confidence")
     min_change: float = key(Number(ge=0, le=10), 0.10, help="relative change needed to move a published knee")
     confirmations: int = key(Int(ge=1, le=1000), 3, help="fits in a row that must agree before the knee moves")
-    min_observations: int = key(Int(ge=10, le=1_000_000), 60, help="observations before a knee is fitted")
+    min_observations: int = key(Int(ge=10, le=1_000_000), 30, help="observations before a knee is fitted")
     kv_tokens_per_request: Optional[float] = key(Number(gt=0, le=1e8),
                                                  help="KV tokens per request when none is running")
     active_requests_per_session: Optional[float] = key(Number(gt=0, le=1e6), help="session size when the pool is idle")

@@ -258,6 +258,8 @@ def capacity_samples(out: Rows, pool: str, c: Capacity) -> None:
     if c.knee_source is not None:
         add("headroom_knee_info", {"source": c.knee_source, "signal": c.knee_signal}, 1.0)
     add("headroom_knee_confidence_ratio", {}, c.knee_confidence_ratio)
+    if c.knee_implausible is not None:
+        add("headroom_knee_implausible", {}, 1.0 if c.knee_implausible else 0.0)
     add("headroom_utilisation_ratio", {}, c.utilisation_ratio)
     for scenario, v in c.ratio.as_dict().items():
         add("headroom_ratio", {"scenario": scenario}, v)

@@ -48,6 +48,7 @@ class Capacity:
     knee_source: Optional[str] = None  # "learned" or "prior"
     knee_signal: Optional[str] = None  # the latency signal ("limits" for a prior)
     knee_confidence_ratio: Optional[float] = None
+    knee_implausible: Optional[bool] = None  # the learned knee was refused or withdrawn (knee_detail says why)
     utilisation_ratio: Optional[float] = None
     ratio: Scenarios = Scenarios()
     headroom_requests: Scenarios = Scenarios()
@@ -87,6 +88,7 @@ class Capacity:
             "knee_requests": self.knee_requests, "knee_kv_tokens": self.knee_kv_tokens,
             "knee_info": {"source": self.knee_source, "signal": self.knee_signal},
             "knee_confidence_ratio": self.knee_confidence_ratio,
+            "knee_implausible": self.knee_implausible,
             "utilisation_ratio": self.utilisation_ratio, "ratio": self.ratio.as_dict(),
             "headroom_requests": self.headroom_requests.as_dict(),
             "capacity_requests": self.capacity_requests.as_dict(),
