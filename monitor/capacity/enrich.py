@@ -44,7 +44,7 @@ Configuration (`capacity:` section; every key optional):
     min_confidence: 0.6
     min_change: 0.10
     confirmations: 3
-    min_observations: 60
+    min_observations: 30
     kv_tokens_per_request: 2000   # fallback when no request is running
     active_requests_per_session: 1.0
     task_pools: {policy_question: chat-8b}   # task type -> pool (app metrics carry no pool)
