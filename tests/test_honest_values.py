@@ -182,3 +182,15 @@ def test_absurd_kv_tokens_and_counters_are_refused_and_counted():
     assert r.kv_capacity_tokens is None and "prompt_tokens" not in r.counters
     assert r.running == 0.0 and r.counters.get("generation_tokens") is not None  # the rest kept
     assert scrape.anomalies == {"out_of_range": 2}
+
+
+def test_prometheus_mode_refuses_an_absurd_request_count_as_direct_mode_does():
+    # issue 38: the query layer's vector goes through the same reader, so 1e308 running requests are
+    # refused and counted there too; the replica's other series are kept
+    from monitor.sources.prometheus import engine_of_scrape, scrapes_from_vector
+    vector = [({"__name__": "vllm:num_requests_running", "instance": "a:1", "model_name": "m", "engine": "0"}, 1e308),
+              ({"__name__": "vllm:num_requests_waiting", "instance": "a:1", "model_name": "m", "engine": "0"}, 3.0)]
+    (scrape,) = scrapes_from_vector(vector, "instance").values()
+    (reading,) = engine_of_scrape(scrape).readings_from_scrape(scrape, "a:1", 1.0, None)
+    assert reading.running is None and reading.waiting == 3.0
+    assert scrape.anomalies == {"out_of_range": 1}
