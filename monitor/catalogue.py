@@ -94,6 +94,7 @@ CATALOGUE: tuple[MetricDef, ...] = (
     _m("headroom_power_watts", "gauge", "GPU power of the pool (DCGM_FI_DEV_POWER_USAGE summed, or configured watts per replica).", ["pool"], "capacity"),
     _m("headroom_sessions_per_megawatt", "gauge", "Sustainable concurrent agent sessions per megawatt of GPU power.", ["pool"], "capacity"),
     _m("headroom_slo_violation_ratio", "gauge", "Fraction of tasks (or calls) over their latency target in the SLO window.", ["pool", "task_type"], "capacity"),
+    _m("headroom_slo_objective_ratio", "gauge", "The SLO's objective: the share of tasks (or calls) that must finish at or under their latency target (1 - it is the error budget); beside headroom_slo_violation_ratio, which HeadroomLatencyOverTarget compares with the budget.", ["pool", "task_type"], "capacity"),
     _m("headroom_slo_burn_rate", "gauge", "Error-budget burn rate over a window (1 = spending the budget exactly); absent until the history covers the window.", ["pool", "task_type", "window"], "capacity"),
     _m("headroom_task_arrival_rate", "gauge", "Tasks started per second over the task window (capacity.task_window), by task type.", ["pool", "task_type"], "capacity"),
     _m("headroom_task_calls_per_task", "gauge", "Model calls per completed task over the task window (capacity.task_window), by task type.", ["pool", "task_type"], "capacity"),
