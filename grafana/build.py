@@ -216,12 +216,14 @@ def tasks_sessions() -> dict:
         row("SLO"),
         timeseries("SLO burn rate", [
             target(f"headroom_slo_burn_rate{{{P},{T}}}", "{{task_type}} {{window}}"),
-        ], description="Error-budget burn rate per window; HeadroomTaskLatencyBudgetBurn pages at 14.4 (1h and 5m) "
-                       "and 6 (6h and 30m), tickets at 3 (1d and 2h) and 1 (3d and 6h).",
+        ], description="Error-budget burn rate per window; HeadroomTaskLatencyBudgetBurn pages at 14.4 (5m and 1m, "
+                       "1h and 5m) and 6 (6h and 30m), tickets at 3 (1d and 2h) and 1 (3d and 6h).",
             thresholds=[(None, "green"), (1, "orange"), (6, "red"), (14.4, "dark-red")], show_thresholds=True, min_=0),
         timeseries("Share of tasks over their latency target", [
             target(f"headroom_slo_violation_ratio{{{P},{T}}}", "{{pool}} {{task_type}}"),
-        ], unit="percentunit", min_=0),
+            target(f"1 - headroom_slo_objective_ratio{{{P},{T}}}", "{{pool}} {{task_type}} budget"),
+        ], unit="percentunit", min_=0,
+            description="Above its budget (1 - the SLO's objective) for 5 minutes: HeadroomLatencyOverTarget."),
         *workload_shape(),
         row("Sessions"),
         stat("Concurrent agent sessions", [target(f"headroom_sessions{{{P}}}", "{{pool}}")]),

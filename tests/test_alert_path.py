@@ -310,7 +310,7 @@ NOT_IN_THE_DEMO = {
     **_because("this setup's gateways give headroom no finished agent tasks within the test "
                "(tests/test_task_window.py, the LiteLLM engine tests)",
                "headroom_task_latency_seconds", "headroom_task_calls_per_task", "headroom_task_arrival_rate",
-               "headroom_slo_burn_rate", "headroom_slo_violation_ratio", "headroom_sessions", "headroom_session_capacity",
+               "headroom_slo_burn_rate", "headroom_slo_violation_ratio", "headroom_slo_objective_ratio", "headroom_sessions", "headroom_session_capacity",
                "headroom_sessions_per_megawatt"),
     **_because("no router queue (llm-d / inference gateway flow control, Dynamo) in the demo (tests/test_gateway_queues.py)",
                "headroom_gateway_queued_requests"),

@@ -5,7 +5,7 @@ real Prometheus 2.42 scraping the daemon and evaluating the bundled rules.
 
 Time scale: the rules are the demo's copies (lab/headroom_lab/commands/demo.py `demo_rules`, as `make demo`
 runs them): every `for:` SHORTENED 30x, and every range window of an alert expression with it
-(10m -> 20s, 5m -> 10s), so the same expressions - the median of a window held for a `for:` - play
+(10m -> 20s, 5m -> 10s), so the same expressions - the mean of a window held for a `for:` - play
 out in seconds. Prometheus scrapes and evaluates every second, headroom cycles every
 2 s. The test asserts, waiting on conditions with deadlines:
   1. at idle the pool has all its headroom and no capacity alert is pending or firing;
@@ -52,7 +52,7 @@ def demo_scale_rules(workdir: Path) -> list[str]:
         Path(path).write_text(yaml.safe_dump(doc, sort_keys=False))
     low = next(r for p in out for g in yaml.safe_load(Path(p).read_text())["groups"] for r in g["rules"]
                if r.get("alert") == "HeadroomLow")
-    assert low["for"] == "20s" and "[20s]" in low["expr"], low  # shortened: 10m -> 20s
+    assert low["for"] == "20s" and "[10s]" in low["expr"], low  # shortened: for 10m -> 20s, mean over 5m -> 10s
     return out
 
 

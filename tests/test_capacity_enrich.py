@@ -71,5 +71,9 @@ def test_capacity_in_the_cycle_step_learns_the_knee_and_exports_catalogue_sample
     assert knee_sample == [cap.knee_requests]
     burn = {(lab["task_type"], lab["window"]): v for lab, v in samples["headroom_slo_burn_rate"]}
     assert burn[("pool:ttft", "5m")] == last.tasks.slos["pool:ttft"].slo_burn_rate["5m"]
+    # the objective beside each violation ratio (HeadroomLatencyOverTarget compares the two)
+    objective = {lab["task_type"]: v for lab, v in samples["headroom_slo_objective_ratio"]}
+    violated = {lab["task_type"] for lab, _ in samples["headroom_slo_violation_ratio"]}
+    assert set(objective) == violated and objective["pool:ttft"] == last.tasks.slos["pool:ttft"].slo_objective
 
 

@@ -118,7 +118,7 @@ def test_violation_ratio_and_bad_count_from_histogram():
 
 
 def test_default_windows_cover_the_bundled_burn_alerts():
-    assert set(SloSettings().windows) == {"5m", "30m", "1h", "2h", "6h", "1d", "3d"}
+    assert set(SloSettings().windows) == {"1m", "5m", "30m", "1h", "2h", "6h", "1d", "3d"}
 
 
 def test_tracker_thins_old_points_but_keeps_counts():
@@ -142,3 +142,35 @@ def test_a_burn_rate_is_never_negative_nor_minus_zero():
         burn = window_burn((120.0, bad), target)
         assert burn == 0.0 and math.copysign(1.0, burn) == 1.0 and f"{burn:.2f}" == "0.00"
     assert window_burn((100.0, 10.0), target) == pytest.approx(2.0)
+def test_the_fast_pair_is_covered_and_burning_minutes_into_an_overload():
+    """The issue's trial: the daemon starts with a light phase (5 minutes, no task over its 10 s target),
+    then 93% of chat tasks finish over target. At 15 s cycles and 2 tasks finished per second, the
+    default windows give the 5m/1m page both windows over 14.4x a few minutes into the overload,
+    while the 1h window is still not covered (null)."""
+    target = Target(10.0, 0.95)  # budget 0.05: 93% over target burns 18.6x
+    tr = SloTracker(SloSettings().windows, tolerance=15.0)
+    total = bad = 0.0
+    t, firing_from = 0.0, None
+    for step in range(1, 4 * 20 + 1):  # 20 minutes of 15 s cycles
+        t = step * 15.0
+        total += 30.0  # 2 tasks/s
+        if t > 300.0:  # the overload starts at 5 min
+            bad += 30.0 * 0.93
+        tr.observe("chat", t, total, bad)
+        rates = tr.burn_rates("chat", target)
+        if firing_from is None and (rates["5m"] or 0) > 14.4 and (rates["1m"] or 0) > 14.4:
+            firing_from = t
+    # 5m window: 93% bad x (overload seconds in it / 300) / 0.05 > 14.4 once 77.4% of the window is
+    # overload: 232.3 s, the first cycle after is 15 s * ceil((300 + 232.3) / 15) = 540 s
+    assert firing_from == 540.0
+    assert rates["1m"] == pytest.approx(18.6) and rates["5m"] == pytest.approx(18.6)
+    assert rates["1h"] is None and rates["30m"] is None  # 20 minutes of history cover neither
+    # with the alert's `for: 2m` the page fires 6 minutes into the overload
+
+
+def test_a_one_minute_window_keeps_the_hour_dense():
+    """Adding the 1m window must not thin the points the 30m and 1h windows start from."""
+    with_1m = SloTracker(SloSettings().windows)
+    without = SloTracker({k: v for k, v in SloSettings().windows.items() if k != "1m"})
+    assert with_1m.dense_seconds == without.dense_seconds == 3600.0
+    assert with_1m.sparse_step == without.sparse_step

@@ -119,5 +119,5 @@ def test_demo_rules_shorten_every_for_and_keep_the_rest(tmp_path):
     low = next(r for g in yaml.safe_load(open(alerts_file))["groups"] for r in g["rules"]
                if r.get("alert") == "HeadroomLow")
     assert low["for"] == "20s"  # 10m / 30
-    assert "headroom_ratio{scenario=\"current\"}[20s]" in low["expr"]  # the 10m median window / 30
+    assert "headroom_ratio{scenario=\"current\"}[10s]" in low["expr"]  # the 5m mean window / 30
     assert scale_windows("rate(x[5m]) + y[1h] + z[1d] + w[30s]", 30) == "rate(x[10s]) + y[120s] + z[2880s] + w[10s]"

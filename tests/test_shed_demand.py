@@ -11,7 +11,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from monitor.capacity.shed import gateway_shed_rates
+from monitor.capacity.shed import add_gateway_shed, gateway_shed_rates
 from monitor.config import Config, Target
 from monitor.cycle import CycleInputs, CycleState, step
 from monitor.export.samples import Renderer
@@ -77,6 +77,46 @@ def test_gateway_shed_rates_are_counter_increases_per_second_per_pool():
     assert set(moved) == {"q"}  # capacity.task_pools sends the task type's calls elsewhere
 
 
+def test_the_application_s_give_ups_are_read_by_task_type_as_abandoned():
+    """agent_calls_abandoned_total{task_type} (docs/capacity.md): read from an application's body as
+    the shed reason `abandoned` of its task type, not as a gateway failure."""
+    from monitor.sources.gateway import read_gateway
+    from monitor.sources.gateway_schema import GatewayConfig
+    body = ("# TYPE agent_calls_abandoned_total counter\n"
+            'agent_calls_abandoned_total{task_type="chat"} 394\n'
+            'agent_calls_abandoned_total{task_type="draft"} 12\n'
+            "# TYPE agent_tasks_started_total counter\n"
+            'agent_tasks_started_total{task_type="chat"} 1628\n')
+    r = read_gateway(body, GatewayConfig(kind="app"), START)
+    assert r.tasks["chat"].failed_by_reason == {"abandoned": 394.0}
+    assert r.tasks["draft"].failed_by_reason == {"abandoned": 12.0}
+    assert r.tasks["chat"].failed_calls == 0.0 and r.tasks["chat"].tasks_started == 1628.0
+    # over a window: the issue's 394 give-ups in 25 minutes are 0.2627 calls/s
+    older = read_gateway(body.replace(" 394", " 0").replace(" 12", " 0"),
+                         GatewayConfig(kind="app"), START - 1500)
+    rates = gateway_shed_rates([("p", None, r, older, True, {})], {"p"})
+    assert rates == {"p": {"abandoned": pytest.approx((394 + 12) / 1500)}}
+
+
+def test_give_ups_the_engine_aborted_are_counted_once():
+    """The application counts every give-up; the engine counts those it noticed as aborted. The pool
+    keeps `aborted` and only the give-ups beyond it as `abandoned`, so summing reasons (the alert,
+    shed_rate) counts each give-up once."""
+    engine = {"rejected": 0.5, "aborted": 0.1}
+    merged = add_gateway_shed(engine, {"abandoned": 0.4, "gateway_timeout": 0.2})
+    assert merged == {"rejected": 0.5, "aborted": 0.1, "abandoned": pytest.approx(0.3), "gateway_timeout": 0.2}
+    assert engine == {"rejected": 0.5, "aborted": 0.1}  # the engines' rates are not changed in place
+    # the engine aborted more than the application counted (another client): nothing beyond
+    assert add_gateway_shed({"aborted": 0.6}, {"abandoned": 0.4}) == {"aborted": 0.6, "abandoned": 0.0}
+    # no engine abort counter (or LiteLLM in front of vLLM finishing every call: 0 aborts): all of them
+    assert add_gateway_shed({}, {"abandoned": 0.2627}) == {"abandoned": 0.2627}
+    # shed_rate: rejected + aborted + abandoned beyond = 0.5 + 0.1 + 0.3 = 0.9 > the gateway's 0.2;
+    # offered = 10 active + 0.9/s x (6 - 1) s of service
+    p = pool(shed_rates=merged)
+    assert p.shed_rate == pytest.approx(0.9)
+    assert p.offered_requests == pytest.approx(10.0 + 0.9 * 5.0)
+
+
 def overloaded_fleet():
     sim = config_from_dict({
         "seed": 5,
@@ -139,3 +179,36 @@ def test_the_offered_load_forecast_holds_the_peak_the_served_one_misses():
         assert fc.capacity_series == "offered" and fc.as_dict()["capacity_series"] == "offered"
         assert offered == pytest.approx(peak, rel=0.15), (p.name, offered, served, peak)
         assert served < 0.85 * peak, (p.name, served, peak)  # capped by the capacity it should predict
+
+
+def test_the_simulated_application_s_give_ups_reach_the_pool_once():
+    """The overloaded simulated pool read through the cycle with its gateway and application pages:
+    the application counts each call its client gave up on (agent_calls_abandoned_total), the engine
+    counts the same calls as aborted; the pool keeps them in `aborted` and exports `abandoned` as the
+    give-ups beyond it (near 0 here, where the engine sees every give-up), never twice."""
+    from monitor.capacity.enrich import CapacityState
+    from monitor.config import Capacity, PoolSettings
+    from monitor.cycle import CycleState as State
+    from simfleet import GATEWAYS, cycle_inputs
+    fleet = overloaded_fleet()
+    urls = {r.name: f"http://{r.name}:8000/metrics" for r in fleet.pools["p"]}
+    cfg = Config(vllm_targets=[Target(u) for u in urls.values()], gateways=list(GATEWAYS), latency_window=300.0,
+                 pools={"m": PoolSettings(max_num_seqs=4)}, capacity=Capacity())
+    capacity = CapacityState(cfg)
+    state = State(cfg, capacity)
+    for _ in range(40):  # 10 minutes of 15-s cycles
+        fleet.advance(15.0)
+        state, snap = step(state, cycle_inputs(fleet, urls, cfg, capacity), fleet.t)
+    assert not [k for k in state.errors if k[0] == "enricher"], state.errors
+    [p] = snap.pools
+    given_up = fleet.app.abandoned["ask"]
+    aborted_by_engines = sum(r.stats.success["abort"] for r in fleet.pools["p"])
+    assert given_up > 100 and given_up == aborted_by_engines  # the simulator's truth: one give-up, two counters
+    assert "abandoned" in p.shed_rates and p.shed_rates["aborted"] > 0.1, p.shed_rates
+    # the application's and the engines' rates cover different windows (task window, rate window),
+    # so a little is left over; never the whole give-up rate a second time
+    assert 0.0 <= p.shed_rates["abandoned"] < 0.25 * p.shed_rates["aborted"], p.shed_rates
+    engine_side = p.shed_rates["rejected"] + p.shed_rates["aborted"] + p.shed_rates["abandoned"]
+    assert p.shed_rate == pytest.approx(max(engine_side, sum(v for k, v in p.shed_rates.items() if k.startswith("gateway_"))))
+    reasons = {lb["reason"] for lb, _ in Renderer().render(snap)["headroom_shed_requests_rate"]}
+    assert {"rejected", "aborted", "abandoned"} <= reasons

@@ -70,7 +70,7 @@ from monitor.capacity.headroom import CapacitySettings, pool_capacity
 from monitor.capacity.knee import KneeEstimator, SteadyPrior
 from monitor.capacity.load_window import LoadWindows
 from monitor.capacity.power import key_map, power_by_pool
-from monitor.capacity.shed import gateway_shed_rates
+from monitor.capacity.shed import add_gateway_shed, gateway_shed_rates
 from monitor.capacity.slo import SloTracker
 from monitor.capacity.slo_judge import pool_slos as slo_pools, slo_windows
 from monitor.capacity.slo_limit import Judged, slo_limit
@@ -252,8 +252,8 @@ def assess(state: CapacityState, pools: list[PoolSnapshot], history: History,
             _observe(state, est, mine)
         knee = est.estimate()
         by_type, classes = tasks.get(p.pool, ({}, {}))
-        for reason, rate in shed.get(p.pool, {}).items():
-            p.shed_rates[reason] = p.shed_rates.get(reason, 0.0) + rate
+        if p.pool in shed:
+            p.shed_rates = add_gateway_shed(p.shed_rates, shed[p.pool])
         vals = [t.sessions for t in by_type.values() if t.sessions is not None]
         sessions = float(sum(vals)) if vals else None
         settings = CapacitySettings(max_num_seqs=ps.max_num_seqs, kv_tokens_per_request=state.kv_per_request,

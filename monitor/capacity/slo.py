@@ -56,9 +56,10 @@ class SloSettings:
     task_targets: dict[str, Target] = field(default_factory=dict)  # task type -> target
     default_task_target: Optional[Target] = None
     pool_targets: dict[str, list[Target]] = field(default_factory=dict)  # pool -> [ttft/call targets]
-    # the SRE-workbook multi-window pairs the bundled burn-rate alerts use (1h/5m, 6h/30m, 1d/2h, 3d/6h)
+    # the SRE-workbook multi-window pairs the bundled burn-rate alerts use (1h/5m, 6h/30m, 1d/2h, 3d/6h),
+    # and 5m/1m, the page that can fire minutes after an overload's start (or a restart)
     windows: dict[str, float] = field(default_factory=lambda: {
-        "5m": 300.0, "30m": 1800.0, "1h": 3600.0, "2h": 7200.0, "6h": 21600.0, "1d": 86400.0, "3d": 259200.0})
+        "1m": 60.0, "5m": 300.0, "30m": 1800.0, "1h": 3600.0, "2h": 7200.0, "6h": 21600.0, "1d": 86400.0, "3d": 259200.0})
 
     def task_target(self, task_type: str) -> Optional[Target]:
         return self.task_targets.get(task_type, self.default_task_target)
@@ -112,8 +113,10 @@ class SloTracker:
         self._last_raw: dict[object, tuple[float, float]] = {}
         self._since_thin: dict[object, int] = {}
         # resolution kept: every point for the last `dense_seconds`, then one per `sparse_step`, so a
-        # 3-day window costs ~1,000 points per key, not one per cycle
-        self.dense_seconds = min(3600.0, min(self.windows.values()) * 12)
+        # 3-day window costs ~1,000 points per key, not one per cycle; a window under 5 minutes (the
+        # 1m of the fast page) keeps the hour as dense as 5m does, or the 30m and 1h windows'
+        # starts would be thinned to one point per `sparse_step` after 12 minutes
+        self.dense_seconds = min(3600.0, max(300.0, min(self.windows.values())) * 12)
         self.sparse_step = max(30.0, min(self.windows.values()) / 2, max(self.windows.values()) / 1000)
 
     def observe(self, key, timestamp: float, total: float, bad: float) -> None:

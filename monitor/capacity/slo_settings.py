@@ -109,7 +109,7 @@ class Windows(Kind):
 class Slos:
     objective: float = key(Number(gt=0, lt=1), 0.95, help="objective of a target given as seconds:")
     windows: dict[str, float] = key(Windows(), SloSettings().windows,
-                                    help="burn-rate windows (the bundled alerts use 5m, 30m, 1h, 2h, 6h, 1d, 3d)")
+                                    help="burn-rate windows (the bundled alerts use 1m, 5m, 30m, 1h, 2h, 6h, 1d, 3d)")
     task_types: dict[str, tuple] = key(MapOf(TaskTarget(), names="task type"), {},
                                        help="task completion target per task type, e.g. {p95_seconds: 30}")
     default: Optional[tuple] = key(TaskTarget(), help="task completion target of every other task type")

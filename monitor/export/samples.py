@@ -292,6 +292,8 @@ def task_samples(out: Rows, pool: str, tasks: PoolTasks) -> None:
             for q, key in QUANTILES:
                 add("headroom_task_latency_seconds", {**lab, "q": q}, getattr(latency, key))
         add("headroom_slo_violation_ratio", lab, t.slo_violation_ratio)
+        if t.slo_violation_ratio is not None:  # the objective beside the ratio it is compared with
+            add("headroom_slo_objective_ratio", lab, t.slo_objective)
         for window, v in t.slo_burn_rate.items():
             add("headroom_slo_burn_rate", {**lab, "window": window}, v)
     for cls, q in sorted(tasks.call_latency_by_class.items()):

@@ -133,10 +133,11 @@ class PoolSnapshot:
 
     @property
     def shed_rate(self) -> Optional[float]:
-        """Requests per second turned away; None when no source reports any. The engines' reasons
-        (rejected, aborted) and the gateways' (gateway_*) are not added: a gateway in front of the
-        engines relays their rejections and sees its clients' give-ups as errors or timeouts, so the
-        larger of the two sums is taken."""
+        """Requests per second turned away; None when no source reports any. The engines' and the
+        application's reasons (rejected, aborted, abandoned: give-ups beyond the aborts) and the
+        gateways' (gateway_*) are not added: a gateway in front of the engines relays their
+        rejections and sees its clients' give-ups as errors or timeouts, so the larger of the two
+        sums is taken."""
         if not self.shed_rates:
             return None
         gateway = sum(v for k, v in self.shed_rates.items() if k.startswith("gateway_"))

@@ -53,7 +53,9 @@ COUNTERS = (
 )
 
 # headroom_shed_requests_rate reasons (the names agreed with the dashboards and alerts)
-SHED_REASONS = ("rejected", "aborted", "gateway_rate_limited", "gateway_error", "gateway_timeout")
+SHED_REASONS = ("rejected", "aborted", "abandoned", "gateway_rate_limited", "gateway_error", "gateway_timeout")
+# `abandoned`: calls the application gave up on (agent_calls_abandoned_total) beyond those the engines
+# counted as `aborted` (monitor/capacity/shed.py add_gateway_shed), so a give-up is in one reason only
 
 # Histogram keys a ReplicaReading may carry (canonical names).
 HISTOGRAMS = (

@@ -31,7 +31,7 @@ from monitor.readings import GatewayScrape
 from monitor.sources.aux_samples import (AUX_MAX_BODY_BYTES, BodySamples, iter_samples,  # noqa: F401  (re-exported)
                                          read_samples, too_large)
 from monitor.sources.gateway_schema import (  # noqa: F401  (re-exported: the names every reader uses)
-    APP_MODEL_CALLS, APP_SESSIONS_ACTIVE, APP_TASK_DURATION, APP_TASK_LABEL, APP_TASKS_STARTED,
+    APP_CALLS_ABANDONED, APP_MODEL_CALLS, APP_SESSIONS_ACTIVE, APP_TASK_DURATION, APP_TASK_LABEL, APP_TASKS_STARTED,
     DEFAULT_LABELS, ENVOY_TOKENS, GATEWAY_FAMILIES, KINDS, UNATTRIBUTED, UNSET_VALUES, Families,
     GatewayConfig, GatewayReading, TaskCumulative, shed_reason)
 
@@ -48,7 +48,7 @@ def _wanted_bases(config: GatewayConfig) -> set[str]:
     if config.kind == "envoy":
         names.update(ENVOY_TOKENS)
     names.update({APP_TASK_DURATION + s for s in ("_bucket", "_sum", "_count")})
-    names.update({APP_TASKS_STARTED, APP_MODEL_CALLS, APP_SESSIONS_ACTIVE})
+    names.update({APP_TASKS_STARTED, APP_MODEL_CALLS, APP_SESSIONS_ACTIVE, APP_CALLS_ABANDONED})
     return names
 
 
@@ -181,6 +181,10 @@ class _Accumulator:
             self._histogram(name, labels, label, value)
 
     def _app(self, name: str, labels: dict, label: Optional[str], value: float) -> bool:
+        if name == APP_CALLS_ABANDONED:  # given up by the application: a shed reason, not a gateway failure
+            t = self.task_of(labels, label)
+            t.failed_by_reason["abandoned"] = t.failed_by_reason.get("abandoned", 0.0) + value
+            return True
         field_name = _APP_FIELDS.get(name)
         if field_name is None:
             return False

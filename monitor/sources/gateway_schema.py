@@ -68,6 +68,9 @@ APP_TASK_DURATION = "agent_task_duration_seconds"
 APP_TASKS_STARTED = "agent_tasks_started_total"
 APP_MODEL_CALLS = "agent_task_model_calls_total"
 APP_SESSIONS_ACTIVE = "agent_sessions_active"
+# model calls the application gave up on before their answer (its own timeout, a user's cancel):
+# demand turned away that no gateway may see (LiteLLM records a call abandoned mid-stream as a 200)
+APP_CALLS_ABANDONED = "agent_calls_abandoned_total"
 APP_TASK_LABEL = "task_type"
 
 

@@ -444,6 +444,10 @@ def render_app(fleet, t: float) -> str:
     app = fleet.app
     pg = Page()
     names = sorted(app.started)
+    pg.family("agent_calls_abandoned_total", "counter",
+              "Model calls the application gave up on before their answer (request_timeout_s).")
+    for n in names:
+        pg.sample("agent_calls_abandoned_total", {"task_type": n}, app.abandoned[n])
     pg.family("agent_sessions_active", "gauge", "Agent sessions (tasks) in progress.")
     for n in names:
         pg.sample("agent_sessions_active", {"task_type": n}, app.active[n])

@@ -266,11 +266,12 @@ class AppStats:
         self.active = {t: 0 for t in task_types}
         self.calls = {t: 0 for t in task_types}
         self.failed = {t: 0 for t in task_types}
+        self.abandoned = {t: 0 for t in task_types}  # calls given up on (request_timeout_s)
         self.duration = {t: Histo(TASK_DURATION_BUCKETS) for t in task_types}
 
     def ensure(self, t: str) -> None:
         if t not in self.started:
-            self.started[t] = self.active[t] = self.calls[t] = self.failed[t] = 0
+            self.started[t] = self.active[t] = self.calls[t] = self.failed[t] = self.abandoned[t] = 0
             self.duration[t] = Histo(TASK_DURATION_BUCKETS)
 
 
@@ -532,6 +533,7 @@ class Fleet:
         task = call.task
         self.gateway.record(call.pool, task.tt.name, task.session_id, t - call.t_sent, None,
                             call.prompt, 0, 0, error=True)
+        self.app.abandoned[task.tt.name] += 1
         task.failed = True
         self._call_finished(task, t)
 
