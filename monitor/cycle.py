@@ -204,6 +204,7 @@ class Pipeline:
         log.warning("the wall clock stepped %s by %.1f s since the previous cycle; the cycle state is moved onto "
                     "the new clock (headroom_clock_steps_total counts steps)", direction, abs(jump))
         self.state.shift_time(jump)
+        self.aux.pace.shift_time(jump)
         if self.prom is not None:
             self.prom.shift_time(jump)
         for listener in self._clock_listeners:

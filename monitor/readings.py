@@ -234,6 +234,9 @@ class GatewayScrape:
     by_model: Mapping[str, GatewayReading] = field(default_factory=dict)
     # sources.gateways[i].labels: the extra pool_by labels of the pools it serves ({}: every pool)
     labels: Mapping[str, str] = field(default_factory=dict)
+    # a slow gateway's earlier reading kept through a missed cycle (monitor/sources/gateway_pace.py):
+    # its task counters carry the task windows on; its gauges (in flight, queues) are not this cycle's
+    kept: bool = False
 
     def for_model(self, model: str) -> Optional[GatewayReading]:
         """The reading of model `model`'s series; None when the cycle did not read that model."""

@@ -302,3 +302,17 @@ def test_the_first_cycle_says_its_median_is_of_one_cycle():
     snap = _at(1796289000.0, 0.4)
     trends.add(snap)
     assert "<b class=\"ok\">40%</b><span>headroom, median of the 1 cycle so far (0 of 5 min)" in render(snap, trends)
+
+
+def test_another_jobs_alerts_never_take_this_daemons_places_under_the_caps():
+    # review of the merge: the caps (MAX_ALERTS) were spent before another job's alerts were left out,
+    # so 300 of another job's could push this daemon's own HeadroomLow off the page
+    from monitor.sources.alerts import MAX_ALERTS
+    other = [{"labels": {"alertname": "HeadroomAboveKnee", "pool": f"p{i:03d}", "job": "other"}, "state": "firing"}
+             for i in range(MAX_ALERTS + 100)]
+    mine = [{"labels": {"alertname": "HeadroomLow", "pool": "z", "job": "mine"}, "state": "firing"}]
+    answer = json.dumps({"status": "success", "data": {"alerts": other + mine}})
+    alerts, cut = read_alerts(answer, "prometheus", match={"job": "mine"})
+    assert [(a.name, a.pool) for a in alerts] == [("HeadroomLow", "z")] and cut == 0
+    unfiltered, cut = read_alerts(answer, "prometheus")
+    assert len(unfiltered) == MAX_ALERTS and cut == 101

@@ -277,3 +277,34 @@ def test_a_pool_target_on_the_gateway_s_call_latency_is_judged_and_limits():
     assert c.limiting_factor == "slo" and c.slo_limited_by["target"] == "pool:call"
     assert c.capacity_requests.slo == pytest.approx(c.load_requests * 0.05 / 0.2)
     assert c.ratio.current == pytest.approx(1 - 0.2 / 0.05)
+
+
+def test_a_slow_gateways_kept_reading_is_not_this_cycles_queue():
+    # review of the merge: a gateway slow under load keeps its last reading through a missed cycle
+    # (gateway_pace.py) for the task windows; its in-flight count is an earlier cycle's, so it is not
+    # set against this cycle's engines as a queue (it would be a phantom or a missed queue)
+    from dataclasses import replace
+
+    from monitor.derive.gateway_queues import in_flight_queues
+    fresh = PoolSnapshot(pool="tiny", model="tiny", replicas=1, active_requests=4.0, queued_requests=2.0)
+    in_flight_queues([fresh], [_scrape("http://a/metrics", 13.0)], {"tiny": "tiny"}, {})
+    assert fresh.gateway_queued == {"http://a/metrics": 13.0 - 1 - 4 - 2}
+    kept = PoolSnapshot(pool="tiny", model="tiny", replicas=1, active_requests=4.0, queued_requests=2.0)
+    in_flight_queues([kept], [replace(_scrape("http://a/metrics", 13.0), kept=True)], {"tiny": "tiny"}, {})
+    assert kept.gateway_queued == {} and kept.load_requests == 6.0
+
+
+def test_a_kept_gateway_reading_moves_with_a_clock_step():
+    # the cycle state moves onto a stepped wall clock; the gateway pace's kept reading must too, or it
+    # lands in its task window out of order (a reading older than the window's newest clears it)
+    from monitor.readings import GatewayReading
+    from monitor.sources.gateway_pace import GatewayPace
+    pace = GatewayPace()
+    scrape = _scrape("http://a/metrics", 3.0)
+    scrape.by_model["tiny"] = GatewayReading(kind="litellm", timestamp=NOW, in_flight=3.0)
+    pace.answered(0, scrape)
+    pace.carried[0] = NOW - 15.0
+    pace.shift_time(3600.0)
+    moved = pace.missed(0)
+    assert moved.timestamp == NOW + 3600.0 and moved.reading.timestamp == NOW + 3600.0
+    assert moved.by_model["tiny"].timestamp == NOW + 3600.0 and pace.carried == {0: NOW - 15.0 + 3600.0}

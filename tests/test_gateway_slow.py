@@ -68,14 +68,16 @@ def test_the_default_gateway_timeout_fits_a_slow_gateway_within_the_cycle():
 def test_a_slow_gateway_is_slow_not_down_and_its_reading_is_kept(servers):
     engine, gateway = servers
     url = gateway.url("/metrics")
-    cfg = Config(vllm_targets=[Target(engine.url("/metrics"))], interval=1.0, scrape_timeout=0.3,
-                 gateways=[GatewaySource(kind="app", url=url, timeout=3.0)],
-                 capacity=Capacity(task_window=2.0))
+    # wide margins for a loaded machine: a fast answer well under scrape_timeout (1 s), a slow one well
+    # between it and the cycle deadline (4.5 s), a late one well past it
+    cfg = Config(vllm_targets=[Target(engine.url("/metrics"))], interval=5.0, scrape_timeout=1.0,
+                 gateways=[GatewaySource(kind="app", url=url, timeout=15.0)],
+                 capacity=Capacity(task_window=10.0))
     clock = [1_790_000_000.0]
     p = Pipeline(cfg, clock=lambda: clock[0], capacity=CapacityState(cfg))
 
     def cycle():
-        clock[0] += 1.0
+        clock[0] += 5.0
         snap = p.run_cycle()
         [st] = [s for s in snap.sources if s.source == "gateway"]
         [pool] = snap.pools
@@ -87,18 +89,18 @@ def test_a_slow_gateway_is_slow_not_down_and_its_reading_is_kept(servers):
             assert st.up and not st.slow and st.detail is None
         assert draft.calls_per_task == pytest.approx(3.0)
         # slower than scrape_timeout, within the gateway's own timeout: up, slow
-        gateway.mode["/metrics"], gateway.slow_seconds = "slow", 0.5
+        gateway.mode["/metrics"], gateway.slow_seconds = "slow", 2.0
         snap, st, draft = cycle()
-        assert st.up and st.slow and st.detail.startswith("slow: answered in 0.") and "over scrape_timeout 0.3 s" in st.detail
+        assert st.up and st.slow and st.detail.startswith("slow: answered in ") and "over scrape_timeout 1 s" in st.detail
         assert draft.calls_per_task == pytest.approx(3.0)
-        # past the cycle deadline (0.9 s): the last reading is kept, the request goes on
-        gateway.slow_seconds = 1.5
+        # past the cycle deadline (4.5 s): the last reading is kept, the request goes on
+        gateway.slow_seconds = 7.0
         hits = gateway.hits["/metrics"]
         snap, st, draft = cycle()
         assert st.up and st.slow and "no answer within the cycle deadline" in st.detail and "is kept" in st.detail
         assert draft is not None and draft.calls_per_task == pytest.approx(3.0)  # not null
         gateway.mode["/metrics"] = "ok"
-        wait_for(lambda: p.aux.pace.running.get(0) and p.aux.pace.running[0][0].done(), timeout=10,
+        wait_for(lambda: p.aux.pace.running.get(0) and p.aux.pace.running[0][0].done(), timeout=30,
                  what="the late request's answer")
         snap, st, draft = cycle()  # its answer is this cycle's reading: no second request
         assert gateway.hits["/metrics"] == hits + 1
@@ -111,12 +113,13 @@ def test_a_slow_gateway_is_slow_not_down_and_its_reading_is_kept(servers):
         assert f'headroom_source_up{{source="gateway",target="{url}"}} 1.0' in text
         assert f'headroom_source_duration_seconds{{source="gateway",target="{url}"}}' in text
         # a gateway that stops answering: slow while its reading is kept, then down
-        gateway.mode["/metrics"], gateway.slow_seconds = "slow", 4.0
+        gateway.mode["/metrics"], gateway.slow_seconds = "slow", 60.0
         for miss in range(1, SLOW_MISSES + 1):
             snap, st, draft = cycle()
             assert st.up and st.slow and f"missed {miss} of at most {SLOW_MISSES}" in st.detail
         snap, st, draft = cycle()
-        assert not st.up and st.error == "deadline" and draft is None
+        # down: the request still running at this deadline, or (a slow cycle) ended by its own timeout
+        assert not st.up and st.error in ("deadline", "timeout") and draft is None
     finally:
         p.close()
 

@@ -59,7 +59,7 @@ def estimate_gateway_queues(pools: Sequence[PoolSnapshot], gateways: Sequence[Ga
     by_name = {p.pool: p for p in pools}
     held: dict[str, dict[str, float]] = {}
     for scrape in gateways:
-        if scrape.reading is None or scrape.config.kind in GAUGED or scrape.reading.in_flight is not None:
+        if scrape.kept or scrape.reading is None or scrape.config.kind in GAUGED or scrape.reading.in_flight is not None:
             continue
         for (index, pool), window in windows.items():
             if index != scrape.index or pool not in by_name or not window.readings:

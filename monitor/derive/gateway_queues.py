@@ -82,7 +82,7 @@ def apply_gateway_queues(pools: Sequence[PoolSnapshot], gateways: Sequence[Gatew
         if scrape.error is not None and scrape.error.startswith("too_large"):
             anomalies["gateway_too_large"] = anomalies.get("gateway_too_large", 0.0) + 1  # not parsed
         queues = scrape.queues
-        if queues is None:
+        if queues is None or scrape.kept:  # a kept reading's queue is an earlier cycle's: not counted again
             continue
         for reason, n in queues.anomalies.items():
             key = "gateway_queue_" + reason.split(":", 1)[0]
@@ -125,8 +125,8 @@ def in_flight_queues(pools: Sequence[PoolSnapshot], gateways: Sequence[GatewaySc
     held: dict[str, dict[str, float]] = {}  # pool -> {gateway URL: requests in flight}
     for scrape in gateways:
         reading = scrape.reading
-        if reading is None or reading.in_flight is None or not math.isfinite(reading.in_flight):
-            continue
+        if scrape.kept or reading is None or reading.in_flight is None or not math.isfinite(reading.in_flight):
+            continue  # a kept reading's in-flight count is an earlier cycle's, not beside this cycle's engines
         if scrape.queues is not None and any(q.queued is not None for q in scrape.queues):
             continue  # its own queue gauge says what waits there
         scope = Scope(served.items(), scrape.labels)

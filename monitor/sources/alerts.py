@@ -99,10 +99,15 @@ def _alert(labels: object, annotations: object, state: str, since: object, cuts:
                  summary=cuts.text(ann.get("summary", "")), since=_when(since), labels=cuts.labels(labels))
 
 
-def _items(doc: object, kind: str, rows_cut: Optional[list] = None) -> list:
+def _items(doc: object, kind: str, rows_cut: Optional[list] = None, match: Optional[dict] = None) -> list:
     """The answer's alerts, each as (labels, annotations, state, since), before headroom's are picked:
-    the first MAX_ITEMS of its list (`rows_cut` gets True appended when there were more)."""
+    another job's left out first (`match`: `this_jobs`), then the first MAX_ITEMS of the rest
+    (`rows_cut` gets True appended when there were more), so another job's alerts never take this
+    daemon's places under the caps."""
     def first(items: list) -> list:
+        if match:
+            items = [a for a in items if not isinstance(a, dict) or not isinstance(a.get("labels"), dict)
+                     or all(a["labels"].get(k, v) == v for k, v in match.items())]
         if len(items) > MAX_ITEMS and rows_cut is not None:
             rows_cut.append(True)
         return items[:MAX_ITEMS]
@@ -120,13 +125,14 @@ def _items(doc: object, kind: str, rows_cut: Optional[list] = None) -> list:
             if isinstance(a, dict) and isinstance(a.get("status"), dict) and a["status"].get("state") == "active"]
 
 
-def _read(text: str, kind: str, rows_cut: Optional[list] = None) -> tuple[list[Alert], int]:
+def _read(text: str, kind: str, rows_cut: Optional[list] = None, match: Optional[dict] = None
+          ) -> tuple[list[Alert], int]:
     try:
         doc = json.loads(text)
     except ValueError as exc:
         raise ValueError(f"alerts answer is not JSON: {exc}") from None
     cuts, out, shortened = _Cuts(), [], set()
-    for item in _items(doc, kind, rows_cut):
+    for item in _items(doc, kind, rows_cut, match):
         before = cuts.texts
         alert = _alert(*item, cuts)
         if alert is not None:
@@ -149,17 +155,19 @@ def this_jobs(alerts: list[Alert], match: dict[str, str]) -> list[Alert]:
     return [a for a in alerts if all(a.labels.get(k, v) == v for k, v in match.items())]
 
 
-def read_alerts(text: str, kind: str, rows_cut: Optional[list] = None) -> tuple[list[Alert], int]:
+def read_alerts(text: str, kind: str, rows_cut: Optional[list] = None, match: Optional[dict] = None
+                ) -> tuple[list[Alert], int]:
     """(headroom's alerts, firing first then by name and pool; how many were cut: the alerts left
-    out past MAX_ALERTS or MAX_PAGE_TEXT, plus those kept with a text cut to MAX_TEXT). Only the
-    first MAX_ITEMS alerts of the answer are looked at (`rows_cut`, a list, gets True when more).
+    out past MAX_ALERTS or MAX_PAGE_TEXT, plus those kept with a text cut to MAX_TEXT). Another job's
+    alerts (`match`, sources.alerts.match: `this_jobs`) are left out before any cap; only the first
+    MAX_ITEMS alerts of the rest are looked at (`rows_cut`, a list, gets True when more).
 
     Raises ValueError naming what is wrong with a body that is not such an answer, whatever the failure
     (a nesting too deep for the parser, a value of an unexpected type)."""
     if kind not in KINDS:
         raise ValueError(f"unknown alerts source kind {kind!r} (known: {', '.join(KINDS)})")
     try:
-        return _read(text, kind, rows_cut)
+        return _read(text, kind, rows_cut, match)
     except ValueError:
         raise
     except RecursionError:

@@ -27,7 +27,7 @@ from monitor.derive.core import pool_of
 from monitor.kit.http import BodyBudget, FetchError, Fetcher, redact
 from monitor.model import ReplicaReading, SourceStatus
 from monitor.readings import DcgmReading, GatewayConfig, GatewayScrape
-from monitor.sources.alerts import api_url, read_alerts, this_jobs, ui_url
+from monitor.sources.alerts import api_url, read_alerts, ui_url
 from monitor.sources.aux_samples import AUX_MAX_BODY_BYTES, AUX_MAX_ROWS
 from monitor.sources.dcgm import read_dcgm
 from monitor.sources.gateway import gateway_samples, scrape_from_samples
@@ -81,7 +81,7 @@ class AuxSources:
         if alerts is not None:
             url = api_url(alerts.url, alerts.kind)
             jobs.append((("alerts", url), lambda f=self._fetcher_for(alerts.auth), u=url:
-                         fetch(f, u, timeout, lambda text: _prepare_alerts(text, alerts.kind))))
+                         fetch(f, u, timeout, lambda text: _prepare_alerts(text, alerts.kind, alerts.match))))
         started = iter(pool.start(jobs))
         out = [(("gateway", i, gw.url), carried[i]) if carried[i] is not None else next(started)
                for i, gw in enumerate(self.config.gateways)]
@@ -183,7 +183,7 @@ class AuxSources:
         inputs.statuses.append(SourceStatus(
             "gateway", redact(url), True, None, f"slow: {why}; its reading of {now - kept.timestamp:.0f} s ago is kept "
             f"(missed {self.pace.misses[index]} of at most {SLOW_MISSES} cycles in a row)", took, slow=True))
-        inputs.gateways.append(kept)
+        inputs.gateways.append(replace(kept, kept=True))
 
     def _say_cut(self, kind: str, url: str) -> None:
         """A body cut at the row cap: said once per source (the anomaly counts every cycle)."""
@@ -228,15 +228,14 @@ class AuxSources:
 
     def _read_alerts(self, inputs: CycleInputs, text: str, url: str) -> None:
         """The alerts answer `text` read into `inputs` (as the worker does, `_prepare_alerts`)."""
-        self._alerts_read(inputs, _prepare_alerts(text, self.config.alerts.kind).value, url)
+        self._alerts_read(inputs, _prepare_alerts(text, self.config.alerts.kind, self.config.alerts.match).value, url)
 
     def _alerts_read(self, inputs: CycleInputs, result: Any, url: str) -> None:
         if isinstance(result, BaseException):  # whatever the answer did to the reader: this source's error
             inputs.statuses[-1] = unparsed(inputs.statuses[-1], result)
             log.warning("alerts %s: %s", redact(url), inputs.statuses[-1].detail)
             return
-        alerts, dropped = result
-        inputs.alerts = this_jobs(alerts, self.config.alerts.match)
+        inputs.alerts, dropped = result
         if dropped:
             count_into(inputs.anomalies, {"alerts_cut": float(dropped)})
 
@@ -277,11 +276,12 @@ def _prepare_dcgm(text: str, target: str) -> Parsed:
         return Parsed(exc, bool(cut))
 
 
-def _prepare_alerts(text: str, kind: str) -> Parsed:
-    """(headroom's alerts, how many cut) of an alerts answer, or the exception reading it raised."""
+def _prepare_alerts(text: str, kind: str, match: Optional[dict] = None) -> Parsed:
+    """(headroom's alerts, how many cut) of an alerts answer, this daemon's job's only (`match`), or
+    the exception reading it raised."""
     cut: list = []
     try:
-        return Parsed(read_alerts(text, kind, cut), bool(cut))
+        return Parsed(read_alerts(text, kind, cut, match), bool(cut))
     except Exception as exc:
         return Parsed(exc, bool(cut))
 

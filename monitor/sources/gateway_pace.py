@@ -21,7 +21,7 @@ its cycles. So a gateway is read once per cycle, with the pace below:
 from __future__ import annotations
 
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 from monitor.readings import GatewayScrape
@@ -86,10 +86,25 @@ class GatewayPace:
         self.last.pop(index, None)
         return None
 
+    def shift_time(self, seconds: float) -> None:
+        """The wall clock stepped by `seconds` (monitor/cycle.py): the kept readings and the running
+        requests' cycle times move with it, as the cycle state does, so a kept reading lands in its
+        task window in order (a reading dated before the window's newest clears it)."""
+        self.last = {i: _shifted(s, seconds) for i, s in self.last.items()}
+        self.running = {i: (f, t + seconds) for i, (f, t) in self.running.items()}
+        self.carried = {i: t + seconds for i, t in self.carried.items()}
+
     def failed(self, index: int) -> None:
         """Any other failure: down, nothing kept."""
         self.misses[index] = self.misses.get(index, 0) + 1
         self.last.pop(index, None)
+
+
+def _shifted(scrape: GatewayScrape, seconds: float) -> GatewayScrape:
+    def moved(reading):
+        return None if reading is None else replace(reading, timestamp=reading.timestamp + seconds)
+    return replace(scrape, timestamp=scrape.timestamp + seconds, reading=moved(scrape.reading),
+                   by_model={m: moved(r) for m, r in scrape.by_model.items()})
 
 
 __all__ = ["GatewayPace", "MISSED", "SLOW_MISSES", "gateway_timeout"]
