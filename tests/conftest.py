@@ -163,6 +163,8 @@ THREADS_EXEMPT: tuple[tuple[str, str], ...] = (
      "one connection of a threading HTTP server (a module fixture's, held open by a client such as "
      "Prometheus); it ends with the connection, and the server is its fixture's to stop"),
 )
+# workers of pools that start threads on demand, up to their size (a pool that existed before a test may grow in it)
+POOL_WORKERS = ("Workers._work",)
 # a thread told to stop may still be on its way out on a loaded machine (a web worker finishing a
 # render of a 2,000-pool page): the check waits for the threads to end, up to this deadline
 THREAD_DEADLINE_SECONDS = 120.0
@@ -172,9 +174,18 @@ def _target(thread: threading.Thread) -> str:
     return getattr(getattr(thread, "_target", None), "__qualname__", "?")  # Thread keeps no public target
 
 
+def _pool_of(thread: threading.Thread) -> tuple[str, str]:
+    """(the worker pool's name, the function its workers run): 'scrape-5' is pool 'scrape'."""
+    return thread.name.rsplit("-", 1)[0], _target(thread)
+
+
 def _lingering(before: set) -> list:
     exempt = {name for name, _ in THREADS_EXEMPT}
-    return [t for t in threading.enumerate() if t not in before and t.is_alive() and _target(t) not in exempt]
+    # a module fixture's daemon grows its worker pools on demand (monitor/sources/scrape.py Workers):
+    # a worker started during a test in a pool that had workers before it is that fixture's, not the test's
+    grown = {_pool_of(t) for t in before if _target(t) in POOL_WORKERS}
+    return [t for t in threading.enumerate() if t not in before and t.is_alive() and _target(t) not in exempt
+            and not (_target(t) in POOL_WORKERS and _pool_of(t) in grown)]
 
 
 def _wait_for_threads(before: set, seconds: float) -> list:

@@ -83,3 +83,24 @@ def _frames():
         while frame is not None:
             yield frame
             frame = frame.f_back
+
+
+def test_a_worker_pool_that_existed_before_the_test_may_grow_in_it_a_new_pool_may_not():
+    # a module fixture's daemon starts scrape workers on demand (monitor/sources/scrape.py Workers): a
+    # CI run under two busy loops saw 'scrape-5' and 'scrape-6' start during a test of that module
+    from monitor.sources.scrape import Workers
+    older = Workers(4, "fixture-pool")
+    older.submit(lambda: None).result(10)  # one worker, started before the test
+    before = set(threading.enumerate())
+    release = threading.Event()
+    busy = [older.submit(release.wait) for _ in range(3)]  # the pool grows during the test
+    mine = Workers(2, "test-pool")
+    mine.submit(release.wait)
+    try:
+        assert {t.name.rsplit("-", 1)[0] for t in _lingering(before)} == {"test-pool"}
+    finally:
+        release.set()
+        for f in busy:
+            f.result(10)
+        older.shutdown(wait=True)
+        mine.shutdown(wait=True)
