@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import requests
@@ -28,25 +27,13 @@ import yaml
 
 from engine.agent_app import AgentApp
 from servers import Prometheus, wait_for, wait_http
+from test_alerts_vllm import demo_scale_rules  # the demo's rules, evaluated every second
 
-ROOT = Path(__file__).resolve().parents[1]
-FACTOR = 30
 TARGET_SECONDS = 10.0
 WATCHED = ("HeadroomLow", "HeadroomCriticallyLow", "HeadroomAboveKnee", "HeadroomLatencyOverTarget",
            "HeadroomTaskLatencyBudgetBurn", "HeadroomLoadShed", "HeadroomQueueBuilding")
 
 pytestmark = pytest.mark.vllm
-
-
-def _rules(workdir: Path) -> list[str]:
-    from headroom_lab.commands.demo import demo_rules
-    out = demo_rules(sorted(str(p) for p in (ROOT / "rules").glob("*.yaml")), str(workdir), factor=FACTOR)
-    for path in out:
-        doc = yaml.safe_load(Path(path).read_text())
-        for group in doc["groups"]:
-            group["interval"] = "1s"
-        Path(path).write_text(yaml.safe_dump(doc, sort_keys=False))
-    return out
 
 
 def _alerts(prom: Prometheus, pool: str) -> dict[str, tuple[str, str]]:
@@ -92,7 +79,7 @@ def journey(vllm_small_engine, litellm_gateway, tmp_path):
         rules = tmp_path / "rules"
         rules.mkdir()
         prom_cfg = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-                    "rule_files": _rules(rules),
+                    "rule_files": demo_scale_rules(rules),
                     "scrape_configs": [{"job_name": "headroom",
                                         "static_configs": [{"targets": [f"127.0.0.1:{daemon.port}"]}]}]}
         prom = Prometheus(str(tmp_path), yaml.safe_dump(prom_cfg, sort_keys=False))
