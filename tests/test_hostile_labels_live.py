@@ -59,16 +59,20 @@ def targets():
     evil.stop()
 
 
-def test_a_label_value_that_looks_like_labels_never_freezes_what_is_served(targets, tmp_path):
-    plain, evil = targets
+def _daemon(tmp_path, sources: str) -> tuple[subprocess.Popen, str]:
+    """`headroom run` at 1 s cycles on `sources` (YAML of the sources section), for up to 180 s: (process, base URL)."""
     cfg = tmp_path / "h.yml"
-    cfg.write_text("global:\n  interval: 1s\n  scrape_timeout: 1s\n"
-                   f"sources:\n  vllm:\n    targets: [{plain.url('/metrics')}, {evil.url('/metrics')}]\n")
+    cfg.write_text("global:\n  interval: 1s\n  scrape_timeout: 1s\n" + sources)
     port = free_port()
     env = dict(os.environ, HEADROOM_WEB_LISTEN_ADDRESS=f"127.0.0.1:{port}")
     proc = subprocess.Popen([sys.executable, "-m", "monitor.cli", "run", "--config.file", str(cfg), "--duration", "180"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    base = f"http://127.0.0.1:{port}"
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def test_a_label_value_that_looks_like_labels_never_freezes_what_is_served(targets, tmp_path):
+    plain, evil = targets
+    proc, base = _daemon(tmp_path, f"sources:\n  vllm:\n    targets: [{plain.url('/metrics')}, {evil.url('/metrics')}]\n")
     try:
         wait_http(base + "/-/ready", timeout=90)
         first = wait_for(lambda: requests.get(base + "/metrics", timeout=5).text, lambda t: cycles_in(t) >= 1,
@@ -108,15 +112,8 @@ def test_a_lone_surrogate_in_an_alert_breaks_neither_the_page_nor_metrics(tmp_pa
     replica, alerts = MetricsServer(), MetricsServer(content_type="application/json")
     replica.bodies["/metrics"] = vllm_body("tiny")
     alerts.bodies["/api/v1/alerts"] = ALERTS
-    cfg = tmp_path / "h.yml"
-    cfg.write_text("global:\n  interval: 1s\n  scrape_timeout: 1s\n"
-                   f"sources:\n  vllm:\n    targets: [{replica.url('/metrics')}]\n"
-                   f"  alerts: {{url: '{alerts.url('')}', kind: prometheus}}\n")
-    port = free_port()
-    env = dict(os.environ, HEADROOM_WEB_LISTEN_ADDRESS=f"127.0.0.1:{port}")
-    proc = subprocess.Popen([sys.executable, "-m", "monitor.cli", "run", "--config.file", str(cfg), "--duration", "180"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    base = f"http://127.0.0.1:{port}"
+    proc, base = _daemon(tmp_path, f"sources:\n  vllm:\n    targets: [{replica.url('/metrics')}]\n"
+                                   f"  alerts: {{url: '{alerts.url('')}', kind: prometheus}}\n")
     try:
         wait_http(base + "/-/ready", timeout=90)
         raw = wait_for(lambda: requests.get(base + "/metrics", timeout=5).content,
