@@ -3,8 +3,8 @@
 Python's cost moves more between machines than Prometheus' (Go) does, so a ratio measured on one
 machine says little on another unless the machine's speed is quoted with it. `python_speed()` times a
 fixed pure-Python workload (dict and string work of the kind a text parser does: split, lookups,
-float parsing) and returns the median of `trials` runs in seconds; lower is faster. Reference: about
-0.1 s on the project's 2-core CI machine class when quiet.
+float parsing) and returns the median of `trials` runs in seconds; lower is faster. Reference: 0.023 s on
+the project's 2-core machine class when quiet (2026-12-06).
 
     python benchmarks/machine_speed.py
 """
