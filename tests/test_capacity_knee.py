@@ -24,7 +24,9 @@ def mm1(x, knee):  # smooth: the 1/(1-rho) curve, no corner; knee = where it is 
 @pytest.mark.parametrize("curve", [hinge, queueing])
 def test_known_knee_within_10_percent(knee, curve):
     rng = np.random.default_rng(knee)
-    est = KneeEstimator("ttft", prior_knee(max_num_seqs=knee * 3))
+    # the engine's limit 1.5x the knee: a knee under half its limits must be seen confirmed by load
+    # at twice the knee (tests/test_knee_plausible.py), which this load (up to 2x) only grazes
+    est = KneeEstimator("ttft", prior_knee(max_num_seqs=knee * 1.5))
     x = rng.uniform(0, 2 * knee, 800)
     y = curve(x, knee) * (1 + rng.normal(0, 0.1, x.size))
     kv_per_request = 700.0
@@ -116,7 +118,7 @@ def test_noise_does_not_move_the_published_knee():
 
 def test_a_real_change_moves_the_knee_after_confirmation():
     rng = np.random.default_rng(9)
-    est = KneeEstimator("ttft", prior_knee(max_num_seqs=100), max_observations=400)
+    est = KneeEstimator("ttft", prior_knee(max_num_seqs=40), max_observations=400)
 
     def feed(knee, cycles):
         out = []

@@ -115,9 +115,10 @@ def test_a_knee_4x_under_the_limits_with_calm_load_past_it_is_refused_and_named(
 
 def test_a_published_knee_contradicted_later_loses_its_confidence_and_is_withdrawn():
     rng = np.random.default_rng(2)
-    # first the load stays at 1-3.5 and latency does turn up at 1.8: nothing contradicts the knee
-    x1 = rng.uniform(1.0, 3.5, 60)
-    y1 = (0.02 + 0.3 * np.maximum(0.0, x1 - 1.8)) * rng.lognormal(0, 0.15, 60)
+    # first the load goes to 5 and latency turns up at 1.8 and keeps rising: the load past 2x the
+    # knee confirms it and nothing contradicts it
+    x1 = rng.uniform(1.0, 5.0, 90)
+    y1 = (0.02 + 0.3 * np.maximum(0.0, x1 - 1.8)) * rng.lognormal(0, 0.15, 90)
     est = KneeEstimator("queue", engine_prior())
     before = feed(est, x1, y1)
     assert before[-1].source == "learned" and before[-1].requests == pytest.approx(1.8, rel=0.15)
@@ -136,6 +137,29 @@ def test_a_published_knee_contradicted_later_loses_its_confidence_and_is_withdra
     x3 = rng.uniform(4.0, 8.0, 40)
     cleared = feed(est, x3, 0.02 * rng.lognormal(0, 0.15, 40))
     assert cleared[-1].source == "prior" and not cleared[-1].implausible
+
+
+def test_a_knee_far_under_the_limits_the_load_never_doubled_is_unconfirmed_and_refused():
+    """Issue 37's starved front end: the engine held 1-3.5 requests and its latency turned up at 1.8
+    (the CPU, shared with LiteLLM and the API server, not the engine's slots or KV); no observation
+    reached 2x the knee, so nothing says the engine turned it up. Refused, named, the prior answers."""
+    rng = np.random.default_rng(2)
+    x = rng.uniform(1.0, 3.5, 60)
+    y = (0.02 + 0.3 * np.maximum(0.0, x - 1.8)) * rng.lognormal(0, 0.15, 60)
+    est = KneeEstimator("queue", engine_prior())
+    fit = fit_hinge(x, y)
+    assert fit.knee == pytest.approx(1.8, rel=0.15) and fit.confidence >= 0.6  # a confident hinge
+    arr = np.column_stack([x, np.full(x.size, np.nan), y])
+    why = est.contradiction(fit, arr)
+    assert why.startswith("implausible: knee 1.") and "x the engine's limit 6.5, unconfirmed" in why
+    assert f"(load at most {x.max():.3g})" in why
+    knees = feed(est, x, y)
+    assert all(k.source == "prior" and k.requests == pytest.approx(KV_LIMIT) for k in knees)
+    assert "unconfirmed" in knees[-1].implausible and knees[-1].implausible in knees[-1].detail
+    # near the limit (over half of it) the same load is no reason to doubt a knee
+    assert KneeEstimator("queue", prior_knee(max_num_seqs=3)).contradiction(fit, arr) == ""
+    # nor is a published knee withdrawn because a later quiet spell never doubles it
+    assert est.contradiction(fit, arr, learned_from=False) == ""
 
 
 def test_the_same_observations_give_the_same_answer():
@@ -173,8 +197,8 @@ def test_the_refusal_reaches_the_json_and_metrics():
 
     rng = np.random.default_rng(2)
     est = KneeEstimator("queue", engine_prior())
-    x1 = rng.uniform(1.0, 3.5, 60)
-    feed(est, x1, (0.02 + 0.3 * np.maximum(0.0, x1 - 1.8)) * rng.lognormal(0, 0.15, 60))
+    x1 = rng.uniform(1.0, 5.0, 90)
+    feed(est, x1, (0.02 + 0.3 * np.maximum(0.0, x1 - 1.8)) * rng.lognormal(0, 0.15, 90))
     x2 = rng.uniform(4.0, 8.0, 30)
     knee = feed(est, x2, 0.02 * rng.lognormal(0, 0.15, 30))[-1]
     snap = PoolSnapshot(pool="chat", model="m", replicas=1, replicas_configured=1, active_requests=5.0,

@@ -55,7 +55,11 @@ capacity / KV tokens per request) and with the load it was learned under. It is 
 at least half of the observations at load >= 1.5 x the knee (at least 5 of them) lie nearer the
 straight line below the knee than the hinge past it (`Fit.excess` < 0.5: the load went well past
 the knee and latency did not turn up); when the knee is under half the prior's limit, a quarter of
-those at >= 2 x the knee is enough. A contradicted fit is not published: the prior (or the knee published before)
+those at >= 2 x the knee is enough, and a fit learned under load that never reached 2 x it (fewer than 5
+observations there) is unconfirmed and refused too: on a starved front end (issue 37's trials: the
+engine's API server and LiteLLM sharing busy cores) the engine's own latency rises at 1.7-2.2
+requests on an engine that runs 5-8, and nothing past the knee says whether the engine or the CPU
+turned it up; the caller's view (`limit="slo"`) carries that case. A contradicted fit is not published: the prior (or the knee published before)
 answers, `implausible` holds the reason, and the prior's `detail` says "implausible: ..."
 (headroom_knee_implausible, alert HeadroomKneeImplausible). A published knee is checked again each
 cycle against the last `min_observations` observations: contradicted, its confidence falls by the
@@ -272,6 +276,10 @@ class KneeEstimator:
             return (f"implausible: knee {fit.knee:.3g}, {fit.knee / limit:.2f}x the engine's limit {limit:.3g}, "
                     f"learned only from load past that limit (from {arr[:, 0].min():.3g})")
         bar, calm, high = self._calm(fit, arr)
+        if learned_from and limit and fit.knee < FAR_BELOW * limit and len(high) < CONTRADICTION_MIN:
+            return (f"implausible: knee {fit.knee:.3g}, {fit.knee / limit:.2f}x the engine's limit {limit:.3g}, "
+                    f"unconfirmed: fewer than {CONTRADICTION_MIN} observations at {FAR_LOAD:g}x it or more "
+                    f"(load at most {arr[:, 0].max():.3g})")
         if not len(high) or calm < bar:
             return ""
         k, limit = fit.knee, self.prior.requests
