@@ -204,3 +204,25 @@ def test_max_running_requests_under_slo_is_never_read():
                       "# TYPE sglang:max_running_requests_under_SLO gauge\n"
                       f"sglang:max_running_requests_under_SLO{labels} 3.0\n")
     assert read(with_it)[0] == read(text)[0]
+
+
+# ------------------------------------------------------------------ Prometheus mode
+
+def as_query_answer(text, instance):
+    """The body's series as the per-replica query answers them (monitor/sources/prometheus_queries.py
+    replica_selector: the reader's gauges, counters, histogram sums and counts), `instance` added."""
+    from monitor.kit.exposition import parse
+    from monitor.sources.prometheus_queries import replica_names
+    wanted = {"sglang:" + n for n in replica_names()["sglang"]}
+    return [({**labels, "__name__": name, "instance": instance}, value)
+            for name, rows in parse(text).samples.items() if name in wanted for labels, value in rows]
+
+
+def test_prometheus_mode_reads_priorities_hybrid_pools_and_lora_alike():
+    from monitor.sources.prometheus import scrapes_from_vector
+    for name in ("sglang-dp2-priority", "sglang-hybrid-swa", "sglang-hybrid-mamba", "sglang-lora"):
+        direct, _ = read(body(name))
+        (via,) = sglang.readings_from_scrape(scrapes_from_vector(as_query_answer(body(name), "a"))["a"], "a", 100.0)
+        for field in ("running", "waiting", "running_by_priority", "waiting_by_priority", "kv_live_tokens",
+                      "kv_capacity_tokens", "kv_usage", "kv_pools", "lora_slots_used", "lora_slots_total"):
+            assert getattr(via, field) == getattr(direct, field), (name, field)
