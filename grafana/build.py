@@ -75,11 +75,17 @@ def fleet_capacity() -> dict:
         timeseries("Capacity by limit", [target(f"headroom_capacity_requests{{{P}}}", "{{pool}} {{limit}}")],
                    description="Concurrent requests the pool can take by limiting factor: slots (max_num_seqs), "
                                "kv (KV tokens / tokens per request), knee, slo (while a latency target is over its "
-                               "allowed share: below the load), and effective (the smallest)."),
+                               "allowed share: below the load), lora (adapter slots, where adapters are in use), "
+                               "and effective (the smallest)."),
         timeseries("Queue by reason", [
             target(f"pool:vllm_num_requests_waiting_by_reason:sum{{{M}}}", "{{model_name}} {{reason}} (vLLM)"),
             target(f"headroom_queued_requests_by_reason{{{P}}}", "{{pool}} {{reason}}"),
         ], description="capacity = waiting for batch or KV space; deferred = LoRA budget, KV transfer.", stack=False),
+        timeseries("Requests by priority", [
+            target(f"headroom_priority_requests{{{P}}}", "{{pool}} {{state}} priority {{priority}}"),
+        ], description="Running and queued requests by scheduling priority, where the engine gives them (SGLang "
+                       "with --enable-priority-scheduling): a breakdown of the pool's running and queued requests, "
+                       "not added to them.", stack=False),
         *kv_and_latency(),
         *self_health(),
     ]
@@ -110,11 +116,14 @@ def kv_and_latency() -> list[dict]:
             links=[replicas_link()]),
         timeseries("KV cache usage", [
             target(f"headroom_kv_usage_ratio{{{P}}}", "{{pool}}"),
+            target(f"headroom_kv_pool_usage_ratio{{{P}}}", "{{pool}} {{kv_pool}} pool (hybrid model)"),
             *engine(f"pool:vllm_kv_cache_usage:avg{{{M}}}", f"pool:sglang_kv_cache_usage:avg{{{M}}}",
                    "{{model_name}} mean of engines"),
             *engine(f"pool:vllm_kv_cache_usage:max{{{M}}}", f"pool:sglang_kv_cache_usage:max{{{M}}}",
                    "{{model_name}} fullest engine"),
-        ], unit="percentunit", description="HeadroomKVCachePressure fires above 90% (mean of engines).",
+        ], unit="percentunit", description="HeadroomKVCachePressure fires above 90% (mean of engines). Hybrid "
+                                           "models show each KV pool (full attention, swa, mamba): the fullest "
+                                           "one bounds the requests that fit.",
             thresholds=[(None, "green"), (0.9, "red")], show_thresholds=True, min_=0),
         timeseries("Preemptions", [
             *engine(f"pool:vllm_num_preemptions:rate5m{{{M}}}", f"pool:sglang_num_retractions:rate5m{{{M}}}",

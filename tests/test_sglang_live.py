@@ -6,7 +6,8 @@ dashboards, with the pool variable set to the SGLang model.
 - each engine panel query (`pool:vllm_X or pool:sglang_Y`) returns the SGLang pool;
 - the SGLang recording rules count each engine once (TP ranks repeat the same numbers): running,
   queued and KV tokens equal what headroom itself reads from the same bodies;
-- headroom's own pool panels (load, KV, capacity) return the SGLang pool too.
+- headroom's own pool panels (load, KV, capacity) return the SGLang pool too;
+- with priority scheduling (a third body alone), the rules and headroom count the totals once.
 """
 from __future__ import annotations
 
@@ -34,8 +35,8 @@ def _load(name: str, path: Path):
     return mod
 
 
-@pytest.fixture(scope="module")
-def sglang_stack(tmp_path_factory):
+def _stack(tmp_path_factory, bodies):
+    """The bodies served, headroom reading them and a Prometheus with the bundled rules scraping both."""
     from monitor.app import build
     from monitor.config import from_dict
 
@@ -43,7 +44,7 @@ def sglang_stack(tmp_path_factory):
     stoppers = []
     try:
         servers = []
-        for name in BODIES:
+        for name in bodies:
             srv = MetricsServer()
             srv.bodies["/metrics"] = fixture(str(Path("sglang") / f"{name}.prom"))
             servers.append(srv)
@@ -72,6 +73,16 @@ def sglang_stack(tmp_path_factory):
                 stop()
             except Exception:  # noqa: BLE001 - keep stopping the rest
                 pass
+
+
+@pytest.fixture(scope="module")
+def sglang_stack(tmp_path_factory):
+    yield from _stack(tmp_path_factory, BODIES)
+
+
+@pytest.fixture(scope="module")
+def priority_stack(tmp_path_factory):
+    yield from _stack(tmp_path_factory, ("sglang-dp2-priority",))
 
 
 def _value(prom, q: str) -> float:
@@ -135,3 +146,20 @@ def test_every_engine_panel_shows_the_sglang_pool(sglang_stack):
                 engine_queries += 1
             own_queries += bool(own)
     assert engine_queries >= 19 and own_queries >= 8, (engine_queries, own_queries)
+
+
+def test_priority_scheduling_totals_agree_with_the_rules(priority_stack):
+    """With priority scheduling (the totals under priority="", each priority beside them) the recording
+    rules and headroom both count 8 running and 2 queued (tests/test_sglang_edges.py has the hand
+    calculation); every series added would be 16 running; headroom's per-priority series sum to the totals."""
+    prom = priority_stack
+    sel, hp = f'{{model_name="{MODEL}"}}', f'{{pool="{MODEL}"}}'
+    prom.wait_for(f"pool:sglang_num_running_reqs:sum{sel}", timeout=60)
+    prom.wait_for(f"headroom_priority_requests{hp}", timeout=60)
+    assert _value(prom, f"sum(sglang:num_running_reqs{sel})") == 16.0
+    for rule, own, total in (("pool:sglang_num_running_reqs:sum", "headroom_active_requests", 8.0),
+                             ("pool:sglang_num_queue_reqs:sum", "headroom_queued_requests", 2.0)):
+        assert _value(prom, f"{rule}{sel}") == _value(prom, f'{own}{{pool="{MODEL}",where!="gateway"}}') == total
+    assert _value(prom, f'sum(headroom_priority_requests{{pool="{MODEL}",state="running"}})') == 8.0
+    assert _value(prom, f'sum(headroom_priority_requests{{pool="{MODEL}",state="queued"}})') == 2.0
+    assert _value(prom, f'headroom_priority_requests{{pool="{MODEL}",state="running",priority="5"}}') == 1.0

@@ -124,23 +124,31 @@ def test_nan_gauge_is_unknown_and_an_anomaly():
     assert r.waiting == 16.0
 
 
+def nan_on_dp1(text, name):
+    """The body with the dp_rank="1" sample of one gauge set to NaN."""
+    return "".join(line.rsplit(" ", 1)[0] + " NaN\n" if line.startswith(name + '{dp_rank="1",') else line
+                   for line in text.splitlines(keepends=True))
+
+
 def test_nan_on_one_dp_rank_makes_the_sum_unknown():
-    text = body("sglang-dp2").replace(
-        'sglang:num_used_tokens{dp_rank="1",engine_type="unified",model_name="Qwen/Qwen2.5-7B-Instruct",'
-        'moe_ep_rank="0",pp_rank="0",tp_rank="0"} 9216.0', 'sglang:num_used_tokens{dp_rank="1",'
-        'engine_type="unified",model_name="Qwen/Qwen2.5-7B-Instruct",moe_ep_rank="0",pp_rank="0",'
-        'tp_rank="0"} NaN')
-    r, scrape = one(text)
-    assert scrape.anomalies == {"non_finite": 1}
-    # dp 1 falls back to token_usage x capacity (0.2 x 46080), so the sum is still known
-    assert r.kv_live_tokens == pytest.approx(20736 + 9216)
-    r, scrape = one(replaced(text, "sglang:token_usage", "NaN"))
+    # dp 1's live KV, in the order read: kv_used_tokens, full_token_usage x capacity (0.2 x 46080),
+    # num_used_tokens, token_usage x capacity (no SWA or mamba pool); all 9216
+    text = body("sglang-dp2")
+    for k, name in enumerate(("sglang:kv_used_tokens", "sglang:full_token_usage", "sglang:num_used_tokens")):
+        text = nan_on_dp1(text, name)
+        r, scrape = one(text)
+        assert scrape.anomalies == {"non_finite": k + 1}
+        assert r.kv_live_tokens == pytest.approx(20736 + 9216)
+    r, scrape = one(nan_on_dp1(text, "sglang:token_usage"))
     assert r.kv_live_tokens is None and r.kv_usage is None
     assert r.kv_capacity_tokens == 92160.0
 
 
 def test_live_kv_from_token_usage_without_num_used_tokens():
-    r, scrape = one(without(body("sglang-under-load"), "sglang:num_used_tokens"))
+    text = body("sglang-under-load")
+    for name in ("sglang:num_used_tokens", "sglang:kv_used_tokens", "sglang:full_token_usage"):
+        text = without(text, name)
+    r, scrape = one(text)
     assert r.kv_live_tokens == pytest.approx(32256.0)
     assert sglang.missing_families(scrape) == ()
 

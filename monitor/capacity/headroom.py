@@ -14,7 +14,7 @@ digest). Fields and the metric each becomes (scenario / limit fields carry the m
     utilisation_ratio           headroom_utilisation_ratio{pool}
     ratio                       headroom_ratio{pool, scenario}             (Scenarios: current, n_minus_1, instant)
     headroom_requests           headroom_headroom_requests{pool, scenario}
-    capacity_requests           headroom_capacity_requests{pool, limit}    (Limits: slots, kv, knee, slo, effective)
+    capacity_requests           headroom_capacity_requests{pool, limit}    (Limits: slots, kv, knee, slo, lora, effective)
     sessions                    headroom_sessions{pool}
     session_capacity            headroom_session_capacity{pool}
     power_watts                 headroom_power_watts{pool}
@@ -34,6 +34,8 @@ Definitions (per pool, N = replicas answering):
   knee capacity     = knee requests per replica x N
   slo capacity      = only while a latency target is over its allowed share over the window: the
                       load scaled down, load x allowed / over (monitor/capacity/slo_limit.py)
+  lora capacity     = where LoRA adapters are in use: running x adapter slots / adapters in use
+                      (monitor/capacity/lora.py)
   effective         = the smallest of those known; its name is the limiting factor
   utilisation       = load / effective;   headroom ratio = 1 - load / effective (negative when over)
   N-1               = effective x (1 - largest replica's share), the share from per-replica KV
@@ -51,6 +53,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from monitor.capacity.knee import Knee
+from monitor.capacity.lora import lora_limit
 from monitor.model import Capacity, Limits, PoolSnapshot, Scenarios
 
 
@@ -143,7 +146,7 @@ def pool_capacity(pool: PoolSnapshot, knee: Knee, settings: CapacitySettings,
     kv_capacity = (pool.kv_tokens_capacity or 0.0) - pool.stalled_kv_tokens_capacity
 
     caps: dict[str, Optional[float]] = {"slots": None, "kv": None, "knee": None,
-                                        "slo": slo[0] if slo is not None else None}
+                                        "slo": slo[0] if slo is not None else None, "lora": lora_limit(pool)}
     if settings.max_num_seqs:
         caps["slots"] = float(settings.max_num_seqs * n)
     if pool.kv_tokens_capacity and kv_per_req:
@@ -185,7 +188,7 @@ def pool_capacity(pool: PoolSnapshot, knee: Knee, settings: CapacitySettings,
         utilisation_ratio=(load / effective) if (effective and load is not None) else None,
         ratio=Scenarios(_ratio(load, effective), _ratio(load, cap_n1), _ratio(instant, effective)),
         headroom_requests=Scenarios(_less(effective, load), _less(cap_n1, load), _less(effective, instant)),
-        capacity_requests=Limits(caps["slots"], caps["kv"], caps["knee"], effective, caps["slo"]),
+        capacity_requests=Limits(caps["slots"], caps["kv"], caps["knee"], effective, caps["slo"], caps["lora"]),
         sessions=sessions, session_capacity=session_capacity, power_watts=power,
         sessions_per_megawatt=spmw,
         limiting_factor=limiting, load_requests=load, load_requests_instant=instant,

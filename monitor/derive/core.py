@@ -219,6 +219,28 @@ def _gauges(snap: PoolSnapshot, fresh: list[list[ReplicaReading]]) -> None:
     capacity = _sum(r.kv_capacity_tokens for r in known)
     if capacity:
         snap.kv_usage_ratio = (_sum(r.kv_live_tokens for r in known) or 0.0) / capacity
+    _engine_breakdowns(snap, newest)
+
+
+def _summed(dicts: Iterable[dict[str, float]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for d in dicts:
+        for k, v in d.items():
+            out[k] = out.get(k, 0.0) + v
+    return out
+
+
+def _engine_breakdowns(snap: PoolSnapshot, newest: list[ReplicaReading]) -> None:
+    """By priority, by KV pool of hybrid models, and LoRA slots: each over the replicas reporting it."""
+    snap.active_by_priority = _summed(r.running_by_priority for r in newest)
+    snap.queued_by_priority = _summed(r.waiting_by_priority for r in newest)
+    used = _summed({k: u for k, (u, _c) in r.kv_pools.items()} for r in newest)
+    size = _summed({k: c for k, (_u, c) in r.kv_pools.items()} for r in newest)
+    snap.kv_pool_usage = {k: used[k] / size[k] for k in sorted(size) if size[k] > 0}
+    lora = [r for r in newest if r.lora_slots_total and r.running is not None]
+    if lora:
+        snap.lora_slots = (sum(r.lora_slots_used or 0.0 for r in lora), sum(r.lora_slots_total for r in lora),
+                           sum(r.running for r in lora))
 
 
 def _rates(snap: PoolSnapshot, fresh: list[list[ReplicaReading]], now: float, window: float,

@@ -211,6 +211,11 @@ def pool_samples(out: Rows, p: PoolSnapshot) -> None:
     out.add("headroom_queued_requests", {"pool": p.pool, "where": "engine"}, p.queued_requests)
     for reason, v in sorted(p.queued_by_reason.items()):
         out.add("headroom_queued_requests_by_reason", {"pool": p.pool, "reason": reason}, v)
+    for state, by_priority in (("running", p.active_by_priority), ("queued", p.queued_by_priority)):
+        for priority, v in sorted(by_priority.items()):
+            out.add("headroom_priority_requests", {"pool": p.pool, "priority": priority, "state": state}, v)
+    for kv_pool, v in sorted(p.kv_pool_usage.items()):
+        out.add("headroom_kv_pool_usage_ratio", {"pool": p.pool, "kv_pool": kv_pool}, v)
     if p.gateway_added_latency is not None:
         for label, attr in QUANTILE_FIELDS:
             out.add("headroom_gateway_added_latency_seconds", {"pool": p.pool, "q": label},

@@ -48,6 +48,11 @@ def pool_to_dict(p: PoolSnapshot) -> dict:
         "active_requests": p.active_requests if p.replicas else None,
         "queued_requests": p.queued_requests if p.replicas else None,
         "queued_by_reason": p.queued_by_reason,
+        "active_by_priority": p.active_by_priority if p.replicas else {},
+        "queued_by_priority": p.queued_by_priority if p.replicas else {},
+        "kv_pool_usage": p.kv_pool_usage if p.replicas else {},
+        "lora_slots": (dict(zip(("used", "total", "running_requests"), p.lora_slots))
+                       if p.lora_slots is not None and p.replicas else None),
         "gateway_queued_requests": p.gateway_queued_requests,
         "gateway_queued": dict(p.gateway_queued),
         "gateway_queued_source": dict(p.gateway_queued_source),

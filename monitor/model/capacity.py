@@ -30,10 +30,11 @@ class Limits:
     knee: Optional[float] = None
     effective: Optional[float] = None
     slo: Optional[float] = None
+    lora: Optional[float] = None  # LoRA adapter slots (monitor/capacity/lora.py)
 
     def as_dict(self) -> dict:
         return {"slots": self.slots, "kv": self.kv, "knee": self.knee, "slo": self.slo,
-                "effective": self.effective}
+                "lora": self.lora, "effective": self.effective}
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ class Capacity:
     power_watts: Optional[float] = None
     sessions_per_megawatt: Optional[float] = None
     # explanations (not metrics)
-    limiting_factor: Optional[str] = None  # slots | kv | knee | slo: the limit the effective capacity is
+    limiting_factor: Optional[str] = None  # slots | kv | knee | slo | lora: the limit the effective capacity is
     load_requests: Optional[float] = None  # averaged over load_window_seconds: what `current` judges
     load_requests_instant: Optional[float] = None  # this cycle's: what `instant` judges
     load_window_seconds: Optional[float] = None

@@ -68,6 +68,16 @@ class PoolSnapshot:
     active_requests: Optional[float] = 0.0
     queued_requests: Optional[float] = 0.0
     queued_by_reason: dict[str, float] = field(default_factory=dict)
+    # the engines' running and queued requests by scheduling priority (SGLang priority scheduling),
+    # summed over the replicas that report them: a breakdown of active / queued, never added to them
+    active_by_priority: dict[str, float] = field(default_factory=dict)
+    queued_by_priority: dict[str, float] = field(default_factory=dict)
+    # hybrid models' KV pools ("full", "swa", "mamba"): pool -> used over capacity, summed over the
+    # replicas that have the pool; the fullest one bounds how many requests fit
+    kv_pool_usage: dict[str, float] = field(default_factory=dict)
+    # LoRA adapter slots over the replicas reporting them: (adapters in use, slots, running requests
+    # of those replicas); None: no replica reports LoRA slots (monitor/capacity/lora.py)
+    lora_slots: Optional[tuple[float, float, float]] = None
     # requests waiting in front of the engines, in a router's or gateway's queue (llm-d / inference
     # gateway flow control, Dynamo's router), by gateway; {}: no gateway reports a queue for the pool
     gateway_queued: dict[str, float] = field(default_factory=dict)

@@ -92,6 +92,17 @@ class ReplicaReading:
     block_size: Optional[int] = None
     num_gpu_blocks: Optional[int] = None
     engines: int = 1
+    # priority scheduling (SGLang --enable-priority-scheduling): running / waiting by priority value,
+    # the breakdown of `running` / `waiting` (never added to them); {}: the engine gives none
+    running_by_priority: dict[str, float] = field(default_factory=dict)
+    waiting_by_priority: dict[str, float] = field(default_factory=dict)
+    # hybrid models' KV pools (SGLang: "full" attention, "swa" sliding window in tokens, "mamba"
+    # state slots): pool -> (used, capacity), summed over engines; {}: one KV pool (kv_* above)
+    kv_pools: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # LoRA adapter slots (SGLang lora_pool_slots_*): adapters in the running batch, and the most it
+    # may hold (max_loras_per_batch), summed over engines; None: LoRA off or not reported
+    lora_slots_used: Optional[float] = None
+    lora_slots_total: Optional[float] = None
     counters: dict[str, float] = field(default_factory=dict)  # keys from COUNTERS
     histograms: dict[str, Histogram] = field(default_factory=dict)  # keys from HISTOGRAMS
     naming: str = "v1"  # "v1", "v0" (no engine label) or "legacy-v1" (gpu_cache_usage_perc)

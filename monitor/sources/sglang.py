@@ -9,7 +9,9 @@ at 016d8605e45876180312e29d6988e1de06562472; tests/fixtures/sglang/SOURCES.md ha
   repeats the same numbers. Engines here are DP ranks (absent label: one engine); within one, the
   series of the lowest (pp_rank, tp_rank) count and the other ranks' copies are ignored.
   With priority scheduling a gauge's total is under `priority=""`, its breakdowns under
-  `priority="<n>"`: only the total is read.
+  `priority="<n>"` (a priority seen once keeps its series, at 0 when it has no request): the totals
+  are read as running and waiting (adding every series would count them twice), the breakdowns
+  of running and waiting as `running_by_priority` / `waiting_by_priority`.
 - Tokenizer families (request/token counters, TTFT, ITL, e2e histograms) come from the one tokenizer
   manager, with no rank labels; their series (by `is_streaming`, `priority`, `cache_source`, custom
   labels) are a partition and are summed.
@@ -17,8 +19,11 @@ at 016d8605e45876180312e29d6988e1de06562472; tests/fixtures/sglang/SOURCES.md ha
   a multiprocess mode, e.g. `num_retracted_reqs`, get a `pid` label).
 
 Mapping: running `num_running_reqs`, waiting `num_queue_reqs` (v0.3-era `num_requests_running` /
-`num_requests_waiting`), KV capacity `max_total_num_tokens`, live KV `num_used_tokens` (else
-`token_usage` x capacity), kv_usage = live / capacity over engines. Preemptions come from the
+`num_requests_waiting`), KV capacity `max_total_num_tokens`, live KV the full-attention pool's
+(sglang_kv.py: `token_usage` and `num_used_tokens` mix pools on hybrid models), kv_usage = live /
+capacity over engines; hybrid models' KV pools and LoRA slots by sglang_kv.py.
+`max_running_requests_under_SLO` is never read: SGLang declares it but writes it only when its
+scheduler passes a value, which it never does (issue 40; a gauge never written has no sample). Preemptions come from the
 counter `num_retracted_requests_total`; `num_retracted_reqs` is a gauge (retractions in the last
 logging interval), not cumulative, so it is never used: without the counter, preemptions are
 unknown. A value that is unusable on one engine makes the replica's value unknown, not a partial sum.
@@ -31,12 +36,13 @@ from ..model import ReplicaReading
 from monitor.kit.exposition import ParsedScrape, parse
 from .vllm import CONTRACT as vllm_contract
 from .engine_histograms import _histograms
+from .sglang_kv import read_kv
 from .vllm import (MAX_COUNT, MAX_REQUESTS, MAX_TOKENS, checked, families_present, missing_in, sample_names,
                    unknown_if_overflowed)
 
 P = "sglang:"
 
-# field -> candidate sample names, first present wins
+# field -> candidate sample names, first present wins (the KV pool and LoRA fields: sglang_kv.py)
 GAUGES = {
     "running": (P + "num_running_reqs", P + "num_requests_running"),
     "waiting": (P + "num_queue_reqs", P + "num_requests_waiting"),
@@ -45,7 +51,25 @@ GAUGES = {
     "capacity": (P + "max_total_num_tokens",),
     "page_size": (P + "page_size",),
     "num_pages": (P + "num_pages",),
+    "kv_used": (P + "kv_used_tokens",),
+    "full_usage": (P + "full_token_usage",),
+    "swa_capacity": (P + "max_total_num_tokens_swa",),
+    "swa_used": (P + "swa_used_tokens",),
+    "swa_available": (P + "swa_available_tokens",),
+    "swa_evictable": (P + "swa_evictable_tokens",),
+    "swa_usage": (P + "swa_token_usage",),
+    "mamba_used": (P + "mamba_used_tokens",),
+    "mamba_available": (P + "mamba_available_tokens",),
+    "mamba_evictable": (P + "mamba_evictable_tokens",),
+    "mamba_usage": (P + "mamba_usage",),
+    "lora_used": (P + "lora_pool_slots_used",),
+    "lora_total": (P + "lora_pool_slots_total",),
 }
+# field -> the largest usable value (checked); fields not named here have no upper bound
+_HIGH = {"running": MAX_REQUESTS, "waiting": MAX_REQUESTS, "lora_used": MAX_REQUESTS, "lora_total": MAX_REQUESTS,
+         **{k: MAX_TOKENS for k in ("used_tokens", "capacity", "kv_used", "swa_capacity", "swa_used", "swa_available",
+                                   "swa_evictable", "mamba_used", "mamba_available", "mamba_evictable")},
+         **{k: 1.0 for k in ("token_usage", "full_usage", "swa_usage", "mamba_usage")}}
 
 # canonical counter key (monitor/model.py COUNTERS) -> candidate sample names, first present wins
 COUNTER_NAMES = {
@@ -179,44 +203,68 @@ def readings_from_scrape(scrape: ParsedScrape, target: str, timestamp: float,
         for model, engine in values:
             engines.setdefault(model, set()).add(engine)
             reading(model)
-
-    def per_engine(what: str, model: str, high: Optional[float] = None) -> list[Optional[float]]:
-        out = []
-        for engine in sorted(engines[model]):
-            raw = g[what].get((model, engine))
-            out.append(None if raw is None else checked(scrape, raw, high))
-        return out
-
     for model, r in by_model.items():
-        for attr in ("running", "waiting"):
-            if any(m == model for m, _ in g[attr]):
-                setattr(r, attr, _total(per_engine(attr, model, MAX_REQUESTS)))
-        capacity, live, usage = [], [], []
-        for cap, used, share in zip(per_engine("capacity", model, MAX_TOKENS), per_engine("used_tokens", model, MAX_TOKENS),
-                                    per_engine("token_usage", model, high=1.0)):
-            if cap is not None and not cap > 0:
-                scrape.anomaly("out_of_range")  # a KV capacity of 0: unknown
-                cap = None
-            if used is None and share is not None and cap is not None:
-                used = share * cap
-            if used is not None and cap is not None and used > cap:
-                scrape.anomaly("out_of_range")
-                used = None
-            capacity.append(cap)
-            live.append(used)
-            usage.append(share)
-        r.kv_capacity_tokens = _total(capacity)
-        r.kv_live_tokens = _total(live)
-        if r.kv_capacity_tokens and r.kv_live_tokens is not None:
-            r.kv_usage = r.kv_live_tokens / r.kv_capacity_tokens
-        elif len(usage) == 1:
-            r.kv_usage = usage[0]  # one engine without a capacity: its own fraction
-        page = [v for v in per_engine("page_size", model) if v]
-        r.block_size = int(page[0]) if page else None
-        pages = _total(per_engine("num_pages", model))
-        r.num_gpu_blocks = int(pages) if pages else None
-        r.engines = max(1, len(engines[model]))
+        _engine_gauges(scrape, r, g, sorted(engines[model]))
+    for attr, candidates in (("running_by_priority", GAUGES["running"]), ("waiting_by_priority", GAUGES["waiting"])):
+        for model, by_priority in _by_priority(scrape, candidates).items():
+            if model in by_model:  # a breakdown without its total is not read
+                setattr(by_model[model], attr, by_priority)
+    _counters(scrape, reading)
+    for r in by_model.values():
+        if "prefix_cache_hits" in r.counters and "prompt_tokens" in r.counters:
+            r.counters["prefix_cache_queries"] = r.counters["prompt_tokens"]
+    _histograms_into(scrape, reading)
+    for r in by_model.values():
+        unknown_if_overflowed(scrape, r)
+    return list(by_model.values())
 
+
+def _engine_gauges(scrape: ParsedScrape, r: ReplicaReading, g: dict, engines: list[str]) -> None:
+    """The model's gauges, each engine's checked once: running and waiting summed, KV and LoRA by
+    sglang_kv.read_kv."""
+    model = r.model
+    per_engine: list[dict[str, Optional[float]]] = []
+    for engine in engines:
+        values = {}
+        for what, found in g.items():
+            raw = found.get((model, engine))
+            values[what] = None if raw is None else checked(scrape, raw, _HIGH.get(what))
+        per_engine.append(values)
+    for attr in ("running", "waiting"):
+        if any(m == model for m, _ in g[attr]):
+            setattr(r, attr, _total([v[attr] for v in per_engine]))
+    read_kv(r, per_engine, scrape.anomaly)
+    r.engines = max(1, len(engines))
+
+
+def _by_priority(scrape: ParsedScrape, candidates: tuple[str, ...]) -> dict[str, dict[str, float]]:
+    """model -> priority -> the gauge's per-priority series (priority="<n>") summed over engines; a
+    priority unusable on one engine is left out (unknown, not a partial sum)."""
+    for name in candidates:
+        rows = scrape.get(name)
+        if not rows:
+            continue
+        out: dict[str, dict[str, float]] = {}
+        seen, bad = set(), set()
+        for labels, value in _primary([(lb, v) for lb, v in rows if lb.get("priority")]):
+            model, priority = labels["model_name"], labels["priority"]
+            key = (model, _engine(labels), priority)
+            if key in seen:
+                scrape.anomaly("duplicate_engine")  # the same rank twice: the first one counts
+                continue
+            seen.add(key)
+            v = checked(scrape, value, MAX_REQUESTS)
+            if v is None:
+                bad.add((model, priority))
+                continue
+            out.setdefault(model, {})[priority] = out.get(model, {}).get(priority, 0.0) + v
+        for model, priority in bad:
+            out.get(model, {}).pop(priority, None)
+        return {m: p for m, p in out.items() if p}
+    return {}
+
+
+def _counters(scrape: ParsedScrape, reading) -> None:
     for key, candidates in COUNTER_NAMES.items():
         for name in candidates:
             samples = scrape.get(name)
@@ -230,10 +278,9 @@ def readings_from_scrape(scrape: ParsedScrape, target: str, timestamp: float,
                 if total is not None:
                     reading(model).counters[key] = total
             break
-    for r in by_model.values():
-        if "prefix_cache_hits" in r.counters and "prompt_tokens" in r.counters:
-            r.counters["prefix_cache_queries"] = r.counters["prompt_tokens"]
 
+
+def _histograms_into(scrape: ParsedScrape, reading) -> None:
     for key, candidates in HISTOGRAM_NAMES.items():
         for base in candidates:
             buckets = scrape.get(base + "_bucket")
@@ -244,9 +291,6 @@ def readings_from_scrape(scrape: ParsedScrape, target: str, timestamp: float,
             for model, hist in _histograms(*parts).items():
                 reading(model).histograms[key] = hist
             break
-    for r in by_model.values():
-        unknown_if_overflowed(scrape, r)
-    return list(by_model.values())
 
 
 def _as_engine_series(samples):
