@@ -14,7 +14,7 @@ digest). Fields and the metric each becomes (scenario / limit fields carry the m
     utilisation_ratio           headroom_utilisation_ratio{pool}
     ratio                       headroom_ratio{pool, scenario}             (Scenarios: current, n_minus_1, instant)
     headroom_requests           headroom_headroom_requests{pool, scenario}
-    capacity_requests           headroom_capacity_requests{pool, limit}    (Limits: slots, kv, knee, slo, effective)
+    capacity_requests           headroom_capacity_requests{pool, limit}    (Limits: slots, kv, knee, slo, lora, effective)
     sessions                    headroom_sessions{pool}
     session_capacity            headroom_session_capacity{pool}
     power_watts                 headroom_power_watts{pool}
@@ -32,6 +32,8 @@ Definitions (per pool, N = replicas answering):
                       keeps when given, else live KV / running requests, else the configured
                       kv_tokens_per_request)
   knee capacity     = knee requests per replica x N
+  lora capacity     = only while LoRA adapters are in use: adapter slots (max_loras x N) x running
+                      requests per running adapter (`lora_limit`)
   slo capacity      = only while a latency target is over its allowed share over the window: the
                       load scaled down, load x allowed / over (monitor/capacity/slo_limit.py)
   effective         = the smallest of those known; its name is the limiting factor
@@ -100,6 +102,17 @@ def largest_replica_share(pool: PoolSnapshot) -> Optional[float]:
     return 1.0 / n
 
 
+def lora_limit(pool: PoolSnapshot) -> Optional[float]:
+    """Requests the LoRA adapter slots hold: the replicas' adapter slots (vLLM --max-loras each) x the
+    running requests per adapter in use now. Only while adapters are in use (a running adapter);
+    base-model requests running beside them are counted as if they used an adapter, so the limit is
+    an upper bound when both run."""
+    lora = pool.lora
+    if lora is None or lora.running <= 0 or not pool.active_requests:
+        return None
+    return lora.max_loras * pool.active_requests / lora.running
+
+
 def compute_capacity(pool: PoolSnapshot, knee: Knee, settings: CapacitySettings,
                      power_watts: Optional[float] = None, sessions: Optional[float] = None) -> dict:
     """`pool_capacity(...)` as the plain dict of the JSON document."""
@@ -150,6 +163,7 @@ def pool_capacity(pool: PoolSnapshot, knee: Knee, settings: CapacitySettings,
         caps["kv"] = max(kv_capacity, 0.0) / kv_per_req
     # a slow replica (monitor/derive/slow.py) holds its slots but serves 1 / ratio of a peer's
     # tokens: its share of the knee is discounted by 1 - 1 / ratio (`slow_capacity_lost`)
+    caps["lora"] = lora_limit(pool)
     n_knee = max(0.0, n - pool.slow_capacity_lost)
     if knee.requests is not None:
         caps["knee"] = float(knee.requests * n_knee)
@@ -185,7 +199,7 @@ def pool_capacity(pool: PoolSnapshot, knee: Knee, settings: CapacitySettings,
         utilisation_ratio=(load / effective) if (effective and load is not None) else None,
         ratio=Scenarios(_ratio(load, effective), _ratio(load, cap_n1), _ratio(instant, effective)),
         headroom_requests=Scenarios(_less(effective, load), _less(cap_n1, load), _less(effective, instant)),
-        capacity_requests=Limits(caps["slots"], caps["kv"], caps["knee"], effective, caps["slo"]),
+        capacity_requests=Limits(caps["slots"], caps["kv"], caps["knee"], effective, caps["slo"], caps["lora"]),
         sessions=sessions, session_capacity=session_capacity, power_watts=power,
         sessions_per_megawatt=spmw,
         limiting_factor=limiting, load_requests=load, load_requests_instant=instant,

@@ -14,6 +14,7 @@ from typing import Iterable, Optional
 from ..model import COUNTERS, Histogram, PoolSnapshot, Quantiles, ReplicaReading, ReplicaSnapshot
 from ..poolkey import PoolBy, key_of, make_key, name_of
 from .counters import histogram_increase, increase
+from .edges import derive_edges
 from .histogram import quantiles
 from .kv_band import KvBand, kv_band, sum_bands, tokens_per_request_between
 from .slow import itl_in_window, latency_ratios
@@ -154,6 +155,7 @@ def derive_pools(history: dict[str, list[ReplicaReading]], now: float, window_se
         if pool_totals is not None:
             snap.latency_totals = pool_totals.get(pool, {})
         overflowed = _rates(snap, fresh, now, window_seconds, given)
+        derive_edges(snap, fresh, lambda rs: window_pair(rs, now, window_seconds))
         _unknown_if_overflowed(snap, anomalies if anomalies is not None else {}, overflowed)
     return sorted(pools.values(), key=lambda p: p.pool)
 
@@ -165,7 +167,8 @@ def replica_band(readings: list[ReplicaReading], now: float, window: float) -> K
     newest = readings[-1]
     pair = window_pair(readings, now, window)
     per_request = tokens_per_request_between(pair[0], newest) if pair is not None else None
-    return kv_band(newest.kv_live_tokens, newest.running, newest.block_size, per_request)
+    return kv_band(newest.kv_live_tokens, newest.running, newest.block_size, per_request,
+                   None if newest.kv_unit_exact else newest.kv_unit_max)
 
 
 SUMMED = ("active_requests", "queued_requests", "kv_tokens_live", "kv_tokens_live_low", "kv_tokens_live_high",

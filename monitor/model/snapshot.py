@@ -7,7 +7,7 @@ from typing import Any, Optional, Protocol
 from monitor.poolkey import extras_of, name_of
 
 from .capacity import Capacity, PoolTasks
-from .values import Histogram, Quantiles
+from .values import Histogram, KvTier, LoraSlots, Quantiles
 
 
 @dataclass
@@ -28,6 +28,7 @@ class ReplicaSnapshot:
     kv_capacity_changes: float = 0.0  # KV capacity changes seen on this replica (counter)
     latency_ratio: Optional[float] = None  # its inter-token latency over its peers' (derive/slow.py)
     slow: bool = False  # the ratio stayed >= SLOW_RATIO for SLOW_HOLD seconds (monitor/step.py)
+    kv_tiers: dict[str, KvTier] = field(default_factory=dict)  # tier -> its capacity (derive/edges.py)
 
 
 class PoolForecastLike(Protocol):
@@ -116,6 +117,18 @@ class PoolSnapshot:
     recommended_replicas: dict[str, int] = field(default_factory=dict)
     replica_lead_time_seconds: Optional[float] = None  # a new replica's start-up: configured, else measured
     replica_lead_time_source: Optional[str] = None  # "configured" (pools.<pool>.replica_lead_time) | "measured"
+    # the edges (monitor/derive/edges.py): KV capacity per tier ("gpu", "cpu", "lmcache_cpu", ...),
+    # prefix-cache hit tokens per second and their share of prompt tokens by the tier that supplied
+    # them, speculative decoding's acceptance, LoRA adapter slots, LMCache's hit ratio, offload
+    # allocation failures per second; {} / None when no replica reports them
+    kv_tiers: dict[str, KvTier] = field(default_factory=dict)
+    prefix_hit_rates: dict[str, float] = field(default_factory=dict)
+    prefix_hit_shares: dict[str, float] = field(default_factory=dict)
+    spec_acceptance_ratio: Optional[float] = None  # accepted / draft tokens over the rate window
+    spec_acceptance_length: Optional[float] = None  # 1 + accepted / drafts: tokens per decode step
+    lora: Optional[LoraSlots] = None
+    lmcache_hit_ratio: Optional[float] = None  # LMCache hit / requested tokens over the rate window
+    kv_offload_allocation_failure_rate: Optional[float] = None  # per second: the CPU tier was full
 
     @property
     def gateway_queued_requests(self) -> Optional[float]:

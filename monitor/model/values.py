@@ -95,6 +95,45 @@ class ReplicaReading:
     counters: dict[str, float] = field(default_factory=dict)  # keys from COUNTERS
     histograms: dict[str, Histogram] = field(default_factory=dict)  # keys from HISTOGRAMS
     naming: str = "v1"  # "v1", "v0" (no engine label) or "legacy-v1" (gpu_cache_usage_perc)
+    # the KV edges (monitor/sources/vllm_tiers.py): where the GPU capacity came from, whether the
+    # block_size label is the allocation unit (hybrid KV: only a lower bound of it) and the largest
+    # unit it may be; capacity per offload tier, bytes held per LMCache tier, LoRA adapter slots
+    kv_capacity_source: Optional[str] = None  # "kv_cache_size_tokens" | "blocks_x_block_size"
+    kv_unit_exact: bool = True
+    kv_unit_max: Optional[int] = None  # hybrid KV: the largest allocation unit the labels allow
+    kv_tiers: dict[str, "KvTier"] = field(default_factory=dict)  # tier ("gpu", "cpu", "lmcache_cpu", ...)
+    lora: Optional["LoraSlots"] = None
+
+
+@dataclass(frozen=True)
+class KvTier:
+    """One KV-cache tier of a replica (engines summed): its capacity in tokens and bytes where the
+    engine says, the bytes it holds where it says (LMCache), and which series said it."""
+
+    tokens: Optional[float] = None
+    capacity_bytes: Optional[float] = None
+    used_bytes: Optional[float] = None
+    source: str = ""
+
+    def plus(self, other: "KvTier") -> "KvTier":
+        def add(a: Optional[float], b: Optional[float]) -> Optional[float]:
+            return b if a is None else a if b is None else a + b
+        return KvTier(add(self.tokens, other.tokens), add(self.capacity_bytes, other.capacity_bytes),
+                      add(self.used_bytes, other.used_bytes), self.source or other.source)
+
+
+@dataclass(frozen=True)
+class LoraSlots:
+    """vLLM's LoRA adapter slots (vllm:lora_requests_info): at most `max_loras` adapters in a batch;
+    `running` / `waiting`: adapters of the running / waiting requests. Summed over replicas."""
+
+    max_loras: float
+    running: float
+    waiting: float
+
+    def plus(self, other: "LoraSlots") -> "LoraSlots":
+        return LoraSlots(self.max_loras + other.max_loras, self.running + other.running,
+                         self.waiting + other.waiting)
 
 
 @dataclass
