@@ -197,6 +197,8 @@ def pool_samples(out: Rows, p: PoolSnapshot) -> None:
             out.add("headroom_replica_kv_tokens_low", rl, r.kv_tokens_live_low)
             out.add("headroom_replica_kv_tokens_high", rl, r.kv_tokens_live_high)
         out.add("headroom_replica_kv_capacity_tokens", rl, r.kv_tokens_capacity)
+        for tier, t in sorted(r.kv_tiers.items()):
+            out.add("headroom_replica_kv_tier_capacity_tokens", {**rl, "tier": tier, "source": t.source}, t.tokens)
         out.add("headroom_replica_kv_capacity_changes", rl, r.kv_capacity_changes)
     # a gateway's queue is this cycle's reading of the gateway, fresh when the replicas are down too
     # (exactly when users wait)
@@ -223,6 +225,7 @@ def pool_samples(out: Rows, p: PoolSnapshot) -> None:
         out.add("headroom_shed_requests_rate", {"pool": p.pool, "reason": reason}, rate)
     out.add("headroom_offered_requests", pl, p.offered_requests)
     out.add("headroom_kv_capacity_tokens", pl, p.kv_tokens_capacity)
+    edge_samples(out, p)
     out.add("headroom_kv_usage_ratio", pl, p.kv_usage_ratio)
     out.add("headroom_completion_rate", pl, p.completion_rate)
     out.add("headroom_prompt_tokens_rate", pl, p.prompt_tokens_rate)
@@ -243,6 +246,29 @@ def pool_samples(out: Rows, p: PoolSnapshot) -> None:
         task_samples(out, p.pool, p.tasks)
 
 
+def edge_samples(out: Rows, p: PoolSnapshot) -> None:
+    """The pool's KV tiers, prefix hits by tier, speculative acceptance, LoRA slots, LMCache
+    (monitor/derive/edges.py)."""
+    pl = {"pool": p.pool}
+    if p.kv_tokens_method:
+        out.add("headroom_kv_tokens_method_info", {**pl, "method": p.kv_tokens_method}, 1.0)
+    for tier, t in sorted(p.kv_tiers.items()):
+        out.add("headroom_kv_tier_capacity_tokens", {**pl, "tier": tier, "source": t.source}, t.tokens)
+        out.add("headroom_kv_tier_capacity_bytes", {**pl, "tier": tier, "source": t.source}, t.capacity_bytes)
+        out.add("headroom_kv_tier_used_bytes", {**pl, "tier": tier}, t.used_bytes)
+    out.add("headroom_kv_offload_allocation_failures_rate", pl, p.kv_offload_allocation_failure_rate)
+    for tier, v in sorted(p.prefix_hit_rates.items()):
+        out.add("headroom_prefix_cache_hit_tokens_rate", {**pl, "tier": tier}, v)
+    for tier, v in sorted(p.prefix_hit_shares.items()):
+        out.add("headroom_prefix_cache_hit_share_ratio", {**pl, "tier": tier}, v)
+    out.add("headroom_lmcache_hit_ratio", pl, p.lmcache_hit_ratio)
+    out.add("headroom_spec_decode_acceptance_ratio", pl, p.spec_acceptance_ratio)
+    out.add("headroom_spec_decode_acceptance_length", pl, p.spec_acceptance_length)
+    if p.lora is not None:
+        for state in ("max_loras", "running", "waiting"):
+            out.add("headroom_lora_adapters", {**pl, "state": state.replace("_loras", "")}, getattr(p.lora, state))
+
+
 def capacity_samples(out: Rows, pool: str, c: Capacity) -> None:
     """A pool's `Capacity`; NaN is not exported (an infinite ratio is)."""
     if c.withheld:
@@ -260,6 +286,8 @@ def capacity_samples(out: Rows, pool: str, c: Capacity) -> None:
     add("headroom_knee_confidence_ratio", {}, c.knee_confidence_ratio)
     if c.knee_implausible is not None:
         add("headroom_knee_implausible", {}, 1.0 if c.knee_implausible else 0.0)
+    if c.knee_source is not None:
+        add("headroom_knee_suspect", {}, 1.0 if c.knee_suspect else 0.0)
     add("headroom_utilisation_ratio", {}, c.utilisation_ratio)
     for scenario, v in c.ratio.as_dict().items():
         add("headroom_ratio", {"scenario": scenario}, v)

@@ -131,7 +131,7 @@ def _offload_tiers(scrape: ParsedScrape, by_model: dict[str, ReplicaReading]) ->
         gib = _bounded(scrape, _num(labels.get("kv_offloading_size")), MAX_BYTES / GIB)
         r = by_model.get(_model_of(labels) or "") or (next(iter(by_model.values())) if len(by_model) == 1 else None)
         if gib and r is not None:
-            _add_tier(r, "cpu", KvTier(None, gib * GIB, None, "cache_config_info kv_offloading_size"))
+            _add_tier(r, "cpu", KvTier(None, gib * GIB, None, "kv_offloading_size"))
 
 
 def _add_tier(r: ReplicaReading, tier: str, add: KvTier) -> None:
