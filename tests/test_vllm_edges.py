@@ -234,3 +234,38 @@ def test_real_vllm_032_lora_capture():
     p = pool("lora")
     p.lora = r.lora
     assert lora_limit(p) is None  # no adapter running: no lora limit
+
+
+# ------------------------------------------------------------------ through the cycle
+
+
+def cycle(case_files: list[str], pools: dict):
+    """Step a cycle state through one replica's fixture scrapes, 60 s apart; the last snapshot."""
+    from monitor.capacity.enrich import CapacityState
+    from monitor.config import Config, PoolSettings, Target
+    from monitor.model import SourceStatus
+    from monitor.step import CycleInputs, CycleState, step
+
+    url = "http://r1:8000/metrics"
+    cfg = Config(vllm_targets=[Target(url)], pools={k: PoolSettings(**v) for k, v in pools.items()})
+    state = CycleState(cfg, CapacityState(cfg))
+    for i, name in enumerate(case_files):
+        (r,) = readings_from_text(text(name), url, T0 + 60 * i)
+        state, snap = step(state, CycleInputs([r], [SourceStatus("vllm", url, True)]), T0 + 60 * i)
+    return snap
+
+
+def test_the_cycle_gives_lora_its_limit_and_lmcache_its_configured_capacity():
+    snap = cycle(["vllm-0.34.0-lora-t0.prom", "vllm-0.34.0-lora-t60.prom"], {})
+    (p,) = snap.pools
+    # no max_num_seqs configured; kv = 131,072 / (52,113.8 / 10) = 25.15 and the prior knee the same;
+    # lora = 4 slots x 10 running / 4 running adapters = 10: the limiting factor
+    assert (p.capacity.capacity_requests.lora, p.capacity.limiting_factor) == (10.0, "lora")
+    assert p.capacity.knee_suspect == ""  # a prior knee is never suspect
+    assert ({"pool": "Qwen/Qwen3-8B"}, 0.0) in samples_of(p)["headroom_knee_suspect"]
+    snap = cycle(["lmcache-0.5.6-vllm-0.34.0-t0.prom", "lmcache-0.5.6-vllm-0.34.0-t60.prom"],
+                 {"qwen3-8b": {"lmcache_cpu_bytes_per_replica": 10 * 2 ** 30}})
+    (p,) = snap.pools
+    # one replica answering x 10 GiB configured
+    assert (p.kv_tiers["lmcache_cpu"].capacity_bytes, p.kv_tiers["lmcache_cpu"].used_bytes) == (10 * 2 ** 30, 6.3e9)
+    assert p.lmcache_hit_ratio == 0.6
