@@ -124,6 +124,8 @@ def test_spec_decode_acceptance_and_the_knee_marked_suspect_when_it_moves():
     p = pool("spec-decode")
     # t0 -> t60: 1000 drafts, 3000 draft tokens, 1800 accepted: 1800 / 3000 = 0.6, 1 + 1800 / 1000 = 2.8
     assert (p.spec_acceptance_ratio, p.spec_acceptance_length) == (0.6, 2.8)
+    # per position: 800, 600, 400 accepted of 1000 drafts
+    assert p.spec_acceptance_by_position == {"0": 0.8, "1": 0.6, "2": 0.4}
     later = pool("spec-decode", 60, 120)
     # t60 -> t120: 1200 accepted of 3000: 0.4, 1 + 1200 / 1000 = 2.2
     assert later.spec_acceptance_ratio == pytest.approx(0.4) and later.spec_acceptance_length == pytest.approx(2.2)

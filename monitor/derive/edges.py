@@ -11,6 +11,7 @@
     spec_acceptance_ratio   increase(accepted tokens) / increase(draft tokens), every replica's summed
     spec_acceptance_length  1 + increase(accepted tokens) / increase(drafts): tokens per decode step
                          (vllm/v1/spec_decode/metrics.py's definitions)
+    spec_acceptance_by_position  per draft position, increase(accepted there) / increase(drafts)
     lora                 LoRA adapter slots summed over the replicas' newest readings
     lmcache_hit_ratio    increase(lmcache hit tokens) / increase(lmcache requested tokens)
     kv_offload_allocation_failure_rate   stores the CPU tier refused for want of room, per second
@@ -53,6 +54,10 @@ def derive_edges(snap: PoolSnapshot, fresh: list[list[ReplicaReading]], pair_of)
     snap.spec_acceptance_ratio = _ratio(deltas, "spec_accepted_tokens", "spec_draft_tokens")
     per_draft = _ratio(deltas, "spec_accepted_tokens", "spec_drafts")
     snap.spec_acceptance_length = 1.0 + per_draft if per_draft is not None else None
+    drafts = deltas.get("spec_drafts")
+    if drafts:
+        snap.spec_acceptance_by_position = {k.split(":", 1)[1]: v / drafts for k, v in deltas.items()
+                                            if k.startswith("spec_accepted_pos:")}
     snap.lmcache_hit_ratio = _ratio(deltas, "lmcache_hit_tokens", "lmcache_requested_tokens")
     snap.kv_offload_allocation_failure_rate = rates.get("kv_offload_allocation_failures")
 
@@ -80,7 +85,7 @@ def _increases(fresh: list[list[ReplicaReading]], pair_of) -> tuple[dict[str, fl
         old, new = pair
         dt = new.timestamp - old.timestamp
         for key in new.counters:
-            if key not in EDGE_KEYS and not key.startswith("cached:"):
+            if key not in EDGE_KEYS and not key.startswith(("cached:", "spec_accepted_pos:")):
                 continue
             d = increase(new.counters.get(key), old.counters.get(key))
             if d is None:

@@ -264,6 +264,8 @@ def edge_samples(out: Rows, p: PoolSnapshot) -> None:
     out.add("headroom_lmcache_hit_ratio", pl, p.lmcache_hit_ratio)
     out.add("headroom_spec_decode_acceptance_ratio", pl, p.spec_acceptance_ratio)
     out.add("headroom_spec_decode_acceptance_length", pl, p.spec_acceptance_length)
+    for position, v in sorted(p.spec_acceptance_by_position.items()):
+        out.add("headroom_spec_decode_position_acceptance_ratio", {**pl, "position": position}, v)
     if p.lora is not None:
         for state in ("max_loras", "running", "waiting"):
             out.add("headroom_lora_adapters", {**pl, "state": state.replace("_loras", "")}, getattr(p.lora, state))

@@ -105,7 +105,8 @@ def edges_to_dict(p: PoolSnapshot) -> dict:
         "kv_tiers": {tier: _tier(t) for tier, t in sorted(p.kv_tiers.items())},
         "prefix_cache_hit_tokens_rate": dict(p.prefix_hit_rates),
         "prefix_cache_hit_share": dict(p.prefix_hit_shares),
-        "spec_decode": {"acceptance_ratio": p.spec_acceptance_ratio, "acceptance_length": p.spec_acceptance_length},
+        "spec_decode": {"acceptance_ratio": p.spec_acceptance_ratio, "acceptance_length": p.spec_acceptance_length,
+                        "acceptance_by_position": dict(p.spec_acceptance_by_position)},
         "lora_adapters": ({"max": p.lora.max_loras, "running": p.lora.running, "waiting": p.lora.waiting}
                           if p.lora is not None else None),
         "lmcache_hit_ratio": p.lmcache_hit_ratio,

@@ -126,6 +126,7 @@ class PoolSnapshot:
     prefix_hit_shares: dict[str, float] = field(default_factory=dict)
     spec_acceptance_ratio: Optional[float] = None  # accepted / draft tokens over the rate window
     spec_acceptance_length: Optional[float] = None  # 1 + accepted / drafts: tokens per decode step
+    spec_acceptance_by_position: dict[str, float] = field(default_factory=dict)  # position -> accepted / drafts
     lora: Optional[LoraSlots] = None
     lmcache_hit_ratio: Optional[float] = None  # LMCache hit / requested tokens over the rate window
     kv_offload_allocation_failure_rate: Optional[float] = None  # per second: the CPU tier was full

@@ -26,6 +26,7 @@ Counters (summed over engines, keyed into `ReplicaReading.counters`):
                             external_unspecified), >= 0.32; they sum to the prefix and external hits
     spec_drafts, spec_draft_tokens, spec_accepted_tokens
                             vllm:spec_decode_num_{drafts,draft_tokens,accepted_tokens}_total
+    spec_accepted_pos:<i>   vllm:spec_decode_num_accepted_tokens_per_pos_total{position}
     lmcache_requested_tokens, lmcache_hit_tokens
                             lmcache:num_{requested,hit}_tokens_total (LMCache's `*_hit_rate` gauges
                             restart at each log interval: the counters are read instead)
@@ -62,6 +63,7 @@ COUNTERS: dict[str, tuple[str, Optional[str]]] = {
     "spec_drafts": (P + "spec_decode_num_drafts_total", None),
     "spec_draft_tokens": (P + "spec_decode_num_draft_tokens_total", None),
     "spec_accepted_tokens": (P + "spec_decode_num_accepted_tokens_total", None),
+    "spec_accepted_pos": (P + "spec_decode_num_accepted_tokens_per_pos_total", "position"),
     "kv_offload_allocation_failures": (P + "kv_offload_allocation_failure_total", None),
     "lmcache_requested_tokens": (L + "num_requested_tokens_total", None),
     "lmcache_hit_tokens": (L + "num_hit_tokens_total", None),
