@@ -31,6 +31,7 @@ from .. import __version__
 from ..catalogue import BY_NAME
 from ..model import Capacity, PoolSnapshot, PoolTasks, Snapshot
 from ..poolkey import split
+from .edge_samples import edge_samples
 from monitor.kit.text import valid_text
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
@@ -103,7 +104,6 @@ class Renderer:
         for what, v in sorted(self.dropped.items()):
             out.add("headroom_dropped_series", {"what": what}, v)
         return out.samples
-
 
     def live(self, cadence: Optional[Cadence]) -> Samples:
         """The samples computed at each scrape: the cycle's cadence and the render errors (they must
@@ -244,31 +244,6 @@ def pool_samples(out: Rows, p: PoolSnapshot) -> None:
         capacity_samples(out, p.pool, p.capacity)
     if p.tasks is not None:
         task_samples(out, p.pool, p.tasks)
-
-
-def edge_samples(out: Rows, p: PoolSnapshot) -> None:
-    """The pool's KV tiers, prefix hits by tier, speculative acceptance, LoRA slots, LMCache
-    (monitor/derive/edges.py)."""
-    pl = {"pool": p.pool}
-    if p.kv_tokens_method:
-        out.add("headroom_kv_tokens_method_info", {**pl, "method": p.kv_tokens_method}, 1.0)
-    for tier, t in sorted(p.kv_tiers.items()):
-        out.add("headroom_kv_tier_capacity_tokens", {**pl, "tier": tier, "source": t.source}, t.tokens)
-        out.add("headroom_kv_tier_capacity_bytes", {**pl, "tier": tier, "source": t.source}, t.capacity_bytes)
-        out.add("headroom_kv_tier_used_bytes", {**pl, "tier": tier}, t.used_bytes)
-    out.add("headroom_kv_offload_allocation_failures_rate", pl, p.kv_offload_allocation_failure_rate)
-    for tier, v in sorted(p.prefix_hit_rates.items()):
-        out.add("headroom_prefix_cache_hit_tokens_rate", {**pl, "tier": tier}, v)
-    for tier, v in sorted(p.prefix_hit_shares.items()):
-        out.add("headroom_prefix_cache_hit_share_ratio", {**pl, "tier": tier}, v)
-    out.add("headroom_lmcache_hit_ratio", pl, p.lmcache_hit_ratio)
-    out.add("headroom_spec_decode_acceptance_ratio", pl, p.spec_acceptance_ratio)
-    out.add("headroom_spec_decode_acceptance_length", pl, p.spec_acceptance_length)
-    for position, v in sorted(p.spec_acceptance_by_position.items()):
-        out.add("headroom_spec_decode_position_acceptance_ratio", {**pl, "position": position}, v)
-    if p.lora is not None:
-        for state in ("max_loras", "running", "waiting"):
-            out.add("headroom_lora_adapters", {**pl, "state": state.replace("_loras", "")}, getattr(p.lora, state))
 
 
 def capacity_samples(out: Rows, pool: str, c: Capacity) -> None:
