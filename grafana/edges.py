@@ -3,7 +3,7 @@ capacity by tier (GPU, CPU offload, LMCache), prefix-cache hits by the tier that
 speculative decoding's acceptance and LoRA adapter slots (monitor/derive/edges.py)."""
 from __future__ import annotations
 
-from blocks import P, R, row, target, timeseries
+from blocks import P, R, row, table, target, timeseries
 
 
 def edges() -> list[dict]:
@@ -26,11 +26,22 @@ def edges() -> list[dict]:
             target(f"headroom_prefix_cache_hit_share_ratio{{{P}}}", "{{pool}} {{tier}}"),
         ], unit="percentunit", stack=True, min_=0, w=8,
             description="Share of prompt tokens each cache tier supplied (device, host, disk, p2p, "
-                        "external_unspecified); the rest was computed. Tokens per second: "
-                        "headroom_prefix_cache_hit_tokens_rate."),
+                        "external_unspecified); the rest was computed."),
+        timeseries("Prefix-cache hit tokens per second by tier", [
+            target(f"headroom_prefix_cache_hit_tokens_rate{{{P}}}", "{{pool}} {{tier}}"),
+        ], stack=True, min_=0, w=8, description="Prompt tokens served from each cache tier per second."),
+        timeseries("LMCache hit ratio", [
+            target(f"headroom_lmcache_hit_ratio{{{P}}}", "{{pool}}"),
+        ], unit="percentunit", min_=0, w=8, description="LMCache hit over requested tokens (its token counters; "
+                                                         "its hit-rate gauges restart each log interval)."),
+        table("How live KV is estimated", [
+            target(f"headroom_kv_tokens_method_info{{{P}}}", "", instant=True, table=True),
+        ], description="Method hybrid: the block size is a lower bound of the allocation unit (hybrid KV): the "
+                       "live KV band is widened with the largest unit the engine names.", w=8, h=8),
         timeseries("Speculative decoding acceptance", [
             target(f"headroom_spec_decode_acceptance_ratio{{{P}}}", "{{pool}} accepted / draft tokens"),
             target(f"headroom_spec_decode_acceptance_length{{{P}}}", "{{pool}} tokens per step"),
+            target(f"headroom_spec_decode_position_acceptance_ratio{{{P}}}", "{{pool}} position {{position}}"),
             target(f"headroom_knee_suspect{{{P}}}", "{{pool}} knee suspect"),
         ], min_=0, w=12, description="A change in acceptance changes decode speed at the same batch: the learned "
                                      "knee is then marked suspect (headroom_knee_suspect) until a new one is learned."),
