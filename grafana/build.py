@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # blocks.py, drilldown
 from blocks import (DS, HA_LABELS, M, P, SCHEMA_VERSION, by_name, dashboard, dedup, engine,  # noqa: E402,F401
                     replicas_link, row, stat, table, target, target_variable, timeseries)
 from drilldown import actions, replicas  # noqa: E402
+from edges import edges  # noqa: E402
 from health import self_health  # noqa: E402
 
 OUT_DIR = Path(__file__).resolve().parent / "dashboards"
@@ -75,8 +76,8 @@ def fleet_capacity() -> dict:
         timeseries("Capacity by limit", [target(f"headroom_capacity_requests{{{P}}}", "{{pool}} {{limit}}")],
                    description="Concurrent requests the pool can take by limiting factor: slots (max_num_seqs), "
                                "kv (KV tokens / tokens per request), knee, slo (while a latency target is over its "
-                               "allowed share: below the load), lora (adapter slots, where adapters are in use), "
-                               "and effective (the smallest)."),
+                               "allowed share: below the load), lora (while requests wait for an adapter slot), and "
+                               "effective (the smallest)."),
         timeseries("Queue by reason", [
             target(f"pool:vllm_num_requests_waiting_by_reason:sum{{{M}}}", "{{model_name}} {{reason}} (vLLM)"),
             target(f"headroom_queued_requests_by_reason{{{P}}}", "{{pool}} {{reason}}"),
@@ -87,6 +88,7 @@ def fleet_capacity() -> dict:
                        "with --enable-priority-scheduling): a breakdown of the pool's running and queued requests, "
                        "not added to them.", stack=False),
         *kv_and_latency(),
+        *edges(),
         *self_health(),
     ]
     return dashboard("fleet-capacity", "headroom / Fleet capacity",

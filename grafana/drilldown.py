@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+from edges import replica_tiers
 from blocks import HA_LABELS, P, R, by_name, dashboard, engine, M, replica_variable, row, stat, table, target, \
     target_variable, timeseries
 
@@ -50,6 +51,7 @@ def replicas() -> dict:
             target(f"headroom_replica_kv_capacity_tokens{{{R}}}", "{{replica}} capacity"),
         ], description="headroom's estimate of live KV tokens with its band, against the replica's KV capacity.",
             overrides=[by_name(".* capacity$", DASH, NO_FILL)]),
+        replica_tiers(),
         timeseries("KV capacity changes per replica", [
             target(f"sum by (pool, replica) (max without ({HA_LABELS}) "
                    f"(increase(headroom_replica_kv_capacity_changes_total{{{R}}}[1h])))", "{{replica}}",

@@ -24,7 +24,7 @@ LEARNED = Knee(requests=12.0, kv_tokens=24_000.0, source="learned", signal="ttft
 def test_hand_computed_headroom_sessions_and_power():
     # load 36; slots 16 x 4 = 64; KV 400 000 / (60 000 / 30 = 2 000) = 200; knee 12 x 4 = 48
     c = compute_capacity(pool(), LEARNED, CapacitySettings(max_num_seqs=16), power_watts=1400.0, sessions=18)
-    assert c["capacity_requests"] == {"slots": 64.0, "kv": 200.0, "knee": 48.0, "slo": None, "lora": None,
+    assert c["capacity_requests"] == {"slots": 64.0, "kv": 200.0, "knee": 48.0, "slo": None,
                                        "effective": 48.0}
     assert c["limiting_factor"] == "knee"
     assert c["knee_requests"] == 48.0 and c["knee_kv_tokens"] == 96_000.0

@@ -11,7 +11,7 @@ from monitor.capacity.lora import lora_limit
 from monitor.derive.core import derive_pools
 from monitor.export.samples import snapshot_samples
 from monitor.export.snapshot_json import pool_to_dict
-from monitor.model import Snapshot
+from monitor.model import LoraSlots, Snapshot
 from monitor.sources import sglang
 from servers import fixture
 
@@ -159,36 +159,46 @@ def test_one_pool_engines_have_no_pool_breakdown():
 
 # ------------------------------------------------------------------ LoRA slots
 
-def test_lora_slots_are_a_capacity_limit():
+def with_lora_used(used: float) -> str:
+    """The sglang-lora server with `used` adapters in the running batch."""
+    lines = []
+    for line in body("sglang-lora").splitlines(keepends=True):
+        if line.startswith("sglang:lora_pool_slots_used{"):
+            line = line.rsplit(" ", 1)[0] + f" {used}\n"
+        lines.append(line)
+    return "".join(lines)
+
+
+def test_lora_slots_read_and_a_limit_only_while_they_bind():
     # --enable-lora, max_loras_per_batch 4: lora_pool_slots_total 4, 2 adapters in the running batch
-    # (lora_pool_slots_used 2), 8 running requests -> 8 / 2 = 4 requests per adapter, x 4 slots =
-    # 16 concurrent requests within the adapter slots
+    # (lora_pool_slots_used 2), 8 running requests. Two slots are free: more requests for these
+    # adapters or two more adapters fit, so the slots limit nothing (SGLang does not say which
+    # adapters wait: `waiting` unknown)
     r, _ = read(body("sglang-lora"))
-    assert (r.lora_slots_used, r.lora_slots_total, r.running) == (2.0, 4.0, 8.0)
+    assert r.lora == LoraSlots(max_loras=4.0, running=2.0, waiting=None) and r.running == 8.0
     pool = pool_of(r)
-    assert pool.lora_slots == (2.0, 4.0, 8.0)
-    assert lora_limit(pool) == 16.0
-    # limits beside it: slots 32 (max_num_seqs 32, one replica); kv 46080 tokens / (20000 live / 8
-    # running = 2500 per request) = 18.432; no knee. lora (16) is the smallest.
+    assert pool.lora == LoraSlots(4.0, 2.0, None)
+    assert lora_limit(pool) is None
     cap = pool_capacity(pool, Knee(None, None, "prior", "limits"), CapacitySettings(max_num_seqs=32))
-    assert cap.capacity_requests.lora == 16.0 and cap.capacity_requests.slots == 32.0
-    assert cap.capacity_requests.kv == pytest.approx(18.432)
-    assert cap.capacity_requests.effective == 16.0 and cap.limiting_factor == "lora"
-    pool.capacity = cap
-    assert exported(pool, "headroom_capacity_requests")[frozenset({("limit", "lora")})] == 16.0
+    assert cap.capacity_requests.lora is None and cap.limiting_factor == "kv"
+    # every slot in use (4 of 4) and requests queued (the fixture's 2 waiting): the slots hold what
+    # runs now, 8, and none of the queue is known to fit: lora 8 < kv 18.432 (46080 tokens / (20000
+    # live / 8 running = 2500 per request)) < slots 32
+    full = pool_of(read(with_lora_used(4.0))[0])
+    assert full.queued_requests == 2.0 and lora_limit(full) == 8.0
+    cap = pool_capacity(full, Knee(None, None, "prior", "limits"), CapacitySettings(max_num_seqs=32))
+    assert cap.capacity_requests.lora == 8.0 and cap.capacity_requests.kv == pytest.approx(18.432)
+    assert cap.capacity_requests.effective == 8.0 and cap.limiting_factor == "lora"
+    full.capacity = cap
+    assert exported(full, "headroom_capacity_requests")[frozenset({("limit", "lora")})] == 8.0
 
 
 def test_no_lora_limit_without_adapters_in_use_or_without_lora():
-    lines = []  # the same server with no adapter in the running batch
-    for line in body("sglang-lora").splitlines(keepends=True):
-        if line.startswith("sglang:lora_pool_slots_used{"):
-            line = line.rsplit(" ", 1)[0] + " 0.0\n"
-        lines.append(line)
-    r, _ = read("".join(lines))
-    assert (r.lora_slots_used, r.lora_slots_total) == (0.0, 4.0)
-    assert lora_limit(pool_of(r)) is None  # no adapter in use: nothing to scale
+    r, _ = read(with_lora_used(0.0))
+    assert r.lora == LoraSlots(4.0, 0.0, None)
+    assert lora_limit(pool_of(r)) is None  # no adapter in use
     plain = pool_of(read(body("sglang-under-load"))[0])
-    assert plain.lora_slots is None and lora_limit(plain) is None
+    assert plain.lora is None and lora_limit(plain) is None
     assert pool_capacity(plain, Knee(None, None, "prior", "limits"), CapacitySettings()).capacity_requests.lora is None
 
 
@@ -224,5 +234,5 @@ def test_prometheus_mode_reads_priorities_hybrid_pools_and_lora_alike():
         direct, _ = read(body(name))
         (via,) = sglang.readings_from_scrape(scrapes_from_vector(as_query_answer(body(name), "a"))["a"], "a", 100.0)
         for field in ("running", "waiting", "running_by_priority", "waiting_by_priority", "kv_live_tokens",
-                      "kv_capacity_tokens", "kv_usage", "kv_pools", "lora_slots_used", "lora_slots_total"):
+                      "kv_capacity_tokens", "kv_usage", "kv_pools", "lora"):
             assert getattr(via, field) == getattr(direct, field), (name, field)

@@ -31,7 +31,10 @@ For each pool it
      gateway's reading one window back, `TaskWindow`) with SLO shares and burn rates; which pool a
      gateway's reading feeds (its scope: sources.gateways[i].labels) is monitor/capacity/gateway_plan.py;
   4. joins DCGM power to the pool's replicas (monitor/capacity/power.py);
-  5. sets `pool.capacity` (a `Capacity`, monitor/capacity/headroom.py) and `pool.tasks` (a
+  5. marks a learned knee suspect when the engine changed under it (KV capacity per replica,
+     speculative acceptance: monitor/capacity/knee_suspect.py) and gives LMCache's CPU tier its
+     configured capacity (it has no capacity gauge);
+  6. sets `pool.capacity` (a `Capacity`, monitor/capacity/headroom.py) and `pool.tasks` (a
      `PoolTasks`); monitor/export/samples.py renders both. The load `current` and N-1 judge is the
      pool's load (active + engine queued + gateway queued) averaged over the latency window
      (monitor/capacity/load_window.py, time-weighted over the cycles); `instant` judges this cycle's. Every
@@ -68,6 +71,7 @@ from monitor.capacity.gateway_latency import added_latency, gateway_call_histogr
 from monitor.capacity.gateway_plan import Planned, plan_gateways
 from monitor.capacity.headroom import CapacitySettings, pool_capacity
 from monitor.capacity.knee import KneeEstimator, SteadyPrior
+from monitor.capacity.knee_suspect import KneeWatch, suspect
 from monitor.capacity.load_window import LoadWindows
 from monitor.capacity.power import key_map, power_by_pool
 from monitor.capacity.shed import add_gateway_shed, gateway_shed_rates
@@ -103,7 +107,8 @@ def interval_observation(newer, older, signal: str) -> Optional[tuple[float, Opt
             return None
         latency = e2e.sum / tokens
     # live KV as the pool reports it: partial last blocks corrected (monitor/derive/kv_band.py)
-    return e2e.sum / dt, kv_band(newer.kv_live_tokens, newer.running, newer.block_size).estimate, latency
+    unit = None if newer.kv_unit_exact else newer.kv_unit_max
+    return e2e.sum / dt, kv_band(newer.kv_live_tokens, newer.running, newer.block_size, None, unit).estimate, latency
 
 
 def older_reading(readings, min_span: float):
@@ -146,6 +151,7 @@ class CapacityState:
         self.slo_cycle_windows: Optional[dict] = None
         self.slo_task_pools: dict[str, dict[str, float]] = {}  # task type -> {pool it was seen in: when}
         self.knees: dict[str, KneeEstimator] = {}
+        self.knee_watch: dict[str, KneeWatch] = {}  # pool -> what its learned knee was learned on
         self.priors: dict[str, SteadyPrior] = {}
         self.seen: dict[str, float] = {}  # "target|model" -> timestamp of the newest reading observed
         self.task_window = float(getattr(c, "task_window", None) or self.window)
@@ -176,6 +182,7 @@ class CapacityState:
         for pool in [p for p, t in self.pool_seen.items() if t < before]:
             del self.pool_seen[pool]
             self.knees.pop(pool, None)
+            self.knee_watch.pop(pool, None)
             self.priors.pop(pool, None)
             self.loads.forget(pool)
             self.gateway_loads.forget(pool)
@@ -271,7 +278,20 @@ def assess(state: CapacityState, pools: list[PoolSnapshot], history: History,
             limit = slo_limit(load[0] if load else None, state.judged.get(p.pool, ()))
             p.capacity = pool_capacity(p, knee, settings, power.get(p.pool), sessions, kv_per_request=steady,
                                        load=load, slo=(limit[0], limit[1].as_dict()) if limit else None)
+            per_replica = p.kv_tokens_capacity / p.replicas if p.kv_tokens_capacity else None
+            why = suspect(state.knee_watch.setdefault(p.pool, KneeWatch()), knee, p.spec_acceptance_ratio, per_replica)
+            p.capacity = replace(p.capacity, knee_suspect=why)
+        configured_lmcache(p, ps.lmcache_cpu_bytes_per_replica)
         p.tasks = PoolTasks(by_type, pool_slos, classes)
+
+
+def configured_lmcache(p: PoolSnapshot, per_replica: Optional[float]) -> None:
+    """LMCache has no capacity gauge: its CPU tier's capacity is the configured bytes per replica
+    (pools.<pool>.lmcache_cpu_bytes_per_replica, LMCache's max_local_cpu_size) x replicas answering,
+    set where the replicas report the tier."""
+    tier = p.kv_tiers.get("lmcache_cpu")
+    if tier is not None and per_replica:
+        p.kv_tiers["lmcache_cpu"] = replace(tier, capacity_bytes=per_replica * p.replicas, source="configured")
 
 
 def _judged_load(state: CapacityState, p: PoolSnapshot, now: float) -> Optional[tuple[float, float, str]]:

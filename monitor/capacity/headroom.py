@@ -34,8 +34,8 @@ Definitions (per pool, N = replicas answering):
   knee capacity     = knee requests per replica x N
   slo capacity      = only while a latency target is over its allowed share over the window: the
                       load scaled down, load x allowed / over (monitor/capacity/slo_limit.py)
-  lora capacity     = where LoRA adapters are in use: running x adapter slots / adapters in use
-                      (monitor/capacity/lora.py)
+  lora capacity     = only while requests wait for a LoRA adapter slot: active x slots / adapters
+                      wanted (monitor/capacity/lora.py)
   effective         = the smallest of those known; its name is the limiting factor
   utilisation       = load / effective;   headroom ratio = 1 - load / effective (negative when over)
   N-1               = effective x (1 - largest replica's share), the share from per-replica KV
@@ -153,6 +153,7 @@ def pool_capacity(pool: PoolSnapshot, knee: Knee, settings: CapacitySettings,
         caps["kv"] = max(kv_capacity, 0.0) / kv_per_req
     # a slow replica (monitor/derive/slow.py) holds its slots but serves 1 / ratio of a peer's
     # tokens: its share of the knee is discounted by 1 - 1 / ratio (`slow_capacity_lost`)
+    caps["lora"] = lora_limit(pool)
     n_knee = max(0.0, n - pool.slow_capacity_lost)
     if knee.requests is not None:
         caps["knee"] = float(knee.requests * n_knee)

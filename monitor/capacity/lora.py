@@ -1,17 +1,20 @@
 """The LoRA adapter-slot limit of a pool (pure): `headroom_capacity_requests{limit="lora"}`.
 
-An engine serving LoRA adapters holds at most so many distinct adapters in one running batch
-(SGLang `--max-loras-per-batch`, `sglang:lora_pool_slots_total`; vLLM `--max-loras`, `max_lora` of
-`vllm:lora_requests_info`); a request for an adapter not in the batch waits for a free slot. In
-concurrent requests, at today's mix of requests per adapter:
+An engine serving LoRA adapters holds at most so many distinct adapters in one running batch (vLLM
+`--max-loras`, `max_lora` of `vllm:lora_requests_info`; SGLang `--max-loras-per-batch`,
+`sglang:lora_pool_slots_total`); a request for an adapter not in the batch waits for a free slot.
+The slots limit distinct adapters, not requests: more requests for adapters already in the batch
+fit, so the limit binds only while requests wait for an adapter that has no slot.
 
-    lora capacity = running requests x slots / adapters in use
+    binding (vLLM): adapters waiting (waiting_lora_adapters) > 0
+        lora capacity = active requests x slots / (adapters running + adapters waiting)
+        (the share of today's demand for distinct adapters that the slots hold: below the load, so
+        the headroom is negative while adapters queue for slots);
+    binding (SGLang, which does not say which adapters wait): every slot in use and requests queued
+        lora capacity = active requests (what the slots hold now; none of the queue is known to fit);
+    otherwise: no limit (None), whatever the slots in use.
 
-over the replicas that report LoRA slots (`PoolSnapshot.lora_slots`: adapters in use, slots,
-their running requests). With every slot in use it equals the running requests: more load fits
-only as requests for adapters already in the batch. Known only where adapters are in use (none in
-use: no requests per adapter to scale, and the slots limit nothing yet). Requests of the base model
-hold no slot but are counted in the running requests, so the figure leans high when they are many.
+Summed over the pool's replicas (`PoolSnapshot.lora`, monitor/derive/edges.py).
 """
 from __future__ import annotations
 
@@ -21,10 +24,13 @@ from monitor.model import PoolSnapshot
 
 
 def lora_limit(pool: PoolSnapshot) -> Optional[float]:
-    """The pool's concurrent requests within its LoRA adapter slots, or None (see the module)."""
-    if pool.lora_slots is None:
+    """The pool's concurrent requests within its LoRA adapter slots while they bind, else None."""
+    lora, active = pool.lora, pool.active_requests
+    if lora is None or not lora.max_loras > 0 or not lora.running > 0 or not active:
         return None
-    used, slots, running = pool.lora_slots
-    if not used > 0 or not slots > 0:
-        return None
-    return running * slots / used
+    if lora.waiting is None:  # SGLang: slots in use and total only
+        full = lora.running >= lora.max_loras and (pool.queued_requests or 0.0) > 0
+        return float(active) if full else None
+    if lora.waiting > 0:
+        return active * lora.max_loras / (lora.running + lora.waiting)
+    return None

@@ -43,6 +43,10 @@ class PoolSettings:
                                               "modelled power)")
     max_watts_per_gpu: Optional[float] = key(Number(gt=0, le=1e6), help="GPU power at full load (the digest's "
                                              "modelled power)")
+    lmcache_cpu_bytes_per_replica: Optional[float] = key(Number(gt=0, le=1e16), help="LMCache's CPU cache "
+                                                        "per replica in bytes (its max_local_cpu_size GB x 2^30 for "
+                                                        "each worker, one per TP rank): LMCache reports the bytes "
+                                                        "it holds, not its capacity")
     input_tokens_per_call: Optional[float] = _tokens_per_call("input")
     output_tokens_per_call: Optional[float] = _tokens_per_call("output")
 

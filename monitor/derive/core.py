@@ -14,6 +14,7 @@ from typing import Iterable, Optional
 from ..model import COUNTERS, Histogram, PoolSnapshot, Quantiles, ReplicaReading, ReplicaSnapshot
 from ..poolkey import PoolBy, key_of, make_key, name_of
 from .counters import histogram_increase, increase
+from .edges import derive_edges
 from .histogram import quantiles
 from .kv_band import KvBand, kv_band, sum_bands, tokens_per_request_between
 from .slow import itl_in_window, latency_ratios
@@ -154,6 +155,7 @@ def derive_pools(history: dict[str, list[ReplicaReading]], now: float, window_se
         if pool_totals is not None:
             snap.latency_totals = pool_totals.get(pool, {})
         overflowed = _rates(snap, fresh, now, window_seconds, given)
+        derive_edges(snap, fresh, lambda rs: window_pair(rs, now, window_seconds))
         _unknown_if_overflowed(snap, anomalies if anomalies is not None else {}, overflowed)
     return sorted(pools.values(), key=lambda p: p.pool)
 
@@ -165,7 +167,8 @@ def replica_band(readings: list[ReplicaReading], now: float, window: float) -> K
     newest = readings[-1]
     pair = window_pair(readings, now, window)
     per_request = tokens_per_request_between(pair[0], newest) if pair is not None else None
-    return kv_band(newest.kv_live_tokens, newest.running, newest.block_size, per_request)
+    return kv_band(newest.kv_live_tokens, newest.running, newest.block_size, per_request,
+                   None if newest.kv_unit_exact else newest.kv_unit_max)
 
 
 SUMMED = ("active_requests", "queued_requests", "kv_tokens_live", "kv_tokens_live_low", "kv_tokens_live_high",
@@ -231,16 +234,13 @@ def _summed(dicts: Iterable[dict[str, float]]) -> dict[str, float]:
 
 
 def _engine_breakdowns(snap: PoolSnapshot, newest: list[ReplicaReading]) -> None:
-    """By priority, by KV pool of hybrid models, and LoRA slots: each over the replicas reporting it."""
+    """By priority and by KV pool of hybrid models: each over the replicas reporting it (LoRA slots:
+    monitor/derive/edges.py)."""
     snap.active_by_priority = _summed(r.running_by_priority for r in newest)
     snap.queued_by_priority = _summed(r.waiting_by_priority for r in newest)
     used = _summed({k: u for k, (u, _c) in r.kv_pools.items()} for r in newest)
     size = _summed({k: c for k, (_u, c) in r.kv_pools.items()} for r in newest)
     snap.kv_pool_usage = {k: used[k] / size[k] for k in sorted(size) if size[k] > 0}
-    lora = [r for r in newest if r.lora_slots_total and r.running is not None]
-    if lora:
-        snap.lora_slots = (sum(r.lora_slots_used or 0.0 for r in lora), sum(r.lora_slots_total for r in lora),
-                           sum(r.running for r in lora))
 
 
 def _rates(snap: PoolSnapshot, fresh: list[list[ReplicaReading]], now: float, window: float,

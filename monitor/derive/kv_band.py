@@ -18,6 +18,16 @@ except its last one). The estimate:
   partly filled block and the half-block rule says nothing: running x tokens_per_request, kept in
   the band.
 Without a block size (SGLang counts tokens, not blocks) or a running count, low = estimate = high.
+
+Hybrid KV (sliding-window or mamba layers beside full attention; monitor/sources/vllm_tiers.py
+`gpu_kv`): vLLM's `block_size` label is the smallest block size over the KV-cache groups, not the
+unit a request's last block is allocated in (vllm #51163: "4" with --block-size 256). Its low edge
+would be far too high (a band too narrow to hold the truth). There the unit is taken as the largest
+the labels name (`unit_max`: the full-attention or mamba block size): low = high - running x
+(unit_max - 1), the estimate half a unit per running request off `high`, and the method says
+"hybrid" - a wider band, flagged: with mamba or sliding-window groups a request's blocks are not
+proportional to its tokens (state blocks are held whatever its length), so even that low edge is a
+bound on the last blocks' waste only.
 """
 from __future__ import annotations
 
@@ -31,14 +41,19 @@ class KvBand(NamedTuple):
     estimate: Optional[float]
     low: Optional[float]
     high: Optional[float]
-    method: str  # "half_block", "tokens_per_request", "exact" (no block rounding to correct), "unknown"
+    method: str  # "half_block", "tokens_per_request", "hybrid" (unit unknown: wider band), "exact", "unknown"
 
 
 def kv_band(high: Optional[float], running: Optional[float], block_size: Optional[int],
-            tokens_per_request: Optional[float] = None) -> KvBand:
-    """The band and estimate of live KV tokens for one replica (see the module docstring)."""
+            tokens_per_request: Optional[float] = None, unit_max: Optional[int] = None) -> KvBand:
+    """The band and estimate of live KV tokens for one replica (see the module docstring);
+    `unit_max`: given when `block_size` is only a lower bound of the allocation unit (hybrid KV)."""
     if high is None:
         return KvBand(None, None, None, "unknown")
+    if unit_max is not None and running is not None:
+        unit, n = max(unit_max, block_size or 1), max(0.0, running)
+        low = max(0.0, high - n * (unit - 1))
+        return KvBand(max(low, high - n * (unit - 1) / 2.0), low, high, "hybrid")
     if not block_size or block_size <= 1 or running is None:
         return KvBand(high, high, high, "exact")
     n = max(0.0, running)

@@ -31,6 +31,7 @@ from .. import __version__
 from ..catalogue import BY_NAME
 from ..model import Capacity, PoolSnapshot, PoolTasks, Snapshot
 from ..poolkey import split
+from .edge_samples import edge_samples
 from monitor.kit.text import valid_text
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
@@ -103,7 +104,6 @@ class Renderer:
         for what, v in sorted(self.dropped.items()):
             out.add("headroom_dropped_series", {"what": what}, v)
         return out.samples
-
 
     def live(self, cadence: Optional[Cadence]) -> Samples:
         """The samples computed at each scrape: the cycle's cadence and the render errors (they must
@@ -197,6 +197,8 @@ def pool_samples(out: Rows, p: PoolSnapshot) -> None:
             out.add("headroom_replica_kv_tokens_low", rl, r.kv_tokens_live_low)
             out.add("headroom_replica_kv_tokens_high", rl, r.kv_tokens_live_high)
         out.add("headroom_replica_kv_capacity_tokens", rl, r.kv_tokens_capacity)
+        for tier, t in sorted(r.kv_tiers.items()):
+            out.add("headroom_replica_kv_tier_capacity_tokens", {**rl, "tier": tier, "source": t.source}, t.tokens)
         out.add("headroom_replica_kv_capacity_changes", rl, r.kv_capacity_changes)
     # a gateway's queue is this cycle's reading of the gateway, fresh when the replicas are down too
     # (exactly when users wait)
@@ -228,6 +230,7 @@ def pool_samples(out: Rows, p: PoolSnapshot) -> None:
         out.add("headroom_shed_requests_rate", {"pool": p.pool, "reason": reason}, rate)
     out.add("headroom_offered_requests", pl, p.offered_requests)
     out.add("headroom_kv_capacity_tokens", pl, p.kv_tokens_capacity)
+    edge_samples(out, p)
     out.add("headroom_kv_usage_ratio", pl, p.kv_usage_ratio)
     out.add("headroom_completion_rate", pl, p.completion_rate)
     out.add("headroom_prompt_tokens_rate", pl, p.prompt_tokens_rate)
@@ -265,6 +268,8 @@ def capacity_samples(out: Rows, pool: str, c: Capacity) -> None:
     add("headroom_knee_confidence_ratio", {}, c.knee_confidence_ratio)
     if c.knee_implausible is not None:
         add("headroom_knee_implausible", {}, 1.0 if c.knee_implausible else 0.0)
+    if c.knee_source is not None:
+        add("headroom_knee_suspect", {}, 1.0 if c.knee_suspect else 0.0)
     add("headroom_utilisation_ratio", {}, c.utilisation_ratio)
     for scenario, v in c.ratio.as_dict().items():
         add("headroom_ratio", {"scenario": scenario}, v)

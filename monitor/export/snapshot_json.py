@@ -51,8 +51,6 @@ def pool_to_dict(p: PoolSnapshot) -> dict:
         "active_by_priority": p.active_by_priority if p.replicas else {},
         "queued_by_priority": p.queued_by_priority if p.replicas else {},
         "kv_pool_usage": p.kv_pool_usage if p.replicas else {},
-        "lora_slots": (dict(zip(("used", "total", "running_requests"), p.lora_slots))
-                       if p.lora_slots is not None and p.replicas else None),
         "gateway_queued_requests": p.gateway_queued_requests,
         "gateway_queued": dict(p.gateway_queued),
         "gateway_queued_source": dict(p.gateway_queued_source),
@@ -85,7 +83,8 @@ def pool_to_dict(p: PoolSnapshot) -> dict:
              "queued_requests": r.queued_requests, "kv_tokens_live": r.kv_tokens_live,
              "kv_tokens_live_low": r.kv_tokens_live_low, "kv_tokens_live_high": r.kv_tokens_live_high,
              "kv_tokens_capacity": r.kv_tokens_capacity, "kv_capacity_changes": r.kv_capacity_changes,
-             "slow": r.slow, "latency_ratio": r.latency_ratio}
+             "slow": r.slow, "latency_ratio": r.latency_ratio,
+             "kv_tiers": {tier: _tier(t) for tier, t in sorted(r.kv_tiers.items())}}
             for r in p.replica_detail
         ],
         "capacity": p.capacity.as_dict() if p.capacity is not None else {},
@@ -94,7 +93,28 @@ def pool_to_dict(p: PoolSnapshot) -> dict:
         "recommended_replicas": dict(p.recommended_replicas),
         "replica_lead_time_seconds": p.replica_lead_time_seconds,
         "replica_lead_time_source": p.replica_lead_time_source,
+        **edges_to_dict(p),
     })
+
+
+def _tier(t) -> dict:
+    return {"tokens": t.tokens, "capacity_bytes": t.capacity_bytes, "used_bytes": t.used_bytes, "source": t.source}
+
+
+def edges_to_dict(p: PoolSnapshot) -> dict:
+    """The pool's edges (monitor/derive/edges.py): KV tiers, prefix hits by tier, speculative
+    decoding, LoRA slots, LMCache; each {} or null when no replica reports it."""
+    return {
+        "kv_tiers": {tier: _tier(t) for tier, t in sorted(p.kv_tiers.items())},
+        "prefix_cache_hit_tokens_rate": dict(p.prefix_hit_rates),
+        "prefix_cache_hit_share": dict(p.prefix_hit_shares),
+        "spec_decode": {"acceptance_ratio": p.spec_acceptance_ratio, "acceptance_length": p.spec_acceptance_length,
+                        "acceptance_by_position": dict(p.spec_acceptance_by_position)},
+        "lora_adapters": ({"max": p.lora.max_loras, "running": p.lora.running, "waiting": p.lora.waiting}
+                          if p.lora is not None else None),
+        "lmcache_hit_ratio": p.lmcache_hit_ratio,
+        "kv_offload_allocation_failures_rate": p.kv_offload_allocation_failure_rate,
+    }
 
 
 def snapshot_to_dict(s: Snapshot) -> dict:

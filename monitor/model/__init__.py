@@ -4,6 +4,6 @@
     capacity.py   what the capacity layer says of a pool: Capacity, Scenarios, Limits, PoolTasks, TaskStats, PoolSlo
     snapshot.py   a cycle's result: ReplicaSnapshot, PoolSnapshot, Snapshot, SourceStatus, Alert, RefitResult
 """
-from .values import COUNTERS, HISTOGRAMS, Histogram, Quantiles, ReplicaReading, SHED_REASONS  # noqa: F401
+from .values import COUNTERS, HISTOGRAMS, Histogram, KvTier, LoraSlots, Quantiles, ReplicaReading, SHED_REASONS  # noqa: F401
 from .capacity import Capacity, Limits, PoolSlo, PoolTasks, Scenarios, TaskStats  # noqa: F401
 from .snapshot import Alert, PoolForecastLike, PoolSnapshot, RefitResult, ReplicaSnapshot, Snapshot, SourceStatus  # noqa: F401

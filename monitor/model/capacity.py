@@ -30,11 +30,14 @@ class Limits:
     knee: Optional[float] = None
     effective: Optional[float] = None
     slo: Optional[float] = None
-    lora: Optional[float] = None  # LoRA adapter slots (monitor/capacity/lora.py)
+    lora: Optional[float] = None  # LoRA adapter slots x requests per adapter (monitor/capacity/headroom.py)
 
     def as_dict(self) -> dict:
-        return {"slots": self.slots, "kv": self.kv, "knee": self.knee, "slo": self.slo,
-                "lora": self.lora, "effective": self.effective}
+        """Every limit; `lora` only where LoRA adapters are in use (a shape older readers know)."""
+        out = {"slots": self.slots, "kv": self.kv, "knee": self.knee, "slo": self.slo, "effective": self.effective}
+        if self.lora is not None:
+            out["lora"] = self.lora
+        return out
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,7 @@ class Capacity:
     n_minus_1_share: Optional[float] = None
     knee_detail: str = ""
     withheld: bool = False
+    knee_suspect: str = ""  # why the learned knee may no longer hold (monitor/capacity/knee_suspect.py)
 
     @property
     def exhaustion_requests(self) -> Optional[float]:
@@ -104,7 +108,7 @@ class Capacity:
             "active_requests_per_session": self.active_requests_per_session,
             "active_requests_per_session_source": self.active_requests_per_session_source,
             "power_source": self.power_source, "n_minus_1_share": self.n_minus_1_share,
-            "knee_detail": self.knee_detail,
+            "knee_detail": self.knee_detail, "knee_suspect": self.knee_suspect,
         }
 
 

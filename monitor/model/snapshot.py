@@ -7,7 +7,7 @@ from typing import Any, Optional, Protocol
 from monitor.poolkey import extras_of, name_of
 
 from .capacity import Capacity, PoolTasks
-from .values import Histogram, Quantiles
+from .values import Histogram, KvTier, LoraSlots, Quantiles
 
 
 @dataclass
@@ -28,6 +28,7 @@ class ReplicaSnapshot:
     kv_capacity_changes: float = 0.0  # KV capacity changes seen on this replica (counter)
     latency_ratio: Optional[float] = None  # its inter-token latency over its peers' (derive/slow.py)
     slow: bool = False  # the ratio stayed >= SLOW_RATIO for SLOW_HOLD seconds (monitor/step.py)
+    kv_tiers: dict[str, KvTier] = field(default_factory=dict)  # tier -> its capacity (derive/edges.py)
 
 
 class PoolForecastLike(Protocol):
@@ -75,9 +76,6 @@ class PoolSnapshot:
     # hybrid models' KV pools ("full", "swa", "mamba"): pool -> used over capacity, summed over the
     # replicas that have the pool; the fullest one bounds how many requests fit
     kv_pool_usage: dict[str, float] = field(default_factory=dict)
-    # LoRA adapter slots over the replicas reporting them: (adapters in use, slots, running requests
-    # of those replicas); None: no replica reports LoRA slots (monitor/capacity/lora.py)
-    lora_slots: Optional[tuple[float, float, float]] = None
     # requests waiting in front of the engines, in a router's or gateway's queue (llm-d / inference
     # gateway flow control, Dynamo's router), by gateway; {}: no gateway reports a queue for the pool
     gateway_queued: dict[str, float] = field(default_factory=dict)
@@ -126,6 +124,19 @@ class PoolSnapshot:
     recommended_replicas: dict[str, int] = field(default_factory=dict)
     replica_lead_time_seconds: Optional[float] = None  # a new replica's start-up: configured, else measured
     replica_lead_time_source: Optional[str] = None  # "configured" (pools.<pool>.replica_lead_time) | "measured"
+    # the edges (monitor/derive/edges.py): KV capacity per tier ("gpu", "cpu", "lmcache_cpu", ...),
+    # prefix-cache hit tokens per second and their share of prompt tokens by the tier that supplied
+    # them, speculative decoding's acceptance, LoRA adapter slots, LMCache's hit ratio, offload
+    # allocation failures per second; {} / None when no replica reports them
+    kv_tiers: dict[str, KvTier] = field(default_factory=dict)
+    prefix_hit_rates: dict[str, float] = field(default_factory=dict)
+    prefix_hit_shares: dict[str, float] = field(default_factory=dict)
+    spec_acceptance_ratio: Optional[float] = None  # accepted / draft tokens over the rate window
+    spec_acceptance_length: Optional[float] = None  # 1 + accepted / drafts: tokens per decode step
+    spec_acceptance_by_position: dict[str, float] = field(default_factory=dict)  # position -> accepted / drafts
+    lora: Optional[LoraSlots] = None
+    lmcache_hit_ratio: Optional[float] = None  # LMCache hit / requested tokens over the rate window
+    kv_offload_allocation_failure_rate: Optional[float] = None  # per second: the CPU tier was full
 
     @property
     def gateway_queued_requests(self) -> Optional[float]:

@@ -99,13 +99,49 @@ class ReplicaReading:
     # hybrid models' KV pools (SGLang: "full" attention, "swa" sliding window in tokens, "mamba"
     # state slots): pool -> (used, capacity), summed over engines; {}: one KV pool (kv_* above)
     kv_pools: dict[str, tuple[float, float]] = field(default_factory=dict)
-    # LoRA adapter slots (SGLang lora_pool_slots_*): adapters in the running batch, and the most it
-    # may hold (max_loras_per_batch), summed over engines; None: LoRA off or not reported
-    lora_slots_used: Optional[float] = None
-    lora_slots_total: Optional[float] = None
     counters: dict[str, float] = field(default_factory=dict)  # keys from COUNTERS
     histograms: dict[str, Histogram] = field(default_factory=dict)  # keys from HISTOGRAMS
     naming: str = "v1"  # "v1", "v0" (no engine label) or "legacy-v1" (gpu_cache_usage_perc)
+    # the KV edges (monitor/sources/vllm_tiers.py): where the GPU capacity came from, whether the
+    # block_size label is the allocation unit (hybrid KV: only a lower bound of it) and the largest
+    # unit it may be; capacity per offload tier, bytes held per LMCache tier, LoRA adapter slots
+    kv_capacity_source: Optional[str] = None  # "kv_cache_size_tokens" | "blocks_x_block_size"
+    kv_unit_exact: bool = True
+    kv_unit_max: Optional[int] = None  # hybrid KV: the largest allocation unit the labels allow
+    kv_tiers: dict[str, "KvTier"] = field(default_factory=dict)  # tier ("gpu", "cpu", "lmcache_cpu", ...)
+    lora: Optional["LoraSlots"] = None
+
+
+@dataclass(frozen=True)
+class KvTier:
+    """One KV-cache tier of a replica (engines summed): its capacity in tokens and bytes where the
+    engine says, the bytes it holds where it says (LMCache), and which series said it."""
+
+    tokens: Optional[float] = None
+    capacity_bytes: Optional[float] = None
+    used_bytes: Optional[float] = None
+    source: str = ""
+
+    def plus(self, other: "KvTier") -> "KvTier":
+        def add(a: Optional[float], b: Optional[float]) -> Optional[float]:
+            return b if a is None else a if b is None else a + b
+        return KvTier(add(self.tokens, other.tokens), add(self.capacity_bytes, other.capacity_bytes),
+                      add(self.used_bytes, other.used_bytes), self.source or other.source)
+
+
+@dataclass(frozen=True)
+class LoraSlots:
+    """LoRA adapter slots: at most `max_loras` adapters in a batch; `running` / `waiting`: adapters
+    of the running / waiting requests (vllm:lora_requests_info; SGLang lora_pool_slots_total / _used,
+    which do not say which adapters wait: `waiting` None). Summed over replicas."""
+
+    max_loras: float
+    running: float
+    waiting: Optional[float]
+
+    def plus(self, other: "LoraSlots") -> "LoraSlots":
+        waiting = None if self.waiting is None or other.waiting is None else self.waiting + other.waiting
+        return LoraSlots(self.max_loras + other.max_loras, self.running + other.running, waiting)
 
 
 @dataclass

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..model import ReplicaReading
+from ..model import LoraSlots, ReplicaReading
 
 Values = dict[str, Optional[float]]  # gauge field (sglang.GAUGES) -> one engine's checked value
 
@@ -101,4 +101,4 @@ def read_kv(r: ReplicaReading, engines: list[Values], anomaly) -> None:
     r.num_gpu_blocks = int(pages) if pages else None
     used, total = _total([v.get("lora_used") for v in engines]), _total([v.get("lora_total") for v in engines])
     if used is not None and total:
-        r.lora_slots_used, r.lora_slots_total = used, total
+        r.lora = LoraSlots(max_loras=total, running=used, waiting=None)  # SGLang does not say which wait

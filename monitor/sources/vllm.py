@@ -7,7 +7,9 @@ engine id, so the replicas on one Ray node are summed as engines); vLLM 0.34's r
 with an `engine` label (data-parallel engines are summed) and V0 engines without one; current and
 legacy names (`gpu_cache_usage_perc`, `gpu_prefix_cache_*`, `time_per_output_token_seconds`); an open
 label set on `cache_config_info`. KV capacity in tokens is `kv_cache_size_tokens` when present, else
-`num_gpu_blocks x block_size`. Histogram bounds are read from the scrape.
+`num_gpu_blocks x block_size` while the labels show one KV-cache group (vllm_tiers.py `gpu_kv`, which
+also says whether `block_size` is the allocation unit). Histogram bounds are read from the scrape.
+The edges (offload and LMCache tiers, prefix hits by tier, speculative decoding, LoRA slots): vllm_tiers.py.
 """
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ from typing import Iterable, Optional, Union
 from ..model import ReplicaReading
 from monitor.kit.exposition import ParsedScrape, parse
 from .engine_histograms import _histograms
+from .engine_values import MAX_COUNT, MAX_REQUESTS, MAX_TOKENS, _engine, _model_of, _num, checked  # noqa: F401
+from . import vllm_tiers
 
 P = "vllm:"
 
@@ -106,57 +110,12 @@ def sample_names(gauges: Iterable[str], counters: dict[str, tuple[str, ...]],
     return frozenset(names)
 
 
-WANTED = sample_names(GAUGES.values(), COUNTER_NAMES, HISTOGRAM_NAMES)
+WANTED = sample_names(GAUGES.values(), COUNTER_NAMES, HISTOGRAM_NAMES) | vllm_tiers.WANTED
 
 
 def parse_vllm(text: str, notice: tuple[str, ...] = ()) -> ParsedScrape:
     """Parse only the vLLM families headroom reads (fast path); `notice`: exposition.parse's."""
     return parse(text, wanted=WANTED, prefixes=("vllm",), notice=notice)
-
-
-def _num(value: Optional[str]) -> Optional[float]:
-    if value is None:
-        return None
-    try:
-        v = float(value)
-    except ValueError:
-        return None  # "None" and friends
-    return v if math.isfinite(v) else None
-
-
-def _engine(labels: dict[str, str]) -> str:
-    """The engine a series belongs to: its `engine` label, within its Ray Serve replica when the
-    series came through Ray (`ReplicaId`: one Ray node's metrics agent serves every replica on it;
-    they are read as engines of one target, summed like data-parallel engines)."""
-    engine = labels.get("engine", "")
-    replica = labels.get("ReplicaId")
-    return f"{replica}/{engine}" if replica else engine
-
-
-def _model_of(labels: dict[str, str]) -> Optional[str]:
-    return labels.get("model_name")
-
-
-# The most a replica's series can sanely say; past it a value is refused (`out_of_range`), never used:
-MAX_REQUESTS = 1e6  # requests running or waiting on one replica (vLLM's max_num_seqs is in the hundreds)
-MAX_TOKENS = 1e12  # KV tokens of one replica (a few million on the largest GPUs today)
-MAX_COUNT = 2.0 ** 53  # a counter past this cannot count by 1 any more (a float's exact integers)
-
-
-def checked(scrape: ParsedScrape, value: float, high: Optional[float] = None) -> Optional[float]:
-    """A count, fraction or counter fit to use, or None: NaN and +-Inf are `non_finite`, a value
-    below 0 is `negative`, one above `high` is `out_of_range`, each counted in the scrape's
-    anomalies. None means unknown for that replica, never 0."""
-    if not math.isfinite(value):
-        scrape.anomaly("non_finite")
-        return None
-    if value < 0:
-        scrape.anomaly("negative")
-        return None
-    if high is not None and value > high:
-        scrape.anomaly("out_of_range")
-        return None
-    return value
 
 
 def readings_from_scrape(scrape: ParsedScrape, target: str, timestamp: float,
@@ -208,20 +167,14 @@ def readings_from_scrape(scrape: ParsedScrape, target: str, timestamp: float,
         r = reading(model)
         r.waiting_by_reason[reason] = r.waiting_by_reason.get(reason, 0.0) + value
 
-    # KV capacity per (model, engine) from cache_config_info
-    capacity: dict[tuple[str, str], tuple[Optional[float], Optional[int], Optional[int]]] = {}
+    # KV capacity and allocation unit per (model, engine) from cache_config_info (vllm_tiers.gpu_kv)
+    capacity: dict[tuple[str, str], vllm_tiers.GpuKv] = {}
     for labels, _value in scrape.get(GAUGES["cache_info"]):
-        model = labels.get("model_name")
-        engine = _engine(labels)
-        block = _num(labels.get("block_size"))
-        blocks = _num(labels.get("num_gpu_blocks"))
-        tokens = _num(labels.get("kv_cache_size_tokens"))
-        if tokens is None and block is not None and blocks is not None:
-            tokens = block * blocks
-        if tokens is not None and not 0 < tokens <= MAX_TOKENS:
+        kv = vllm_tiers.gpu_kv(labels)
+        if kv.tokens is not None and not 0 < kv.tokens <= MAX_TOKENS:
             scrape.anomaly("out_of_range")  # a KV capacity of 0 or less, or absurd: unknown
-            tokens = None
-        capacity[(model or "", engine)] = (tokens, int(block) if block else None, int(blocks) if blocks else None)
+            kv = kv._replace(tokens=None, source=None)
+        capacity[(labels.get("model_name") or "", _engine(labels))] = kv
 
     usage_samples = scrape.get(GAUGES["kv_usage"])
     if not usage_samples:
@@ -241,12 +194,13 @@ def readings_from_scrape(scrape: ParsedScrape, target: str, timestamp: float,
         cap = capacity.get((model, engine)) or capacity.get(("", engine))
         if cap is None and len(capacity) == 1:
             cap = next(iter(capacity.values()))
-        if cap is not None and cap[0] is not None:
-            r.kv_capacity_tokens = (r.kv_capacity_tokens or 0.0) + cap[0]
+        if cap is not None and cap.tokens is not None:
+            r.kv_capacity_tokens = (r.kv_capacity_tokens or 0.0) + cap.tokens
             if usage is not None:
-                r.kv_live_tokens = (r.kv_live_tokens or 0.0) + usage * cap[0]
-            r.block_size = cap[1]
-            r.num_gpu_blocks = (r.num_gpu_blocks or 0) + (cap[2] or 0) or None
+                r.kv_live_tokens = (r.kv_live_tokens or 0.0) + usage * cap.tokens
+            r.block_size, r.kv_capacity_source = cap.block_size, cap.source
+            r.kv_unit_exact, r.kv_unit_max = r.kv_unit_exact and cap.exact, cap.unit_max
+            r.num_gpu_blocks = (r.num_gpu_blocks or 0) + (cap.blocks or 0) or None
         if usage is None:
             unknown_usage.add(model)
         r.kv_usage = usage if r.kv_usage is None else None  # recomputed below for DP engines
@@ -290,6 +244,7 @@ def readings_from_scrape(scrape: ParsedScrape, target: str, timestamp: float,
         elif r.kv_capacity_tokens:
             r.kv_usage = (r.kv_live_tokens or 0.0) / r.kv_capacity_tokens
         unknown_if_overflowed(scrape, r)
+    vllm_tiers.read_edges(scrape, list(by_model.values()))
     return list(by_model.values())
 
 
