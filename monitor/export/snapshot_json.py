@@ -6,6 +6,8 @@ Shape (stable, documented in README):
      "sources": [{"source", "target", "up", "error"}]}
 With `global.pool_by: [cluster, model_name]` a pool also has "cluster" and "key" (monitor/poolkey.py).
 Values that are not known are null; +Inf (e.g. no exhaustion within the horizon) is the string "+Inf".
+A pool's "spare" is its spare capacity for deferrable work (monitor/model/spare.py: the windows over
+24 h and 7 d, the horizons' minimums, the budget and why), the top-level "spare" the fleet's sums.
 A pool's "capacity", "tasks" and "forecast" are the `as_dict()` of its typed results (monitor/model.py,
 monitor/forecast/pool.py), `{}` when there are none: the forecast is the one /metrics exports for the
 same cycle.
@@ -16,6 +18,7 @@ import math
 from typing import Any
 
 from ..capacity.fit import fleet_fit
+from ..capacity.spare import cluster_spare
 from ..kit.numbers import unsigned
 from ..model import PoolSnapshot, Snapshot
 
@@ -89,6 +92,7 @@ def pool_to_dict(p: PoolSnapshot) -> dict:
         "recommended_replicas": dict(p.recommended_replicas),
         "replica_lead_time_seconds": p.replica_lead_time_seconds,
         "replica_lead_time_source": p.replica_lead_time_source,
+        "spare": p.spare.as_dict() if p.spare is not None else {},
     })
 
 
@@ -98,6 +102,8 @@ def snapshot_to_dict(s: Snapshot) -> dict:
         "pools": [pool_to_dict(p) for p in s.pools],
         # where more sessions fit: spare sessions per pool (and cluster), most first
         "fit": [clean(f.as_dict()) for f in fleet_fit(s.pools)],
+        # spare capacity for deferrable work summed over the pools whose figure is known
+        "spare": clean(cluster_spare({p.pool: p.spare for p in s.pools if p.spare is not None}).as_dict()),
         "sources": [clean({"source": st.source, "target": st.target, "up": st.up, "error": st.error,
                            "detail": st.detail}) for st in s.sources],
         "cycle_duration_seconds": clean(s.cycle_duration_seconds),

@@ -7,6 +7,7 @@ from typing import Any, Optional, Protocol
 from monitor.poolkey import extras_of, name_of
 
 from .capacity import Capacity, PoolTasks
+from .spare import Spare
 from .values import Histogram, Quantiles
 
 
@@ -116,6 +117,7 @@ class PoolSnapshot:
     recommended_replicas: dict[str, int] = field(default_factory=dict)
     replica_lead_time_seconds: Optional[float] = None  # a new replica's start-up: configured, else measured
     replica_lead_time_source: Optional[str] = None  # "configured" (pools.<pool>.replica_lead_time) | "measured"
+    spare: Optional[Spare] = None  # spare capacity for deferrable work until the next peak (capacity/spare.py)
 
     @property
     def gateway_queued_requests(self) -> Optional[float]:
