@@ -28,7 +28,7 @@ H = 3600.0
 def forecast(fit=NOW - 60):
     ts = np.array([NOW + H * k for k in range(1, 7)])
     path = SimpleNamespace(timestamps=ts, upper=np.array([2.5, 2.5, 5.2, 7.9, 3.0, 1.0]))
-    return SimpleNamespace(path=path, last_fit_timestamp=fit, as_dict=lambda: {})
+    return SimpleNamespace(path=path, last_fit_timestamp=fit, horizons={}, exhaustion_seconds=None, as_dict=lambda: {})
 
 
 def pool(name="chat", **kw) -> PoolSnapshot:
@@ -120,3 +120,12 @@ def test_spare_api_stale_pool_promises_nothing(state):
 def test_spare_api_bad_parameters_are_400_naming_it(state, query, named):
     status, body = get(state, "/api/v1/spare?" + query)
     assert status == 400 and named in body["error"]
+
+
+def test_landing_page_shows_the_24_hour_strip():
+    from monitor.export.landing import render
+    page = render(Snapshot(timestamp=NOW, pools=[pool("chat"), pool("old", stale=True)]), Trends())
+    assert page.count('aria-label="spare requests for deferrable work over the next 24 hours"') == 1
+    assert page.count('fill="#2a9d8f"><title>') == 5  # the five windows (hours 1, 2, 3, 5, 6)
+    assert "<b>4</b> now" in page and "budget 0.50" in page
+    assert "Spare for deferrable work: not known (stale: the pool&#x27;s readings are stale)" in page
