@@ -7,6 +7,7 @@ load measured now (4.0): floor(8 - 4) = 4. So the hours hold 4, 5, 2, 0, 5, 7.
 """
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from monitor.capacity.spare import SpareInputs, cluster_spare, earliest_fit, merge, pool_spare
@@ -121,3 +122,20 @@ def test_cluster_sums_known_pools_and_names_the_others():
     assert cl.requests == {"now": 17.0, "1h": 17.0, "6h": 8.0, "1d": None}
     assert cl.ceiling == pytest.approx(24.0)
     assert cl.budget_ratio == pytest.approx((4 + 13) / 24)
+
+
+def test_digest_week_blocks_from_a_hand_made_forecast():
+    """knee 10, margin 0.2 (ceiling 8, a block holds >= floor(8/4) = 2): hourly points from a Monday
+    00:00, the upper band 1 for six hours, 7 for two, 3 for three, 6.5 for one, then 7.5: spare 7 x 6 h,
+    1 x 2 h, 5 x 3 h, 1, then 0. Blocks: 00:00-06:00 (7) and 08:00-11:00 (5)."""
+    from monitor.digest.spare_week import spare_week
+    monday = 1_799_020_800.0
+    upper = [1.0] * 6 + [7.0] * 2 + [3.0] * 3 + [6.5] + [7.5] * 156
+    fc = {"defined": True, "_times": np.array([monday + H * k for k in range(len(upper))]),
+          "_bands": {0.95: (None, np.array(upper))}}
+    sw = spare_week(fc, 10.0, 0.2, monday, "UTC")
+    assert sw["least_requests"] == 2.0
+    assert [(b["from"], b["to"], b["requests"], b["hours"]) for b in sw["blocks"]] == [
+        ("Mon 2027-01-04 00:00 UTC", "Mon 2027-01-04 06:00 UTC", 7.0, 6.0),
+        ("Mon 2027-01-04 08:00 UTC", "Mon 2027-01-04 11:00 UTC", 5.0, 3.0)]
+    assert spare_week(fc, None, 0.2, monday, "UTC")["defined"] is False

@@ -35,7 +35,7 @@ from monitor.forecast.pool import ForecastPath, PoolForecast
 from monitor.model import Capacity, Limits, PoolSnapshot, Snapshot
 
 DAY = 86400.0
-MIDNIGHT = 1_798_934_400.0  # a Monday, 00:00 UTC (2027-01-04)
+MIDNIGHT = 1_799_020_800.0  # a Monday, 00:00 UTC (2027-01-04)
 # the office day: (hour, share of the peak arrival rate), linear between
 PROFILE = ((0, 0.08), (7, 0.08), (9, 1.0), (11, 1.0), (12.5, 0.7), (14, 0.9), (16, 0.9), (19, 0.2),
            (21, 0.1), (24, 0.08))
