@@ -139,3 +139,10 @@ def test_digest_week_blocks_from_a_hand_made_forecast():
         ("Mon 2027-01-04 00:00 UTC", "Mon 2027-01-04 06:00 UTC", 7.0, 6.0),
         ("Mon 2027-01-04 08:00 UTC", "Mon 2027-01-04 11:00 UTC", 5.0, 3.0)]
     assert spare_week(fc, None, 0.2, monday, "UTC")["defined"] is False
+
+
+def test_runs_join_gapless_windows_at_their_fewest():
+    from monitor.capacity.spare import runs
+    ws = pool_spare(inputs(), NOW).windows  # hours 4, 5, 2, (0), 5, 7
+    assert spans(runs(ws)) == [(0, 3, 2), (4, 6, 5)]
+    assert spans(runs(ws, least=4)) == [(0, 2, 4), (4, 6, 5)]

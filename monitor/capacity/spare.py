@@ -100,6 +100,21 @@ def merge(parts: Sequence[SpareWindow]) -> list[SpareWindow]:
     return out
 
 
+def runs(windows: Sequence[SpareWindow], least: float = 1.0) -> list[SpareWindow]:
+    """Gapless runs of windows that each hold at least `least`, each with the fewest it holds
+    throughout (what a batch can count on from its start to its end)."""
+    out: list[SpareWindow] = []
+    for w in windows:
+        if w.requests + EPS < least:
+            continue
+        last = out[-1] if out else None
+        if last is not None and abs(last.end - w.start) < EPS:
+            out[-1] = SpareWindow(last.start, w.end, min(last.requests, w.requests))
+        else:
+            out.append(w)
+    return out
+
+
 def horizon_minimum(parts: Sequence[SpareWindow], now: float, seconds: float) -> Optional[float]:
     """The fewest requests that fit over [now, now + seconds] ("now": the part holding now); None
     when the parts do not reach that far or leave a gap."""

@@ -41,7 +41,7 @@ def deferrable_load(p: PoolSnapshot) -> Optional[float]:
         return None
     total = 0.0
     for t in p.tasks.by_type.values():
-        if t.call_class not in DEFERRABLE:
+        if t.call_class not in DEFERRABLE or t.call_rate == 0:
             continue
         if t.call_rate is None or t.call_latency is None or t.call_latency.mean is None:
             return None

@@ -14,25 +14,12 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from monitor.capacity.spare import SpareInputs, ceiling_of, pool_spare
+from monitor.capacity.spare import SpareInputs, ceiling_of, pool_spare, runs
 from monitor.digest.coverage import HOUR, fmt_time
 
 SHARE = 0.25  # a block holds at least this share of the ceiling throughout
 MIN_HOURS = 2.0
 TOP = 7
-
-
-def _runs(windows, least: float) -> list[tuple[float, float, float]]:
-    """(start, end, fewest requests) of each gapless run of windows holding at least `least`."""
-    runs: list[list[float]] = []
-    for w in windows:
-        if w.requests < least:
-            continue
-        if runs and abs(runs[-1][1] - w.start) < 1e-6:
-            runs[-1][1], runs[-1][2] = w.end, min(runs[-1][2], w.requests)
-        else:
-            runs.append([w.start, w.end, w.requests])
-    return [tuple(r) for r in runs]
 
 
 def spare_week(fc: dict, knee: Optional[float], margin: float, origin: float, tz: str,
@@ -49,8 +36,9 @@ def spare_week(fc: dict, knee: Optional[float], margin: float, origin: float, tz
                       max_age=math.inf, budget_horizon=HOUR)
     spare = pool_spare(inp, origin)
     least = max(1.0, math.floor(ceiling * SHARE))
-    runs = [r for r in _runs(spare.windows, least) if r[1] - r[0] >= MIN_HOURS * HOUR - 1e-6]
-    best = sorted(sorted(runs, key=lambda r: -(r[2] * (r[1] - r[0])))[:TOP])
+    held = [(w.start, w.end, w.requests) for w in runs(spare.windows, least)
+            if w.end - w.start >= MIN_HOURS * HOUR - 1e-6]
+    best = sorted(sorted(held, key=lambda r: -(r[2] * (r[1] - r[0])))[:TOP])
     blocks = [{"start": s, "end": e, "from": fmt_time(s, tz), "to": fmt_time(e, tz), "requests": n,
                "hours": (e - s) / HOUR, "request_hours": n * (e - s) / HOUR} for s, e, n in best]
     return {"defined": True, "ceiling": ceiling, "least_requests": least, "level": level, "blocks": blocks}

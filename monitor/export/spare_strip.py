@@ -3,7 +3,7 @@
 One row of the next 24 hours from the snapshot's time: each spare window (monitor/model/spare.py)
 a green bar whose height is its requests over the ceiling (knee x (1 - margin)), no window a pale
 red gap (nothing fits: the interactive peak), hour ticks every 6 h in UTC. Under it one line: the
-spare now and over the next hour, the deferrable budget and why, and the next window. A pool whose
+spare now and over the next hour, the deferrable budget and why, and the next gapless run of windows (the fewest it holds). A pool whose
 spare is not known says why instead (stale data: the budget is 0). Every text is escaped.
 """
 from __future__ import annotations
@@ -12,6 +12,7 @@ import html
 import time
 from typing import Optional
 
+from ..capacity.spare import runs
 from ..model import PoolSnapshot, Spare
 from ..model.spare import DAY_SECONDS
 
@@ -39,7 +40,8 @@ def _bars(s: Spare, now: float) -> list[str]:
                      f'height="{h:.1f}" fill="#2a9d8f"><title>{tip}</title></rect>')
     for k in range(0, 25, 6):
         x = 35 + k / 24 * (WIDTH - 40)
-        parts.append(f'<text x="{x:.1f}" y="{HEIGHT - 2}" text-anchor="middle" class="lbl">'
+        anchor = "start" if k == 0 else "end" if k == 24 else "middle"
+        parts.append(f'<text x="{x:.1f}" y="{HEIGHT - 2}" text-anchor="{anchor}" class="lbl">'
                      f'{"now" if k == 0 else _hhmm(now + k * 3600)}</text>')
     return parts
 
@@ -53,9 +55,9 @@ def spare_strip(p: PoolSnapshot, now: float) -> str:
     if not s.requests:
         return (f'<p class="spare muted">Spare for deferrable work: not known ({e(s.reason)}); '
                 f'the deferrable budget is 0.</p>')
-    nxt = next((w for w in s.windows if w.end > now), None)
-    when = (f"next window {_hhmm(nxt.start)}–{_hhmm(nxt.end)} UTC ({_n(nxt.requests)})" if nxt is not None
-            else "no window in the forecast")
+    nxt = next((w for w in runs(s.windows) if w.end > now), None)
+    when = (f"next spare {_hhmm(nxt.start)}–{_hhmm(nxt.end)} UTC (at least {_n(nxt.requests)})" if nxt is not None
+            else "no spare in the forecast")
     svg = "".join([f'<svg width="{WIDTH}" height="{HEIGHT}" role="img" '
                    f'aria-label="spare requests for deferrable work over the next 24 hours">', *_bars(s, now),
                    "</svg>"])
