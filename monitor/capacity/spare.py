@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+import numpy as np
 from typing import Mapping, Optional, Sequence
 
 from monitor.model.spare import SPARE_HORIZONS, WEEK_SECONDS, Spare, SpareWindow
@@ -67,37 +69,58 @@ def fits(ceiling: float, load: float) -> float:
     return float(max(0, math.floor(ceiling - load + EPS)))
 
 
-def steps(inp: SpareInputs, ceiling: float, now: float) -> list[SpareWindow]:
-    """The forecast's steps from `now` on, each with its spare (module docstring, 2 and 3)."""
-    ts = [float(t) for t in inp.timestamps]
-    if not ts:
-        return []
+@dataclass(frozen=True)
+class Steps:
+    """The forecast's steps from `now` on (module docstring, 2 and 3), as arrays: each step's start,
+    end and spare requests. Arrays, not objects: a week of 5-minute steps is 2,016 of them per pool
+    and cycle."""
+
+    start: np.ndarray
+    end: np.ndarray
+    requests: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    @classmethod
+    def of(cls, parts: Sequence[SpareWindow]) -> "Steps":
+        return cls(*(np.array([getattr(w, k) for w in parts], dtype=float) for k in ("start", "end", "requests")))
+
+
+def steps(inp: SpareInputs, ceiling: float, now: float, until: float = math.inf) -> Steps:
+    """The steps from `now` to `until` (clipped), each with its spare."""
+    ts = np.asarray(inp.timestamps, dtype=float)
+    up = np.asarray(inp.upper, dtype=float)
     step = ts[1] - ts[0] if len(ts) > 1 else 0.0
-    out: list[SpareWindow] = []
-    for t, u in zip(ts, inp.upper):
-        start, end = t - step, t
-        if end <= now or not math.isfinite(float(u)):
-            continue
-        if start <= now:
-            load = max(float(u), inp.interactive_now if inp.interactive_now is not None else -math.inf)
-            out.append(SpareWindow(now, end, fits(ceiling, load)))
-        else:
-            out.append(SpareWindow(start, end, fits(ceiling, float(u))))
-    return out
+    keep = (ts > now) & np.isfinite(up) & (ts - step < until)
+    start, end, up = ts[keep] - step, np.minimum(ts[keep], until), up[keep]
+    req = np.maximum(0.0, np.floor(ceiling - up + EPS))
+    if len(start) and start[0] <= now:  # the step holding now: from now, also held to the load now
+        start[0] = now
+        if inp.interactive_now is not None:
+            req[0] = min(req[0], fits(ceiling, inp.interactive_now))
+    return Steps(start, end, req)
 
 
-def merge(parts: Sequence[SpareWindow]) -> list[SpareWindow]:
+def _groups(st: Steps, same_value: bool) -> list[tuple[int, int]]:
+    """(first, last) index of each gapless run of steps holding at least 1 request (of one value
+    when `same_value`)."""
+    pos = st.requests > 0
+    idx = np.flatnonzero(pos)
+    if not len(idx):
+        return []
+    cut = np.abs(st.start[idx][1:] - st.end[idx][:-1]) > EPS  # a gap (a step with none between)
+    if same_value:
+        cut |= st.requests[idx][1:] != st.requests[idx][:-1]
+    heads = np.concatenate(([0], np.flatnonzero(cut) + 1))
+    tails = np.concatenate((heads[1:] - 1, [len(idx) - 1]))
+    return [(int(idx[h]), int(idx[t])) for h, t in zip(heads, tails)]
+
+
+def merge(parts: Sequence[SpareWindow] | Steps) -> list[SpareWindow]:
     """Adjacent parts with the same requests made one window; parts with none left out."""
-    out: list[SpareWindow] = []
-    for w in parts:
-        if w.requests <= 0:
-            continue
-        last = out[-1] if out else None
-        if last is not None and last.requests == w.requests and abs(last.end - w.start) < EPS:
-            out[-1] = SpareWindow(last.start, w.end, w.requests)
-        else:
-            out.append(w)
-    return out
+    st = parts if isinstance(parts, Steps) else Steps.of(parts)
+    return [SpareWindow(float(st.start[i]), float(st.end[j]), float(st.requests[i])) for i, j in _groups(st, True)]
 
 
 def runs(windows: Sequence[SpareWindow], least: float = 1.0) -> list[SpareWindow]:
@@ -115,16 +138,20 @@ def runs(windows: Sequence[SpareWindow], least: float = 1.0) -> list[SpareWindow
     return out
 
 
-def horizon_minimum(parts: Sequence[SpareWindow], now: float, seconds: float) -> Optional[float]:
+def horizon_minimum(parts: Sequence[SpareWindow] | Steps, now: float, seconds: float) -> Optional[float]:
     """The fewest requests that fit over [now, now + seconds] ("now": the part holding now); None
     when the parts do not reach that far or leave a gap."""
-    if not parts or parts[0].start > now + EPS:
+    st = parts if isinstance(parts, Steps) else Steps.of(parts)
+    if not len(st) or st.start[0] > now + EPS:
         return None
+    if seconds <= 0:
+        return float(st.requests[0])
     until = now + seconds
-    held = [w for w in parts if w.start < until - EPS and w.end > now] if seconds > 0 else parts[:1]
-    if seconds > 0 and held[-1].end < until - EPS:
+    sel = (st.start < until - EPS) & (st.end > now)
+    start, end = st.start[sel], st.end[sel]
+    if end[-1] < until - EPS or np.any(np.abs(start[1:] - end[:-1]) > EPS):
         return None
-    return min(w.requests for w in held)
+    return float(st.requests[sel].min())
 
 
 def stale_reason(inp: SpareInputs, ceiling: Optional[float], now: float) -> Optional[str]:
@@ -149,9 +176,7 @@ def pool_spare(inp: SpareInputs, now: float) -> Spare:
     why = stale_reason(inp, ceiling, now)
     if why is not None:
         return Spare(reason=why, **common)
-    parts = steps(inp, ceiling, now)
-    parts = [w for w in parts if w.start < now + WEEK_SECONDS]
-    parts = [SpareWindow(w.start, min(w.end, now + WEEK_SECONDS), w.requests) for w in parts]
+    parts = steps(inp, ceiling, now, now + WEEK_SECONDS)
     requests = {h: horizon_minimum(parts, now, s) for h, s in SPARE_HORIZONS.items()}
     windows = tuple(merge(parts))
     if inp.over_slo:

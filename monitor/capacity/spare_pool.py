@@ -66,8 +66,8 @@ def spare_inputs(p: PoolSnapshot, settings: SpareSettings) -> SpareInputs:
     path = fc.path if fc is not None else None
     return SpareInputs(
         knee_requests=limit_of(p), margin=settings.margin,
-        timestamps=list(path.timestamps) if path is not None else [],
-        upper=list(path.upper) if path is not None else [],
+        timestamps=path.timestamps if path is not None else (),
+        upper=path.upper if path is not None else (),
         fit_timestamp=fc.last_fit_timestamp if path is not None else None,
         interactive_now=interactive, deferrable_now=deferrable, pool_stale=p.stale,
         over_slo=c is not None and c.capacity_requests.slo is not None,
