@@ -2,7 +2,7 @@
 
     spare = pool_spare(SpareInputs(...), now)          # a `Spare` (monitor/model/spare.py)
     cluster = cluster_spare({pool: spare, ...})        # the fleet's sums
-    answer = earliest_fit(spare.windows, requests=N, seconds=H, now=now)
+    answer = earliest_fit(spare.windows, N, H_seconds)  # /api/v1/spare
 
 The algorithm, per pool:
   1. ceiling = knee x (1 - margin): the concurrency the interactive and the deferrable load share
@@ -16,7 +16,8 @@ The algorithm, per pool:
   4. Windows: adjacent steps with the same spare merged into {start, end, requests}; spans where
      nothing fits (0) are no window. Over the forecast, at most 7 days.
   5. Per horizon (now, 1h, 6h, 1d): the fewest requests that fit from `now` to `now` + horizon
-     ("now": the step holding now); None when the forecast ends before the horizon does.
+     ("now": the step holding now); None when the forecast ends before the horizon does, or
+     leaves a gap in it (a step with no finite band).
   6. The budget ratio D in [0, 1] (ready for llm-d's `prometheus-query` gate): the fewest spare
      requests over the next `budget_horizon` seconds over the ceiling. It is 0 (fail closed) when
      the data behind it is stale (the pool is stale, its knee or forecast unknown, the forecast
@@ -31,9 +32,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Mapping, Optional, Sequence
 
 import numpy as np
-from typing import Mapping, Optional, Sequence
 
 from monitor.model.spare import SPARE_HORIZONS, WEEK_SECONDS, Spare, SpareWindow
 
