@@ -146,3 +146,10 @@ def test_runs_join_gapless_windows_at_their_fewest():
     ws = pool_spare(inputs(), NOW).windows  # hours 4, 5, 2, (0), 5, 7
     assert spans(runs(ws)) == [(0, 3, 2), (4, 6, 5)]
     assert spans(runs(ws, least=4)) == [(0, 2, 4), (4, 6, 5)]
+
+
+def test_coarse_grid_holds_the_fewest_through_each_slice():
+    from monitor.capacity.spare import coarse
+    ws = pool_spare(inputs(), NOW).windows  # hours 4, 5, 2, (0), 5, 7, then no forecast
+    assert spans(coarse(ws, NOW, H, 8)) == [(0, 1, 4), (1, 2, 5), (2, 3, 2), (4, 5, 5), (5, 6, 7)]
+    assert spans(coarse(ws, NOW, 2 * H, 4)) == [(0, 2, 4), (4, 6, 5)]  # hours 2-4 hold a gap: none

@@ -23,6 +23,7 @@ from monitor.model import Capacity, Limits, PoolSnapshot, PoolTasks, Quantiles, 
 
 NOW = 1_800_000_000.0
 H = 3600.0
+DAY = 86400.0
 
 
 def forecast(fit=NOW - 60):
@@ -129,3 +130,20 @@ def test_landing_page_shows_the_24_hour_strip():
     assert page.count('fill="#2a9d8f"><title>') == 5  # the five windows (hours 1, 2, 3, 5, 6)
     assert "<b>4</b> now" in page and "budget 0.50" in page
     assert "Spare for deferrable work: not known (stale: the pool&#x27;s readings are stale)" in page
+
+
+def test_the_strip_draws_at_most_48_bars_however_fine_the_forecast():
+    """5-minute steps alternating 2 and 3 spare: 288 windows in the day, 48 half-hour columns of 2."""
+    from monitor.capacity.spare import coarse
+    from monitor.export.spare_strip import spare_strip
+    ts = np.array([NOW + 300.0 * k for k in range(1, 289)])
+    band = np.array([5.0 if k % 2 else 6.0 for k in range(288)])  # ceiling 8: 3 and 2 spare
+    fc = SimpleNamespace(path=SimpleNamespace(timestamps=ts, upper=band), last_fit_timestamp=NOW - 60,
+                         horizons={}, exhaustion_seconds=None, as_dict=lambda: {})
+    p = pool(forecast=fc)
+    assert len(p.spare.windows) == 288
+    assert [(w.start, w.end, w.requests) for w in coarse(p.spare.windows, NOW, 1800.0, 48)] == [(NOW, NOW + DAY, 2.0)]
+    doc = snapshot_to_dict(Snapshot(timestamp=NOW, pools=[p]))["pools"][0]["spare"]
+    assert len(doc["windows_24h"]) == 288 and doc["windows_7d_hourly"] == [{"start": NOW, "end": NOW + DAY,
+                                                                            "requests": 2.0}]
+    assert spare_strip(p, NOW).count("<rect") == 2  # the background and one bar of 2

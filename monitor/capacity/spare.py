@@ -139,6 +139,21 @@ def runs(windows: Sequence[SpareWindow], least: float = 1.0) -> list[SpareWindow
     return out
 
 
+def coarse(windows: Sequence[SpareWindow], start: float, width: float, n: int) -> list[SpareWindow]:
+    """The windows on a coarser grid: `n` slices of `width` seconds from `start`, each holding the
+    fewest requests that fit through it (a slice any part of which has no window holds none), equal
+    neighbours merged, empty slices left out. Bounds the count a page or a document carries (a
+    week of 5-minute steps can merge into thousands of windows)."""
+    slices: list[SpareWindow] = []
+    ws = [w for w in windows if w.end > start and w.start < start + n * width]
+    for k in range(n):
+        a, b = start + k * width, start + (k + 1) * width
+        over = [w for w in ws if w.start < b and w.end > a]
+        covered = sum(min(w.end, b) - max(w.start, a) for w in over)
+        slices.append(SpareWindow(a, b, min(w.requests for w in over) if over and covered >= width - 1e-6 else 0.0))
+    return merge(slices)
+
+
 def horizon_minimum(parts: Sequence[SpareWindow] | Steps, now: float, seconds: float) -> Optional[float]:
     """The fewest requests that fit over [now, now + seconds] ("now": the part holding now); None
     when the parts do not reach that far or leave a gap."""

@@ -1,8 +1,9 @@
 """The landing page's 24-hour strip of a pool's spare capacity for deferrable work.
 
-One row of the next 24 hours from the snapshot's time: each spare window (monitor/model/spare.py)
-a green bar whose height is its requests over the ceiling (knee x (1 - margin)), no window a pale
-red gap (nothing fits: the interactive peak), hour ticks every 6 h in UTC. Under it one line: the
+One row of the next 24 hours from the snapshot's time in half-hour columns: a green bar whose
+height is the fewest requests that fit through the half hour (monitor/model/spare.py windows) over
+the ceiling (knee x (1 - margin)), equal neighbours drawn as one bar; none a pale red gap (nothing
+fits: the interactive peak); hour ticks every 6 h in UTC. Under it one line: the
 spare now and over the next hour, the deferrable budget and why, and the next gapless run of windows (the fewest it holds). A pool whose
 spare is not known says why instead (stale data: the budget is 0). Every text is escaped.
 """
@@ -12,11 +13,12 @@ import html
 import time
 from typing import Optional
 
-from ..capacity.spare import runs
+from ..capacity.spare import coarse, runs
 from ..model import PoolSnapshot, Spare
 from ..model.spare import DAY_SECONDS
 
 WIDTH, HEIGHT = 560, 46
+COLUMNS = 48  # half an hour each
 
 
 def _n(v: Optional[float]) -> str:
@@ -28,21 +30,20 @@ def _hhmm(t: float) -> str:
 
 
 def _bars(s: Spare, now: float) -> list[str]:
-    span = DAY_SECONDS
-    top = s.ceiling or 1.0
+    top, span = s.ceiling or 1.0, DAY_SECONDS / COLUMNS
+    col_w = (WIDTH - 40) / COLUMNS
     parts = [f'<rect x="35" y="4" width="{WIDTH - 40}" height="{HEIGHT - 18}" fill="#e6394622"/>']
-    for w in s.windows_until(now + span):
-        x0 = 35 + (max(w.start, now) - now) / span * (WIDTH - 40)
-        x1 = 35 + (w.end - now) / span * (WIDTH - 40)
+    for w in coarse(s.windows, now, span, COLUMNS):
         h = max(2.0, min(1.0, w.requests / top) * (HEIGHT - 18))
-        tip = html.escape(f"{_hhmm(w.start)}–{_hhmm(w.end)} UTC: {w.requests:,.0f} requests")
-        parts.append(f'<rect x="{x0:.1f}" y="{HEIGHT - 14 - h:.1f}" width="{max(x1 - x0, 0.5):.1f}" '
-                     f'height="{h:.1f}" fill="#2a9d8f"><title>{tip}</title></rect>')
-    for k in range(0, 25, 6):
-        x = 35 + k / 24 * (WIDTH - 40)
-        anchor = "start" if k == 0 else "end" if k == 24 else "middle"
+        tip = html.escape(f"{_hhmm(w.start)}–{_hhmm(w.end)} UTC: at least {w.requests:,.0f} requests")
+        parts.append(f'<rect x="{35 + (w.start - now) / span * col_w:.1f}" y="{HEIGHT - 14 - h:.1f}" '
+                     f'width="{(w.end - w.start) / span * col_w:.1f}" height="{h:.1f}" fill="#2a9d8f">'
+                     f'<title>{tip}</title></rect>')
+    for hour in range(0, 25, 6):
+        x = 35 + hour / 24 * (WIDTH - 40)
+        anchor = "start" if hour == 0 else "end" if hour == 24 else "middle"
         parts.append(f'<text x="{x:.1f}" y="{HEIGHT - 2}" text-anchor="{anchor}" class="lbl">'
-                     f'{"now" if k == 0 else _hhmm(now + k * 3600)}</text>')
+                     f'{"now" if hour == 0 else _hhmm(now + hour * 3600)}</text>')
     return parts
 
 

@@ -45,10 +45,10 @@ class Spare:
         return [SpareWindow(w.start, min(w.end, end), w.requests) for w in self.windows if w.start < end]
 
     def as_dict(self) -> dict:
-        """The JSON shape of a pool's `spare` in /api/v1/snapshot."""
+        """The JSON shape of a pool's `spare` in /api/v1/snapshot, the next 24 hours' windows in the
+        forecast's steps (the 7 days' on an hourly grid are added by monitor/export/snapshot_json.py)."""
         return {"ceiling_requests": self.ceiling, "requests": dict(self.requests),
                 "budget_ratio": self.budget_ratio, "reason": self.reason,
                 "interactive_requests": self.interactive_requests,
                 "deferrable_requests": self.deferrable_requests,
-                "windows_24h": [w.as_dict() for w in self.windows_until(self.timestamp + DAY_SECONDS)],
-                "windows_7d": [w.as_dict() for w in self.windows]}
+                "windows_24h": [w.as_dict() for w in self.windows_until(self.timestamp + DAY_SECONDS)]}
