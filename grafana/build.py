@@ -18,6 +18,7 @@ from blocks import (DS, HA_LABELS, M, P, SCHEMA_VERSION, by_name, dashboard, ded
 from drilldown import actions, replicas  # noqa: E402
 from edges import edges  # noqa: E402
 from health import self_health  # noqa: E402
+from spare import spare_panels  # noqa: E402
 
 OUT_DIR = Path(__file__).resolve().parent / "dashboards"
 # the engines' queue: headroom_queued_requests{where="engine"} (series written before the label have none)
@@ -316,6 +317,7 @@ def forecast() -> dict:
             target(f"headroom_forecast_peak_requests_upper{{{P}}}", "{{pool}} {{horizon}}"),
             target(f"headroom_knee_requests{{{P}}}", "{{pool}} capacity at knee"),
         ]),
+        *spare_panels(),
         row("Forecast skill (rolling-origin backtest)"),
         timeseries("Backtest MASE", [target(f"headroom_forecast_mase{{{P}}}", "{{pool}} {{series}} {{model}}")],
                    description="Mean absolute scaled error vs the one-day seasonal naive; below 1 beats it "

@@ -121,7 +121,11 @@ CATALOGUE: tuple[MetricDef, ...] = (
     _m("headroom_task_completion_rate", "gauge", "Tasks completed per second over the task window (capacity.task_window), by task type: the application's task-duration histogram's count (absent without it).", ["pool", "task_type"], "capacity"),
     _m("headroom_task_calls_per_task", "gauge", "Model calls per completed task over the task window (capacity.task_window), by task type.", ["pool", "task_type"], "capacity"),
     _m("headroom_task_latency_seconds", "gauge", "Task completion latency quantile by task type (q 0.5, 0.9, 0.95, 0.99).", ["pool", "task_type", "q"], "capacity"),
-    _m("headroom_call_latency_seconds", "gauge", "Per-call latency quantile by class (interactive, batch; q 0.5, 0.9, 0.95, 0.99).", ["pool", "class", "q"], "capacity"),
+    _m("headroom_call_latency_seconds", "gauge", "Per-call latency quantile by class (interactive, deferrable or its older name batch, as capacity.task_classes or a class label says; q 0.5, 0.9, 0.95, 0.99).", ["pool", "class", "q"], "capacity"),
+    # --- spare capacity for deferrable work (issue 39; docs/spare-capacity.md)
+    _m("headroom_spare_requests", "gauge", "Concurrent deferrable requests that fit below the knee x (1 - capacity.spare_margin) beside the interactive load's forecast 95% upper band (and its load now): the fewest from now to the horizon's end (now, 1h, 6h, 1d). Absent when not known (stale data, no forecast reaching the horizon).", ["pool", "horizon"], "spare"),
+    _m("headroom_deferrable_budget_ratio", "gauge", "The deferrable budget D in [0, 1] for a batch dispatcher's gate (llm-d async processor prometheus-query): the fewest spare requests over capacity.spare_budget_horizon over the knee x (1 - margin); 0 when the data behind it is stale or the pool is over its SLO now.", ["pool"], "spare"),
+    _m("headroom_deferrable_requests", "gauge", "Concurrent deferrable requests now: per deferrable task type (capacity.task_classes) its calls per second x their mean latency over the task window; absent without task types.", ["pool"], "spare"),
     # --- forecasts
     _m("headroom_forecast_requests", "gauge", "Forecast mean of concurrent requests at the horizon (1h, 1d, 1w); recomputed on the refit schedule.", ["pool", "horizon"], "forecast"),
     _m("headroom_forecast_peak_requests", "gauge", "Forecast peak of concurrent requests within the horizon (mean path).", ["pool", "horizon"], "forecast"),

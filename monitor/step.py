@@ -14,7 +14,8 @@ In order:
   4. derive the pools (monitor/derive/core.py); a replica that did not answer is stale;
   5. keep the shard's pools (global.shard) and each pool's last fresh time;
   6. capacity, tasks and power (monitor/capacity/enrich.py `assess`), when the state has them;
-  7. each pool's forecast: the forecaster's latest result, as `collect` found it;
+  7. each pool's forecast: the forecaster's latest result, as `collect` found it; then its spare
+     capacity for deferrable work until the next peak (monitor/capacity/spare_pool.py);
   8. forget what has not been seen for global.forget_after (`expire`): state stays bounded under churn.
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any, Optional, Protocol, Sequence
 
 from .capacity.enrich import CapacityState, assess
 from .capacity.headroom import recommended_replicas
+from .capacity.spare_pool import SpareSettings, spare_for
 from .derive.core import derive_pools, pool_of
 from .derive.gateway_queues import apply_gateway_queues
 from .derive.lead_time import LeadTimes
@@ -51,6 +53,7 @@ class StepSettings(Protocol):
     latency_window: float
     stall_window: float
     shard: Optional[tuple[int, int]]
+    capacity: Any  # the `capacity:` section: its spare_* keys (monitor/capacity/spare_pool.py SpareSettings)
 
     def pool_settings(self, pool: str) -> Any: ...
 
@@ -160,6 +163,7 @@ def step(state: CycleState, inputs: CycleInputs, now: float) -> tuple[CycleState
                     "pool label its pools: map leaves out): not counted on any pool; give the gateway labels "
                     "(e.g. {cluster: a}) or pools: (headroom_input_anomalies_total{kind=\"gateway_queue_unmapped\"})")
     count_into(state.anomalies, gateway_anomalies)
+    spare_settings = SpareSettings.of(state.config.capacity)
     for p in pools:
         for rd in p.replica_detail:
             rd.kv_capacity_changes = state.kv_capacity_changes.get((p.pool, rd.replica), 0.0)
@@ -171,6 +175,7 @@ def step(state: CycleState, inputs: CycleInputs, now: float) -> tuple[CycleState
         if inputs.forecast is not None:
             p.forecast = _exhaustion_now(inputs.forecast.pools.get(p.pool), p, now)
         _recommend(p)
+        p.spare = spare_for(p, spare_settings, now)
     if any(st.up for st in inputs.statuses if st.source in ("vllm", "prometheus")):
         state.last_success = now
     expire(state, now, {p.pool for p in pools})

@@ -161,3 +161,27 @@ def test_the_landing_page_shows_the_knee_source_and_the_forecast_peak_with_its_b
     assert f"<span>knee requests ({how})</span>" in page
     at = _time.strftime("%a %H:%M UTC", _time.gmtime(DAY.peak_timestamp))
     assert f"forecast peak requests (1 d) at {at}: 95 % band up to 31 · capacity reached in 1.5 h" in page
+
+
+def test_the_step_attaches_each_pools_spare_for_deferrable_work(no_clock):
+    """Issue 39: with a forecast path the step gives the pool its spare (knee x 0.8 less the
+    forecast's band and the load now) and a budget above 0; without a forecast the budget is 0."""
+    import numpy as np
+    from dataclasses import replace as _replace
+    from monitor.forecast.pool import ForecastPath
+    state, inputs, now = warmed_up(cycles=4)
+    ts = now - 60 + 300.0 * np.arange(1, 300)
+    band = np.full(len(ts), 1.0)
+    fc = _replace(FORECAST.pools["m"], last_fit_timestamp=now - 60, path=ForecastPath(ts, band, band, band))
+    inputs.forecast = RefitResult({"m": fc}, started=now - 60, finished=now - 55, runs=1)
+    state, snap = step(state, inputs, now)
+    [pool] = snap.pools
+    ceiling = pool.capacity.knee_requests * 0.8
+    load = max(1.0, pool.spare.interactive_requests)
+    assert pool.spare.ceiling == pytest.approx(ceiling)
+    assert pool.spare.requests["now"] == max(0.0, float(int(ceiling - load + 1e-9)))
+    assert pool.spare.requests["1h"] is not None and 0 < pool.spare.budget_ratio <= 1, pool.spare
+    samples = Renderer().render(snap)
+    assert ({"pool": "m"}, pool.spare.budget_ratio) in samples["headroom_deferrable_budget_ratio"]
+    state, without = step(state, CycleInputs(inputs.readings, inputs.statuses), now + 5.0)
+    assert without.pools[0].spare.budget_ratio == 0.0 and "no forecast" in without.pools[0].spare.reason

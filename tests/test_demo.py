@@ -117,6 +117,7 @@ def test_demo_tells_the_story_and_renders(tmp_path):
                           lambda r: r.status_code == 200, timeout=max(5.0, DIGEST_BY - (time.monotonic() - started)),
                           every=2.0, what="the demo's weekly digest at /digest")
         digest_at = time.monotonic() - started
+        metrics = requests.get(base + "/metrics", timeout=10).text  # issue 39: spare and budget per pool
     finally:
         proc.terminate()
         out = proc.communicate(timeout=120)[0]
@@ -128,6 +129,11 @@ def test_demo_tells_the_story_and_renders(tmp_path):
     assert "forecast peak requests (1 d) at" in page and "80 % band up to" in page and "95 % band up to" in page
     assert page.count("knee requests (") == len(seen["pools"])
     assert "latest digest" in page and "capacity digest" in digest.text.lower(), digest.text[:300]
+    for pool in seen["pools"]:  # the spare for deferrable work: exported for every pool, a strip on each card
+        assert f'headroom_deferrable_budget_ratio{{pool="{pool}"}}' in metrics
+        for horizon in ("now", "1h", "6h", "1d"):
+            assert f'headroom_spare_requests{{horizon="{horizon}",pool="{pool}"}}' in metrics
+    assert page.count("spare for deferrable work, next 24 h") == len(seen["pools"])
     assert not_blank(shot) > 50
 
 

@@ -14,6 +14,8 @@ from monitor.kit.settings.values import DAY
 from .slo_settings import PoolTargets
 
 KNEE_SIGNALS = ("queue", "ttft", "e2e_per_token", "e2e", "itl")
+TASK_CLASSES = ("interactive", "deferrable", "batch")  # batch: the older name of deferrable
+DEFERRABLE = frozenset(("deferrable", "batch"))
 
 
 def _tokens_per_call(direction: str):
@@ -66,8 +68,15 @@ class Capacity:
     active_requests_per_session: Optional[float] = key(Number(gt=0, le=1e6), help="session size when the pool is idle")
     task_pools: dict[str, str] = key(MapOf(Text(), names="task type"), {},
                                      help="task type -> pool (application metrics carry no pool)")
-    task_classes: dict[str, str] = key(MapOf(Choice(("interactive", "batch")), names="task type"), {},
-                                       help="task type -> call class (default interactive)")
+    task_classes: dict[str, str] = key(MapOf(Choice(TASK_CLASSES), names="task type"), {},
+                                       help="task type -> call class: interactive (default; someone waits for it) or "
+                                       "deferrable (can wait for spare capacity; batch is the same)")
+    spare_margin: float = key(Number(ge=0, lt=1), 0.2, help="spare capacity for deferrable work is counted below "
+                              "knee x (1 - this) (docs/spare-capacity.md)")
+    spare_max_age: float = key(Duration(gt=0, le=7 * DAY), 3600.0, help="a forecast older than this is stale: the "
+                               "deferrable budget falls to 0")
+    spare_budget_horizon: float = key(Duration(ge=60, le=DAY), 900.0, help="the deferrable budget holds the fewest "
+                                      "spare requests over this long from now")
     task_window: Optional[float] = key(Duration(gt=0, le=DAY), help="task arrival rates, calls per task and "
                                        "sessions are counted over this window (default global.latency_window); "
                                        "make it several task durations long: unknown until covered")

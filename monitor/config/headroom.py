@@ -122,7 +122,7 @@ class Config:
         digest = None
         if self.digest is not None:
             self._check_digest(r)
-            digest = with_daemon(self.digest, self.slos, self.pools)
+            digest = with_daemon(self.digest, self.slos, self.pools, self.capacity.spare_margin)
         return replace(self, history_keep=max(self.history_keep, 2 * self.latency_window), digest=digest)
 
     def _check_digest(self, r: Reader) -> None:

@@ -34,6 +34,7 @@ from monitor.digest.capacity_at import capacity_at, power_model
 from monitor.digest.forecasts import _recommend, forecast_check, forecast_week, hourly_max
 from monitor.digest.inputs import DigestError, DigestInput, PoolInput
 from monitor.digest.settings import DigestSettings, TaskFacts
+from monitor.digest.spare_week import spare_week
 from monitor.forecast.pool import exhaustion_seconds
 
 PEAK_SERIES = ("active_requests", "queued_requests", "kv_tokens", "sessions")
@@ -251,6 +252,7 @@ def _forecasts(p: PoolInput, load: Optional[pd.Series], start: float, end: float
     if load is None:
         out["forecast_last_week"] = out["forecast_next_week"] = out["exhaustion"] = None
         out["recommendation"] = {"action": "unknown", "text": f"Pool {p.name}: no load history."}
+        out["spare_week"] = {"defined": False, "reason": "no load history"}
         return out
     last = forecast_week(load, start, settings, tz)
     nxt = forecast_week(load, end, settings, tz)
@@ -273,6 +275,7 @@ def _forecasts(p: PoolInput, load: Optional[pd.Series], start: float, end: float
     else:
         out["exhaustion"] = None
     out["recommendation"] = _recommend(p.name, p.replicas, per_rep, nxt, settings.recommend_level, tz)
+    out["spare_week"] = spare_week(nxt, cap, settings.spare_margin, end, tz, settings.recommend_level)
     return out
 
 

@@ -95,7 +95,19 @@ FORECAST_OF = {"offered": "the offered load (active + queued, or active + turned
 
 def pool_sections(p: dict, currency: str) -> list[tuple[str, list[str], list[list[str]]]]:
     """(title, header, rows) tables of one pool, as plain text cells (escaped by each renderer)."""
-    return [_peaks(p), _capacity(p), _next_week(p), _last_week(p), _task_types(p), _cost(p, currency)]
+    return [_peaks(p), _capacity(p), _next_week(p), _spare_week(p), _last_week(p), _task_types(p),
+            _cost(p, currency)]
+
+
+def _spare_week(p: dict) -> tuple[str, list[str], list[list[str]]]:
+    sw = p.get("spare_week") or {}
+    title = "When to run deferrable work this week"
+    if not sw.get("defined"):
+        return (title, ["", "value"], [["spare windows", f"not available: {sw.get('reason', 'not computed')}"]])
+    rows = [[b["from"], b["to"], num(b["requests"]), hours(b["hours"])] for b in sw["blocks"]]
+    if not rows:
+        rows = [[f"no span of 2 h holds {num(sw['least_requests'])} requests", "", "", ""]]
+    return (title, ["from", "to", "requests that fit throughout", "hours"], rows)
 
 
 def _peaks(p: dict) -> tuple[str, list[str], list[list[str]]]:

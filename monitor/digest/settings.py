@@ -195,6 +195,7 @@ class DigestSettings:
     tasks: dict[str, TaskFacts] = key(MapOf(Sub(TaskFacts), names="task type"), {}, help="facts per task type")
     slo_targets: dict[str, float] = None  # task type -> seconds, from the top-level `slos:` section
     slo_objectives: dict[str, float] = None  # task type -> objective, from `slos:`
+    spare_margin: float = 0.2  # from capacity.spare_margin (the week's spare windows), never retyped
     destinations: tuple[Destination, ...] = key(ListOf(_DESTINATIONS, as_tuple=True), (),
                                                 help="where the digest goes")
     retry: Retry = key(Sub(Retry), Retry(), help="retries of a failed delivery")
@@ -224,13 +225,16 @@ def from_dict(d: Any, file: str = "<config>", slos: Optional["SloSettings"] = No
 
 
 def with_daemon(settings: DigestSettings, slos: Optional["SloSettings"],
-                pools: Optional[dict[str, "PoolSettings"]] = None) -> DigestSettings:
-    """The digest's task targets and objectives from the `slos:` section and its pools from the
-    `pools:` section (never repeated in `digest:`)."""
+                pools: Optional[dict[str, "PoolSettings"]] = None,
+                spare_margin: Optional[float] = None) -> DigestSettings:
+    """The digest's task targets and objectives from the `slos:` section, its pools from the
+    `pools:` section and the spare margin from `capacity:` (never repeated in `digest:`)."""
     targets, objectives = {}, {}
     if slos is not None:
         for tt, t in slos.task_targets.items():
             targets[tt], objectives[tt] = t.seconds, t.objective
         if slos.default_task_target is not None:
             targets["*"], objectives["*"] = slos.default_task_target.seconds, slos.default_task_target.objective
-    return replace(settings, slo_targets=targets, slo_objectives=objectives, pools=dict(pools or {}))
+    margin = settings.spare_margin if spare_margin is None else spare_margin
+    return replace(settings, slo_targets=targets, slo_objectives=objectives, pools=dict(pools or {}),
+                   spare_margin=margin)

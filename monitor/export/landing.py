@@ -18,6 +18,7 @@ from ..kit.numbers import fixed
 from ..model import Alert, Capacity, PoolSnapshot, Quantiles, Snapshot
 from .headline import Ratios, headline
 from .landing_pages import LANDING_PAGE_POOLS, paged
+from .spare_strip import spare_strip
 
 
 class Trends:
@@ -289,6 +290,7 @@ def _pool_card(p: PoolSnapshot, trend: list, alerts: Optional[list[Alert]] = Non
   {_svg(trend, knee)}
   <p class="legend"><i style="background:#2a9d8f"></i>active <i style="background:#f4a261"></i>queued
   <i style="background:#e63946"></i>knee</p>
+  {spare_strip(p, now)}
   {_tasks_table(p)}
   {f'<ul class="alerts">{_alert_items(mine, now)}</ul>' if mine else ""}
 </section>"""

@@ -32,6 +32,7 @@ from ..catalogue import BY_NAME
 from ..model import Capacity, PoolSnapshot, PoolTasks, Snapshot
 from ..poolkey import split
 from .edge_samples import edge_samples
+from .spare_samples import spare_samples
 from monitor.kit.text import valid_text
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
@@ -207,6 +208,8 @@ def pool_samples(out: Rows, p: PoolSnapshot) -> None:
                 {"pool": p.pool, "gateway": gateway, "source": p.gateway_queued_source.get(gateway, "queue")}, v)
     if p.gateway_queued:
         out.add("headroom_queued_requests", {"pool": p.pool, "where": "gateway"}, p.gateway_queued_requests)
+    if p.spare is not None:  # also with no replica answering: the budget says 0, a gate fails closed
+        spare_samples(out, p.pool, p.spare)
     if p.replicas == 0:
         return  # nothing fresh to say about this pool: withhold rather than repeat old values
     out.add("headroom_active_requests", pl, p.active_requests)
@@ -249,6 +252,7 @@ def pool_samples(out: Rows, p: PoolSnapshot) -> None:
         capacity_samples(out, p.pool, p.capacity)
     if p.tasks is not None:
         task_samples(out, p.pool, p.tasks)
+
 
 
 def capacity_samples(out: Rows, pool: str, c: Capacity) -> None:

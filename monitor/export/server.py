@@ -1,4 +1,4 @@
-"""headroom's endpoints: /metrics, /, /-/healthy, /-/ready, /api/v1/snapshot, /digest, on its own web server.
+"""headroom's endpoints: /metrics, /, /-/healthy, /-/ready, /api/v1/snapshot, /api/v1/spare, /digest, on its own web server.
 
 The probes are answered on the server's selector thread (no auth, nothing rendered), so they answer
 while a flood holds connections or the workers are busy; /metrics has its own worker (a body rendered
@@ -28,6 +28,7 @@ from monitor.kit.web.httpd import Limits, WebServer, WebStats
 from .landing import Trends, render
 from .landing_pages import page_number
 from .snapshot_json import snapshot_to_dict
+from .spare_api import spare_answer
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +165,9 @@ def handle(state: WebState, req: Request) -> Response:
         body = state.rendered(path, lambda snap: json.dumps(snapshot_to_dict(snap) if snap else
                                                             {"pools": [], "sources": []}, allow_nan=False).encode())
         return Response(200, body, "application/json")
+    if path == "/api/v1/spare":
+        status, answer = spare_answer(state.snapshot, urlsplit(req.target).query)
+        return Response(status, json.dumps(answer, allow_nan=False).encode(), "application/json")
     return probe(state, req) or Response(404, b"Not found. Try /metrics or /.\n")
 
 

@@ -6,6 +6,8 @@ Shape (stable, documented in README):
      "sources": [{"source", "target", "up", "error"}]}
 With `global.pool_by: [cluster, model_name]` a pool also has "cluster" and "key" (monitor/poolkey.py).
 Values that are not known are null; +Inf (e.g. no exhaustion within the horizon) is the string "+Inf".
+A pool's "spare" is its spare capacity for deferrable work (monitor/model/spare.py: the windows over
+24 h in the forecast's steps and over 7 d on an hourly grid, the horizons' minimums, the budget and why), the top-level "spare" the fleet's sums.
 A pool's "capacity", "tasks" and "forecast" are the `as_dict()` of its typed results (monitor/model.py,
 monitor/forecast/pool.py), `{}` when there are none: the forecast is the one /metrics exports for the
 same cycle.
@@ -16,8 +18,10 @@ import math
 from typing import Any
 
 from ..capacity.fit import fleet_fit
+from ..capacity.spare import cluster_spare, coarse
 from ..kit.numbers import unsigned
 from ..model import PoolSnapshot, Snapshot
+from ..model.spare import WEEK_SECONDS
 
 
 def clean(v: Any) -> Any:
@@ -94,6 +98,7 @@ def pool_to_dict(p: PoolSnapshot) -> dict:
         "replica_lead_time_seconds": p.replica_lead_time_seconds,
         "replica_lead_time_source": p.replica_lead_time_source,
         **edges_to_dict(p),
+        "spare": _spare(p),
     })
 
 
@@ -117,12 +122,23 @@ def edges_to_dict(p: PoolSnapshot) -> dict:
     }
 
 
+def _spare(p: PoolSnapshot) -> dict:
+    """The pool's spare: its own JSON shape, and the next 7 days' windows on an hourly grid (each
+    hour the fewest requests that fit through it: at most 168 windows, whatever the forecast's step)."""
+    if p.spare is None:
+        return {}
+    week = coarse(p.spare.windows, p.spare.timestamp, 3600.0, int(WEEK_SECONDS // 3600))
+    return {**p.spare.as_dict(), "windows_7d_hourly": [w.as_dict() for w in week]}
+
+
 def snapshot_to_dict(s: Snapshot) -> dict:
     return {
         "timestamp": s.timestamp,
         "pools": [pool_to_dict(p) for p in s.pools],
         # where more sessions fit: spare sessions per pool (and cluster), most first
         "fit": [clean(f.as_dict()) for f in fleet_fit(s.pools)],
+        # spare capacity for deferrable work summed over the pools whose figure is known
+        "spare": clean(cluster_spare({p.pool: p.spare for p in s.pools if p.spare is not None}).as_dict()),
         "sources": [clean({"source": st.source, "target": st.target, "up": st.up, "error": st.error,
                            "detail": st.detail}) for st in s.sources],
         "cycle_duration_seconds": clean(s.cycle_duration_seconds),

@@ -7,6 +7,7 @@ from typing import Any, Optional, Protocol
 from monitor.poolkey import extras_of, name_of
 
 from .capacity import Capacity, PoolTasks
+from .spare import Spare
 from .values import Histogram, KvTier, LoraSlots, Quantiles
 
 
@@ -137,6 +138,7 @@ class PoolSnapshot:
     lora: Optional[LoraSlots] = None
     lmcache_hit_ratio: Optional[float] = None  # LMCache hit / requested tokens over the rate window
     kv_offload_allocation_failure_rate: Optional[float] = None  # per second: the CPU tier was full
+    spare: Optional[Spare] = None  # spare capacity for deferrable work until the next peak (capacity/spare.py)
 
     @property
     def gateway_queued_requests(self) -> Optional[float]:
