@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import re
+from decimal import Decimal
 from typing import Iterable, Optional
 
 from monitor.kit.exposition_tokens import (  # noqa: F401  (ExpositionError, ParsedScrape: every reader's names)
@@ -70,7 +71,7 @@ def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[
         if openmetrics and strict_end:
             raise ExpositionError("OpenMetrics body is empty (no # EOF)", reason="truncated", line=1)
         return out
-    if strict_end and not text.endswith("\n") and not text.endswith("\n# EOF"):  # OpenMetrics may end at EOF
+    if strict_end and not text.endswith("\n") and not text.endswith("\n# EOF") and text != "# EOF":  # OpenMetrics may end at EOF
         raise ExpositionError("body does not end with a newline (truncated?)", reason="truncated",
                               line=text.count("\n") + 1)
     if wanted is not None:  # one pass of the regex finds the wanted lines and the `# EOF`/`# UNIT ` ones
@@ -82,6 +83,8 @@ def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[
         if notice:
             out.noticed = marks.intersection(notice)
         _read_wanted(found, out)
+        if out.instants:  # a series written at several timestamps: the readers take its newest point
+            out.keep_newest()
         out.shared_labels = True  # readers may key their own work on these dicts' identity
         return out
     _check_eof(text, out, strict_end, openmetrics, None)
@@ -111,12 +114,8 @@ def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[
             raw_name, rest = line[:space], line[space:]
         rest = _labels_first(rest)
         key = (raw_name, rest.rsplit("}", 1)[0] if rest.startswith("{") else "")
-        if key in seen_generic:
-            out.anomaly("duplicate_series")
-            continue
-        seen_generic.add(key)
         try:
-            out.stamp(_add_sample(samples, raw_name, rest, None, lineno))
+            _keep(out, raw_name, rest, key, seen_generic, lineno)
         except ExpositionError:
             if not native_item(rest):
                 raise
@@ -174,7 +173,7 @@ def _read_wanted(found: list, out: ParsedScrape) -> None:
 
     A plain line (`name[{labels}] value`, no timestamp, no `#`) comes back split by the regex:
     name, label text, value. Any other wanted line comes back whole and is read as before, the
-    unusual ones (timestamp, exemplar, broken) by the strict `_add_sample`, which names the problem."""
+    unusual ones (timestamp, exemplar, broken) by the strict `_keep`, which names the problem."""
     samples = out.samples
     cache = _LABEL_CACHE
     if len(cache) > _LABEL_CACHE_MAX:
@@ -214,35 +213,35 @@ def _read_wanted(found: list, out: ParsedScrape) -> None:
 
 def _wanted_line(raw_name: str, rest: str, seen: set, cache: dict, out: ParsedScrape):
     """A wanted line not in the plain form: (labels, value token) to add, or (None, None) when it
-    was a duplicate or was read by the strict `_add_sample` (timestamp, exemplar, malformed)."""
+    was a duplicate or was read by the strict `_keep` (timestamp, exemplar, malformed)."""
     if rest[0] != "{":
         rest = _labels_first(rest)
     key = (raw_name, rest.rsplit("}", 1)[0] if rest[0] == "{" else "")
-    if key in seen:
-        out.anomaly("duplicate_series")
-        return None, None
-    seen.add(key)
     if (_NATIVE_RE.match(rest) or rest.count("{") > 1) and native_item(rest):
         out.anomaly("native_histogram")  # that item skipped, the rest of the body read
         return None, None
     if "#" in rest:
-        out.stamp(_add_sample(out.samples, raw_name, rest, None))  # exemplar (or '#' in a label value)
+        _keep(out, raw_name, rest, key, seen)  # exemplar (or '#' in a label value)
         return None, None
     if rest[0] == "{":
         close = rest.rfind("}")
         if close <= 0:
-            out.stamp(_add_sample(out.samples, raw_name, rest, None))  # strict path names the problem
+            _keep(out, raw_name, rest, key, seen)  # the strict reader names the problem
             return None, None
         label_text, tail = rest[:close + 1], rest[close + 1:]
-        labels = cache.get(label_text)
-        if labels is None:
-            labels = cache[label_text] = parse_labels(label_text[1:], None)
     else:
-        labels, tail = {}, rest
+        label_text, tail = "", rest
     tokens = tail.split()
     if len(tokens) != 1:
-        out.stamp(_add_sample(out.samples, raw_name, rest, None))  # timestamp, exemplar or malformed
+        _keep(out, raw_name, rest, key, seen)  # timestamp, exemplar or malformed
         return None, None
+    if key in seen:
+        out.anomaly("duplicate_series")
+        return None, None
+    seen.add(key)
+    labels = cache.get(label_text) if label_text else {}
+    if labels is None:
+        labels = cache[label_text] = parse_labels(label_text[1:], None)
     return labels, tokens[0]
 
 
@@ -307,10 +306,42 @@ def _trie_node(node: dict) -> str:
     return "(?:" + body + ")?" if "" in node else body
 
 
-def _add_sample(samples, raw_name: str, rest: str, offset: Optional[int], lineno: Optional[int] = None
-                ) -> Optional[float]:
-    """Parse `{labels} value [timestamp] [# exemplar]` (or ` value ...`) for one sample line;
-    returns its timestamp as written (None without one)."""
+def _keep(out: ParsedScrape, raw_name: str, rest: str, key: tuple, seen: set,
+          lineno: Optional[int] = None) -> None:
+    """One sample line read by the strict reader (`_read_sample`) and added to `out`, unless its
+    series was read already at the same instant: `duplicate_series`, the first kept. The instant is
+    the scrape's own for a line without a timestamp, else the one written, to the nanosecond (as
+    prometheus_client reads it: `1` and `1.0000000001` are one instant). A series written again at
+    another instant is another point of it, kept as the reference parsers keep it, its instant in
+    `out.instants` (`ParsedScrape.keep_newest` leaves one point per series)."""
+    labels, value, stamp, token = _read_sample(raw_name, rest, lineno)
+    instant = None
+    if token is not None:
+        instant = _instant(token)
+        key = key + (instant,)
+    if key in seen:
+        out.anomaly("duplicate_series")
+        return
+    seen.add(key)
+    out.stamp(stamp)
+    name = normalise_name(raw_name)
+    bucket = out.samples.get(name)
+    if bucket is None:
+        bucket = out.samples[name] = []
+    if instant is not None:
+        out.instants[(name, len(bucket))] = (instant, stamp)
+    bucket.append((labels, value))
+
+
+def _instant(token: str) -> int:
+    """A timestamp as written, in nanoseconds of its unit, cut (not rounded) past the ninth decimal."""
+    return int(Decimal(token).scaleb(9))
+
+
+def _read_sample(raw_name: str, rest: str, lineno: Optional[int] = None
+                 ) -> tuple[dict[str, str], float, Optional[float], Optional[str]]:
+    """Parse `{labels} value [timestamp] [# exemplar]` (or ` value ...`) for one sample line:
+    (labels, value, timestamp as a number, timestamp as written); the last two None without one."""
     try:
         if not _NAME_RE.match(raw_name):
             raise ExpositionError(f"bad metric name {raw_name[:60]!r}")
@@ -334,16 +365,10 @@ def _add_sample(samples, raw_name: str, rest: str, offset: Optional[int], lineno
         if stamp is not None and not math.isfinite(stamp):
             raise ExpositionError(f"bad timestamp {tokens[1][:40]!r}")
     except ExpositionError as exc:
-        if exc.line is None and (lineno is not None or offset is not None):
+        if exc.line is None and lineno is not None:
             raise ExpositionError(str(exc), exc.reason, lineno) from None
         raise
-    name = normalise_name(raw_name)
-    bucket = samples.get(name)
-    if bucket is None:
-        samples[name] = [(labels, value)]
-    else:
-        bucket.append((labels, value))
-    return stamp
+    return labels, value, stamp, (tokens[1] if stamp is not None else None)
 
 
 _NATIVE_RE = re.compile(r"[ \t]*\{[ \t]*[a-z_]+:")
