@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import re
 from decimal import Decimal
+from itertools import groupby
 from typing import Iterable, Optional
 
 from monitor.kit.exposition_tokens import (  # noqa: F401  (ExpositionError, ParsedScrape: every reader's names)
@@ -174,10 +175,12 @@ def _read_wanted(found: list, out: ParsedScrape) -> None:
     A plain line (`name[{labels}] value`, no timestamp, no `#`) comes back split by the regex:
     name, label text, value. Any other wanted line comes back whole and is read as before, the
     unusual ones (timestamp, exemplar, broken) by the strict `_keep`, which names the problem."""
-    samples = out.samples
     cache = _LABEL_CACHE
     if len(cache) > _LABEL_CACHE_MAX:
         cache.clear()
+    if found and _read_plain(found, out, cache):
+        return
+    samples = out.samples
     normalised = _NORMALISED
     seen: set = set()
     for raw_name, label_text, token, rest, mark in found:
@@ -209,6 +212,45 @@ def _read_wanted(found: list, out: ParsedScrape) -> None:
             samples[name] = [(labels, value)]
         else:
             bucket.append((labels, value))
+
+
+def _read_plain(found: list, out: ParsedScrape, cache: dict) -> bool:
+    """`_read_wanted` for the usual body, a column at a time (C-level map and zip rather than a
+    Python step per line): every wanted line in the plain form, no series twice, every value a
+    number and every label set read before (or readable). Anything else returns False with `out`
+    untouched, and the line-by-line loop reads the body (and names the first problem, as ever)."""
+    names, label_texts, tokens, rests, marks = zip(*found)
+    if any(marks):
+        found = [f for f in found if not f[4]]
+        if not found:
+            return True
+        names, label_texts, tokens, rests, _ = zip(*found)
+    if any(rests) or "_" in "".join(tokens) or len(set(zip(names, label_texts))) != len(names):
+        return False
+    try:
+        values = list(map(float, tokens))
+    except ValueError:
+        return False
+    labels = list(map(cache.get, label_texts))
+    if None in labels:  # a label set not read before (the first scrape of a target, mostly)
+        for i, text in enumerate(label_texts):
+            if labels[i] is None:
+                try:
+                    labels[i] = cache[text] = parse_labels(text[1:], None) if text else {}
+                except ExpositionError:
+                    return False
+    rows = list(zip(labels, values))
+    samples, normalised, start = out.samples, _NORMALISED, 0
+    for raw_name, run in groupby(names):  # a family's lines stand together: one step per run
+        end = start + len(list(run))
+        name = normalised.get(raw_name) or normalise_name(raw_name)
+        bucket = samples.get(name)
+        if bucket is None:
+            samples[name] = rows[start:end]
+        else:
+            bucket.extend(rows[start:end])
+        start = end
+    return True
 
 
 def _wanted_line(raw_name: str, rest: str, seen: set, cache: dict, out: ParsedScrape):
