@@ -243,3 +243,16 @@ def test_the_vllm_reader_sees_one_point_per_series():
     body = ('vllm:num_requests_running{model_name="m",engine="0"} 4 1700000000000\n'
             'vllm:num_requests_running{model_name="m",engine="0"} 6 1700000010000\n')
     assert parse_vllm(body).get("vllm:num_requests_running") == [({"model_name": "m", "engine": "0"}, 6.0)]
+
+
+@pytest.mark.parametrize("body, anomalies", [
+    ('a{x="1"} 1\nb 2\na{x="2"} 3\n', {}),  # a name back after another's run: read in line order
+    ('a{x="1"} 1\na{x="1"} 2\nb 3\n', {"duplicate_series": 1}),  # a series twice: the first kept
+    ('a{x="1"} 1\nb 2\na{x="1"} 3\n', {"duplicate_series": 1}),  # twice, in two runs
+    ('a{x="1"} 1\nvllm_a 2\n', {}),
+])
+def test_the_column_reader_reads_as_the_line_reader(body, anomalies):
+    fast = parse(body, wanted={"a", "b"})
+    full = parse(body)
+    assert fast.samples == {k: v for k, v in full.samples.items() if k in ("a", "b")}
+    assert fast.anomalies == full.anomalies == anomalies

@@ -225,7 +225,10 @@ def _read_plain(found: list, out: ParsedScrape, cache: dict) -> bool:
         if not found:
             return True
         names, label_texts, tokens, rests, _ = zip(*found)
-    if any(rests) or "_" in "".join(tokens) or len(set(zip(names, label_texts))) != len(names):
+    if any(rests) or "_" in "".join(tokens):
+        return False
+    runs = _runs(names, label_texts)  # None: a series twice, or a name in two runs
+    if runs is None:
         return False
     try:
         values = list(map(float, tokens))
@@ -240,17 +243,31 @@ def _read_plain(found: list, out: ParsedScrape, cache: dict) -> bool:
                 except ExpositionError:
                     return False
     rows = list(zip(labels, values))
-    samples, normalised, start = out.samples, _NORMALISED, 0
-    for raw_name, run in groupby(names):  # a family's lines stand together: one step per run
-        end = start + len(list(run))
+    samples, normalised = out.samples, _NORMALISED
+    for raw_name, start, end in runs:
         name = normalised.get(raw_name) or normalise_name(raw_name)
         bucket = samples.get(name)
         if bucket is None:
             samples[name] = rows[start:end]
-        else:
+        else:  # two spellings of one name (vllm_x and vllm:x)
             bucket.extend(rows[start:end])
-        start = end
     return True
+
+
+def _runs(names: tuple, label_texts: tuple) -> Optional[list[tuple[str, int, int]]]:
+    """The runs of one sample name (a family's lines stand together): [(name, start, end)], or None
+    when a name comes back after another's run or a label set repeats within a run (a duplicate:
+    the line-by-line loop counts it)."""
+    runs, start = [], 0
+    for raw_name, run in groupby(names):
+        end = start + len(list(run))
+        if end - start > 1 and len(set(label_texts[start:end])) != end - start:
+            return None
+        runs.append((raw_name, start, end))
+        start = end
+    if len({r[0] for r in runs}) != len(runs):
+        return None
+    return runs
 
 
 def _wanted_line(raw_name: str, rest: str, seen: set, cache: dict, out: ParsedScrape):
