@@ -52,6 +52,20 @@ def prometheus_config(port: int, n: int, interval: int) -> str:
             f"    static_configs:\n{groups}\n")
 
 
+def record(trial: dict, path: str) -> None:
+    """Add a trial to the results file (each run adds one: the ratio is read over repeated runs)."""
+    kept = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            kept = json.load(f)  # other keys (earlier code's trials, notes) are kept as they are
+    trials = kept.get("trials", []) + [trial]
+    ratios = [t["ratio"] for t in trials]
+    kept.update(trials=trials, ratio_median=statistics.median(ratios), ratio_worst=max(ratios))
+    with open(path, "w") as f:
+        json.dump(kept, f, indent=1)
+        f.write("\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--replicas", type=int, default=1000)
@@ -118,16 +132,7 @@ def main() -> None:
               f"{out['prometheus_cpu_seconds_per_round']} s per round) on a machine whose Python speed is "
               f"{machine['python_speed_s']} s (reference 0.023 s; lower is faster), load {out['load_average_1m']}",
               flush=True)
-        kept = {}
-        if os.path.exists(args.out):  # each run adds a trial: the ratio is read over repeated runs
-            with open(args.out) as f:
-                kept = json.load(f)  # other keys (earlier code's trials, notes) are kept as they are
-        trials = kept.get("trials", []) + [out]
-        ratios = [t["ratio"] for t in trials]
-        kept.update(trials=trials, ratio_median=statistics.median(ratios), ratio_worst=max(ratios))
-        with open(args.out, "w") as f:
-            json.dump(kept, f, indent=1)
-            f.write("\n")
+        record(out, args.out)
     finally:
         if prom is not None:
             prom.terminate()
