@@ -7,7 +7,8 @@ they lie, never copied into the repository: a yardstick, not a fixture.
 
 For each valid case in scope ("claimed") headroom's full read (`parse(text)`, in OpenMetrics mode
 for OpenMetrics cases) must not raise and must read every sample the reference read: the same
-names, labels and values, point for point. Names compare without a `_total` suffix (prometheus_client's
+names, labels and values, point for point (where the reference refused a valid case, one sample per
+sample line, as SOURCES.md there says). Names compare without a `_total` suffix (prometheus_client's
 text parser renames counter samples; the text says which one was written). Invalid cases are
 counted too: refused (raises) or flagged (an anomaly) against read without a word.
 
@@ -50,7 +51,8 @@ def judge(case: dict, text: str) -> str:
     if not case["should_parse"]:
         return "flagged" if got.anomalies else "accepted"
     if case["expected"] is None:  # the reference refused it: one sample per sample line is asked
-        return "right"
+        lines = sum(1 for line in text.split("\n") if line.strip() and not line.startswith("#"))
+        return "right" if sum(map(len, got.samples.values())) == lines else "misread"
     mine = sorted(_point(n, lb, v) for n, rows in got.samples.items() for lb, v in rows)
     ref = sorted(_point(n, lb, v) for n, lb, v in case["expected"])
     return "right" if mine == ref else "misread"

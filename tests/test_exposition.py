@@ -209,8 +209,8 @@ def test_a_series_written_at_two_timestamps_is_two_points():
     # text format: timestamps in milliseconds; the second line is the later point, the third repeats it
     body = ('# TYPE kv gauge\nkv{pool="p"} 0.25 1700000000000\nkv{pool="p"} 0.5 1700000015000\n'
             'kv{pool="p"} 0.75 1700000015000\nkv{pool="q"} 0.1\n')
-    full = parse(body)
-    assert full.get("kv") == [({"pool": "p"}, 0.25), ({"pool": "p"}, 0.5), ({"pool": "q"}, 0.1)]
+    full = parse(body)  # the text format: one sample per sample line, the repeat counted
+    assert full.get("kv") == [({"pool": "p"}, 0.25), ({"pool": "p"}, 0.5), ({"pool": "p"}, 0.75), ({"pool": "q"}, 0.1)]
     assert full.anomalies == {"duplicate_series": 1} and full.oldest_timestamp == 1700000000.0
     fast = parse(body, wanted={"kv"})  # the readers': one point per series, the newest
     assert fast.get("kv") == [({"pool": "p"}, 0.5), ({"pool": "q"}, 0.1)]
@@ -254,5 +254,16 @@ def test_the_vllm_reader_sees_one_point_per_series():
 def test_the_column_reader_reads_as_the_line_reader(body, anomalies):
     fast = parse(body, wanted={"a", "b"})
     full = parse(body)
-    assert fast.samples == {k: v for k, v in full.samples.items() if k in ("a", "b")}
     assert fast.anomalies == full.anomalies == anomalies
+    full.keep_newest()  # the full read keeps a series written twice (one sample per line); the readers the first
+    assert fast.samples == {k: v for k, v in full.samples.items() if k in ("a", "b")}
+
+
+def test_a_series_written_twice_at_one_instant():
+    # the text format's reference parsers read one sample per sample line; OpenMetrics' leaves the repeat out
+    text = 'a{x="1"} 1\na{x="1"} 2\n'
+    assert parse(text).get("a") == [({"x": "1"}, 1.0), ({"x": "1"}, 2.0)]
+    assert parse(text + "# EOF\n").get("a") == [({"x": "1"}, 1.0)]
+    for body in (text, text + "# EOF\n"):
+        assert parse(body).anomalies == {"duplicate_series": 1}
+        assert parse(body, wanted={"a"}).get("a") == [({"x": "1"}, 1.0)]  # the readers: the first

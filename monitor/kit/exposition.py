@@ -39,6 +39,12 @@ def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[
     rules (`check_openmetrics`): a line outside its grammar raises, a broken rule (misplaced
     metadata, a NaN counter, a histogram without +Inf, ...) is counted as an `openmetrics_*` anomaly.
     The fast path (`wanted`) reads its lines as strictly but leaves the others, and the rules, unread.
+
+    A series written more than once: the full read reads it as the reference parsers do (every point
+    of a series written at several timestamps; in the text format one sample per sample line, a
+    series written twice at one instant kept twice and counted as `duplicate_series`; in OpenMetrics
+    that second line left out and counted). The fast path, what the readers use, keeps one point per
+    series, its newest (the first line at one instant): `ParsedScrape.keep_newest`.
     notice: line prefixes (not wanted names) whose presence at the start of some line is reported in
         `noticed` (another engine's names: scrape.py tells the engine by them without a second search).
     max_samples: with `wanted`, read at most this many wanted sample lines: the body is not read past
@@ -93,7 +99,7 @@ def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[
         rest = _labels_first(rest)
         key = (raw_name, rest.rsplit("}", 1)[0] if rest.startswith("{") else "")
         try:
-            _keep(out, raw_name, rest, key, seen_generic, lineno)
+            _keep(out, raw_name, rest, key, seen_generic, lineno, every_line=not out.openmetrics)
         except ExpositionError:
             if not native_item(rest):
                 raise

@@ -39,10 +39,12 @@ def normalise_name(name: str) -> str:
 
 
 def _keep(out: ParsedScrape, raw_name: str, rest: str, key: tuple, seen: set,
-          lineno: Optional[int] = None) -> None:
-    """One sample line read by the strict reader (`_read_sample`) and added to `out`, unless its
-    series was read already at the same instant: `duplicate_series`, the first kept. The instant is
-    the scrape's own for a line without a timestamp, else the one written, to the nanosecond (as
+          lineno: Optional[int] = None, every_line: bool = False) -> None:
+    """One sample line read by the strict reader (`_read_sample`) and added to `out`. A series read
+    already at the same instant is counted as `duplicate_series` and left out, the first kept; with
+    `every_line` (a full read of the text format, read as its reference parsers read it: one sample
+    per sample line) it is kept all the same, its name in `out.repeated`. The instant is the
+    scrape's own for a line without a timestamp, else the one written, to the nanosecond (as
     prometheus_client reads it: `1` and `1.0000000001` are one instant). A series written again at
     another instant is another point of it, kept as the reference parsers keep it, its instant in
     `out.instants` (`ParsedScrape.keep_newest` leaves one point per series)."""
@@ -51,12 +53,14 @@ def _keep(out: ParsedScrape, raw_name: str, rest: str, key: tuple, seen: set,
     if token is not None:
         instant = _instant(token)
         key = key + (instant,)
+    name = normalise_name(raw_name)
     if key in seen:
         out.anomaly("duplicate_series")
-        return
+        if not every_line:
+            return
+        out.repeated.add(name)
     seen.add(key)
     out.stamp(stamp)
-    name = normalise_name(raw_name)
     bucket = out.samples.get(name)
     if bucket is None:
         bucket = out.samples[name] = []

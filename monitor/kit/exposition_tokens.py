@@ -43,6 +43,7 @@ class ParsedScrape:
     # (sample name, index in its list) -> (its instant, `exposition._instant`; its timestamp as read),
     # for timestamped samples only: a series may be written at several instants (`keep_newest`)
     instants: dict[tuple[str, int], tuple[int, float]] = field(default_factory=dict)
+    repeated: set[str] = field(default_factory=set)  # names with a series written twice at one instant, both kept
 
     def anomaly(self, kind: str, n: int = 1) -> None:
         self.anomalies[kind] = self.anomalies.get(kind, 0) + n
@@ -57,9 +58,10 @@ class ParsedScrape:
 
     def keep_newest(self) -> None:
         """One point per series: where a series was written at several instants, its newest (a
-        sample without a timestamp is the scrape's own, the newest; on a tie the first line's). Other
+        sample without a timestamp is the scrape's own, the newest; on a tie, as for a series written
+        twice at one instant, the first line's). Other
         series stay as and where they were; the oldest timestamp is then the oldest of those kept."""
-        for name in {name for name, _ in self.instants}:
+        for name in {name for name, _ in self.instants} | self.repeated:
             rows = self.samples[name]
             stamps = {i: self.instants.pop((name, i)) for i in range(len(rows)) if (name, i) in self.instants}
             best: dict[tuple, tuple[tuple, int]] = {}
@@ -71,6 +73,7 @@ class ParsedScrape:
             kept = sorted(i for _, i in best.values())
             self.samples[name] = [rows[i] for i in kept]
             self.instants.update({(name, new): stamps[old] for new, old in enumerate(kept) if old in stamps})
+        self.repeated = set()
         self.oldest_timestamp = None
         for _instant, written in self.instants.values():
             self.stamp(written)
