@@ -2,8 +2,8 @@
 full read and for the unusual lines of its fast path), and the one spelling of vLLM's names.
 
 A line is read whole: name, label set, value, timestamp, exemplar; a problem raises ExpositionError
-naming it. A series is one sample per instant: written again at the same instant it is a duplicate
-(`duplicate_series`, the first kept), at another instant it is another point (`_keep`).
+naming it. A series written again at another instant is another point of it; at the same instant it
+is a duplicate (`duplicate_series`), left out or, on a full read of the text format, kept (`_keep`).
 """
 from __future__ import annotations
 
