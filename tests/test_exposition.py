@@ -193,3 +193,77 @@ def test_openmetrics_flag_makes_a_missing_eof_truncated():
             assert info.value.reason == "truncated"
     assert parse("# TYPE a gauge\na 1\n# EOF\n", openmetrics=True).first("a") == 1.0
     assert parse("", strict_end=False, openmetrics=True).samples == {}
+
+
+# Two forms the reference parsers read and headroom refused or misread (issue 40 item 6).
+@pytest.mark.parametrize("wanted", [None, {"a"}])
+def test_a_body_of_only_eof_is_an_empty_openmetrics_body(wanted):
+    for openmetrics in (None, True):
+        out = parse("# EOF", wanted=wanted, openmetrics=openmetrics)  # no newline after it, nothing before
+        assert out.openmetrics and out.samples == {} and not out.anomalies
+    with pytest.raises(ExpositionError, match="after # EOF"):
+        parse("# EOF\na 1\n", wanted=wanted)
+
+
+def test_a_series_written_at_two_timestamps_is_two_points():
+    # text format: timestamps in milliseconds; the second line is the later point, the third repeats it
+    body = ('# TYPE kv gauge\nkv{pool="p"} 0.25 1700000000000\nkv{pool="p"} 0.5 1700000015000\n'
+            'kv{pool="p"} 0.75 1700000015000\nkv{pool="q"} 0.1\n')
+    full = parse(body)  # the text format: one sample per sample line, the repeat counted
+    assert full.get("kv") == [({"pool": "p"}, 0.25), ({"pool": "p"}, 0.5), ({"pool": "p"}, 0.75), ({"pool": "q"}, 0.1)]
+    assert full.anomalies == {"duplicate_series": 1} and full.oldest_timestamp == 1700000000.0
+    fast = parse(body, wanted={"kv"})  # the readers': one point per series, the newest
+    assert fast.get("kv") == [({"pool": "p"}, 0.5), ({"pool": "q"}, 0.1)]
+    assert fast.anomalies == {"duplicate_series": 1} and fast.oldest_timestamp == 1700000015.0
+    full.keep_newest()
+    assert full.get("kv") == fast.get("kv") and full.oldest_timestamp == 1700000015.0
+
+
+def test_the_newest_point_wins_whatever_order_the_lines_come_in():
+    body = "a 7 1700000030000\na 3 1700000000000\n"
+    assert parse(body).get("a") == [({}, 7.0), ({}, 3.0)]
+    assert parse(body, wanted={"a"}).get("a") == [({}, 7.0)]
+    # a line without a timestamp is the scrape's own point, newer than any written one
+    body = "a 7 1700000030000\na 5\na 3 1700000000000\n"
+    assert parse(body).get("a") == [({}, 7.0), ({}, 5.0), ({}, 3.0)]
+    assert parse(body, wanted={"a"}).get("a") == [({}, 5.0)]
+
+
+def test_openmetrics_timestamps_are_one_instant_to_the_nanosecond():
+    # seconds; 12.0000000004 is 12 s to the nanosecond (the same instant), 12.000000001 is 1 ns later
+    body = "# TYPE g gauge\ng 1 12\ng 2 12.0000000004\ng 3 12.000000001\n# EOF\n"
+    full = parse(body)
+    assert [v for _, v in full.get("g")] == [1.0, 3.0] and full.anomalies == {"duplicate_series": 1}
+    assert parse(body, wanted={"g"}).get("g") == [({}, 3.0)]
+    # two spellings of one instant are one instant
+    assert parse("a 1 1.7e12\na 2 1700000000000\n").anomalies == {"duplicate_series": 1}
+
+
+def test_the_vllm_reader_sees_one_point_per_series():
+    body = ('vllm:num_requests_running{model_name="m",engine="0"} 4 1700000000000\n'
+            'vllm:num_requests_running{model_name="m",engine="0"} 6 1700000010000\n')
+    assert parse_vllm(body).get("vllm:num_requests_running") == [({"model_name": "m", "engine": "0"}, 6.0)]
+
+
+@pytest.mark.parametrize("body, anomalies", [
+    ('a{x="1"} 1\nb 2\na{x="2"} 3\n', {}),  # a name back after another's run: read in line order
+    ('a{x="1"} 1\na{x="1"} 2\nb 3\n', {"duplicate_series": 1}),  # a series twice: the first kept
+    ('a{x="1"} 1\nb 2\na{x="1"} 3\n', {"duplicate_series": 1}),  # twice, in two runs
+    ('a{x="1"} 1\nvllm_a 2\n', {}),
+])
+def test_the_column_reader_reads_as_the_line_reader(body, anomalies):
+    fast = parse(body, wanted={"a", "b"})
+    full = parse(body)
+    assert fast.anomalies == full.anomalies == anomalies
+    full.keep_newest()  # the full read keeps a series written twice (one sample per line); the readers the first
+    assert fast.samples == {k: v for k, v in full.samples.items() if k in ("a", "b")}
+
+
+def test_a_series_written_twice_at_one_instant():
+    # the text format's reference parsers read one sample per sample line; OpenMetrics' leaves the repeat out
+    text = 'a{x="1"} 1\na{x="1"} 2\n'
+    assert parse(text).get("a") == [({"x": "1"}, 1.0), ({"x": "1"}, 2.0)]
+    assert parse(text + "# EOF\n").get("a") == [({"x": "1"}, 1.0)]
+    for body in (text, text + "# EOF\n"):
+        assert parse(body).anomalies == {"duplicate_series": 1}
+        assert parse(body, wanted={"a"}).get("a") == [({"x": "1"}, 1.0)]  # the readers: the first

@@ -37,6 +37,8 @@ def reference(text: str, wanted: frozenset) -> ParsedScrape:
         except ValueError:
             value = parse_float(token, None)
         out.samples.setdefault(exposition.normalise_name(raw_name), []).append((labels, value))
+    if out.instants:
+        out.keep_newest()  # as the fast path does with a series written at several instants
     return out
 
 

@@ -20,8 +20,10 @@ Deliberate differences from prometheus_client, each harmless for what headroom r
   exemplars_with_hash_in_label_values, gaugehistogram_exemplars, histogram_exemplars.
 - per-sample timestamps are not kept; the scrape keeps the oldest one (`oldest_timestamp`), which
   is compared instead. Cases: timestamps, info_timestamps, duplicate_timestamps_*, counter_exemplars*.
-- one value per series per scrape: OpenMetrics lets a series repeat at later timestamps; headroom
-  keeps the first and counts the others as `duplicate_series` (EXPECTED_ANOMALIES below).
+- a series written again at another timestamp is another point of it, read as prometheus_client
+  reads it (to the nanosecond: duplicate_timestamps_0); a series written again at the same instant
+  is read once and counted as `duplicate_series` (EXPECTED_ANOMALIES below). The fast path (the
+  readers') keeps one point per series, its newest (`ParsedScrape.keep_newest`).
 - the OpenMetrics rules about families (metadata placement and repetition, units, clashing names,
   grouping, counter/bucket/info/stateset values, histogram structure, le/quantile labels) are counted
   as `openmetrics_*` anomalies on the scrape (ParsedScrape.anomalies) rather than refusing it: every
@@ -63,8 +65,8 @@ BAD = sorted(n for n, (ok, _) in CASES.items() if not ok)
 
 # must-parse cases whose scrape carries an anomaly, and why
 EXPECTED_ANOMALIES = {
-    "duplicate_timestamps_0": {"duplicate_series": 3},  # a series repeated at later timestamps
-    "duplicate_timestamps_1": {"duplicate_series": 3},
+    "duplicate_timestamps_0": {"duplicate_series": 2},  # a series repeated at the same nanosecond
+    "duplicate_timestamps_1": {"duplicate_series": 3},  # a series repeated at the same timestamp
 }
 def _key(name, labels):
     return name, tuple(sorted(labels.items()))
@@ -72,6 +74,11 @@ def _key(name, labels):
 
 def _same(a, b):
     return a == b or (math.isnan(a) and math.isnan(b))
+
+
+def _points(scrape):
+    """Every sample read, sorted by series (stable: a series' points in the order written)."""
+    return sorted(((_key(n, lb), v) for n, rows in scrape.samples.items() for lb, v in rows), key=lambda r: r[0])
 
 
 def _rows(scrape):
@@ -116,26 +123,29 @@ def test_suite_is_complete():
 @pytest.mark.parametrize("case", GOOD)
 def test_must_parse_case_reads_as_prometheus_client(case):
     _, text = CASES[case]
-    ref, stamps = {}, []
+    ref, stamps = [], []
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
-            ref.setdefault(_key(s.name, s.labels), s.value)  # the first sample of a series
+            ref.append((_key(s.name, s.labels), s.value))  # every point, a series at several instants too
             if s.timestamp is not None:
                 stamps.append(float(s.timestamp))
     full = parse(text, openmetrics=True)
     assert full.openmetrics
-    got = _rows(full)
-    assert set(got) == set(ref), case
-    for key, value in ref.items():
-        assert _same(got[key], value), (case, key, got[key], value)
+    got = _points(full)
+    assert [k for k, _ in got] == sorted(k for k, _ in ref), case
+    for (key, value), (_, want) in zip(got, sorted(ref, key=lambda r: r[0])):
+        assert _same(value, want), (case, key, value, want)
     assert full.anomalies == EXPECTED_ANOMALIES.get(case, {}), case
     if stamps:
         assert full.oldest_timestamp == pytest.approx(min(stamps), abs=1e-9)
     else:
         assert full.oldest_timestamp is None
-    fast = parse(text, wanted={n for n, _ in ref}, openmetrics=True)
-    fast_rows = _rows(fast)
-    assert set(fast_rows) == set(got) and all(_same(fast_rows[k], got[k]) for k in got), case
+    fast = parse(text, wanted={n for (n, _), _ in ref}, openmetrics=True)
+    full.keep_newest()  # the fast path (the readers') keeps one point per series, its newest
+    fast_rows, newest = _points(fast), _points(full)
+    assert [k for k, _ in fast_rows] == [k for k, _ in newest], case
+    assert all(_same(a, b) for (_, a), (_, b) in zip(fast_rows, newest)), case
+    assert fast.oldest_timestamp == full.oldest_timestamp, case
 
 
 @pytest.mark.parametrize("case", BAD)

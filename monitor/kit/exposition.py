@@ -11,36 +11,15 @@ down instead of deriving from half a scrape.
 """
 from __future__ import annotations
 
-import math
 import re
+from itertools import groupby
 from typing import Iterable, Optional
 
+from monitor.kit.exposition_lines import (  # noqa: F401  (normalise_name, VLLM_PREFIXES, native_item: readers' names)
+    _NORMALISED, VLLM_PREFIXES, _keep, _NATIVE_RE, native_item, normalise_name)
 from monitor.kit.exposition_tokens import (  # noqa: F401  (ExpositionError, ParsedScrape: every reader's names)
     ExpositionError, ParsedScrape, parse_float, parse_labels)
 from monitor.kit.openmetrics_rules import check_openmetrics
-
-_NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
-
-
-_NORMALISED: dict[str, str] = {}
-
-
-# Spellings of vLLM's `vllm:` prefix: scrapers and OpenTelemetry rewrite the colon (`vllm_`); Ray
-# Serve re-exports vLLM's metrics through ray.util.metrics, which sanitises the colon and prefixes
-# `ray_` (vllm/v1/metrics/ray_wrappers.py: `ray_vllm_x`; some Ray versions keep `ray_vllm:x`).
-VLLM_PREFIXES = ("vllm_", "ray_vllm:", "ray_vllm_")
-
-
-def normalise_name(name: str) -> str:
-    """vLLM names are `vllm:x`; any other spelling of the prefix (VLLM_PREFIXES) reads as `vllm:x`."""
-    out = _NORMALISED.get(name)
-    if out is None:
-        out = name
-        if name.startswith(VLLM_PREFIXES):
-            out = "vllm:" + name.split("vllm", 1)[1][1:]
-        if len(_NORMALISED) < 100_000:
-            _NORMALISED[name] = out
-    return out
 
 
 def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[tuple[str, ...]] = None,
@@ -60,6 +39,12 @@ def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[
     rules (`check_openmetrics`): a line outside its grammar raises, a broken rule (misplaced
     metadata, a NaN counter, a histogram without +Inf, ...) is counted as an `openmetrics_*` anomaly.
     The fast path (`wanted`) reads its lines as strictly but leaves the others, and the rules, unread.
+
+    A series written more than once: the full read reads it as the reference parsers do (every point
+    of a series written at several timestamps; in the text format one sample per sample line, a
+    series written twice at one instant kept twice and counted as `duplicate_series`; in OpenMetrics
+    that second line left out and counted). The fast path, what the readers use, keeps one point per
+    series, its newest (the first line at one instant): `ParsedScrape.keep_newest`.
     notice: line prefixes (not wanted names) whose presence at the start of some line is reported in
         `noticed` (another engine's names: scrape.py tells the engine by them without a second search).
     max_samples: with `wanted`, read at most this many wanted sample lines: the body is not read past
@@ -70,7 +55,7 @@ def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[
         if openmetrics and strict_end:
             raise ExpositionError("OpenMetrics body is empty (no # EOF)", reason="truncated", line=1)
         return out
-    if strict_end and not text.endswith("\n") and not text.endswith("\n# EOF"):  # OpenMetrics may end at EOF
+    if strict_end and not text.endswith("\n") and not text.endswith("\n# EOF") and text != "# EOF":  # OpenMetrics may end at EOF
         raise ExpositionError("body does not end with a newline (truncated?)", reason="truncated",
                               line=text.count("\n") + 1)
     if wanted is not None:  # one pass of the regex finds the wanted lines and the `# EOF`/`# UNIT ` ones
@@ -82,6 +67,8 @@ def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[
         if notice:
             out.noticed = marks.intersection(notice)
         _read_wanted(found, out)
+        if out.instants:  # a series written at several timestamps: the readers take its newest point
+            out.keep_newest()
         out.shared_labels = True  # readers may key their own work on these dicts' identity
         return out
     _check_eof(text, out, strict_end, openmetrics, None)
@@ -111,12 +98,8 @@ def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[
             raw_name, rest = line[:space], line[space:]
         rest = _labels_first(rest)
         key = (raw_name, rest.rsplit("}", 1)[0] if rest.startswith("{") else "")
-        if key in seen_generic:
-            out.anomaly("duplicate_series")
-            continue
-        seen_generic.add(key)
         try:
-            out.stamp(_add_sample(samples, raw_name, rest, None, lineno))
+            _keep(out, raw_name, rest, key, seen_generic, lineno, every_line=not out.openmetrics)
         except ExpositionError:
             if not native_item(rest):
                 raise
@@ -174,11 +157,13 @@ def _read_wanted(found: list, out: ParsedScrape) -> None:
 
     A plain line (`name[{labels}] value`, no timestamp, no `#`) comes back split by the regex:
     name, label text, value. Any other wanted line comes back whole and is read as before, the
-    unusual ones (timestamp, exemplar, broken) by the strict `_add_sample`, which names the problem."""
-    samples = out.samples
+    unusual ones (timestamp, exemplar, broken) by the strict `_keep`, which names the problem."""
     cache = _LABEL_CACHE
     if len(cache) > _LABEL_CACHE_MAX:
         cache.clear()
+    if found and _read_plain(found, out, cache):
+        return
+    samples = out.samples
     normalised = _NORMALISED
     seen: set = set()
     for raw_name, label_text, token, rest, mark in found:
@@ -212,37 +197,93 @@ def _read_wanted(found: list, out: ParsedScrape) -> None:
             bucket.append((labels, value))
 
 
+def _read_plain(found: list, out: ParsedScrape, cache: dict) -> bool:
+    """`_read_wanted` for the usual body, a column at a time (C-level map and zip rather than a
+    Python step per line): every wanted line in the plain form, no series twice, every value a
+    number and every label set read before (or readable). Anything else returns False with `out`
+    untouched, and the line-by-line loop reads the body (and names the first problem, as ever)."""
+    names, label_texts, tokens, rests, marks = zip(*found)
+    if any(marks):
+        found = [f for f in found if not f[4]]
+        if not found:
+            return True
+        names, label_texts, tokens, rests, _ = zip(*found)
+    if any(rests) or "_" in "".join(tokens):
+        return False
+    runs = _runs(names, label_texts)  # None: a series twice, or a name in two runs
+    if runs is None:
+        return False
+    try:
+        values = list(map(float, tokens))
+    except ValueError:
+        return False
+    labels = list(map(cache.get, label_texts))
+    if None in labels:  # a label set not read before (the first scrape of a target, mostly)
+        for i, text in enumerate(label_texts):
+            if labels[i] is None:
+                try:
+                    labels[i] = cache[text] = parse_labels(text[1:], None) if text else {}
+                except ExpositionError:
+                    return False
+    rows = list(zip(labels, values))
+    samples, normalised = out.samples, _NORMALISED
+    for raw_name, start, end in runs:
+        name = normalised.get(raw_name) or normalise_name(raw_name)
+        bucket = samples.get(name)
+        if bucket is None:
+            samples[name] = rows[start:end]
+        else:  # two spellings of one name (vllm_x and vllm:x)
+            bucket.extend(rows[start:end])
+    return True
+
+
+def _runs(names: tuple, label_texts: tuple) -> Optional[list[tuple[str, int, int]]]:
+    """The runs of one sample name (a family's lines stand together): [(name, start, end)], or None
+    when a name comes back after another's run or a label set repeats within a run (a duplicate:
+    the line-by-line loop counts it)."""
+    runs, start = [], 0
+    for raw_name, run in groupby(names):
+        end = start + len(list(run))
+        if end - start > 1 and len(set(label_texts[start:end])) != end - start:
+            return None
+        runs.append((raw_name, start, end))
+        start = end
+    if len({r[0] for r in runs}) != len(runs):
+        return None
+    return runs
+
+
 def _wanted_line(raw_name: str, rest: str, seen: set, cache: dict, out: ParsedScrape):
     """A wanted line not in the plain form: (labels, value token) to add, or (None, None) when it
-    was a duplicate or was read by the strict `_add_sample` (timestamp, exemplar, malformed)."""
+    was a duplicate or was read by the strict `_keep` (timestamp, exemplar, malformed)."""
     if rest[0] != "{":
         rest = _labels_first(rest)
     key = (raw_name, rest.rsplit("}", 1)[0] if rest[0] == "{" else "")
-    if key in seen:
-        out.anomaly("duplicate_series")
-        return None, None
-    seen.add(key)
     if (_NATIVE_RE.match(rest) or rest.count("{") > 1) and native_item(rest):
         out.anomaly("native_histogram")  # that item skipped, the rest of the body read
         return None, None
     if "#" in rest:
-        out.stamp(_add_sample(out.samples, raw_name, rest, None))  # exemplar (or '#' in a label value)
+        _keep(out, raw_name, rest, key, seen)  # exemplar (or '#' in a label value)
         return None, None
     if rest[0] == "{":
         close = rest.rfind("}")
         if close <= 0:
-            out.stamp(_add_sample(out.samples, raw_name, rest, None))  # strict path names the problem
+            _keep(out, raw_name, rest, key, seen)  # the strict reader names the problem
             return None, None
         label_text, tail = rest[:close + 1], rest[close + 1:]
-        labels = cache.get(label_text)
-        if labels is None:
-            labels = cache[label_text] = parse_labels(label_text[1:], None)
     else:
-        labels, tail = {}, rest
+        label_text, tail = "", rest
     tokens = tail.split()
     if len(tokens) != 1:
-        out.stamp(_add_sample(out.samples, raw_name, rest, None))  # timestamp, exemplar or malformed
+        _keep(out, raw_name, rest, key, seen)  # timestamp, exemplar or malformed
         return None, None
+    if key in seen:
+        out.anomaly("duplicate_series")
+        return None, None
+    seen.add(key)
+    labels = cache.get(label_text) if label_text else {}
+    if labels is None:
+        labels = cache[label_text] = parse_labels(label_text[1:], None)
     return labels, tokens[0]
 
 
@@ -305,79 +346,3 @@ def _trie_node(node: dict) -> str:
         return ""
     body = branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
     return "(?:" + body + ")?" if "" in node else body
-
-
-def _add_sample(samples, raw_name: str, rest: str, offset: Optional[int], lineno: Optional[int] = None
-                ) -> Optional[float]:
-    """Parse `{labels} value [timestamp] [# exemplar]` (or ` value ...`) for one sample line;
-    returns its timestamp as written (None without one)."""
-    try:
-        if not _NAME_RE.match(raw_name):
-            raise ExpositionError(f"bad metric name {raw_name[:60]!r}")
-        rest = rest.lstrip(" \t")  # blanks may stand between the name and its labels
-        if rest.startswith("{"):
-            close = rest.rfind("}") if " # " not in rest else _find_close(rest, 0, lineno)
-            if close < 0:
-                raise ExpositionError("label set not closed")
-            labels = parse_labels(rest[1:close + 1], lineno)
-            rest = rest[close + 1:]
-        else:
-            labels = {}
-        hash_pos = rest.find(" # ")
-        if hash_pos != -1:
-            rest = rest[:hash_pos]
-        tokens = rest.split()
-        if not tokens or len(tokens) > 2:
-            raise ExpositionError(f"expected 'value [timestamp]' after {raw_name[:60]!r}")
-        value = parse_float(tokens[0], lineno)
-        stamp = parse_float(tokens[1], lineno) if len(tokens) == 2 else None
-        if stamp is not None and not math.isfinite(stamp):
-            raise ExpositionError(f"bad timestamp {tokens[1][:40]!r}")
-    except ExpositionError as exc:
-        if exc.line is None and (lineno is not None or offset is not None):
-            raise ExpositionError(str(exc), exc.reason, lineno) from None
-        raise
-    name = normalise_name(raw_name)
-    bucket = samples.get(name)
-    if bucket is None:
-        samples[name] = [(labels, value)]
-    else:
-        bucket.append((labels, value))
-    return stamp
-
-
-_NATIVE_RE = re.compile(r"[ \t]*\{[ \t]*[a-z_]+:")
-
-
-def native_item(rest: str) -> bool:
-    """Whether a sample line's rest (`[{labels}] value...`) holds a native-histogram item where the
-    value goes (`{count:12,sum:100.5,schema:0,...}`: Prometheus' text of a native histogram, the
-    OpenMetrics 2.0 draft's): not a value this parser reads; its callers skip and count it."""
-    text = rest.lstrip(" \t")
-    if text.startswith("{") and not _NATIVE_RE.match(text):  # a label set first (no `name:` in one)
-        try:
-            text = text[_find_close(text, 0, None) + 1:]
-        except ExpositionError:
-            return False
-    return bool(_NATIVE_RE.match(text))
-
-
-def _find_close(line: str, start: int, lineno: int) -> int:
-    """Index of the `}` closing the label set opened at `start`, skipping quoted values."""
-    i = start + 1
-    n = len(line)
-    in_quote = False
-    while i < n:
-        c = line[i]
-        if in_quote:
-            if c == "\\":
-                i += 2
-                continue
-            if c == '"':
-                in_quote = False
-        elif c == '"':
-            in_quote = True
-        elif c == "}":
-            return i
-        i += 1
-    raise ExpositionError("label set not closed", line=lineno)

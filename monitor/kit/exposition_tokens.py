@@ -40,6 +40,10 @@ class ParsedScrape:
     noticed: set[str] = field(default_factory=set)  # `parse`'s notice prefixes that start a line
     shared_labels: bool = False  # label dicts from the parser's cache (reused across scrapes, never mutated)
     cut: int = 0  # parse(max_samples=): 1 when wanted sample lines past the cap were left unread
+    # (sample name, index in its list) -> (its instant, `exposition._instant`; its timestamp as read),
+    # for timestamped samples only: a series may be written at several instants (`keep_newest`)
+    instants: dict[tuple[str, int], tuple[int, float]] = field(default_factory=dict)
+    repeated: set[str] = field(default_factory=set)  # names with a series written twice at one instant, both kept
 
     def anomaly(self, kind: str, n: int = 1) -> None:
         self.anomalies[kind] = self.anomalies.get(kind, 0) + n
@@ -51,6 +55,28 @@ class ParsedScrape:
         seconds = written if self.openmetrics else written / 1000.0
         if self.oldest_timestamp is None or seconds < self.oldest_timestamp:
             self.oldest_timestamp = seconds
+
+    def keep_newest(self) -> None:
+        """One point per series: where a series was written at several instants, its newest (a
+        sample without a timestamp is the scrape's own, the newest; on a tie, as for a series written
+        twice at one instant, the first line's). Other
+        series stay as and where they were; the oldest timestamp is then the oldest of those kept."""
+        for name in {name for name, _ in self.instants} | self.repeated:
+            rows = self.samples[name]
+            stamps = {i: self.instants.pop((name, i)) for i in range(len(rows)) if (name, i) in self.instants}
+            best: dict[tuple, tuple[tuple, int]] = {}
+            for i, (labels, _value) in enumerate(rows):
+                series = tuple(sorted(labels.items()))
+                rank = stamps.get(i, (math.inf,))
+                if series not in best or rank > best[series][0]:
+                    best[series] = (rank, i)
+            kept = sorted(i for _, i in best.values())
+            self.samples[name] = [rows[i] for i in kept]
+            self.instants.update({(name, new): stamps[old] for new, old in enumerate(kept) if old in stamps})
+        self.repeated = set()
+        self.oldest_timestamp = None
+        for _instant, written in self.instants.values():
+            self.stamp(written)
 
     def get(self, name: str) -> list[tuple[dict[str, str], float]]:
         return self.samples.get(name, [])
