@@ -32,7 +32,7 @@ def mixed_mix(**load):
             "ask": {"tasks_per_second": 20, "prompt_tokens": 5, "output_tokens": INTER_TOKENS},
             "draft": {"tasks_per_second": 5, "calls_per_task": 2, "prompt_tokens": 5,
                       "output_tokens": INTER_TOKENS, "priority": 1},
-            "summarise": {"class": "deferrable", "prompt_tokens": 5, "output_tokens": DEFER_TOKENS},
+            "summarise": {"class": "deferrable", "prompt_tokens": 50, "output_tokens": DEFER_TOKENS},
         }})
 
 
@@ -281,6 +281,10 @@ def test_four_cases_against_a_fake_engine(monkeypatch):
         assert set(i["ttft_seconds"]) >= {"p50", "p95"} and set(i["e2e_seconds"]) >= {"p50", "p95"}
         assert i["over_target"] is not None and 0 <= i["over_target"] <= 1
     assert rep["target"] == {"ttft_seconds": 0.5, "source": "mix slo.ttft_seconds"}
+    # the probe calls (2 output tokens) stand for the interactive calls: their prompts, not the deferrable 50
+    probes = [x for x in bodies if x["max_tokens"] == 2]
+    assert len(probes) == 2 * len(CASES) and {len(x["prompt"].split()) for x in probes} == {5}
+    assert {len(x["prompt"].split()) for x in of("unmanaged", "batch")} == {50}
     assert set(rep["reports"]) == set(CASES)
     json.dumps({k: v for k, v in rep.items() if k != "reports"}, allow_nan=False)
     lines = summary_lines(rep)

@@ -319,7 +319,8 @@ class Runner:
     def _probe(self) -> None:
         if self.probes <= 0:
             return
-        weights = self.plan.weights
+        # mixed: the probes stand for the interactive calls (the unloaded TTFT sets their target)
+        weights = class_weights(self.mix, self.plan.weights, "interactive" if self.plan.pattern == "mixed" else None)
         total = sum(weights.values()) or 1.0
         prompt_tokens = int(round(sum(self.mix.task_types[n].prompt.mean * w for n, w in weights.items()) / total))
         http = requests.Session()
