@@ -313,3 +313,6 @@ def test_cli_errors_of_the_mixed_pattern(tmp_path, capsys):
     assert "--budget-url" in capsys.readouterr().err
     assert main(base + ["--cases", "alone,budget", "--budget-url", "ftp://x/metrics"]) == 2
     assert "--budget-url must be an http(s) URL" in capsys.readouterr().err
+    sustained = [a if a != "mixed" else "sustained" for a in base]
+    assert main(sustained + ["--budget-url", "http://127.0.0.1:9/metrics"]) == 2
+    assert "apply to --pattern mixed only" in capsys.readouterr().err

@@ -122,6 +122,8 @@ def run(args) -> int:
         budget = HttpBudget(args.budget_url, args.budget_pool) if (mixed and args.budget_url) else None
         if mixed and "budget" in cases and budget is None:
             raise ValueError("the budget case needs --budget-url (or leave it out of --cases)")
+        if not mixed and (args.priority_target or args.budget_url or args.budget_pool):
+            raise ValueError("--priority-target, --budget-url and --budget-pool apply to --pattern mixed only")
         for t in args.priority_target:
             api_base(t)
         plan = build_plan(mix, args.pattern, args.duration, args.seed, args.sessions)
