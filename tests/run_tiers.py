@@ -31,7 +31,7 @@ SIDE_SHARD = ["tests/test_demo.py", "tests/test_loadtest_sim.py", "tests/test_re
 # one pytest session, one shared engine; the knee sweep stops the other engines first, so it runs last
 ENGINE_FILES = ["tests/test_vllm_pipeline.py", "tests/test_vllm_sim_calibration.py",
                 "tests/test_capacity_vllm.py", "tests/test_loadtest_vllm.py", "tests/test_alerts_vllm.py",
-                "tests/test_journey_vllm.py", "tests/test_vllm_edges_engine.py",
+                "tests/test_journey_vllm.py", "tests/test_vllm_edges_engine.py", "tests/test_loadtest_mixed_vllm.py",
                 "tests/test_knee_vllm.py"]
 
 

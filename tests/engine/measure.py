@@ -210,3 +210,32 @@ task_types:
     output_tokens: {{mean: 80, cv: 0.25, min: 40, max: 120}}
 """)
     return path
+
+
+def write_mixed_mix(path: str, vocab: int, deferrable_concurrency: int = 8, interactive_per_second: float = 1.0,
+                    ttft_seconds: float = None, budget_interval: float = 2.0, pause: float = 3.0,
+                    deferrable_output: int = 128) -> str:
+    """The loadtest mix of `--pattern mixed` on the engine (tests/test_loadtest_mixed_vllm.py and
+    benchmarks/priority_protection.py): short interactive questions arriving at
+    `interactive_per_second`, beside a backlog of long deferrable summaries worked by
+    `deferrable_concurrency` sessions. Exact lengths (token ids, ignore_eos), so every case does the same work."""
+    slo = f"slo: {{ttft_seconds: {ttft_seconds}}}\n" if ttft_seconds else ""
+    with open(path, "w") as f:
+        f.write(f"""{slo}request: {{api: completions, prompt_mode: token_ids, token_id_range: [4, {vocab}],
+          ignore_eos: true, timeout_seconds: 120}}
+load:
+  drain_seconds: 60
+  mixed: {{deferrable_concurrency: {deferrable_concurrency}, budget_interval_seconds: {budget_interval},
+          pause_seconds: {pause}}}
+task_types:
+  ask:
+    class: interactive
+    tasks_per_second: {interactive_per_second}
+    prompt_tokens: {{mean: 64, cv: 0.3, min: 16, max: 128}}
+    output_tokens: {{mean: 16, cv: 0.25, min: 8, max: 24}}
+  summarise:
+    class: deferrable
+    prompt_tokens: {{mean: 256, cv: 0.2, min: 128, max: 384}}
+    output_tokens: {deferrable_output}
+""")
+    return path

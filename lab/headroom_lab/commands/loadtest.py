@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -9,7 +10,9 @@ import time
 from monitor.config import parse_duration
 from headroom_lab.loadtest.analyze import KNEE_MIN_CONFIDENCE, analyze
 from headroom_lab.loadtest.client import TargetError, api_base
+from headroom_lab.loadtest.follower import HttpBudget
 from headroom_lab.loadtest.mix import MixError, load_mix
+from headroom_lab.loadtest.mixed import CASES, Setup, run_mixed, summary_lines
 from headroom_lab.loadtest.report import write
 from headroom_lab.loadtest.runner import Runner, detect_model, terminal_progress
 from headroom_lab.loadtest.schedule import PATTERNS, build_plan
@@ -49,6 +52,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE",
                    help="put KEY: VALUE in every request body's metadata (LiteLLM reads metadata.KEY); VALUE may "
                         "hold {task_type}, {task}, {session}, {call}, e.g. session_id={task}; repeatable")
+    p.add_argument("--cases", default=",".join(CASES), metavar="LIST",
+                   help="mixed: the cases to run, in order, from " + ",".join(CASES) + " (default all)")
+    p.add_argument("--priority-target", action="append", default=[], metavar="URL",
+                   help="mixed: the engine(s) started with priority scheduling (vLLM --scheduling-policy "
+                        "priority) for the priority case (default: --target); repeatable")
+    p.add_argument("--budget-url", default=None, metavar="URL",
+                   help="mixed: where the budget case reads headroom_deferrable_budget_ratio: a headroom "
+                        "/metrics URL, or a Prometheus .../api/v1/query URL")
+    p.add_argument("--budget-pool", default=None, metavar="POOL", help="mixed: the pool label of the budget")
     p.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'",
                    help="send this HTTP header on every request (placeholders as --metadata; values of "
                         "credential-like headers such as Authorization are never printed); repeatable")
@@ -103,6 +115,17 @@ def run(args) -> int:
             raise ValueError(f"--sessions must be >= 1, got {args.sessions}")
         if args.scrape_interval <= 0:
             raise ValueError("--scrape-interval must be > 0")
+        mixed = args.pattern == "mixed"
+        cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+        if mixed and (not cases or any(c not in CASES for c in cases)):
+            raise ValueError(f"--cases must be a comma-separated list of {', '.join(CASES)}, got {args.cases!r}")
+        budget = HttpBudget(args.budget_url, args.budget_pool) if (mixed and args.budget_url) else None
+        if mixed and "budget" in cases and budget is None:
+            raise ValueError("the budget case needs --budget-url (or leave it out of --cases)")
+        if not mixed and (args.priority_target or args.budget_url or args.budget_pool):
+            raise ValueError("--priority-target, --budget-url and --budget-pool apply to --pattern mixed only")
+        for t in args.priority_target:
+            api_base(t)
         plan = build_plan(mix, args.pattern, args.duration, args.seed, args.sessions)
         tags = Tags(parse_metadata(args.metadata), parse_headers(args.header))
         if key and any(h.lower() == "authorization" for h in tags.headers):
@@ -114,6 +137,10 @@ def run(args) -> int:
         err.write(f"headroom loadtest: {exc}\n")
         return 2
     out = args.out or f"loadtest-{time.strftime('%Y%m%d-%H%M%S')}"
+    if mixed:
+        setup = Setup(targets, model, args.seed, metrics, args.priority_target or None, None, budget,
+                      budget.label if budget else "", key, args.scrape_interval, args.probes, tags)
+        return _mixed(mix, setup, args.duration, cases, out)
     runner = Runner(mix, plan, targets, model, args.seed, api_key=key, metrics=metrics,
                     scrape_interval=args.scrape_interval, probes=args.probes, progress=terminal_progress(err),
                     tags=tags)
@@ -127,6 +154,26 @@ def run(args) -> int:
     print(f"report: {paths['html']} and {paths['json']}")
     c = rep["counts"]
     return 0 if c["succeeded"] > 0 else 1
+
+
+def _mixed(mix, setup, duration: float, cases: list, out: str) -> int:
+    try:
+        rep = run_mixed(mix, setup, duration, cases, progress=terminal_progress(sys.stderr),
+                        on_case=lambda name, _s: sys.stderr.write(f"case {name}: done\n"))
+    except ValueError as exc:
+        sys.stderr.write(f"headroom loadtest: {exc}\n")
+        return 2
+    os.makedirs(out, exist_ok=True)
+    for name, case_rep in rep.pop("reports").items():
+        write(case_rep, os.path.join(out, name))
+    path = os.path.join(out, "mixed.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(rep, f, indent=1, allow_nan=False)
+    for line in summary_lines(rep):
+        print(line)
+    print(f"report: {path} (each case's full report in {out}/<case>/)")
+    ok = sum(c["interactive"]["succeeded"] for c in rep["cases"].values())
+    return 0 if ok > 0 else 1
 
 
 def _n(v, digits: int = 2) -> str:

@@ -75,6 +75,7 @@ class CallRecord:
     in_flight: int = 0  # calls of this run in flight when it was sent, itself included
     batch_active: bool = False  # a batch-class call was in flight when it was sent
     phase: str = "load"  # "probe" for the unloaded baseline calls
+    priority: Optional[int] = None  # the engine priority sent in the body (None: none sent)
 
     @property
     def ok(self) -> bool:
@@ -106,6 +107,7 @@ class CallSpec:
     temperature: float = 0.0
     headers: dict = field(default_factory=dict)
     metadata: dict = field(default_factory=dict)  # request-body `metadata` (LiteLLM), omitted when empty
+    priority: Optional[int] = None  # request-body `priority` (vLLM, SGLang), omitted when None
 
 
 def _scrub(text: str, secret: Union[None, str, tuple[str, ...]]) -> str:
@@ -139,6 +141,8 @@ def stream_call(http: requests.Session, spec: CallSpec, rec: CallRecord,
         body["ignore_eos"] = True
     if spec.metadata:
         body["metadata"] = dict(spec.metadata)
+    if spec.priority is not None:
+        body["priority"] = int(spec.priority)
     deadline_s = spec.timeout
     rec.start = clock()
     resp = None

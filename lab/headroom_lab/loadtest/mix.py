@@ -3,7 +3,8 @@
 Plan keys keep their meaning (`task_types.<name>.tasks_per_second|tasks_per_hour`, `calls_per_task`,
 `margin`, ...). The load test adds, per task type: `class` (interactive|batch), `prompt_tokens` and
 `output_tokens` (lognormal: mean, cv, min, max), `tool_wait_seconds` (exponential mean, or
-{mean, cv=1}), `retries` {max, backoff_seconds}, `api` (completions|chat); and at the top: `slo`,
+{mean, cv=1}), `retries` {max, backoff_seconds}, `api` (completions|chat), `priority` (the engine priority the
+mixed pattern's priority case sends); and at the top: `slo`,
 `request` and `load`. Each key is declared once below and read by the configuration's reader
 (monitor/kit/settings/reader.py): every error is `file: key.path: problem`.
 """
@@ -22,7 +23,10 @@ from monitor.kit.settings.reader import Reader, key, read_yaml
 from monitor.kit.settings.shapes import MapOf, Sub
 
 APIS = ("completions", "chat")
-CLASSES = ("interactive", "batch")
+CLASSES = ("interactive", "batch", "deferrable")  # deferrable: another name for batch
+# the priority sent in the mixed pattern's priority case when a task type names none: vLLM runs lower
+# values first (`--scheduling-policy priority`)
+DEFAULT_PRIORITY = {"interactive": 0, "batch": 10}
 
 
 class MixError(ConfigError):
@@ -102,7 +106,8 @@ _PLAN_KEY = "headroom plan key (docs/capacity.md): read by headroom plan, not by
 @dataclass(frozen=True)
 class TaskType:
     name: str = ""  # its key under task_types
-    klass: str = key(Choice(CLASSES), "interactive", path="class", help="call class")
+    klass: str = key(Choice(CLASSES), "interactive", path="class",
+                     help="call class (deferrable is read as batch: work that can wait)")
     tasks_per_second: Optional[float] = key(Number(ge=0), help="arrival rate (sustained, reduced-capacity)")
     weight: Optional[float] = key(Number(ge=0), help="share of tasks when sessions pick task types (ramp, "
                                                      "burst; default: the rate, else 1)")
@@ -118,6 +123,9 @@ class TaskType:
                                  help="first retry's wait (doubled each time)")
     api: Optional[str] = key(Choice(APIS), help="overrides request.api")
     tasks_per_hour: Optional[float] = key(Number(ge=0), help="the arrival rate per hour (instead of per second)")
+    priority: Optional[int] = key(Int(ge=-1_000_000, le=1_000_000), help=(
+        "engine priority sent in the request body by --pattern mixed's priority case (vLLM: lower runs "
+        "first; default interactive 0, batch 10; SGLang's order depends on its flags)"))
     seconds_per_call: Optional[float] = key(Number(ge=0), help=_PLAN_ONLY)
     kv_tokens_per_call: Optional[float] = key(Number(ge=0), help=_PLAN_ONLY)
 
@@ -126,7 +134,9 @@ class TaskType:
             raise r.fail(at, "give at most one of tasks_per_second or tasks_per_hour")
         rate = self.tasks_per_hour / 3600.0 if self.tasks_per_hour is not None else (self.tasks_per_second or 0.0)
         weight = self.weight if self.weight is not None else (rate if rate > 0 else 1.0)
-        return replace(self, tasks_per_second=rate, weight=weight)
+        klass = "batch" if self.klass == "deferrable" else self.klass
+        priority = DEFAULT_PRIORITY[klass] if self.priority is None else self.priority
+        return replace(self, tasks_per_second=rate, weight=weight, klass=klass, priority=priority)
 
 
 @dataclass(frozen=True)
@@ -183,11 +193,20 @@ class BurstSettings:
 
 
 @dataclass(frozen=True)
+class MixedSettings:
+    deferrable_concurrency: int = key(Int(ge=1, le=1024), 4, help=(
+        "deferrable (batch) sessions looping side by side: the deferrable max concurrency"))
+    budget_interval_seconds: float = key(Number(gt=0, le=300), 2.0, help="seconds between budget reads (budget case)")
+    pause_seconds: float = key(Number(ge=0, le=600), 3.0, help="idle pause between two cases")
+
+
+@dataclass(frozen=True)
 class Load:
     sessions: int = key(Int(ge=1), 8, help="concurrent sessions (sustained: the cap of open sessions)")
     rate_scale: float = key(Number(gt=0), 1.0, help="sustained / reduced-capacity: x the task rates")
     ramp: Ramp = key(Sub(Ramp), Ramp(), help="--pattern ramp")
     burst: BurstSettings = key(Sub(BurstSettings), BurstSettings(), help="--pattern burst")
+    mixed: MixedSettings = key(Sub(MixedSettings), MixedSettings(), help="--pattern mixed")
     max_sessions: int = key(Int(ge=1, le=4096), 256, help="hard cap on sessions")
     max_calls: int = key(Int(ge=1), 20_000, help="hard cap on calls sent")
     drain_seconds: Optional[float] = key(Number(ge=0), help="wait for calls in flight at the end "

@@ -19,7 +19,7 @@ from monitor.cycle import Pipeline
 from .client import CallRecord, CallSpec, api_base, make_prompt, retryable, stream_call
 from .tags import Tags
 from .mix import LoadMix
-from .schedule import Plan, task_plan
+from .schedule import Plan, class_weights, task_plan
 
 log = logging.getLogger(__name__)
 PROBE_SETTLE = 0.5  # seconds for the engine to publish the probe calls before the scrape that closes them
@@ -160,7 +160,8 @@ class Runner:
     def __init__(self, mix: LoadMix, plan: Plan, targets: list[str], model: str, seed: int,
                  api_key: Optional[str] = None, metrics: Optional[list[str]] = None,
                  scrape_interval: float = 1.0, probes: int = 3,
-                 progress: Optional[Callable[[dict], None]] = None, tags: Optional[Tags] = None):
+                 progress: Optional[Callable[[dict], None]] = None, tags: Optional[Tags] = None,
+                 send_priority: bool = False, batch_gate=None):
         self.mix = mix
         self.plan = plan
         self.bases = [api_base(t) for t in targets]
@@ -174,6 +175,8 @@ class Runner:
         self.scrape_interval = scrape_interval
         self.probes = probes
         self.progress = progress
+        self.send_priority = send_priority  # put each task type's `priority` in the request body
+        self.batch_gate = batch_gate  # follower.Gate: a batch call goes out only with a slot of it
         self.calls: list[CallRecord] = []
         self.tasks: list[TaskRecord] = []
         self._lock = threading.Lock()
@@ -216,7 +219,7 @@ class Runner:
         try:
             meta, heads = self.tags.for_call(rec.task_type, rec.task, rec.session, rec.call)
             spec = CallSpec(self.bases[idx], rec.api, self.model, prompt, max_tokens, req.timeout_seconds,
-                            req.ignore_eos, req.temperature, {**self.headers, **heads}, meta)
+                            req.ignore_eos, req.temperature, {**self.headers, **heads}, meta, rec.priority)
             stream_call(http, spec, rec, self._secrets)
         finally:
             with self._lock:
@@ -258,15 +261,15 @@ class Runner:
             while not self._stop.is_set() and time.time() < self.end_load:
                 if sp.max_tasks is not None and number >= sp.max_tasks:
                     break
-                self._task(http, sp.index, number)
+                self._task(http, sp.index, number, sp.klass)
                 number += 1
         finally:
             http.close()
             with self._lock:
                 self.live_sessions -= 1
 
-    def _task(self, http: requests.Session, session: int, number: int) -> None:
-        tp = task_plan(self.mix, self.plan.weights, self.seed, session, number)
+    def _task(self, http: requests.Session, session: int, number: int, klass: Optional[str] = None) -> None:
+        tp = task_plan(self.mix, class_weights(self.mix, self.plan.weights, klass), self.seed, session, number)
         tt = self.mix.task_types[tp.task_type]
         api = self.mix.api_of(tt)
         trec = TaskRecord(f"{session}-{number}", session, tp.task_type, tp.klass, time.time())
@@ -280,8 +283,17 @@ class Runner:
                     trec.cut = True
                     break
                 rec = CallRecord(session, trec.task, tp.task_type, tp.klass, ci, attempt, 0, api,
-                                 cp.prompt_tokens, cp.output_tokens)
-                self._one(http, rec, prompt, cp.output_tokens)
+                                 cp.prompt_tokens, cp.output_tokens,
+                                 priority=tt.priority if self.send_priority else None)
+                gated = self.batch_gate is not None and tp.klass == "batch"
+                if gated and not self.batch_gate.acquire(self._stop, self.end_load):
+                    trec.cut = True  # the budget kept the gate shut to the end of the load
+                    break
+                try:
+                    self._one(http, rec, prompt, cp.output_tokens)
+                finally:
+                    if gated:
+                        self.batch_gate.release()
                 trec.calls += 1
                 if rec.ok:
                     break
@@ -307,7 +319,8 @@ class Runner:
     def _probe(self) -> None:
         if self.probes <= 0:
             return
-        weights = self.plan.weights
+        # mixed: the probes stand for the interactive calls (the unloaded TTFT sets their target)
+        weights = class_weights(self.mix, self.plan.weights, "interactive" if self.plan.pattern == "mixed" else None)
         total = sum(weights.values()) or 1.0
         prompt_tokens = int(round(sum(self.mix.task_types[n].prompt.mean * w for n, w in weights.items()) / total))
         http = requests.Session()

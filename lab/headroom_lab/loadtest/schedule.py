@@ -12,6 +12,9 @@ answered plus the tool wait; the next task when the previous task is done) until
   ramp              `ramp.start` looping sessions, `ramp.step` more every `step_seconds`, up to
                     `ramp.max`: concurrency steps up to find the knee
   reduced-capacity  the sustained plan (same seed, same arrivals) against fewer replicas
+  mixed             interactive tasks arrive as in sustained (the interactive task types' rates),
+                    beside `mixed.deferrable_concurrency` deferrable (batch) sessions that loop from
+                    the start: a backlog worked by a pool of workers (mixed.py runs it as four cases)
 
 What a session sends is a function of (seed, session index, task number) only, so two runs with the
 same mix and seed send the same prompts in the same order, whatever the target answers.
@@ -25,7 +28,7 @@ from typing import Optional
 
 from .mix import LoadMix
 
-PATTERNS = ("burst", "sustained", "ramp", "reduced-capacity")
+PATTERNS = ("burst", "sustained", "ramp", "reduced-capacity", "mixed")
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,7 @@ class SessionPlan:
     start: float  # seconds after the run start
     max_tasks: Optional[int]  # None: loop until the duration is over
     step: int = 0  # ramp step (or burst wave) the session joined in
+    klass: Optional[str] = None  # mixed: the session runs task types of this class only
 
 
 @dataclass(frozen=True)
@@ -90,12 +94,14 @@ def build_plan(mix: LoadMix, pattern: str, duration: float, seed: int,
     if not duration > 0:
         raise ValueError(f"duration must be > 0, got {duration}")
     ld = mix.load
-    if pattern in ("sustained", "reduced-capacity") and sessions_override:
+    if pattern in ("sustained", "reduced-capacity", "mixed") and sessions_override:
         raise ValueError(f"--sessions applies to burst and ramp; {pattern} follows the mix's task rates "
                          "(scale them with load.rate_scale)")
     weights = {n: t.weight for n, t in mix.task_types.items()}
     sessions: list[SessionPlan] = []
     windows: list[Window] = []
+    if pattern == "mixed":
+        return _mixed_plan(mix, duration, seed)
     if pattern in ("sustained", "reduced-capacity"):
         rates = {n: t.tasks_per_second * ld.rate_scale for n, t in mix.task_types.items()}
         total = sum(rates.values())
@@ -127,10 +133,47 @@ def build_plan(mix: LoadMix, pattern: str, duration: float, seed: int,
                 sessions.append(SessionPlan(have, start, None, step))
                 have += 1
     if pattern != "ramp":
-        w = ld.window_seconds
-        n = max(1, int(math.ceil(duration / w - 1e-9)))
-        windows = [Window(i, i * w, min(duration, (i + 1) * w)) for i in range(n)]
+        windows = _windows(mix, duration)
     return Plan(pattern, duration, tuple(sessions), tuple(windows), weights)
+
+
+def _windows(mix: LoadMix, duration: float) -> list[Window]:
+    w = mix.load.window_seconds
+    n = max(1, int(math.ceil(duration / w - 1e-9)))
+    return [Window(i, i * w, min(duration, (i + 1) * w)) for i in range(n)]
+
+
+def _mixed_plan(mix: LoadMix, duration: float, seed: int) -> Plan:
+    """Interactive arrivals (Poisson at the interactive rates x rate_scale, one task each) and the
+    deferrable sessions (looping from 0). The interactive arrivals are those of the same seed
+    whatever the deferrable side does, so the cases of a mixed run send the same interactive work."""
+    ld = mix.load
+    inter = {n: t.tasks_per_second * ld.rate_scale for n, t in mix.task_types.items() if t.klass == "interactive"}
+    batch = {n: t.weight for n, t in mix.task_types.items() if t.klass == "batch"}
+    if sum(inter.values()) <= 0:
+        raise ValueError(f"{mix.source}: task_types: pattern mixed needs an interactive task type with "
+                         "tasks_per_second (or tasks_per_hour) > 0")
+    if sum(batch.values()) <= 0:
+        raise ValueError(f"{mix.source}: task_types: pattern mixed needs a task type of class deferrable "
+                         "(or batch) with a weight > 0")
+    total = sum(inter.values())
+    rng = _rng(seed, "arrivals")
+    sessions: list[SessionPlan] = []
+    t = rng.expovariate(total)
+    while t < duration and len(sessions) < ld.max_calls:
+        sessions.append(SessionPlan(len(sessions), t, 1, klass="interactive"))
+        t += rng.expovariate(total)
+    first = len(sessions)
+    sessions = [SessionPlan(first + k, 0.0, None, klass="batch") for k in range(ld.mixed.deferrable_concurrency)] \
+        + sessions
+    return Plan("mixed", duration, tuple(sessions), tuple(_windows(mix, duration)), {**inter, **batch})
+
+
+def class_weights(mix: LoadMix, weights: dict, klass: Optional[str]) -> dict:
+    """The plan's weights, restricted to the task types of `klass` (None: all)."""
+    if klass is None:
+        return weights
+    return {n: w for n, w in weights.items() if mix.task_types[n].klass == klass}
 
 
 def task_plan(mix: LoadMix, weights: dict, seed: int, session: int, number: int) -> TaskPlan:
