@@ -1,7 +1,8 @@
 """Spare capacity until the next peak (monitor/capacity/spare.py) on a hand-computed forecast.
 
-knee 10, margin 0.2: ceiling 8. The forecast: hourly points at now + 1 h .. now + 6 h, the
-interactive load's upper band 2.5, 2.5, 5.2, 7.9, 3.0, 1.0; each point stands for the hour before it.
+knee 10, margin 0.2: ceiling 8. The forecast: hourly points at now .. now + 5 h, the load's upper
+band 2.5, 2.5, 5.2, 7.9, 3.0, 1.0; each point stands for the hour after it (the forecaster labels a
+slot by its start).
 Spare per hour = floor(8 - upper): 5, 5, 2, 0, 5, 7; the first hour is also held to the interactive
 load measured now (4.0): floor(8 - 4) = 4. So the hours hold 4, 5, 2, 0, 5, 7.
 """
@@ -19,7 +20,7 @@ UPPER = [2.5, 2.5, 5.2, 7.9, 3.0, 1.0]
 
 
 def inputs(**kw) -> SpareInputs:
-    base = dict(knee_requests=10.0, margin=0.2, timestamps=[NOW + H * k for k in range(1, 7)], upper=UPPER,
+    base = dict(knee_requests=10.0, margin=0.2, timestamps=[NOW + H * k for k in range(0, 6)], upper=UPPER,
                 fit_timestamp=NOW - 60, interactive_now=4.0, max_age=3600.0, budget_horizon=900.0)
     base.update(kw)
     return SpareInputs(**base)
@@ -153,3 +154,30 @@ def test_coarse_grid_holds_the_fewest_through_each_slice():
     ws = pool_spare(inputs(), NOW).windows  # hours 4, 5, 2, (0), 5, 7, then no forecast
     assert spans(coarse(ws, NOW, H, 8)) == [(0, 1, 4), (1, 2, 5), (2, 3, 2), (4, 5, 5), (5, 6, 7)]
     assert spans(coarse(ws, NOW, 2 * H, 4)) == [(0, 2, 4), (4, 6, 5)]  # hours 2-4 hold a gap: none
+
+
+def test_a_point_stands_for_the_hour_after_it_so_the_peak_hour_is_not_offered():
+    """Hourly points from now; the load's band 30 except the point at now + 9 h (50): the peak is
+    the hour [9 h, 10 h). Ceiling 80 (knee 100): 50 spare every hour but that one, 30 in it."""
+    upper = [30.0] * 24
+    upper[9] = 50.0
+    s = pool_spare(inputs(knee_requests=100.0, timestamps=[NOW + H * k for k in range(24)], upper=upper,
+                          interactive_now=30.0), NOW)
+    assert spans(s.windows)[:3] == [(0, 9, 50), (9, 10, 30), (10, 24, 50)]
+    assert earliest_fit(s.windows, 40, 2 * H).window.start == NOW  # from now: 9 hours of 50 hold 40
+    late = pool_spare(inputs(knee_requests=100.0, timestamps=[NOW + H * k for k in range(24)], upper=upper,
+                             interactive_now=None, max_age=12 * H), NOW + 8.5 * H)
+    assert late.requests["1h"] == 30.0  # the next hour reaches into the peak
+
+
+def test_deferrable_work_running_now_is_not_counted_twice():
+    """The band (60) is of the whole load, the 30 deferrable requests running now included: the
+    interactive load is 30, so 80 - max(30, 60 - 30) = 50 fit now, not 80 - 60 = 20."""
+    s = pool_spare(inputs(knee_requests=100.0, timestamps=[NOW + H * k for k in range(6)], upper=[60.0] * 6,
+                          interactive_now=30.0, deferrable_now=30.0), NOW)
+    assert s.requests["now"] == 50.0
+    assert s.windows[0].requests == 50.0 and s.windows[1].requests == 20.0  # later hours on the band
+    # a NaN deferrable figure takes nothing off the band
+    nan = pool_spare(inputs(knee_requests=100.0, timestamps=[NOW + H * k for k in range(6)], upper=[60.0] * 6,
+                            interactive_now=30.0, deferrable_now=float("nan")), NOW)
+    assert nan.requests["now"] == 20.0

@@ -69,6 +69,10 @@ def test_hybrid_without_kv_cache_size_tokens_has_no_capacity_rather_than_blocks_
     (labels,) = [lab for lab, _ in parse_vllm(text("vllm-0.34.0-hybrid-t0.prom")).get("vllm:cache_config_info")]
     older = vllm_tiers.gpu_kv({**labels, "kv_cache_size_tokens": "None"})
     assert older.tokens is None and older.source is None  # 2,048 x 4 = 8,192 would be 32x too small
+    # a sliding window alone (an older vLLM on Mistral-7B v0.1: one KV group, no kv_cache_size_tokens)
+    # keeps blocks x block_size, flagged approximate: 2,048 x 16 = 32,768
+    uniform = vllm_tiers.gpu_kv({"block_size": "16", "num_gpu_blocks": "2048", "sliding_window": "4096"})
+    assert (uniform.tokens, uniform.source, uniform.exact) == (32_768, "blocks_x_block_size_approx", False)
     one_group = vllm_tiers.gpu_kv({**labels, "kv_cache_size_tokens": "None", "effective_attention_block_size": "4"})
     assert (one_group.tokens, one_group.source, one_group.exact) == (8_192.0, "blocks_x_block_size", True)
 
@@ -276,3 +280,23 @@ def test_the_cycle_gives_lora_its_limit_and_lmcache_its_configured_capacity():
     # one replica answering x 10 GiB configured
     assert (p.kv_tiers["lmcache_cpu"].capacity_bytes, p.kv_tiers["lmcache_cpu"].used_bytes) == (10 * 2 ** 30, 6.3e9)
     assert p.lmcache_hit_ratio == 0.6
+
+
+def test_adapters_waiting_for_kv_not_for_a_slot_bind_no_lora_limit():
+    """vLLM lists an adapter as waiting whenever one of its requests waits, for KV as much as for a
+    slot: with A and B running and waiting on 2 slots nothing waits for a slot; with C waiting too,
+    one adapter of three wanted has none: 2 of 3 adapters' share of the load fits."""
+    def lora(running: str, waiting: str) -> LoraSlots:
+        body = ("# TYPE vllm:lora_requests_info gauge\n"
+                f'vllm:lora_requests_info{{max_lora="2",running_lora_adapters="{running}",'
+                f'waiting_lora_adapters="{waiting}"}} 1.765e+09\n')
+        return vllm_tiers._lora(parse_vllm(body))
+    assert lora("A,B", "A,B") == LoraSlots(2.0, 2.0, 0.0)
+    assert lora("A,B", "B,A,C") == LoraSlots(2.0, 2.0, 1.0)
+    p = pool("lora")
+    p.lora = lora("A,B", "A,B")
+    assert lora_limit(p) is None
+    p.lora = lora("A", "C")  # a slot is free: C waits for KV or its turn, not for a slot
+    assert lora_limit(p) is None
+    p.lora = lora("A,B", "B,A,C")
+    assert lora_limit(p) == pytest.approx(p.active_requests * 2 / 3)

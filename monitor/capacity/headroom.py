@@ -153,7 +153,6 @@ def pool_capacity(pool: PoolSnapshot, knee: Knee, settings: CapacitySettings,
         caps["kv"] = max(kv_capacity, 0.0) / kv_per_req
     # a slow replica (monitor/derive/slow.py) holds its slots but serves 1 / ratio of a peer's
     # tokens: its share of the knee is discounted by 1 - 1 / ratio (`slow_capacity_lost`)
-    caps["lora"] = lora_limit(pool)
     n_knee = max(0.0, n - pool.slow_capacity_lost)
     if knee.requests is not None:
         caps["knee"] = float(knee.requests * n_knee)

@@ -6,7 +6,9 @@ An engine serving LoRA adapters holds at most so many distinct adapters in one r
 The slots limit distinct adapters, not requests: more requests for adapters already in the batch
 fit, so the limit binds only while requests wait for an adapter that has no slot.
 
-    binding (vLLM): adapters waiting (waiting_lora_adapters) > 0
+    binding (vLLM): every slot holds a running adapter and adapters wait that are not running
+        (waiting_lora_adapters less running_lora_adapters: vLLM lists an adapter as waiting whenever
+        one of its requests waits, for KV as much as for a slot)
         lora capacity = active requests x slots / (adapters running + adapters waiting)
         (the share of today's demand for distinct adapters that the slots hold: below the load, so
         the headroom is negative while adapters queue for slots);
@@ -31,6 +33,6 @@ def lora_limit(pool: PoolSnapshot) -> Optional[float]:
     if lora.waiting is None:  # SGLang: slots in use and total only
         full = lora.running >= lora.max_loras and (pool.queued_requests or 0.0) > 0
         return float(active) if full else None
-    if lora.waiting > 0:
+    if lora.waiting > 0 and lora.running >= lora.max_loras:
         return active * lora.max_loras / (lora.running + lora.waiting)
     return None

@@ -7,12 +7,16 @@
 The algorithm, per pool:
   1. ceiling = knee x (1 - margin): the concurrency the interactive and the deferrable load share
      (the margin keeps the pool off its knee, where latency bends).
-  2. The forecast's steps: the path's point at t_k (Unix seconds) stands for the step [t_k - step,
-     t_k) (step: the path's spacing), its value the interactive load's upper band (95 %). In each
-     step spare_k = floor(max(0, ceiling - upper_k)) whole requests (rounded down: never promise more).
-  3. Now: the step holding `now` is clipped to start at `now`, and its spare is also held to the
-     interactive load measured now: floor(max(0, ceiling - max(upper, interactive now))). Steps that
-     end at or before `now` are past and dropped.
+  2. The forecast's steps: the path's point at t_k (Unix seconds) stands for the step [t_k, t_k +
+     step) (step: the path's spacing; the forecaster labels a slot by its start, as history does),
+     its value the load's upper band (95 %). In each step spare_k = floor(max(0, ceiling - upper_k))
+     whole requests (rounded down: never promise more).
+  3. Now: the step holding `now` (the forecast's first step clipped to start at `now`, or, when the
+     forecast starts after `now`, the span from `now` to it, on the first step's band) is also held
+     to the load measured now: floor(max(0, ceiling - max(interactive now, upper - deferrable now))).
+     The band is of the whole load (history keeps no interactive-only series), so the deferrable
+     load running now is taken off it here, not counted twice. Steps that end at or before `now`
+     are past and dropped.
   4. Windows: adjacent steps with the same spare merged into {start, end, requests}; spans where
      nothing fits (0) are no window. Over the forecast, at most 7 days.
   5. Per horizon (now, 1h, 6h, 1d): the fewest requests that fit from `now` to `now` + horizon
@@ -93,13 +97,17 @@ def steps(inp: SpareInputs, ceiling: float, now: float, until: float = math.inf)
     ts = np.asarray(inp.timestamps, dtype=float)
     up = np.asarray(inp.upper, dtype=float)
     step = ts[1] - ts[0] if len(ts) > 1 else 0.0
-    keep = (ts > now) & np.isfinite(up) & (ts - step < until)
-    start, end, up = ts[keep] - step, np.minimum(ts[keep], until), up[keep]
+    keep = (ts + step > now) & np.isfinite(up) & (ts < until)
+    start, end, up = ts[keep], np.minimum(ts[keep] + step, until), up[keep]
+    if len(start) and start[0] > now:  # the span from now to the forecast's first step, on its band
+        start, end, up = np.r_[now, start], np.r_[min(start[0], until), end], np.r_[up[0], up]
     req = np.maximum(0.0, np.floor(ceiling - up + EPS))
-    if len(start) and start[0] <= now:  # the step holding now: from now, also held to the load now
+    if len(start):  # the step holding now: from now, held to the load measured now
         start[0] = now
-        if inp.interactive_now is not None:
-            req[0] = min(req[0], fits(ceiling, inp.interactive_now))
+        if inp.interactive_now is not None and math.isfinite(inp.interactive_now):
+            deferrable = inp.deferrable_now if inp.deferrable_now is not None and math.isfinite(inp.deferrable_now) else 0.0
+            band = up[0] - deferrable
+            req[0] = fits(ceiling, max(inp.interactive_now, band))
     return Steps(start, end, req)
 
 

@@ -30,8 +30,7 @@ def spare_week(fc: dict, knee: Optional[float], margin: float, origin: float, tz
     if ceiling is None:
         return {"defined": False, "reason": "the knee is not known"}
     times = [float(t) for t in fc["_times"]]
-    step = times[1] - times[0] if len(times) > 1 else HOUR
-    inp = SpareInputs(knee_requests=knee, margin=margin, timestamps=[t + step for t in times],
+    inp = SpareInputs(knee_requests=knee, margin=margin, timestamps=times,
                       upper=[float(u) for u in fc["_bands"][level][1]], fit_timestamp=origin,
                       max_age=math.inf, budget_horizon=HOUR)
     spare = pool_spare(inp, origin)

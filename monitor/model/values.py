@@ -105,7 +105,7 @@ class ReplicaReading:
     # the KV edges (monitor/sources/vllm_tiers.py): where the GPU capacity came from, whether the
     # block_size label is the allocation unit (hybrid KV: only a lower bound of it) and the largest
     # unit it may be; capacity per offload tier, bytes held per LMCache tier, LoRA adapter slots
-    kv_capacity_source: Optional[str] = None  # "kv_cache_size_tokens" | "blocks_x_block_size"
+    kv_capacity_source: Optional[str] = None  # "kv_cache_size_tokens" | "blocks_x_block_size" | "..._approx"
     kv_unit_exact: bool = True
     kv_unit_max: Optional[int] = None  # hybrid KV: the largest allocation unit the labels allow
     kv_tiers: dict[str, "KvTier"] = field(default_factory=dict)  # tier ("gpu", "cpu", "lmcache_cpu", ...)

@@ -95,8 +95,14 @@ def gpu_kv(labels: dict[str, str]) -> GpuKv:
     exact = mamba is None and window is None and (attention is None or attention == block)
     units = [int(u) for u in (block, attention, mamba) if u]
     tokens, source = _num(labels.get("kv_cache_size_tokens")), "kv_cache_size_tokens"
-    if tokens is None:
-        tokens, source = (block * blocks, "blocks_x_block_size") if exact and block and blocks else (None, None)
+    window_only = mamba is None and window is not None and (attention is None or attention == block)
+    if tokens is None and block and blocks and (exact or window_only):
+        # a sliding window alone (older vLLM, no kv_cache_size_tokens: Mistral-7B v0.1's uniform
+        # window is one KV group) gives blocks x block_size too, flagged approximate: a hybrid
+        # full + sliding model's block_size is only a lower bound of its unit
+        tokens, source = block * blocks, "blocks_x_block_size" if exact else "blocks_x_block_size_approx"
+    elif tokens is None:
+        source = None
     return GpuKv(tokens, int(block) if block else None, int(blocks) if blocks else None, source, exact,
                  max(units) if units else None)
 
@@ -183,9 +189,12 @@ def _lora(scrape: ParsedScrape) -> Optional[LoraSlots]:
     if most is None or not 0 < most <= 1e6:
         scrape.anomaly("out_of_range")
         return None
-    return LoraSlots(most, float(_adapters(labels.get("running_lora_adapters"))),
-                     float(_adapters(labels.get("waiting_lora_adapters"))))
+    running = _adapters(labels.get("running_lora_adapters"))
+    # an adapter is listed as waiting whenever a request of it waits, for any reason (KV, slots):
+    # only adapters waiting that are not running wait for an adapter slot
+    waiting = _adapters(labels.get("waiting_lora_adapters")) - running
+    return LoraSlots(most, float(len(running)), float(len(waiting)))
 
 
-def _adapters(joined: Optional[str]) -> int:
-    return len([a for a in (joined or "").split(",") if a.strip()])
+def _adapters(joined: Optional[str]) -> set[str]:
+    return {a.strip() for a in (joined or "").split(",") if a.strip()}

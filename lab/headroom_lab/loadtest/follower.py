@@ -13,6 +13,8 @@ metric does not exist yet (labelled as such in the results by whoever passes it)
 """
 from __future__ import annotations
 
+import json
+
 import math
 import threading
 import time
@@ -92,7 +94,8 @@ class HttpBudget:
     def __call__(self) -> Reading:
         try:
             if self.promql:
-                sel = BUDGET_METRIC + (f'{{pool="{self.pool}"}}' if self.pool is not None else "")
+                quoted = json.dumps(self.pool) if self.pool is not None else None  # PromQL takes Go string escapes
+                sel = BUDGET_METRIC + (f"{{pool={quoted}}}" if quoted is not None else "")
                 r = self.http.get(self.url + "?" + urlencode({"query": sel}), timeout=self.timeout)
                 return budget_from_promql(r.json(), self.pool) if r.status_code == 200 else \
                     Reading(None, f"HTTP {r.status_code}")

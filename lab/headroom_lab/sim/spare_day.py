@@ -96,12 +96,13 @@ def rate_at(p: DayParams, t: float) -> float:
 
 def forecast_at(p: DayParams, now: float) -> PoolForecast:
     """The stand-in forecaster's refit at `now` (seconds after midnight): 24 h of `step_s` steps,
-    each point the upper band's peak over the step before it."""
+    each point labelled by its step's start (as the forecaster labels them), its value the upper
+    band's peak over the step [t, t + step)."""
     n = int(DAY // p.step_s)
-    ts = now + p.step_s * np.arange(1, n + 1)
+    ts = now + p.step_s * np.arange(0, n)
     upper = []
     for t in ts:
-        m = max(rate_at(p, x) * p.interactive_s for x in np.linspace(t - p.step_s, t, 6))
+        m = max(rate_at(p, x) * p.interactive_s for x in np.linspace(t, t + p.step_s, 6))
         upper.append(m + Z95 * math.sqrt(m))
     arr = np.array(upper)
     return PoolForecast(MIDNIGHT + now, path=ForecastPath(MIDNIGHT + ts, arr, arr, arr))
