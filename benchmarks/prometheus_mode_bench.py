@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -181,12 +182,17 @@ def wait_query(url: str, query: str, want, timeout: float) -> None:
 
 
 class Measure:
-    """Prometheus' CPU for a piece of work, net of its background rate over an idle window before it."""
+    """Prometheus' CPU for a piece of work, net of its background rate over an idle window before it.
+    Its Go garbage collection runs just before (/debug/pprof/heap?gc=1): a collection of its ~2 GB
+    heap costs ~2 s of CPU and falls in whichever piece of work allocates past the threshold, so
+    without it the same queries measure 1 s or 3 s by chance (and by the order of the pieces)."""
 
-    def __init__(self, pid: int, idle: float):
-        self.pid, self.idle = pid, idle
+    def __init__(self, pid: int, idle: float, url: str = "", collect: bool = True):
+        self.pid, self.idle, self.url, self.collect = pid, idle, url, collect
 
     def __call__(self, work):
+        if self.collect and self.url:
+            requests.get(self.url + "/debug/pprof/heap", params={"gc": "1"}, timeout=60)
         c0, w0 = cpu_seconds(self.pid), time.monotonic()
         time.sleep(self.idle)
         background = (cpu_seconds(self.pid) - c0) / (time.monotonic() - w0)
@@ -223,9 +229,10 @@ def run_queries(url: str, queries: list[str]) -> int:
 
 
 def phase(prom_pid: int, url: str, codes: dict[str, str], rules: bool, trials: int, idle: float,
-          explain: bool = False) -> dict:
+          explain: bool = False, collect: bool = True) -> dict:
     """Trials of the baseline and each code version's cycle, in turn; medians and ranges."""
-    measure = Measure(prom_pid, idle)
+    measure = Measure(prom_pid, idle, url, collect)
+    order = random.Random(7)
     queries = list(baseline_queries().values())
     children = {name: Child(code, url, rules) for name, code in codes.items()}
     try:
@@ -233,11 +240,13 @@ def phase(prom_pid: int, url: str, codes: dict[str, str], rules: bool, trials: i
             child.cycle()
             child.cycle()
         base, runs = [], {name: [] for name in codes}
-        for _ in range(trials):
-            base.append(measure(lambda: run_queries(url, queries)))
-            for name, child in children.items():
-                prom_cpu, wall, got = measure(child.cycle)
-                runs[name].append({**got, "prometheus_cpu": prom_cpu})
+        for _ in range(trials):  # in a new order each trial
+            for name in order.sample(["baseline", *children], len(children) + 1):
+                if name == "baseline":
+                    base.append(measure(lambda: run_queries(url, queries)))
+                else:
+                    prom_cpu, wall, got = measure(children[name].cycle)
+                    runs[name].append({**got, "prometheus_cpu": prom_cpu})
     finally:
         for child in children.values():
             child.close()
@@ -249,7 +258,9 @@ def phase(prom_pid: int, url: str, codes: dict[str, str], rules: bool, trials: i
                 print(f"{name}\t{cpu:.3f}\t{q[:150]}", flush=True)
     span = lambda xs: [round(min(xs), 3), round(max(xs), 3)]  # noqa: E731
     base_cpu = [b[0] for b in base]
+    mean = lambda xs: round(statistics.mean(xs), 3)  # noqa: E731
     out = {"baseline": {"queries": len(queries), "prometheus_cpu_seconds": med(base_cpu), "range": span(base_cpu),
+                        "prometheus_cpu_mean": mean(base_cpu),
                         "wall_seconds": med([b[1] for b in base]), "series_answered": base[-1][2]}}
     for name, rs in runs.items():
         prom = [r["prometheus_cpu"] for r in rs]
@@ -257,6 +268,7 @@ def phase(prom_pid: int, url: str, codes: dict[str, str], rules: bool, trials: i
         out[name] = {"headroom_cpu_seconds": med([r["cpu"] for r in rs]), "headroom_cpu_range": span([r["cpu"] for r in rs]),
                      "wall_seconds": med([r["wall"] for r in rs]), "wall_range": span([r["wall"] for r in rs]),
                      "prometheus_cpu_seconds": med(prom), "prometheus_cpu_range": span(prom),
+                     "prometheus_cpu_mean": mean(prom), "ratio_of_means": round(mean(prom) / mean(base_cpu), 3),
                      "ratio_to_baseline": med(ratios) if ratios else None,
                      "ratio_range": span(ratios) if ratios else None,
                      "queries": len(rs[-1]["queries"]), "replicas_seen": rs[-1]["replicas"], "stale": rs[-1]["stale"], "values": rs[-1]["values"]}
@@ -292,6 +304,7 @@ def main() -> None:
     ap.add_argument("--rules", action="store_true", help="then load the bundled rules and measure again")
     ap.add_argument("--code", action="append", default=[], help="NAME=DIR: a code version to run (default: this one)")
     ap.add_argument("--note", default="")
+    ap.add_argument("--no-collect", action="store_true", help="no garbage collection before each measurement")
     ap.add_argument("--explain", action="store_true", help="then each query alone: its CPU")
     ap.add_argument("--keep", help="start the fleet and Prometheus, write where they are to this file, wait")
     ap.add_argument("--attach", help="use the fleet and Prometheus of a --keep run (its file)")
@@ -320,16 +333,17 @@ def main() -> None:
             busy.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
         speed = describe()
         result = {"when": time.strftime("%Y-%m-%d %H:%M"), "replicas": args.replicas, "scrape_interval": args.scrape,
-                  "busy_loops": args.busy, "trials": args.trials, "note": args.note, "machine": speed,
+                  "busy_loops": args.busy, "trials": args.trials, "collect_before_each": not args.no_collect, "note": args.note, "machine": speed,
                   "codes": codes, "without_rules": phase(pid, url, codes, False, args.trials, args.idle,
-                                                                      args.explain)}
+                                                                      args.explain, not args.no_collect)}
         print(json.dumps(result["without_rules"]), flush=True)
         if args.rules:
             with open(cfg, "w") as f:
                 f.write(prometheus_config(port, args.replicas, args.scrape, True))
             requests.post(url + "/-/reload", timeout=60).raise_for_status()
             wait_query(url, "count(pool_le:vllm_e2e_request_latency_seconds_bucket:rate5m)", bool, 180)
-            result["with_rules"] = phase(pid, url, codes, True, args.trials, args.idle, args.explain)
+            result["with_rules"] = phase(pid, url, codes, True, args.trials, args.idle, args.explain,
+                                         not args.no_collect)
             print(json.dumps(result["with_rules"]), flush=True)
             with open(cfg, "w") as f:  # as it was (an attached Prometheus is measured again)
                 f.write(prometheus_config(port, args.replicas, args.scrape, False))

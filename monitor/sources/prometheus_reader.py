@@ -133,9 +133,9 @@ class PrometheusSourceReader:
         self._replicas_at = now
         out = PrometheusRead([], [SourceStatus("prometheus", name, True, duration_seconds=time.monotonic() - start)],
                              stale_seconds={"replicas": 0.0})
-        missing = self._readings(vector, now, out)
-        self._statuses(now, deadline, missing, out, ups)
         present = present_bases(vector)
+        missing = self._readings(vector, now, out)  # takes the vector's label dicts over
+        self._statuses(now, deadline, missing, out, ups)
         self._histograms(now, deadline, out, dict(present), started)
         self._present = present
         self._count_partials(out)
@@ -239,7 +239,7 @@ class PrometheusSourceReader:
         missing: dict[str, tuple[str, ...]] = {}  # instance -> contract families it has no series of
         extra = [label for label in self.pool_by if label not in ("model_name", "model")]
         for instance, (scrape, labels) in sorted(scrapes_from_vector(vector, self.src.instance_label,
-                                                                     keep=extra).items()):
+                                                                     keep=extra, consume=True).items()):
             engine = engine_of_scrape(scrape)
             out.readings.extend(engine.readings_from_scrape(scrape, instance, now, labels or None))
             missing[instance] = engine.missing_families(scrape)
