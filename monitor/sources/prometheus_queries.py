@@ -63,16 +63,29 @@ def replica_selector(extra: str = "") -> str:
     return "{" + ",".join([f'__name__=~"{regex}"'] + _matchers(extra)) + "}"
 
 
-def replica_selectors(extra: str = "") -> list[str]:
-    """`replica_selector`'s series in two selectors a cycle asks at once (the query layer answers
-    them in parallel): the gauges and counters, and the latency histograms' sums and counts."""
+# what the vLLM reader takes of `cache_config_info` (~35 labels, a quarter of the replica answer's
+# bytes): the KV capacity's labels and those naming the engine (monitor/sources/vllm.py)
+CACHE_INFO_LABELS = ("engine", "ReplicaId", "model_name", "block_size", "num_gpu_blocks", "kv_cache_size_tokens")
+CACHE_INFO = "cache_config_info"
+
+
+def replica_selectors(extra: str = "", keep: Iterable[str] = ("instance",)) -> list[str]:
+    """`replica_selector`'s series in three queries a cycle asks at once (the query layer answers
+    them in parallel): the gauges and counters; the latency histograms' sums and counts; vLLM's
+    `cache_config_info` with only its labels the reader takes and `keep` (the instance label, the
+    pool_by labels), its name set back."""
     parts: list[list[str]] = [[], []]
     for prefix, names in replica_names().items():
         for i, part in enumerate(parts):
-            chosen = [n for n in names if n.endswith(("_sum", "_count")) == bool(i)]
+            chosen = [n for n in names if n.endswith(("_sum", "_count")) == bool(i) and n != CACHE_INFO]
             if chosen:
                 part.append(f"{prefix}[:_](" + "|".join(chosen) + ")")
-    return ["{" + ",".join([f'__name__=~"{"|".join(regex)}"'] + _matchers(extra)) + "}" for regex in parts if regex]
+    out = ["{" + ",".join([f'__name__=~"{"|".join(regex)}"'] + _matchers(extra)) + "}" for regex in parts if regex]
+    if CACHE_INFO in replica_names().get("vllm", ()):
+        by = ", ".join(dict.fromkeys([*CACHE_INFO_LABELS, *keep]))
+        info = "{" + ",".join([f'__name__=~"vllm[:_]{CACHE_INFO}"'] + _matchers(extra)) + "}"
+        out.append(f'label_replace(max by ({by}) ({info}), "__name__", "vllm:{CACHE_INFO}", "", "")')
+    return out
 
 
 def shard_pools_query(extra: str = "") -> str:

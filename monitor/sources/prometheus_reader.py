@@ -149,8 +149,7 @@ class PrometheusSourceReader:
         if self.clock.at is None:  # no `up` series gave the time: the replica read fixes it, the rest follow
             return self._replica_read(deadline), ups, {}
         cap, series = self._replica_cap(deadline)
-        parts = [self._start(lambda q=q: self._query(q, deadline, max_bytes=cap))
-                 for q in replica_selectors(self.selector)]
+        parts = [self._start(lambda q=q: self._query(q, deadline, max_bytes=cap)) for q in self._replica_queries()]
         started = {key: (query, self._start(lambda q=query: self._query(q, deadline)))
                    for key, query in self._histogram_asks(self._present, with_rules=True).items()}
         vector: list = []
@@ -161,6 +160,12 @@ class PrometheusSourceReader:
             raise self._too_large(exc, cap, series) from None
         self._series = len(vector)
         return vector, ups, started
+
+    def _replica_queries(self) -> list[str]:
+        """The replica series' queries (prometheus_queries.replica_selectors), keeping the instance
+        label and the pool_by labels on the trimmed ones."""
+        keep = [self.src.instance_label] + [label for label in self.pool_by if label not in ("model_name", "model")]
+        return replica_selectors(self.selector, keep)
 
     def _start(self, call: Callable[[], list]) -> Future:
         if self._pool is None:
@@ -178,8 +183,14 @@ class PrometheusSourceReader:
         """The per-replica series, held to a cap sized from the fleet (`ANSWER_FLOOR_BYTES`,
         `SERIES_BYTES`): a bigger answer is refused (too_large) before it is parsed."""
         cap, series = self._replica_cap(deadline)
+        queries = self._replica_queries()
+        vector: list = []
         try:
-            vector = self._query(replica_selector(self.selector), deadline, max_bytes=cap)
+            if self.clock.at is None:  # the first answer fixes the cycle's query time: the rest follow it
+                vector.extend(self._query(queries.pop(0), deadline, max_bytes=cap))
+            parts = [self._start(lambda q=q: self._query(q, deadline, max_bytes=cap)) for q in queries]
+            for part in parts:
+                vector.extend(part.result())
         except PrometheusError as exc:
             raise self._too_large(exc, cap, series) from None
         self._series = len(vector)
