@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Optional, Union
-
-if TYPE_CHECKING:
-    from .prometheus_reader import PrometheusRead
+from typing import Any, Optional, Union
 
 from monitor.kit.http import redact
 from .prometheus import PrometheusError
@@ -28,9 +25,10 @@ Answer = Union[list, PrometheusError]  # a query's vector, or why it has none
 class PoolHistogramReads:
     """The pool histogram part of PrometheusSourceReader."""
 
-    def _histograms(self, now: float, deadline: Optional[float], out: "PrometheusRead", present: dict[str, str],
+    def _histograms(self, now: float, deadline: Optional[float], out: Any, present: dict[str, str],
                     started: dict[str, tuple[str, Future]]) -> None:
-        """Every pool's latency histograms, summed by the query layer; the last ones when it fails.
+        """Every pool's latency histograms, summed by the query layer, into `out` (a PrometheusRead);
+        the last ones when it fails.
         `started`: the queries already asked (key -> (query, future)); one this read needs and did
         not start (a histogram new this read, the rules gone) is asked now."""
         if not present:  # no replica has a latency histogram: nothing to ask
