@@ -8,12 +8,14 @@ reload). Per trial, in the same run and in turn:
 - baseline: the PromQL headroom's numbers replace, as the bundled rules compute them from the raw
   series - every rule of the headroom-vllm-pool group and the four pool bucket rates whose expression
   reads raw series (the rules built on other rules are left out: they reuse these), one instant
-  query each, one after the other: Prometheus' CPU answering them;
+  query each, one after the other: Prometheus' CPU answering them; and the README's earlier anchor
+  (five aggregations, one histogram's p95: benchmarks/query_layer_bench.py) beside it;
 - headroom: one `Pipeline.run_cycle` in Prometheus mode (interval 10 s) in a child process per code
   version (`--code NAME=DIR`, e.g. the code before a change beside it): its own CPU and the cycle's
   wall time, and Prometheus' CPU while it ran.
 Prometheus' CPU (/proc/<pid>/stat) is counted net of its background (scrapes, rule evaluations): its
-rate over an idle window just before each measurement, times the measurement's wall time.
+rate over an idle window just before each measurement, times the measurement's wall time; its garbage
+is collected before each (see Measure), and the pieces run in a new order each trial.
 `--busy N` runs N busy loops beside it all (a loaded machine). The machine's Python speed
 (benchmarks/machine_speed.py) and the load are recorded with the results in
 benchmarks/prometheus_mode_results.json (each run adds a run).
@@ -168,6 +170,16 @@ def baseline_queries() -> dict[str, str]:
     return out
 
 
+# the README's earlier anchor (benchmarks/query_layer_bench.py): five aggregations, one histogram
+ANCHOR = [
+    'sum by (model_name) (vllm:num_requests_running{job="vllm"})',
+    'sum by (model_name) (vllm:num_requests_waiting{job="vllm"})',
+    'avg by (model_name) (vllm:kv_cache_usage_perc{job="vllm"})',
+    'histogram_quantile(0.95, sum by (model_name, le) (rate(vllm:e2e_request_latency_seconds_bucket{job="vllm"}[5m])))',
+    'sum by (model_name) (rate(vllm:request_success_total{job="vllm"}[5m]))',
+]
+
+
 def wait_query(url: str, query: str, want, timeout: float) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -239,11 +251,13 @@ def phase(prom_pid: int, url: str, codes: dict[str, str], rules: bool, trials: i
         for child in children.values():  # warm-up: the first cycle counts the fleet and has no rates yet
             child.cycle()
             child.cycle()
-        base, runs = [], {name: [] for name in codes}
+        base, anchor, runs = [], [], {name: [] for name in codes}
         for _ in range(trials):  # in a new order each trial
-            for name in order.sample(["baseline", *children], len(children) + 1):
+            for name in order.sample(["baseline", "anchor", *children], len(children) + 2):
                 if name == "baseline":
                     base.append(measure(lambda: run_queries(url, queries)))
+                elif name == "anchor":
+                    anchor.append(measure(lambda: run_queries(url, ANCHOR))[0])
                 else:
                     prom_cpu, wall, got = measure(children[name].cycle)
                     runs[name].append({**got, "prometheus_cpu": prom_cpu})
@@ -260,8 +274,10 @@ def phase(prom_pid: int, url: str, codes: dict[str, str], rules: bool, trials: i
     base_cpu = [b[0] for b in base]
     mean = lambda xs: round(statistics.mean(xs), 3)  # noqa: E731
     out = {"baseline": {"queries": len(queries), "prometheus_cpu_seconds": med(base_cpu), "range": span(base_cpu),
-                        "prometheus_cpu_mean": mean(base_cpu),
-                        "wall_seconds": med([b[1] for b in base]), "series_answered": base[-1][2]}}
+                        "prometheus_cpu_mean": mean(base_cpu), "wall_seconds": med([b[1] for b in base]),
+                        "series_answered": base[-1][2]},
+           "anchor": {"queries": len(ANCHOR), "prometheus_cpu_seconds": med(anchor), "range": span(anchor),
+                      "prometheus_cpu_mean": mean(anchor)}}
     for name, rs in runs.items():
         prom = [r["prometheus_cpu"] for r in rs]
         ratios = [p / b for p, b in zip(prom, base_cpu) if b > 0]
@@ -269,6 +285,7 @@ def phase(prom_pid: int, url: str, codes: dict[str, str], rules: bool, trials: i
                      "wall_seconds": med([r["wall"] for r in rs]), "wall_range": span([r["wall"] for r in rs]),
                      "prometheus_cpu_seconds": med(prom), "prometheus_cpu_range": span(prom),
                      "prometheus_cpu_mean": mean(prom), "ratio_of_means": round(mean(prom) / mean(base_cpu), 3),
+                     "ratio_to_anchor_of_means": round(mean(prom) / mean(anchor), 3) if mean(anchor) else None,
                      "ratio_to_baseline": med(ratios) if ratios else None,
                      "ratio_range": span(ratios) if ratios else None,
                      "queries": len(rs[-1]["queries"]), "replicas_seen": rs[-1]["replicas"], "stale": rs[-1]["stale"], "values": rs[-1]["values"]}
