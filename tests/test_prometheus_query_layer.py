@@ -320,3 +320,36 @@ def test_each_shard_reads_only_the_pools_it_owns(fleet):
         seen[index] = sum(p.replicas for p in snap.pools)
     mine = 0 if owns("tiny", (0, 2)) else 1
     assert seen[mine] == len(servers) and seen[1 - mine] == 0
+
+
+def test_the_replica_read_asked_at_once_gives_the_readings_of_the_one_whole_read(fleet):
+    """From its second cycle a read asks `up` first, then the replica series in parts (vLLM's
+    cache_config_info cut to the labels the reader takes) and the histogram queries at once: the
+    same readings, statuses and pool histograms as one raw read of every replica series at the
+    same query time, read by the same code."""
+    from monitor.sources.prometheus import PrometheusClient, engine_of_scrape, scrapes_from_vector
+    from monitor.sources.prometheus_queries import pool_histogram_query, pool_histograms
+    from monitor.sources.prometheus_reader import PrometheusSourceReader
+    _servers, prom, proxy = fleet
+    src = PrometheusSource(url=proxy.url, selector='job="vllm"', recording_rules=False)
+    reader = PrometheusSourceReader(src, latency_window=120.0)
+    client = PrometheusClient(prom.url)
+    try:
+        reader.read_all(now=1_800_000_000.0)
+        first = len(proxy.queries)
+        got = reader.read_all(now=1_800_000_000.0)
+        at = reader.clock.at
+        raw = client.query(replica_selector('job="vllm"'), at=at)
+        hist = client.query(pool_histogram_query('job="vllm"', ["model_name"], 120.0), at=at)
+    finally:
+        reader.close()
+        client.close()
+    asked = proxy.queries[first:]
+    assert asked[0].startswith('query={__name__="up"') and any("label_replace(max by (engine" in q for q in asked)
+    assert sum("increase(" in q for q in asked) >= 4  # one query per histogram family
+    want = []
+    for instance, scrape in sorted(scrapes_from_vector(raw).items()):
+        want.extend(engine_of_scrape(scrape).readings_from_scrape(scrape, instance, 1_800_000_000.0, None))
+    assert got.readings == want and len(want) == 3
+    assert [s.up for s in got.statuses] == [True] * 4 and got.stale_seconds == {"replicas": 0.0, "histograms": 0.0}
+    assert got.pool_histograms == pool_histograms(hist, ["model_name"])[0] and got.pool_histograms

@@ -5,10 +5,11 @@ A cycle asks for what it needs at the granularity it needs (issue 27), never for
   counters and each latency histogram's `_sum` and `_count` - a few dozen series per replica, none
   of the ~300 bucket series. Counters stay raw so rates, resets and stall detection are computed
   exactly as in direct mode; `_sum` / `_count` feed the knee's mean latency.
-- per pool (`pool_histogram_query`): each latency histogram's bucket increases over the latency
+- per pool (`pool_histogram_queries`): each latency histogram's bucket increases over the latency
   window, computed and summed by the query layer (`sum by (<pool labels>, le) (increase(...))`),
   and, for the signals with a pool SLO, the pool's cumulative buckets; only for the histograms the
-  replica read found. One query; each answer series carries `hr_base` (the histogram's base name)
+  replica read found. One query per histogram family, asked at once (the query layer evaluates
+  each query on one core: apart, they share its cores); each answer series carries `hr_base` (the histogram's base name)
   and `hr_part` (bucket | total), so the candidates of one kind (vLLM's two ITL names) stay apart:
   the first present wins, per pool, as per replica in direct mode. The mean and the count of
   observations come from the replicas' sums and counts, exact as in direct mode.
@@ -62,6 +63,31 @@ def replica_selector(extra: str = "") -> str:
     return "{" + ",".join([f'__name__=~"{regex}"'] + _matchers(extra)) + "}"
 
 
+# what the vLLM reader takes of `cache_config_info` (~35 labels, a quarter of the replica answer's
+# bytes): the KV capacity's labels and those naming the engine (monitor/sources/vllm.py)
+CACHE_INFO_LABELS = ("engine", "ReplicaId", "model_name", "block_size", "num_gpu_blocks", "kv_cache_size_tokens")
+CACHE_INFO = "cache_config_info"
+
+
+def replica_selectors(extra: str = "", keep: Iterable[str] = ("instance",)) -> list[str]:
+    """`replica_selector`'s series in three queries a cycle asks at once (the query layer answers
+    them in parallel): the gauges and counters; the latency histograms' sums and counts; vLLM's
+    `cache_config_info` with only its labels the reader takes and `keep` (the instance label, the
+    pool_by labels), its name set back."""
+    parts: list[list[str]] = [[], []]
+    for prefix, names in replica_names().items():
+        for i, part in enumerate(parts):
+            chosen = [n for n in names if n.endswith(("_sum", "_count")) == bool(i) and n != CACHE_INFO]
+            if chosen:
+                part.append(f"{prefix}[:_](" + "|".join(chosen) + ")")
+    out = ["{" + ",".join([f'__name__=~"{"|".join(regex)}"'] + _matchers(extra)) + "}" for regex in parts if regex]
+    if CACHE_INFO in replica_names().get("vllm", ()):
+        by = ", ".join(dict.fromkeys([*CACHE_INFO_LABELS, *keep]))
+        info = "{" + ",".join([f'__name__=~"vllm[:_]{CACHE_INFO}"'] + _matchers(extra)) + "}"
+        out.append(f'label_replace(max by ({by}) ({info}), "__name__", "vllm:{CACHE_INFO}", "", "")')
+    return out
+
+
 def shard_pools_query(extra: str = "") -> str:
     """The models served (one series each): what a shard picks its own pools from."""
     regex = "vllm[:_]num_requests_running|sglang[:_](num_running_reqs|num_requests_running)"
@@ -100,16 +126,25 @@ def pool_labels(pool_by: Iterable[str]) -> list[str]:
 
 def pool_histogram_query(extra: str, pool_by: Iterable[str], window_seconds: float,
                          cumulative_kinds: Iterable[str] = (), present: Optional[dict[str, str]] = None) -> str:
-    """One query for every pool's latency histograms: the bucket increases over the window, and the
-    cumulative buckets of `cumulative_kinds` (the signals with a pool SLO). `present`: canonical base
-    name -> the name as the query layer stores it (`vllm_x` from some scrapers), of the histograms
-    the replica read found (their `_count`); only those are asked for. None: every candidate, by
-    either spelling of the prefix. Sums and counts come from the replica read (exact deltas)."""
+    """One query for every pool's latency histograms: `pool_histogram_queries` joined by `or`."""
+    return " or ".join(pool_histogram_queries(extra, pool_by, window_seconds, cumulative_kinds, present).values())
+
+
+def pool_histogram_queries(extra: str, pool_by: Iterable[str], window_seconds: float,
+                           cumulative_kinds: Iterable[str] = (), present: Optional[dict[str, str]] = None
+                           ) -> dict[str, str]:
+    """Canonical base name -> the query of every pool's latency histogram of that family: the bucket
+    increases over the window, and the cumulative buckets of `cumulative_kinds` (the signals with a
+    pool SLO). A cycle asks them at once: the query layer answers them in parallel. `present`:
+    canonical base name -> the name as the query layer stores it (`vllm_x` from some scrapers), of
+    the histograms the replica read found (their `_count`); only those are asked for. None: every
+    candidate, by either spelling of the prefix. Sums and counts come from the replica read (exact
+    deltas)."""
     by = ", ".join(pool_labels(pool_by))
     matchers = _matchers(extra)
     window = f"{max(1, int(round(window_seconds)))}s"
     cumulative = set(cumulative_kinds)
-    parts = []
+    out = {}
     for kind, base in histogram_bases():
         if present is not None and base not in present:
             continue
@@ -118,10 +153,11 @@ def pool_histogram_query(extra: str, pool_by: Iterable[str], window_seconds: flo
         else:
             prefix, _, rest = base.partition(":")
             sel = "{" + ",".join([f'__name__=~"{prefix}[:_]{rest}_bucket"'] + matchers) + "}"
-        parts.append(_tagged(f"sum by ({by}, le) (increase({sel}[{window}]))", base, "bucket"))
+        parts = [_tagged(f"sum by ({by}, le) (increase({sel}[{window}]))", base, "bucket")]
         if kind in cumulative:
             parts.append(_tagged(f"sum by ({by}, le) ({sel})", base, "total"))
-    return " or ".join(parts)
+        out[base] = " or ".join(parts)
+    return out
 
 
 # the bundled recording rules (rules/headroom.rules.yaml): pool bucket rates over 5m, by model_name and le

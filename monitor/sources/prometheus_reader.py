@@ -1,9 +1,14 @@
 """Prometheus mode's reader: one cycle's read of the fleet through the query layer.
 
-Three instant queries, in order of need (monitor/sources/prometheus_queries.py builds them): the
-per-replica series (gauges, counters, histogram sums and counts), `up`, then the pools' latency
-buckets - from headroom's bundled recording rules when they are loaded, else summed over the
-latency window by one query. A query that fails or misses the deadline leaves the rest of the read
+Instant queries (monitor/sources/prometheus_queries.py builds them): the per-replica series
+(gauges and counters; histogram sums and counts), `up`, and the pools' latency buckets - from
+headroom's bundled recording rules when they are loaded, else summed over the latency window by one
+query per histogram family. `up` goes first (a small answer that fixes the cycle's query time,
+query_clock.py); the rest are asked at once, each bounded by the read's deadline, so the query layer
+answers them on all its cores while headroom reads the replica answer (the histogram queries are
+those of the histograms the last read found; a histogram new this cycle is asked after). The first
+read, and a read after the replica series failed, asks them in order of need. A query that fails or
+misses the deadline leaves the rest of the read
 usable; what could not be read keeps its last values, their age in `PrometheusRead.stale_seconds`
 (exported as headroom_source_stale_seconds), and the failure is logged when it starts and when it
 ends, never every cycle.
@@ -12,9 +17,11 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from .settings import PrometheusSource
 from ..model import Histogram, ReplicaReading, SourceStatus
@@ -22,8 +29,8 @@ from monitor.kit.http import BodyBudget, redact
 from .prometheus import PrometheusClient, PrometheusError, engine_of_scrape, partial_warnings, scrapes_from_vector
 from .query_clock import QueryClock
 from ..shard import filter_pools
-from .prometheus_queries import (RULE_WINDOW, RULES_QUERY, pool_histogram_query, pool_histograms, present_bases,
-                                 replica_selector, rule_histograms, shard_pools_query, with_pools)
+from .prometheus_pool_reads import Answer, PoolHistogramReads
+from .prometheus_queries import present_bases, replica_selector, replica_selectors, shard_pools_query, with_pools
 
 log = logging.getLogger("monitor.sources.prometheus")
 
@@ -52,7 +59,7 @@ class PrometheusRead:
     stale_seconds: dict[str, float] = field(default_factory=dict)
 
 
-class PrometheusSourceReader:
+class PrometheusSourceReader(PoolHistogramReads):
     """Reads the fleet with three instant queries per cycle, in order of need: the per-replica
     series (gauges, counters, histogram sums and counts), `up`, then every pool's latency
     histograms as the query layer sums them (monitor/sources/prometheus_queries.py). A query that
@@ -78,6 +85,9 @@ class PrometheusSourceReader:
         self.selector = src.selector  # the selector of the cycle's queries (narrowed to the shard's pools)
         self._failing: dict[str, str] = {}  # part -> the reason it last failed (logged once)
         self._partials = 0  # this read's queries that answered partially
+        self._lock = threading.Lock()  # _partials, counted from the query threads
+        self._present: Optional[dict[str, str]] = None  # the histograms the last whole replica read found
+        self._pool: Optional[ThreadPoolExecutor] = None  # the queries asked at once (made on first use)
         self.max_series = max_series  # global.max_series: no answer is sized for more series than this
         self._series: Optional[int] = None  # series in the last whole replica answer (None: count them)
         self.clock = QueryClock()  # every query at the query layer's time; its steps counted (query_clock.py)
@@ -100,10 +110,16 @@ class PrometheusSourceReader:
             deadline -= min(RETURN_MARGIN, 0.1 * max(0.0, deadline - start))
         self.clock.begin()
         self._partials = 0
+        ups: Optional[Answer] = None
+        started: dict[str, tuple[str, Future]] = {}
         try:
             self.selector = self._shard_selector(now, deadline)
-            vector = self._replica_read(deadline)
+            if self._present is None or self._series is None:
+                vector = self._replica_read(deadline)
+            else:
+                vector, ups, started = self._read_at_once(deadline)
         except PrometheusError as exc:
+            self._present = None  # the next read asks in order of need
             self._note("replicas", exc.reason, exc.detail)
             status = SourceStatus("prometheus", name, False, exc.reason, exc.detail, time.monotonic() - start)
             out = PrometheusRead([], [status])
@@ -115,36 +131,91 @@ class PrometheusSourceReader:
         self._replicas_at = now
         out = PrometheusRead([], [SourceStatus("prometheus", name, True, duration_seconds=time.monotonic() - start)],
                              stale_seconds={"replicas": 0.0})
-        missing = self._readings(vector, now, out)
-        self._statuses(now, deadline, missing, out)
-        self._histograms(now, deadline, out, present_bases(vector))
+        present = present_bases(vector)
+        missing = self._readings(vector, now, out)  # takes the vector's label dicts over
+        self._statuses(now, deadline, missing, out, ups)
+        self._histograms(now, deadline, out, dict(present), started)
+        self._present = present
         self._count_partials(out)
         return out
+
+    def _read_at_once(self, deadline: Optional[float]) -> tuple[list, Answer, dict[str, tuple[str, Future]]]:
+        """`up` first (it fixes the cycle's query time), then the replica series and the histogram
+        queries of the last read's histograms at once, each bounded by the read's deadline: the
+        replica vector, `up`'s answer and the histogram queries started (key -> (query, future))."""
+        ups = self._answer(lambda: self._query(_up_selector(self.src.selector), deadline))
+        if self.clock.at is None:  # no `up` series gave the time: the replica read fixes it, the rest follow
+            return self._replica_read(deadline), ups, {}
+        cap, series = self._replica_cap(deadline)
+        parts = [self._start(lambda q=q: self._query(q, deadline, max_bytes=cap)) for q in self._replica_queries()]
+        started = {key: (query, self._start(lambda q=query: self._query(q, deadline)))
+                   for key, query in self._histogram_asks(self._present, with_rules=True).items()}
+        vector: list = []
+        try:
+            for part in parts:
+                vector.extend(part.result())
+        except PrometheusError as exc:
+            raise self._too_large(exc, cap, series) from None
+        self._series = len(vector)
+        return vector, ups, started
+
+    def _replica_queries(self) -> list[str]:
+        """The replica series' queries (prometheus_queries.replica_selectors), keeping the instance
+        label and the pool_by labels on the trimmed ones."""
+        keep = [self.src.instance_label] + [label for label in self.pool_by if label not in ("model_name", "model")]
+        return replica_selectors(self.selector, keep)
+
+    def _start(self, call: Callable[[], list]) -> Future:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=12, thread_name_prefix="prometheus-query")
+        return self._pool.submit(call)
+
+    @staticmethod
+    def _answer(call: Callable[[], list]) -> Answer:
+        try:
+            return call()
+        except PrometheusError as exc:
+            return exc
 
     def _replica_read(self, deadline: Optional[float]) -> list:
         """The per-replica series, held to a cap sized from the fleet (`ANSWER_FLOOR_BYTES`,
         `SERIES_BYTES`): a bigger answer is refused (too_large) before it is parsed."""
-        query = replica_selector(self.selector)
+        cap, series = self._replica_cap(deadline)
+        queries = self._replica_queries()
+        vector: list = []
+        try:
+            if self.clock.at is None:  # the first answer fixes the cycle's query time: the rest follow it
+                vector.extend(self._query(queries.pop(0), deadline, max_bytes=cap))
+            parts = [self._start(lambda q=q: self._query(q, deadline, max_bytes=cap)) for q in queries]
+            for part in parts:
+                vector.extend(part.result())
+        except PrometheusError as exc:
+            raise self._too_large(exc, cap, series) from None
+        self._series = len(vector)
+        return vector
+
+    def _replica_cap(self, deadline: Optional[float]) -> tuple[int, int]:
+        """(the replica answer's cap in bytes, the series it is sized for): the fleet's series are
+        counted by the query layer on the first read and after a refusal, else taken as twice the last
+        whole answer's (room for the fleet to double between two cycles)."""
         if self._series is None:
-            counted = self._query(f"count({query})", deadline)
+            counted = self._query(f"count({replica_selector(self.selector)})", deadline)
             value = counted[0][1] if counted else 0.0
             series = int(value) if math.isfinite(value) and value > 0 else 0
         else:
-            series = 2 * self._series  # room for the fleet to double between two cycles
+            series = 2 * self._series
         series = min(series, self.max_series)
-        cap = max(ANSWER_FLOOR_BYTES, series * SERIES_BYTES)
-        try:
-            vector = self._query(query, deadline, max_bytes=cap)
-        except PrometheusError as exc:
-            if exc.reason != "too_large":
-                raise
-            self._series = None  # counted again next cycle
-            raise PrometheusError("too_large", f"the replica answer is over {cap} bytes, the cap sized from the "
-                                               f"fleet ({series} series x {SERIES_BYTES} bytes, at least "
-                                               f"{ANSWER_FLOOR_BYTES >> 20} MiB; global.max_series bounds it): "
-                                               f"{exc.detail}") from None
-        self._series = len(vector)
-        return vector
+        return max(ANSWER_FLOOR_BYTES, series * SERIES_BYTES), series
+
+    def _too_large(self, exc: PrometheusError, cap: int, series: int) -> PrometheusError:
+        """The replica read's failure; a refused answer says the cap and how it was sized."""
+        if exc.reason != "too_large":
+            return exc
+        self._series = None  # counted again next cycle
+        return PrometheusError("too_large", f"the replica answer is over {cap} bytes, the cap sized from the "
+                                            f"fleet ({series} series x {SERIES_BYTES} bytes, at least "
+                                            f"{ANSWER_FLOOR_BYTES >> 20} MiB; global.max_series bounds it): "
+                                            f"{exc.detail}")
 
     def _count_partials(self, out: PrometheusRead) -> None:
         if self._partials:
@@ -157,7 +228,8 @@ class PrometheusSourceReader:
         got = self.clock.query(self.client, query, deadline, warnings, **kw)
         partial = partial_warnings(warnings)
         if partial:
-            self._partials += 1
+            with self._lock:
+                self._partials += 1
             raise PrometheusError("partial", f"a partial answer ({len(partial)} warning(s)): {partial[0]}")
         return got
 
@@ -176,7 +248,7 @@ class PrometheusSourceReader:
         missing: dict[str, tuple[str, ...]] = {}  # instance -> contract families it has no series of
         extra = [label for label in self.pool_by if label not in ("model_name", "model")]
         for instance, (scrape, labels) in sorted(scrapes_from_vector(vector, self.src.instance_label,
-                                                                     keep=extra).items()):
+                                                                     keep=extra, consume=True).items()):
             engine = engine_of_scrape(scrape)
             out.readings.extend(engine.readings_from_scrape(scrape, instance, now, labels or None))
             missing[instance] = engine.missing_families(scrape)
@@ -184,12 +256,14 @@ class PrometheusSourceReader:
                 out.anomalies[kind] = out.anomalies.get(kind, 0) + n
         return missing
 
-    def _statuses(self, now: float, deadline: Optional[float], missing: dict, out: PrometheusRead) -> None:
-        """Targets Prometheus itself sees as down, and the missing families of those that answered."""
-        try:
-            ups = self._query(_up_selector(self.src.selector), deadline)
-        except PrometheusError as exc:
-            self._note("up", exc.reason, exc.detail)
+    def _statuses(self, now: float, deadline: Optional[float], missing: dict, out: PrometheusRead,
+                  ups: Optional[Answer] = None) -> None:
+        """Targets Prometheus itself sees as down, and the missing families of those that answered
+        (`ups`: `up`'s answer when it was asked already)."""
+        if ups is None:
+            ups = self._answer(lambda: self._query(_up_selector(self.src.selector), deadline))
+        if isinstance(ups, PrometheusError):
+            self._note("up", ups.reason, ups.detail)
             return
         self._note("up", None)
         seen = {r.target for r in out.readings}
@@ -202,50 +276,6 @@ class PrometheusSourceReader:
                 out.statuses.append(SourceStatus("vllm", inst, False, "down_in_prometheus", "up == 0"))
             elif inst in seen:
                 out.statuses.append(SourceStatus("vllm", inst, True, missing=missing.get(inst, ())))
-
-    def _histograms(self, now: float, deadline: Optional[float], out: PrometheusRead, present: dict[str, str]) -> None:
-        """Every pool's latency histograms, summed by the query layer; the last ones when it fails."""
-        if not present:  # no replica has a latency histogram: nothing to ask
-            out.pool_histograms, out.pool_totals = {}, {}
-            out.stale_seconds["histograms"] = 0.0
-            return
-        try:
-            from_rules = self._from_rules(now, deadline, present)
-            query = pool_histogram_query(self.selector, self.pool_by, self.latency_window, self.total_kinds,
-                                         present) if present else ""
-            vector = self._query(query, deadline) if query else []
-        except PrometheusError as exc:
-            self._note("histograms", exc.reason, exc.detail)
-            self._last_histograms(now, out)
-            return
-        self._note("histograms", None)
-        out.pool_histograms, out.pool_totals = pool_histograms(vector, self.pool_by)
-        for pool, kinds in from_rules.items():
-            out.pool_histograms.setdefault(pool, {}).update(kinds)
-        out.stale_seconds["histograms"] = 0.0
-        self._hists = (now, out.pool_histograms, out.pool_totals)
-
-    def _from_rules(self, now: float, deadline: Optional[float], present: dict[str, str]) -> dict:
-        """The vLLM pools' latency buckets from the bundled recording rules, when they are loaded and
-        fit (latency_window 5m, pools by model_name, no pool SLO needing cumulative buckets); the
-        vLLM bases they cover are taken out of `present`, so the increase query asks for the rest."""
-        src = self.src
-        if not (src.recording_rules and self.latency_window == RULE_WINDOW and self.pool_by == ["model_name"]
-                and not self.total_kinds and any(b.startswith("vllm:") for b in present)):
-            return {}
-        got = rule_histograms(self._query(RULES_QUERY, deadline))
-        if not got:
-            if self._rules is not False:
-                log.info("the bundled recording rules are not loaded in %s: the pools' latency buckets are "
-                         "computed by one query per cycle", redact(src.url))
-            self._rules = False
-            return {}
-        if self._rules is not True:
-            log.info("the pools' latency buckets come from headroom's recording rules in %s", redact(src.url))
-        self._rules = True
-        for base in [b for b in present if b.startswith("vllm:")]:
-            del present[base]
-        return got
 
     def stale_read(self, now: float, out: PrometheusRead) -> None:
         """What a read that missed the cycle's deadline leaves (monitor/cycle.py): the last pool
@@ -296,6 +326,8 @@ class PrometheusSourceReader:
 
     def close(self) -> None:
         self.client.close()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _up_selector(extra: str) -> str:

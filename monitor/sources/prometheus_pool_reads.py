@@ -1,0 +1,103 @@
+"""Prometheus mode's pool latency histograms, as the reader asks for them (prometheus_reader.py).
+
+From headroom's bundled recording rules when they are loaded and fit, else one increase query per
+histogram family (prometheus_queries.pool_histogram_queries). The reader starts the queries of the
+last read's histograms with the replica read; what this read needs and was not started (a histogram
+new this read, the rules gone) is asked here. A mixin of PrometheusSourceReader: it uses the
+reader's source, pools, window, selector, query and note methods.
+"""
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future
+from typing import Any, Optional, Union
+
+from monitor.kit.http import redact
+from .prometheus import PrometheusError
+from .prometheus_queries import RULE_WINDOW, RULES_QUERY, pool_histogram_queries, pool_histograms, rule_histograms
+
+log = logging.getLogger("monitor.sources.prometheus")
+
+RULES = "rules"  # the key of the rules' query among the histogram queries (the others: their base names)
+Answer = Union[list, PrometheusError]  # a query's vector, or why it has none
+
+
+class PoolHistogramReads:
+    """The pool histogram part of PrometheusSourceReader."""
+
+    def _histograms(self, now: float, deadline: Optional[float], out: Any, present: dict[str, str],
+                    started: dict[str, tuple[str, Future]]) -> None:
+        """Every pool's latency histograms, summed by the query layer, into `out` (a PrometheusRead);
+        the last ones when it fails.
+        `started`: the queries already asked (key -> (query, future)); one this read needs and did
+        not start (a histogram new this read, the rules gone) is asked now."""
+        if not present:  # no replica has a latency histogram: nothing to ask
+            out.pool_histograms, out.pool_totals = {}, {}
+            out.stale_seconds["histograms"] = 0.0
+            return
+
+        def answer(key: str, query: str) -> Answer:
+            got = started.get(key)
+            future = got[1] if got is not None and got[0] == query else self._start(lambda: self._query(query, deadline))
+            return self._answer(future.result)
+
+        from_rules: dict = {}
+        rules = self._histogram_asks(present, with_rules=True).get(RULES)
+        if rules is not None:
+            from_rules = self._rules_answer(answer(RULES, rules))
+        asks = self._histogram_asks(present, with_rules=False)
+        for key, query in asks.items():  # every query this read needs under way before one is waited on
+            if started.get(key, ("",))[0] != query:
+                started[key] = (query, self._start(lambda q=query: self._query(q, deadline)))
+        answers = [answer(key, query) for key, query in asks.items()]
+        failed = next((a for a in answers if isinstance(a, PrometheusError)), None)
+        if isinstance(from_rules, PrometheusError) or failed is not None:
+            exc = from_rules if isinstance(from_rules, PrometheusError) else failed
+            self._note("histograms", exc.reason, exc.detail)
+            self._last_histograms(now, out)
+            return
+        self._note("histograms", None)
+        vector = [sample for got in answers for sample in got]
+        out.pool_histograms, out.pool_totals = pool_histograms(vector, self.pool_by)
+        for pool, kinds in from_rules.items():
+            out.pool_histograms.setdefault(pool, {}).update(kinds)
+        out.stale_seconds["histograms"] = 0.0
+        self._hists = (now, out.pool_histograms, out.pool_totals)
+
+    def _histogram_asks(self, present: dict[str, str], with_rules: bool) -> dict[str, str]:
+        """key -> query of the pools' histograms: the bundled rules' (key RULES) when they fit and
+        `with_rules`, and one increase query per histogram family of `present` (key: its base) -
+        the vLLM ones left out while the rules answer."""
+        asks: dict[str, str] = {}
+        if self._rules_fit(present):
+            if with_rules:
+                asks[RULES] = RULES_QUERY
+            if self._rules:
+                present = {base: name for base, name in present.items() if not base.startswith("vllm:")}
+        asks.update(pool_histogram_queries(self.selector, self.pool_by, self.latency_window, self.total_kinds, present))
+        return asks
+
+    def _rules_fit(self, present: dict[str, str]) -> bool:
+        """Whether the bundled recording rules can give the vLLM pools' latency buckets: enabled,
+        latency_window 5m, pools by model_name, no pool SLO needing cumulative buckets."""
+        return (self.src.recording_rules and self.latency_window == RULE_WINDOW and self.pool_by == ["model_name"]
+                and not self.total_kinds and any(b.startswith("vllm:") for b in present))
+
+    def _rules_answer(self, got: Answer) -> Union[dict, PrometheusError]:
+        """The vLLM pools' latency buckets from the rules' answer (empty: not loaded); whether they
+        answered is kept (`_rules`: the next asks leave the vLLM increase queries out) and said when
+        it changes."""
+        if isinstance(got, PrometheusError):
+            return got
+        hists = rule_histograms(got)
+        if not hists:
+            if self._rules is not False:
+                log.info("the bundled recording rules are not loaded in %s: the pools' latency buckets are "
+                         "computed by one query per histogram family each cycle", redact(self.src.url))
+            self._rules = False
+            return {}
+        if self._rules is not True:
+            log.info("the pools' latency buckets come from headroom's recording rules in %s", redact(self.src.url))
+        self._rules = True
+        return hists
+
