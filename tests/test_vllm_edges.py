@@ -300,3 +300,39 @@ def test_adapters_waiting_for_kv_not_for_a_slot_bind_no_lora_limit():
     assert lora_limit(p) is None
     p.lora = lora("A,B", "B,A,C")
     assert lora_limit(p) == pytest.approx(p.active_requests * 2 / 3)
+
+
+def test_prometheus_mode_reads_the_edges_as_direct_mode_does():
+    """The per-replica queries (monitor/sources/prometheus_queries.py replica_selectors: the reader's
+    names, cache_config_info cut to the labels read) regrouped per instance give the same tiers, LoRA
+    slots and edge counters as the scrape itself; LMCache's own families are direct mode's only."""
+    from monitor.kit.exposition import parse
+    from monitor.sources.prometheus import scrapes_from_vector
+    from monitor.sources.prometheus_queries import CACHE_INFO_LABELS, replica_names
+    wanted = {"vllm:" + n for n in replica_names()["vllm"]}
+
+    def answer(body: str) -> list:
+        rows = []
+        for name, samples in parse(body).samples.items():
+            for labels, value in samples if name in wanted else ():
+                if name == "vllm:cache_config_info":
+                    labels = {k: v for k, v in labels.items() if k in CACHE_INFO_LABELS}
+                rows.append(({**labels, "__name__": name, "instance": "a"}, value))
+        return rows
+
+    for name in sorted(p.name for p in EDGES.glob("vllm-0.34.0-*.prom") if "lmcache" not in p.name):
+        body = text(name)
+        direct = readings_from_text(body, "a", T0)
+        via = readings_from_scrape_of(scrapes_from_vector(answer(body))["a"])
+        assert len(via) == len(direct), name
+        for d, v in zip(direct, via):
+            for field in ("kv_capacity_tokens", "kv_capacity_source", "kv_unit_exact", "kv_unit_max", "kv_tiers",
+                          "lora", "block_size"):
+                assert getattr(v, field) == getattr(d, field), (name, field)
+            edge = {k: x for k, x in d.counters.items() if k.split(":")[0] in vllm_tiers.COUNTERS}
+            assert edge == {k: x for k, x in v.counters.items() if k.split(":")[0] in vllm_tiers.COUNTERS}, name
+
+
+def readings_from_scrape_of(scrape):
+    from monitor.sources.vllm import readings_from_scrape
+    return readings_from_scrape(scrape, "a", T0)

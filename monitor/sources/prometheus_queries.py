@@ -22,7 +22,7 @@ from typing import Iterable, Optional
 
 from ..model import Histogram
 from ..poolkey import key_of
-from . import sglang, vllm
+from . import sglang, vllm, vllm_tiers
 
 LATENCY_KINDS = ("ttft", "itl", "e2e", "queue")  # what the pools' quantiles, the knee and pool SLOs read
 PART_LABEL = "hr_part"
@@ -32,7 +32,9 @@ POOL_MODEL_LABEL = "model_name"
 
 def _engine_names() -> list[tuple[str, list[str], dict[str, tuple[str, ...]], dict[str, tuple[str, ...]]]]:
     """(prefix, gauge names, counters, histograms) of each engine reader."""
-    vllm_gauges = list(vllm.GAUGES.values())
+    # the edges (KV offload tier, LoRA slots, prefix hits by tier, speculative decoding): vLLM's
+    # own names only; LMCache's `lmcache:` families are read in direct mode only
+    vllm_gauges = list(vllm.GAUGES.values()) + sorted(n for n in vllm_tiers.WANTED if n.startswith("vllm:"))
     sglang_gauges = [n for cands in sglang.GAUGES.values() for n in cands]
     return [("vllm", vllm_gauges, vllm.COUNTER_NAMES, vllm.HISTOGRAM_NAMES),
             ("sglang", sglang_gauges, sglang.COUNTER_NAMES, sglang.HISTOGRAM_NAMES)]
@@ -65,7 +67,7 @@ def replica_selector(extra: str = "") -> str:
 
 # what the vLLM reader takes of `cache_config_info` (~35 labels, a quarter of the replica answer's
 # bytes): the KV capacity's labels and those naming the engine (monitor/sources/vllm.py)
-CACHE_INFO_LABELS = ("engine", "ReplicaId", "model_name", "block_size", "num_gpu_blocks", "kv_cache_size_tokens")
+CACHE_INFO_LABELS = ("engine", "ReplicaId", "model_name", *vllm_tiers.GPU_KV_LABELS)
 CACHE_INFO = "cache_config_info"
 
 

@@ -85,6 +85,11 @@ class GpuKv(NamedTuple):
     unit_max: Optional[int]  # the largest allocation unit the labels name (== block_size when exact)
 
 
+# the cache_config_info labels gpu_kv reads (Prometheus mode asks for these, not all ~35)
+GPU_KV_LABELS = ("block_size", "num_gpu_blocks", "kv_cache_size_tokens", "effective_attention_block_size",
+                 "mamba_block_size", "sliding_window")
+
+
 def gpu_kv(labels: dict[str, str]) -> GpuKv:
     """One engine's GPU KV capacity and allocation unit (see the module docstring)."""
     block = _num(labels.get("block_size"))
