@@ -98,6 +98,17 @@ class Daemon:
         r = self._get(f"/api/v1/spare?pool={self.pool}&requests=1&hours=0.25")
         return r.json() if r is not None and r.status_code == 200 else {}
 
+    def limits(self) -> dict:
+        """The pool's capacity figures behind the budget, from /api/v1/snapshot: its limit (the
+        least of slots, KV and knee), the load now (averaged) and the `slo` signal."""
+        r = self._get("/api/v1/snapshot")
+        pools = [p for p in (r.json().get("pools") or []) if p.get("pool") == self.pool] if r is not None else []
+        c = (pools[0].get("capacity") or {}) if pools else {}
+        lim = c.get("capacity_requests") or {}
+        return {"load": c.get("load_requests"), "knee": c.get("knee_requests"), "knee_source": c.get("knee_source"), "knee_limit": lim.get("knee"),
+                "slots": lim.get("slots"), "kv": lim.get("kv"), "slo": lim.get("slo"),
+                "limiting": c.get("limiting_factor")}
+
     def wait_forecast(self, timeout: float = 300.0) -> dict:
         """Until the pool's budget is no longer stale for want of a forecast (the first refit done)."""
         def reason(a: dict) -> str:
@@ -145,17 +156,19 @@ class DaemonBudget:
         self.daemon = daemon
         self.source = HttpBudget(daemon.metrics_url, daemon.pool)
         self.label = f"headroom daemon budget: {daemon.metrics_url} pool {daemon.pool}"
-        self.log: list[tuple[float, Optional[float], str]] = []
+        self.log: list[tuple[float, Optional[float], str, dict]] = []
 
     def __call__(self):
         reading = self.source()
         try:
-            a = self.daemon.spare()
-        except RuntimeError as exc:
-            a = {"reason": str(exc)}
-        self.log.append((time.time(), reading.budget, a.get("budget_reason") or a.get("reason") or reading.note))
+            a, lim = self.daemon.spare(), self.daemon.limits()
+        except (RuntimeError, ValueError, AttributeError) as exc:
+            a, lim = {"reason": f"{type(exc).__name__}: {exc}"}, {}
+        self.log.append((time.time(), reading.budget, a.get("budget_reason") or a.get("reason") or reading.note, lim))
         return reading
 
     def timeline(self, t0: float, t1: float) -> list:
-        """[seconds since t0, budget, reason] of the readings in [t0, t1)."""
-        return [[round(t - t0, 1), None if b is None else round(b, 4), why] for t, b, why in self.log if t0 <= t < t1]
+        """[seconds since t0, budget, reason, the pool's limits] of the readings in [t0, t1)."""
+        return [[round(t - t0, 1), None if b is None else round(b, 4), why,
+                 {k: (round(v, 3) if isinstance(v, float) else v) for k, v in lim.items()}]
+                for t, b, why, lim in self.log if t0 <= t < t1]

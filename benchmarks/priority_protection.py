@@ -114,6 +114,10 @@ def summarise(trials: list) -> dict:
                                                    "deferrable_calls_per_second",
                                                    "deferrable_output_tokens_per_second")}
         out[case]["trials"] = len(rows)
+        gates = [r["budget"] for r in rows if r.get("budget")]
+        if gates:  # what the deferrable gate allowed (of deferrable_concurrency) and how long it was shut
+            out[case]["budget_allowed_mean"] = round(statistics.median(g["allowed_mean"] for g in gates), 3)
+            out[case]["budget_shut_fraction"] = round(statistics.median(g["shut_fraction"] for g in gates), 3)
         out[case]["ttft_p95_range"] = [min(r["ttft_p95"] for r in rows), max(r["ttft_p95"] for r in rows)] \
             if all(r["ttft_p95"] is not None for r in rows) else None
     if "alone" in out:
