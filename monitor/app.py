@@ -34,7 +34,7 @@ REFIT_STOP_WAIT = 3.0  # seconds a stop waits for a forecast refit to end (it en
 # seconds a cycle's store write waits for a lock held elsewhere before it is skipped (its points kept)
 STORE_WRITE_WAIT = 0.5
 STORE_BACKLOG_POINTS = 200_000  # points of skipped appends kept for the next one (oldest dropped past it)
-GC_YOUNG_EVERY = 50_000  # net container allocations between two young collections (Python's default: 700)
+GC_YOUNG_EVERY = 200_000  # net container allocations between two young collections (Python's default: 700)
 
 
 class Component:
@@ -76,6 +76,10 @@ class GarbageCollector(Component):
     - after the first cycle (config, imports, components and the warm state a cycle keeps are in
       memory) one full collection, then `gc.freeze()`: what survived it is left out of every later
       collection. Cycles among later objects are still collected, only later (a few MB at most).
+    Measured at 1,000 replicas, the same code with it on and off (benchmarks/direct_cycle_ab.py --gc
+    on,off; prometheus_mode_bench.py --gc-off): a direct cycle 1.10 -> 0.98 s CPU (the collector 0.11 ->
+    0.01 s), a Prometheus-mode one 0.55 -> 0.44 s (0.18 -> 0.03 s); in 60 direct cycles the collector
+    found no reference cycle to free, and RSS is the same.
     `stop()` puts Python's settings back (tests build many daemons in one process). The benchmarks
     that build a Pipeline themselves apply it through `garbage_collector`, as `build` does."""
     name = "gc"
