@@ -7,7 +7,9 @@ direct-mode `Pipeline` runs its cycles against the same targets. Reported: headr
 rounds it ran, from its first full round on, divided by the rounds), and their ratio. Target: <= 0.7x
 (moonshot 0.5x). Each run adds a trial to benchmarks/direct_vs_prometheus_results.json, with the
 machine's own Python speed (benchmarks/machine_speed.py: a fixed pure-Python workload's CPU time,
-measured just before the cycles) so ratios from different machines can be compared.
+measured just before the cycles) so ratios from different machines can be compared. The Pipeline gets the
+garbage-collector settings the daemon applies (monitor/app.py `garbage_collector`; `--gc off`: global.tune_gc
+false, Python's defaults).
 """
 from __future__ import annotations
 
@@ -72,9 +74,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--interval", type=int, default=15)
     ap.add_argument("--cycles", type=int, default=3)
+    ap.add_argument("--gc", choices=("on", "off"), default="on", help="global.tune_gc (on: as the daemon ships)")
     ap.add_argument("--note", default="", help="what ran beside it (e.g. 'one busy loop'), kept in the trial")
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "direct_vs_prometheus_results.json"))
     args = ap.parse_args()
+    from monitor.app import garbage_collector
     from monitor.config import Config, Target
     from monitor.cycle import Pipeline
     work = tempfile.mkdtemp(prefix="hr-dvp-")
@@ -105,7 +109,11 @@ def main() -> None:
         load_before = round(os.getloadavg()[0], 2)
         p0, t0 = cpu_seconds(prom.pid), time.monotonic()
         targets = [Target(f"http://127.0.0.1:{port}/replica/{i}/metrics") for i in range(args.replicas)]
-        pipe = Pipeline(Config(vllm_targets=targets, scrape_concurrency=32, scrape_timeout=10.0))
+        cfg = Config(vllm_targets=targets, scrape_concurrency=32, scrape_timeout=10.0, tune_gc=args.gc == "on")
+        pipe = Pipeline(cfg)
+        collector = garbage_collector(cfg, pipe)  # what `headroom run` applies (the first cycle freezes)
+        if collector is not None:
+            collector.start(None)
         cpus, walls = [], []
         for _ in range(args.cycles + 1):
             c0, w0 = time.process_time(), time.monotonic()
@@ -126,7 +134,8 @@ def main() -> None:
                "prometheus_rounds_measured": round(elapsed / args.interval, 1),
                "ratio": round(hr / prom_per_round, 2), "target_ratio": 0.7, "when": time.strftime("%Y-%m-%d"),
                "load_average_1m": [load_before, round(os.getloadavg()[0], 2)],  # at the start and the end
-               "python_speed_s": machine["python_speed_s"], "cpus": machine["cpus"], "note": args.note}
+               "python_speed_s": machine["python_speed_s"], "cpus": machine["cpus"], "tune_gc": args.gc == "on",
+               "note": args.note}
         print(json.dumps(out), flush=True)
         print(f"ratio {out['ratio']}x (headroom {out['headroom_cpu_seconds_per_cycle']} s per cycle, Prometheus "
               f"{out['prometheus_cpu_seconds_per_round']} s per round) on a machine whose Python speed is "

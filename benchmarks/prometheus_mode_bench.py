@@ -11,8 +11,10 @@ reload). Per trial, in the same run and in turn:
   query each, one after the other: Prometheus' CPU answering them; and the README's earlier anchor
   (five aggregations, one histogram's p95: benchmarks/query_layer_bench.py) beside it;
 - headroom: one `Pipeline.run_cycle` in Prometheus mode (interval 10 s) in a child process per code
-  version (`--code NAME=DIR`, e.g. the code before a change beside it): its own CPU and the cycle's
-  wall time, and Prometheus' CPU while it ran.
+  version (`--code NAME=DIR`, e.g. the code before a change beside it; `--gc-off NAME`: that one with
+  global.tune_gc false): its own CPU and the cycle's wall time, and Prometheus' CPU while it ran. The
+  child applies the garbage-collector settings the daemon applies (monitor/app.py `garbage_collector`)
+  where the code has them.
 Prometheus' CPU (/proc/<pid>/stat) is counted net of its background (scrapes, rule evaluations): its
 rate over an idle window just before each measurement, times the measurement's wall time; its garbage
 is collected before each (see Measure), and the pieces run in a new order each trial.
@@ -110,23 +112,42 @@ CHILD = r"""
 import json, sys, time
 from monitor.config import Config, PrometheusSource
 from monitor.cycle import Pipeline
-url, rules = sys.argv[1], sys.argv[2] == "rules"
+url, rules, tune_gc = sys.argv[1], sys.argv[2] == "rules", sys.argv[3] == "on"
 src = PrometheusSource(url=url, selector='job="vllm"', recording_rules=rules)
-pipe = Pipeline(Config(prometheus=src, interval=10.0, latency_window=300.0))
+cfg = Config(prometheus=src, interval=10.0, latency_window=300.0)
+try:  # what `headroom run` applies (monitor/app.py), in code that has it
+    from monitor.app import garbage_collector
+except ImportError:
+    garbage_collector = None
+pipe = Pipeline(cfg)
+if garbage_collector is not None:
+    from dataclasses import replace
+    collector = garbage_collector(replace(cfg, tune_gc=tune_gc), pipe)
+    if collector is not None:
+        collector.start(None)
 asked = []
 call = pipe.prom.client._call
 def logged(path, params, *a, **kw):
     asked.append(params.get("query", ""))
     return call(path, params, *a, **kw)
 pipe.prom.client._call = logged
+import gc
+collecting = [0.0, 0.0]  # CPU seconds of the cyclic garbage collector this cycle, the start of a collection
+def clock(phase, info):
+    if phase == "start":
+        collecting[1] = time.process_time()
+    else:
+        collecting[0] += time.process_time() - collecting[1]
+gc.callbacks.append(clock)
 print(json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:
+    collecting[0] = 0.0
     c0, w0 = time.process_time(), time.monotonic()
     snap = pipe.run_cycle()
     cpu, wall = time.process_time() - c0, time.monotonic() - w0
     queries, asked[:] = list(asked), []
     pools = sorted(snap.pools, key=lambda p: p.pool)
-    print(json.dumps({"cpu": cpu, "wall": wall, "queries": queries, "replicas": sum(p.replicas for p in pools),
+    print(json.dumps({"cpu": cpu, "gc": collecting[0], "wall": wall, "queries": queries, "replicas": sum(p.replicas for p in pools),
                       "stale": snap.source_stale_seconds,
                       "values": [[p.pool, p.replicas, p.active_requests, p.queued_requests, p.kv_tokens_live,
                                   p.kv_tokens_capacity, p.completion_rate, p.generation_tokens_rate,
@@ -215,9 +236,10 @@ class Measure:
 
 
 class Child:
-    def __init__(self, code: str, url: str, rules: bool):
+    def __init__(self, code: str, url: str, rules: bool, tune_gc: bool = True):
         env = {**os.environ, "PYTHONPATH": code}
-        self.proc = subprocess.Popen([sys.executable, "-c", CHILD, url, "rules" if rules else "query"],
+        self.proc = subprocess.Popen([sys.executable, "-c", CHILD, url, "rules" if rules else "query",
+                                      "on" if tune_gc else "off"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=code)
         json.loads(self.proc.stdout.readline())
 
@@ -241,12 +263,12 @@ def run_queries(url: str, queries: list[str]) -> int:
 
 
 def phase(prom_pid: int, url: str, codes: dict[str, str], rules: bool, trials: int, idle: float,
-          explain: bool = False, collect: bool = True) -> dict:
+          explain: bool = False, collect: bool = True, gc_off: tuple[str, ...] = ()) -> dict:
     """Trials of the baseline and each code version's cycle, in turn; medians and ranges."""
     measure = Measure(prom_pid, idle, url, collect)
     order = random.Random(7)
     queries = list(baseline_queries().values())
-    children = {name: Child(code, url, rules) for name, code in codes.items()}
+    children = {name: Child(code, url, rules, name not in gc_off) for name, code in codes.items()}
     try:
         for child in children.values():  # warm-up: the first cycle counts the fleet and has no rates yet
             child.cycle()
@@ -282,6 +304,7 @@ def phase(prom_pid: int, url: str, codes: dict[str, str], rules: bool, trials: i
         prom = [r["prometheus_cpu"] for r in rs]
         ratios = [p / b for p, b in zip(prom, base_cpu) if b > 0]
         out[name] = {"headroom_cpu_seconds": med([r["cpu"] for r in rs]), "headroom_cpu_range": span([r["cpu"] for r in rs]),
+                     "headroom_gc_seconds": med([r["gc"] for r in rs]),
                      "wall_seconds": med([r["wall"] for r in rs]), "wall_range": span([r["wall"] for r in rs]),
                      "prometheus_cpu_seconds": med(prom), "prometheus_cpu_range": span(prom),
                      "prometheus_cpu_mean": mean(prom), "ratio_of_means": round(mean(prom) / mean(base_cpu), 3),
@@ -320,6 +343,7 @@ def main() -> None:
     ap.add_argument("--busy", type=int, default=0, help="busy loops beside the benchmark")
     ap.add_argument("--rules", action="store_true", help="then load the bundled rules and measure again")
     ap.add_argument("--code", action="append", default=[], help="NAME=DIR: a code version to run (default: this one)")
+    ap.add_argument("--gc-off", action="append", default=[], help="NAME: run that code version with global.tune_gc false")
     ap.add_argument("--note", default="")
     ap.add_argument("--no-collect", action="store_true", help="no garbage collection before each measurement")
     ap.add_argument("--explain", action="store_true", help="then each query alone: its CPU")
@@ -351,8 +375,9 @@ def main() -> None:
         speed = describe()
         result = {"when": time.strftime("%Y-%m-%d %H:%M"), "replicas": args.replicas, "scrape_interval": args.scrape,
                   "busy_loops": args.busy, "trials": args.trials, "collect_before_each": not args.no_collect, "note": args.note, "machine": speed,
-                  "codes": codes, "without_rules": phase(pid, url, codes, False, args.trials, args.idle,
-                                                                      args.explain, not args.no_collect)}
+                  "codes": codes, "gc_off": args.gc_off,
+                  "without_rules": phase(pid, url, codes, False, args.trials, args.idle, args.explain,
+                                         not args.no_collect, tuple(args.gc_off))}
         print(json.dumps(result["without_rules"]), flush=True)
         if args.rules:
             with open(cfg, "w") as f:
@@ -360,7 +385,7 @@ def main() -> None:
             requests.post(url + "/-/reload", timeout=60).raise_for_status()
             wait_query(url, "count(pool_le:vllm_e2e_request_latency_seconds_bucket:rate5m)", bool, 180)
             result["with_rules"] = phase(pid, url, codes, True, args.trials, args.idle, args.explain,
-                                         not args.no_collect)
+                                         not args.no_collect, tuple(args.gc_off))
             print(json.dumps(result["with_rules"]), flush=True)
             with open(cfg, "w") as f:  # as it was (an attached Prometheus is measured again)
                 f.write(prometheus_config(port, args.replicas, args.scrape, False))
