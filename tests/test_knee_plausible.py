@@ -162,6 +162,29 @@ def test_a_knee_far_under_the_limits_the_load_never_doubled_is_unconfirmed_and_r
     assert est.contradiction(fit, arr, learned_from=False) == ""
 
 
+def test_a_knee_in_a_gap_of_the_load_is_refused_and_named():
+    """An idle pool (about 0.1 requests) then bursts of 5 on a 4-slot engine, nothing between (issue
+    39's budget runs: the hinge came out at 0.18 and the pool's limit with it): the data say latency
+    is low at 0.1 and high at 5, not where between it turned up."""
+    rng = np.random.default_rng(8)
+    x = np.r_[rng.uniform(0.05, 0.15, 40), rng.uniform(4.5, 5.5, 20)]
+    y = (0.02 + 0.3 * np.maximum(0.0, x - 0.1)) * rng.lognormal(0, 0.1, x.size)
+    arr = np.column_stack([x, np.full(x.size, np.nan), y])
+    fit = Fit(knee=0.18, confidence=0.9, slope_before=0.0, slope_after=0.3, intercept=0.02, r_gain=0.9,
+              rise_snr=9.0, bins=12, agreement=0.9, support=20)
+    est = KneeEstimator("queue", prior_knee(max_num_seqs=4))
+    why = est.contradiction(fit, arr)
+    assert why.startswith("implausible: knee 0.18 lies in a gap of the load (no observation between 0.1")
+    assert f"and {x[x > 1].min():.3g})" in why
+    # never a learned knee inside the gap, whatever the hinge makes of it
+    knees = feed(est, x, y)
+    assert not any(k.source == "learned" and 0.15 < k.requests < 4.5 for k in knees)
+    # the same knee with observations filling the stretch is judged on them instead
+    filled = np.vstack([arr, np.column_stack([np.linspace(0.2, 4.4, 12), np.full(12, np.nan), np.full(12, 1.5)])])
+    assert "gap of the load" not in est.contradiction(fit, filled)
+    assert est.contradiction(fit, arr, learned_from=False) == ""  # a published knee is not withdrawn for it
+
+
 def test_the_same_observations_give_the_same_answer():
     rng = np.random.default_rng(6)
     x = bursty_loads(rng, 50)

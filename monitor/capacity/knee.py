@@ -59,7 +59,10 @@ those at >= 2 x the knee is enough, and a fit learned under load that never reac
 observations there) is unconfirmed and refused too: on a starved front end (issue 37's trials: the
 engine's API server and LiteLLM sharing busy cores) the engine's own latency rises at 1.7-2.2
 requests on an engine that runs 5-8, and nothing past the knee says whether the engine or the CPU
-turned it up; the caller's view (`limit="slo"`) carries that case. A contradicted fit is not published: the prior (or the knee published before)
+turned it up; the caller's view (`limit="slo"`) carries that case. A knee in a gap of the load (the
+nearest observations under and over it further apart than the knee itself: an idle pool, then a
+burst of 5 on a 4-slot engine, put the hinge at 0.18) is refused as well: the data place it anywhere
+in the gap. A contradicted fit is not published: the prior (or the knee published before)
 answers, `implausible` holds the reason, and the prior's `detail` says "implausible: ..."
 (headroom_knee_implausible, alert HeadroomKneeImplausible). A published knee is checked again each
 cycle against the last `min_observations` observations: contradicted, its confidence falls by the
@@ -190,6 +193,16 @@ FAR_LOAD, FAR_SHARE = 2.0, 0.25  # ... is refused when a quarter of those at >= 
 FAR_ABOVE = 1.5  # a knee over 1.5 x the limit, from load that never went under the limit, is refused
 
 
+def _gap_around(knee: float, loads: np.ndarray) -> Optional[tuple[float, float]]:
+    """(the nearest load under the knee, the nearest over it) when the empty stretch between them is
+    wider than the knee itself (an idle pool then a burst: 0.1 then 5 requests), else None."""
+    below, above = loads[loads <= knee], loads[loads > knee]
+    if not len(below) or not len(above):
+        return None
+    lo, hi = float(below.max()), float(above.min())
+    return (lo, hi) if hi - lo > knee else None
+
+
 class KneeEstimator:
     def __init__(self, signal: str = "ttft", prior: Optional[Knee] = None, *, min_observations: int = 30,
                  min_confidence: float = 0.6, min_change: float = 0.10, confirmations: int = 3,
@@ -275,6 +288,10 @@ class KneeEstimator:
         if learned_from and limit and fit.knee > FAR_ABOVE * limit and np.sum(arr[:, 0] <= limit) < CONTRADICTION_MIN:
             return (f"implausible: knee {fit.knee:.3g}, {fit.knee / limit:.2f}x the engine's limit {limit:.3g}, "
                     f"learned only from load past that limit (from {arr[:, 0].min():.3g})")
+        gap = _gap_around(fit.knee, arr[:, 0]) if learned_from else None
+        if gap is not None:
+            return (f"implausible: knee {fit.knee:.3g} lies in a gap of the load (no observation between "
+                    f"{gap[0]:.3g} and {gap[1]:.3g}): the load jumped past it, so it could lie anywhere there")
         bar, calm, high = self._calm(fit, arr)
         if learned_from and limit and fit.knee < FAR_BELOW * limit and len(high) < CONTRADICTION_MIN:
             return (f"implausible: knee {fit.knee:.3g}, {fit.knee / limit:.2f}x the engine's limit {limit:.3g}, "
