@@ -218,8 +218,8 @@ class PrometheusSourceReader(PoolHistogramReads):
                                             f"{exc.detail}")
 
     def _count_partials(self, out: PrometheusRead) -> None:
-        if self._partials:
-            out.anomalies["partial_response"] = out.anomalies.get("partial_response", 0) + self._partials
+        if self._partials:  # a read whose answers were partial counts once, however many queries it asked
+            out.anomalies["partial_response"] = out.anomalies.get("partial_response", 0) + 1
 
     def _query(self, query: str, deadline: Optional[float], **kw) -> list:
         """An instant query at the query layer's time (never headroom's clock: query_clock.py); a
