@@ -53,6 +53,17 @@ def test_deferrable_load_is_littles_law_over_the_deferrable_task_types():
     assert p.spare.requests["now"] == 4.0 and p.spare.budget_ratio == pytest.approx(0.5)
 
 
+def test_deferrable_load_from_the_engines_priority_bands_where_no_task_type_says():
+    """SGLang with priority scheduling (monitor/sources/sglang.py): 7 running at priority 0, 1 at 5.
+    With capacity.deferrable_priorities ["5"] and no task types known, 1 request is deferrable; the
+    interactive load is the other 4 of the pool's 5, and the task types win where they are known."""
+    p = pool(tasks=None, active_by_priority={"0": 7.0, "5": 1.0})
+    assert deferrable_load(p) is None and deferrable_load(p, ("5",)) == 1.0
+    p.spare = spare_for(p, SpareSettings(deferrable_priorities=("5",)), NOW)
+    assert p.spare.deferrable_requests == 1.0 and p.spare.interactive_requests == pytest.approx(4.0)
+    assert deferrable_load(pool(active_by_priority={"5": 3.0}), ("5",)) == pytest.approx(1.0)
+
+
 def test_over_slo_now_closes_the_budget():
     c = replace(pool().capacity, capacity_requests=Limits(knee=10.0, slo=3.0, effective=3.0))
     p = pool(capacity=c)

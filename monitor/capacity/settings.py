@@ -8,7 +8,7 @@ from typing import ClassVar, Optional
 
 from monitor.kit.settings.kinds import Choice, Duration, Int, Number, Text
 from monitor.kit.settings.reader import key
-from monitor.kit.settings.shapes import MapOf
+from monitor.kit.settings.shapes import ListOf, MapOf
 from monitor.kit.settings.values import DAY
 
 from .slo_settings import PoolTargets
@@ -71,6 +71,9 @@ class Capacity:
     task_classes: dict[str, str] = key(MapOf(Choice(TASK_CLASSES), names="task type"), {},
                                        help="task type -> call class: interactive (default; someone waits for it) or "
                                        "deferrable (can wait for spare capacity; batch is the same)")
+    deferrable_priorities: list[str] = key(ListOf(Text()), [], help="engine priority values (SGLang's `priority` "
+                                           "label) whose running requests are deferrable work, where no task "
+                                           "type says (docs/spare-capacity.md)")
     spare_margin: float = key(Number(ge=0, lt=1), 0.2, help="spare capacity for deferrable work is counted below "
                               "knee x (1 - this) (docs/spare-capacity.md)")
     spare_max_age: float = key(Duration(gt=0, le=7 * DAY), 3600.0, help="a forecast older than this is stale: the "

@@ -27,17 +27,23 @@ class SpareSettings:
     margin: float = 0.2
     max_age: float = 3600.0
     budget_horizon: float = 900.0
+    deferrable_priorities: tuple[str, ...] = ()  # engine priority values that are deferrable work
 
     @classmethod
     def of(cls, capacity) -> "SpareSettings":
         """From the `capacity:` section (monitor/capacity/settings.py `Capacity`)."""
-        return cls(capacity.spare_margin, capacity.spare_max_age, capacity.spare_budget_horizon)
+        return cls(capacity.spare_margin, capacity.spare_max_age, capacity.spare_budget_horizon,
+                   tuple(capacity.deferrable_priorities))
 
 
-def deferrable_load(p: PoolSnapshot) -> Optional[float]:
-    """Concurrent deferrable requests now (Little's law per deferrable task type); None when the
-    pool's task types are not known, 0.0 when none of them is deferrable."""
+def deferrable_load(p: PoolSnapshot, priorities: tuple[str, ...] = ()) -> Optional[float]:
+    """Concurrent deferrable requests now: per deferrable task type its calls per second x their
+    mean latency (Little's law); where the pool's task types are not known, the requests the engines
+    run at the deferrable `priorities` (SGLang's `priority` bands; capacity.deferrable_priorities);
+    None when neither says, 0.0 when none of the task types is deferrable."""
     if p.tasks is None or not p.tasks.by_type:
+        if priorities and p.active_by_priority:
+            return float(sum(p.active_by_priority.get(v, 0.0) for v in priorities))
         return None
     total = 0.0
     for t in p.tasks.by_type.values():
@@ -60,7 +66,7 @@ def limit_of(p: PoolSnapshot) -> Optional[float]:
 def spare_inputs(p: PoolSnapshot, settings: SpareSettings) -> SpareInputs:
     c = p.capacity
     load = c.load_requests if c is not None and c.load_requests is not None else p.load_requests
-    deferrable = deferrable_load(p)
+    deferrable = deferrable_load(p, settings.deferrable_priorities)
     interactive = max(0.0, load - (deferrable or 0.0)) if load is not None else None
     fc = p.forecast
     path = fc.path if fc is not None else None
