@@ -28,11 +28,12 @@ REPO = os.path.dirname(HERE)
 # the slowest files of the live tier, run in a second pytest process beside the others
 SIDE_SHARD = ["tests/test_demo.py", "tests/test_loadtest_sim.py", "tests/test_restarts.py",
               "tests/test_prometheus_mode_forecasts.py"]
-# one pytest session, one shared engine; the knee sweep stops the other engines first, so it runs last
+# one pytest session, one shared engine; the LoRA and knee tests stop the other engines first, so they run last
 ENGINE_FILES = ["tests/test_vllm_pipeline.py", "tests/test_vllm_sim_calibration.py",
                 "tests/test_capacity_vllm.py", "tests/test_loadtest_vllm.py", "tests/test_alerts_vllm.py",
-                "tests/test_journey_vllm.py", "tests/test_vllm_edges_engine.py", "tests/test_loadtest_mixed_vllm.py",
-                "tests/test_knee_vllm.py"]
+                "tests/test_journey_vllm.py", "tests/test_loadtest_mixed_vllm.py",
+                # these two stop the shared engines (exclusive=True): after every test that uses them
+                "tests/test_vllm_edges_engine.py", "tests/test_knee_vllm.py"]
 
 
 def image_files() -> list[str]:
