@@ -26,6 +26,7 @@ from engine.measure import write_mixed_mix
 from headroom_lab.loadtest.mixed import CASES
 from monitor.cli import main
 from monitor.kit.exposition import parse
+from servers import wait_for
 
 pytestmark = pytest.mark.vllm
 
@@ -35,15 +36,6 @@ PRIORITY = ("--scheduling-policy", "priority")
 def _gauge(url: str, name: str) -> float:
     text = requests.get(url + "/metrics", timeout=10).text
     return sum(v for _, v in parse(text, wanted=[name]).get(name))
-
-
-def _wait_for(what: str, check, seconds: float = 90.0) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    pytest.fail(f"not within {seconds:.0f} s: {what}")
 
 
 def _stream(url: str, model: str, prompt: list, max_tokens: int, priority: int, out: dict, key: str) -> None:
@@ -67,14 +59,14 @@ def overtaken(engine, slots: int) -> dict:
                for i in range(slots)]
     for th in threads:
         th.start()
-    _wait_for(f"{slots} calls running", lambda: _gauge(url, "vllm:num_requests_running") >= slots)
+    wait_for(lambda: _gauge(url, "vllm:num_requests_running"), lambda n: n >= slots, 90, f"{slots} calls running", 0.1)
     threads.append(threading.Thread(target=_stream, args=(url, model, [7] * 16, 4, 10, out, "deferrable")))
     threads[-1].start()
-    _wait_for("the deferrable call waiting", lambda: _gauge(url, "vllm:num_requests_waiting") >= 1)
+    wait_for(lambda: _gauge(url, "vllm:num_requests_waiting"), lambda n: n >= 1, 90, "the deferrable call waiting", 0.1)
     threads.append(threading.Thread(target=_stream, args=(url, model, [min(9, vocab - 1)] * 16, 4, 0, out,
                                                           "interactive")))
     threads[-1].start()
-    _wait_for("the interactive call waiting", lambda: _gauge(url, "vllm:num_requests_waiting") >= 2)
+    wait_for(lambda: _gauge(url, "vllm:num_requests_waiting"), lambda n: n >= 2, 90, "the interactive call waiting", 0.1)
     for th in threads:
         th.join(timeout=240)
     assert all(not th.is_alive() for th in threads), "a call did not finish"

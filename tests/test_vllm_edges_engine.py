@@ -23,6 +23,7 @@ import urllib.request
 import pytest
 
 from monitor.sources.vllm import readings_from_text
+from servers import wait_for
 
 pytestmark = pytest.mark.vllm
 
@@ -60,15 +61,16 @@ def test_lora_slots_read_equal_the_engine_configuration(lora_engine):
     _generate(lora_engine.url, 4)
     busy = threading.Thread(target=_generate, args=(lora_engine.url, 400), daemon=True)
     busy.start()
-    seen_running = 0.0
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # the info series is set from the engine's stats, step by step
-        (r,) = readings_from_text(_get(lora_engine.url + "/metrics"), lora_engine.url, time.time())
-        if r.lora is not None:
-            seen_running = max(seen_running, r.lora.running)
-            if seen_running >= 1 or not busy.is_alive():
-                break
-        time.sleep(0.2)
+    seen: list[float] = []  # adapters running in each reading (the info series is set from the engine's stats)
+
+    def read():
+        (got,) = readings_from_text(_get(lora_engine.url + "/metrics"), lora_engine.url, time.time())
+        if got.lora is not None:
+            seen.append(got.lora.running)
+        return got
+    r = wait_for(read, lambda got: got.lora is not None and (max(seen) >= 1 or not busy.is_alive()), 120,
+                 "the adapter seen running in vllm:lora_requests_info", 0.2)
+    seen_running = max(seen)
     busy.join(timeout=300)
     assert r.lora is not None, "no vllm:lora_requests_info after requests to the adapter"
     assert r.lora.max_loras == MAX_LORAS  # --max-loras 2, one engine
