@@ -141,7 +141,7 @@ def test_the_built_daemon_schedules_the_digest_and_exports(tmp_path):
         "t.yaml")
     daemon = build(cfg, "127.0.0.1:0")
     try:
-        assert [c.name for c in daemon.components] == ["cycle", "store", "forecaster", "digest", "web"]
+        assert [c.name for c in daemon.components] == ["cycle", "gc", "store", "forecaster", "digest", "web"]
         box = daemon.digest_outbox
         box.enqueue("2025-W48", {"slack.json": b"{}"}, ["hook"], now=0.0)  # one pending delivery
         daemon.start()
