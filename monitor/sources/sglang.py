@@ -37,8 +37,9 @@ from monitor.kit.exposition import ParsedScrape, parse
 from .vllm import CONTRACT as vllm_contract
 from .engine_histograms import _histograms
 from .sglang_kv import read_kv
-from .vllm import (MAX_COUNT, MAX_REQUESTS, MAX_TOKENS, checked, families_present, missing_in, sample_names,
-                   unknown_if_overflowed)
+from .engine_pass import Engine, Replicas, overflow_step, read
+from .engine_values import MAX_COUNT, MAX_REQUESTS, MAX_TOKENS, checked
+from .vllm import families_present, missing_in, sample_names
 
 P = "sglang:"
 
@@ -184,39 +185,61 @@ def _total(values: list[Optional[float]]) -> Optional[float]:
     return None if not values or any(v is None for v in values) else sum(values)
 
 
+def _gauges(scrape: ParsedScrape, replicas: Replicas) -> None:
+    """Every gauge field (GAUGES) per (model, engine), each engine's checked once: running and waiting
+    summed, KV and LoRA by sglang_kv.read_kv."""
+    g = {k: _gauge(scrape, cands) for k, cands in GAUGES.items()}
+    for values in g.values():
+        for model, engine in values:
+            replicas.engines.setdefault(model, set()).add(engine)
+            replicas.reading(model)
+    for model, r in replicas.by_model.items():
+        _engine_gauges(scrape, r, g, sorted(replicas.engines[model]))
+
+
+def _priorities(scrape: ParsedScrape, replicas: Replicas) -> None:
+    for attr, candidates in (("running_by_priority", GAUGES["running"]), ("waiting_by_priority", GAUGES["waiting"])):
+        for model, by_priority in _by_priority(scrape, candidates).items():
+            if model in replicas.by_model:  # a breakdown without its total is not read
+                setattr(replicas.by_model[model], attr, by_priority)
+
+
+def _counter(scrape: ParsedScrape, key: str, name: str, replicas: Replicas) -> None:
+    """A counter summed over the lowest rank's series; one series unusable: the sum is unknown, not partial."""
+    per_model: dict[str, list[Optional[float]]] = {}
+    for labels, value in _primary(scrape.get(name)):
+        per_model.setdefault(labels["model_name"], []).append(checked(scrape, value, MAX_COUNT))
+    for model, values in per_model.items():
+        total = _total(values)
+        if total is not None:
+            replicas.reading(model).counters[key] = total
+
+
+def _histogram(scrape: ParsedScrape, key: str, base: str, replicas: Replicas) -> None:
+    parts = [_as_engine_series(_primary(scrape.get(base + s))) for s in ("_bucket", "_sum", "_count")]
+    # relabelled dicts are new every scrape: no scrape passed, so the bucket-key memo is not churned
+    for model, hist in _histograms(*parts).items():
+        replicas.reading(model).histograms[key] = hist
+
+
+def _prefix_queries(scrape: ParsedScrape, replicas: Replicas) -> None:
+    """SGLang counts cached tokens, not queries: the queries are then the prompt tokens."""
+    for r in replicas.by_model.values():
+        if "prefix_cache_hits" in r.counters and "prompt_tokens" in r.counters:
+            r.counters["prefix_cache_queries"] = r.counters["prompt_tokens"]
+
+
+# which family fills which reading field, in the order read (engine_pass.read runs it)
+SGLANG = Engine(naming="sglang", gauges=(_gauges, _priorities),
+                counters=COUNTER_NAMES, counter=_counter,
+                histograms=HISTOGRAM_NAMES, histogram=_histogram,
+                closing=(_prefix_queries, overflow_step))
+
+
 def readings_from_scrape(scrape: ParsedScrape, target: str, timestamp: float,
                          target_labels: Optional[dict[str, str]] = None) -> list[ReplicaReading]:
     """One ReplicaReading per model served by the target (DP engines summed)."""
-    by_model: dict[str, ReplicaReading] = {}
-
-    def reading(model: str) -> ReplicaReading:
-        r = by_model.get(model)
-        if r is None:
-            r = ReplicaReading(target=target, model=model, timestamp=timestamp,
-                               labels=dict(target_labels or {}), naming="sglang")
-            by_model[model] = r
-        return r
-
-    g = {k: _gauge(scrape, cands) for k, cands in GAUGES.items()}
-    engines: dict[str, set[str]] = {}
-    for values in g.values():
-        for model, engine in values:
-            engines.setdefault(model, set()).add(engine)
-            reading(model)
-    for model, r in by_model.items():
-        _engine_gauges(scrape, r, g, sorted(engines[model]))
-    for attr, candidates in (("running_by_priority", GAUGES["running"]), ("waiting_by_priority", GAUGES["waiting"])):
-        for model, by_priority in _by_priority(scrape, candidates).items():
-            if model in by_model:  # a breakdown without its total is not read
-                setattr(by_model[model], attr, by_priority)
-    _counters(scrape, reading)
-    for r in by_model.values():
-        if "prefix_cache_hits" in r.counters and "prompt_tokens" in r.counters:
-            r.counters["prefix_cache_queries"] = r.counters["prompt_tokens"]
-    _histograms_into(scrape, reading)
-    for r in by_model.values():
-        unknown_if_overflowed(scrape, r)
-    return list(by_model.values())
+    return read(SGLANG, scrape, target, timestamp, target_labels)
 
 
 def _engine_gauges(scrape: ParsedScrape, r: ReplicaReading, g: dict, engines: list[str]) -> None:
@@ -262,35 +285,6 @@ def _by_priority(scrape: ParsedScrape, candidates: tuple[str, ...]) -> dict[str,
             out.get(model, {}).pop(priority, None)
         return {m: p for m, p in out.items() if p}
     return {}
-
-
-def _counters(scrape: ParsedScrape, reading) -> None:
-    for key, candidates in COUNTER_NAMES.items():
-        for name in candidates:
-            samples = scrape.get(name)
-            if not samples:
-                continue
-            per_model: dict[str, list[Optional[float]]] = {}
-            for labels, value in _primary(samples):
-                per_model.setdefault(labels["model_name"], []).append(checked(scrape, value, MAX_COUNT))
-            for model, values in per_model.items():
-                total = _total(values)  # one series unusable: the sum is unknown, not partial
-                if total is not None:
-                    reading(model).counters[key] = total
-            break
-
-
-def _histograms_into(scrape: ParsedScrape, reading) -> None:
-    for key, candidates in HISTOGRAM_NAMES.items():
-        for base in candidates:
-            buckets = scrape.get(base + "_bucket")
-            if not buckets:
-                continue
-            parts = [_as_engine_series(_primary(scrape.get(base + s))) for s in ("_bucket", "_sum", "_count")]
-            # relabelled dicts are new every scrape: no scrape passed, so the bucket-key memo is not churned
-            for model, hist in _histograms(*parts).items():
-                reading(model).histograms[key] = hist
-            break
 
 
 def _as_engine_series(samples):

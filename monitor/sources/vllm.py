@@ -10,15 +10,17 @@ label set on `cache_config_info`. KV capacity in tokens is `kv_cache_size_tokens
 `num_gpu_blocks x block_size` while the labels show one KV-cache group (vllm_tiers.py `gpu_kv`, which
 also says whether `block_size` is the allocation unit). Histogram bounds are read from the scrape.
 The edges (offload and LMCache tiers, prefix hits by tier, speculative decoding, LoRA slots): vllm_tiers.py.
+The reading is engine_pass.read over the table `VLLM` (which family fills which field; the special
+cases are its named steps); sglang.py's `SGLANG` is the same pass.
 """
 from __future__ import annotations
 
-import math
 from typing import Iterable, Optional, Union
 
 from ..model import ReplicaReading
 from monitor.kit.exposition import ParsedScrape, parse
 from .engine_histograms import _histograms
+from .engine_pass import SUMMED_FIELDS, Engine, Replicas, overflow_step, read, unknown_if_overflowed  # noqa: F401
 from .engine_values import MAX_COUNT, MAX_REQUESTS, MAX_TOKENS, _engine, _model_of, _num, checked  # noqa: F401
 from . import vllm_tiers
 
@@ -118,56 +120,37 @@ def parse_vllm(text: str, notice: tuple[str, ...] = ()) -> ParsedScrape:
     return parse(text, wanted=WANTED, prefixes=("vllm",), notice=notice)
 
 
-def readings_from_scrape(scrape: ParsedScrape, target: str, timestamp: float,
-                         target_labels: Optional[dict[str, str]] = None) -> list[ReplicaReading]:
-    """One ReplicaReading per model served by the target (engines summed)."""
-    by_model: dict[str, ReplicaReading] = {}
-    naming = "v1"
+def _add(scrape: ParsedScrape, replicas: Replicas, attr: str, labels: dict[str, str], value: float) -> None:
+    """One engine's running or waiting requests added to its model's reading (an engine once)."""
+    model = _model_of(labels)
+    if model is None:
+        return
+    engine = _engine(labels)
+    if checked(scrape, value, MAX_REQUESTS) is None or not replicas.first(attr, model, engine):
+        return
+    r = replicas.reading(model)
+    replicas.engines.setdefault(model, set()).add(engine)
+    setattr(r, attr, (getattr(r, attr) or 0.0) + value)
 
-    def reading(model: str) -> ReplicaReading:
-        r = by_model.get(model)
-        if r is None:
-            r = ReplicaReading(target=target, model=model, timestamp=timestamp,
-                               labels=dict(target_labels or {}))
-            r.engines = 0
-            by_model[model] = r
-        return r
 
-    engines: dict[str, set[str]] = {}
-    seen: set[tuple[str, str, str]] = set()  # (what, model, engine): one engine counted once
+def _requests(scrape: ParsedScrape, replicas: Replicas) -> None:
+    for attr in ("running", "waiting"):
+        for labels, value in scrape.get(GAUGES[attr]):
+            _add(scrape, replicas, attr, labels, value)
 
-    def first(what: str, model: str, engine: str) -> bool:
-        key = (what, model, engine)
-        if key in seen:
-            scrape.anomaly("duplicate_engine")  # the same engine id twice: the first one counts
-            return False
-        seen.add(key)
-        return True
 
-    def add(attr: str, labels: dict[str, str], value: float) -> None:
-        model = _model_of(labels)
-        if model is None:
-            return
-        engine = _engine(labels)
-        if checked(scrape, value, MAX_REQUESTS) is None or not first(attr, model, engine):
-            return
-        r = reading(model)
-        engines.setdefault(model, set()).add(engine)
-        setattr(r, attr, (getattr(r, attr) or 0.0) + value)
-
-    for labels, value in scrape.get(GAUGES["running"]):
-        add("running", labels, value)
-    for labels, value in scrape.get(GAUGES["waiting"]):
-        add("waiting", labels, value)
+def _waiting_by_reason(scrape: ParsedScrape, replicas: Replicas) -> None:
     for labels, value in scrape.get(GAUGES["waiting_by_reason"]):
         model = _model_of(labels)
         reason = labels.get("reason")
         if model is None or reason is None or checked(scrape, value, MAX_REQUESTS) is None:
             continue
-        r = reading(model)
+        r = replicas.reading(model)
         r.waiting_by_reason[reason] = r.waiting_by_reason.get(reason, 0.0) + value
 
-    # KV capacity and allocation unit per (model, engine) from cache_config_info (vllm_tiers.gpu_kv)
+
+def _capacities(scrape: ParsedScrape) -> dict[tuple[str, str], vllm_tiers.GpuKv]:
+    """KV capacity and allocation unit per (model, engine) from cache_config_info (vllm_tiers.gpu_kv)."""
     capacity: dict[tuple[str, str], vllm_tiers.GpuKv] = {}
     for labels, _value in scrape.get(GAUGES["cache_info"]):
         kv = vllm_tiers.gpu_kv(labels)
@@ -175,96 +158,94 @@ def readings_from_scrape(scrape: ParsedScrape, target: str, timestamp: float,
             scrape.anomaly("out_of_range")  # a KV capacity of 0 or less, or absurd: unknown
             kv = kv._replace(tokens=None, source=None)
         capacity[(labels.get("model_name") or "", _engine(labels))] = kv
+    return capacity
 
+
+def _kv(scrape: ParsedScrape, replicas: Replicas) -> None:
+    """Each engine's KV usage with its capacity: live and capacity tokens summed over engines."""
+    capacity = _capacities(scrape)
     usage_samples = scrape.get(GAUGES["kv_usage"])
     if not usage_samples:
         usage_samples = scrape.get(GAUGES["kv_usage_legacy"])
         if usage_samples:
-            naming = "legacy-v1"
-    unknown_usage: set[str] = set()  # models with an engine whose usage was unusable: live KV unknown
+            replicas.naming = "legacy-v1"
     for labels, value in usage_samples:
         model = _model_of(labels)
         engine = _engine(labels)
-        if model is None or not first("kv_usage", model, engine):
+        if model is None or not replicas.first("kv_usage", model, engine):
             continue
         usage = checked(scrape, value, high=1.0)
-        r = reading(model)
-        engines.setdefault(model, set()).add(engine)
+        r = replicas.reading(model)
+        replicas.engines.setdefault(model, set()).add(engine)
         # cache_config_info has no model_name in most versions: match by engine, then any
         cap = capacity.get((model, engine)) or capacity.get(("", engine))
         if cap is None and len(capacity) == 1:
             cap = next(iter(capacity.values()))
         if cap is not None and cap.tokens is not None:
-            r.kv_capacity_tokens = (r.kv_capacity_tokens or 0.0) + cap.tokens
-            if usage is not None:
-                r.kv_live_tokens = (r.kv_live_tokens or 0.0) + usage * cap.tokens
-            r.block_size, r.kv_capacity_source = cap.block_size, cap.source
-            r.kv_unit_exact, r.kv_unit_max = r.kv_unit_exact and cap.exact, cap.unit_max
-            r.num_gpu_blocks = (r.num_gpu_blocks or 0) + (cap.blocks or 0) or None
+            _add_capacity(r, cap, usage)
         if usage is None:
-            unknown_usage.add(model)
-        r.kv_usage = usage if r.kv_usage is None else None  # recomputed below for DP engines
+            replicas.unknown_kv.add(model)  # an engine's usage unusable: the model's live KV unknown
+        r.kv_usage = usage if r.kv_usage is None else None  # recomputed by _totals for DP engines
 
-    for key, candidates in COUNTER_NAMES.items():
-        for name in candidates:
-            samples = scrape.get(name)
-            if not samples:
-                continue
-            for labels, value in samples:
-                model = _model_of(labels)
-                if model is None or checked(scrape, value, MAX_COUNT) is None:
-                    continue
-                r = reading(model)
-                r.counters[key] = r.counters.get(key, 0.0) + value
-                if key == "request_success" and labels.get("finished_reason") == ABORT:
-                    r.counters["request_aborted"] = r.counters.get("request_aborted", 0.0) + value
-            break
 
-    for key, candidates in HISTOGRAM_NAMES.items():
-        for base in candidates:
-            buckets = scrape.get(base + "_bucket")
-            if not buckets:
-                continue
-            for model, hist in _histograms(buckets, scrape.get(base + "_sum"), scrape.get(base + "_count"),
-                                           scrape).items():
-                r = reading(model)
-                old = r.histograms.get(key)
-                r.histograms[key] = hist if old is None else (old.plus(hist) or old)
-            break
+def _add_capacity(r: ReplicaReading, cap: vllm_tiers.GpuKv, usage: Optional[float]) -> None:
+    r.kv_capacity_tokens = (r.kv_capacity_tokens or 0.0) + cap.tokens
+    if usage is not None:
+        r.kv_live_tokens = (r.kv_live_tokens or 0.0) + usage * cap.tokens
+    r.block_size, r.kv_capacity_source = cap.block_size, cap.source
+    r.kv_unit_exact, r.kv_unit_max = r.kv_unit_exact and cap.exact, cap.unit_max
+    r.num_gpu_blocks = (r.num_gpu_blocks or 0) + (cap.blocks or 0) or None
 
-    for model, r in by_model.items():
-        engine_ids = engines.get(model, {""})
+
+def _add_counter(scrape: ParsedScrape, key: str, name: str, replicas: Replicas) -> None:
+    """A counter summed over its series (engines, finished reasons); aborted requests counted apart too."""
+    for labels, value in scrape.get(name):
+        model = _model_of(labels)
+        if model is None or checked(scrape, value, MAX_COUNT) is None:
+            continue
+        counters = replicas.reading(model).counters
+        counters[key] = counters.get(key, 0.0) + value
+        if key == "request_success" and labels.get("finished_reason") == ABORT:
+            counters["request_aborted"] = counters.get("request_aborted", 0.0) + value
+
+
+def _add_histogram(scrape: ParsedScrape, key: str, base: str, replicas: Replicas) -> None:
+    for model, hist in _histograms(scrape.get(base + "_bucket"), scrape.get(base + "_sum"), scrape.get(base + "_count"),
+                                   scrape).items():
+        r = replicas.reading(model)
+        old = r.histograms.get(key)
+        r.histograms[key] = hist if old is None else (old.plus(hist) or old)
+
+
+def _totals(scrape: ParsedScrape, replicas: Replicas) -> None:
+    """Each reading's engines, naming (no engine label: V0) and KV usage over its engines."""
+    for model, r in replicas.by_model.items():
+        engine_ids = replicas.engines.get(model, {""})
         r.engines = max(1, len(engine_ids))
-        if engine_ids == {""}:
-            r.naming = "v0" if naming == "v1" else naming
-        else:
-            r.naming = naming
-        if model in unknown_usage:
+        naming = replicas.naming
+        r.naming = "v0" if engine_ids == {""} and naming == "v1" else naming
+        if model in replicas.unknown_kv:
             r.kv_usage = r.kv_live_tokens = None
         elif r.kv_capacity_tokens:
             r.kv_usage = (r.kv_live_tokens or 0.0) / r.kv_capacity_tokens
-        unknown_if_overflowed(scrape, r)
-    vllm_tiers.read_edges(scrape, list(by_model.values()))
-    return list(by_model.values())
 
 
-SUMMED_FIELDS = ("running", "waiting", "kv_capacity_tokens", "kv_live_tokens", "kv_usage")
+def _edges(scrape: ParsedScrape, replicas: Replicas) -> None:
+    vllm_tiers.read_edges(scrape, list(replicas.by_model.values()))
 
 
-def unknown_if_overflowed(scrape: ParsedScrape, r: ReplicaReading) -> None:
-    """Engines' (and series') values are each finite (`checked`); a sum of them that overflowed to
-    +Inf is unknown (None), counted once per reading as the anomaly `overflow`, never +Inf."""
-    over = [name for name in SUMMED_FIELDS if getattr(r, name) is not None and not math.isfinite(getattr(r, name))]
-    if {"kv_capacity_tokens", "kv_live_tokens"} & set(over):
-        over.append("kv_usage")  # live / capacity: unknown with either
-    for name in over:
-        setattr(r, name, None)
-    for table in (r.waiting_by_reason, r.counters):
-        for key in [k for k, v in table.items() if not math.isfinite(v)]:
-            del table[key]
-            over.append(key)
-    if over:
-        scrape.anomaly("overflow")
+# which family fills which reading field, in the order read (engine_pass.read runs it)
+VLLM = Engine(naming="v1", engines_at_start=0,
+              gauges=(_requests, _waiting_by_reason, _kv),
+              counters=COUNTER_NAMES, counter=_add_counter,
+              histograms=HISTOGRAM_NAMES, histogram=_add_histogram,
+              closing=(_totals, overflow_step, _edges))
+
+
+def readings_from_scrape(scrape: ParsedScrape, target: str, timestamp: float,
+                         target_labels: Optional[dict[str, str]] = None) -> list[ReplicaReading]:
+    """One ReplicaReading per model served by the target (engines summed)."""
+    return read(VLLM, scrape, target, timestamp, target_labels)
 
 
 def readings_from_text(text: str, target: str, timestamp: float,
