@@ -74,6 +74,7 @@ from monitor.capacity.knee import KneeEstimator, SteadyPrior
 from monitor.capacity.knee_suspect import KneeWatch, suspect
 from monitor.capacity.load_window import LoadWindows
 from monitor.capacity.power import key_map, power_by_pool
+from monitor.capacity.settings import KNEE_SIGNAL_HISTOGRAM as SIGNAL_HIST  # the one knee-signal list
 from monitor.capacity.shed import add_gateway_shed, gateway_shed_rates
 from monitor.capacity.slo import SloTracker
 from monitor.capacity.slo_judge import pool_slos as slo_pools, slo_windows
@@ -82,7 +83,6 @@ from monitor.capacity.tasks import TaskWindow, call_latency_by_class, derive_tas
 from monitor.model import Capacity, PoolSnapshot, PoolTasks, Quantiles, ReplicaReading, TaskStats
 from monitor.readings import DcgmReading, GatewayConfig, GatewayScrape
 
-SIGNAL_HIST = {"queue": "queue", "ttft": "ttft", "e2e": "e2e", "itl": "itl", "e2e_per_token": "e2e"}
 STALE = "pool is stale: values withheld"
 
 History = Mapping[str, Sequence[ReplicaReading]]  # "target|model" -> readings, oldest first

@@ -92,8 +92,7 @@ from typing import Optional
 import numpy as np
 
 from monitor.capacity.knee_fit import Fit, fit_hinge
-
-SIGNALS = ("ttft", "queue", "e2e_per_token", "e2e", "itl")
+from monitor.capacity.settings import KNEE_SIGNALS
 
 
 @dataclass(frozen=True)
@@ -207,8 +206,8 @@ class KneeEstimator:
     def __init__(self, signal: str = "ttft", prior: Optional[Knee] = None, *, min_observations: int = 30,
                  min_confidence: float = 0.6, min_change: float = 0.10, confirmations: int = 3,
                  max_observations: int = 5000, n_bins: Optional[int] = None, fit_range_factor: float = 4.0) -> None:
-        if signal not in SIGNALS:
-            raise ValueError(f"knee signal {signal!r} is not one of {', '.join(SIGNALS)}")
+        if signal not in KNEE_SIGNALS:
+            raise ValueError(f"knee signal {signal!r} is not one of {', '.join(KNEE_SIGNALS)}")
         if not 0 <= min_confidence <= 1:
             raise ValueError(f"min_confidence must be within 0..1, got {min_confidence}")
         if min_change < 0 or confirmations < 1 or max_observations < 10 or min_observations < 10:

@@ -13,7 +13,11 @@ from monitor.kit.settings.values import DAY
 
 from .slo_settings import PoolTargets
 
-KNEE_SIGNALS = ("queue", "ttft", "e2e_per_token", "e2e", "itl")
+# The latency signals a knee is learned from, the one list (capacity/knee.py checks it, capacity/enrich.py
+# reads it, capacity.knee_signal is one of them) -> the histogram each is read from (e2e_per_token: the
+# e2e seconds over the generated tokens). Here, not in knee.py, so reading a configuration needs no numpy.
+KNEE_SIGNAL_HISTOGRAM = {"queue": "queue", "ttft": "ttft", "e2e_per_token": "e2e", "e2e": "e2e", "itl": "itl"}
+KNEE_SIGNALS = tuple(KNEE_SIGNAL_HISTOGRAM)
 TASK_CLASSES = ("interactive", "deferrable", "batch")  # batch: the older name of deferrable
 DEFERRABLE = frozenset(("deferrable", "batch"))
 
