@@ -55,7 +55,7 @@ import pandas as pd  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from monitor.forecast.backtest import ForecastSettings, forecast_series, mase_scale  # noqa: E402
+from monitor.forecast.rolling_origin import ForecastSettings, forecast_series, mase_scale  # noqa: E402
 from monitor.forecast.models import LEVELS, Forecast  # noqa: E402
 from monitor.forecast.series import Prepared, prepare  # noqa: E402
 from monitor.kit.process import stop_process  # noqa: E402

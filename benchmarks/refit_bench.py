@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 from office_week import office_series  # noqa: E402
 
-from monitor.forecast.backtest import ForecastSettings  # noqa: E402
+from monitor.forecast.rolling_origin import ForecastSettings  # noqa: E402
 from monitor.forecast.pool import PoolSettings, forecast_pool  # noqa: E402
 from monitor.forecaster import FIT_MODULES  # noqa: E402
 from monitor.kit.timebox import FitPool  # noqa: E402

@@ -457,7 +457,7 @@ def store_forecaster(cfg: Config, source, clock: Callable[[], float], capacity: 
                      history_days: float = 35.0, step: float = 300.0, runner: Optional[Callable] = None):
     """The `ForecastScheduler` over a history source (monitor/history). `capacity()`: pool ->
     concurrent requests at the knee; `runner`: how each fit runs (monitor/kit/timebox.py `FitPool`)."""
-    from .forecast.backtest import ForecastSettings  # noqa: PLC0415
+    from .forecast.rolling_origin import ForecastSettings  # noqa: PLC0415
     from .history.forecasts import forecast_history  # noqa: PLC0415
     from .forecast.pool import PoolSettings  # noqa: PLC0415
     from .forecaster import ForecastScheduler  # noqa: PLC0415

@@ -25,7 +25,7 @@ from monitor.model import RefitResult
 log = logging.getLogger(__name__)
 # what a fit worker imports before its first fit (monitor/kit/timebox.py FitPool `preload`): the models,
 # and the statsmodels modules their fits import, so no fit pays for the import
-FIT_MODULES = ("monitor.forecast.backtest", "statsmodels.tsa.holtwinters", "statsmodels.tsa.seasonal",
+FIT_MODULES = ("monitor.forecast.rolling_origin", "statsmodels.tsa.holtwinters", "statsmodels.tsa.seasonal",
                "statsmodels.tsa.statespace.sarimax")
 
 

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from monitor.forecast import models as models_mod
-from monitor.forecast.backtest import (AVERAGE, ForecastSettings, apply_calibration, calibrate,
+from monitor.forecast.rolling_origin import (AVERAGE, ForecastSettings, apply_calibration, calibrate,
                                        forecast_series, mase_scale, no_skill_members, origins_for,
                                        rank_models, rolling_origin, score, select, selection_reasons)
 from monitor.forecast.models import Forecast, Model
@@ -83,7 +83,7 @@ def test_calibrated_bands_cover_held_out_data_near_their_level():
 
 
 def test_calibration_uses_ratio_quantiles():
-    from monitor.forecast.backtest import Fold
+    from monitor.forecast.rolling_origin import Fold
     mean = np.full(100, 10.0)
     actual = mean * np.linspace(0.5, 1.5, 100)
     fold = Fold(0, Forecast(mean, {}), actual, np.ones(100, bool))
@@ -97,7 +97,7 @@ def test_calibration_uses_ratio_quantiles():
 
 
 def test_sqrt_calibration_scales_bands_with_the_square_root_of_the_level():
-    from monitor.forecast.backtest import Fold
+    from monitor.forecast.rolling_origin import Fold
     mean = np.full(200, 100.0)
     actual = mean + np.linspace(-20, 20, 200)  # residuals up to +-2 sqrt(100)
     cal = calibrate([Fold(0, Forecast(mean, {}), actual, np.ones(200, bool))], kind="sqrt")

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from monitor.config import ConfigError, from_dict
-from monitor.forecast.backtest import ForecastSettings, forecast_series
+from monitor.forecast.rolling_origin import ForecastSettings, forecast_series
 from monitor.forecast.calendar import Calendar, as_non_working
 from monitor.forecast.models import MODELS
 from monitor.forecast.series import prepare

@@ -122,7 +122,7 @@ def test_no_model_with_skill_selects_the_average_with_its_members(tmp_path, caps
 
 
 def test_selection_and_reasons_are_those_of_forecast_series_on_the_same_origins(capsys):
-    from monitor.forecast.backtest import ForecastSettings, forecast_series
+    from monitor.forecast.rolling_origin import ForecastSettings, forecast_series
     from monitor.forecast.series import prepare
     models = ["ets_1h", "sarimax", "snaive_day"]
     rc = run(["--csv", SLICE, "--horizon", "6h", "--origins", "2", "--models", ",".join(models), "--json"])

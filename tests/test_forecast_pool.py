@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from monitor.catalogue import BY_NAME
-from monitor.forecast.backtest import ForecastSettings
+from monitor.forecast.rolling_origin import ForecastSettings
 from monitor.export.samples import snapshot_samples
 from monitor.forecast.pool import CAPACITY_SERIES, PoolSettings, exhaustion_seconds, forecast_pool
 from monitor.model import RefitResult, Snapshot

@@ -4,7 +4,7 @@ import threading
 import numpy as np
 import pandas as pd
 
-from monitor.forecast.backtest import ForecastSettings
+from monitor.forecast.rolling_origin import ForecastSettings
 from monitor.forecast.pool import CAPACITY_SERIES, PoolSettings
 from monitor.forecaster import ForecastScheduler
 from monitor.kit.ticker import Ticker

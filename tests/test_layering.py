@@ -16,11 +16,11 @@ MONITOR = Path(__file__).resolve().parents[1] / "monitor"
 PURE = sorted([*MONITOR.glob("derive/*.py"), *MONITOR.glob("capacity/*.py"),
                MONITOR / "step.py", MONITOR / "schema.py",
                *[MONITOR / "forecast" / f for f in ("models.py", "model_base.py", "naive.py", "statsmodels_models.py",
-                                                   "backtest.py", "scores.py", "selection.py", "series.py", "pool.py",
+                                                   "rolling_origin.py", "scores.py", "selection.py", "series.py", "pool.py",
                                                    "calendar.py")]])
 FORBIDDEN_IMPORTS = {"sqlite3", "socket", "http", "urllib", "requests", "apscheduler", "subprocess",
                      "multiprocessing", "threading", "ssl", "selectors"}
-# a stopwatch (time.perf_counter / process_time, as backtest.py reports what a fit cost) times the
+# a stopwatch (time.perf_counter / process_time, as rolling_origin.py reports what a fit cost) times the
 # work and dates nothing; the clocks below date it, or wait
 CLOCKS = {("time", "time"), ("time", "monotonic"), ("time", "sleep"), ("time", "time_ns"),
           ("datetime", "now"), ("datetime", "utcnow"), ("date", "today"), ("pd.Timestamp", "now")}

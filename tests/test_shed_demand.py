@@ -16,7 +16,7 @@ from monitor.config import Config, Target
 from monitor.cycle import CycleInputs, CycleState, step
 from monitor.export.samples import Renderer
 from monitor.export.snapshot_json import snapshot_to_dict
-from monitor.forecast.backtest import ForecastSettings
+from monitor.forecast.rolling_origin import ForecastSettings
 from monitor.forecast.pool import PoolSettings, forecast_pool
 from monitor.model import PoolSnapshot, Quantiles, SourceStatus
 from headroom_lab.sim.exposition import render_vllm

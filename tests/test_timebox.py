@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from monitor.forecast.backtest import ForecastSettings, _fit_forecast, forecast_series
+from monitor.forecast.rolling_origin import ForecastSettings, _fit_forecast, forecast_series
 from monitor.forecast.series import prepare
 from monitor.forecaster import FIT_MODULES
 from monitor.kit.timebox import ChildError, FitPool, TimeBoxExceeded

@@ -3,7 +3,7 @@
     headroom backtest --csv FILE [--time-column C --value-column V] --horizon 1d --json [--plot F.png]
 
 Every model is refitted at each origin (expanding window) and forecasts `--horizon` ahead; the
-scores are pooled over the origins (monitor/forecast/backtest.py `backtest_models`, as the daemon's
+scores are pooled over the origins (monitor/forecast/rolling_origin.py `backtest_models`, as the daemon's
 refit backtests). MASE is scaled by the in-sample MAE of the one-day seasonal naive on the history
 before the first origin. The selected model, and the reason per model (`why`), are those of
 headroom's one selection rule (monitor/forecast/selection.py `select`, as in `forecast_series`):
@@ -107,7 +107,7 @@ def _summary(score: dict) -> dict:
 
 def backtest(series: pd.Series, horizon_seconds: float, n_origins: int, models: list[str],
              step: float | None = None, progress=None) -> dict:
-    from monitor.forecast.backtest import (AVERAGE, ForecastSettings, average_folds,  # noqa: PLC0415
+    from monitor.forecast.rolling_origin import (AVERAGE, ForecastSettings, average_folds,  # noqa: PLC0415
                                            backtest_models, origins_for, pooled_score, select)
     from monitor.forecast.models import get_model  # noqa: PLC0415
     from monitor.forecast.series import SeriesError, prepare  # noqa: PLC0415

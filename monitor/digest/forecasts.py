@@ -15,7 +15,7 @@ from monitor.capacity.headroom import recommended_replicas
 from monitor.digest.coverage import HOUR, WEEK, fmt_time
 from monitor.digest.coverage import window as _window
 from monitor.digest.settings import DigestSettings
-from monitor.forecast.backtest import ForecastSettings, forecast_series
+from monitor.forecast.rolling_origin import ForecastSettings, forecast_series
 from monitor.forecast.series import SeriesError, prepare
 
 

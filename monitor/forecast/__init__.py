@@ -4,7 +4,7 @@ Public entry points:
 - `monitor.forecast.pool.forecast_pool(series, capacity_requests, now, settings)`: what the daemon
   calls per pool on its refit schedule; its typed result rides on the snapshot, and
   monitor/export/samples.py renders it into the catalogue's forecast metrics.
-- `monitor.forecast.backtest.forecast_series` / `monitor.forecast.models.MODELS`: the models,
+- `monitor.forecast.rolling_origin.forecast_series` / `monitor.forecast.models.MODELS`: the models,
   rolling-origin selection and calibrated bands; `headroom backtest` is `monitor.commands.backtest`.
 
 The package is pure: plain data in, `now` passed in, no process, no I/O; of monitor/history it

@@ -14,7 +14,7 @@ and `ets_week`, Holt-Winters averaged with the weekly naive (a combination: see 
 The interface (`Model`, `Fitted`, `Forecast`, `TooShort`, `FitError`, `LEVELS`) lives in
 monitor/forecast/model_base.py; every name stays importable from this module.
 
-Native intervals here are model-based; `monitor.forecast.backtest` replaces them with bands
+Native intervals here are model-based; `monitor.forecast.rolling_origin` replaces them with bands
 calibrated on rolling-origin backtest residuals when enough are available.
 """
 from __future__ import annotations

@@ -27,7 +27,7 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from monitor.forecast.backtest import ForecastSettings, forecast_series
+from monitor.forecast.rolling_origin import ForecastSettings, forecast_series
 from monitor.forecast.series import SeriesError, prepare
 from monitor import schema
 

@@ -4,7 +4,7 @@ Holt-Winters with a multiplicative daily season and damped trend (`ets`, at most
 same on hourly and 30-minute means (`ets_1h`, `ets_30m`), MSTL with daily and weekly seasons
 on hourly means (`mstl`; each period kept only when the history holds more than two full periods,
 because statsmodels' MSTL silently drops a period of half the series length or more), and SARIMAX
-on hourly aggregates (`sarimax`). Native bands are model-based; monitor/forecast/backtest.py replaces them
+on hourly aggregates (`sarimax`). Native bands are model-based; monitor/forecast/rolling_origin.py replaces them
 with bands calibrated on backtest residuals.
 """
 from __future__ import annotations
