@@ -275,7 +275,7 @@ class Digest(Component):
     name = "digest"
 
     def __init__(self, cfg: Config, store, pipeline: Optional[Pipeline] = None):
-        from .digest.knee import knees_from_snapshot  # noqa: PLC0415
+        from .digest.knee_report import knees_from_snapshot  # noqa: PLC0415
         from .digest.schedule import history_build_fn, open_outbox  # noqa: PLC0415
         self.settings = cfg.digest  # read and checked with the whole file
         knees = (lambda: knees_from_snapshot(pipeline.latest)) if pipeline is not None else None
@@ -400,7 +400,7 @@ no digest, no web).
             app.add(collector)
         if cfg.store_path and (daemon or os.path.exists(cfg.store_path)):
             app.store_component = app.add(Store(cfg, app.pipeline, writable=daemon))
-        from .history.slo import attach  # noqa: PLC0415  (the SLO windows' history: store, Prometheus)
+        from .history.slo_history import attach  # noqa: PLC0415  (the SLO windows' history: store, Prometheus)
         store = app.store_component
         attach(app.pipeline, cfg, app.store, writable=daemon and store is not None and store.writable,
                guard=store.guarded if store is not None else None,
@@ -442,7 +442,7 @@ def capacity_at_knee(snapshot) -> dict[str, float]:
 def history_source(cfg: Config, store):
     """Where the forecasts read history: Prometheus in Prometheus mode, else the embedded store."""
     if cfg.prometheus is not None:
-        from .history.prometheus import PrometheusHistory  # noqa: PLC0415
+        from .history.query_range import PrometheusHistory  # noqa: PLC0415
         return PrometheusHistory.from_config(cfg.prometheus, pool_by=cfg.pool_by)
     from .history.store import StoreHistory  # noqa: PLC0415
     return StoreHistory(store)
@@ -458,7 +458,7 @@ def store_forecaster(cfg: Config, source, clock: Callable[[], float], capacity: 
     """The `ForecastScheduler` over a history source (monitor/history). `capacity()`: pool ->
     concurrent requests at the knee; `runner`: how each fit runs (monitor/kit/timebox.py `FitPool`)."""
     from .forecast.rolling_origin import ForecastSettings  # noqa: PLC0415
-    from .history.forecasts import forecast_history  # noqa: PLC0415
+    from .history.forecast_history import forecast_history  # noqa: PLC0415
     from .forecast.pool import PoolSettings  # noqa: PLC0415
     from .forecaster import ForecastScheduler  # noqa: PLC0415
 
@@ -469,7 +469,7 @@ def store_forecaster(cfg: Config, source, clock: Callable[[], float], capacity: 
             hist = {pool: series for pool, series in hist.items() if owns(pool, cfg.shard)}
         return hist
 
-    fc = cfg.forecast  # typed and validated at load (monitor/config/headroom.py Forecast)
+    fc = cfg.forecast  # typed and validated at load (monitor/config/headroom_yml.py Forecast)
     calendar = cfg.calendar.calendar()
     settings = PoolSettings(forecast=ForecastSettings(runner=runner,
                                                       calendar=calendar if _has_days(cfg.calendar) else None))

@@ -158,7 +158,7 @@ class Pipeline:
                                for gw in config.gateways]
         self.aux = AuxSources(config, self.budget, gateway_configs)
         self._sources: Optional[DeadlinePool] = None
-        # Prometheus mode: time -> the SLO burn windows from Prometheus (monitor/history/slo.py attach); the
+        # Prometheus mode: time -> the SLO burn windows from Prometheus (monitor/history/slo_history.py attach); the
         # cycle passes None: at the query layer's own time, never headroom's clock (which may have stepped)
         self.slo_windows: Optional[Callable[[Optional[float]], dict]] = None
         self._slo_windows_failing = False

@@ -41,7 +41,7 @@ Readers return `{pool: {series: pandas.Series}}` (see `HistorySource`). Nothing 
 
 The SLO burn windows' history (direct mode) is not a series of values per step but the SLO tracker's
 cumulative counts (monitor/capacity/slo.py `SloTracker`), kept in the store's table `slo_counts`,
-written and read by monitor/history/slo.py only; about 1,000 points per key cover 3 days:
+written and read by monitor/history/slo_history.py only; about 1,000 points per key cover 3 days:
 
 | column      | meaning                                                                        |
 | ----------- | ------------------------------------------------------------------------------ |
@@ -52,7 +52,7 @@ written and read by monitor/history/slo.py only; about 1,000 points per key cove
 | `raw_total` | the total as read this cycle (a drop is a counter reset)                       |
 | `raw_bad`   | the bad count as read this cycle                                               |
 
-In Prometheus mode the windows are read from Prometheus' histograms instead (monitor/history/slo.py).
+In Prometheus mode the windows are read from Prometheus' histograms instead (monitor/history/slo_history.py).
 """
 from __future__ import annotations
 

@@ -70,7 +70,7 @@ class CycleInputs:
     forecast: Optional[RefitResult] = None  # the forecaster's latest result (None: no forecaster yet)
     alerts: Optional[list[Alert]] = None  # headroom's alerts from sources.alerts (None: not read this cycle)
     alerts_ui: Optional[str] = None  # that source's alerts page
-    # Prometheus mode: the SLO burn windows read from Prometheus (monitor/history/slo.py); None: not read
+    # Prometheus mode: the SLO burn windows read from Prometheus (monitor/history/slo_history.py); None: not read
     slo_windows: Optional[dict] = None
     # Prometheus mode (monitor/sources/prometheus_reader.py PrometheusRead): per pool, the latency histograms
     # the query layer summed over the window and cumulative; the age of each part's values

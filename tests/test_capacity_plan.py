@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from monitor import cli
-from monitor.capacity.plan import evaluate, plan, poisson_quantile
+from monitor.capacity.task_plan import evaluate, plan, poisson_quantile
 from monitor.config import ConfigError
 from monitor.capacity.mix import parse_mix
 

@@ -120,7 +120,7 @@ def test_a_step_moves_the_saved_slo_windows_too(tmp_path):
     of an old one."""
     from monitor.capacity.slo import SloTracker, Target
     from monitor.history.store import HistoryStore
-    from monitor.history.slo import restore, save
+    from monitor.history.slo_history import restore, save
     tracker = SloTracker({"5m": 300.0, "1h": HOUR}, tolerance=5.0, journal=True)
     t0 = 1_800_000_000.0
     with HistoryStore(str(tmp_path / "h.sqlite")) as store:

@@ -12,7 +12,7 @@ import yaml
 
 from monitor.config import Config, ConfigError, from_dict, load, parse_duration
 from monitor.config.docs import render, rows
-from monitor.config.headroom import Capacity
+from monitor.config.headroom_yml import Capacity
 from monitor.kit.settings.reader import default_of, specs
 from monitor.kit.settings.shapes import Sub
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from monitor.digest.knee import KneeReading, knees_from_prometheus
+from monitor.digest.knee_report import KneeReading, knees_from_prometheus
 from monitor.sources.prometheus import PrometheusClient
 
 pytestmark = [pytest.mark.live,

@@ -10,7 +10,7 @@ from monitor.digest.content import WEEK, build_digest
 from monitor.digest.inputs import DigestInput, PoolInput
 from monitor.digest.render import render_markdown
 from monitor.digest.settings import from_dict
-from monitor.history.prometheus import headroom_queries
+from monitor.history.query_range import headroom_queries
 
 END = 1764547200.0  # Mon 2025-12-01 00:00 UTC
 STEP = 300.0

@@ -18,7 +18,7 @@ from monitor.capacity.settings import PoolSettings
 from monitor.digest.charts import ACTUAL, NEXT, charts_for, forecast_figure, headroom_figure
 from monitor.digest.content import build_digest
 from monitor.digest.coverage import MIN_TASKS_FOR_COST
-from monitor.digest.knee import KneeReading
+from monitor.digest.knee_report import KneeReading
 from monitor.digest.render import render_html, render_json, render_markdown
 from monitor.digest.settings import TaskFacts, from_dict
 from monitor.digest.sources import from_store

@@ -1,4 +1,4 @@
-"""Which knee the digest uses (monitor/digest/knee.py): the learned one where headroom has one, read
+"""Which knee the digest uses (monitor/digest/knee_report.py): the learned one where headroom has one, read
 from its exported series (Prometheus) or its newest snapshot (the daemon); else configured or a prior."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from monitor.capacity.settings import PoolSettings
 from monitor.capacity.headroom import CapacitySettings, pool_capacity
 from monitor.capacity.knee import Knee
 from monitor.digest.content import build_digest
-from monitor.digest.knee import KneeReading, choose, knees_from_prometheus, knees_from_snapshot
+from monitor.digest.knee_report import KneeReading, choose, knees_from_prometheus, knees_from_snapshot
 from monitor.digest.settings import from_dict
 from monitor.digest.sources import from_source
 from monitor.model import PoolSnapshot, Snapshot

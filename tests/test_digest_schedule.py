@@ -72,7 +72,7 @@ def test_store_without_replicas_is_a_clear_error(tmp_path):
 def test_replicas_come_from_the_daemons_config_then_its_newest_cycle(tmp_path):
     """No digest.pools: pools.<pool> of the daemon's file, else the replicas headroom saw with its knee."""
     from monitor import config
-    from monitor.digest.knee import KneeReading
+    from monitor.digest.knee_report import KneeReading
     cfg = config.from_dict({"sources": {"vllm": {"targets": ["http://127.0.0.1:9/metrics"]}},
                             "store": {"path": str(tmp_path / "h.sqlite")},
                             "pools": {"a": {"replicas": 5, "gpus_per_replica": 2}},

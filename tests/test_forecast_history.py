@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import requests
 
-from monitor.history.forecasts import forecast_history
+from monitor.history.forecast_history import forecast_history
 from monitor import schema
-from monitor.history.prometheus import PrometheusHistory, Query, bucket_query, default_queries, read_range
+from monitor.history.query_range import PrometheusHistory, Query, bucket_query, default_queries, read_range
 from monitor.kit.process import stop_process
 
 pytestmark = [pytest.mark.live, pytest.mark.skipif(not (shutil.which("prometheus") and shutil.which("promtool")),

@@ -212,7 +212,7 @@ def test_scope_names_and_models():
 
 def test_prometheus_windows_keep_each_clusters_series_apart():
     """The window query keeps the extra pool_by labels: a series' own cluster decides whose windows it is."""
-    from monitor.history.slo import PrometheusWindows, window_query
+    from monitor.history.slo_history import PrometheusWindows, window_query
 
     q = window_query("litellm_request_total_latency_metric", "metadata_task_type", 300.0, 15.0, ("cluster",))
     assert q.startswith("sum by (metadata_task_type, cluster, le) (increase(")
@@ -370,7 +370,7 @@ def test_slo_windows_from_a_partial_answer_are_refused_and_promql_notes_are_not(
     """Issue 38: the burn windows of a partial answer (a store did not answer) would be a part of the
     fleet's; the read raises `partial` and the cycle falls back to the tracker's windows."""
     import pytest
-    from monitor.history.slo import PrometheusWindows
+    from monitor.history.slo_history import PrometheusWindows
     from monitor.sources.prometheus import PrometheusError
 
     class Partial:

@@ -20,9 +20,9 @@ from monitor.config import PrometheusSource
 from monitor.digest.content import build_digest
 from monitor.digest.settings import from_dict
 from monitor.digest.sources import from_prometheus, from_store
-from monitor.history.forecasts import forecast_history
+from monitor.history.forecast_history import forecast_history
 from monitor.history.store import HistoryStore
-from monitor.history.prometheus import PrometheusHistory
+from monitor.history.query_range import PrometheusHistory
 from monitor.history.store import StoreHistory
 from headroom_lab.sim.fleet import load_config, theoretical_knee
 from headroom_lab.sim.history import generate_history, schema_history, write_openmetrics

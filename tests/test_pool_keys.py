@@ -14,12 +14,12 @@ import pytest
 from monitor.capacity.fit import fleet_fit, unknown, where_fits
 from monitor.commands.once import print_fit
 from monitor.config import ConfigError
-from monitor.config.headroom import Config
+from monitor.config.headroom_yml import Config
 from monitor.derive.core import derive_pools, pool_of
 from monitor.export.landing import Trends, render
 from monitor.export.samples import Renderer
 from monitor.export.snapshot_json import snapshot_to_dict
-from monitor.history.prometheus import PrometheusHistory, default_queries, pool_matcher
+from monitor.history.query_range import PrometheusHistory, default_queries, pool_matcher
 from monitor.history.store import HistoryStore, StoreHistory, points_from_snapshot
 from monitor.model import Capacity, PoolSnapshot, ReplicaReading, ReplicaSnapshot, Scenarios, Snapshot
 from monitor.poolkey import PoolBySetting, key_of, labels_of, make_key, name_of, split
@@ -299,7 +299,7 @@ def test_metrics_body_has_one_series_per_cluster_and_one_label_bodies_unchanged(
 
 
 def test_the_digest_reads_each_clusters_knee_into_its_own_key():
-    from monitor.digest.knee import KneeReading, knees_from_prometheus
+    from monitor.digest.knee_report import KneeReading, knees_from_prometheus
 
     def answers(query, start, end, step):
         if query.startswith("headroom_replicas"):

@@ -22,7 +22,7 @@ from monitor.export.samples import snapshot_samples
 from monitor.export.snapshot_json import snapshot_to_dict
 from monitor.history.store import HistoryStore
 from monitor import schema
-from monitor.history.slo import attach, restore, save
+from monitor.history.slo_history import attach, restore, save
 from monitor.sources.gateway import read_gateway_scrape
 from monitor.sources.vllm import readings_from_text
 from servers import fixture
@@ -248,7 +248,7 @@ def test_prometheus_windows_fall_back_to_the_tracker_when_a_query_fails(tmp_path
 
 
 def test_window_queries_are_one_per_window_and_family():
-    from monitor.history.slo import PrometheusWindows, families, window_query
+    from monitor.history.slo_history import PrometheusWindows, families, window_query
     q = window_query("agent_task_duration_seconds", "task_type", 3600.0, 15.0)
     assert q == ('sum by (task_type, le) (increase(agent_task_duration_seconds_bucket{task_type!=""}[3600s]))'
                  ' or label_replace(count by (task_type) (agent_task_duration_seconds_count{task_type!=""}'

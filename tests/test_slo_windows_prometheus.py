@@ -21,7 +21,7 @@ from monitor.config import Config, GatewaySource, PrometheusSource, Target as Sc
 from monitor.capacity.slo_settings import read_slos
 from monitor.cycle import CycleInputs, Pipeline
 from monitor.export.snapshot_json import snapshot_to_dict
-from monitor.history.slo import PrometheusWindows, attach
+from monitor.history.slo_history import PrometheusWindows, attach
 from monitor.sources.gateway import read_gateway_scrape
 from monitor.sources.prometheus import PrometheusClient
 from monitor.sources.vllm import readings_from_text

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from monitor.capacity.spare import SpareInputs, cluster_spare, earliest_fit, merge, pool_spare
-from monitor.model.spare import SpareWindow
+from monitor.model.spare_data import SpareWindow
 
 NOW = 1_800_000_000.0
 H = 3600.0

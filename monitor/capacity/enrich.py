@@ -10,7 +10,7 @@ keeps between cycles is `state`: one `KneeEstimator` per pool, the SLO windows, 
 previous reading.
 
 SLO burn windows: a window is None until its history covers it (monitor/capacity/slo.py). The
-application hands the state its history (monitor/history/slo.py `attach`): in direct mode the
+application hands the state its history (monitor/history/slo_history.py `attach`): in direct mode the
 tracker is restored from the embedded store and saved after every cycle; in Prometheus mode the
 cycle's `collect` reads the task targets' windows from Prometheus (monitor/cycle.py) and `assess`
 gets them as `slo_windows` (None: not read, or the read failed: the tracker's are used; so are they
@@ -53,7 +53,7 @@ Configuration (`capacity:` section; every key optional):
     task_pools: {policy_question: chat-8b}   # task type -> pool (app metrics carry no pool)
     task_classes: {nightly_batch: batch}     # task type -> call class (default interactive)
     task_window: 10m              # tasks, calls per task, sessions (default global.latency_window)
-The section is declared and checked in monitor/config/headroom.py (`Capacity`); SLO targets come
+The section is declared and checked in monitor/config/headroom_yml.py (`Capacity`); SLO targets come
 from the `slos:` section and pools.<name>.slo, read into `SloSettings` by monitor/capacity/slo_settings.py.
 """
 from __future__ import annotations
@@ -147,7 +147,7 @@ class CapacityState:
         self.tracker = SloTracker(self.slo.windows, keep_seconds=max([self.window, *self.slo.windows.values()]) * 1.1,
                                   tolerance=float(getattr(cfg, "interval", 0.0)))
         # Prometheus mode: {(signal, task type): {window: histogram or None}} read by this cycle's
-        # collect (monitor/history/slo.py PrometheusWindows); None: not read, or the read failed
+        # collect (monitor/history/slo_history.py PrometheusWindows); None: not read, or the read failed
         self.slo_cycle_windows: Optional[dict] = None
         self.slo_task_pools: dict[str, dict[str, float]] = {}  # task type -> {pool it was seen in: when}
         self.knees: dict[str, KneeEstimator] = {}

@@ -1,5 +1,5 @@
 """The `headroom plan` mix file (docs/capacity.md), each key declared once, read into
-monitor.capacity.plan's `Mix`.
+monitor.capacity.task_plan's `Mix`.
 
 A load-test mix (docs/loadtest.md, lab/headroom_lab/loadtest/mix.py) is also a plan mix: the keys only the
 load test reads are accepted here and left to it, as the load test accepts the plan's keys.
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from monitor.capacity.plan import BusyPeriod, Mix, TaskMix
+from monitor.capacity.task_plan import BusyPeriod, Mix, TaskMix
 
 from monitor.kit.settings.kinds import Choice, Int, Number, Raw
 from monitor.kit.settings.reader import ConfigError, Reader, key

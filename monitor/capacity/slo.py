@@ -14,7 +14,7 @@ A window is *covered* when the key's oldest point held is at or before the windo
 the shorter history there is). So is a window whose start falls in a gap of the history (the daemon
 was down): its counts there cannot be told from the older ones. The start point may lie up to
 `slack(window)` before the start: two cycles or a tenth of the window, plus the thinned spacing. What the tracker holds can be saved and restored (`journal=True`,
-`drain`, `restore`: monitor/history/slo.py keeps it in the embedded store), so a restart keeps the
+`drain`, `restore`: monitor/history/slo_history.py keeps it in the embedded store), so a restart keeps the
 windows covered. `window_burn` turns counts read elsewhere (Prometheus' `increase` over the window)
 into the same burn rate.
 """

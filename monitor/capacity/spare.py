@@ -1,6 +1,6 @@
 """Spare capacity for deferrable work until the next interactive peak (pure: plain data and `now`).
 
-    spare = pool_spare(SpareInputs(...), now)          # a `Spare` (monitor/model/spare.py)
+    spare = pool_spare(SpareInputs(...), now)          # a `Spare` (monitor/model/spare_data.py)
     cluster = cluster_spare({pool: spare, ...})        # the fleet's sums
     answer = earliest_fit(spare.windows, N, H_seconds)  # /api/v1/spare
 
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
 
-from monitor.model.spare import SPARE_HORIZONS, WEEK_SECONDS, Spare, SpareWindow
+from monitor.model.spare_data import SPARE_HORIZONS, WEEK_SECONDS, Spare, SpareWindow
 
 EPS = 1e-9
 

@@ -8,10 +8,10 @@ import sys
 import time
 from typing import Callable, Optional
 
-from monitor.capacity.plan import plan, render_table
+from monitor.capacity.task_plan import plan, render_table
 from monitor.config import ConfigError
 from monitor.capacity.mix import parse_mix
-from monitor.digest.knee import copy_labels, copy_name
+from monitor.digest.knee_report import copy_labels, copy_name
 from monitor.kit.redact import redact_urls
 from monitor.kit.settings.reader import read_yaml
 from monitor.kit.settings.values import parse_duration

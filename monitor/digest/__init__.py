@@ -5,7 +5,7 @@
                   recommendations)
     forecasts.py  pure: next week's forecast, how last week's did, the recommendation
     coverage.py   pure: the hours history covers, whole task counts, the cost over those hours
-    knee.py       the knee headroom learned (Prometheus series, the daemon's snapshot), else a prior
+    knee_report.py  the knee headroom learned (Prometheus series, the daemon's snapshot), else a prior
     (the simulated fortnight of `headroom digest --demo` is headroom-lab's: lab/headroom_lab/digest_demo.py)
     sources.py    history from the HistoryStore or Prometheus as digest input (a shard's pools)
     charts.py     matplotlib PNGs (actual vs forecast with bands, headroom over the week)

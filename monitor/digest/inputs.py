@@ -19,7 +19,7 @@ class PoolInput:
     series: dict[str, pd.Series]
     replicas: int
     knee_requests_per_replica: Optional[float]
-    knee_source: str = "prior"  # learned | configured | prior | construction (monitor/digest/knee.py)
+    knee_source: str = "prior"  # learned | configured | prior | construction (monitor/digest/knee_report.py)
     knee_note: str = ""  # where the knee came from, in words
     gpus_per_replica: int = 1
     max_num_seqs: Optional[int] = None

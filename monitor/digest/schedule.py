@@ -80,7 +80,7 @@ def history_build_fn(cfg, settings: DigestSettings, store=None,
     """`build_fn(week_end)` reading headroom's history: the HistoryStore (`store`, else one opened
     on `store.path` per run) or Prometheus, as `digest.history.source` says (auto: store first).
     The knee: in Prometheus mode headroom's exported knee series; with the store, `knees()` (the
-    daemon passes its newest snapshot's: `monitor.digest.knee.knees_from_snapshot`). Only the pools
+    daemon passes its newest snapshot's: `monitor.digest.knee_report.knees_from_snapshot`). Only the pools
     of `global.shard` are reported, under a key unique to the shard."""
     from monitor.kit.settings.reader import ConfigError
     src = settings.history_source
@@ -134,7 +134,7 @@ def _prometheus_build(cfg, settings: DigestSettings, shard) -> Callable[[float],
     from monitor.digest import sources
 
     def build(week_end: float) -> DigestInput:
-        from monitor.history.prometheus import PrometheusHistory
+        from monitor.history.query_range import PrometheusHistory
         history = PrometheusHistory.from_config(cfg.prometheus, pool_by=cfg.pool_by,
                                                 resolution=sources.resolution_for(settings.history_step))
         try:

@@ -6,7 +6,7 @@ the forecast is refitted on what came before last week), in `digest.history.step
 schema's names and meanings (active and queued apart, `load` their sum at the same instant). What
 history does not carry comes from the daemon's `pools.<name>` (replicas, GPUs, watts, optionally a pinned
 knee) and `digest.tasks.<name>` (tokens per call, calls per task). The knee is the one headroom
-learned where it learned one (`knees`: monitor/digest/knee.py reads it from Prometheus or the
+learned where it learned one (`knees`: monitor/digest/knee_report.py reads it from Prometheus or the
 daemon's newest snapshot), else a prior, and the digest says which. A sharded daemon reports its
 own pools only (monitor/shard.py).
 """
@@ -19,9 +19,9 @@ import pandas as pd
 
 from monitor.capacity.settings import PoolSettings
 from monitor.digest.content import WEEK, DigestError, DigestInput, PoolInput, fmt_time
-from monitor.digest.knee import KneeReading, choose, knees_from_prometheus
+from monitor.digest.knee_report import KneeReading, choose, knees_from_prometheus
 from monitor.digest.settings import DigestSettings
-from monitor.history.prometheus import MAX_POINTS, PrometheusHistory
+from monitor.history.query_range import MAX_POINTS, PrometheusHistory
 from monitor.schema import HistorySource
 from monitor.history.store import StoreHistory
 from monitor.poolkey import name_of

@@ -6,7 +6,7 @@ Shape (stable, documented in README):
      "sources": [{"source", "target", "up", "error"}]}
 With `global.pool_by: [cluster, model_name]` a pool also has "cluster" and "key" (monitor/poolkey.py).
 Values that are not known are null; +Inf (e.g. no exhaustion within the horizon) is the string "+Inf".
-A pool's "spare" is its spare capacity for deferrable work (monitor/model/spare.py: the windows over
+A pool's "spare" is its spare capacity for deferrable work (monitor/model/spare_data.py: the windows over
 24 h in the forecast's steps and over 7 d on an hourly grid, the horizons' minimums, the budget and why), the top-level "spare" the fleet's sums.
 A pool's "capacity", "tasks" and "forecast" are the `as_dict()` of its typed results (monitor/model.py,
 monitor/forecast/pool.py), `{}` when there are none: the forecast is the one /metrics exports for the
@@ -21,7 +21,7 @@ from ..capacity.fit import fleet_fit
 from ..capacity.spare import cluster_spare, coarse
 from ..kit.numbers import unsigned
 from ..model import PoolSnapshot, Snapshot
-from ..model.spare import WEEK_SECONDS
+from ..model.spare_data import WEEK_SECONDS
 
 
 def clean(v: Any) -> Any:

@@ -17,7 +17,7 @@ from urllib.parse import parse_qs
 
 from ..capacity.spare import earliest_fit
 from ..model import PoolSnapshot, Snapshot
-from ..model.spare import WEEK_SECONDS
+from ..model.spare_data import WEEK_SECONDS
 from .snapshot_json import clean
 
 MAX_HOURS = WEEK_SECONDS / 3600.0

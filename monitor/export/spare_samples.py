@@ -12,7 +12,7 @@ def _finite(v: Optional[float]) -> Optional[float]:
 
 
 def spare_samples(out, pool: str, spare: Spare) -> None:
-    """A pool's spare capacity (monitor/model/spare.py): the budget always (0 when stale: a gate
+    """A pool's spare capacity (monitor/model/spare_data.py): the budget always (0 when stale: a gate
     reading it fails closed), the horizons' spare requests when known."""
     pl = {"pool": pool}
     budget = spare.budget_ratio

@@ -1,7 +1,7 @@
 """The landing page's 24-hour strip of a pool's spare capacity for deferrable work.
 
 One row of the next 24 hours from the snapshot's time in half-hour columns: a green bar whose
-height is the fewest requests that fit through the half hour (monitor/model/spare.py windows) over
+height is the fewest requests that fit through the half hour (monitor/model/spare_data.py windows) over
 the ceiling (knee x (1 - margin)), equal neighbours drawn as one bar; none a pale red gap (nothing
 fits: the interactive peak); hour ticks every 6 h in UTC. Under it one line: the
 spare now and over the next hour, the deferrable budget and why, and the next gapless run of windows (the fewest it holds). A pool whose
@@ -15,7 +15,7 @@ from typing import Optional
 
 from ..capacity.spare import coarse, runs
 from ..model import PoolSnapshot, Spare
-from ..model.spare import DAY_SECONDS
+from ..model.spare_data import DAY_SECONDS
 
 WIDTH, HEIGHT = 560, 46
 COLUMNS = 48  # half an hour each

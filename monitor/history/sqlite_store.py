@@ -11,7 +11,7 @@ retention deletes rows older than a cut-off. Timestamps are stored in integer mi
 No clock is read here: callers pass `now`.
 
 A second table, `slo_counts`, holds the SLO tracker's cumulative counts per key (its columns are
-in monitor/schema.py; monitor/history/slo.py writes and reads it): `slo_apply` adds and
+in monitor/schema.py; monitor/history/slo_history.py writes and reads it): `slo_apply` adds and
 drops points in one transaction, `slo_rows` reads them all back.
 """
 from __future__ import annotations

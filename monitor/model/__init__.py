@@ -1,11 +1,11 @@
 """Plain data shared by every layer. No I/O here, no clocks.
 
-    values.py     a replica's reading and what it is made of: ReplicaReading, Histogram, Quantiles, the names
+    replica_reading.py  a replica's reading and what it is made of: ReplicaReading, Histogram, Quantiles, the names
     capacity.py   what the capacity layer says of a pool: Capacity, Scenarios, Limits, PoolTasks, TaskStats, PoolSlo
-    spare.py      spare capacity for deferrable work: Spare, SpareWindow
+    spare_data.py  spare capacity for deferrable work: Spare, SpareWindow
     snapshot.py   a cycle's result: ReplicaSnapshot, PoolSnapshot, Snapshot, SourceStatus, Alert, RefitResult
 """
-from .values import COUNTERS, HISTOGRAMS, Histogram, KvTier, LoraSlots, Quantiles, ReplicaReading, SHED_REASONS  # noqa: F401
+from .replica_reading import COUNTERS, HISTOGRAMS, Histogram, KvTier, LoraSlots, Quantiles, ReplicaReading, SHED_REASONS  # noqa: F401
 from .capacity import Capacity, Limits, PoolSlo, PoolTasks, Scenarios, TaskStats  # noqa: F401
-from .spare import Spare, SpareWindow  # noqa: F401
+from .spare_data import Spare, SpareWindow  # noqa: F401
 from .snapshot import Alert, PoolForecastLike, PoolSnapshot, RefitResult, ReplicaSnapshot, Snapshot, SourceStatus  # noqa: F401

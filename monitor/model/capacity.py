@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .values import Quantiles
+from .replica_reading import Quantiles
 
 
 @dataclass(frozen=True)

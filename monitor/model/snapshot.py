@@ -7,8 +7,8 @@ from typing import Any, Optional, Protocol
 from monitor.poolkey import extras_of, name_of
 
 from .capacity import Capacity, PoolTasks
-from .spare import Spare
-from .values import Histogram, KvTier, LoraSlots, Quantiles
+from .spare_data import Spare
+from .replica_reading import Histogram, KvTier, LoraSlots, Quantiles
 
 
 @dataclass

@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Optional
 
-from monitor.history.prometheus import read_range
+from monitor.history.query_range import read_range
 from monitor.poolkey import make_key
 
 
