@@ -93,7 +93,7 @@ chart-sync: $(STAMP)
 
 ## docs: regenerate docs/metrics.md (the catalogue), docs/configuration.md and docs/loadtest-mix.md (the declarations)
 docs: $(STAMP)
-	$(PY) -m monitor.catalogue > docs/metrics.md
+	$(PY) -m monitor.model.catalogue > docs/metrics.md
 	$(PY) -m monitor.config > docs/configuration.md
 	$(PY) -m headroom_lab.loadtest.docs > docs/loadtest-mix.md
 

@@ -13,7 +13,7 @@ Conventions (monitoring-mixin style):
   the engine panels keep working when the headroom daemon is down;
 - engine panels read vLLM and SGLang alike: `engine(vllm_rule, sglang_rule, legend)` gives a target
   for each engine's recording rule (rules/headroom.rules.yaml has both groups, with the same labels);
-- queries name only metrics from monitor/catalogue.py, the recording rules, vLLM / SGLang / gateway /
+- queries name only metrics from monitor/model/catalogue.py, the recording rules, vLLM / SGLang / gateway /
   DCGM metrics (tests/rules/promql_names.py);
 - HA pairs: with Helm `replicaCount: 2` two pods export the same headroom_* series, stored twice
   under different `instance` / `pod`. `target()` therefore wraps every instant headroom_* selector in

@@ -2,7 +2,7 @@
 import os
 import re
 
-from monitor.catalogue import CATALOGUE, render_markdown
+from monitor.model.catalogue import CATALOGUE, render_markdown
 
 ROOT = os.path.dirname(os.path.dirname(__file__))
 

@@ -23,7 +23,7 @@ import jsonschema
 import pytest
 import yaml
 
-from monitor.catalogue import BY_NAME
+from monitor.model.catalogue import BY_NAME
 
 ROOT = Path(__file__).resolve().parents[1]
 GRAFANA = ROOT / "grafana"

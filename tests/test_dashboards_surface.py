@@ -1,6 +1,6 @@
 """The SRE's daily surface (issue 30) in grafana/dashboards/, checked on the JSON:
 
-- every family in monitor/catalogue.py is on some panel, or named with its reason in
+- every family in monitor/model/catalogue.py is on some panel, or named with its reason in
   grafana/README.md ("Exported but on no panel", at most a handful);
 - engine panels read vLLM and SGLang alike (each `pool:vllm_*` rule has its `pool:sglang_*` pair);
 - the per-replica dashboard, its `replica` variable, and the data links from the pool panels;
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from monitor.catalogue import CATALOGUE
+from monitor.model.catalogue import CATALOGUE
 from test_dashboards import DASH_DIR, DASHBOARD_FILES, GRAFANA, _dash, _panels, _targets, names, substitute
 
 def _used_names() -> dict[str, set[str]]:

@@ -275,7 +275,7 @@ def test_metric_triples_track_the_outbox(tmp_path):
         box.drain({"a": ok, "b": ok}, now=50.0)
         assert metric_samples(box) == [("headroom_digest_pending_deliveries", {}, 0.0),
                                        ("headroom_digest_last_success_timestamp_seconds", {}, 50.0)]
-    from monitor.catalogue import BY_NAME
+    from monitor.model.catalogue import BY_NAME
     for name, labels, _ in metric_samples(Outbox(str(tmp_path / "o.sqlite"))):
         assert name in BY_NAME and tuple(labels) == BY_NAME[name].labels
 

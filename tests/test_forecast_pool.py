@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from monitor.catalogue import BY_NAME
+from monitor.model.catalogue import BY_NAME
 from monitor.forecast.rolling_origin import ForecastSettings
 from monitor.export.samples import snapshot_samples
 from monitor.forecast.pool import CAPACITY_SERIES, PoolSettings, exhaustion_seconds, forecast_pool

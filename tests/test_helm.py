@@ -275,7 +275,7 @@ def test_scaled_objects_ask_for_exactly_the_recommended_replicas(rendered):
     assert big["spec"]["triggers"][0]["metadata"]["query"].endswith('horizon="1d"})')  # its own horizon
     assert (small["spec"]["minReplicaCount"], small["spec"]["maxReplicaCount"]) == (2, 8)
     assert (big["spec"]["minReplicaCount"], big["spec"]["maxReplicaCount"]) == (1, 4)
-    from monitor.catalogue import CATALOGUE
+    from monitor.model.catalogue import CATALOGUE
     assert "headroom_recommended_replicas" in {m.name for m in CATALOGUE}
 
 

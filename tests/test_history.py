@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from monitor.catalogue import BY_NAME
+from monitor.model.catalogue import BY_NAME
 from monitor.history.forecast_history import forecast_history
 from monitor.history.query_range import ONLY, headroom_queries
 from monitor.forecast.pool import CAPACITY_SERIES, SERIES as FORECAST_SERIES, TASK_PREFIX

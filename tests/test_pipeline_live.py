@@ -8,7 +8,7 @@ import sys
 import pytest
 import requests
 
-from monitor.catalogue import BY_NAME, exposed_names
+from monitor.model.catalogue import BY_NAME, exposed_names
 from monitor.config import Config, PrometheusSource, Target
 from monitor.cycle import Pipeline
 from monitor.kit.process import stop_process

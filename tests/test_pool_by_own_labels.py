@@ -3,7 +3,7 @@
 The extra pool_by labels are exported beside `pool` on every pool series, so `pool_by: [kind,
 model_name]` put `kind` twice on the latency series (the render froze at the first quantile) and
 `[reason, ...]` on the shed and queue series. The list of refused names is the catalogue's own
-labels (monitor/catalogue.py `own_labels`), never a hand-kept list; check-config and run refuse alike
+labels (monitor/model/catalogue.py `own_labels`), never a hand-kept list; check-config and run refuse alike
 with `file: key: problem`.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import io
 
 import pytest
 
-from monitor.catalogue import CATALOGUE, own_labels
+from monitor.model.catalogue import CATALOGUE, own_labels
 from monitor.cli import main
 from monitor.config import ConfigError, load
 from monitor.poolkey import MODEL_LABELS, RESERVED

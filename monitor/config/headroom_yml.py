@@ -18,7 +18,7 @@ from monitor.kit.settings.kinds import Duration, File, Flag, Int, ListenAddress,
 from monitor.kit.settings.reader import Reader, key
 from monitor.kit.settings.shapes import ListOf, MapOf, Sub, group
 from monitor.kit.settings.values import DAY
-from monitor.catalogue import own_labels
+from monitor.model.catalogue import own_labels
 from monitor.poolkey import PoolBySetting, extra_labels, name_of
 from monitor.shard import ShardSetting
 from monitor.sources.settings import (AlertsSource, EngineTarget, GatewaySource, HttpAuth, PrometheusSource, Target,
@@ -27,7 +27,7 @@ from monitor.sources.settings import (AlertsSource, EngineTarget, GatewaySource,
 
 def check_pool_by(pool_by: tuple[str, ...], r: Reader) -> None:
     """pool_by's extra labels are exported beside `pool` on every pool series: none may be a label
-    headroom itself adds (monitor/catalogue.py `own_labels`: `kind`, `reason`, `le`, ...), or a
+    headroom itself adds (monitor/model/catalogue.py `own_labels`: `kind`, `reason`, `le`, ...), or a
     series would carry it twice and one of the two values would be lost."""
     own = own_labels()
     for label in extra_labels(pool_by):

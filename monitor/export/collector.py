@@ -21,7 +21,7 @@ from typing import Callable, Iterable, Optional
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from ..catalogue import CATALOGUE
+from ..model.catalogue import CATALOGUE
 from ..kit.numbers import unsigned
 from ..model import Snapshot
 from .samples import Cadence, ProcessStatus, Renderer, Samples

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from .. import __version__
-from ..catalogue import BY_NAME
+from ..model.catalogue import BY_NAME
 from ..model import Capacity, PoolSnapshot, PoolTasks, Snapshot
 from ..poolkey import split
 from .edge_samples import edge_samples
@@ -160,7 +160,7 @@ class Rows:
             return
         mdef = BY_NAME.get(name)
         if mdef is None:
-            raise UnknownMetric(f"{name} is not in monitor/catalogue.py")
+            raise UnknownMetric(f"{name} is not in monitor/model/catalogue.py")
         pool, extra = split(labels["pool"]) if "pool" in labels else (None, ())
         clash = [k for k, _ in extra if k in labels]
         if set(labels) != set(mdef.labels) or clash:

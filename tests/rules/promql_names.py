@@ -1,6 +1,6 @@
 """Which metric names a PromQL expression in headroom's rules or dashboards may use.
 
-Allowed: headroom's own catalogue (monitor.catalogue.exposed_names()), the recording rules in
+Allowed: headroom's own catalogue (monitor.model.catalogue.exposed_names()), the recording rules in
 rules/*.rules.yaml, and the external names listed in tests/rules/external_metrics.txt (vLLM,
 gateways, DCGM, Prometheus `up`). Shared by tests/test_rules.py and tests/test_dashboards.py, which
 load this file by path.
@@ -67,7 +67,7 @@ def recording_rule_names() -> set[str]:
 
 
 def catalogue_names() -> set[str]:
-    from monitor.catalogue import exposed_names
+    from monitor.model.catalogue import exposed_names
 
     return set(exposed_names())
 
@@ -80,7 +80,7 @@ POOL_BY_LABELS = ("cluster",)
 def labels_of(name: str) -> tuple[str, ...] | None:
     """Labels a headroom family may carry (its catalogue labels), with the pool_by labels on pool
     series; None for a name that is not headroom's."""
-    from monitor.catalogue import CATALOGUE
+    from monitor.model.catalogue import CATALOGUE
 
     by_exposed = {m.exposed_name: m.labels for m in CATALOGUE}
     labels = by_exposed.get(name)

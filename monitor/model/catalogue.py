@@ -1,7 +1,7 @@
 """The one catalogue of metrics headroom exports on its own /metrics.
 
 Everything else (the collector, docs/metrics.md, the rules, the dashboards, the Helm chart) takes
-names from here. Add a metric here first; `python -m monitor.catalogue > docs/metrics.md` renders the
+names from here. Add a metric here first; `python -m monitor.model.catalogue > docs/metrics.md` renders the
 documentation and a test fails when the committed file is not current.
 """
 from __future__ import annotations
@@ -170,7 +170,7 @@ def render_markdown() -> str:
     lines = [
         "# Metrics exported by headroom",
         "",
-        "Generated from `monitor/catalogue.py` by `python -m monitor.catalogue`; do not edit by hand.",
+        "Generated from `monitor/model/catalogue.py` by `python -m monitor.model.catalogue`; do not edit by hand.",
         "",
         "Every series with a `pool` label also carries the other labels of `global.pool_by` when it lists",
         "more than one: with `pool_by: [cluster, model_name]`, `pool` is the model (the last label) and",
