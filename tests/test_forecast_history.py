@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from monitor.history.forecast_history import forecast_history
-from monitor import schema
+from monitor.model import schema
 from monitor.history.query_range import PrometheusHistory, Query, bucket_query, default_queries, read_range
 from monitor.kit.process import stop_process
 

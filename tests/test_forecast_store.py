@@ -112,7 +112,7 @@ def test_bad_settings_and_queries(tmp_path):
 
 def test_a_schema_1_store_is_upgraded_to_the_history_schema(tmp_path):
     """Schema 1 kept active + queued under `active_requests`; opening it moves to schema 2: active
-    alone, the sum as `load`, queued untouched (monitor/schema.py), in one transaction."""
+    alone, the sum as `load`, queued untouched (monitor/model/schema.py), in one transaction."""
     import sqlite3
 
     path = str(tmp_path / "h.sqlite")

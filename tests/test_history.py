@@ -14,7 +14,7 @@ from monitor.history.forecast_history import forecast_history
 from monitor.history.query_range import ONLY, headroom_queries
 from monitor.forecast.pool import CAPACITY_SERIES, SERIES as FORECAST_SERIES, TASK_PREFIX
 from monitor.history.store import HistoryStore
-from monitor import schema
+from monitor.model import schema
 from monitor.history.query_range import (PrometheusHistory, Query, bucket_query, chunks, default_queries,
                                         pool_matcher, read_range)
 from monitor.history.store import StoreHistory, points_from_snapshot

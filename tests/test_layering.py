@@ -14,7 +14,7 @@ import pytest
 
 MONITOR = Path(__file__).resolve().parents[1] / "monitor"
 PURE = sorted([*MONITOR.glob("derive/*.py"), *MONITOR.glob("capacity/*.py"),
-               MONITOR / "step.py", MONITOR / "schema.py",
+               MONITOR / "step.py", MONITOR / "model" / "schema.py",
                *[MONITOR / "forecast" / f for f in ("models.py", "model_base.py", "naive.py", "statsmodels_models.py",
                                                    "rolling_origin.py", "scores.py", "selection.py", "series.py", "pool.py",
                                                    "calendar.py")]])

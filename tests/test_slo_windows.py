@@ -21,7 +21,7 @@ from monitor.export.landing import Trends, render
 from monitor.export.samples import snapshot_samples
 from monitor.export.snapshot_json import snapshot_to_dict
 from monitor.history.store import HistoryStore
-from monitor import schema
+from monitor.model import schema
 from monitor.history.slo_history import attach, restore, save
 from monitor.sources.gateway import read_gateway_scrape
 from monitor.sources.vllm import readings_from_text

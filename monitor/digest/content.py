@@ -8,7 +8,7 @@ Series (per pool; any may be missing, the section then says "not known"):
     active_requests, queued_requests, load, kv_tokens,        gauges (peaks are taken from these;
     sessions                                                  load = active + queued, its own peak)
     arrival_rate                                              model calls per second
-    (the names of monitor/schema.py)
+    (the names of monitor/model/schema.py)
     task_arrivals:<task_type>                                 tasks started per second
     task_latency:<task_type>                                  task latency (s) per interval, or
     slo_violation_ratio:<task_type>                           share of tasks over target per interval
@@ -95,7 +95,7 @@ def peak_of(s: Optional[pd.Series], start: float, end: float, tz: str) -> Option
 
 def load_series(series: dict[str, pd.Series]) -> Optional[pd.Series]:
     """Concurrent requests (active + queued): what capacity at the knee is compared with. The
-    history's own `load` series (the peak of the sum, monitor/schema.py) where there is one;
+    history's own `load` series (the peak of the sum, monitor/model/schema.py) where there is one;
     else active + queued added bucket by bucket (the simulated history of `digest --demo`)."""
     if series.get("load") is not None:
         return series["load"]
@@ -111,7 +111,7 @@ def load_series(series: dict[str, pd.Series]) -> Optional[pd.Series]:
 def demand_series(series: dict[str, pd.Series], load: Optional[pd.Series]) -> tuple[Optional[pd.Series], str]:
     """(what the forecasts are of, its name): "offered" where the history has it, else "load".
 
-    The offered series is the active requests plus what was turned away (monitor/schema.py); it
+    The offered series is the active requests plus what was turned away (monitor/model/schema.py); it
     does not count what waits in the queues, so on its own it reads the active requests while the
     peaks table's load is active + queued. The demand is at least either: bucket by bucket the
     larger of the two."""

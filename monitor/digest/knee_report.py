@@ -1,6 +1,6 @@
 """The knee the digest reports: the one headroom learned where it learned one.
 
-The history schema (monitor/schema.py) carries loads, not the knee. headroom records its
+The history schema (monitor/model/schema.py) carries loads, not the knee. headroom records its
 knee in two places, and the digest reads it from whichever it has:
 
 - Prometheus mode: headroom's exported `headroom_knee_requests` (per pool: knee per replica x the

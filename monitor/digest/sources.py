@@ -22,7 +22,7 @@ from monitor.digest.content import WEEK, DigestError, DigestInput, PoolInput, fm
 from monitor.digest.knee_report import KneeReading, choose, knees_from_prometheus
 from monitor.digest.settings import DigestSettings
 from monitor.history.query_range import MAX_POINTS, PrometheusHistory
-from monitor.schema import HistorySource
+from monitor.model.schema import HistorySource
 from monitor.history.store import StoreHistory
 from monitor.poolkey import name_of
 

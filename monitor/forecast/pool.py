@@ -2,7 +2,7 @@
 
     forecast_pool(series, capacity_requests, now, settings) -> PoolForecast
 
-`series` maps a history series name (monitor/schema.py: one name, one meaning) to a pandas
+`series` maps a history series name (monitor/model/schema.py: one name, one meaning) to a pandas
 Series of its history (DatetimeIndex or Unix seconds). The series forecast:
   "load"            peak concurrent requests (active + queued) per interval: served load
   "offered"         load + shed arrivals x mean service time: the offered load -> the capacity series
@@ -29,7 +29,7 @@ import pandas as pd
 
 from monitor.forecast.rolling_origin import ForecastSettings, forecast_series
 from monitor.forecast.series import SeriesError, prepare
-from monitor import schema
+from monitor.model import schema
 
 CAPACITY_SERIES = "load"
 OFFERED_SERIES = "offered"  # the capacity series instead of `load` when its forecast is defined

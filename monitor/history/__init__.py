@@ -2,7 +2,7 @@
 
 | module | what |
 | --- | --- |
-| (`monitor/schema.py`) | the schema itself, on the model floor: the series (one name, one meaning, one per-step aggregation each), the bucket rule, `HistorySource` |
+| (`monitor/model/schema.py`) | the schema itself, on the model floor: the series (one name, one meaning, one per-step aggregation each), the bucket rule, `HistorySource` |
 | `store.py` | the embedded store's one import: `HistoryStore` and `open_store` (re-exported), `points_from_snapshot` (what a cycle writes to it) and `StoreHistory` (direct mode) |
 | `sqlite_store.py` | `HistoryStore`: SQLite WAL, idempotent appends keyed by (pool, series, resolution, ts), range queries with max / mean per step, retention, downsampling into (max, sum, count) rollups, the SLO counts table |
 | `store_open.py` | `open_store` / `store_problem`: the store as far as it can be used (a corrupt file moved aside, an unwritable one read only) |

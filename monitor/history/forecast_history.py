@@ -6,14 +6,14 @@ series names are the forecast core's (monitor/forecast/pool.py).
 
 Only the series `monitor.forecast.pool` forecasts are read (`load`, `arrival_rate`, `kv_tokens`,
 `sessions`, `task_arrivals:<task_type>`), over the complete `step` buckets of the `days` before `now`:
-peaks per step for the gauges, means for the rates (monitor/schema.py). `now` is passed in.
+peaks per step for the gauges, means for the rates (monitor/model/schema.py). `now` is passed in.
 """
 from __future__ import annotations
 
 from typing import Iterable, Optional
 
 from monitor.forecast.pool import SERIES, TASK_PREFIX, valid_series_name
-from monitor.schema import History, HistorySource
+from monitor.model.schema import History, HistorySource
 
 __all__ = ["FORECAST_SERIES", "forecast_history"]
 DAY = 86400.0

@@ -8,7 +8,7 @@ The client is any object with
 `read_range` is the chunked loop: a range is split into queries of at most `max_points` evaluation
 times each (Prometheus refuses more than 11,000 points per series), and the chunks are merged.
 
-`PrometheusHistory` is the Prometheus-backed `HistorySource` (monitor/schema.py). Each schema
+`PrometheusHistory` is the Prometheus-backed `HistorySource` (monitor/model/schema.py). Each schema
 series is one or more instant-vector expressions in priority order (`default_queries`):
   1. headroom's own exported series as Prometheus recorded them (`max by (pool)`, `max by (pool, cluster)`
      with `global.pool_by: [cluster, model_name]`, keyed as monitor/poolkey.py keys them: the two pods of an
@@ -33,7 +33,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Optional, Protocol
 
-from monitor import schema
+from monitor.model import schema
 from monitor.poolkey import PoolBy, make_key, name_of, normalise
 
 MAX_POINTS = 10_000  # evaluation times per query; Prometheus' limit is 11,000 per series

@@ -11,7 +11,7 @@ retention deletes rows older than a cut-off. Timestamps are stored in integer mi
 No clock is read here: callers pass `now`.
 
 A second table, `slo_counts`, holds the SLO tracker's cumulative counts per key (its columns are
-in monitor/schema.py; monitor/history/slo_history.py writes and reads it): `slo_apply` adds and
+in monitor/model/schema.py; monitor/history/slo_history.py writes and reads it): `slo_apply` adds and
 drops points in one transaction, `slo_rows` reads them all back.
 """
 from __future__ import annotations
@@ -52,7 +52,7 @@ CREATE TABLE IF NOT EXISTS slo_counts (
 """
 SCHEMA_VERSION = "2"
 # Schema 1 stored active + queued as `active_requests`; 2 stores the history schema's names
-# (monitor/schema.py): active and queued apart, their sum as `load`. One transaction turns a
+# (monitor/model/schema.py): active and queued apart, their sum as `load`. One transaction turns a
 # schema-1 store into a schema-2 one: raw points exactly; the older rollups of active alone cannot be
 # recovered (the peak of a difference is not the difference of peaks), so they are dropped and their
 # `load` copies kept.

@@ -3,14 +3,14 @@
     HistoryStore, StoreError          the SQLite store itself (monitor/history/sqlite_store.py)
     open_store, store_problem, Opened  opening it as the daemon does (monitor/history/store_open.py)
     points_from_snapshot(snapshot)   the points one cycle adds, in the schema's names (pure)
-    StoreHistory(store).load(...)     {pool: {series: Series}}, buckets as monitor/schema.py says
+    StoreHistory(store).load(...)     {pool: {series: Series}}, buckets as monitor/model/schema.py says
 """
 from __future__ import annotations
 
 import math
 from typing import Iterable, Optional
 
-from monitor import schema
+from monitor.model import schema
 from monitor.history.sqlite_store import HistoryStore, StoreError
 from monitor.history.store_open import Opened, open_store, store_problem
 

@@ -20,7 +20,7 @@ arrival rates only).
 pool rows have instance "" and replica rows carry vLLM gauge names (the generator's own names: task
 arrivals are counts per step, ``call_arrival_rate`` calls per second). ``schema_history`` turns it
 into what headroom would have recorded, in the history schema's names and meanings
-(monitor/schema.py). ``write_openmetrics`` writes the replica gauges, and optionally that
+(monitor/model/schema.py). ``write_openmetrics`` writes the replica gauges, and optionally that
 headroom history as headroom's exported metrics, as OpenMetrics text for
 ``promtool tsdb create-blocks-from openmetrics``.
 """
@@ -229,7 +229,7 @@ def schema_history(df: pd.DataFrame, config: Union[FleetConfig, str, None] = Non
     Requests and KV tokens are summed over the replica rows when ``df`` has them (as headroom derives
     them from the replicas' gauges), else taken from the pool rows; ``load`` = active + queued;
     ``arrival_rate`` = the call rate; ``task_arrivals:<type>`` in tasks per second."""
-    from monitor.schema import key
+    from monitor.model.schema import key
     if not isinstance(config, FleetConfig):
         config = load_config(config)
     pools = {p.name: p for p in config.pools}
@@ -263,7 +263,7 @@ def schema_history(df: pd.DataFrame, config: Union[FleetConfig, str, None] = Non
 
 def _headroom_families(history: pd.DataFrame):
     """OpenMetrics families of headroom's exported metrics for a ``schema_history`` frame."""
-    from monitor.schema import SERIES, TASK_LABEL
+    from monitor.model.schema import SERIES, TASK_LABEL
     base = history["series"].str.split(":", n=1).str[0]
     for name, spec in SERIES.items():
         sub = history[base == name]
