@@ -465,7 +465,7 @@ def store_forecaster(cfg: Config, source, clock: Callable[[], float], capacity: 
     def load_history() -> dict:
         hist = forecast_history(source, clock(), days=history_days, step=step)
         if cfg.shard is not None:
-            from .shard import owns  # noqa: PLC0415
+            from .model.shard import owns  # noqa: PLC0415
             hist = {pool: series for pool, series in hist.items() if owns(pool, cfg.shard)}
         return hist
 

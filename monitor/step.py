@@ -357,7 +357,7 @@ def _derive(state: CycleState, history: dict[str, list[ReplicaReading]], inputs:
             p.stale = True
     state.fleet = [(p.pool, p.model) for p in pools]
     if cfg.shard is not None:
-        from .shard import owns  # noqa: PLC0415
+        from .model.shard import owns  # noqa: PLC0415
         pools = [p for p in pools if owns(p.pool, cfg.shard)]
     for p in pools:
         if not p.stale:

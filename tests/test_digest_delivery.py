@@ -556,7 +556,7 @@ def test_sharded_daemons_deliver_every_shards_pools_under_their_own_keys(tmp_pat
     from monitor.digest.schedule import HistoryBuild, run_digest
     from monitor.digest.sources import from_store
     from monitor.history.store import HistoryStore
-    from monitor.shard import owner
+    from monitor.model.shard import owner
     inp, _ = demo_input(WEEK_END, days=9)
     assert {p.name: owner(p.name, 2) for p in inp.pools} == {"chat-8b": 0, "agent-70b": 1}
     rx = Receiver()

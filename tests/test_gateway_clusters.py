@@ -348,7 +348,7 @@ def test_a_shard_owning_one_clusters_pool_still_sees_the_reading_is_ambiguous():
     """Two shards, each owning one cluster's pool of the model: a gateway without labels goes to
     neither (each shard judges over the whole fleet), one with labels to its cluster's owner only."""
     from dataclasses import replace as with_
-    from monitor.shard import owner
+    from monitor.model.shard import owner
 
     replicas = engines({"a": ["tiny"], "c": ["tiny"]})
     keys = {c: f'tiny{{cluster="{c}"}}' for c in "ac"}

@@ -616,7 +616,7 @@ def test_existing_secrets_are_mounted_where_the_config_points(rendered):
 
 
 def test_sharded_ha_renders_one_workload_per_shard(rendered):
-    from monitor.shard import parse_shard
+    from monitor.model.shard import parse_shard
 
     objs = rendered["sharded-ha-values"]
     workloads = of_kind(objs, *WORKLOAD_KINDS)
@@ -824,7 +824,7 @@ def _start_sim(tmp_path: Path) -> tuple[subprocess.Popen, dict]:
 
     # the demo fleet, one replica per pool, with model names (headroom's pool key) that two shards
     # split between them; the demo's own two model names both hash to shard 0 of 2
-    from monitor.shard import owner
+    from monitor.model.shard import owner
 
     sim_dir = REPO / "lab" / "headroom_lab" / "sim"
     fleet = yaml.safe_load((sim_dir / "default_fleet.yaml").read_text())
@@ -870,7 +870,7 @@ def test_rendered_shards_start_the_daemon_and_split_the_pools(chart, tmp_path):
     disjoint pools that together are all pools, and the HA twins export the same series."""
     import time
 
-    from monitor.shard import owns, parse_shard
+    from monitor.model.shard import owns, parse_shard
 
     sim, fleet = _start_sim(tmp_path)
     daemons = []

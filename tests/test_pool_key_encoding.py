@@ -15,7 +15,7 @@ from monitor.derive.core import pool_of
 from monitor.export.samples import Renderer
 from monitor.model import PoolSnapshot, ReplicaReading, ReplicaSnapshot, Snapshot
 from monitor.poolkey import key_of, labels_of, make_key, name_of, split
-from monitor.shard import filter_pools, owns
+from monitor.model.shard import filter_pools, owns
 
 # the pieces a hostile value is made of: quotes, braces, backslashes, newlines, surrogates, commas, '='
 PIECES = ['"', "{", "}", "\\", "\n", "\ud800", "\udfff", ",", "=", 'replica="x"', '{replica="x"}', "\\n",

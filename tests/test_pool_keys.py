@@ -23,7 +23,7 @@ from monitor.history.query_range import PrometheusHistory, default_queries, pool
 from monitor.history.store import HistoryStore, StoreHistory, points_from_snapshot
 from monitor.model import Capacity, PoolSnapshot, ReplicaReading, ReplicaSnapshot, Scenarios, Snapshot
 from monitor.poolkey import PoolBySetting, key_of, labels_of, make_key, name_of, split
-from monitor.shard import owns
+from monitor.model.shard import owns
 from monitor.sources.prometheus_queries import pool_key
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"

@@ -302,7 +302,7 @@ def test_the_bundled_recording_rules_give_the_same_quantiles_for_less(fleet, cap
 def test_each_shard_reads_only_the_pools_it_owns(fleet):
     """global.shard in Prometheus mode: the queries are narrowed to the shard's models (names
     escaped: `t.ny` does not match `tiny`), so shards split the query layer's work too."""
-    from monitor.shard import owns
+    from monitor.model.shard import owns
     from monitor.sources.prometheus_queries import with_pools
     servers, prom, proxy = fleet
     assert len(prom.query("count({%s, __name__=\"vllm:num_requests_running\"})" % with_pools('job="vllm"', ["tiny"]))) == 1

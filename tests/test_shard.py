@@ -1,4 +1,4 @@
-"""monitor/shard.py: pools split between `--shard i/n` instances, each pool owned exactly once."""
+"""monitor/model/shard.py: pools split between `--shard i/n` instances, each pool owned exactly once."""
 from __future__ import annotations
 
 import hashlib
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from monitor.shard import ShardError, filter_pools, owner, owns, parse_shard
+from monitor.model.shard import ShardError, filter_pools, owner, owns, parse_shard
 
 
 def assignment(pools, total):
@@ -140,7 +140,7 @@ def test_unicode_pool_names():
 
 def test_stable_across_processes_with_different_hash_seeds():
     code = (
-        "import json, sys; from monitor.shard import owner; "
+        "import json, sys; from monitor.model.shard import owner; "
         "pools = json.loads(sys.stdin.read()); "
         "print(json.dumps({t: [owner(p, t) for p in pools] for t in (2, 3, 5)}))"
     )

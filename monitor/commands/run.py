@@ -30,7 +30,7 @@ def run(args) -> int:
     try:
         cfg = load(args.config_file)
         if args.shard:
-            from ..shard import parse_shard
+            from ..model.shard import parse_shard
             cfg = replace(cfg, shard=parse_shard(args.shard))
         listen = args.listen_address or cfg.listen_address
         parse_listen_address(listen)

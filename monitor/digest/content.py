@@ -71,7 +71,7 @@ def digest_week(week_end: float, tz: str = "UTC") -> str:
 
 
 def digest_edition(week: str, shard: Optional[tuple[int, int]] = None) -> str:
-    """What one digest delivery is: the ISO week, and for a sharded daemon (monitor/shard.py, more
+    """What one digest delivery is: the ISO week, and for a sharded daemon (monitor/model/shard.py, more
     than one shard) its shard too (`2025-W48-shard-1-of-2`). It names the outbox payload and the
     directory, and is half of every delivery's idempotency key, so a receiver that drops repeated
     keys keeps every shard's digest."""

@@ -8,7 +8,7 @@ history does not carry comes from the daemon's `pools.<name>` (replicas, GPUs, w
 knee) and `digest.tasks.<name>` (tokens per call, calls per task). The knee is the one headroom
 learned where it learned one (`knees`: monitor/digest/knee_report.py reads it from Prometheus or the
 daemon's newest snapshot), else a prior, and the digest says which. A sharded daemon reports its
-own pools only (monitor/shard.py).
+own pools only (monitor/model/shard.py).
 """
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def from_source(source: HistorySource, week_end: float, settings: DigestSettings
     start, step = week_end - HISTORY_WEEKS * WEEK, settings.history_step
     data = source.load(pools, start, week_end, step)
     if shard is not None:
-        from monitor.shard import owns  # noqa: PLC0415
+        from monitor.model.shard import owns  # noqa: PLC0415
         data = {pool: series for pool, series in data.items() if owns(pool, shard)}
     known = knees(start, week_end, step) if (knees is not None and data) else {}
     out = [_pool_input(pool, series, settings, known.get(pool)) for pool, series in sorted(data.items()) if series]

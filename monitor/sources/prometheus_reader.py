@@ -28,7 +28,7 @@ from ..model import Histogram, ReplicaReading, SourceStatus
 from monitor.kit.http import BodyBudget, redact
 from .prometheus import PrometheusClient, PrometheusError, engine_of_scrape, partial_warnings, scrapes_from_vector
 from .query_clock import QueryClock
-from ..shard import filter_pools
+from ..model.shard import filter_pools
 from .prometheus_pool_reads import Answer, PoolHistogramReads
 from .prometheus_queries import present_bases, replica_selector, replica_selectors, shard_pools_query, with_pools
 
