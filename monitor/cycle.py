@@ -32,7 +32,7 @@ from typing import Callable, Iterable, Optional
 from .capacity.enrich import CapacityState
 from .config import Config
 from .model import ReplicaReading, Snapshot, SourceStatus
-from .poolkey import normalise
+from .model.poolkey import normalise
 from .readings import GatewayConfig
 from monitor.kit.http import BodyBudget, Fetcher
 from monitor.kit.text import valid_text

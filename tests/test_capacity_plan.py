@@ -244,7 +244,7 @@ def test_once_fit_escapes_control_characters_in_pool_labels():
 
     from monitor.commands.once import print_fit
     from monitor.model import Capacity, PoolSnapshot, Scenarios, Snapshot
-    from monitor.poolkey import make_key
+    from monitor.model.poolkey import make_key
     p = PoolSnapshot(pool=make_key("m\x1b[2J", {"cluster": "a\r\x07"}), model="m", replicas=1)
     p.capacity = Capacity(headroom_requests=Scenarios(10.0, 4.0), active_requests_per_session=2.0)
     out = io.StringIO()

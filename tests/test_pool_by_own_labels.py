@@ -16,7 +16,7 @@ import pytest
 from monitor.model.catalogue import CATALOGUE, own_labels
 from monitor.cli import main
 from monitor.config import ConfigError, load
-from monitor.poolkey import MODEL_LABELS, RESERVED
+from monitor.model.poolkey import MODEL_LABELS, RESERVED
 
 SOURCES = "sources:\n  vllm:\n    targets: ['http://127.0.0.1:1/metrics']\n"
 # refused earlier by PoolBySetting with their own message (the pool's own name, the replica, the model)

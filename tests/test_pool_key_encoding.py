@@ -1,4 +1,4 @@
-"""A pool key is never mis-parsed, whatever its label values hold (issue 38, Build 1; monitor/poolkey.py).
+"""A pool key is never mis-parsed, whatever its label values hold (issue 38, Build 1; monitor/model/poolkey.py).
 
 The writer (`make_key`) keeps the raw form only when the one reader (`split`) gives back exactly what
 was written, else it quotes the name; these tests hold the round trip over hostile values, and hold
@@ -14,7 +14,7 @@ import pytest
 from monitor.derive.core import pool_of
 from monitor.export.samples import Renderer
 from monitor.model import PoolSnapshot, ReplicaReading, ReplicaSnapshot, Snapshot
-from monitor.poolkey import key_of, labels_of, make_key, name_of, split
+from monitor.model.poolkey import key_of, labels_of, make_key, name_of, split
 from monitor.model.shard import filter_pools, owns
 
 # the pieces a hostile value is made of: quotes, braces, backslashes, newlines, surrogates, commas, '='

@@ -22,7 +22,7 @@ from monitor.export.snapshot_json import snapshot_to_dict
 from monitor.history.query_range import PrometheusHistory, default_queries, pool_matcher
 from monitor.history.store import HistoryStore, StoreHistory, points_from_snapshot
 from monitor.model import Capacity, PoolSnapshot, ReplicaReading, ReplicaSnapshot, Scenarios, Snapshot
-from monitor.poolkey import PoolBySetting, key_of, labels_of, make_key, name_of, split
+from monitor.model.poolkey import PoolBySetting, key_of, labels_of, make_key, name_of, split
 from monitor.model.shard import owns
 from monitor.sources.prometheus_queries import pool_key
 

@@ -20,7 +20,7 @@ from ..model import PoolSnapshot
 
 @dataclass(frozen=True)
 class Fit:
-    key: str  # the pool's key (monitor/poolkey.py)
+    key: str  # the pool's key (monitor/model/poolkey.py)
     pool: str  # its name (the `pool` label)
     labels: tuple[tuple[str, str], ...]  # its other pool_by labels, e.g. (("cluster", "a"),)
     spare_sessions: float

@@ -19,7 +19,7 @@ from monitor.capacity.slo import Target, bad_count, window_burn
 from monitor.capacity.slo_limit import judged_from_counts
 from monitor.derive import histogram as histo
 from monitor.model import Histogram, PoolSlo, PoolSnapshot, ReplicaReading, TaskStats
-from monitor.poolkey import extras_of
+from monitor.model.poolkey import extras_of
 
 History = Mapping[str, Sequence[ReplicaReading]]  # "target|model" -> readings, oldest first
 

@@ -19,7 +19,7 @@ from monitor.kit.settings.reader import Reader, key
 from monitor.kit.settings.shapes import ListOf, MapOf, Sub, group
 from monitor.kit.settings.values import DAY
 from monitor.model.catalogue import own_labels
-from monitor.poolkey import PoolBySetting, extra_labels, name_of
+from monitor.model.poolkey import PoolBySetting, extra_labels, name_of
 from monitor.model.shard import ShardSetting
 from monitor.sources.settings import (AlertsSource, EngineTarget, GatewaySource, HttpAuth, PrometheusSource, Target,
                                      check_gateway_labels)

@@ -12,7 +12,7 @@ import math
 from typing import Iterable, Optional
 
 from ..model import COUNTERS, Histogram, PoolSnapshot, Quantiles, ReplicaReading, ReplicaSnapshot
-from ..poolkey import PoolBy, key_of, make_key, name_of
+from ..model.poolkey import PoolBy, key_of, make_key, name_of
 from .counters import histogram_increase, increase
 from .edges import derive_edges
 from .histogram import quantiles
@@ -23,7 +23,7 @@ LATENCY_KINDS = ("ttft", "itl", "e2e", "queue")
 
 
 def pool_of(reading: ReplicaReading, pool_by: PoolBy = "model_name") -> str:
-    """The replica's pool key (monitor/poolkey.py): the last pool_by label names it, the others
+    """The replica's pool key (monitor/model/poolkey.py): the last pool_by label names it, the others
     ride along (`global.pool_by: [cluster, model_name]` -> 'model{cluster="a"}')."""
     if pool_by in ("model_name", "model") or pool_by == ("model_name",):
         return make_key(reading.model)  # the model itself unless it would read back as labels

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping, Optional
 
-from ..poolkey import extras_of, name_of
+from ..model.poolkey import extras_of, name_of
 
 
 class Scope:

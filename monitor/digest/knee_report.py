@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Optional
 
 from monitor.history.query_range import read_range
-from monitor.poolkey import make_key
+from monitor.model.poolkey import make_key
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ def _per_replica_query(source: str, selector: str) -> str:
 
 
 def _key(labels: dict, extra: tuple[str, ...]) -> Optional[str]:
-    """The pool key of a series of headroom's (its `cluster` beside `pool`: monitor/poolkey.py)."""
+    """The pool key of a series of headroom's (its `cluster` beside `pool`: monitor/model/poolkey.py)."""
     name = labels.get("pool")
     if not name or not extra:
         return name

@@ -24,7 +24,7 @@ from monitor.digest.settings import DigestSettings
 from monitor.history.query_range import MAX_POINTS, PrometheusHistory
 from monitor.model.schema import HistorySource
 from monitor.history.store import StoreHistory
-from monitor.poolkey import name_of
+from monitor.model.poolkey import name_of
 
 HISTORY_WEEKS = 3
 

@@ -6,7 +6,7 @@ Everything exported is read from typed data: the cycle's `Snapshot` (its pools w
 `Capacity`, `PoolTasks` and forecast, the sources, the error counts, the pipeline's own counters and
 the forecaster's latest refit) and the daemon's `ProcessStatus` (its web server's counters and the
 digest's outbox). No other module builds metric samples. A pool is named by its key
-(monitor/poolkey.py): with `global.pool_by: [cluster, model_name]` the key's labels are added beside
+(monitor/model/poolkey.py): with `global.pool_by: [cluster, model_name]` the key's labels are added beside
 `pool` here, in one place, on every pool and replica series (`pool="m",cluster="a"`). Each sample is checked against the
 catalogue here (name and label names), so nothing unlisted is ever exported; None is never exported.
 
@@ -30,7 +30,7 @@ from typing import Optional
 from .. import __version__
 from ..model.catalogue import BY_NAME
 from ..model import Capacity, PoolSnapshot, PoolTasks, Snapshot
-from ..poolkey import split
+from ..model.poolkey import split
 from .edge_samples import edge_samples
 from .spare_samples import spare_samples
 from monitor.kit.text import valid_text

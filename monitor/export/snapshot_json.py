@@ -4,7 +4,7 @@ Shape (stable, documented in README):
     {"timestamp": ..., "pools": [{"pool", "model", "replicas", "active_requests", "queued_requests",
      "kv_tokens_live", "kv_tokens_capacity", ...}], "fit": [{"pool", "spare_sessions", ...}],
      "sources": [{"source", "target", "up", "error"}]}
-With `global.pool_by: [cluster, model_name]` a pool also has "cluster" and "key" (monitor/poolkey.py).
+With `global.pool_by: [cluster, model_name]` a pool also has "cluster" and "key" (monitor/model/poolkey.py).
 Values that are not known are null; +Inf (e.g. no exhaustion within the horizon) is the string "+Inf".
 A pool's "spare" is its spare capacity for deferrable work (monitor/model/spare_data.py: the windows over
 24 h in the forecast's steps and over 7 d on an hourly grid, the horizons' minimums, the budget and why), the top-level "spare" the fleet's sums.
@@ -40,7 +40,7 @@ def clean(v: Any) -> Any:
 
 def pool_to_dict(p: PoolSnapshot) -> dict:
     # with a pool_by list, "pool" is the pool's name, its other labels ("cluster") stand beside it
-    # and "key" is the one identity (monitor/poolkey.py); with one label neither is added
+    # and "key" is the one identity (monitor/model/poolkey.py); with one label neither is added
     extra = p.extra_labels
     return clean({
         "pool": p.name,

@@ -11,7 +11,7 @@ times each (Prometheus refuses more than 11,000 points per series), and the chun
 `PrometheusHistory` is the Prometheus-backed `HistorySource` (monitor/model/schema.py). Each schema
 series is one or more instant-vector expressions in priority order (`default_queries`):
   1. headroom's own exported series as Prometheus recorded them (`max by (pool)`, `max by (pool, cluster)`
-     with `global.pool_by: [cluster, model_name]`, keyed as monitor/poolkey.py keys them: the two pods of an
+     with `global.pool_by: [cluster, model_name]`, keyed as monitor/model/poolkey.py keys them: the two pods of an
      HA pair export the same value, they are not added up);
   2. for the request and KV series, the same quantity straight from vLLM's series summed by
      `model_name` (or the label pools are made of), for a Prometheus that holds months of vLLM
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Iterable, Optional, Protocol
 
 from monitor.model import schema
-from monitor.poolkey import PoolBy, make_key, name_of, normalise
+from monitor.model.poolkey import PoolBy, make_key, name_of, normalise
 
 MAX_POINTS = 10_000  # evaluation times per query; Prometheus' limit is 11,000 per series
 
@@ -76,7 +76,7 @@ def read_range(client: RangeClient, query: str, start: float, end: float, step: 
 @dataclass(frozen=True)
 class Query:
     """An instant-vector expression for one schema series; `pool_label` names the pool, `extra` are
-    the other pool_by labels (`cluster`) its key carries (monitor/poolkey.py)."""
+    the other pool_by labels (`cluster`) its key carries (monitor/model/poolkey.py)."""
     expr: str
     pool_label: str = "pool"
     origin: str = "headroom"  # headroom | vllm
@@ -183,7 +183,7 @@ class PrometheusHistory:
         self.client, self.resolution, self.max_points = client, resolution, int(max_points)
         self.selector, self.vllm_selector = selector, vllm_selector
         self.vllm_pool_label, self.vllm, self.queries = vllm_pool_label, vllm, queries
-        self.extra = tuple(extra)  # pool_by labels beside the pool's (monitor/poolkey.py)
+        self.extra = tuple(extra)  # pool_by labels beside the pool's (monitor/model/poolkey.py)
         self.describe = "Prometheus"
 
     @classmethod

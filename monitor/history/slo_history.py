@@ -34,7 +34,7 @@ from typing import Iterable, Optional
 
 from monitor.capacity.slo import SloTracker
 from monitor.model import Histogram
-from monitor.poolkey import extra_labels
+from monitor.model.poolkey import extra_labels
 from monitor.sources.prometheus import PrometheusError, partial_warnings
 from monitor.sources.gateway_schema import APP_TASK_DURATION, APP_TASK_LABEL, DEFAULT_LABELS, GATEWAY_FAMILIES
 

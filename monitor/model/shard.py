@@ -18,7 +18,7 @@ import hashlib
 from collections.abc import Iterable
 
 from monitor.kit.settings.kinds import Kind
-from monitor.poolkey import make_key
+from monitor.model.poolkey import make_key
 
 Shard = tuple[int, int]
 
@@ -82,7 +82,7 @@ def filter_pools(pools: Iterable[str], shard: Shard) -> list[str]:
     """The pools of `pools` (model names) this shard owns, in their original order (duplicates
     kept): what a Prometheus-mode shard asks its query layer for (monitor/sources/prometheus_reader.py).
     Owned by their pool key, as the cycle owns them (the name itself but for a name that would read
-    back as labels: monitor/poolkey.py)."""
+    back as labels: monitor/model/poolkey.py)."""
     index, total = _check(shard)
     if total == 1:
         return list(pools)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol
 
-from monitor.poolkey import extras_of, name_of
+from monitor.model.poolkey import extras_of, name_of
 
 from .capacity import Capacity, PoolTasks
 from .spare_data import Spare
@@ -146,7 +146,7 @@ class PoolSnapshot:
 
     @property
     def name(self) -> str:
-        """The `pool` label: the pool's name without the labels its key carries (monitor/poolkey.py)."""
+        """The `pool` label: the pool's name without the labels its key carries (monitor/model/poolkey.py)."""
         return name_of(self.pool)
 
     @property

@@ -21,7 +21,7 @@ import re
 from typing import Iterable, Optional
 
 from ..model import Histogram
-from ..poolkey import key_of
+from ..model.poolkey import key_of
 from . import sglang, vllm, vllm_tiers
 
 LATENCY_KINDS = ("ttft", "itl", "e2e", "queue")  # what the pools' quantiles, the knee and pool SLOs read
@@ -206,7 +206,7 @@ def present_bases(samples: list[tuple[dict[str, str], float]]) -> dict[str, str]
 
 
 def pool_key(labels: dict[str, str], pool_by: Iterable[str]) -> str:
-    """The pool a series belongs to, as monitor/derive/core.py `pool_of` keys it (monitor/poolkey.py):
+    """The pool a series belongs to, as monitor/derive/core.py `pool_of` keys it (monitor/model/poolkey.py):
     named by the last pool_by label's value (model_name when it is missing), the others carried."""
     return key_of(labels, labels.get(POOL_MODEL_LABEL, ""), list(pool_by) or [POOL_MODEL_LABEL])
 
