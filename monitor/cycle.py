@@ -5,7 +5,7 @@
     pipeline.publish(snapshot)                   # one reference swap, then the listeners
 
 `collect` does all the cycle's I/O and parsing and returns a `CycleInputs` (plain data: replica
-readings, source statuses, gateway and DCGM readings (monitor/readings.py; the gateways, DCGM
+readings, source statuses, gateway and DCGM readings (monitor/model/readings.py; the gateways, DCGM
 exporters and alerts source are read by monitor/sources/auxiliary.py), input anomalies, the
 forecaster's latest result). `step` is a pure function of the state kept between cycles, those
 inputs and `now`; it reads no clock and no source. `Pipeline` owns the sources and the state, and publishes each
@@ -33,7 +33,7 @@ from .capacity.enrich import CapacityState
 from .config import Config
 from .model import ReplicaReading, Snapshot, SourceStatus
 from .model.poolkey import normalise
-from .readings import GatewayConfig
+from .model.readings import GatewayConfig
 from monitor.kit.http import BodyBudget, Fetcher
 from monitor.kit.text import valid_text
 from monitor.kit.ticker import steady_clock

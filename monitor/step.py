@@ -34,7 +34,7 @@ from .derive.lead_time import LeadTimes
 from .derive.slow import SLOW_HOLD, SLOW_RATIO
 from .forecast.pool import exhaustion_seconds
 from .model import Alert, PoolSnapshot, RefitResult, ReplicaReading, Snapshot, SourceStatus
-from .readings import DcgmReading, GatewayScrape
+from .model.readings import DcgmReading, GatewayScrape
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class StepSettings(Protocol):
 
 @dataclass
 class CycleInputs:
-    """Everything one cycle read from its sources, parsed (plain data: monitor/model.py, monitor/readings.py)."""
+    """Everything one cycle read from its sources, parsed (plain data: monitor/model.py, monitor/model/readings.py)."""
 
     readings: list[ReplicaReading]
     statuses: list[SourceStatus]

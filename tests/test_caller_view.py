@@ -146,7 +146,7 @@ def test_an_idle_litellm_reads_its_own_scrape_and_queues_nothing():
 
 
 def _scrape(url: str, in_flight: float, kind: str = "litellm", pool=None, labels=None, queues=None):
-    from monitor.readings import GatewayReading, GatewayScrape
+    from monitor.model.readings import GatewayReading, GatewayScrape
     return GatewayScrape(index=0, url=url, pool=pool, config=GatewayConfig(kind=kind), timestamp=NOW,
                          reading=GatewayReading(kind=kind, timestamp=NOW, in_flight=in_flight),
                          queues=queues, labels=labels or {})
@@ -205,7 +205,7 @@ def test_an_envoy_gateway_s_queue_is_estimated_from_its_arrivals_and_latency():
     from monitor.capacity.gateway_estimate import estimate_gateway_queues, gateway_in_flight
     from monitor.capacity.tasks import TaskWindow
     from monitor.model import Quantiles
-    from monitor.readings import GatewayReading, GatewayScrape, TaskCumulative
+    from monitor.model.readings import GatewayReading, GatewayScrape, TaskCumulative
 
     def reading(t: float, calls: float, seconds: float) -> GatewayReading:
         h = Histogram((1.0, 5.0, float("inf")), (calls / 2, calls, calls), sum=seconds, count=calls)
@@ -253,7 +253,7 @@ def test_current_judges_little_s_law_plus_the_averaged_gateway_queue():
 def test_a_pool_target_on_the_gateway_s_call_latency_is_judged_and_limits():
     # slos.pools.tiny.call_p95_seconds: 2 (was accepted, never judged: no replica has a "call" histogram)
     from monitor.capacity.slo import SloSettings
-    from monitor.readings import GatewayReading, GatewayScrape, TaskCumulative
+    from monitor.model.readings import GatewayReading, GatewayScrape, TaskCumulative
     cfg = Config(vllm_targets=[EngineTarget("http://v:8000/metrics")], gateways=[GatewaySource(kind="litellm", url=GW)],
                  slos=SloSettings(pool_targets={"tiny": [Target(seconds=2.0, objective=0.95, signal="call")]}))
     state = CycleState(cfg, CapacityState(cfg))
@@ -297,7 +297,7 @@ def test_a_slow_gateways_kept_reading_is_not_this_cycles_queue():
 def test_a_kept_gateway_reading_moves_with_a_clock_step():
     # the cycle state moves onto a stepped wall clock; the gateway pace's kept reading must too, or it
     # lands in its task window out of order (a reading older than the window's newest clears it)
-    from monitor.readings import GatewayReading
+    from monitor.model.readings import GatewayReading
     from monitor.sources.gateway_pace import GatewayPace
     pace = GatewayPace()
     scrape = _scrape("http://a/metrics", 3.0)

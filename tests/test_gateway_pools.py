@@ -1,7 +1,7 @@
 """One gateway (no `pool:`) in front of two pools: each pool gets the task numbers of its own model.
 
 `collect` reads the gateway body once and, because the cycle's replicas fall in two pools, also per
-model (`GatewayScrape.by_model`, monitor/readings.py); the pure step hands each pool the reading of
+model (`GatewayScrape.by_model`, monitor/model/readings.py); the pure step hands each pool the reading of
 its model, and never parses anything. The models come from this cycle's replica readings and the
 replicas the state keeps (a replica that did not answer still makes its pool).
 """

@@ -14,7 +14,7 @@ import pytest
 
 from monitor.derive.gateway_queues import pool_of_in_scope, queued_by_pool
 from monitor.derive.gateway_scope import Scope
-from monitor.readings import GatewayQueue
+from monitor.model.readings import GatewayQueue
 from monitor.sources.gateway_queue import queue_families_present, queues_from_samples, read_gateway_queues
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "gateway")

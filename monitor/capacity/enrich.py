@@ -5,7 +5,7 @@
 
 `assess` reads no clock and does no I/O: `history` is the cycle's recent readings per replica,
 `gateways` and `dcgm` the cycle's gateway and DCGM readings (`GatewayScrape`, `DcgmReading`:
-monitor/readings.py; the cycle's `collect` parsed the bodies), `now` the cycle's time. What it
+monitor/model/readings.py; the cycle's `collect` parsed the bodies), `now` the cycle's time. What it
 keeps between cycles is `state`: one `KneeEstimator` per pool, the SLO windows, each gateway's
 previous reading.
 
@@ -81,7 +81,7 @@ from monitor.capacity.slo_judge import pool_slos as slo_pools, slo_windows
 from monitor.capacity.slo_limit import Judged, slo_limit
 from monitor.capacity.tasks import TaskWindow, call_latency_by_class, derive_tasks, join_sources
 from monitor.model import Capacity, PoolSnapshot, PoolTasks, Quantiles, ReplicaReading, TaskStats
-from monitor.readings import DcgmReading, GatewayConfig, GatewayScrape
+from monitor.model.readings import DcgmReading, GatewayConfig, GatewayScrape
 
 STALE = "pool is stale: values withheld"
 

@@ -21,7 +21,7 @@ from typing import Mapping, Optional, Sequence
 
 from monitor.derive.counters import histogram_increase
 from monitor.model import PoolSnapshot
-from monitor.readings import GatewayReading, GatewayScrape
+from monitor.model.readings import GatewayReading, GatewayScrape
 
 # gateway kinds whose bodies carry a queue or an in-flight gauge: never estimated
 GAUGED = {"litellm", "llm-d", "dynamo", "app"}

@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 
 from monitor.capacity.tasks import TaskWindow
 from monitor.derive.gateway_scope import Scope
-from monitor.readings import GatewayConfig, GatewayReading, GatewayScrape
+from monitor.model.readings import GatewayConfig, GatewayReading, GatewayScrape
 
 log = logging.getLogger(__name__)
 UNATTRIBUTED_KIND = "gateway_unattributed"

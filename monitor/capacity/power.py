@@ -1,5 +1,5 @@
 """GPU power per pool from DCGM exporter series (pure; monitor/sources/dcgm.py parses the bodies into
-`DcgmReading`s, monitor/readings.py).
+`DcgmReading`s, monitor/model/readings.py).
 
 DCGM_FI_DEV_POWER_USAGE (watts, gauge; 1.x-compatibility name dcgm_power_usage) carries no pool. A
 series joins a replica by, in order: `pod` (or 1.x `pod_name`), `Hostname` (releases up to 4.x),
@@ -13,7 +13,7 @@ import math
 from typing import Iterable, Optional
 from urllib.parse import urlparse
 
-from monitor.readings import POWER_NAMES
+from monitor.model.readings import POWER_NAMES
 
 JOIN_LABELS = ("pod", "pod_name", "Hostname", "hostname", "instance")
 SENTINEL = 9.0e18

@@ -23,7 +23,7 @@ from monitor.derive import histogram as histo
 from monitor.derive.counters import histogram_increase, increase
 from monitor.capacity.slo import SloSettings, violation_ratio
 from monitor.model import Histogram, TaskStats
-from monitor.readings import GatewayConfig, GatewayReading, TaskCumulative
+from monitor.model.readings import GatewayConfig, GatewayReading, TaskCumulative
 
 
 def _delta(new: Optional[float], old: Optional[float]) -> Optional[float]:

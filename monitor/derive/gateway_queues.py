@@ -1,7 +1,7 @@
 """What waits in front of the engines, put on the pools it waits for (pure).
 
 Each llm-d / inference-gateway / Dynamo body of the cycle was read into `GatewayQueues`
-(monitor/readings.py; monitor/sources/gateway_queue.py reads them). A queue row belongs to: the
+(monitor/model/readings.py; monitor/sources/gateway_queue.py reads them). A queue row belongs to: the
 gateway's `pool` when the config sets one (every request of that gateway feeds one pool); else its
 gateway pool label mapped by the gateway's `pools:`; else the one pool serving the row's model (a
 model served by two pools is not split: that queue is left out and counted as
@@ -32,7 +32,7 @@ import math
 from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 from ..model import PoolSnapshot
-from ..readings import GatewayQueue, GatewayScrape, finite_only
+from ..model.readings import GatewayQueue, GatewayScrape, finite_only
 from .gateway_scope import Scope
 
 

@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 from monitor.derive.core import pool_of
 from monitor.kit.http import BodyBudget, FetchError, Fetcher, redact
 from monitor.model import ReplicaReading, SourceStatus
-from monitor.readings import DcgmReading, GatewayConfig, GatewayScrape
+from monitor.model.readings import DcgmReading, GatewayConfig, GatewayScrape
 from monitor.sources.alerts import api_url, read_alerts, ui_url
 from monitor.sources.aux_samples import AUX_MAX_BODY_BYTES, AUX_MAX_ROWS
 from monitor.sources.dcgm import read_dcgm

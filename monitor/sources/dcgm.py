@@ -1,7 +1,7 @@
 """DCGM exporter bodies -> the GPU power series headroom reads (parsing only; the join of a series
 to a pool is monitor/capacity/power.py).
 
-    read_dcgm(text, target) -> DcgmReading (monitor/readings.py, the pure core's input type)
+    read_dcgm(text, target) -> DcgmReading (monitor/model/readings.py, the pure core's input type)
 
 Only the power families are parsed (DCGM_FI_DEV_POWER_USAGE, watts, gauge; dcgm_power_usage in
 1.x-compatible exporters); a body that does not parse, or that was cut short, raises ValueError
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from monitor.readings import POWER_NAMES, DcgmReading
+from monitor.model.readings import POWER_NAMES, DcgmReading
 
 from monitor.kit import exposition
 from .aux_samples import AUX_MAX_ROWS, too_large

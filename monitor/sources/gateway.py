@@ -7,7 +7,7 @@ The cycle parses each body once with `read_gateway_scrape` (monitor/cycle.py `co
 `GatewayScrape`, with a reading per model when the gateway fronts several pools; rates and windows
 are derived later (monitor.capacity.tasks) from two readings. The tables of what each kind exposes
 are in monitor/sources/gateway_schema.py; the reading types, the pure core's input, in
-monitor/readings.py.
+monitor/model/readings.py.
 
 Which label names the task type and which the session is configuration; the defaults per gateway are
 in DEFAULT_LABELS and docs/capacity.md. Series without the task label, or with an empty one or one
@@ -27,7 +27,7 @@ from dataclasses import replace
 from typing import Iterable, Optional, Union
 
 from monitor.model import Histogram
-from monitor.readings import GatewayScrape
+from monitor.model.readings import GatewayScrape
 from monitor.sources.aux_samples import (AUX_MAX_BODY_BYTES, BodySamples, iter_samples,  # noqa: F401  (re-exported)
                                          read_samples, too_large)
 from monitor.sources.gateway_schema import (  # noqa: F401  (re-exported: the names every reader uses)

@@ -24,7 +24,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
-from monitor.readings import GatewayScrape
+from monitor.model.readings import GatewayScrape
 
 SLOW_MISSES = 2  # cycles in a row a gateway may miss, its last reading kept, before it is down
 SLOW_SHARE = 0.6  # of global.interval: the default gateway timeout (at least global.scrape_timeout)

@@ -2,7 +2,7 @@
 
 Pure given the text: `read_gateway_queues(text, kind)` turns one scrape of an llm-d router (EPP) /
 Gateway API Inference Extension EPP (kind "llm-d") or of an NVIDIA Dynamo frontend (kind "dynamo")
-into `GatewayQueues` (monitor/readings.py): one `GatewayQueue` per (gateway pool label, model), plus
+into `GatewayQueues` (monitor/model/readings.py): one `GatewayQueue` per (gateway pool label, model), plus
 what was dropped. A value the body did not carry is None (unknown), never 0. Which headroom pool a
 row waits for is the pure core's (monitor/derive/gateway_queues.py).
 
@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 from typing import Iterable, Optional, Union
 
-from monitor.readings import GatewayQueue, GatewayQueues
+from monitor.model.readings import GatewayQueue, GatewayQueues
 from monitor.sources.aux_samples import BodySamples, iter_samples, read_samples, too_large
 
 KINDS = ("llm-d", "dynamo")

@@ -3,16 +3,16 @@ application-side task convention (docs/capacity.md).
 
 Plain data only; monitor/sources/gateway.py parses a scrape with these. The kinds' default labels,
 the reader's settings (`GatewayConfig`) and what one reading holds (`TaskCumulative` per task type,
-`GatewayReading`) are the pure core's input types, in monitor/readings.py (re-exported here).
+`GatewayReading`) are the pure core's input types, in monitor/model/readings.py (re-exported here).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional
 
-from monitor.readings import (  # noqa: F401  (re-exported: the names every gateway reader uses)
+from monitor.model.readings import (  # noqa: F401  (re-exported: the names every gateway reader uses)
     DEFAULT_LABELS, UNATTRIBUTED, UNSET_VALUES, GatewayConfig, GatewayReading, TaskCumulative)
-from monitor.readings import GATEWAY_KINDS as KINDS  # noqa: F401  (the gateway kinds, re-exported)
+from monitor.model.readings import GATEWAY_KINDS as KINDS  # noqa: F401  (the gateway kinds, re-exported)
 
 
 @dataclass(frozen=True)

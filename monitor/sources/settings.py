@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
 
-from monitor.readings import GATEWAY_KINDS
+from monitor.model.readings import GATEWAY_KINDS
 from monitor.kit.settings.kinds import Choice, Duration, File, Flag, Int, Labels, SecretEnv, SecretFile, Selector, Text, Url
 from monitor.kit.settings.reader import ConfigError, Reader, join, key
 from monitor.kit.settings.shapes import MapOf, Sub, group
