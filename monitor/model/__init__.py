@@ -4,6 +4,10 @@
     capacity.py   what the capacity layer says of a pool: Capacity, Scenarios, Limits, PoolTasks, TaskStats, PoolSlo
     spare_data.py  spare capacity for deferrable work: Spare, SpareWindow
     snapshot.py   a cycle's result: ReplicaSnapshot, PoolSnapshot, Snapshot, SourceStatus, Alert, RefitResult
+    readings.py   what the cycle reads from gateways, routers and DCGM, typed (imported by its own name)
+    schema.py     the history schema: the series, the bucket rule, HistorySource (imported by its own name)
+    catalogue.py  THE list of exported metrics (`python -m monitor.model.catalogue > docs/metrics.md`)
+    shard.py      which pools a shard owns;  poolkey.py  a pool's identity, its key and back
 """
 from .replica_reading import COUNTERS, HISTOGRAMS, Histogram, KvTier, LoraSlots, Quantiles, ReplicaReading, SHED_REASONS  # noqa: F401
 from .capacity import Capacity, Limits, PoolSlo, PoolTasks, Scenarios, TaskStats  # noqa: F401
