@@ -108,6 +108,7 @@ def child(forget_after: float, cycles: int) -> dict:
     import time
     from dataclasses import replace
     from monitor.capacity.enrich import CapacityState
+    from monitor.config.inputs import capacity_inputs
     from monitor.config import Config, Target
     from monitor.cycle import Pipeline
     from monitor.export.collector import Exposition
@@ -120,7 +121,7 @@ def child(forget_after: float, cycles: int) -> dict:
     now = [START]
     cfg = Config(vllm_targets=[Target(base + p) for p in fleet.paths()], interval=INTERVAL, latency_window=300.0,
                  history_keep=600.0, forget_after=forget_after, scrape_timeout=2.0)
-    pipe = Pipeline(cfg, clock=lambda: now[0], capacity=CapacityState(cfg))
+    pipe = Pipeline(cfg, clock=lambda: now[0], capacity=CapacityState(capacity_inputs(cfg)))
     exposition, trends = Exposition(), Trends()
     samples, wall0 = [], time.monotonic()
     for cycle in range(cycles):

