@@ -401,11 +401,13 @@ no digest, no web).
             app.add(collector)
         if cfg.store_path and (daemon or os.path.exists(cfg.store_path)):
             app.store_component = app.add(Store(cfg, app.pipeline, writable=daemon))
-        from .history.slo import attach  # noqa: PLC0415  (the SLO windows' history: store, Prometheus)
         store = app.store_component
-        attach(app.pipeline, cfg, app.store, writable=daemon and store is not None and store.writable,
-               guard=store.guarded if store is not None else None,
-               skipped=(lambda n: store.count_skipped("restore", n)) if store is not None else None)
+        if store is not None and store.store is not None and app.pipeline.state.capacity is not None:
+            from .history.slo import keep_windows  # noqa: PLC0415  (the SLO windows' history in the store)
+            save = keep_windows(app.pipeline.state.capacity.tracker, store.store, writable=daemon and store.writable,
+                                guard=store.guarded, skipped=lambda n: store.count_skipped("restore", n))
+            if save is not None:
+                app.pipeline.on_snapshot(save)
         if daemon and (cfg.prometheus is not None or app.store is not None):
             app.forecasts = app.add(Forecasts(cfg, app.pipeline, history_source(cfg, app.store)))
         elif app.store is not None:  # once: one refit from the store it found (monitor/commands/once.py)

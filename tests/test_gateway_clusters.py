@@ -82,8 +82,10 @@ class Fleet:
         self.cfg, self.replicas = cfg, replicas
         capacity = CapacityState(capacity_inputs(cfg))
         self.state = CycleState(cfg, capacity)
-        self.aux = AuxSources(cfg, BodyBudget(1 << 20), [capacity.gateway_config(g.kind, g.task_label, g.session_label)
-                                                          for g in cfg.gateways])
+        self.aux = AuxSources(gateways=cfg.gateways, dcgm_targets=cfg.dcgm_targets, alerts=cfg.alerts,
+                              scrape_timeout=cfg.scrape_timeout, interval=cfg.interval, pool_by=cfg.pool_by,
+                              budget=BodyBudget(1 << 20), gateway_configs=[
+                                  capacity.gateway_config(g.kind, g.task_label, g.session_label) for g in cfg.gateways])
 
     def cycle(self, t: float, bodies: list[str]):
         readings = [r for url, c, m in self.replicas for r in readings_from_text(vllm_body(m), url, t, {"cluster": c})]

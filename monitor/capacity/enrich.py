@@ -10,7 +10,7 @@ keeps between cycles is `state`: one `KneeEstimator` per pool, the SLO windows, 
 previous reading.
 
 SLO burn windows: a window is None until its history covers it (monitor/capacity/slo.py). The
-application hands the state its history (monitor/history/slo.py `attach`): in direct mode the
+application hands the state its history (monitor/history/slo.py `keep_windows`): in direct mode the
 tracker is restored from the embedded store and saved after every cycle; in Prometheus mode the
 cycle's `collect` reads the task targets' windows from Prometheus (monitor/cycle.py) and `assess`
 gets them as `slo_windows` (None: not read, or the read failed: the tracker's are used; so are they
@@ -35,9 +35,10 @@ For each pool it
      speculative acceptance: monitor/capacity/knee_suspect.py) and gives LMCache's CPU tier its
      configured capacity (it has no capacity gauge);
   6. returns each pool's `capacity` (a `Capacity`, monitor/capacity/headroom.py) and `tasks` (a
-     `PoolTasks`) in an `Assessed`, which monitor/step.py attaches; monitor/export/samples.py renders both. The load `current` and N-1 judge is the
-     pool's load (active + engine queued + gateway queued) averaged over the latency window
-     (monitor/capacity/load_window.py, time-weighted over the cycles); `instant` judges this cycle's. Every
+     `PoolTasks`) in an `Assessed`, which monitor/step.py attaches; monitor/export/samples.py renders
+     both. The load `current` and N-1 judge is the pool's load (active + engine queued + gateway
+     queued) averaged over the latency window (monitor/capacity/load_window.py, time-weighted over
+     the cycles); `instant` judges this cycle's. Every
      latency target of the pool is judged over the latency window (`_judge`): one over its allowed
      share is the `slo` limit (monitor/capacity/slo_limit.py).
 
