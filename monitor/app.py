@@ -10,8 +10,8 @@ the store) and has `start(scheduler)` and `stop()`. `App.start()` lets every com
 to the one scheduler (monitor/kit/ticker.py: a monotonic cadence, so no wall-clock step freezes it),
 then starts it; `App.stop()` stops the
 scheduler, then the components in reverse order, so the web server goes first and the cycle's
-sources last. `headroom digest` reads its history through `monitor/digest/schedule.py
-history_build_fn`, the function the digest component uses here.
+sources last. `headroom digest` reads its history through `monitor/config/inputs.py digest_history`
+(`monitor/digest/schedule.py history_build_fn`), as the digest component does here.
 """
 from __future__ import annotations
 
@@ -277,10 +277,11 @@ class Digest(Component):
 
     def __init__(self, cfg: Config, store, pipeline: Optional[Pipeline] = None):
         from .digest.knee import knees_from_snapshot  # noqa: PLC0415
-        from .digest.schedule import history_build_fn, open_outbox  # noqa: PLC0415
+        from .config.inputs import digest_history  # noqa: PLC0415
+        from .digest.schedule import open_outbox  # noqa: PLC0415
         self.settings = cfg.digest  # read and checked with the whole file
         knees = (lambda: knees_from_snapshot(pipeline.latest)) if pipeline is not None else None
-        self.build_fn = history_build_fn(cfg, self.settings, store, knees)  # the knee the daemon learned
+        self.build_fn = digest_history(cfg, self.settings, store, knees)  # the knee the daemon learned
         self.outbox = open_outbox(self.settings)
 
     def start(self, scheduler) -> None:

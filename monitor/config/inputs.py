@@ -4,12 +4,16 @@ Only the application (monitor/app) and the commands hold a `Config`; each floor 
 typed values it reads, built here:
 
     capacity_inputs(cfg) -> CapacityInputs     the capacity layer (monitor/capacity/inputs.py)
+    digest_history(cfg, settings, ...)         the digest's history reader (monitor/digest/schedule.py)
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
+from typing import Callable, Optional
+
 from monitor.capacity.inputs import CapacityInputs
+from monitor.digest.settings import DigestSettings
 
 from .headroom import Config
 
@@ -22,3 +26,11 @@ def capacity_inputs(cfg: Config) -> CapacityInputs:
     return CapacityInputs(capacity=cfg.capacity, slos=slos, pools=pools, pool_by=cfg.pool_by,
                           latency_window=float(cfg.latency_window), interval=float(cfg.interval),
                           dcgm_replica_label=cfg.dcgm_replica_label)
+
+
+def digest_history(cfg: Config, settings: DigestSettings, store=None, knees: Optional[Callable[[], dict]] = None):
+    """`build_fn(week_end)` of the digest over the configured history (monitor/digest/schedule.py
+    `history_build_fn`): `store`, else store.path, else sources.prometheus; `global.shard`'s pools."""
+    from monitor.digest.schedule import history_build_fn  # noqa: PLC0415  (the digest's modules, when used)
+    return history_build_fn(settings, store=store, store_path=cfg.store_path, prometheus=cfg.prometheus,
+                            pool_by=cfg.pool_by, shard=cfg.shard, file=cfg.file, knees=knees)
