@@ -108,7 +108,7 @@ def child(forget_after: float, cycles: int) -> dict:
     import time
     from dataclasses import replace
     from monitor.capacity.enrich import CapacityState
-    from monitor.config.inputs import capacity_inputs
+    from monitor.config.inputs import capacity_inputs, step_settings
     from monitor.config import Config, Target
     from monitor.cycle import Pipeline
     from monitor.export.collector import Exposition
@@ -128,7 +128,7 @@ def child(forget_after: float, cycles: int) -> dict:
         now[0] = START + (cycle + 1) * INTERVAL
         fleet.advance(cycle, now[0])
         pipe.config = cfg = replace(cfg, vllm_targets=[Target(base + p) for p in fleet.paths()])
-        pipe.state.config = cfg
+        pipe.state.settings = step_settings(cfg)
         snap = pipe.run_cycle(wait_seconds=10.0)
         exposition.update(snap)
         trends.add(snap)

@@ -31,6 +31,7 @@ from typing import Callable, Iterable, Optional
 
 from .capacity.enrich import CapacityState
 from .config import Config
+from .config.inputs import step_settings
 from .model import ReplicaReading, Snapshot, SourceStatus
 from .poolkey import normalise
 from .readings import GatewayConfig
@@ -135,7 +136,7 @@ class Pipeline:
         self._tick: Optional[tuple[float, float]] = None  # (wall, steady) when the previous cycle began
         self._clock_listeners: list[Callable[[float, float], None]] = []
         self.finished_at: Optional[float] = None  # time.monotonic() when the last cycle published
-        self.state = CycleState(config, capacity)
+        self.state = CycleState(step_settings(config), capacity)
         self.forecasts = forecasts
         self.skipped_cycles = 0
         self.latest: Optional[Snapshot] = None

@@ -11,6 +11,7 @@ from monitor.config.inputs import capacity_inputs
 from monitor.config import Config, GatewaySource, Target
 from monitor.capacity.slo_settings import read_slos
 from monitor.cycle import CycleInputs, CycleState, step
+from monitor.config.inputs import step_settings
 from monitor.derive.lead_time import LeadTimes
 from monitor.export.landing import Trends
 from monitor.model import Histogram, PoolSnapshot, ReplicaReading, Snapshot, SourceStatus
@@ -46,7 +47,7 @@ def churned_state() -> CycleState:
                  history_keep=120.0, forget_after=300.0,
                  slos=read_slos({"windows": ["1m", "5m"],
                                  "pools": {f"m{i}": {"ttft_p95_seconds": 0.5} for i in range(2 * CYCLES)}}))
-    state = CycleState(cfg, CapacityState(capacity_inputs(cfg)))
+    state = CycleState(step_settings(cfg), CapacityState(capacity_inputs(cfg)))
     for n in range(CYCLES):
         state, _snap = step(state, inputs(n), T0 + n * STEP)
     return state

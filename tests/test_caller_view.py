@@ -19,6 +19,7 @@ from monitor.capacity.slo import SloTracker, Target
 from monitor.capacity.slo_limit import MIN_OBSERVATIONS, Judged, judged_from_counts, slo_limit
 from monitor.config import Config, GatewaySource, Target as EngineTarget
 from monitor.cycle import CycleInputs, CycleState, step
+from monitor.config.inputs import step_settings
 from monitor.derive import histogram as histo
 from monitor.export.samples import Renderer
 from monitor.export.snapshot_json import snapshot_to_dict
@@ -109,7 +110,7 @@ def _cycle(in_flight: float, running: float, waiting: float, gateway_pool=None):
     assert gw.reading.in_flight == in_flight
     cfg = Config(vllm_targets=[EngineTarget("http://v:8000/metrics")],
                  gateways=[GatewaySource(kind="litellm", url=GW, pool=gateway_pool)])
-    _, snap = step(CycleState(cfg, CapacityState(capacity_inputs(cfg))), CycleInputs(readings=r.readings, statuses=[r.status, SourceStatus("gateway", GW, True)],
+    _, snap = step(CycleState(step_settings(cfg), CapacityState(capacity_inputs(cfg))), CycleInputs(readings=r.readings, statuses=[r.status, SourceStatus("gateway", GW, True)],
                                                 gateways=[gw]), NOW)
     return snap
 
@@ -257,7 +258,7 @@ def test_a_pool_target_on_the_gateway_s_call_latency_is_judged_and_limits():
     from monitor.readings import GatewayReading, GatewayScrape, TaskCumulative
     cfg = Config(vllm_targets=[EngineTarget("http://v:8000/metrics")], gateways=[GatewaySource(kind="litellm", url=GW)],
                  slos=SloSettings(pool_targets={"tiny": [Target(seconds=2.0, objective=0.95, signal="call")]}))
-    state = CycleState(cfg, CapacityState(capacity_inputs(cfg)))
+    state = CycleState(step_settings(cfg), CapacityState(capacity_inputs(cfg)))
     engine = _with(_with(VLLM, "vllm:num_requests_running", 3.0), "vllm:num_requests_waiting", 1.0)
 
     def cycle(t: float, calls: float, slow: float):

@@ -34,6 +34,7 @@ from monitor.sources.auxiliary import AuxSources, pool_models
 from monitor.sources.gateway_queue import read_gateway_queues
 from monitor.sources.vllm import readings_from_text
 from monitor.step import CycleInputs, CycleState, step
+from monitor.config.inputs import step_settings
 from bodies import app_task_body, vllm_body
 from servers import MetricsServer, Prometheus, scrape_config, wait_for
 from tiers import starts_servers
@@ -81,7 +82,7 @@ class Fleet:
     def __init__(self, cfg: Config, replicas):
         self.cfg, self.replicas = cfg, replicas
         capacity = CapacityState(capacity_inputs(cfg))
-        self.state = CycleState(cfg, capacity)
+        self.state = CycleState(step_settings(cfg), capacity)
         self.aux = AuxSources(gateways=cfg.gateways, dcgm_targets=cfg.dcgm_targets, alerts=cfg.alerts,
                               scrape_timeout=cfg.scrape_timeout, interval=cfg.interval, pool_by=cfg.pool_by,
                               budget=BodyBudget(1 << 20), gateway_configs=[

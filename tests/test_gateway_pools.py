@@ -13,6 +13,7 @@ from monitor.capacity.enrich import CapacityState
 from monitor.config.inputs import capacity_inputs
 from monitor.config import Capacity, Config, GatewaySource, Target
 from monitor.cycle import CycleInputs, CycleState, Pipeline, step
+from monitor.config.inputs import step_settings
 from monitor.sources.gateway import read_gateway_scrape
 from monitor.sources.vllm import readings_from_text
 from bodies import vllm_body
@@ -45,7 +46,7 @@ def test_step_gives_each_pool_the_reading_of_its_model():
     cfg = config(["http://a:8000/metrics", "http://b:8000/metrics"], "http://gw/metrics")
     capacity = CapacityState(capacity_inputs(cfg))
     gcfg = capacity.gateway_config("litellm", None, None)
-    state = CycleState(cfg, capacity)
+    state = CycleState(step_settings(cfg), capacity)
     for i, t in enumerate((T0, T0 + WINDOW)):
         readings = [r for url, m in (("http://a:8000/metrics", A), ("http://b:8000/metrics", B))
                     for r in readings_from_text(vllm_body(m), url, t)]

@@ -257,10 +257,11 @@ def cycle(case_files: list[str], pools: dict):
     from monitor.config import Config, PoolSettings, Target
     from monitor.model import SourceStatus
     from monitor.step import CycleInputs, CycleState, step
+    from monitor.config.inputs import step_settings
 
     url = "http://r1:8000/metrics"
     cfg = Config(vllm_targets=[Target(url)], pools={k: PoolSettings(**v) for k, v in pools.items()})
-    state = CycleState(cfg, CapacityState(capacity_inputs(cfg)))
+    state = CycleState(step_settings(cfg), CapacityState(capacity_inputs(cfg)))
     for i, name in enumerate(case_files):
         (r,) = readings_from_text(text(name), url, T0 + 60 * i)
         state, snap = step(state, CycleInputs([r], [SourceStatus("vllm", url, True)]), T0 + 60 * i)

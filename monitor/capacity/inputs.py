@@ -30,5 +30,9 @@ class CapacityInputs:
     dcgm_replica_label: Optional[str] = "Hostname"  # sources.dcgm.replica_label: matched to a replica first
 
     def pool_settings(self, pool: str) -> PoolSettings:
-        """A pool's settings: by its key, its name, else `*`, else the defaults."""
-        return self.pools.get(pool) or self.pools.get(name_of(pool)) or self.pools.get("*") or PoolSettings()
+        return settings_of(self.pools, pool)
+
+
+def settings_of(pools: Mapping[str, PoolSettings], pool: str) -> PoolSettings:
+    """A pool's settings (pools:): by its key, its name, else `*`, else the defaults."""
+    return pools.get(pool) or pools.get(name_of(pool)) or pools.get("*") or PoolSettings()
