@@ -19,12 +19,33 @@ WHOLE = {"Config", "Any", ""}  # types that say nothing narrower than the whole 
 NAMES = {"cfg", "config"}
 
 
-def below_config() -> list[pathlib.Path]:
-    """The modules of the layers under `config` in the import contract."""
+# the cycle's floor (between the app and config) still takes the Config in these places, and no
+# other: the Pipeline reads its sources' settings from it (issue 41: to be given typed inputs too)
+CYCLE_FLOOR_LEFT = {"monitor/cycle.py:cycle_deadline_seconds cfg: Config",
+                    "monitor/cycle.py:pool_slo_signals cfg: Config",
+                    "monitor/cycle.py:__init__ config: Config"}
+
+
+def _layers() -> list[str]:
     doc = tomllib.loads((ROOT / "pyproject.toml").read_text())
     contract = next(c for c in doc["tool"]["importlinter"]["contracts"] if c["type"] == "layers")
-    layers = [layer.strip() for layer in contract["layers"]]
-    under = layers[layers.index("config") + 1:]
+    return [layer.strip() for layer in contract["layers"]]
+
+
+def below_config() -> list[pathlib.Path]:
+    """The modules of the layers under `config` in the import contract."""
+    layers = _layers()
+    return _modules(layers[layers.index("config") + 1:])
+
+
+def cycle_floor() -> list[pathlib.Path]:
+    """The modules of the layers between the app's and `config`."""
+    layers = _layers()
+    app = next(i for i, layer in enumerate(layers) if "app" in (n.strip() for n in layer.split("|")))
+    return _modules(layers[app + 1:layers.index("config")])
+
+
+def _modules(under: list[str]) -> list[pathlib.Path]:
     files: list[pathlib.Path] = []
     for layer in under:
         for name in (n.strip() for n in layer.split("|")):
@@ -85,3 +106,11 @@ def test_no_floor_below_the_configuration_takes_the_whole_configuration():
     found = [f"monitor/{p.relative_to(ROOT / 'monitor')}:{where}" for p in files
              for where in whole_config_parameters(p.read_text())]
     assert found == [], "give these floors typed inputs (monitor/config/inputs.py), not the Config:\n" + "\n".join(found)
+
+
+def test_the_cycle_floor_takes_the_whole_configuration_only_where_it_is_known_to():
+    files = cycle_floor()
+    assert ROOT / "monitor" / "cycle.py" in files and ROOT / "monitor" / "forecaster.py" in files
+    found = {f"monitor/{p.relative_to(ROOT / 'monitor')}:{where.split(': ', 1)[1]}" for p in files
+             for where in whole_config_parameters(p.read_text())}
+    assert found == CYCLE_FLOOR_LEFT  # a new one: give it typed inputs; one gone: take it off the list
