@@ -105,7 +105,7 @@ def test_no_floor_below_the_configuration_takes_the_whole_configuration():
     assert {"capacity", "sources", "history", "digest", "step.py", "kit"} <= names  # the layers were read
     found = [f"monitor/{p.relative_to(ROOT / 'monitor')}:{where}" for p in files
              for where in whole_config_parameters(p.read_text())]
-    assert found == [], "give these floors typed inputs (monitor/config/inputs.py), not the Config:\n" + "\n".join(found)
+    assert found == [], "give these typed inputs (monitor/config/inputs.py), not the Config:\n" + "\n".join(found)
 
 
 def test_the_cycle_floor_takes_the_whole_configuration_only_where_it_is_known_to():
