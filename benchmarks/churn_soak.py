@@ -108,6 +108,7 @@ def child(forget_after: float, cycles: int) -> dict:
     import time
     from dataclasses import replace
     from monitor.capacity.enrich import CapacityState
+    from monitor.config.inputs import capacity_inputs, step_settings
     from monitor.config import Config, Target
     from monitor.cycle import Pipeline
     from monitor.export.collector import Exposition
@@ -120,14 +121,14 @@ def child(forget_after: float, cycles: int) -> dict:
     now = [START]
     cfg = Config(vllm_targets=[Target(base + p) for p in fleet.paths()], interval=INTERVAL, latency_window=300.0,
                  history_keep=600.0, forget_after=forget_after, scrape_timeout=2.0)
-    pipe = Pipeline(cfg, clock=lambda: now[0], capacity=CapacityState(cfg))
+    pipe = Pipeline(cfg, clock=lambda: now[0], capacity=CapacityState(capacity_inputs(cfg)))
     exposition, trends = Exposition(), Trends()
     samples, wall0 = [], time.monotonic()
     for cycle in range(cycles):
         now[0] = START + (cycle + 1) * INTERVAL
         fleet.advance(cycle, now[0])
         pipe.config = cfg = replace(cfg, vllm_targets=[Target(base + p) for p in fleet.paths()])
-        pipe.state.config = cfg
+        pipe.state.settings = step_settings(cfg)
         snap = pipe.run_cycle(wait_seconds=10.0)
         exposition.update(snap)
         trends.add(snap)

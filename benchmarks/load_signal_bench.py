@@ -26,10 +26,12 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 from headroom_lab.sim.fleet import Fleet, config_from_dict  # noqa: E402
 from monitor.capacity.enrich import CapacityState  # noqa: E402
+from monitor.config.inputs import capacity_inputs  # noqa: E402
 from monitor.capacity.load_window import LoadWindows  # noqa: E402
 from monitor.config import Capacity, Config, PoolSettings, Target  # noqa: E402
 from monitor.capacity.slo import SloSettings  # noqa: E402
 from monitor.step import CycleInputs, CycleState, step  # noqa: E402
+from monitor.config.inputs import step_settings  # noqa: E402
 from monitor.sources.vllm import readings_from_text  # noqa: E402
 from headroom_lab.sim.exposition import render_vllm  # noqa: E402
 
@@ -54,7 +56,7 @@ def trial(seed: int) -> dict:
     url = "http://r0:8000/metrics"
     cfg = Config(vllm_targets=[Target(url)], pools={"m": PoolSettings(max_num_seqs=8)},
                  capacity=Capacity(), slos=SloSettings(), latency_window=WINDOW)
-    state = CycleState(cfg, CapacityState(cfg))
+    state = CycleState(step_settings(cfg), CapacityState(capacity_inputs(cfg)))
     window = LoadWindows(WINDOW)
     samples: list[tuple[float, float]] = []
     rows = []

@@ -31,12 +31,14 @@ from typing import Callable, Iterable, Optional
 
 from .capacity.enrich import CapacityState
 from .config import Config
+from .config.inputs import step_settings
 from .model import ReplicaReading, Snapshot, SourceStatus
 from .model.poolkey import normalise
 from .model.readings import GatewayConfig
 from monitor.kit.http import BodyBudget, Fetcher
 from monitor.kit.text import valid_text
 from monitor.kit.ticker import steady_clock
+from .history.slo_history import prometheus_windows
 from .sources.auxiliary import AuxSources, late as _late
 from .sources.gateway_pace import gateway_timeout
 from .sources.prometheus_reader import PrometheusRead, PrometheusSourceReader
@@ -101,7 +103,8 @@ def cycle_deadline_seconds(cfg: Config) -> float:
     timeouts = [cfg.prometheus.timeout] if cfg.prometheus else []
     if cfg.vllm_targets or cfg.gateways or cfg.dcgm_targets:
         timeouts.append(cfg.scrape_timeout)
-    timeouts += [gateway_timeout(cfg, gw) for gw in cfg.gateways]  # a gateway's own (a slow LiteLLM's)
+    timeouts += [gateway_timeout(gw, cfg.scrape_timeout, cfg.interval)  # a gateway's own (a slow LiteLLM's)
+                 for gw in cfg.gateways]
     return max(0.05, min(0.9 * cfg.interval, max(timeouts, default=0.0) + DEADLINE_MARGIN))
 
 
@@ -116,7 +119,7 @@ def pool_slo_signals(cfg: Config) -> tuple[str, ...]:
 class Pipeline:
     """The sources, the state between cycles and the published snapshot.
 
-    capacity: the capacity layer's state (`CapacityState(cfg)`; None: no capacity, tasks or power).
+    capacity: the capacity layer's state (`CapacityState(capacity_inputs(cfg))`; None: no capacity, tasks or power).
     forecasts: returns the forecaster's latest result (monitor/forecaster.py); read once per
     cycle, so the cycle's /metrics, /api/v1/snapshot and landing page show the same forecast.
     """
@@ -133,7 +136,7 @@ class Pipeline:
         self._tick: Optional[tuple[float, float]] = None  # (wall, steady) when the previous cycle began
         self._clock_listeners: list[Callable[[float, float], None]] = []
         self.finished_at: Optional[float] = None  # time.monotonic() when the last cycle published
-        self.state = CycleState(config, capacity)
+        self.state = CycleState(step_settings(config), capacity)
         self.forecasts = forecasts
         self.skipped_cycles = 0
         self.latest: Optional[Snapshot] = None
@@ -156,11 +159,17 @@ class Pipeline:
         if capacity is not None:
             gateway_configs = [capacity.gateway_config(gw.kind, gw.task_label, gw.session_label)
                                for gw in config.gateways]
-        self.aux = AuxSources(config, self.budget, gateway_configs)
+        self.aux = AuxSources(gateways=config.gateways, dcgm_targets=config.dcgm_targets, alerts=config.alerts,
+                              scrape_timeout=config.scrape_timeout, interval=config.interval, pool_by=config.pool_by,
+                              budget=self.budget, gateway_configs=gateway_configs)
         self._sources: Optional[DeadlinePool] = None
-        # Prometheus mode: time -> the SLO burn windows from Prometheus (monitor/history/slo_history.py attach); the
+        # Prometheus mode: time -> the SLO burn windows from Prometheus (monitor/history/slo_history.py); the
         # cycle passes None: at the query layer's own time, never headroom's clock (which may have stepped)
         self.slo_windows: Optional[Callable[[Optional[float]], dict]] = None
+        if capacity is not None and self.prom is not None:
+            self.slo_windows = prometheus_windows(
+                self.prom.client, capacity.slo, [(gw.kind, gw.task_label) for gw in config.gateways],
+                interval=config.interval, timeout=config.prometheus.timeout, pool_by=config.pool_by).read
         self._slo_windows_failing = False
 
     # the state between cycles, as the pipeline's callers read it

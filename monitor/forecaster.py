@@ -8,7 +8,7 @@ missed runs coalesced; each run in a daemon thread). Each run asks `load_history
 settings (give `ForecastSettings` a `runner`, e.g. monitor/kit/timebox.py `FitPool(seconds, FIT_MODULES)`,
 to time-box every fit in a worker process: an overrunning fit is killed, reported in the series' `errors`, and the next
 model in the fallback order is used), and publishes the results in a `LatestResult`. The
-collection cycle reads `latest.get()` once per cycle (monitor/cycle.py `Pipeline.forecasts`): the
+collection cycle reads `latest.get()` once per cycle (monitor/app/forecasts.py `ForecastLoop`): the
 published object (monitor/model.py `RefitResult`), taken under a lock, never a fit; the cycle's snapshot carries it to /metrics,
 /api/v1/snapshot and `/`.
 """
@@ -48,12 +48,12 @@ class LatestResult:
 class ForecastScheduler:
     def __init__(self, load_history: Callable[[], dict], capacity: Callable[[], dict],
                  settings: PoolSettings = PoolSettings(), interval_minutes: float = 15.0,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, latest: Optional[LatestResult] = None):
         if not interval_minutes > 0:
             raise ValueError(f"refit interval must be positive minutes, got {interval_minutes!r}")
         self.load_history, self.capacity = load_history, capacity
         self.settings, self.interval_minutes, self.clock = settings, interval_minutes, clock
-        self.latest = LatestResult()
+        self.latest = latest if latest is not None else LatestResult()  # where refits are published
         self._runs = 0
         self._run_lock = threading.Lock()
         self._thread: Optional[threading.Thread] = None

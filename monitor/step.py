@@ -13,7 +13,8 @@ In order:
   3. keep each reading for global.history_keep; forget replicas that have been silent that long;
   4. derive the pools (monitor/derive/core.py); a replica that did not answer is stale;
   5. keep the shard's pools (global.shard) and each pool's last fresh time;
-  6. capacity, tasks and power (monitor/capacity/enrich.py `assess`), when the state has them;
+  6. capacity, tasks and power (monitor/capacity/enrich.py `assess`, which returns them; attached here),
+     when the state has them;
   7. each pool's forecast: the forecaster's latest result, as `collect` found it; then its spare
      capacity for deferrable work until the next peak (monitor/capacity/spare_pool.py);
   8. forget what has not been seen for global.forget_after (`expire`): state stays bounded under churn.
@@ -23,10 +24,12 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Any, Optional, Protocol, Sequence
+from typing import Mapping, Optional, Sequence
 
-from .capacity.enrich import CapacityState, assess
+from .capacity.enrich import Assessed, CapacityState, assess
 from .capacity.headroom import recommended_replicas
+from .capacity.inputs import settings_of
+from .capacity.settings import PoolSettings
 from .capacity.spare_pool import SpareSettings, spare_for
 from .derive.core import derive_pools, pool_of
 from .derive.gateway_queues import apply_gateway_queues
@@ -39,23 +42,26 @@ from .model.readings import DcgmReading, GatewayScrape
 log = logging.getLogger(__name__)
 
 
-class StepSettings(Protocol):
-    """What `step` reads of the configuration: the `global:` keys below, the gateways' pool maps and
-    each pool's settings. The app hands in its `Config` (monitor/config), which has them all; the
-    step sees only these."""
+@dataclass(frozen=True)
+class StepSettings:
+    """What `step` reads of the configuration: the `global:` keys below, each gateway's pool map
+    (sources.gateways[i].pools), the spare-capacity keys of `capacity:` and the pools' settings.
+    The application builds it from its Config (monitor/config/inputs.py `step_settings`)."""
 
-    pool_by: Any
-    gateways: Sequence[Any]  # each with .pools: the gateway's pool label -> headroom pool
-    forget_after: float
-    max_models_per_target: int
-    max_series: int
-    history_keep: float
-    latency_window: float
-    stall_window: float
-    shard: Optional[tuple[int, int]]
-    capacity: Any  # the `capacity:` section: its spare_* keys (monitor/capacity/spare_pool.py SpareSettings)
+    pool_by: tuple[str, ...] = ("model_name",)
+    gateway_pools: tuple[Optional[Mapping[str, str]], ...] = ()  # per gateway: its pool label -> headroom pool
+    forget_after: float = 3600.0
+    max_models_per_target: int = 64
+    max_series: int = 100_000
+    history_keep: float = 3600.0
+    latency_window: float = 300.0
+    stall_window: float = 60.0
+    shard: Optional[tuple[int, int]] = None
+    spare: SpareSettings = field(default_factory=SpareSettings)  # capacity.spare_* (monitor/capacity/spare_pool.py)
+    pools: Mapping[str, PoolSettings] = field(default_factory=dict)  # pools: (name or *) -> settings
 
-    def pool_settings(self, pool: str) -> Any: ...
+    def pool_settings(self, pool: str) -> PoolSettings:
+        return settings_of(self.pools, pool)
 
 
 @dataclass
@@ -83,7 +89,7 @@ class CycleInputs:
 class CycleState:
     """What a cycle leaves to the next one."""
 
-    config: StepSettings
+    settings: StepSettings
     capacity: Optional[CapacityState] = None  # None: the pipeline has no capacity layer
     history: dict[str, deque[ReplicaReading]] = field(default_factory=dict)  # "target|model" -> readings
     errors: dict[tuple[str, str], float] = field(default_factory=dict)  # (source, reason) -> count
@@ -144,30 +150,33 @@ def step(state: CycleState, inputs: CycleInputs, now: float) -> tuple[CycleState
     count_into(state.anomalies, inputs.anomalies)
     readings = _cap(state, inputs.readings)
     _watch_kv_capacity(state, readings, now)
-    state.lead_times.observe(readings, state.config.pool_by, first_cycle=state.cycles == 1)
+    state.lead_times.observe(readings, state.settings.pool_by, first_cycle=state.cycles == 1)
     history = _remember(state, readings, now)
     pools = _derive(state, history, inputs, now)
     _name_slow(state, pools, now)
     gateway_anomalies: dict = {}
-    apply_gateway_queues(pools, inputs.gateways, [gw.pools for gw in state.config.gateways], gateway_anomalies,
+    apply_gateway_queues(pools, inputs.gateways, list(state.settings.gateway_pools), gateway_anomalies,
                          state.fleet)
     if state.capacity is not None:
         try:
-            assess(state.capacity, pools, history, inputs.gateways, inputs.dcgm, now, inputs.slo_windows,
-                   gateway_anomalies, state.fleet)
+            assessed = assess(state.capacity, pools, history, inputs.gateways, inputs.dcgm, now, inputs.slo_windows,
+                              gateway_anomalies, state.fleet)
         except Exception:  # the capacity layer must never take the cycle down
             log.exception("capacity assessment failed")
             count_into(state.errors, {("enricher", "capacity"): 1.0})
+        else:
+            for p in pools:
+                attach_capacity(p, assessed.get(p.pool))
     if gateway_anomalies.get("gateway_queue_unmapped") and "gateway_queue_unmapped" not in state.anomalies:
         log.warning("a gateway queue names no one pool it may feed (a model served by two pools in its scope, or a "
                     "pool label its pools: map leaves out): not counted on any pool; give the gateway labels "
                     "(e.g. {cluster: a}) or pools: (headroom_input_anomalies_total{kind=\"gateway_queue_unmapped\"})")
     count_into(state.anomalies, gateway_anomalies)
-    spare_settings = SpareSettings.of(state.config.capacity)
+    spare_settings = state.settings.spare
     for p in pools:
         for rd in p.replica_detail:
             rd.kv_capacity_changes = state.kv_capacity_changes.get((p.pool, rd.replica), 0.0)
-        configured = state.config.pool_settings(p.pool).replica_lead_time
+        configured = state.settings.pool_settings(p.pool).replica_lead_time
         measured = state.lead_times.measured.get(p.pool)
         p.replica_lead_time_seconds = configured if configured is not None else measured
         p.replica_lead_time_source = ("configured" if configured is not None else
@@ -188,11 +197,20 @@ def step(state: CycleState, inputs: CycleInputs, now: float) -> tuple[CycleState
                            slow={f"{s}|{t}": v for (s, t), v in state.slow.items()})
 
 
+def attach_capacity(p: PoolSnapshot, assessed: Optional[Assessed]) -> None:
+    """The capacity layer's results on the pool the step is building."""
+    if assessed is None:
+        return
+    p.capacity, p.tasks, p.shed_rates = assessed.capacity, assessed.tasks, assessed.shed_rates
+    p.gateway_queued, p.gateway_queued_source = assessed.gateway_queued, assessed.gateway_queued_source
+    p.gateway_added_latency, p.kv_tiers = assessed.gateway_added_latency, assessed.kv_tiers
+
+
 def expire(state: CycleState, now: float, present: frozenset | set = frozenset()) -> None:
     """Forget what has not been seen for global.forget_after: sources no longer reported down, pools'
     last fresh times (not of the `present` pools), lead-time bookkeeping, the capacity layer's
     per-pool and per-replica state (the readings themselves go after global.history_keep)."""
-    before = now - state.config.forget_after
+    before = now - state.settings.forget_after
     for key in [k for k, t in state.down_seen.items() if t < before]:
         del state.down_seen[key]
         state.down.pop(key, None)
@@ -268,7 +286,7 @@ def _watch_kv_capacity(state: CycleState, readings: list[ReplicaReading], now: f
     for r in readings:
         if r.kv_capacity_tokens is None:
             continue
-        key = (pool_of(r, state.config.pool_by), r.target)
+        key = (pool_of(r, state.settings.pool_by), r.target)
         old = state.kv_capacity.get(key)
         state.kv_capacity[key] = (r.kv_capacity_tokens, now)
         if old is not None and old[0] != r.kv_capacity_tokens:
@@ -283,7 +301,7 @@ def _key(r: ReplicaReading) -> str:
 
 def _per_target(state: CycleState, readings: list[ReplicaReading]) -> list[ReplicaReading]:
     """At most global.max_models_per_target readings per target (the first models by name)."""
-    limit = state.config.max_models_per_target
+    limit = state.settings.max_models_per_target
     by_target: dict[str, list[ReplicaReading]] = {}
     for r in readings:
         by_target.setdefault(r.target, []).append(r)
@@ -302,7 +320,7 @@ def _per_target(state: CycleState, readings: list[ReplicaReading]) -> list[Repli
 
 def _cap(state: CycleState, readings: list[ReplicaReading]) -> list[ReplicaReading]:
     readings = _per_target(state, readings)
-    limit = state.config.max_series
+    limit = state.settings.max_series
     if len(readings) + len(state.history) <= limit:
         return readings
     known = [r for r in readings if _key(r) in state.history]
@@ -317,7 +335,7 @@ def _cap(state: CycleState, readings: list[ReplicaReading]) -> list[ReplicaReadi
 
 def _remember(state: CycleState, readings: list[ReplicaReading], now: float) -> dict[str, list[ReplicaReading]]:
     """Add the cycle's readings to the history; returns it as plain lists, with the keys fresh now."""
-    keep = state.config.history_keep
+    keep = state.settings.history_keep
     for r in readings:
         dq = state.history.get(_key(r))
         if dq is None:
@@ -333,7 +351,7 @@ def _remember(state: CycleState, readings: list[ReplicaReading], now: float) -> 
 
 def _derive(state: CycleState, history: dict[str, list[ReplicaReading]], inputs: CycleInputs,
             now: float) -> list[PoolSnapshot]:
-    cfg = state.config
+    settings = state.settings
     down_targets = {st.target for st in inputs.statuses if not st.up}
     fresh_keys = {_key(r) for r in inputs.readings}
     # the query layer did not answer: the replicas are not known down, only unread. The pools keep
@@ -346,19 +364,19 @@ def _derive(state: CycleState, history: dict[str, list[ReplicaReading]], inputs:
     for key, readings in history.items():
         if key not in fresh_keys and not (blind and readings[-1].timestamp == last_read):
             stale_targets.add(readings[-1].target)
-        expected.setdefault(pool_of(readings[-1], cfg.pool_by), set()).add(readings[-1].target)
+        expected.setdefault(pool_of(readings[-1], settings.pool_by), set()).add(readings[-1].target)
     overflow: dict = {}
-    pools = derive_pools(history, now, cfg.latency_window, cfg.pool_by, down_targets=stale_targets,
-                         expected=expected, stall_window=cfg.stall_window, anomalies=overflow,
+    pools = derive_pools(history, now, settings.latency_window, settings.pool_by, down_targets=stale_targets,
+                         expected=expected, stall_window=settings.stall_window, anomalies=overflow,
                          pool_histograms=inputs.pool_histograms, pool_totals=inputs.pool_totals)
     count_into(state.anomalies, overflow)
     if blind and not fresh_keys:
         for p in pools:
             p.stale = True
     state.fleet = [(p.pool, p.model) for p in pools]
-    if cfg.shard is not None:
+    if settings.shard is not None:
         from .model.shard import owns  # noqa: PLC0415
-        pools = [p for p in pools if owns(p.pool, cfg.shard)]
+        pools = [p for p in pools if owns(p.pool, settings.shard)]
     for p in pools:
         if not p.stale:
             state.last_fresh[p.pool] = now

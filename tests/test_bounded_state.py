@@ -7,9 +7,11 @@ down once and is never seen again. 200 cycles (50 min); forget_after 300 s = 20 
 from __future__ import annotations
 
 from monitor.capacity.enrich import CapacityState
+from monitor.config.inputs import capacity_inputs
 from monitor.config import Config, GatewaySource, Target
 from monitor.capacity.slo_settings import read_slos
 from monitor.cycle import CycleInputs, CycleState, step
+from monitor.config.inputs import step_settings
 from monitor.derive.lead_time import LeadTimes
 from monitor.export.landing import Trends
 from monitor.model import Histogram, PoolSnapshot, ReplicaReading, Snapshot, SourceStatus
@@ -45,7 +47,7 @@ def churned_state() -> CycleState:
                  history_keep=120.0, forget_after=300.0,
                  slos=read_slos({"windows": ["1m", "5m"],
                                  "pools": {f"m{i}": {"ttft_p95_seconds": 0.5} for i in range(2 * CYCLES)}}))
-    state = CycleState(cfg, CapacityState(cfg))
+    state = CycleState(step_settings(cfg), CapacityState(capacity_inputs(cfg)))
     for n in range(CYCLES):
         state, _snap = step(state, inputs(n), T0 + n * STEP)
     return state
@@ -98,7 +100,7 @@ def test_a_pool_seen_again_keeps_its_state_and_a_forgotten_one_starts_over():
 def test_gateway_readings_are_forgotten_with_their_pool():
     from monitor.capacity.tasks import TaskWindow
     cfg = Config(vllm_targets=[Target("http://a/metrics")], gateways=[GatewaySource(kind="app", url="http://g")])
-    cap = CapacityState(cfg)
+    cap = CapacityState(capacity_inputs(cfg))
     for key, t in (((0, "old"), T0), ((0, "new"), T0 + 600)):
         cap.gateway_windows[key] = TaskWindow(300.0)
         cap.gateway_windows[key].add(GatewayReading("app", t))
@@ -146,7 +148,7 @@ def test_prometheus_mode_forgets_instances_unseen_for_forget_after():
 
 def test_a_forgotten_pool_takes_its_steady_prior_and_its_burn_window_pools_with_it():
     cfg = Config(vllm_targets=[Target("http://a/metrics")])
-    cap = CapacityState(cfg)
+    cap = CapacityState(capacity_inputs(cfg))
     from monitor.capacity.knee import SteadyPrior
     cap.priors["gone"], cap.priors["here"] = SteadyPrior(None), SteadyPrior(None)
     cap.pool_seen.update({"gone": T0, "here": T0 + 600})

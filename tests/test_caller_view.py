@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from monitor.capacity.enrich import CapacityState
+from monitor.config.inputs import capacity_inputs
 from monitor.capacity.headroom import CapacitySettings, pool_capacity
 from monitor.capacity.knee import Knee
 from monitor.capacity.load_window import LoadWindows
@@ -18,6 +19,7 @@ from monitor.capacity.slo import SloTracker, Target
 from monitor.capacity.slo_limit import MIN_OBSERVATIONS, Judged, judged_from_counts, slo_limit
 from monitor.config import Config, GatewaySource, Target as EngineTarget
 from monitor.cycle import CycleInputs, CycleState, step
+from monitor.config.inputs import step_settings
 from monitor.derive import histogram as histo
 from monitor.export.samples import Renderer
 from monitor.export.snapshot_json import snapshot_to_dict
@@ -108,7 +110,7 @@ def _cycle(in_flight: float, running: float, waiting: float, gateway_pool=None):
     assert gw.reading.in_flight == in_flight
     cfg = Config(vllm_targets=[EngineTarget("http://v:8000/metrics")],
                  gateways=[GatewaySource(kind="litellm", url=GW, pool=gateway_pool)])
-    _, snap = step(CycleState(cfg, CapacityState(cfg)), CycleInputs(readings=r.readings, statuses=[r.status, SourceStatus("gateway", GW, True)],
+    _, snap = step(CycleState(step_settings(cfg), CapacityState(capacity_inputs(cfg))), CycleInputs(readings=r.readings, statuses=[r.status, SourceStatus("gateway", GW, True)],
                                                 gateways=[gw]), NOW)
     return snap
 
@@ -238,7 +240,7 @@ def test_current_judges_little_s_law_plus_the_averaged_gateway_queue():
     from monitor.capacity.enrich import _judged_load
     from monitor.model import Quantiles
     cfg = Config(vllm_targets=[EngineTarget("http://v:8000/metrics")], latency_window=300.0)
-    state = CapacityState(cfg)
+    state = CapacityState(capacity_inputs(cfg))
     p = PoolSnapshot(pool="tiny", model="tiny", replicas=1, active_requests=8.0, queued_requests=4.0)
     p.gateway_queued = {GW: 6.0}
     # no completions measured yet: the time-weighted mean of the cycles' loads (one cycle: 18)
@@ -256,7 +258,7 @@ def test_a_pool_target_on_the_gateway_s_call_latency_is_judged_and_limits():
     from monitor.model.readings import GatewayReading, GatewayScrape, TaskCumulative
     cfg = Config(vllm_targets=[EngineTarget("http://v:8000/metrics")], gateways=[GatewaySource(kind="litellm", url=GW)],
                  slos=SloSettings(pool_targets={"tiny": [Target(seconds=2.0, objective=0.95, signal="call")]}))
-    state = CycleState(cfg, CapacityState(cfg))
+    state = CycleState(step_settings(cfg), CapacityState(capacity_inputs(cfg)))
     engine = _with(_with(VLLM, "vllm:num_requests_running", 3.0), "vllm:num_requests_waiting", 1.0)
 
     def cycle(t: float, calls: float, slow: float):

@@ -6,9 +6,11 @@ from __future__ import annotations
 import pytest
 
 from monitor.capacity.enrich import CapacityState
+from monitor.config.inputs import capacity_inputs
 from monitor.config import Capacity
 from monitor.capacity.slo_settings import read_slos
 from monitor.cycle import CycleState, step
+from monitor.config.inputs import step_settings
 from monitor.export.samples import snapshot_samples
 from headroom_lab.sim.fleet import Fleet, theoretical_knee
 from simfleet import TASK_LABELS, calls, cycle_inputs, one_pool, task, watched
@@ -27,8 +29,8 @@ def test_capacity_in_the_cycle_step_learns_the_knee_and_exports_catalogue_sample
     urls, cfg = watched(fleet, Capacity(knee_signal="queue", task_classes={"agent": "batch"}),
                         read_slos({"task_types": {"ask": {"p95_seconds": 5}, "agent": {"p90_seconds": 30}},
                                    "windows": ["1m", "5m"], "pools": {"m": {"ttft_p95_seconds": 0.5}}}))
-    capacity = CapacityState(cfg)
-    state = CycleState(cfg, capacity)
+    capacity = CapacityState(capacity_inputs(cfg))
+    state = CycleState(step_settings(cfg), capacity)
     snaps = []
     for level in LEVELS:
         fleet.sp["level"] = level

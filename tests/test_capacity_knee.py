@@ -204,16 +204,18 @@ def test_the_cycle_keeps_the_prior_and_the_kv_limit_steady():
     request alternates 853.33 / 300 every cycle; the prior knee, the KV limit and the headroom
     they give stay put (before: 3.6 <-> 8 and headroom 1 - 3/3.6 = 17% <-> 1 - 3/8 = 63%)."""
     from monitor.capacity.enrich import CapacityState, assess
+    from monitor.config.inputs import capacity_inputs
     from monitor.config import Config, PoolSettings
     from monitor.model import PoolSnapshot
+    from monitor.step import attach_capacity
     cfg = Config(pools={"m": PoolSettings(max_num_seqs=8)})
-    state = CapacityState(cfg)
+    state = CapacityState(capacity_inputs(cfg))
     knees, kv_caps, ratios = [], [], []
     for i in range(40):
         per_req = 3072 / 3.6 if i % 2 == 0 else 300.0
         p = PoolSnapshot(pool="m", model="m", replicas=1, replicas_configured=1, active_requests=3.0,
                          queued_requests=0.0, kv_tokens_live=3 * per_req, kv_tokens_capacity=3072.0)
-        assess(state, [p], {}, now=1000.0 + 10 * i)
+        attach_capacity(p, assess(state, [p], {}, now=1000.0 + 10 * i)["m"])
         knees.append(p.capacity.knee_requests)
         kv_caps.append(p.capacity.capacity_requests.kv)
         ratios.append(p.capacity.ratio.current)

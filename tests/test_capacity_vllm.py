@@ -128,6 +128,8 @@ def test_live_tasks_and_sessions_over_the_task_window(litellm_gateway, vllm_smal
     from prometheus_client import CollectorRegistry, Counter as PCounter, Gauge, generate_latest
 
     from monitor.capacity.enrich import CapacityState, assess
+    from monitor.step import attach_capacity
+    from monitor.config.inputs import capacity_inputs
     from monitor.config import from_dict
     from monitor.model import PoolSnapshot
     from monitor.sources.gateway import UNATTRIBUTED, read_gateway_scrape
@@ -140,7 +142,7 @@ def test_live_tasks_and_sessions_over_the_task_window(litellm_gateway, vllm_smal
                      "sources": {"vllm": {"targets": [vllm_small_engine.url + "/metrics"]},
                                  "gateways": [{"kind": "litellm", "url": litellm_gateway.info["metrics_url"], "pool": model},
                                               {"kind": "app", "url": "http://app/metrics", "pool": model}]}})
-    state = CapacityState(cfg)
+    state = CapacityState(capacity_inputs(cfg))
     gcfg = [state.gateway_config(g.kind, g.task_label, g.session_label) for g in cfg.gateways]
     # one call without metadata: the proxy writes metadata_task_type="None" for it
     r = requests.post(litellm_gateway.url + "/v1/chat/completions", timeout=300,
@@ -161,7 +163,7 @@ def test_live_tasks_and_sessions_over_the_task_window(litellm_gateway, vllm_smal
             scrapes = [read_gateway_scrape(text, gcfg[0], ts, 0, "litellm", model),
                        read_gateway_scrape(generate_latest(registry).decode(), gcfg[1], app_ts, 1, "app", model)]
             pool = PoolSnapshot(pool=model, model=model, replicas=1)
-            assess(state, [pool], {}, scrapes, (), app_ts)
+            attach_capacity(pool, assess(state, [pool], {}, scrapes, (), app_ts)[model])
             by_type = pool.tasks.by_type
             assert "None" not in by_type and "" not in by_type
             s = by_type.get(tt)

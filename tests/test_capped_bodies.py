@@ -10,6 +10,7 @@ import pytest
 
 from hostile import HostileServer
 from monitor.capacity.enrich import CapacityState
+from monitor.config.inputs import capacity_inputs
 from monitor.config import Config, GatewaySource, Target
 from monitor.cycle import Pipeline
 from monitor.derive.gateway_queues import apply_gateway_queues
@@ -83,7 +84,7 @@ def test_the_cycle_does_not_parse_a_huge_router_body():
     try:
         cfg = Config(vllm_targets=[Target(server.url("/metrics"))],
                      gateways=[GatewaySource(kind="llm-d", url=server.url("/epp"))], scrape_timeout=10.0)
-        pipe = Pipeline(cfg, capacity=CapacityState(cfg))
+        pipe = Pipeline(cfg, capacity=CapacityState(capacity_inputs(cfg)))
         try:
             snap = pipe.run_cycle(wait_seconds=20.0)
         finally:
@@ -116,7 +117,7 @@ def test_a_body_of_many_small_rows_is_read_up_to_the_row_cap_and_the_cut_counted
     try:
         cfg = Config(vllm_targets=[Target(server.url("/metrics"))],
                      gateways=[GatewaySource(kind="llm-d", url=server.url("/epp"))], scrape_timeout=30.0)
-        pipe = Pipeline(cfg, capacity=CapacityState(cfg))
+        pipe = Pipeline(cfg, capacity=CapacityState(capacity_inputs(cfg)))
         try:
             snap = pipe.run_cycle(wait_seconds=60.0)
         finally:
@@ -151,7 +152,7 @@ def test_a_gateway_body_is_parsed_inside_the_cycle_deadline(monkeypatch):
     try:
         cfg = Config(vllm_targets=[Target(server.url("/metrics"))],
                      gateways=[GatewaySource(kind="llm-d", url=server.url("/epp"))], scrape_timeout=30.0)
-        pipe = Pipeline(cfg, capacity=CapacityState(cfg))
+        pipe = Pipeline(cfg, capacity=CapacityState(capacity_inputs(cfg)))
         try:
             snap = pipe.run_cycle(wait_seconds=5.0)
             # the cycle published while the gateway body's parse was still running (it began, never ended)

@@ -1,8 +1,10 @@
 """Cardinality bounds (issue #20 part 4): one target serving thousands of models is cut to
 global.max_models_per_target and counted; it cannot lock other replicas out of global.max_series."""
 from monitor.capacity.enrich import CapacityState
+from monitor.config.inputs import capacity_inputs
 from monitor.config import Config, Target
 from monitor.cycle import CycleInputs, CycleState, step
+from monitor.config.inputs import step_settings
 from monitor.model import SourceStatus
 from monitor.sources.vllm import readings_from_text
 from servers import fixture
@@ -22,7 +24,7 @@ def test_a_runaway_target_is_cut_per_target_and_the_others_still_fit():
     good = [f"http://good-{i}:8000/metrics" for i in range(3)]
     runaway = "http://runaway:8000/metrics"
     cfg = Config(vllm_targets=[Target(u) for u in [*good, runaway]], max_series=100, max_models_per_target=8)
-    state = CycleState(cfg, CapacityState(cfg))
+    state = CycleState(step_settings(cfg), CapacityState(capacity_inputs(cfg)))
     for n, t in enumerate((1000.0, 1015.0)):
         readings = readings_from_text(_runaway(5000), runaway, t)
         for u in good:  # the good replicas come after the runaway one, as they would on a restart

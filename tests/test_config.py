@@ -100,12 +100,13 @@ def test_capacity_is_typed_and_its_defaults_are_the_knee_estimators():
     assert (cfg.capacity.knee_signal, cfg.capacity.confirmations) == ("ttft", 2)
     assert cfg.capacity.min_confidence == default_of(Capacity, "min_confidence")
     from monitor.capacity.enrich import SIGNAL_HIST, CapacityState
+    from monitor.config.inputs import capacity_inputs
     from monitor.capacity.knee import KneeEstimator
     assert set(_choice_options(Capacity, "knee_signal")) == set(SIGNAL_HIST)
     knee = inspect.signature(KneeEstimator).parameters
     for name in ("min_confidence", "min_change", "confirmations", "min_observations"):
         assert default_of(Capacity, name) == knee[name].default, name
-    state = CapacityState(cfg)
+    state = CapacityState(capacity_inputs(cfg))
     assert (state.signal, state.knee_opts["confirmations"]) == ("ttft", 2)
     assert state.min_span == default_of(Capacity, "knee_min_span_seconds")
 

@@ -10,13 +10,16 @@ import copy
 import json
 import logging
 import time
+from dataclasses import replace
 
 import pytest
 
 from monitor.capacity.enrich import CapacityState
+from monitor.config.inputs import capacity_inputs
 from monitor.config import Capacity, PoolSettings
 from monitor.capacity.slo_settings import read_slos
 from monitor.cycle import CycleInputs, CycleState, step
+from monitor.config.inputs import step_settings
 from monitor.export.samples import Renderer
 from monitor.export.snapshot_json import snapshot_to_dict
 from monitor.forecast.pool import CAPACITY_SERIES, Horizon, PoolForecast, SeriesOutlook
@@ -65,7 +68,7 @@ def no_clock(monkeypatch):
 
 def warmed_up(cycles: int = 12):
     fleet, urls, cfg = fleet_and_config()
-    state = CycleState(cfg, CapacityState(cfg))
+    state = CycleState(step_settings(cfg), CapacityState(capacity_inputs(cfg)))
     for _ in range(cycles):
         fleet.advance(5.0)
         state, _snap = step(state, inputs_at(fleet, urls, cfg, state.capacity), fleet.t)
@@ -125,7 +128,8 @@ def test_recommended_replicas_is_the_hand_computation(no_clock):
     """peak_upper 31 over the day; the pool's knee over its 2 replicas; N - 1 replicas must hold 31."""
     import math
     state, inputs, now = warmed_up(cycles=2)
-    state.config.pools["m"] = PoolSettings(max_num_seqs=16, watts_per_replica=700.0, replica_lead_time=600.0)
+    state.settings = replace(state.settings, pools={"m": PoolSettings(max_num_seqs=16, watts_per_replica=700.0,
+                                                                      replica_lead_time=600.0)})
     state, snap = step(state, inputs, now)
     pool = snap.pools[0]
     per_replica = pool.capacity.knee_requests / pool.replicas

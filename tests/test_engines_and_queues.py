@@ -16,6 +16,7 @@ import pytest
 
 from monitor.config import Config, EngineTarget, GatewaySource, Target
 from monitor.cycle import CycleInputs, CycleState, step
+from monitor.config.inputs import step_settings
 from monitor.export.samples import Renderer
 from monitor.export.snapshot_json import snapshot_to_dict
 from monitor.model import SourceStatus
@@ -79,7 +80,7 @@ def _config(**gw) -> Config:
 
 def test_the_pool_is_the_sum_of_its_engines_and_the_router_queue():
     inputs, parts = _inputs()
-    _, snap = step(CycleState(_config()), inputs, NOW)
+    _, snap = step(CycleState(step_settings(_config())), inputs, NOW)
     (pool,) = snap.pools
     v, s = parts["http://v:8000/metrics"], parts["http://s:30000/metrics"]
     assert pool.engines == ("sglang", "vllm")
@@ -102,10 +103,10 @@ def test_the_pool_is_the_sum_of_its_engines_and_the_router_queue():
 def test_gateway_pool_label_mapping_and_a_fixed_pool():
     inputs, _ = _inputs()
     # pool-b's queue is for another model; mapped by its inference_pool label it joins this pool
-    _, snap = step(CycleState(_config(pools={"pool-b": MODEL})), inputs, NOW)
+    _, snap = step(CycleState(step_settings(_config(pools={"pool-b": MODEL}))), inputs, NOW)
     by_label = read_gateway_queues(ROUTER, "llm-d").queued_by_pool_label()
     assert snap.pools[0].gateway_queued["http://epp:9090/metrics"] == 10.0 + by_label["pool-b"]
-    _, snap = step(CycleState(_config(pool=MODEL)), _inputs(gateway_pool=MODEL)[0], NOW)  # every row of it feeds one pool
+    _, snap = step(CycleState(step_settings(_config(pool=MODEL))), _inputs(gateway_pool=MODEL)[0], NOW)  # every row of it feeds one pool
     assert snap.pools[0].gateway_queued["http://epp:9090/metrics"] == sum(by_label.values())
 
 
@@ -114,7 +115,7 @@ def test_a_missing_waiting_family_is_unknown_not_zero():
     r = scrape_one(Body(no_waiting), Target("http://v:8000/metrics"), 5.0, clock=lambda: NOW)
     assert r.status.up and "num_requests_waiting" in r.status.missing
     cfg = Config(vllm_targets=[Target("http://v:8000/metrics")])
-    _, snap = step(CycleState(cfg), CycleInputs(readings=r.readings, statuses=[r.status]), NOW)
+    _, snap = step(CycleState(step_settings(cfg)), CycleInputs(readings=r.readings, statuses=[r.status]), NOW)
     (pool,) = snap.pools
     assert pool.queued_requests is None and pool.load_requests is None
     samples = Renderer().render(snap)
@@ -162,7 +163,7 @@ def test_a_stray_series_of_the_other_engine_does_not_decide_the_engine():
 def test_a_pools_gateway_queue_is_shown_when_every_replica_is_down():
     """Every replica of the pool down (a rollout, a crash): the router still holds 10 requests for it.
     That is when users wait, so the queue is exported, in the JSON and on the pool, not withheld."""
-    state, _ = step(CycleState(_config()), _inputs()[0], NOW)
+    state, _ = step(CycleState(step_settings(_config())), _inputs()[0], NOW)
     inputs, parts = _inputs()
     down = CycleInputs(readings=[], statuses=[SourceStatus("vllm", u, False, "connect") for u in parts],
                        gateways=inputs.gateways)

@@ -33,7 +33,7 @@ def test_background_job_refits_and_publishes_without_blocking_readers():
     sched = ForecastScheduler(load, lambda: {"a": 25.0, "b": 1000.0}, SETTINGS,
                               interval_minutes=60, clock=lambda: NOW)
     assert sched.latest.get() is None
-    scheduler = Ticker()  # the application's one scheduler (monitor/app.py)
+    scheduler = Ticker()  # the application's one scheduler (monitor/app)
     assert sched.schedule(scheduler) == "headroom-forecast-refit"
     job = scheduler.get_job("headroom-forecast-refit")
     assert job.interval == 3600 and job.first_delay == 0

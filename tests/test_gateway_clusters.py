@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from monitor.capacity.enrich import CapacityState
+from monitor.config.inputs import capacity_inputs
 from monitor.capacity.slo_settings import read_slos
 from monitor.config import Capacity, Config, GatewaySource, PrometheusSource, Target, from_dict
 from monitor.cycle import Pipeline
@@ -33,6 +34,7 @@ from monitor.sources.auxiliary import AuxSources, pool_models
 from monitor.sources.gateway_queue import read_gateway_queues
 from monitor.sources.vllm import readings_from_text
 from monitor.step import CycleInputs, CycleState, step
+from monitor.config.inputs import step_settings
 from bodies import app_task_body, vllm_body
 from servers import MetricsServer, Prometheus, scrape_config, wait_for
 from tiers import starts_servers
@@ -79,10 +81,12 @@ class Fleet:
 
     def __init__(self, cfg: Config, replicas):
         self.cfg, self.replicas = cfg, replicas
-        capacity = CapacityState(cfg)
-        self.state = CycleState(cfg, capacity)
-        self.aux = AuxSources(cfg, BodyBudget(1 << 20), [capacity.gateway_config(g.kind, g.task_label, g.session_label)
-                                                          for g in cfg.gateways])
+        capacity = CapacityState(capacity_inputs(cfg))
+        self.state = CycleState(step_settings(cfg), capacity)
+        self.aux = AuxSources(gateways=cfg.gateways, dcgm_targets=cfg.dcgm_targets, alerts=cfg.alerts,
+                              scrape_timeout=cfg.scrape_timeout, interval=cfg.interval, pool_by=cfg.pool_by,
+                              budget=BodyBudget(1 << 20), gateway_configs=[
+                                  capacity.gateway_config(g.kind, g.task_label, g.session_label) for g in cfg.gateways])
 
     def cycle(self, t: float, bodies: list[str]):
         readings = [r for url, c, m in self.replicas for r in readings_from_text(vllm_body(m), url, t, {"cluster": c})]
@@ -315,7 +319,7 @@ def test_prometheus_mode_gives_each_clusters_pool_its_own_gateway_numbers(two_cl
         cfg = Config(prometheus=PrometheusSource(url=prom.url, selector='job="vllm"'), pool_by=POOL_BY, interval=1.0,
                      gateways=[GatewaySource(kind="litellm", url=pair[1].url("/metrics"), labels={"cluster": c})
                                for c, pair in two_clusters.items()], capacity=Capacity(task_window=2.0))
-        pipeline = Pipeline(cfg, capacity=CapacityState(cfg))
+        pipeline = Pipeline(cfg, capacity=CapacityState(capacity_inputs(cfg)))
         try:
             first = pipeline.run_cycle()
             # over the window cluster a's proxy serves the captured run once more, cluster b's twice more

@@ -10,8 +10,10 @@ from __future__ import annotations
 import pytest
 
 from monitor.capacity.enrich import CapacityState
+from monitor.config.inputs import capacity_inputs
 from monitor.config import Capacity, Config, GatewaySource, Target
 from monitor.cycle import CycleInputs, CycleState, Pipeline, step
+from monitor.config.inputs import step_settings
 from monitor.sources.gateway import read_gateway_scrape
 from monitor.sources.vllm import readings_from_text
 from bodies import vllm_body
@@ -42,9 +44,9 @@ def chat_calls(snapshot) -> dict[str, float]:
 
 def test_step_gives_each_pool_the_reading_of_its_model():
     cfg = config(["http://a:8000/metrics", "http://b:8000/metrics"], "http://gw/metrics")
-    capacity = CapacityState(cfg)
+    capacity = CapacityState(capacity_inputs(cfg))
     gcfg = capacity.gateway_config("litellm", None, None)
-    state = CycleState(cfg, capacity)
+    state = CycleState(step_settings(cfg), capacity)
     for i, t in enumerate((T0, T0 + WINDOW)):
         readings = [r for url, m in (("http://a:8000/metrics", A), ("http://b:8000/metrics", B))
                     for r in readings_from_text(vllm_body(m), url, t)]
@@ -78,7 +80,7 @@ def test_collect_reads_the_gateway_per_model_of_the_cycles_pools(two_pool_server
     servers, gateway = two_pool_servers
     cfg = config([s.url("/metrics") for s in servers.values()], gateway.url("/metrics"))
     now = [T0]
-    pipeline = Pipeline(cfg, clock=lambda: now[0], capacity=CapacityState(cfg))
+    pipeline = Pipeline(cfg, clock=lambda: now[0], capacity=CapacityState(capacity_inputs(cfg)))
     try:
         gateway.bodies["/metrics"] = litellm_body(CALLS[0])
         inputs = pipeline.collect(now[0])
@@ -101,7 +103,7 @@ def test_collect_reads_the_gateway_per_model_of_the_cycles_pools(two_pool_server
 def test_one_pool_takes_the_whole_reading_and_nothing_is_read_per_model(two_pool_servers):
     servers, gateway = two_pool_servers
     cfg = config([servers[A].url("/metrics")], gateway.url("/metrics"))
-    pipeline = Pipeline(cfg, clock=lambda: T0, capacity=CapacityState(cfg))
+    pipeline = Pipeline(cfg, clock=lambda: T0, capacity=CapacityState(capacity_inputs(cfg)))
     try:
         gateway.bodies["/metrics"] = litellm_body(CALLS[0])
         [scrape] = pipeline.collect(T0).gateways

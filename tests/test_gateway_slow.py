@@ -14,6 +14,7 @@ import threading
 import pytest
 
 from monitor.capacity.enrich import CapacityState
+from monitor.config.inputs import capacity_inputs
 from monitor.config import Capacity, Config, GatewaySource, Target
 from monitor.cycle import Pipeline, cycle_deadline_seconds
 from monitor.export.collector import Exposition
@@ -57,12 +58,12 @@ def servers():
 
 def test_the_default_gateway_timeout_fits_a_slow_gateway_within_the_cycle():
     cfg = Config(gateways=[GatewaySource(kind="litellm", url="http://gw:4000/metrics")])
-    assert gateway_timeout(cfg, cfg.gateways[0]) == 9.0  # 60 % of the 15 s interval, over the 5 s scrape timeout
+    assert gateway_timeout(cfg.gateways[0], cfg.scrape_timeout, cfg.interval) == 9.0  # 60 % of the 15 s interval, over the 5 s scrape timeout
     assert cycle_deadline_seconds(cfg) == 9.5  # the cycle waits for it, under 90 % of the interval
     own = GatewaySource(kind="litellm", url="http://gw:4000/metrics", timeout=4.0)
-    assert gateway_timeout(cfg, own) == 4.0
+    assert gateway_timeout(own, cfg.scrape_timeout, cfg.interval) == 4.0
     fast = Config(interval=5.0, gateways=[GatewaySource(kind="app", url="http://gw:4000/metrics")])
-    assert gateway_timeout(fast, fast.gateways[0]) == 5.0  # never under global.scrape_timeout
+    assert gateway_timeout(fast.gateways[0], fast.scrape_timeout, fast.interval) == 5.0  # never under global.scrape_timeout
 
 
 def test_a_slow_gateway_is_slow_not_down_and_its_reading_is_kept(servers):
@@ -74,7 +75,7 @@ def test_a_slow_gateway_is_slow_not_down_and_its_reading_is_kept(servers):
                  gateways=[GatewaySource(kind="app", url=url, timeout=15.0)],
                  capacity=Capacity(task_window=10.0))
     clock = [1_790_000_000.0]
-    p = Pipeline(cfg, clock=lambda: clock[0], capacity=CapacityState(cfg))
+    p = Pipeline(cfg, clock=lambda: clock[0], capacity=CapacityState(capacity_inputs(cfg)))
 
     def cycle():
         clock[0] += 5.0
@@ -128,7 +129,7 @@ def test_a_failing_gateway_is_down_at_once(servers):
     engine, gateway = servers
     cfg = Config(vllm_targets=[Target(engine.url("/metrics"))], interval=1.0, scrape_timeout=0.5,
                  gateways=[GatewaySource(kind="app", url=gateway.url("/metrics"))], capacity=Capacity(task_window=2.0))
-    p = Pipeline(cfg, capacity=CapacityState(cfg))
+    p = Pipeline(cfg, capacity=CapacityState(capacity_inputs(cfg)))
     try:
         snap = p.run_cycle()
         assert [s.up for s in snap.sources if s.source == "gateway"] == [True]

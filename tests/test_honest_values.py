@@ -9,6 +9,7 @@ import pytest
 
 from monitor.config import Config, Target
 from monitor.cycle import CycleInputs, CycleState, step
+from monitor.config.inputs import step_settings
 from monitor.derive.gateway_queues import apply_gateway_queues
 from monitor.export.landing import Trends, render
 from monitor.export.samples import Renderer
@@ -50,7 +51,7 @@ def one_cycle(texts: list[str]):
         for kind, n in scrape.anomalies.items():
             anomalies[kind] = anomalies.get(kind, 0.0) + n
     cfg = Config(vllm_targets=[Target(f"http://r{i}/metrics") for i in range(len(texts))])
-    state = CycleState(cfg)
+    state = CycleState(step_settings(cfg))
     state, snap = step(state, CycleInputs(readings, [SourceStatus("vllm", r.target, True) for r in readings],
                                           anomalies=anomalies), T0)
     return snap
@@ -96,7 +97,7 @@ def _huge(target: str, running: float, waiting: float):
 def test_replicas_summing_past_the_largest_float_are_unknown_and_counted():
     cfg = Config(vllm_targets=[Target("http://r0/metrics"), Target("http://r1/metrics")])
     readings = [_huge("http://r0/metrics", 1.7e308, 1.0), _huge("http://r1/metrics", 1.7e308, 1.0)]
-    _, snap = step(CycleState(cfg), CycleInputs(readings, [SourceStatus("vllm", r.target, True) for r in readings]), T0)
+    _, snap = step(CycleState(step_settings(cfg)), CycleInputs(readings, [SourceStatus("vllm", r.target, True) for r in readings]), T0)
     [p] = snap.pools
     assert p.active_requests is None and p.load_requests is None
     assert snap.anomalies == {"overflow": 1.0}
@@ -105,7 +106,7 @@ def test_replicas_summing_past_the_largest_float_are_unknown_and_counted():
     assert all(math.isfinite(v) for rows in samples.values() for _labels, v in rows)
     # active and queued each finite, their sum (the load) not: both unknown
     one = [_huge("http://r0/metrics", 1.7e308, 1.7e308)]
-    [p] = step(CycleState(cfg), CycleInputs(one, [SourceStatus("vllm", "http://r0/metrics", True)]), T0)[1].pools
+    [p] = step(CycleState(step_settings(cfg)), CycleInputs(one, [SourceStatus("vllm", "http://r0/metrics", True)]), T0)[1].pools
     assert (p.active_requests, p.queued_requests, p.load_requests) == (None, None, None)
 
 

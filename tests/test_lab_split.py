@@ -148,7 +148,7 @@ def test_the_runtime_wheel_holds_the_daemon_and_lab_the_rest(tmp_path):
     packaged = [n for n in names if not n.split("/")[0].endswith(".dist-info")]
     assert packaged and all(n.startswith("monitor/") for n in packaged), packaged[:5]
     assert [n for n in packaged if n[len("monitor/"):].startswith(LAB_ONLY)] == []
-    assert {"monitor/cli.py", "monitor/kit/addons.py", "monitor/commands/digest.py", "monitor/app.py"} <= set(names)
+    assert {"monitor/cli.py", "monitor/kit/addons.py", "monitor/commands/digest.py", "monitor/app/__init__.py"} <= set(names)
     assert "headroom.commands" not in runtime_eps and "headroom = monitor.cli:main" in runtime_eps
 
     with zipfile.ZipFile(_wheel(REPO / "lab", tmp_path / "lab")) as zf:

@@ -3,6 +3,7 @@ first successful scrape to the first cycle its completed-request counter moved; 
 time wins; replicas present at start-up, or without the counter, are not measured."""
 from monitor.config import Config, PoolSettings, Target
 from monitor.cycle import CycleInputs, CycleState, step
+from monitor.config.inputs import step_settings
 from monitor.model import ReplicaReading, SourceStatus
 
 T0 = 1_790_000_000.0
@@ -14,7 +15,7 @@ def reading(target: str, t: float, done, model: str = "m") -> ReplicaReading:
 
 
 def run(cycles, cfg):
-    state = CycleState(cfg)
+    state = CycleState(step_settings(cfg))
     snap = None
     for t, readings in cycles:
         state, snap = step(state, CycleInputs(readings=readings, statuses=[SourceStatus("vllm", r.target, True)

@@ -144,9 +144,10 @@ def test_a_blind_cycle_keeps_the_last_replicas_stale_and_a_replica_gone_before_s
     from the read before is not counted back."""
     from monitor.config import PrometheusSource
     from monitor.cycle import CycleInputs, CycleState, step
+    from monitor.config.inputs import step_settings
     from monitor.model import SourceStatus
     cfg = from_dict({"sources": {"prometheus": {"url": "http://prom:9090"}}}, "f.yml")
-    state = CycleState(cfg)
+    state = CycleState(step_settings(cfg))
     up = [SourceStatus("prometheus", "http://prom:9090", True)]
     step(state, CycleInputs([_reading(t, 0.0, 2.0) for t in ("a", "b", "c")], up), 0.0)
     _, fresh = step(state, CycleInputs([_reading(t, 15.0, 3.0) for t in ("a", "b")], up), 15.0)

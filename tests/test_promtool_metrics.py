@@ -14,6 +14,7 @@ import subprocess
 import pytest
 
 from monitor.capacity.enrich import CapacityState
+from monitor.config.inputs import capacity_inputs
 from monitor.config import Capacity, Config, GatewaySource, PoolSettings, Target
 from monitor.capacity.slo_settings import read_slos
 from monitor.cycle import Pipeline
@@ -37,7 +38,7 @@ def busy_body():
                      capacity=Capacity(task_pools={"policy_question": SMALL, "document_summary": SMALL,
                                                    "search_then_email": LARGE, "nightly_batch": LARGE}),
                      slos=read_slos({"windows": ["1m", "5m"]}))
-        pipe = Pipeline(cfg, clock=lambda: wall[0], capacity=CapacityState(cfg))
+        pipe = Pipeline(cfg, clock=lambda: wall[0], capacity=CapacityState(capacity_inputs(cfg)))
         exposition = Exposition()
         try:
             for _ in range(6):

@@ -14,6 +14,7 @@ import pytest
 from monitor.capacity.shed import add_gateway_shed, gateway_shed_rates
 from monitor.config import Config, Target
 from monitor.cycle import CycleInputs, CycleState, step
+from monitor.config.inputs import step_settings
 from monitor.export.samples import Renderer
 from monitor.export.snapshot_json import snapshot_to_dict
 from monitor.forecast.rolling_origin import ForecastSettings
@@ -136,7 +137,7 @@ def test_an_overloaded_simulated_pool_sheds_and_its_offered_load_is_the_demand()
     fleet = overloaded_fleet()
     urls = {r.name: f"http://{r.name}:8000/metrics" for r in fleet.pools["p"]}
     cfg = Config(vllm_targets=[Target(u) for u in urls.values()], latency_window=300.0)
-    state = CycleState(cfg)
+    state = CycleState(step_settings(cfg))
     for _ in range(40):  # 10 minutes of 15-s cycles
         fleet.advance(15.0)
         readings = [readings_from_text(render_vllm(r, fleet.t), urls[r.name], fleet.t)[0] for r in fleet.pools["p"]]
@@ -187,6 +188,7 @@ def test_the_simulated_application_s_give_ups_reach_the_pool_once():
     counts the same calls as aborted; the pool keeps them in `aborted` and exports `abandoned` as the
     give-ups beyond it (near 0 here, where the engine sees every give-up), never twice."""
     from monitor.capacity.enrich import CapacityState
+    from monitor.config.inputs import capacity_inputs
     from monitor.config import Capacity, PoolSettings
     from monitor.cycle import CycleState as State
     from simfleet import GATEWAYS, cycle_inputs
@@ -194,8 +196,8 @@ def test_the_simulated_application_s_give_ups_reach_the_pool_once():
     urls = {r.name: f"http://{r.name}:8000/metrics" for r in fleet.pools["p"]}
     cfg = Config(vllm_targets=[Target(u) for u in urls.values()], gateways=list(GATEWAYS), latency_window=300.0,
                  pools={"m": PoolSettings(max_num_seqs=4)}, capacity=Capacity())
-    capacity = CapacityState(cfg)
-    state = State(cfg, capacity)
+    capacity = CapacityState(capacity_inputs(cfg))
+    state = State(step_settings(cfg), capacity)
     for _ in range(40):  # 10 minutes of 15-s cycles
         fleet.advance(15.0)
         state, snap = step(state, cycle_inputs(fleet, urls, cfg, capacity), fleet.t)

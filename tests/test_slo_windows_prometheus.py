@@ -17,11 +17,12 @@ import time
 import pytest
 
 from monitor.capacity.enrich import CapacityState
+from monitor.config.inputs import capacity_inputs
 from monitor.config import Config, GatewaySource, PrometheusSource, Target as ScrapeTarget
 from monitor.capacity.slo_settings import read_slos
 from monitor.cycle import CycleInputs, Pipeline
 from monitor.export.snapshot_json import snapshot_to_dict
-from monitor.history.slo_history import PrometheusWindows, attach
+from monitor.history.slo_history import PrometheusWindows
 from monitor.sources.gateway import read_gateway_scrape
 from monitor.sources.prometheus import PrometheusClient
 from monitor.sources.vllm import readings_from_text
@@ -122,10 +123,9 @@ def test_the_cycle_in_prometheus_mode_takes_prometheus_windows_and_falls_back_pe
                  prometheus=PrometheusSource(url=prom["url"]), interval=15.0,
                  slos=read_slos({"task_types": {"summarise": {"p95_seconds": 30}, "ghost": {"p95_seconds": 30}},
                                  "windows": list(WINDOWS)}))
-    pipeline = Pipeline(cfg, capacity=CapacityState(cfg))
+    pipeline = Pipeline(cfg, capacity=CapacityState(capacity_inputs(cfg)))
     try:
-        attach(pipeline, cfg, None, writable=False)
-        assert pipeline.slo_windows is not None  # read by the cycle's collect
+        assert pipeline.slo_windows is not None  # built with the pipeline, read by the cycle's collect
         # the gateway is scraped directly; only the app's `summarise` histogram is also in Prometheus
         body = "".join(
             f'{NAME}_bucket{{task_type="{t}",le="{le}"}} {v}\n' for t in ("summarise", "ghost")

@@ -7,10 +7,12 @@ import logging
 import pytest
 
 from monitor.capacity.enrich import CapacityState
+from monitor.config.inputs import capacity_inputs
 from monitor.capacity.headroom import CapacitySettings, compute_capacity
 from monitor.capacity.knee import Knee
 from monitor.config import Config, PoolSettings, Target
 from monitor.cycle import CycleInputs, CycleState, step
+from monitor.config.inputs import step_settings
 from monitor.derive.slow import SLOW_HOLD, latency_ratios
 from monitor.export.samples import Renderer
 from monitor.export.snapshot_json import snapshot_to_dict
@@ -59,7 +61,7 @@ def test_a_replica_slowed_2x_is_named_within_3_minutes_and_discounted(caplog):
     fleet = fleet_of(4, 4.0)
     urls = {r.name: f"http://{r.name}:8000/metrics" for r in fleet.pools["p"]}
     cfg = Config(vllm_targets=[Target(u) for u in urls.values()], pools={"m": PoolSettings(max_num_seqs=32)})
-    state = CycleState(cfg, capacity=CapacityState(cfg))
+    state = CycleState(step_settings(cfg), capacity=CapacityState(capacity_inputs(cfg)))
     named: list = []
 
     def watch(snap):
@@ -101,7 +103,7 @@ def test_no_replica_of_the_even_demo_fleet_is_named():
         assert not [r.replica for p in snap.pools for r in p.replica_detail if r.slow]
         ratios.extend(r.latency_ratio for p in snap.pools for r in p.replica_detail if r.latency_ratio is not None)
 
-    cycles(fleet, 300, CycleState(cfg), urls, watch)
+    cycles(fleet, 300, CycleState(step_settings(cfg)), urls, watch)
     assert ratios and max(ratios) < 1.5, max(ratios)  # compared, and never near the line
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import pytest
 
 from monitor.capacity.enrich import CapacityState, assess
+from monitor.step import attach_capacity
+from monitor.config.inputs import capacity_inputs
 from monitor.capacity.tasks import WINDOW_SLACK, TaskWindow, derive_tasks
 from monitor.config import from_dict
 from monitor.model import PoolSnapshot
@@ -108,7 +110,7 @@ def run_cycles(workload: Workload, minutes: float, gateways: list[dict], capacit
                      "sources": {"vllm": {"targets": ["http://tiny:8000/metrics"]},
                                  "gateways": [{"url": f"http://{g['kind']}/metrics", "pool": POOL, **g}
                                               for g in gateways]}})
-    state = CapacityState(cfg)
+    state = CapacityState(capacity_inputs(cfg))
     out = []
     t = T0
     while t < T0 + minutes * 60:
@@ -119,7 +121,7 @@ def run_cycles(workload: Workload, minutes: float, gateways: list[dict], capacit
             gcfg = state.gateway_config(src.kind, src.task_label, src.session_label)
             scrapes.append(read_gateway_scrape(body, gcfg, t, i, src.url, src.pool))
         pool = PoolSnapshot(pool=POOL, model=POOL, replicas=1)
-        assess(state, [pool], {}, scrapes, (), t)
+        attach_capacity(pool, assess(state, [pool], {}, scrapes, (), t)[POOL])
         out.append((t, pool.tasks.by_type, pool))
     return out
 
@@ -223,9 +225,9 @@ def test_fourteen_constant_sessions_read_fourteen():
 def test_the_task_window_setting_is_read_and_defaults_to_the_latency_window():
     src = {"vllm": {"targets": ["http://tiny:8000/metrics"]}}
     cfg = from_dict({"global": {"latency_window": "2m"}, "sources": src})
-    assert CapacityState(cfg).task_window == 120.0
+    assert CapacityState(capacity_inputs(cfg)).task_window == 120.0
     cfg = from_dict({"global": {"latency_window": "2m"}, "capacity": {"task_window": "15m"}, "sources": src})
-    assert CapacityState(cfg).task_window == 900.0
+    assert CapacityState(capacity_inputs(cfg)).task_window == 900.0
     with pytest.raises(ValueError, match="capacity.task_window"):
         from_dict({"capacity": {"task_window": "-1m"}, "sources": src})
 
@@ -333,7 +335,7 @@ def test_the_shipped_configs_label_calls_by_task_type_only():
     litellm = yaml.safe_load((root / "tests" / "fixtures" / "gateway" / "litellm-config.yaml").read_text())
     assert litellm["litellm_settings"]["custom_prometheus_metadata_labels"] == ["metadata.task_type"]
     cfg = load(str(root / "examples" / "headroom-tasks.yml"))
-    state = CapacityState(cfg)
+    state = CapacityState(capacity_inputs(cfg))
     assert state.task_window == 600.0
     for src in cfg.gateways:
         assert state.gateway_config(src.kind, src.task_label, src.session_label).session is None

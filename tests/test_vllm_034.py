@@ -12,6 +12,7 @@ import pytest
 
 from monitor.config import Config, Target
 from monitor.cycle import CycleInputs, CycleState, step
+from monitor.config.inputs import step_settings
 from monitor.derive.core import derive_pools
 from monitor.derive.kv_band import kv_band, tokens_per_request_between
 from monitor.export.landing import Trends, render
@@ -100,7 +101,7 @@ def test_the_pool_and_replicas_export_the_estimate_and_its_band():
     texts = [fixture(CAPTURES[64]), fixture(CAPTURES[128])]
     readings = [readings_from_text(t, f"http://r{i}/metrics", T0)[0] for i, t in enumerate(texts)]
     cfg = Config(vllm_targets=[Target(f"http://r{i}/metrics") for i in range(2)])
-    _, snap = step(CycleState(cfg), CycleInputs(readings, [SourceStatus("vllm", r.target, True) for r in readings]), T0)
+    _, snap = step(CycleState(step_settings(cfg)), CycleInputs(readings, [SourceStatus("vllm", r.target, True) for r in readings]), T0)
     [p] = snap.pools
     high = BLOCKS[64] * 64 + BLOCKS[128] * 128
     assert p.kv_tokens_live_high == pytest.approx(high)
@@ -134,7 +135,7 @@ def test_the_render_histogram_gives_requests_rendering():
 
 def test_a_kv_capacity_change_is_counted_and_logged_once(caplog):
     cfg = Config(vllm_targets=[Target("http://r0/metrics")])
-    state = CycleState(cfg)
+    state = CycleState(step_settings(cfg))
     counts = []
     with caplog.at_level(logging.WARNING, logger="monitor.step"):
         for i, name in enumerate((CAPTURES[64], "vllm-0.34/vllm-0.34.0-extensible.prom",

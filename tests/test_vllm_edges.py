@@ -210,7 +210,7 @@ def test_lmcache_bytes_held_hit_ratio_from_its_counters_and_a_configured_capacit
     assert p.lmcache_hit_ratio == 0.6
     # vLLM's own tiers: prompt +60,000; device +18,000 (0.3), external_unspecified (LMCache) +12,000 (0.2)
     assert (p.prefix_hit_shares["device"], p.prefix_hit_shares["external_unspecified"]) == (0.3, 0.2)
-    configured_lmcache(p, 2 * 5 * 2 ** 30)  # max_local_cpu_size 5 GB on each of 2 workers
+    p.kv_tiers = configured_lmcache(p, 2 * 5 * 2 ** 30)  # max_local_cpu_size 5 GB on each of 2 workers
     assert p.kv_tiers["lmcache_cpu"].capacity_bytes == 10_737_418_240.0
     s = samples_of(p)
     assert s["headroom_kv_tier_used_bytes"] == [({"pool": "qwen3-8b", "tier": "lmcache_cpu"}, 6.3e9)]
@@ -253,13 +253,15 @@ def test_real_vllm_032_lora_capture():
 def cycle(case_files: list[str], pools: dict):
     """Step a cycle state through one replica's fixture scrapes, 60 s apart; the last snapshot."""
     from monitor.capacity.enrich import CapacityState
+    from monitor.config.inputs import capacity_inputs
     from monitor.config import Config, PoolSettings, Target
     from monitor.model import SourceStatus
     from monitor.step import CycleInputs, CycleState, step
+    from monitor.config.inputs import step_settings
 
     url = "http://r1:8000/metrics"
     cfg = Config(vllm_targets=[Target(url)], pools={k: PoolSettings(**v) for k, v in pools.items()})
-    state = CycleState(cfg, CapacityState(cfg))
+    state = CycleState(step_settings(cfg), CapacityState(capacity_inputs(cfg)))
     for i, name in enumerate(case_files):
         (r,) = readings_from_text(text(name), url, T0 + 60 * i)
         state, snap = step(state, CycleInputs([r], [SourceStatus("vllm", url, True)]), T0 + 60 * i)

@@ -1,7 +1,7 @@
 """The capacity layer of a cycle: plain data in, typed results on the pools (monitor/step.py `step`).
 
-    state = CapacityState(cfg)                            # settings checked; what is kept between cycles
-    assess(state, pools, history, gateways, dcgm, now)    # fills pool.capacity and pool.tasks
+    state = CapacityState(inputs)                         # CapacityInputs (monitor/capacity/inputs.py)
+    assessed = assess(state, pools, history, gateways, dcgm, now)   # pool -> Assessed; no pool changed
 
 `assess` reads no clock and does no I/O: `history` is the cycle's recent readings per replica,
 `gateways` and `dcgm` the cycle's gateway and DCGM readings (`GatewayScrape`, `DcgmReading`:
@@ -10,7 +10,7 @@ keeps between cycles is `state`: one `KneeEstimator` per pool, the SLO windows, 
 previous reading.
 
 SLO burn windows: a window is None until its history covers it (monitor/capacity/slo.py). The
-application hands the state its history (monitor/history/slo_history.py `attach`): in direct mode the
+application hands the state its history (monitor/history/slo_history.py `keep_windows`): in direct mode the
 tracker is restored from the embedded store and saved after every cycle; in Prometheus mode the
 cycle's `collect` reads the task targets' windows from Prometheus (monitor/cycle.py) and `assess`
 gets them as `slo_windows` (None: not read, or the read failed: the tracker's are used; so are they
@@ -34,10 +34,11 @@ For each pool it
   5. marks a learned knee suspect when the engine changed under it (KV capacity per replica,
      speculative acceptance: monitor/capacity/knee_suspect.py) and gives LMCache's CPU tier its
      configured capacity (it has no capacity gauge);
-  6. sets `pool.capacity` (a `Capacity`, monitor/capacity/headroom.py) and `pool.tasks` (a
-     `PoolTasks`); monitor/export/samples.py renders both. The load `current` and N-1 judge is the
-     pool's load (active + engine queued + gateway queued) averaged over the latency window
-     (monitor/capacity/load_window.py, time-weighted over the cycles); `instant` judges this cycle's. Every
+  6. returns each pool's `capacity` (a `Capacity`, monitor/capacity/headroom.py) and `tasks` (a
+     `PoolTasks`) in an `Assessed`, which monitor/step.py attaches; monitor/export/samples.py renders
+     both. The load `current` and N-1 judge is the pool's load (active + engine queued + gateway
+     queued) averaged over the latency window (monitor/capacity/load_window.py, time-weighted over
+     the cycles); `instant` judges this cycle's. Every
      latency target of the pool is judged over the latency window (`_judge`): one over its allowed
      share is the `slo` limit (monitor/capacity/slo_limit.py).
 
@@ -59,7 +60,7 @@ from the `slos:` section and pools.<name>.slo, read into `SloSettings` by monito
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Mapping, Optional, Sequence
 
 from monitor.derive import histogram as histo
@@ -70,6 +71,7 @@ from monitor.capacity.gateway_estimate import engines_in_flight, estimate_gatewa
 from monitor.capacity.gateway_latency import added_latency, gateway_call_histograms, gateway_call_totals
 from monitor.capacity.gateway_plan import Planned, plan_gateways
 from monitor.capacity.headroom import CapacitySettings, pool_capacity
+from monitor.capacity.inputs import CapacityInputs
 from monitor.capacity.knee import KneeEstimator, SteadyPrior
 from monitor.capacity.knee_suspect import KneeWatch, suspect
 from monitor.capacity.load_window import LoadWindows
@@ -126,11 +128,11 @@ def older_reading(readings, min_span: float):
 class CapacityState:
     """The capacity layer's settings (checked here) and what it keeps from one cycle to the next."""
 
-    def __init__(self, cfg) -> None:
-        """`cfg` is the loaded configuration (monitor/config): its `capacity` and `slos` sections are
-        typed and checked there; pools.<name>.slo targets join the `slos:` ones."""
-        c = cfg.capacity
-        self.cfg = cfg
+    def __init__(self, inputs: CapacityInputs) -> None:
+        """`inputs`: the capacity layer's settings, typed and checked where the configuration is read
+        (monitor/config/inputs.py `capacity_inputs`); the SLO targets merged there."""
+        c = inputs.capacity
+        self.inputs = inputs
         self.signal = c.knee_signal
         if self.signal not in SIGNAL_HIST:
             raise ValueError(f"capacity.knee_signal must be one of {', '.join(SIGNAL_HIST)}, got {self.signal!r}")
@@ -141,11 +143,10 @@ class CapacityState:
         self.per_session = c.active_requests_per_session
         self.task_pools: dict = dict(c.task_pools)
         self.task_classes: dict = dict(c.task_classes)
-        self.slo = replace(cfg.slos, pool_targets={**cfg.slos.pool_targets, **{
-            pool: list(ps.slo) for pool, ps in (cfg.pools or {}).items() if ps.slo}})
-        self.window = float(getattr(cfg, "latency_window", 300.0))
+        self.slo = inputs.slos
+        self.window = float(inputs.latency_window)
         self.tracker = SloTracker(self.slo.windows, keep_seconds=max([self.window, *self.slo.windows.values()]) * 1.1,
-                                  tolerance=float(getattr(cfg, "interval", 0.0)))
+                                  tolerance=float(inputs.interval))
         # Prometheus mode: {(signal, task type): {window: histogram or None}} read by this cycle's
         # collect (monitor/history/slo_history.py PrometheusWindows); None: not read, or the read failed
         self.slo_cycle_windows: Optional[dict] = None
@@ -154,7 +155,7 @@ class CapacityState:
         self.knee_watch: dict[str, KneeWatch] = {}  # pool -> what its learned knee was learned on
         self.priors: dict[str, SteadyPrior] = {}
         self.seen: dict[str, float] = {}  # "target|model" -> timestamp of the newest reading observed
-        self.task_window = float(getattr(c, "task_window", None) or self.window)
+        self.task_window = float(c.task_window or self.window)
         self.gateway_windows: dict[tuple[int, Optional[str]], TaskWindow] = {}
         self.gateways_warned: set[int] = set()  # gateways whose unattributed readings were logged
         self.pool_seen: dict[str, float] = {}  # pool -> the last cycle it was assessed
@@ -228,30 +229,50 @@ class CapacityState:
 
 # ---------------------------------------------------------------------- the cycle's assessment
 
-def assess(state: CapacityState, pools: list[PoolSnapshot], history: History,
+@dataclass(frozen=True)
+class Assessed:
+    """One pool's results of the capacity layer; `step` attaches them to the pool (monitor/step.py).
+    `gateway_queued` and `gateway_queued_source` hold the engines' own queue readings too, with the
+    gateways' estimated queues added (monitor/capacity/gateway_estimate.py)."""
+
+    capacity: Capacity
+    tasks: PoolTasks
+    gateway_queued: dict[str, float]
+    gateway_queued_source: dict[str, str]
+    shed_rates: dict[str, float]
+    gateway_added_latency: Optional[Quantiles]
+    kv_tiers: dict
+
+
+def assess(state: CapacityState, pools: Sequence[PoolSnapshot], history: History,
            gateways: Sequence[GatewayScrape] = (), dcgm: Sequence[DcgmReading] = (), now: float = 0.0,
            slo_windows: Optional[dict] = None, anomalies: Optional[dict] = None,
-           fleet: Optional[Sequence[tuple[str, str]]] = None) -> None:
-    """Set `capacity` and `tasks` on every pool of the cycle (see the module docstring); gateway
-    readings no pool could be given alone are counted into `anomalies`; `fleet`: (pool, model) of
-    every pool, other shards' too, the gateways' scopes are taken over (gateway_plan.py)."""
+           fleet: Optional[Sequence[tuple[str, str]]] = None) -> dict[str, Assessed]:
+    """Pool -> its capacity, tasks and what the gateways add (see the module docstring); no pool is
+    changed. Gateway readings no pool could be given alone are counted into `anomalies`; `fleet`:
+    (pool, model) of every pool, other shards' too, the gateways' scopes are taken over (gateway_plan.py)."""
     state.slo_cycle_windows = slo_windows
     state.judged = {}
-    planned = plan_gateways(state, fleet or [(p.pool, p.model) for p in pools], gateways, anomalies,
-                            {p.pool for p in pools})
+    # the pools' working copies (the callers' are never changed): the gateways' estimated queues and
+    # shed join a copy's load before the load is judged
+    pools = [replace(p, gateway_queued=dict(p.gateway_queued), gateway_queued_source=dict(p.gateway_queued_source))
+             for p in pools]
+    names = {p.pool for p in pools}
+    planned = plan_gateways(state, fleet or [(p.pool, p.model) for p in pools], gateways, anomalies, names)
     tasks = _tasks(state, pools, planned, now)
-    estimate_gateway_queues(pools, gateways, state.gateway_windows)  # before the load is judged
-    shed = gateway_shed_rates(planned, {p.pool for p in pools})
-    gateway_calls = gateway_call_histograms(planned, {p.pool for p in pools})
-    call_totals = gateway_call_totals(planned, {p.pool for p in pools})
+    estimate_gateway_queues(pools, gateways, state.gateway_windows)  # on the copies, before the load is judged
+    shed = gateway_shed_rates(planned, names)
+    gateway_calls = gateway_call_histograms(planned, names)
+    call_totals = gateway_call_totals(planned, names)
     power = _power(state, history, dcgm)
     by_pool: dict[str, dict] = {}  # one pass over the history: the work stays linear in series
     for key, readings in history.items():
         if readings:
-            by_pool.setdefault(pool_of(readings[-1], state.cfg.pool_by), {})[key] = readings
+            by_pool.setdefault(pool_of(readings[-1], state.inputs.pool_by), {})[key] = readings
+    out: dict[str, Assessed] = {}
     for p in pools:
         mine = by_pool.get(p.pool, {})
-        ps = state.cfg.pool_settings(p.pool)
+        ps = state.inputs.pool_settings(p.pool)
         est = state.estimator(p.pool)
         state.pool_seen[p.pool] = now
         est.set_prior(state.prior(p, ps.max_num_seqs))
@@ -260,7 +281,7 @@ def assess(state: CapacityState, pools: list[PoolSnapshot], history: History,
         knee = est.estimate()
         by_type, classes = tasks.get(p.pool, ({}, {}))
         if p.pool in shed:
-            p.shed_rates = add_gateway_shed(p.shed_rates, shed[p.pool])
+            p.shed_rates = add_gateway_shed(p.shed_rates, shed[p.pool])  # p: this call's copy
         vals = [t.sessions for t in by_type.values() if t.sessions is not None]
         sessions = float(sum(vals)) if vals else None
         settings = CapacitySettings(max_num_seqs=ps.max_num_seqs, kv_tokens_per_request=state.kv_per_request,
@@ -270,28 +291,38 @@ def assess(state: CapacityState, pools: list[PoolSnapshot], history: History,
         if p.pool in gateway_calls:
             p.gateway_added_latency = added_latency(histo.quantiles(gateway_calls[p.pool]), p.latency.get("e2e"))
         if p.stale or p.replicas == 0:
-            p.capacity = Capacity(knee_detail=STALE, withheld=True)
+            capacity = Capacity(knee_detail=STALE, withheld=True)
         else:
-            sp = state.steady_prior(p.pool)
-            steady = (sp.kv_tokens_per_request, sp.kv_source) if sp.kv_tokens_per_request else None
-            load = _judged_load(state, p, now)
-            limit = slo_limit(load[0] if load else None, state.judged.get(p.pool, ()))
-            p.capacity = pool_capacity(p, knee, settings, power.get(p.pool), sessions, kv_per_request=steady,
-                                       load=load, slo=(limit[0], limit[1].as_dict()) if limit else None)
-            per_replica = p.kv_tokens_capacity / p.replicas if p.kv_tokens_capacity else None
-            why = suspect(state.knee_watch.setdefault(p.pool, KneeWatch()), knee, p.spec_acceptance_ratio, per_replica)
-            p.capacity = replace(p.capacity, knee_suspect=why)
-        configured_lmcache(p, ps.lmcache_cpu_bytes_per_replica)
-        p.tasks = PoolTasks(by_type, pool_slos, classes)
+            capacity = _capacity(state, p, knee, settings, power.get(p.pool), sessions, now)
+        out[p.pool] = Assessed(capacity, PoolTasks(by_type, pool_slos, classes), p.gateway_queued,
+                               p.gateway_queued_source, p.shed_rates, p.gateway_added_latency,
+                               configured_lmcache(p, ps.lmcache_cpu_bytes_per_replica))
+    return out
 
 
-def configured_lmcache(p: PoolSnapshot, per_replica: Optional[float]) -> None:
-    """LMCache has no capacity gauge: its CPU tier's capacity is the configured bytes per replica
-    (pools.<pool>.lmcache_cpu_bytes_per_replica, LMCache's max_local_cpu_size) x replicas answering,
-    set where the replicas report the tier."""
+def _capacity(state: CapacityState, p: PoolSnapshot, knee, settings: CapacitySettings, watts: Optional[float],
+              sessions: Optional[float], now: float) -> Capacity:
+    """A fresh pool's capacity: its knee against the load judged over the latency window, its
+    latency targets' limit, and whether the engine changed under the learned knee."""
+    sp = state.steady_prior(p.pool)
+    steady = (sp.kv_tokens_per_request, sp.kv_source) if sp.kv_tokens_per_request else None
+    load = _judged_load(state, p, now)
+    limit = slo_limit(load[0] if load else None, state.judged.get(p.pool, ()))
+    capacity = pool_capacity(p, knee, settings, watts, sessions, kv_per_request=steady,
+                             load=load, slo=(limit[0], limit[1].as_dict()) if limit else None)
+    per_replica = p.kv_tokens_capacity / p.replicas if p.kv_tokens_capacity else None
+    why = suspect(state.knee_watch.setdefault(p.pool, KneeWatch()), knee, p.spec_acceptance_ratio, per_replica)
+    return replace(capacity, knee_suspect=why)
+
+
+def configured_lmcache(p: PoolSnapshot, per_replica: Optional[float]) -> dict:
+    """The pool's KV tiers, LMCache's CPU tier given its capacity: LMCache has no capacity gauge, so it
+    is the configured bytes per replica (pools.<pool>.lmcache_cpu_bytes_per_replica, LMCache's
+    max_local_cpu_size) x replicas answering, where the replicas report the tier."""
     tier = p.kv_tiers.get("lmcache_cpu")
-    if tier is not None and per_replica:
-        p.kv_tiers["lmcache_cpu"] = replace(tier, capacity_bytes=per_replica * p.replicas, source="configured")
+    if tier is None or not per_replica:
+        return p.kv_tiers
+    return {**p.kv_tiers, "lmcache_cpu": replace(tier, capacity_bytes=per_replica * p.replicas, source="configured")}
 
 
 def _judged_load(state: CapacityState, p: PoolSnapshot, now: float) -> Optional[tuple[float, float, str]]:
@@ -353,9 +384,9 @@ def _tasks(state: CapacityState, pools: list[PoolSnapshot], planned: list[Planne
 def _power(state: CapacityState, history: History, dcgm: Sequence[DcgmReading]) -> dict[str, float]:
     if not dcgm:
         return {}
-    reps = [(pool_of(rs[-1], state.cfg.pool_by), rs[-1].target, rs[-1].labels) for rs in history.values() if rs]
+    reps = [(pool_of(rs[-1], state.inputs.pool_by), rs[-1].target, rs[-1].labels) for rs in history.values() if rs]
     keys = key_map(reps)
-    first = getattr(state.cfg, "dcgm_replica_label", None)
+    first = state.inputs.dcgm_replica_label
     watts: dict[str, float] = {}
     for reading in dcgm:
         w, _unmatched = power_by_pool(reading.samples, keys, first_label=first)

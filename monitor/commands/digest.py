@@ -83,8 +83,8 @@ def _build_fn(args, cfg, settings):
         def build(week_end):
             return demo_input(week_end, days=args.days, seed=args.seed, level=args.level)[0]
         return build
-    from monitor.digest.schedule import history_build_fn
-    return history_build_fn(cfg, settings)
+    from monitor.config.inputs import digest_history
+    return digest_history(cfg, settings)
 
 
 def _versioned(out: str, files: dict) -> str:

@@ -1,4 +1,4 @@
-"""`headroom run`: the daemon (monitor/app.py `build`). Collects on a fixed interval, serves /metrics and the landing page."""
+"""`headroom run`: the daemon (monitor/app `build`). Collects on a fixed interval, serves /metrics and the landing page."""
 from __future__ import annotations
 
 import logging

@@ -6,7 +6,7 @@
                                                      retry job that drains the outbox
 
 `build_fn(week_end) -> DigestInput` loads history (monitor.digest.sources or .demo); its `shard`
-attribute, when set (`history_build_fn` sets the configuration's `global.shard`), makes every
+attribute, when set (`history_build_fn` sets it from `global.shard`), makes every
 delivery's key unique per shard and week (`content.digest_edition`). A week whose payload is already
 in the outbox is not rebuilt: a restart or a second run in the same week queues only destinations
 that are missing, so nothing is sent twice.
@@ -75,28 +75,30 @@ class HistoryBuild:
         return self.fn(week_end)
 
 
-def history_build_fn(cfg, settings: DigestSettings, store=None,
-                     knees: Optional[Callable[[], dict]] = None) -> HistoryBuild:
+def history_build_fn(settings: DigestSettings, *, store=None, store_path: Optional[str] = None, prometheus=None,
+                     pool_by: tuple[str, ...] = ("model_name",), shard: Optional[tuple[int, int]] = None,
+                     file: str = "<config>", knees: Optional[Callable[[], dict]] = None) -> HistoryBuild:
     """`build_fn(week_end)` reading headroom's history: the HistoryStore (`store`, else one opened
-    on `store.path` per run) or Prometheus, as `digest.history.source` says (auto: store first).
-    The knee: in Prometheus mode headroom's exported knee series; with the store, `knees()` (the
-    daemon passes its newest snapshot's: `monitor.digest.knee_report.knees_from_snapshot`). Only the pools
-    of `global.shard` are reported, under a key unique to the shard."""
+    on `store_path` (store.path) per run) or Prometheus (`prometheus`: sources.prometheus, keyed by
+    `pool_by`), as `digest.history.source` says (auto: store first). The knee: in Prometheus mode
+    headroom's exported knee series; with the store, `knees()` (the daemon passes its newest
+    snapshot's: `monitor.digest.knee_report.knees_from_snapshot`). Only the pools of `shard` (global.shard)
+    are reported, under a key unique to the shard. A history source that is not configured is a
+    ConfigError of `file`."""
     from monitor.kit.settings.reader import ConfigError
     src = settings.history_source
     if src == "auto":
-        src = "store" if (store is not None or cfg.store_path) else ("prometheus" if cfg.prometheus else "")
-    shard = getattr(cfg, "shard", None)
+        src = "store" if (store is not None or store_path) else ("prometheus" if prometheus else "")
     if src == "store":
-        if store is None and not cfg.store_path:
-            raise ConfigError(cfg.file, "store.path", "digest.history.source is store but no store is configured")
-        return HistoryBuild(_store_build(cfg, settings, store, knees, shard), shard)
+        if store is None and not store_path:
+            raise ConfigError(file, "store.path", "digest.history.source is store but no store is configured")
+        return HistoryBuild(_store_build(store_path, settings, store, knees, shard), shard)
     if src == "prometheus":
-        if cfg.prometheus is None:
-            raise ConfigError(cfg.file, "sources.prometheus",
+        if prometheus is None:
+            raise ConfigError(file, "sources.prometheus",
                               "digest.history.source is prometheus but none is configured")
-        return HistoryBuild(_prometheus_build(cfg, settings, shard), shard)
-    raise ConfigError(cfg.file, "digest.history", "no history: configure store.path or sources.prometheus")
+        return HistoryBuild(_prometheus_build(prometheus, pool_by, settings, shard), shard)
+    raise ConfigError(file, "digest.history", "no history: configure store.path or sources.prometheus")
 
 
 def weekly_fire_times(settings: DigestSettings) -> Callable[[float], Optional[float]]:
@@ -114,7 +116,8 @@ def weekly_fire_times(settings: DigestSettings) -> Callable[[float], Optional[fl
     return next_fire
 
 
-def _store_build(cfg, settings: DigestSettings, store, knees, shard) -> Callable[[float], DigestInput]:
+def _store_build(store_path: Optional[str], settings: DigestSettings, store, knees,
+                 shard) -> Callable[[float], DigestInput]:
     from monitor.digest import sources
     knee_fn = (lambda start, end, step: knees() or {}) if knees is not None else None
 
@@ -123,19 +126,19 @@ def _store_build(cfg, settings: DigestSettings, store, knees, shard) -> Callable
             return sources.from_store(store, week_end, settings, knees=knee_fn, shard=shard)
         import os
         from monitor.history.store import HistoryStore
-        if not os.path.isfile(cfg.store_path):
-            raise ValueError(f"history store {cfg.store_path} does not exist (has the daemon run?)")
-        with HistoryStore(cfg.store_path, retention_seconds=None, downsample_after_seconds=None) as st:
+        if not os.path.isfile(store_path):
+            raise ValueError(f"history store {store_path} does not exist (has the daemon run?)")
+        with HistoryStore(store_path, retention_seconds=None, downsample_after_seconds=None) as st:
             return sources.from_store(st, week_end, settings, knees=knee_fn, shard=shard)
     return build
 
 
-def _prometheus_build(cfg, settings: DigestSettings, shard) -> Callable[[float], DigestInput]:
+def _prometheus_build(prometheus, pool_by, settings: DigestSettings, shard) -> Callable[[float], DigestInput]:
     from monitor.digest import sources
 
     def build(week_end: float) -> DigestInput:
         from monitor.history.query_range import PrometheusHistory
-        history = PrometheusHistory.from_config(cfg.prometheus, pool_by=cfg.pool_by,
+        history = PrometheusHistory.from_config(prometheus, pool_by=pool_by,
                                                 resolution=sources.resolution_for(settings.history_step))
         try:
             return sources.from_source(history, week_end, settings, shard=shard,

@@ -49,7 +49,7 @@ def parse_listen_address(addr: str) -> tuple[str, int]:
 class WebState:
     def __init__(self, exposition: Exposition, trends: Trends, title: str = "headroom",
                  links: tuple[tuple[str, str], ...] = (), has_alerts_source: bool = False,
-                 digest_dir: Optional[str] = None):
+                 digest_dir: Optional[str] = None, authorize: Optional[Callable[[Optional[str]], bool]] = None):
         self.exposition = exposition
         self.trends = trends
         self.title = title
@@ -58,7 +58,8 @@ class WebState:
         self.has_alerts_source = has_alerts_source
         self.snapshot: Optional[Snapshot] = None
         self.ready = False
-        self.authorize: Callable[[Optional[str]], bool] = lambda header: True
+        # the web config's basic auth (monitor/kit/web/webconfig.py web_security); None: every request
+        self.authorize: Callable[[Optional[str]], bool] = authorize if authorize is not None else lambda header: True
         self.throttle = CheckThrottle()  # bcrypt checks per client address (monitor/kit/web/auth.py)
         self.web_stats: Optional[WebStats] = None  # the serving server's counters, set by serve()
         # the cycle's, as the body served shows it (its age while renders fail), read at each probe

@@ -4,6 +4,8 @@
     save(tracker, store, now)      what the tracker added and dropped since the last save, one transaction
     PrometheusWindows(client, ...) Prometheus mode: each window's counts per task type, read at the
                                    cycle's time with one query per window and histogram family
+    keep_windows(tracker, store, writable=...)   restore, and the listener that saves after each cycle
+    prometheus_windows(client, slos, gateways, interval=..., timeout=..., pool_by=...)   the cycle's reader
 
 Direct mode: the tracker (monitor/capacity/slo.py `SloTracker`) journals its points and the store
 holds exactly the points the tracker holds (about 1,000 per key over 3 days), so a daemon that
@@ -30,7 +32,7 @@ import json
 import logging
 import math
 import time
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 from monitor.capacity.slo import SloTracker
 from monitor.model import Histogram
@@ -226,38 +228,31 @@ class PrometheusWindows:
         return out
 
 
-def attach(pipeline, cfg, store, writable: bool, guard=None, skipped=None) -> None:
-    """Hand the SLO windows' history to the pipeline's capacity state: the tracker restored from
-    `store` (and, when `writable`, saved after every published snapshot), and in Prometheus mode
-    (`cfg.prometheus`) a `PrometheusWindows` over the pipeline's Prometheus client, which the
-    cycle's `collect` reads (monitor/cycle.py). `guard(operation, fn)`: how the application runs a
-    store write (monitor/app.py Store.guarded: counted, logged once, never after the store closed);
-    `skipped(n)`: told how many saved rows the restore left out."""
-    state = getattr(pipeline.state, "capacity", None)
-    if state is None:
-        return
-    tracker = state.tracker
-    if store is not None:
-        restore(tracker, store, skipped)
-        if writable:
-            tracker.journal = True
-            if guard is not None:
-                pipeline.on_snapshot(lambda snapshot: guard("append", lambda: save(tracker, store, snapshot.timestamp)))
-            else:
-                pipeline.on_snapshot(lambda snapshot: _save_logged(tracker, store, snapshot.timestamp))
-    if cfg.prometheus is not None:
-        prom = getattr(pipeline, "prom", None)
-        if prom is not None:
-            client = prom.client
-        else:
-            from monitor.sources.prometheus import PrometheusClient  # noqa: PLC0415
-            client = PrometheusClient.from_config(cfg.prometheus)
-        targets = [*state.slo.task_targets.values(), state.slo.default_task_target]
-        reader = PrometheusWindows(client, state.slo.windows, {t.signal for t in targets if t is not None},
-                                   [(gw.kind, gw.task_label) for gw in cfg.gateways], tolerance=cfg.interval,
-                                   budget=min(cfg.prometheus.timeout, max(1.0, 0.5 * cfg.interval)),
-                                   extra=extra_labels(cfg.pool_by))
-        pipeline.slo_windows = reader.read  # read by the cycle's collect, beside the other sources
+def keep_windows(tracker: SloTracker, store, *, writable: bool, guard=None,
+                 skipped=None) -> Optional[Callable[[object], None]]:
+    """The tracker restored from `store`; when `writable`, the listener that saves it after every
+    published snapshot (the application hands it to the pipeline's `on_snapshot`), else None.
+    `guard(operation, fn)`: how the application runs a store write (monitor/app Store.guarded: counted,
+    logged once, never after the store closed); `skipped(n)`: told how many saved rows the restore left out."""
+    restore(tracker, store, skipped)
+    if not writable:
+        return None
+    tracker.journal = True
+    if guard is not None:
+        return lambda snapshot: guard("append", lambda: save(tracker, store, snapshot.timestamp))
+    return lambda snapshot: _save_logged(tracker, store, snapshot.timestamp)
+
+
+def prometheus_windows(client, slos, gateways: Iterable[tuple[str, Optional[str]]], *, interval: float,
+                       timeout: float, pool_by) -> PrometheusWindows:
+    """Prometheus mode: the reader of every SLO window over `client` (the cycle's Prometheus client),
+    which the cycle's `collect` reads (monitor/cycle.py). `slos`: the merged SLO settings (their task
+    targets' signals and windows); `gateways`: (kind, task label) of the configured gateways;
+    `interval` (global.interval) is each window's tolerance; `timeout`: sources.prometheus.timeout."""
+    targets = [*slos.task_targets.values(), slos.default_task_target]
+    return PrometheusWindows(client, slos.windows, {t.signal for t in targets if t is not None}, gateways,
+                             tolerance=interval, budget=min(timeout, max(1.0, 0.5 * interval)),
+                             extra=extra_labels(pool_by))
 
 
 def _save_logged(tracker: SloTracker, store, now: float) -> None:

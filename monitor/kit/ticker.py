@@ -1,4 +1,4 @@
-"""Jobs on a cadence that no wall-clock step can freeze (the daemon's one scheduler, monitor/app.py).
+"""Jobs on a cadence that no wall-clock step can freeze (the daemon's one scheduler, monitor/app).
 
     ticker = Ticker()
     ticker.every("cycle", 15.0, pipeline.run_cycle)                 # monotonic: every 15 s, first at once

@@ -1,6 +1,7 @@
 """The cycle's auxiliary sources: gateways (and application task counters), DCGM exporters, alerts.
 
-    aux = AuxSources(cfg, budget, gateway_configs)   # one per Pipeline (monitor/cycle.py)
+    aux = AuxSources(gateways=..., dcgm_targets=..., alerts=..., scrape_timeout=..., interval=...,
+                     pool_by=..., budget=budget, gateway_configs=...)   # one per Pipeline (monitor/cycle.py)
     started = aux.start(pool)                        # every body requested at once, on the cycle's pool
     aux.collect(inputs, now, pool.wait(started, deadline), began, history)   # parsed into CycleInputs
 
@@ -40,10 +41,15 @@ log = logging.getLogger(__name__)
 
 
 class AuxSources:
-    """The gateways, DCGM exporters and alerts source of `config` (the loaded configuration)."""
+    """The configured gateways (sources.gateways), DCGM exporters (sources.dcgm.targets) and alerts source
+    (sources.alerts, or None); `scrape_timeout` and `interval` (global.*) give each request's timeout,
+    `pool_by` (global.pool_by) the pools a gateway's per-model readings are read for."""
 
-    def __init__(self, config: Any, budget: BodyBudget, gateway_configs: Optional[list[GatewayConfig]] = None):
-        self.config = config
+    def __init__(self, *, gateways: Sequence[Any], dcgm_targets: Sequence[Any], alerts: Optional[Any],
+                 scrape_timeout: float, interval: float, pool_by: Any, budget: BodyBudget,
+                 gateway_configs: Optional[list[GatewayConfig]] = None):
+        self.gateways, self.dcgm_targets, self.alerts = list(gateways), list(dcgm_targets), alerts
+        self.scrape_timeout, self.interval, self.pool_by = scrape_timeout, interval, pool_by
         self.budget = budget
         self.gateway_configs = gateway_configs
         self._fetchers: dict[int, Fetcher] = {}
@@ -53,7 +59,7 @@ class AuxSources:
 
     def workers(self) -> int:
         """How many requests a cycle starts at most."""
-        return len(self.config.gateways) + len(self.config.dcgm_targets) + 1
+        return len(self.gateways) + len(self.dcgm_targets) + 1
 
     def _fetcher_for(self, auth) -> Fetcher:
         key = id(auth)
@@ -66,32 +72,32 @@ class AuxSources:
         """Every auxiliary body requested on `pool` and parsed there, by the worker that fetched it, so
         the cycle's deadline covers the parse too; the handles for `pool.wait`. A gateway whose request
         of an earlier cycle has finished since is not asked again: that answer is read."""
-        timeout = self.config.scrape_timeout
+        timeout = self.scrape_timeout
         for fetcher in self._fetchers.values():  # kept connections the sources closed since the last cycle
             fetcher.prune()
         self.pace.carried.clear()
-        carried = {i: self.pace.carry(i) for i in range(len(self.config.gateways))}
+        carried = {i: self.pace.carry(i) for i in range(len(self.gateways))}
         jobs = [(("gateway", i, gw.url), lambda f=self._fetcher_for(gw.auth), u=gw.url, i=i, t=gateway_timeout(
-                 self.config, gw): fetch(f, u, t, lambda text: self.prepare_gateway(i, text)))
-                for i, gw in enumerate(self.config.gateways) if carried[i] is None]
-        dcgm = self._fetcher_for(None) if self.config.dcgm_targets else None
+                 gw, self.scrape_timeout, self.interval): fetch(f, u, t, lambda text: self.prepare_gateway(i, text)))
+                for i, gw in enumerate(self.gateways) if carried[i] is None]
+        dcgm = self._fetcher_for(None) if self.dcgm_targets else None
         jobs += [(("dcgm", t.url), lambda u=t.url: fetch(dcgm, u, timeout, lambda text: _prepare_dcgm(text, redact(u))))
-                 for t in self.config.dcgm_targets]
-        alerts = self.config.alerts
+                 for t in self.dcgm_targets]
+        alerts = self.alerts
         if alerts is not None:
             url = api_url(alerts.url, alerts.kind)
             jobs.append((("alerts", url), lambda f=self._fetcher_for(alerts.auth), u=url:
                          fetch(f, u, timeout, lambda text: _prepare_alerts(text, alerts.kind, alerts.match))))
         started = iter(pool.start(jobs))
         out = [(("gateway", i, gw.url), carried[i]) if carried[i] is not None else next(started)
-               for i, gw in enumerate(self.config.gateways)]
+               for i, gw in enumerate(self.gateways)]
         self._started = out + list(started)
         return self._started
 
     def prepare_gateway(self, index: int, text: str) -> "Parsed":
         """A gateway body parsed (on the worker that fetched it): the samples its reading needs and, for
         a router, its queues; each at most AUX_MAX_ROWS rows. A failure is kept, for `collect` to say."""
-        src = self.config.gateways[index]
+        src = self.gateways[index]
         if self.gateway_configs is None:  # fetched for its status only
             return Parsed(None)
         cut = False
@@ -113,13 +119,12 @@ class AuxSources:
                 history: Optional[Mapping[str, Sequence[ReplicaReading]]] = None) -> None:
         """The answers (`results`, in `start`'s order) parsed into `inputs`; `history` is the
         replicas the pipeline keeps (their pools count for the gateways' per-model readings)."""
-        cfg = self.config
-        sources = [("gateway", gw.url, i) for i, gw in enumerate(cfg.gateways)]
-        sources += [("dcgm", t.url, None) for t in cfg.dcgm_targets]
-        if cfg.alerts is not None:
-            sources.append(("alerts", api_url(cfg.alerts.url, cfg.alerts.kind), None))
-            inputs.alerts_ui = redact(ui_url(cfg.alerts.url, cfg.alerts.kind))
-        models = pool_models(inputs.readings, history or {}, cfg.pool_by) if cfg.gateways else ()
+        sources = [("gateway", gw.url, i) for i, gw in enumerate(self.gateways)]
+        sources += [("dcgm", t.url, None) for t in self.dcgm_targets]
+        if self.alerts is not None:
+            sources.append(("alerts", api_url(self.alerts.url, self.alerts.kind), None))
+            inputs.alerts_ui = redact(ui_url(self.alerts.url, self.alerts.kind))
+        models = pool_models(inputs.readings, history or {}, self.pool_by) if self.gateways else ()
         for j, ((kind, url, index), result) in enumerate(zip(sources, results)):
             if kind == "gateway":
                 future = self._started[j][1] if j < len(self._started) else None
@@ -156,12 +161,12 @@ class AuxSources:
                 count_into(inputs.anomalies, {"aux_rows_cut": 1.0})
                 self._say_cut("gateway", url)
             stamp, late_answer = self.pace.stamp(index, now, took)
-            slow = late_answer or took > self.config.scrape_timeout
+            slow = late_answer or took > self.scrape_timeout
             detail = None
             if slow:
                 detail = (f"slow: answered in {took:.1f} s" + (", after the cycle deadline (read this cycle)"
                                                                if late_answer else f", over scrape_timeout "
-                                                               f"{self.config.scrape_timeout:g} s"))
+                                                               f"{self.scrape_timeout:g} s"))
             inputs.statuses.append(SourceStatus("gateway", redact(url), True, None, detail, took, slow=slow))
             self._gateway(inputs, index, text, stamp, models)
             if inputs.statuses[-1].up:
@@ -193,7 +198,7 @@ class AuxSources:
                         "{kind=\"aux_rows_cut\"} counts the cycles it happens)", kind, redact(url), AUX_MAX_ROWS)
 
     def _gateway(self, inputs: CycleInputs, index: int, parsed: Optional["Parsed"], now: float, models: tuple) -> None:
-        src = self.config.gateways[index]
+        src = self.gateways[index]
         try:
             inputs.gateways.append(self.read_gateway(index, parsed, now, models))
         except Exception as exc:  # never the cycle's: the gateway is down, its reason parse
@@ -207,7 +212,7 @@ class AuxSources:
         """The body (text, or parsed already by `prepare_gateway`) read, also per model of `models` for a
         gateway with a model label and no `pool`; without a capacity layer it is fetched (its status
         counts), not read."""
-        src = self.config.gateways[index]
+        src = self.gateways[index]
         if self.gateway_configs is None:
             return GatewayScrape(index, redact(src.url), src.pool, GatewayConfig(kind=src.kind), now,
                                  labels=dict(src.labels))
@@ -228,7 +233,7 @@ class AuxSources:
 
     def _read_alerts(self, inputs: CycleInputs, text: str, url: str) -> None:
         """The alerts answer `text` read into `inputs` (as the worker does, `_prepare_alerts`)."""
-        self._alerts_read(inputs, _prepare_alerts(text, self.config.alerts.kind, self.config.alerts.match).value, url)
+        self._alerts_read(inputs, _prepare_alerts(text, self.alerts.kind, self.alerts.match).value, url)
 
     def _alerts_read(self, inputs: CycleInputs, result: Any, url: str) -> None:
         if isinstance(result, BaseException):  # whatever the answer did to the reader: this source's error

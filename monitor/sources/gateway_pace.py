@@ -31,12 +31,13 @@ SLOW_SHARE = 0.6  # of global.interval: the default gateway timeout (at least gl
 MISSED = ("timeout", "deadline")  # failures that are a slow gateway's, not a broken one's
 
 
-def gateway_timeout(cfg: Any, gw: Any) -> float:
-    """Seconds a request to gateway `gw` may take (see the module docstring)."""
+def gateway_timeout(gw: Any, scrape_timeout: float, interval: float) -> float:
+    """Seconds a request to gateway `gw` may take (see the module docstring), given global.scrape_timeout
+    and global.interval."""
     own = getattr(gw, "timeout", None)
     if own:
         return float(own)
-    return max(float(cfg.scrape_timeout), SLOW_SHARE * float(cfg.interval))
+    return max(float(scrape_timeout), SLOW_SHARE * float(interval))
 
 
 @dataclass

@@ -1,0 +1,48 @@
+"""The typed inputs of the floors below the application, built from the whole `Config`.
+
+Only the application (monitor/app) and the commands hold a `Config`; each floor below gets the plain,
+typed values it reads, built here:
+
+    capacity_inputs(cfg) -> CapacityInputs     the capacity layer (monitor/capacity/inputs.py)
+    step_settings(cfg) -> StepSettings         the cycle's pure step (monitor/step.py)
+    digest_history(cfg, settings, ...)         the digest's history reader (monitor/digest/schedule.py)
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from typing import Callable, Optional
+
+from monitor.capacity.inputs import CapacityInputs
+from monitor.capacity.spare_pool import SpareSettings
+from monitor.digest.settings import DigestSettings
+from monitor.step import StepSettings
+
+from .headroom_yml import Config
+
+
+def capacity_inputs(cfg: Config) -> CapacityInputs:
+    """The capacity layer's settings: pools.<name>.slo targets join the `slos:` section's pool targets."""
+    pools = dict(cfg.pools or {})
+    slos = replace(cfg.slos, pool_targets={**cfg.slos.pool_targets, **{
+        pool: list(ps.slo) for pool, ps in pools.items() if ps.slo}})
+    return CapacityInputs(capacity=cfg.capacity, slos=slos, pools=pools, pool_by=cfg.pool_by,
+                          latency_window=float(cfg.latency_window), interval=float(cfg.interval),
+                          dcgm_replica_label=cfg.dcgm_replica_label)
+
+
+def step_settings(cfg: Config) -> StepSettings:
+    """What the cycle's pure step reads: the global keys, the gateways' pool maps, the spare keys, the pools."""
+    return StepSettings(pool_by=cfg.pool_by, gateway_pools=tuple(gw.pools for gw in cfg.gateways),
+                        forget_after=cfg.forget_after, max_models_per_target=cfg.max_models_per_target,
+                        max_series=cfg.max_series, history_keep=cfg.history_keep, latency_window=cfg.latency_window,
+                        stall_window=cfg.stall_window, shard=cfg.shard, spare=SpareSettings.of(cfg.capacity),
+                        pools=dict(cfg.pools or {}))
+
+
+def digest_history(cfg: Config, settings: DigestSettings, store=None, knees: Optional[Callable[[], dict]] = None):
+    """`build_fn(week_end)` of the digest over the configured history (monitor/digest/schedule.py
+    `history_build_fn`): `store`, else store.path, else sources.prometheus; `global.shard`'s pools."""
+    from monitor.digest.schedule import history_build_fn  # noqa: PLC0415  (the digest's modules, when used)
+    return history_build_fn(settings, store=store, store_path=cfg.store_path, prometheus=cfg.prometheus,
+                            pool_by=cfg.pool_by, shard=cfg.shard, file=cfg.file, knees=knees)
