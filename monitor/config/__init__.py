@@ -6,7 +6,8 @@ keys in monitor/config/headroom.py): its kind (type and bounds), default and hel
 (monitor/kit/settings/reader.py) refuses what is not declared, and the first problem is one `ConfigError`,
 `file: key: problem`: `headroom check-config` and `headroom run` give the same verdict because both
 call `load()`. A flag that changes a key (`run --shard`, `once --interval`) is an `Override` given to
-`load()`, never a `dataclasses.replace` on the frozen Config, so `Config.check` sees it too. docs/configuration.md is generated from the declarations (`python -m monitor.config`).
+`load()`, never a `dataclasses.replace` on the frozen Config, so `Config.check` sees it too.
+docs/configuration.md is generated from the declarations (`python -m monitor.config`).
 """
 from __future__ import annotations
 
