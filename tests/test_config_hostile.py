@@ -216,3 +216,94 @@ def test_subprocesses_refuse_alike(case, tmp_path):
     assert out[0] == out[1]
     assert out[0][0] == 2 and out[0][1].startswith(expect) and "\n" not in out[0][1]
     assert SECRET not in out[0][1]
+
+
+# A flag that stands for a key (`run --shard`, `once --interval`, `once --vllm/--target`) is read by the
+# same reader as the file (monitor/config `load(path, overrides)`): the same kinds, bounds and
+# Config.check, the same error naming the key, with the flag added.
+@pytest.mark.parametrize("in_file, argv", [
+    ("global: {shard: 3/2}\n", ["run", "--shard", "3/2"]),
+    ("global: {shard: two}\n", ["run", "--shard", "two"]),
+    ("global: {latency_window: 100000}\n", ["once", "--interval", "50000"]),  # twice the interval, over 1d
+    ("global: {latency_window: .inf}\n", ["once", "--interval", "inf"]),
+])
+def test_a_bad_override_is_refused_like_the_same_value_in_the_file(in_file, argv, tmp_path, cli):
+    good, bad = tmp_path / "good.yml", tmp_path / "bad.yml"
+    good.write_text(TARGET)
+    bad.write_text(in_file + TARGET)
+    code, in_the_file = cli(["check-config", str(bad)])
+    assert code == 2 and len(in_the_file) == 1 and f"{bad}: global." in in_the_file[0]
+    command, *flags = argv
+    code, on_the_line = cli([command, "--config.file", str(good), *flags])
+    assert code == 2
+    assert on_the_line == [in_the_file[0].replace(str(bad), str(good)) + f" (given as {' '.join(flags)})"]
+
+
+def test_targets_on_the_command_line_are_read_like_the_files(tmp_path, cli):
+    """`once --vllm URL` once took a URL without the metrics path that the file refuses."""
+    bad = tmp_path / "bad.yml"
+    for flag, target in (("--target", "'http://127.0.0.1:1'"), ("--vllm", "{url: 'http://127.0.0.1:1', kind: vllm}")):
+        bad.write_text(f"sources:\n  vllm:\n    targets: [{target}]\n")
+        code, in_the_file = cli(["check-config", str(bad)])
+        assert code == 2 and ": the URL has no path: a scrape target is the metrics page itself" in in_the_file[0]
+        assert cli(["once", flag, "http://127.0.0.1:1"]) == (
+            2, [in_the_file[0].replace(str(bad), "<command line>") + f" (given as {flag})"])
+    code, lines = cli(["once", "--vllm", "http://127.0.0.1:1/metrics", "--target", "not-a-url"])
+    assert code == 2 and lines == ["headroom: <command line>: sources.vllm.targets[1]: not an http(s) URL: "
+                                   "'not-a-url' (given as --vllm/--target)"]
+
+
+def test_an_override_under_a_key_that_is_no_mapping_leaves_the_files_own_error(tmp_path, cli):
+    bad = tmp_path / "bad.yml"
+    bad.write_text("global: 5\n" + TARGET)
+    _, in_the_file = cli(["check-config", str(bad)])
+    assert cli(["run", "--config.file", str(bad), "--shard", "1/2"]) == (2, in_the_file)
+    assert "(given as" not in in_the_file[0]
+
+
+def _once(argv):
+    from monitor.commands import once
+    return once.config_from_args(build_parser()[0].parse_args(["once", *argv]))
+
+
+def test_valid_overrides_are_what_once_runs_with(tmp_path):
+    cfg = tmp_path / "h.yml"
+    cfg.write_text("global: {latency_window: 10m}\n" + TARGET)
+    c = _once(["--config.file", str(cfg), "--interval", "5"])
+    assert (c.latency_window, c.capacity.task_window, c.history_keep) == (600.0, 5.0, 3600.0)  # the file's window
+    c = _once(["--config.file", str(cfg), "--interval", "0"])
+    assert (c.latency_window, c.capacity.task_window) == (600.0, None)  # one reading: nothing over an interval
+    c = _once(["--config.file", str(cfg), "--interval", "1000"])
+    # twice the interval; Config.check keeps twice the window in memory (a dataclasses.replace left 3600)
+    assert (c.latency_window, c.capacity.task_window, c.history_keep) == (2000.0, 1000.0, 4000.0)
+    c = _once(["--vllm", "http://a:8000/metrics", "--target", "http://b:30000/metrics", "--interval", "5"])
+    assert [(t.url, t.kind) for t in c.vllm_targets] == [("http://a:8000/metrics", "vllm"),
+                                                         ("http://b:30000/metrics", "auto")]
+    assert (c.file, c.latency_window, c.capacity.task_window) == ("<command line>", 300.0, 5.0)
+
+
+def test_valid_shard_is_what_run_builds_with(tmp_path, cli, monkeypatch):
+    import monitor.app
+    built = []
+
+    def build(cfg, *args, **kwargs):
+        built.append(cfg)
+        raise ConfigError(cfg.file, "", "stopped by the test")
+    monkeypatch.setattr(monitor.app, "build", build)
+    cfg = tmp_path / "h.yml"
+    cfg.write_text("global: {shard: 0/2}\n" + TARGET)
+    assert cli(["run", "--config.file", str(cfg), "--shard", "1/3"])[0] == 2
+    assert cli(["run", "--config.file", str(cfg)])[0] == 2
+    assert [c.shard for c in built] == [(1, 3), (0, 2)]  # the flag wins over the file
+
+
+def test_overrides_leave_the_mapping_read_as_it_was():
+    from monitor.config import Override, from_dict
+    data = {"global": {"interval": "5s"}, "sources": {"vllm": {"targets": ["http://a:1/metrics"]}}}
+    before = repr(data)
+    c = from_dict(data, "<test>", [Override("global.shard", "1/2", "--shard 1/2"),
+                                   Override("capacity.task_window", 7, "--interval 7")])
+    assert (c.shard, c.capacity.task_window, c.interval) == ((1, 2), 7.0, 5.0)
+    assert repr(data) == before
+    with pytest.raises(ConfigError, match=r"^<test>: sources: no source: "):
+        from_dict(None, "<test>", [Override("global.shard", "1/2", "--shard 1/2")])  # an empty file

@@ -1,4 +1,4 @@
-"""The digest from headroom's real HistoryStore, and on a real APScheduler cron schedule."""
+"""The digest from headroom's real HistoryStore, and on its weekly schedule (monitor/kit/weekly.py) on the daemon's ticker."""
 from __future__ import annotations
 
 import os

@@ -24,10 +24,10 @@ import json
 import sys
 import threading
 import time
-from dataclasses import replace
 
 from monitor.kit.text import for_terminal
-from ..config import Config, ConfigError, EngineTarget, check_url, load
+from ..config import Config, ConfigError, Override, from_dict
+from monitor.kit.settings.reader import read_yaml
 
 
 def add_arguments(p) -> None:
@@ -47,35 +47,45 @@ def add_arguments(p) -> None:
 
 
 def config_from_args(args) -> Config:
+    """The file, or the targets given on the command line, read with the overrides of `--interval`:
+    every value through the reader, so `Config.check` holds for what `once` runs with."""
     if args.config_file:
-        return load(args.config_file)
-    if not (args.vllm or args.target):
+        data, file, overrides = read_yaml(args.config_file), args.config_file, []
+    elif args.vllm or args.target:
+        flag = "/".join(f for f, urls in (("--vllm", args.vllm), ("--target", args.target)) if urls)
+        targets = [{"url": u, "kind": "vllm"} for u in args.vllm] + list(args.target)  # URL alone: kind auto
+        data, file, overrides = {}, "<command line>", [Override("sources.vllm.targets", targets, flag)]
+    else:
         raise ConfigError("<command line>", "", "give --config.file FILE or at least one --target (or --vllm) URL")
-    targets = []
-    for flag, urls, kind in (("--vllm", args.vllm, "vllm"), ("--target", args.target, "auto")):
-        for url in urls:
-            try:
-                targets.append(EngineTarget(check_url(url), kind=kind))
-            except ValueError as exc:
-                raise ConfigError("<command line>", flag, str(exc)) from None
-    return Config(file="<command line>", vllm_targets=targets)
+    cfg = from_dict(data, file, overrides)
+    more = interval_overrides(cfg, args.interval)
+    return from_dict(data, file, overrides + more) if more else cfg
+
+
+def interval_overrides(cfg: Config, interval: float) -> list[Override]:
+    """Two readings `interval` apart: the latency window spans at least both (twice the interval),
+    and tasks and calls per task are counted over the interval between them."""
+    flag = f"--interval {interval:g}"
+    out = []
+    if interval * 2 > cfg.latency_window:
+        out.append(Override("global.latency_window", interval * 2, flag))
+    if interval > 0:
+        out.append(Override("capacity.task_window", interval, flag))
+    return out
 
 
 def run(args) -> int:
+    if not args.interval >= 0:  # NaN too
+        print(f"headroom: --interval must be a number of seconds, not negative (got {args.interval:g})", file=sys.stderr)
+        return 2
     try:
         cfg = config_from_args(args)
     except ConfigError as exc:
         print(f"headroom: {exc}", file=sys.stderr)
         return 2
-    if args.interval < 0:
-        print("headroom: --interval must not be negative", file=sys.stderr)
-        return 2
     if args.fit is not None and not (args.fit > 0 and args.fit < float("inf")):
         print(f"headroom: --fit must be a positive number of sessions, got {args.fit:g}", file=sys.stderr)
         return 2
-    cfg = replace(cfg, latency_window=max(cfg.latency_window, args.interval * 2))
-    if args.interval > 0:  # two readings: tasks and calls per task are over the interval between them
-        cfg = replace(cfg, capacity=replace(cfg.capacity, task_window=args.interval))
     try:
         from ..app import build  # noqa: PLC0415 - the numeric stack, only when it runs
         app = build(cfg)  # the daemon's sources, cycle and forecaster; no web server, nothing written

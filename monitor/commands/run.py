@@ -4,10 +4,9 @@ from __future__ import annotations
 import logging
 import signal
 import sys
-from dataclasses import replace
 
 from ..cli import listen_address, seconds
-from ..config import ConfigError, load
+from ..config import ConfigError, Override, load
 from ..export.server import parse_listen_address
 from monitor.kit.process import exit_if_stuck
 
@@ -28,10 +27,8 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     try:
-        cfg = load(args.config_file)
-        if args.shard:
-            from ..model.shard import parse_shard
-            cfg = replace(cfg, shard=parse_shard(args.shard))
+        overrides = [Override("global.shard", args.shard, f"--shard {args.shard}")] if args.shard else []
+        cfg = load(args.config_file, overrides)
         listen = args.listen_address or cfg.listen_address
         parse_listen_address(listen)
     except (ConfigError, ValueError) as exc:

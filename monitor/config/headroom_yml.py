@@ -39,8 +39,9 @@ def check_pool_by(pool_by: tuple[str, ...], r: Reader) -> None:
 
 @dataclass(frozen=True)
 class Config:
-    """The whole file, frozen once read: a command that overrides a key (`--shard`, `once --interval`)
-    makes a new one with `dataclasses.replace`."""
+    """The whole file, frozen once read. A command that overrides a key (`--shard`, `once --interval`)
+    reads the file again with the override (monitor/config `load(path, overrides)`), never
+    `dataclasses.replace`, which would skip `check`."""
 
     file: str = "<defaults>"
     interval: float = key(Duration(gt=0, le=DAY), 15.0, path="global.interval",

@@ -104,16 +104,11 @@ def history_build_fn(settings: DigestSettings, *, store=None, store_path: Option
 def weekly_fire_times(settings: DigestSettings) -> Callable[[float], Optional[float]]:
     """`next_fire(after)`: the first time (Unix seconds) after `after` that the digest's schedule
     (day of week, hour, minute, in its time zone, daylight saving included) names."""
-    from datetime import datetime, timezone
-    from apscheduler.triggers.cron import CronTrigger
+    from monitor.digest.settings import DAYS
+    from monitor.kit.weekly import next_weekly
     s = settings.schedule
-    trigger = CronTrigger(day_of_week=s.day_of_week, hour=s.hour, minute=s.minute, timezone=s.timezone)
-
-    def next_fire(after: float) -> Optional[float]:
-        start = datetime.fromtimestamp(math.floor(after) + 1, timezone.utc).astimezone(trigger.timezone)
-        fire = trigger.get_next_fire_time(None, start)
-        return None if fire is None else fire.timestamp()
-    return next_fire
+    day = DAYS.index(s.day_of_week)
+    return lambda after: next_weekly(after, day, s.hour, s.minute, s.timezone)
 
 
 def _store_build(store_path: Optional[str], settings: DigestSettings, store, knees,

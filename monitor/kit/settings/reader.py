@@ -18,12 +18,17 @@ What a section may add to its keys:
   `REMOVED = {key: problem}`  keys no longer accepted, each refused with its own problem.
 A `key(..., path="basic_auth.username")` lives in a nested mapping; `group(Cls, path=...)` reads the
 keys of another section from the same mapping (the credentials next to a source's url).
+
+A command-line flag that stands for a key (`--shard` for `global.shard`) is an `Override`: written into
+the mapping by `with_overrides` before the reader reads it, so the flag's value meets the same kinds
+and checks as the file's; `blame` adds the flag to an error about it.
 """
 from __future__ import annotations
 
 import copy
 import dataclasses
 import difflib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Optional
@@ -180,6 +185,49 @@ def _lookup(value: dict, path: str) -> Any:
             return None
         value = value.get(part)
     return value
+
+
+@dataclass(frozen=True)
+class Override:
+    """One setting given on the command line instead of in the file: `key` is its dotted path in the
+    file (`global.shard`), `value` what the file would hold there, `flag` what was typed (`--shard 1/2`),
+    named beside any problem with the value."""
+
+    key: str
+    value: Any
+    flag: str
+
+    def covers(self, where: str) -> bool:
+        """Whether a problem at `where` (a reader's key) is one with this override's value."""
+        return where == self.key or where.startswith((f"{self.key}.", f"{self.key}["))
+
+
+def with_overrides(data: Any, overrides: Sequence[Override]) -> Any:
+    """A copy of a file's mapping with each override written at its key, for the reader to read like
+    the rest (the file's own mapping is not changed). A file, or a mapping on the way to a key, that
+    is no mapping is left as the file wrote it, for the reader to refuse naming what is wrong."""
+    if not overrides:
+        return data
+    out = {} if data is None else copy.deepcopy(data)
+    for o in overrides:
+        node, parts = out, o.key.split(".")
+        for part in parts[:-1]:
+            if not isinstance(node, dict):
+                break
+            if node.get(part) is None:
+                node[part] = {}
+            node = node[part]
+        if isinstance(node, dict):
+            node[parts[-1]] = o.value
+    return out
+
+
+def blame(exc: ConfigError, overrides: Sequence[Override]) -> ConfigError:
+    """The reader's error, naming the flag when the value at fault came from the command line."""
+    o = next((o for o in overrides if o.covers(exc.key)), None)
+    if o is None:
+        return exc
+    return type(exc)(exc.file, exc.key, f"{exc.problem} (given as {o.flag})")
 
 
 def read_yaml(path: str, error: type = ConfigError) -> Any:
