@@ -21,9 +21,11 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # `import engine` from any test file
 
 from engine import servers  # noqa: E402
+from tiers import starts_servers  # noqa: E402
 from tiers import (  # noqa: E402,F401  (the tier plugin's hooks, tests/tiers.py)
-    pytest_collection_modifyitems, pytest_configure, pytest_fixture_setup, pytest_runtest_makereport,
-    pytest_runtest_protocol, pytest_sessionfinish, pytest_terminal_summary)
+    pytest_collection_modifyitems, pytest_configure, pytest_fixture_setup, pytest_report_header,
+    pytest_runtest_logreport, pytest_runtest_makereport, pytest_runtest_protocol, pytest_sessionfinish,
+    pytest_terminal_summary)
 
 
 def pytest_sessionstart(session):
