@@ -158,6 +158,33 @@ def good():
         r.stop()
 
 
+@pytest.fixture(scope="module")
+@starts_servers
+def prometheus_on_history(tmp_path_factory):
+    """Prometheus on backfilled history: `prometheus_on_history(openmetrics, max_block_duration=None)`
+    backfills `openmetrics` (the text, or the pathlib.Path of a file holding it; samples must lie inside
+    the last 60 days) with promtool into a fresh folder, starts a real Prometheus on it that scrapes
+    nothing, and returns it (tests/servers.py Prometheus: `.url`, `.query()`, `.stop()`). Each one
+    started runs until the end of the module (or its `.stop()`). Skips without the prometheus and
+    promtool binaries (a failure under HEADROOM_NO_SKIP). Its tests are `live` (tests/tiers.py)."""
+    if not (shutil.which("prometheus") and shutil.which("promtool")):
+        pytest.skip("needs the prometheus and promtool binaries")
+    import servers as loopback  # tests/servers.py (`servers` in this module is tests/engine's)
+    started = []
+
+    def start(openmetrics, max_block_duration=None):
+        workdir = str(tmp_path_factory.mktemp("prometheus-on-history"))
+        data = loopback.backfill(openmetrics, workdir, max_block_duration)
+        started.append(loopback.Prometheus(workdir, loopback.NO_SCRAPES, data_dir=data, ready_timeout=120))
+        return started[-1]
+
+    try:
+        yield start
+    finally:
+        for prom in started:
+            prom.stop()
+
+
 # ---- no thread outlives its test ----------------------------------------------------------------
 # Threads that are not the test's own, by the function they run: (qualified name, why). Keep it short.
 THREADS_EXEMPT: tuple[tuple[str, str], ...] = (

@@ -184,7 +184,8 @@ def scrape_config(jobs: dict, interval: str = "1s") -> str:
 class Prometheus(ManagedProcess):
     """A real Prometheus (Debian 2.42) on loopback, started in a temp dir, readiness polled."""
 
-    def __init__(self, workdir: str, config_text: str, extra_args: tuple[str, ...] = (), data_dir: Optional[str] = None):
+    def __init__(self, workdir: str, config_text: str, extra_args: tuple[str, ...] = (), data_dir: Optional[str] = None,
+                 ready_timeout: float = 30.0):
         self.binary = shutil.which("prometheus")
         if not self.binary:
             raise FileNotFoundError("prometheus binary not on PATH")
@@ -197,7 +198,7 @@ class Prometheus(ManagedProcess):
                      f"--storage.tsdb.path={data_dir or os.path.join(workdir, 'data')}",
                      f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle",
                      "--storage.tsdb.retention.time=60d", *extra_args],
-                    os.path.join(workdir, "prometheus.log"), workdir, self.url + "/-/ready")
+                    os.path.join(workdir, "prometheus.log"), workdir, self.url + "/-/ready", ready_timeout)
 
     def query(self, q: str):
         r = requests.get(self.url + "/api/v1/query", params={"query": q}, timeout=10)
@@ -207,3 +208,27 @@ class Prometheus(ManagedProcess):
     def wait_for(self, q: str, timeout: float = 60.0, predicate=lambda result: bool(result)):
         return wait_for(lambda: self.query(q), predicate, timeout, f"query {q!r} satisfies the condition", 0.25)
 
+
+NO_SCRAPES = "global:\n  scrape_interval: 1h\nscrape_configs: []\n"  # a Prometheus that only answers queries
+
+
+def backfill(openmetrics, workdir: str, max_block_duration: Optional[str] = None) -> str:
+    """Blocks made by `promtool tsdb create-blocks-from openmetrics` in workdir/data from `openmetrics`
+    (the text, or the pathlib.Path of a file holding it); the data folder. A promtool failure is a test
+    error with promtool's own words."""
+    if isinstance(openmetrics, str):
+        path = os.path.join(workdir, "history.om")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(openmetrics)
+    else:
+        path = str(openmetrics)
+    data = os.path.join(workdir, "data")
+    os.makedirs(data, exist_ok=True)
+    block = [f"--max-block-duration={max_block_duration}"] if max_block_duration else []
+    r = subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", *block, path, data],
+                       capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        raise RuntimeError(f"promtool could not backfill {path}: {(r.stderr or r.stdout)[-2000:]}")
+    if isinstance(openmetrics, str):
+        os.remove(path)  # the blocks hold it now; the text of two weeks is tens of MB
+    return data

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import subprocess
 import sys
 import time
@@ -188,18 +187,9 @@ def _openmetrics(end: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-@pytest.mark.skipif(not (shutil.which("prometheus") and shutil.which("promtool")), reason="needs prometheus and promtool")
-def test_from_prometheus_measures_the_mix(tmp_path, capsys):
-    from servers import Prometheus  # tests/servers.py (tests/ is on sys.path via conftest)
-
+def test_from_prometheus_measures_the_mix(prometheus_on_history, tmp_path, capsys):
     end = float(int(time.time()) // 60 * 60 - 3 * 3600)  # three hours back, inside retention
-    om = tmp_path / "backfill.om"
-    om.write_text(_openmetrics(end))
-    data = tmp_path / "data"
-    r = subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(om), str(data)],
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr + r.stdout
-    prom = Prometheus(str(tmp_path), "global:\n  scrape_interval: 1h\nscrape_configs: []\n", data_dir=str(data))
+    prom = prometheus_on_history(_openmetrics(end))
     try:
         rest = {k: v for k, v in HAND.items() if k not in ("task_types", "knee_requests_per_replica", "replicas")}
         rest["task_types"] = {"placeholder": {"tasks_per_second": 1, "calls_per_task": 1, "seconds_per_call": 1}}

@@ -5,7 +5,6 @@ backfilled with promtool, answers the queries (the PromQL of the per-copy join i
 from __future__ import annotations
 
 import shutil
-import subprocess
 import time
 
 import pytest
@@ -42,19 +41,9 @@ def _openmetrics(end: float, copies) -> str:
 
 
 @pytest.fixture(scope="module")
-def prom(tmp_path_factory):
-    from servers import Prometheus  # tests/servers.py
-    d = tmp_path_factory.mktemp("copies")
+def prom(prometheus_on_history):
     end = float(int(time.time()) // 60 * 60 - 3 * 3600)  # three hours back, inside retention
-    (d / "backfill.om").write_text(_openmetrics(end, COPIES))
-    r = subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(d / "backfill.om"), str(d / "data")],
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr + r.stdout
-    p = Prometheus(str(d), "global:\n  scrape_interval: 1h\nscrape_configs: []\n", data_dir=str(d / "data"))
-    try:
-        yield p, end
-    finally:
-        p.stop()
+    return prometheus_on_history(_openmetrics(end, COPIES)), end
 
 
 def test_the_digest_takes_the_pessimistic_copy(prom):

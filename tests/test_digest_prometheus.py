@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import shutil
-import subprocess
 import time
 
 import pytest
@@ -24,7 +23,6 @@ from monitor.history.prometheus import PrometheusHistory
 from headroom_lab.sim.fleet import load_config
 from headroom_lab.sim.history import generate_history, schema_history
 from monitor.sources.prometheus import PrometheusClient
-from servers import Prometheus
 
 pytestmark = [pytest.mark.live, pytest.mark.skipif(not (shutil.which("prometheus") and shutil.which("promtool")),
                                                    reason="needs the prometheus and promtool binaries")]
@@ -63,7 +61,7 @@ def _openmetrics(truth, start: int, end: int, replicas: dict[str, int], learned_
 
 
 @pytest.fixture(scope="module")
-def day_one(tmp_path_factory):
+def day_one(tmp_path_factory, prometheus_on_history):
     d = tmp_path_factory.mktemp("digest-prom")
     end = math.floor(time.time() / 3600) * 3600 - 3600  # a recent top of the hour: the digest's week end
     start = end - SPAN
@@ -71,22 +69,17 @@ def day_one(tmp_path_factory):
     truth = schema_history(generate_history(cfg, days=SPAN / 86400, step_s=HOLD, end=end - HOLD, seed=5,
                                             level=0.8, replica_series=False), cfg)
     replicas = {p.model_name: p.replicas for p in cfg.pools}
-    (d / "h.om").write_text(_openmetrics(truth, start, end, replicas, start + SPAN // 2))
-    (d / "data").mkdir()
-    subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(d / "h.om"), str(d / "data")],
-                   check=True, capture_output=True)
+    prom = prometheus_on_history(_openmetrics(truth, start, end, replicas, start + SPAN // 2))
     store = HistoryStore(str(d / "h.sqlite"), retention_seconds=None, downsample_after_seconds=None)
     rows = truth[truth["series"].isin(("load",) + tuple(METRICS))]
     held = {(r.pool, r.series, int(r.timestamp)): float(r.value) for r in rows.itertuples(index=False)}
     store.append((pool, series, float(t + c), v) for (pool, series, t), v in held.items()  # every cycle
                  for c in range(0, HOLD, CYCLE))
-    prom = Prometheus(str(d), "global:\n  scrape_interval: 1h\nscrape_configs: []\n", data_dir=str(d / "data"))
     settings = from_dict({"forecast": {"models": ["snaive_day"]}}, "<t>",
                          pools={p: PoolSettings(replicas=n, max_num_seqs=8) for p, n in replicas.items()})
     try:
         yield {"url": prom.url, "store": store, "end": float(end), "settings": settings, "pools": sorted(replicas)}
     finally:
-        prom.stop()
         store.close()
 
 

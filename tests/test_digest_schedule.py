@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import threading
 import time
 from datetime import datetime, timezone
@@ -18,7 +17,6 @@ from monitor.digest.schedule import open_outbox, run_digest, schedule_digest
 from monitor.digest.settings import from_dict
 from monitor.digest.sources import from_prometheus, from_store
 from monitor.history.store import HistoryStore
-from monitor.kit.process import stop_process
 from headroom_lab.sim.history import generate_history
 
 WEEK_END = 1764547200.0  # Mon 2025-12-01 00:00 UTC
@@ -162,12 +160,7 @@ def test_the_built_daemon_schedules_the_digest_and_exports(tmp_path):
         daemon.stop()
 
 
-@pytest.mark.skipif(not (shutil.which("prometheus") and shutil.which("promtool")),
-                    reason="needs the prometheus and promtool binaries")
-def test_digest_from_a_real_backfilled_prometheus(tmp_path):
-    import socket
-    import subprocess
-    import requests
+def test_digest_from_a_real_backfilled_prometheus(prometheus_on_history):
     from headroom_lab.digest_demo import last_monday
     from monitor.sources.prometheus import PrometheusClient
     week_end = last_monday(time.time())  # recent: inside Prometheus' default retention
@@ -183,33 +176,13 @@ def test_digest_from_a_real_backfilled_prometheus(tmp_path):
         task = r.series.split(":", 1)[1]
         lines.append(f'headroom_task_arrival_rate{{pool="{r.pool}",task_type="{task}"}} {r.value / 300!r} {int(r.timestamp)}')
     lines.sort(key=lambda s: s.split("{")[0])  # OpenMetrics: one family's samples together
-    (tmp_path / "h.om").write_text("\n".join(lines) + "\n# EOF\n")
-    data = tmp_path / "data"
-    data.mkdir()
-    subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(tmp_path / "h.om"), str(data)],
-                   check=True, capture_output=True)
-    (tmp_path / "p.yml").write_text("global:\n  scrape_interval: 1h\nscrape_configs: []\n")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(["prometheus", f"--config.file={tmp_path / 'p.yml'}", f"--storage.tsdb.path={data}",
-                             f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    prom = prometheus_on_history("\n".join(lines) + "\n# EOF\n")
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if requests.get(f"http://127.0.0.1:{port}/-/ready", timeout=2).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
         settings = from_dict(FAST, "<t>", pools={"chat-8b": PoolSettings(replicas=4, knee_requests_per_replica=86),
                                                  "agent-70b": PoolSettings(replicas=2, knee_requests_per_replica=52)})
-        inp = from_prometheus(PrometheusClient(f"http://127.0.0.1:{port}"), week_end, settings)
+        inp = from_prometheus(PrometheusClient(prom.url), week_end, settings)
     finally:
-        stop_process(proc, 30)
+        prom.stop()
     d = build_digest(inp, settings)
     week = pools[(pools["timestamp"] >= week_end - 7 * 86400) & (pools["timestamp"] < week_end)]
     assert sorted(p["name"] for p in d["pools"]) == ["agent-70b", "chat-8b"]

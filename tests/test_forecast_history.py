@@ -2,8 +2,6 @@
 against a real Prometheus 2.42 backfilled with promtool."""
 import math
 import shutil
-import socket
-import subprocess
 import time
 
 import numpy as np
@@ -13,7 +11,6 @@ import requests
 from monitor.history.forecasts import forecast_history
 from monitor import schema
 from monitor.history.prometheus import PrometheusHistory, Query, bucket_query, default_queries, read_range
-from monitor.kit.process import stop_process
 
 pytestmark = [pytest.mark.live, pytest.mark.skipif(not (shutil.which("prometheus") and shutil.which("promtool")),
                                 reason="needs the prometheus and promtool binaries")]
@@ -35,8 +32,7 @@ class HTTPRangeClient:
 
 
 @pytest.fixture(scope="module")
-def prom(tmp_path_factory):
-    d = tmp_path_factory.mktemp("prom")
+def prom(prometheus_on_history):
     end = math.floor(time.time() / 3600) * 3600 - 3600
     start = end - 3 * 3600
     ts = np.arange(start, end + 1, 60)
@@ -52,30 +48,7 @@ def prom(tmp_path_factory):
         body.append(f'headroom_active_requests{{instance="x"}} 100 {t}')  # no pool: skipped
     # OpenMetrics wants each metric family's samples together
     body.sort(key=lambda s: s.split("{")[0])
-    (d / "h.om").write_text("\n".join(body) + "\n# EOF\n")
-    data = d / "data"
-    data.mkdir()
-    subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(d / "h.om"),
-                    str(data)], check=True, capture_output=True)
-    (d / "p.yml").write_text("global:\n  scrape_interval: 1h\nscrape_configs: []\n")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(["prometheus", f"--config.file={d / 'p.yml'}", f"--storage.tsdb.path={data}",
-                             f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(300):
-            try:
-                if requests.get(base + "/-/ready", timeout=1).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            time.sleep(0.1)
-        yield base, start, end
-    finally:
-        stop_process(proc)
+    return prometheus_on_history("\n".join(body) + "\n# EOF\n").url, start, end
 
 
 def test_fetch_history_maps_pools_series_and_task_types(prom):

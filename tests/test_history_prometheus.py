@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import shutil
-import subprocess
 import time
 
 import pytest
@@ -27,7 +26,6 @@ from monitor.history.store import StoreHistory
 from headroom_lab.sim.fleet import load_config, theoretical_knee
 from headroom_lab.sim.history import generate_history, schema_history, write_openmetrics
 from monitor.sources.prometheus import PrometheusClient
-from servers import Prometheus
 
 pytestmark = [pytest.mark.live, pytest.mark.skipif(not (shutil.which("prometheus") and shutil.which("promtool")),
                                                    reason="needs the prometheus and promtool binaries")]
@@ -38,25 +36,21 @@ FROM_VLLM = ("active_requests", "queued_requests", "load", "kv_tokens")  # deriv
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory):
+def fleet(tmp_path_factory, prometheus_on_history):
     d = tmp_path_factory.mktemp("history-prom")
     end = math.floor(time.time() / 3600) * 3600 - 3600  # recent: inside Prometheus' retention
     df = generate_history(None, days=14, step_s=60, end=end, level=1.3, seed=2)
     truth = schema_history(df)
     since = end - 4 * DAY  # headroom's own series start here, on a bucket boundary
     write_openmetrics(df, str(d / "h.om"), headroom=truth[truth["timestamp"] >= since])
-    (d / "data").mkdir()
-    subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", "--max-block-duration=24h",
-                    str(d / "h.om"), str(d / "data")], check=True, capture_output=True)
+    prom = prometheus_on_history(d / "h.om", max_block_duration="24h")
     (d / "h.om").unlink()
     store = HistoryStore(str(d / "h.sqlite"), retention_seconds=None, downsample_after_seconds=None)
     store.append((r.pool, r.series, float(r.timestamp), float(r.value)) for r in truth.itertuples(index=False))
-    prom = Prometheus(str(d), "global:\n  scrape_interval: 1h\nscrape_configs: []\n", data_dir=str(d / "data"))
     try:
         yield {"url": prom.url, "store": store, "end": float(end), "since": float(since),
                "start": float(end - 14 * DAY + STEP), "truth": truth}
     finally:
-        prom.stop()
         store.close()
 
 

@@ -13,7 +13,6 @@ import csv
 import json
 import os
 import shutil
-import subprocess
 import time
 from collections import Counter, defaultdict
 
@@ -58,21 +57,12 @@ def _by_task(scrape, name: str) -> dict[str, float]:
 
 
 @pytest.fixture(scope="module")
-def litellm_prometheus(tmp_path_factory):
-    from servers import Prometheus
-    d = tmp_path_factory.mktemp("plan-litellm")
+def litellm_prometheus(prometheus_on_history):
     with open(CAPTURE, encoding="utf-8") as f:
         scrape = parse(f.read())
     run_at = float(int(time.time()) // 60 * 60 - 3 * 3600)  # three hours back: inside retention, one block
-    (d / "backfill.om").write_text(_openmetrics(scrape, run_at))
-    r = subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(d / "backfill.om"),
-                        str(d / "data")], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr + r.stdout
-    prom = Prometheus(str(d), "global:\n  scrape_interval: 1h\nscrape_configs: []\n", data_dir=str(d / "data"))
-    try:
-        yield {"url": prom.url, "at": run_at + HALF, "scrape": scrape}
-    finally:
-        prom.stop()
+    prom = prometheus_on_history(_openmetrics(scrape, run_at))
+    return {"url": prom.url, "at": run_at + HALF, "scrape": scrape}
 
 
 def _plan(capsys, url: str, at: float, *extra: str) -> dict:

@@ -17,26 +17,19 @@ import pytest
 import requests
 
 from headroom_lab.sim.history import generate_history, write_openmetrics
-from servers import Prometheus, free_port, wait_for
+from servers import free_port, wait_for
 
 pytestmark = [pytest.mark.live, pytest.mark.skipif(not (shutil.which("prometheus") and shutil.which("promtool")),
                                                    reason="needs the prometheus and promtool binaries")]
 
 
 @pytest.fixture(scope="module")
-def prometheus(tmp_path_factory):
+def prometheus(tmp_path_factory, prometheus_on_history):
     d = tmp_path_factory.mktemp("prom-mode")
     end = math.floor(time.time() / 300) * 300
     df = generate_history(None, days=14, step_s=300, end=end, seed=5)
     write_openmetrics(df, str(d / "h.om"))  # vLLM's own series, no headroom_* at all
-    (d / "data").mkdir()
-    subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", "--max-block-duration=24h",
-                    str(d / "h.om"), str(d / "data")], check=True, capture_output=True)
-    prom = Prometheus(str(d), "global:\n  scrape_interval: 1h\nscrape_configs: []\n", data_dir=str(d / "data"))
-    try:
-        yield prom
-    finally:
-        prom.stop()
+    return prometheus_on_history(d / "h.om", max_block_duration="24h")
 
 
 def test_a_daemon_with_no_store_forecasts_from_prometheus_after_its_first_refit(prometheus, tmp_path):

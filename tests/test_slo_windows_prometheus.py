@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import shutil
-import subprocess
 import time
 
 import pytest
@@ -25,7 +24,7 @@ from monitor.history.slo import PrometheusWindows, attach
 from monitor.sources.gateway import read_gateway_scrape
 from monitor.sources.prometheus import PrometheusClient
 from monitor.sources.vllm import readings_from_text
-from servers import Prometheus, fixture
+from servers import fixture
 
 pytestmark = [pytest.mark.live, pytest.mark.skipif(not (shutil.which("prometheus") and shutil.which("promtool")),
                                                    reason="needs the prometheus and promtool binaries")]
@@ -66,18 +65,9 @@ def families_text(end: float) -> str:
 
 
 @pytest.fixture(scope="module")
-def prom(tmp_path_factory):
-    d = tmp_path_factory.mktemp("slo-prom")
+def prom(prometheus_on_history):
     end = math.floor(time.time() / HOUR) * HOUR - HOUR  # recent: inside Prometheus' retention
-    (d / "h.om").write_text(families_text(end))
-    (d / "data").mkdir()
-    subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(d / "h.om"), str(d / "data")],
-                   check=True, capture_output=True)
-    p = Prometheus(str(d), "global:\n  scrape_interval: 1h\nscrape_configs: []\n", data_dir=str(d / "data"))
-    try:
-        yield {"url": p.url, "end": float(end)}
-    finally:
-        p.stop()
+    return {"url": prometheus_on_history(families_text(end)).url, "end": float(end)}
 
 
 def hand(task: str, window: float, span_min: int) -> float:
