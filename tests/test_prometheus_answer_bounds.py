@@ -22,8 +22,7 @@ import pytest
 import requests
 
 from monitor.kit.process import stop_process
-from servers import free_port, wait_for
-from test_deadlines import _metric
+from servers import free_port, metric as _metric, wait_for
 
 pytestmark = pytest.mark.live
 

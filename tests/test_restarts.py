@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from servers import MetricsServer, free_port
-from test_pipeline_live import body
+from bodies import vllm_gauges as body
 
 pytestmark = pytest.mark.live  # tests/tiers.py: this file starts servers or binaries
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from servers import MetricsServer, Prometheus, fixture, wait_http
+from servers import MetricsServer, Prometheus, fixture, stop_all, wait_http
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "Qwen/Qwen2.5-7B-Instruct"
@@ -68,11 +68,7 @@ def _stack(tmp_path_factory, bodies):
         stoppers.append(prom.stop)
         yield prom
     finally:
-        for stop in reversed(stoppers):
-            try:
-                stop()
-            except Exception:  # noqa: BLE001 - keep stopping the rest
-                pass
+        stop_all(stoppers)
 
 
 @pytest.fixture(scope="module")

@@ -7,12 +7,12 @@ import time
 
 import pytest
 
-from monitor.config import Config, PrometheusSource, Target
+from monitor.config import Config, PrometheusSource
 from monitor.cycle import Pipeline
 from monitor.kit.process import stop_process
 from monitor.sources.prometheus import PrometheusClient
-from servers import MetricsServer, free_port, wait_http
-from test_pipeline_live import body
+from servers import MetricsServer, free_port, same_as_direct, wait_http
+from bodies import vllm_gauges as body
 
 pytestmark = pytest.mark.live
 
@@ -54,18 +54,7 @@ def test_victoriametrics_source_equals_direct(victoria):
         time.sleep(0.5)
     else:
         pytest.fail("VictoriaMetrics did not scrape both fixture replicas")
-    direct = Pipeline(Config(vllm_targets=[Target(s.url("/metrics")) for s in servers]))
-    via_vm = Pipeline(Config(prometheus=PrometheusSource(url=url, selector='job="vllm"')))
-    try:
-        d = direct.run_cycle().pools[0]
-        snap = via_vm.run_cycle()
-    finally:
-        direct.close()
-        via_vm.close()
-    v = snap.pools[0]
-    assert [s.up for s in snap.sources if s.source == "prometheus"] == [True]
-    for field in ("replicas", "active_requests", "queued_requests", "kv_tokens_live", "kv_tokens_capacity"):
-        assert getattr(v, field) == pytest.approx(getattr(d, field)), field
+    _, v = same_as_direct(servers, url)
     assert (v.active_requests, v.queued_requests) == (10, 5)
     # history for the forecasts comes through query_range on the same endpoint
     now = time.time()
