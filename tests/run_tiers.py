@@ -30,20 +30,21 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 # the slowest files of the live tier, run in a second pytest process beside the others
-SIDE_SHARD = ["tests/test_demo.py", "tests/test_loadtest_sim.py", "tests/test_restarts.py",
-              "tests/test_prometheus_mode_forecasts.py"]
+SIDE_SHARD = ["tests/lab/test_demo.py", "tests/lab/test_loadtest_sim.py", "tests/app/test_restarts.py",
+              "tests/app/test_prometheus_mode_forecasts.py"]
 # one pytest session, one shared engine; the LoRA and knee tests stop the other engines first, so they run last
-ENGINE_FILES = ["tests/test_vllm_pipeline.py", "tests/test_vllm_sim_calibration.py",
-                "tests/test_capacity_vllm.py", "tests/test_loadtest_vllm.py", "tests/test_alerts_vllm.py",
-                "tests/test_journey_vllm.py", "tests/test_loadtest_mixed_vllm.py",
+ENGINE_FILES = ["tests/engine/test_vllm_pipeline.py", "tests/engine/test_vllm_sim_calibration.py",
+                "tests/engine/test_capacity_vllm.py", "tests/engine/test_loadtest_vllm.py", "tests/engine/test_alerts_vllm.py",
+                "tests/engine/test_journey_vllm.py", "tests/engine/test_loadtest_mixed_vllm.py",
                 # these two stop the shared engines (exclusive=True): after every test that uses them
-                "tests/test_vllm_edges_engine.py", "tests/test_knee_vllm.py"]
+                "tests/engine/test_vllm_edges_engine.py", "tests/engine/test_knee_vllm.py"]
 
 
 def image_files() -> list[str]:
     """The test files that carry the image mark (collecting only them saves the whole suite's collection)."""
-    names = [n for n in os.listdir(HERE) if n.startswith("test_") and n.endswith(".py")]
-    return sorted(f"tests/{n}" for n in names if "pytest.mark.image" in _read(os.path.join(HERE, n)))
+    paths = [os.path.join(d, n) for d, _, names in os.walk(HERE) for n in names
+             if n.startswith("test_") and n.endswith(".py")]
+    return sorted(os.path.relpath(p, REPO) for p in paths if "pytest.mark.image" in _read(p))
 
 
 def _read(path: str) -> str:
