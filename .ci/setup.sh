@@ -34,7 +34,7 @@ declare -A DEBIAN=(
     [victoria-metrics]=victoria-metrics [chromium]=chromium [wrk]=wrk [openssl]=openssl [curl]=curl
     [npm]=npm [node]=nodejs [faketime]=faketime
 )
-# the image tier: build (image/build.sh) and run (tests/test_image.py) the container image
+# the image tier: build (image/build.sh) and run (tests/deploy/test_image.py) the container image
 declare -A IMAGE_DEBIAN=([podman]=podman [buildah]=buildah [mmdebstrap]=mmdebstrap [runc]=runc)
 missing_pkgs=() missing_image=()
 if [ -n "$want_live" ]; then

@@ -27,6 +27,7 @@ import requests
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "tests" / "deploy"))
 from podman_pod import PodmanPod, podman  # noqa: E402
 from test_image import SECRET, SITE, image_ref, render  # noqa: E402
 

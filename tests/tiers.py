@@ -21,6 +21,13 @@ set up) that did it.
   unit tier. (A file is the unit: a mostly-live file may keep a few pure tests under its mark.)
 With HEADROOM_NO_SKIP=1 (make test, CI) a skipped test is a failure with the skip's reason, so the
 whole suite never passes with something silently left out.
+
+With HEADROOM_DURATIONS_DIR set (tests/run_tiers.py sets it), each pytest process writes the time
+its tests took per file (set-up, call and teardown as pytest reports them; a module or session fixture
+counts in the file of the first test that used it) to DIR/<pid>.json.
+
+A bare `pytest` (no test paths, no -m) is the unit tier, guard included: the loop to run while working.
+Naming files or a -m expression runs what was named; tests/run_tiers.py and the make targets run the tiers.
 """
 from __future__ import annotations
 
@@ -34,6 +41,7 @@ from typing import Callable, Optional
 import pytest
 
 TIER = os.environ.get("HEADROOM_TEST_TIER", "")
+UNIT_MARKS = "not live and not vllm"  # the unit tier's -m expression (tests/run_tiers.py)
 NO_SKIP = os.environ.get("HEADROOM_NO_SKIP", "") not in ("", "0")
 
 _SERVER_FIXTURES: set[str] = set()   # declared with @starts_servers
@@ -76,6 +84,7 @@ _FAILED: set[str] = set()  # node ids whose call failed (no second report at tea
 _LIVE_FILES: dict[str, list[int]] = {}  # file -> [live tests passed, of which reached outside]
 _RECORDER_ALLOWED: dict[str, bool] = {}  # nodeid -> marked live/vllm (the unit guard lets those pass)
 _ORIG = {}
+_DURATIONS: dict[str, list] = {}  # file -> [seconds, tests]
 
 
 def _inet(sock: socket.socket) -> bool:
@@ -124,6 +133,16 @@ def _install() -> None:
 
 def pytest_configure(config) -> None:
     _install()
+    global TIER
+    bare = config.args_source == pytest.Config.ArgsSource.TESTPATHS and not config.option.markexpr
+    if bare:  # `pytest` alone: the unit tier, as `make test-unit` runs it
+        config.option.markexpr = UNIT_MARKS
+        TIER = TIER or "unit"
+
+
+def pytest_report_header(config) -> str:
+    return (f"tier: {TIER or 'none'} (-m {config.option.markexpr!r}); a bare `pytest` runs the unit tier, "
+            "tests/run_tiers.py and `make test` every tier")
 
 
 def pytest_collection_modifyitems(config, items) -> None:
@@ -197,7 +216,22 @@ def pytest_sessionfinish(session, exitstatus) -> None:
         session.exitstatus = 1
 
 
+def pytest_runtest_logreport(report) -> None:
+    row = _DURATIONS.setdefault(report.nodeid.split("::")[0], [0.0, 0])
+    row[0] += report.duration
+    row[1] += report.when == "setup"
+
+
+def _write_durations(directory: str) -> None:
+    import json  # noqa: PLC0415
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, f"{os.getpid()}.json"), "w", encoding="utf-8") as f:
+        json.dump({name: {"seconds": round(s, 3), "tests": n} for name, (s, n) in _DURATIONS.items()}, f, indent=1)
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    if os.environ.get("HEADROOM_DURATIONS_DIR"):
+        _write_durations(os.environ["HEADROOM_DURATIONS_DIR"])
     for f in _pure_live_files() if TIER == "live" else ():
         terminalreporter.write_line(f"test-live: {f} is marked `live` but none of its tests started a "
                                     "process or opened a socket: it belongs in the unit tier", red=True)

@@ -25,7 +25,7 @@ observations): on the real vLLM CPU engine behind LiteLLM with 20 closed-loop ag
 waits between calls), direct mode at the default 15 s reached 60 observations after 17 min and every
 fit then scored 0.00-0.56. That run's observations were not kept; its shape was replayed through the
 simulator (benchmarks/knee_learn_bench.py: 8 slots, 3,072 KV tokens, a KV knee of 6.46 by
-construction, 20 sessions, 8 s tool waits) and on hand-made series (tests/test_knee_plausible.py).
+construction, 20 sessions, 8 s tool waits) and on hand-made series (tests/core/test_knee_plausible.py).
 The engine's load is bursty: the 30 s averages sit mostly at 4-5 and pass the knee in 3-9 % of
 the windows. Three causes, in order of weight:
   - the bar came late: 60 observations are 15 min at 15 s with one replica, before any fit;

@@ -88,7 +88,7 @@ class Steps:
 
     @classmethod
     def of(cls, parts: Sequence[SpareWindow]) -> "Steps":
-        import numpy as np  # the web and CLI floors read windows without loading numpy (tests/test_cli_start.py)
+        import numpy as np  # the web and CLI floors read windows without loading numpy (tests/app/test_cli_start.py)
         return cls(*(np.array([getattr(w, k) for w in parts], dtype=float) for k in ("start", "end", "requests")))
 
 

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 # The numeric stack (pandas, numpy, the forecast models) is imported when the command runs, not for
-# `headroom backtest --help` (tests/test_cli_start.py).
+# `headroom backtest --help` (tests/app/test_cli_start.py).
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 

@@ -1,5 +1,5 @@
 """The agent application and the slow gateway of the overload journey (benchmarks/overload_journey.py,
-tests/test_journey_vllm.py).
+tests/engine/test_journey_vllm.py).
 
 `AgentApp` runs closed-loop agent sessions against an OpenAI-compatible gateway: a session runs tasks
 one after another; a task makes `calls` chat calls with a tool wait between two calls. Some sessions

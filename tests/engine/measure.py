@@ -1,7 +1,7 @@
 """Measurements against a real vLLM engine, shared by the engine tests and `make bench-engine`.
 
 Each function drives one load against a running engine and returns what both sides saw, as plain
-data. The tests (tests/test_knee_vllm.py, tests/test_vllm_pipeline.py) assert what is exact or
+data. The tests (tests/engine/test_knee_vllm.py, tests/engine/test_vllm_pipeline.py) assert what is exact or
 structural on one run; benchmarks/engine_bench.py repeats each measurement and reports the accuracy
 figures (learned knee vs the client-side latency curve, Little's-law closure), which on 2 shared
 cores are noisy from run to run and so are no pass/fail check of a single CI run.
@@ -185,7 +185,7 @@ def littles_law_window(url: str, vocab: int, clients: int = 16, want_completions
 
 
 def write_ramp_mix(path: str, vocab: int) -> str:
-    """The loadtest mix of the engine ramp (2, 4, ..., 20 sessions, 3 s each; tests/test_loadtest_vllm.py
+    """The loadtest mix of the engine ramp (2, 4, ..., 20 sessions, 3 s each; tests/engine/test_loadtest_vllm.py
     and the benchmark's queue-agreement trials)."""
     with open(path, "w") as f:
         f.write(f"""
@@ -215,7 +215,7 @@ task_types:
 def write_mixed_mix(path: str, vocab: int, deferrable_concurrency: int = 8, interactive_per_second: float = 1.0,
                     ttft_seconds: float = None, budget_interval: float = 2.0, pause: float = 3.0,
                     deferrable_output: int = 128) -> str:
-    """The loadtest mix of `--pattern mixed` on the engine (tests/test_loadtest_mixed_vllm.py and
+    """The loadtest mix of `--pattern mixed` on the engine (tests/engine/test_loadtest_mixed_vllm.py and
     benchmarks/priority_protection.py): short interactive questions arriving at
     `interactive_per_second`, beside a backlog of long deferrable summaries worked by
     `deferrable_concurrency` sessions. Exact lengths (token ids, ignore_eos), so every case does the same work."""

@@ -2,7 +2,7 @@
 
 Allowed: headroom's own catalogue (monitor.model.catalogue.exposed_names()), the recording rules in
 rules/*.rules.yaml, and the external names listed in tests/rules/external_metrics.txt (vLLM,
-gateways, DCGM, Prometheus `up`). Shared by tests/test_rules.py and tests/test_dashboards.py, which
+gateways, DCGM, Prometheus `up`). Shared by tests/deploy/test_rules.py and tests/deploy/test_dashboards.py, which
 load this file by path.
 """
 from __future__ import annotations
