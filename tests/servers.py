@@ -54,7 +54,7 @@ def free_port() -> int:
 def self_signed_cert(directory) -> tuple[str, str]:
     """(cert.pem, key.pem) in `directory`: a self-signed certificate for 127.0.0.1 and localhost, made
     by openssl (the test is skipped when openssl is not installed)."""
-    import pytest  # noqa: PLC0415
+    import pytest
     if not shutil.which("openssl"):
         pytest.skip("openssl not installed")
     cert, key = os.path.join(directory, "cert.pem"), os.path.join(directory, "key.pem")

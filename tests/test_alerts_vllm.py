@@ -24,7 +24,6 @@ from pathlib import Path
 import pytest
 import requests
 import yaml
-
 from engine.load import ClosedLoop, token_prompt
 from servers import Prometheus, wait_for, wait_http
 

@@ -16,7 +16,8 @@ from monitor.capacity.knee import Knee
 from monitor.capacity.load_window import LoadWindows
 from monitor.capacity.slo import SloTracker, Target
 from monitor.capacity.slo_limit import MIN_OBSERVATIONS, Judged, judged_from_counts, slo_limit
-from monitor.config import Config, GatewaySource, Target as EngineTarget
+from monitor.config import Config, GatewaySource
+from monitor.config import Target as EngineTarget
 from monitor.cycle import CycleInputs, CycleState, step
 from monitor.derive import histogram as histo
 from monitor.export.samples import Renderer

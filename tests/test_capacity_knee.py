@@ -101,7 +101,7 @@ def test_noise_does_not_move_the_published_knee():
     rng = np.random.default_rng(5)
     est = KneeEstimator("ttft", prior_knee(max_num_seqs=100), max_observations=600)
     published = []
-    for cycle in range(60):  # 60 cycles of 40 noisy observations of the same curve
+    for _cycle in range(60):  # 60 cycles of 40 noisy observations of the same curve
         x = rng.uniform(0, 64, 40)
         y = queueing(x, 32) * (1 + rng.normal(0, 0.15, x.size))
         for xi, yi in zip(x, y):

@@ -21,11 +21,11 @@ from collections import Counter
 import numpy as np
 import pytest
 import requests
-
 from engine.servers import fetch_metrics
 from servers import wait_for
-from monitor.derive import histogram as histo
+
 from monitor.capacity.tasks import derive_tasks
+from monitor.derive import histogram as histo
 from monitor.sources.gateway import GatewayConfig, read_gateway
 
 pytestmark = pytest.mark.vllm
@@ -125,7 +125,8 @@ def test_live_tasks_and_sessions_over_the_task_window(litellm_gateway, vllm_smal
     the window is covered: calls per task = the proxy's call rate over the app's task rate, off 3 by
     at most the calls of the tasks in flight at the window's two edges; sessions exact; a call
     without metadata is `unattributed`, never "None"."""
-    from prometheus_client import CollectorRegistry, Counter as PCounter, Gauge, generate_latest
+    from prometheus_client import CollectorRegistry, Gauge, generate_latest
+    from prometheus_client import Counter as PCounter
 
     from monitor.capacity.enrich import CapacityState, assess
     from monitor.config import from_dict

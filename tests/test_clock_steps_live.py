@@ -17,10 +17,10 @@ import time
 
 import pytest
 import requests
-
-from monitor.kit.process import stop_process
 from servers import free_port, wait_for
 from test_deadlines import _metric
+
+from monitor.kit.process import stop_process
 
 pytestmark = pytest.mark.live
 

@@ -166,7 +166,7 @@ def test_every_setting_is_declared_once_with_help():
     for cls in seen:
         paths = [path for _, spec, path in specs(cls) if not spec.merge]
         assert len(paths) == len(set(paths)), f"{cls.__name__}: two settings read the same key"
-        for name, spec, path in specs(cls):
+        for name, spec, _path in specs(cls):
             assert spec.help.strip() or spec.merge, f"{cls.__name__}.{name} has no help"
     documented = {r.key for r in rows(Config)}
     assert {"global.interval", "sources.prometheus.basic_auth.password_env", "pools.<pool>.knee_margin",

@@ -11,15 +11,15 @@ from zoneinfo import ZoneInfo
 import numpy as np
 import pytest
 
+from headroom_lab.digest_demo import demo_input
+from headroom_lab.sim.history import generate_history
 from monitor.capacity.settings import PoolSettings
 from monitor.digest.content import build_digest
-from headroom_lab.digest_demo import demo_input
 from monitor.digest.schedule import open_outbox, run_digest, schedule_digest
 from monitor.digest.settings import from_dict
 from monitor.digest.sources import from_prometheus, from_store
 from monitor.history.store import HistoryStore
 from monitor.kit.process import stop_process
-from headroom_lab.sim.history import generate_history
 
 WEEK_END = 1764547200.0  # Mon 2025-12-01 00:00 UTC
 FAST = {"forecast": {"models": ["snaive_day"]}}
@@ -130,6 +130,7 @@ def test_schedule_digest_cron_and_delivery(tmp_path):
 
 def test_the_built_daemon_schedules_the_digest_and_exports(tmp_path):
     import urllib.request
+
     from monitor import config
     from monitor.app import build
     cfg = config.from_dict({
@@ -167,7 +168,9 @@ def test_the_built_daemon_schedules_the_digest_and_exports(tmp_path):
 def test_digest_from_a_real_backfilled_prometheus(tmp_path):
     import socket
     import subprocess
+
     import requests
+
     from headroom_lab.digest_demo import last_monday
     from monitor.sources.prometheus import PrometheusClient
     week_end = last_monday(time.time())  # recent: inside Prometheus' default retention

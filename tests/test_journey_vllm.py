@@ -24,7 +24,6 @@ import time
 import pytest
 import requests
 import yaml
-
 from engine.agent_app import AgentApp
 from servers import Prometheus, wait_for, wait_http
 from test_alerts_vllm import demo_scale_rules  # the demo's rules, evaluated every second

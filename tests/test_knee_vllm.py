@@ -18,7 +18,6 @@ import json
 import sys
 
 import pytest
-
 from engine.measure import knee_sweep
 
 pytestmark = pytest.mark.vllm

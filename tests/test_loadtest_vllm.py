@@ -28,9 +28,9 @@ import subprocess
 import sys
 
 import pytest
-
 from engine.measure import write_ramp_mix as write_mix
 from engine.servers import REPO
+
 from monitor.cli import main
 
 pytestmark = pytest.mark.vllm

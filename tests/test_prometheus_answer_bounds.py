@@ -20,10 +20,10 @@ from urllib.parse import parse_qs
 
 import pytest
 import requests
-
-from monitor.kit.process import stop_process
 from servers import free_port, wait_for
 from test_deadlines import _metric
+
+from monitor.kit.process import stop_process
 
 pytestmark = pytest.mark.live
 

@@ -9,7 +9,6 @@ import time
 
 import pytest
 import requests
-
 from servers import MetricsServer, free_port
 from test_pipeline_live import body
 

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from servers import MetricsServer, Prometheus, fixture, wait_http
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,7 +70,7 @@ def _stack(tmp_path_factory, bodies):
         for stop in reversed(stoppers):
             try:
                 stop()
-            except Exception:  # noqa: BLE001 - keep stopping the rest
+            except Exception:  # keep stopping the rest
                 pass
 
 

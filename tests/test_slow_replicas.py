@@ -6,6 +6,8 @@ import logging
 
 import pytest
 
+from headroom_lab.sim.exposition import render_vllm
+from headroom_lab.sim.fleet import Fleet, config_from_dict, load_config
 from monitor.capacity.enrich import CapacityState
 from monitor.capacity.headroom import CapacitySettings, compute_capacity
 from monitor.capacity.knee import Knee
@@ -15,8 +17,6 @@ from monitor.derive.slow import SLOW_HOLD, latency_ratios
 from monitor.export.samples import Renderer
 from monitor.export.snapshot_json import snapshot_to_dict
 from monitor.model import PoolSnapshot, SourceStatus
-from headroom_lab.sim.exposition import render_vllm
-from headroom_lab.sim.fleet import Fleet, config_from_dict, load_config
 from monitor.sources.vllm import readings_from_text
 
 START = 1_790_000_000.0

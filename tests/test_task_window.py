@@ -327,6 +327,7 @@ def test_the_shipped_configs_label_calls_by_task_type_only():
     from pathlib import Path
 
     import yaml
+
     from monitor.config import load
 
     root = Path(__file__).parent.parent

@@ -6,13 +6,13 @@ import subprocess
 import time
 
 import pytest
+from servers import MetricsServer, free_port, wait_http
+from test_pipeline_live import body
 
 from monitor.config import Config, PrometheusSource, Target
 from monitor.cycle import Pipeline
 from monitor.kit.process import stop_process
 from monitor.sources.prometheus import PrometheusClient
-from servers import MetricsServer, free_port, wait_http
-from test_pipeline_live import body
 
 pytestmark = pytest.mark.live
 

@@ -9,6 +9,7 @@ import re
 from dataclasses import replace
 
 import pytest
+from servers import fixture
 
 from monitor.config import Config, Target
 from monitor.cycle import CycleInputs, CycleState, step
@@ -20,7 +21,6 @@ from monitor.export.snapshot_json import snapshot_to_dict
 from monitor.model import Histogram, SourceStatus
 from monitor.sources.prometheus import scrapes_from_vector, vllm_selector
 from monitor.sources.vllm import parse_vllm, readings_from_scrape, readings_from_text
-from servers import fixture
 
 T0 = 1_796_400_000.0
 MODEL = "Qwen/Qwen3-8B"

@@ -8,9 +8,9 @@ import pytest
 
 from monitor.capacity.enrich import configured_lmcache
 from monitor.capacity.headroom import CapacitySettings, pool_capacity
-from monitor.capacity.lora import lora_limit
 from monitor.capacity.knee import Knee, prior_knee
 from monitor.capacity.knee_suspect import KneeWatch, suspect
+from monitor.capacity.lora import lora_limit
 from monitor.derive.core import derive_pools
 from monitor.export.samples import snapshot_samples
 from monitor.export.snapshot_json import pool_to_dict

@@ -26,10 +26,10 @@ import sys
 import time
 
 import pytest
-
 from engine.load import start_batch, token_prompt
 from engine.reference import engine_gauges
 from engine.servers import fetch_metrics
+
 from headroom_lab.sim.engine import DECODE, PREFILL, PoolParams, Replica, Request
 from headroom_lab.sim.exposition import render_vllm
 from monitor.sources.vllm import readings_from_text

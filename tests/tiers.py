@@ -204,7 +204,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     path = os.environ.get("HEADROOM_TIER_REPORT")
     if not path:
         return
-    import json  # noqa: PLC0415
+    import json
     with open(path, "w", encoding="utf-8") as f:
         json.dump({"tests": {k: sorted(v) for k, v in REC.by_test.items()},
                    "fixtures": {k: sorted(v) for k, v in REC.by_fixture.items()}}, f, indent=1)

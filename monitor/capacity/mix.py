@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from monitor.capacity.plan import BusyPeriod, Mix, TaskMix
-
 from monitor.kit.settings.kinds import Choice, Int, Number, Raw
 from monitor.kit.settings.reader import ConfigError, Reader, key
 from monitor.kit.settings.shapes import ListOf, MapOf, Sub

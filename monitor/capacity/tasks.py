@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Optional
 
+from monitor.capacity.slo import SloSettings, violation_ratio
 from monitor.derive import histogram as histo
 from monitor.derive.counters import histogram_increase, increase
-from monitor.capacity.slo import SloSettings, violation_ratio
 from monitor.model import Histogram, TaskStats
 from monitor.readings import GatewayConfig, GatewayReading, TaskCumulative
 

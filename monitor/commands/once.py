@@ -27,6 +27,7 @@ import time
 from dataclasses import replace
 
 from monitor.kit.text import for_terminal
+
 from ..config import Config, ConfigError, EngineTarget, check_url, load
 
 

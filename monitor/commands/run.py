@@ -6,10 +6,11 @@ import signal
 import sys
 from dataclasses import replace
 
+from monitor.kit.process import exit_if_stuck
+
 from ..cli import listen_address, seconds
 from ..config import ConfigError, load
 from ..export.server import parse_listen_address
-from monitor.kit.process import exit_if_stuck
 
 log = logging.getLogger("headroom")
 
@@ -30,7 +31,7 @@ def run(args) -> int:
     try:
         cfg = load(args.config_file)
         if args.shard:
-            from ..shard import parse_shard
+            from ..shard import parse_shard  # noqa: PLC0415
             cfg = replace(cfg, shard=parse_shard(args.shard))
         listen = args.listen_address or cfg.listen_address
         parse_listen_address(listen)

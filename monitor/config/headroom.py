@@ -12,17 +12,24 @@ from typing import Optional
 from monitor.capacity.settings import Capacity, PoolSettings
 from monitor.capacity.slo import SloSettings
 from monitor.capacity.slo_settings import SloSection
+from monitor.catalogue import own_labels
 from monitor.digest.settings import DigestSettings, with_daemon
 from monitor.forecast.settings import CalendarSection, Forecast
 from monitor.kit.settings.kinds import Duration, File, Flag, Int, ListenAddress, StorePath, Text, Url
 from monitor.kit.settings.reader import Reader, key
 from monitor.kit.settings.shapes import ListOf, MapOf, Sub, group
 from monitor.kit.settings.values import DAY
-from monitor.catalogue import own_labels
 from monitor.poolkey import PoolBySetting, extra_labels, name_of
 from monitor.shard import ShardSetting
-from monitor.sources.settings import (AlertsSource, EngineTarget, GatewaySource, HttpAuth, PrometheusSource, Target,
-                                     check_gateway_labels)
+from monitor.sources.settings import (
+    AlertsSource,
+    EngineTarget,
+    GatewaySource,
+    HttpAuth,
+    PrometheusSource,
+    Target,
+    check_gateway_labels,
+)
 
 
 def check_pool_by(pool_by: tuple[str, ...], r: Reader) -> None:

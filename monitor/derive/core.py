@@ -95,7 +95,7 @@ def derive_pools(history: dict[str, list[ReplicaReading]], now: float, window_se
     down = set(down_targets)
     pools: dict[str, PoolSnapshot] = {}
     members: dict[str, list[list[ReplicaReading]]] = {}
-    for target, readings in history.items():
+    for readings in history.values():
         if not readings:
             continue
         newest = readings[-1]

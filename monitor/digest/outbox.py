@@ -202,7 +202,7 @@ class Outbox:
             if sender is None:
                 raise DeliveryError(f"destination {dest!r} is not configured")
             sender(key, week, payload)
-        except Exception as exc:  # every failure is retried; the message carries no secret
+        except Exception as exc:  # noqa: BLE001 - every failure is retried; the message carries no secret
             msg = safe_error(exc)
             with self._lock, self._tx() as db:
                 attempts = db.execute("SELECT attempts FROM deliveries WHERE key = ?", (key,)).fetchone()[0] + 1

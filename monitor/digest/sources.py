@@ -22,9 +22,9 @@ from monitor.digest.content import WEEK, DigestError, DigestInput, PoolInput, fm
 from monitor.digest.knee import KneeReading, choose, knees_from_prometheus
 from monitor.digest.settings import DigestSettings
 from monitor.history.prometheus import MAX_POINTS, PrometheusHistory
-from monitor.schema import HistorySource
 from monitor.history.store import StoreHistory
 from monitor.poolkey import name_of
+from monitor.schema import HistorySource
 
 HISTORY_WEEKS = 3
 

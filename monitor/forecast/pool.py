@@ -27,9 +27,9 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
+from monitor import schema
 from monitor.forecast.backtest import ForecastSettings, forecast_series
 from monitor.forecast.series import SeriesError, prepare
-from monitor import schema
 
 CAPACITY_SERIES = "load"
 OFFERED_SERIES = "offered"  # the capacity series instead of `load` when its forecast is defined

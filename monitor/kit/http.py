@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Protocol
 from urllib.parse import urlsplit
 
-from monitor.kit.http_held import BodyBudget, FetchError, Held as _Held
+from monitor.kit.http_held import BodyBudget, FetchError
+from monitor.kit.http_held import Held as _Held
 from monitor.kit.http_wire import Wire, read_response, request_bytes
 
 

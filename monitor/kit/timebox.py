@@ -37,11 +37,11 @@ def _outcome(fn, args) -> bytes:
     """fn(*args) as a pickled ("ok", result) or ("err", (type, message, traceback))."""
     try:
         result = ("ok", fn(*args))
-    except BaseException as exc:  # report every failure to the caller, with its type
+    except BaseException as exc:  # noqa: BLE001 - report every failure to the caller, with its type
         result = ("err", (type(exc).__name__, str(exc), traceback.format_exc()))
     try:
         return pickle.dumps(result)
-    except Exception as exc:  # an unpicklable result is reported, never lost silently
+    except Exception as exc:  # noqa: BLE001 - an unpicklable result is reported, never lost silently
         return pickle.dumps(("err", ("PicklingError", str(exc), "")))
 
 
@@ -58,7 +58,7 @@ def _serve(conn) -> None:
             return
         try:
             fn, args = pickle.loads(job)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - an unreadable job is answered with its error; the worker goes on
             conn.send_bytes(pickle.dumps(("err", (type(exc).__name__, str(exc), traceback.format_exc()))))
             continue
         conn.send_bytes(_outcome(fn, args))

@@ -5,7 +5,7 @@
     spare.py      spare capacity for deferrable work: Spare, SpareWindow
     snapshot.py   a cycle's result: ReplicaSnapshot, PoolSnapshot, Snapshot, SourceStatus, Alert, RefitResult
 """
-from .values import COUNTERS, HISTOGRAMS, Histogram, KvTier, LoraSlots, Quantiles, ReplicaReading, SHED_REASONS  # noqa: F401
 from .capacity import Capacity, Limits, PoolSlo, PoolTasks, Scenarios, TaskStats  # noqa: F401
-from .spare import Spare, SpareWindow  # noqa: F401
 from .snapshot import Alert, PoolForecastLike, PoolSnapshot, RefitResult, ReplicaSnapshot, Snapshot, SourceStatus  # noqa: F401
+from .spare import Spare, SpareWindow  # noqa: F401
+from .values import COUNTERS, HISTOGRAMS, SHED_REASONS, Histogram, KvTier, LoraSlots, Quantiles, ReplicaReading  # noqa: F401

@@ -172,5 +172,5 @@ def read_alerts(text: str, kind: str, rows_cut: Optional[list] = None, match: Op
         raise
     except RecursionError:
         raise ValueError("alerts answer is nested too deeply to read") from None
-    except Exception as exc:  # any other surprise in a hostile answer is a parse failure, not a stop
+    except Exception as exc:  # noqa: BLE001 - any other surprise in a hostile answer is a parse failure, not a stop
         raise ValueError(f"alerts answer could not be read: {type(exc).__name__}: {exc}"[:300]) from None

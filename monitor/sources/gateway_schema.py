@@ -10,8 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from monitor.readings import (  # noqa: F401  (re-exported: the names every gateway reader uses)
-    DEFAULT_LABELS, UNATTRIBUTED, UNSET_VALUES, GatewayConfig, GatewayReading, TaskCumulative)
+from monitor.readings import DEFAULT_LABELS, UNATTRIBUTED, UNSET_VALUES, GatewayConfig, GatewayReading, TaskCumulative  # noqa: F401  (re-exported: the names every gateway reader uses)
 from monitor.readings import GATEWAY_KINDS as KINDS  # noqa: F401  (the gateway kinds, re-exported)
 
 

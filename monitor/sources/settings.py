@@ -10,12 +10,23 @@ import re
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
 
-from monitor.readings import GATEWAY_KINDS
-from monitor.kit.settings.kinds import Choice, Duration, File, Flag, Int, Labels, SecretEnv, SecretFile, Selector, Text, Url
+from monitor.kit.settings.kinds import (
+    Choice,
+    Duration,
+    File,
+    Flag,
+    Int,
+    Labels,
+    SecretEnv,
+    SecretFile,
+    Selector,
+    Text,
+    Url,
+)
 from monitor.kit.settings.reader import ConfigError, Reader, join, key
 from monitor.kit.settings.shapes import MapOf, Sub, group
 from monitor.kit.settings.values import read_secret_env, read_secret_file, redact
-
+from monitor.readings import GATEWAY_KINDS
 
 
 @dataclass

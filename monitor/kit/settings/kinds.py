@@ -10,11 +10,19 @@ import math
 import os
 import re
 import unicodedata
-from urllib.parse import urlsplit
 from typing import Any, Callable, Optional, Sequence, Union
+from urllib.parse import urlsplit
 
 from monitor.kit.settings.reader import Reader
-from monitor.kit.settings.values import MAX_SECONDS, type_name, check_url, format_duration, parse_duration, read_secret_env, read_secret_file
+from monitor.kit.settings.values import (
+    MAX_SECONDS,
+    check_url,
+    format_duration,
+    parse_duration,
+    read_secret_env,
+    read_secret_file,
+    type_name,
+)
 
 
 class Kind:

@@ -1,9 +1,8 @@
 """Kinds whose values are sections: one nested section, lists and maps of them, tagged variants."""
 from __future__ import annotations
 
-from typing import Any, Optional
-
 from dataclasses import field
+from typing import Any, Optional
 
 from monitor.kit.settings.kinds import Kind
 from monitor.kit.settings.reader import Reader, Spec
