@@ -43,7 +43,7 @@ class EntryPoint:
     name: str
     value: str  # module or module:attribute
 
-    def load(self):
+    def load(self) -> object:
         module, _, attr = self.value.partition(":")
         obj = importlib.import_module(module.strip())
         for part in filter(None, attr.strip().split(".")):

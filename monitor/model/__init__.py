@@ -5,7 +5,33 @@
     spare.py      spare capacity for deferrable work: Spare, SpareWindow
     snapshot.py   a cycle's result: ReplicaSnapshot, PoolSnapshot, Snapshot, SourceStatus, Alert, RefitResult
 """
-from .capacity import Capacity, Limits, PoolSlo, PoolTasks, Scenarios, TaskStats  # noqa: F401
-from .snapshot import Alert, PoolForecastLike, PoolSnapshot, RefitResult, ReplicaSnapshot, Snapshot, SourceStatus  # noqa: F401
-from .spare import Spare, SpareWindow  # noqa: F401
-from .values import COUNTERS, HISTOGRAMS, SHED_REASONS, Histogram, KvTier, LoraSlots, Quantiles, ReplicaReading  # noqa: F401
+from .capacity import Capacity, Limits, PoolSlo, PoolTasks, Scenarios, TaskStats
+from .snapshot import Alert, PoolForecastLike, PoolSnapshot, RefitResult, ReplicaSnapshot, Snapshot, SourceStatus
+from .spare import Spare, SpareWindow
+from .values import COUNTERS, HISTOGRAMS, SHED_REASONS, Histogram, KvTier, LoraSlots, Quantiles, ReplicaReading
+
+__all__ = [
+    "Capacity",
+    "Limits",
+    "PoolSlo",
+    "PoolTasks",
+    "Scenarios",
+    "TaskStats",
+    "Alert",
+    "PoolForecastLike",
+    "PoolSnapshot",
+    "RefitResult",
+    "ReplicaSnapshot",
+    "Snapshot",
+    "SourceStatus",
+    "Spare",
+    "SpareWindow",
+    "COUNTERS",
+    "HISTOGRAMS",
+    "SHED_REASONS",
+    "Histogram",
+    "KvTier",
+    "LoraSlots",
+    "Quantiles",
+    "ReplicaReading",
+]
