@@ -71,7 +71,7 @@ class MapOf(Kind):
     def name(self) -> str:
         return f"mapping of {self.names} to {self.item.name}"
 
-    def read(self, r: Reader, value: Any, key: str) -> dict:
+    def read(self, r: Reader, value: Any, key: str) -> dict[str, Any]:
         if not isinstance(value, dict):
             raise r.fail(key, f"expected a mapping, got {type_name(value)}")
         out = {}
