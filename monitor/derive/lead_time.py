@@ -18,10 +18,10 @@ from .core import pool_of
 
 @dataclass
 class LeadTimes:
-    seen: dict = field(default_factory=dict)  # "target|model" -> timestamp of its newest reading
-    waiting: dict = field(default_factory=dict)  # "target|model" -> (first scrape time, completions then)
-    measured: dict = field(default_factory=dict)  # pool -> seconds, the newest measurement
-    pool_seen: dict = field(default_factory=dict)  # pool -> timestamp of its newest reading
+    seen: dict[str, float] = field(default_factory=dict)  # "target|model" -> timestamp of its newest reading
+    waiting: dict[str, tuple[float, float]] = field(default_factory=dict)  # "target|model" -> (first scrape time, completions then)
+    measured: dict[str, float] = field(default_factory=dict)  # pool -> seconds, the newest measurement
+    pool_seen: dict[str, float] = field(default_factory=dict)  # pool -> timestamp of its newest reading
 
     def shift_time(self, seconds: float) -> None:
         """The wall clock stepped by `seconds`: the first-scrape times move with it."""

@@ -169,7 +169,7 @@ def block_means(prep: Prepared, k: int) -> tuple[Prepared, np.ndarray]:
     and each block's variance around its mean."""
     a = prep.n - (prep.n // k) * k
     blocks = prep.values[a:].reshape(-1, k)
-    observed = prep.observed[a:].reshape(-1, k).any(axis=1)
+    observed = np.asarray(prep.observed[a:].reshape(-1, k).any(axis=1))
     return Prepared(prep.start + a * prep.step, prep.step * k, blocks.mean(axis=1), observed), blocks.var(axis=1)
 
 
