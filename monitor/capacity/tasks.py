@@ -154,6 +154,8 @@ def derive_tasks(newer: GatewayReading, older: Optional[GatewayReading], config:
         gw_calls = _delta(t.calls, o.calls if o else None)
         done = _delta(t.task_duration.count, o.task_duration.count if (o and o.task_duration) else None) \
             if (covered and t.task_duration is not None) else None
+        sessions: Optional[float]
+        sessions_source: Optional[str]
         if t.sessions_active is not None:
             sessions, sessions_source = t.sessions_active, "app"
         else:

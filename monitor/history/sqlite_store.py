@@ -277,7 +277,7 @@ class HistoryStore:
 
     def count(self, pool: Optional[str] = None, series: Optional[str] = None) -> int:
         """Rows held (raw points plus rollup buckets) for the pool / series (all when None)."""
-        sql, args = "SELECT COUNT(*) FROM points WHERE 1=1", []
+        sql, args = "SELECT COUNT(*) FROM points WHERE 1=1", list[str]()
         if pool is not None:
             sql, args = sql + " AND pool = ?", args + [pool]
         if series is not None:

@@ -57,7 +57,7 @@ def _secret(path: Optional[str], env: Optional[str]) -> Optional[str]:
         if env:
             return read_secret_env(env)
     except ValueError as exc:
-        raise ConfigError(path or "environment", "" if path else env, str(exc)) from None
+        raise ConfigError(path or "environment", "" if path else (env or ""), str(exc)) from None
     return None
 
 
