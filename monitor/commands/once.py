@@ -28,7 +28,7 @@ from dataclasses import replace
 
 from monitor.kit.text import for_terminal
 
-from ..config import Config, ConfigError, EngineTarget, check_url, load
+from ..config import Config, ConfigError, EngineTarget, Target, check_url, load
 
 
 def add_arguments(p) -> None:
@@ -52,7 +52,7 @@ def config_from_args(args) -> Config:
         return load(args.config_file)
     if not (args.vllm or args.target):
         raise ConfigError("<command line>", "", "give --config.file FILE or at least one --target (or --vllm) URL")
-    targets = []
+    targets: list[Target] = []
     for flag, urls, kind in (("--vllm", args.vllm, "vllm"), ("--target", args.target, "auto")):
         for url in urls:
             try:

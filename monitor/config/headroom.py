@@ -133,12 +133,12 @@ class Config:
         check_gateway_labels(self.gateways, extra_labels(self.pool_by), r)
         digest = None
         if self.digest is not None:
-            self._check_digest(r)
+            self._check_digest(r, self.digest)
             digest = with_daemon(self.digest, self.slos, self.pools, self.capacity.spare_margin)
         return replace(self, history_keep=max(self.history_keep, 2 * self.latency_window), digest=digest)
 
-    def _check_digest(self, r: Reader) -> None:
-        source = self.digest.history_source
+    def _check_digest(self, r: Reader, digest: DigestSettings) -> None:
+        source = digest.history_source
         if source == "store" and not self.store_path:
             raise r.fail("store.path", "digest.history.source is store but no store is configured")
         if source == "prometheus" and not self.prometheus:

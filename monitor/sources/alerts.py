@@ -99,7 +99,8 @@ def _alert(labels: object, annotations: object, state: str, since: object, cuts:
                  summary=cuts.text(ann.get("summary", "")), since=_when(since), labels=cuts.labels(labels))
 
 
-def _items(doc: object, kind: str, rows_cut: Optional[list] = None, match: Optional[dict] = None) -> list:
+def _items(doc: object, kind: str, rows_cut: Optional[list] = None, match: Optional[dict] = None
+           ) -> list[tuple[object, object, str, object]]:
     """The answer's alerts, each as (labels, annotations, state, since), before headroom's are picked:
     another job's left out first (`match`: `this_jobs`), then the first MAX_ITEMS of the rest
     (`rows_cut` gets True appended when there were more), so another job's alerts never take this
