@@ -6,7 +6,7 @@ PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 TSTAMP := $(VENV)/.installed-test
 
-.PHONY: demo test test-unit test-live test-engine test-image test-fast image bench bench-engine fuzz docs venv clean chart-sync
+.PHONY: demo test test-unit test-live test-engine test-image test-fast lint image bench bench-engine fuzz docs venv clean chart-sync
 
 # two distributions: headroom (the daemon, monitor/) and headroom-lab (lab/: simulator, load tester, demo)
 $(STAMP): pyproject.toml lab/pyproject.toml
@@ -73,6 +73,11 @@ test-image: image $(TSTAMP)
 test-fast: $(TSTAMP)
 	bash .ci/setup.sh live
 	$(PY) $(TIERS) unit live -- $(PYTEST_ARGS)
+
+## lint: ruff over the repository and mypy over monitor/ (pyproject.toml; tests/suite/test_lint.py runs both too)
+lint: $(TSTAMP)
+	$(PY) -m ruff check .
+	$(PY) -m mypy
 
 ## bench-engine: accuracy against the real engine over repeated trials -> benchmarks/engine_results.json
 bench-engine: $(TSTAMP)

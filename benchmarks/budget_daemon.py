@@ -152,7 +152,7 @@ class DaemonBudget:
     (its /api/v1/spare budget_reason) for the results' timeline."""
 
     def __init__(self, daemon: Daemon):
-        from headroom_lab.loadtest.follower import HttpBudget  # noqa: PLC0415 (lab/ on sys.path by the caller)
+        from headroom_lab.loadtest.follower import HttpBudget  # lab/ on sys.path by the caller
         self.daemon = daemon
         self.source = HttpBudget(daemon.metrics_url, daemon.pool)
         self.label = f"headroom daemon budget: {daemon.metrics_url} pool {daemon.pool}"

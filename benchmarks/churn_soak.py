@@ -80,7 +80,7 @@ def serve(fleet: ChurningFleet) -> ThreadingHTTPServer:
     class H(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
-        def do_GET(self):  # noqa: N802
+        def do_GET(self):
             text = fleet.page(self.path)
             body = (text or "gone\n").encode()
             self.send_response(200 if text is not None else 404)
@@ -107,9 +107,10 @@ def child(forget_after: float, cycles: int) -> dict:
     import logging
     import time
     from dataclasses import replace
+
     from monitor.capacity.enrich import CapacityState
-    from monitor.config.inputs import capacity_inputs, step_settings
     from monitor.config import Config, Target
+    from monitor.config.inputs import capacity_inputs, step_settings
     from monitor.cycle import Pipeline
     from monitor.export.collector import Exposition
     from monitor.export.landing import Trends

@@ -69,6 +69,7 @@ def rss_mb() -> float:
 def one_run(replicas: int, cycles: int, setting: str) -> dict:
     sys.path.insert(0, HERE)
     from static_server import STATIC_SERVER
+
     from monitor.config import Config, Target
     from monitor.cycle import Pipeline
     srv = subprocess.Popen([sys.executable, "-c", STATIC_SERVER, CAPTURE], stdout=subprocess.PIPE, text=True)

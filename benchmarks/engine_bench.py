@@ -55,7 +55,7 @@ def _summary(values: list[float], within: float = None) -> dict:
 
 
 def trial_queue_agreement(engine, workdir: str, seed: int) -> dict:
-    from monitor.cli import main as headroom  # noqa: PLC0415
+    from monitor.cli import main as headroom
 
     out = os.path.join(workdir, f"ramp-{seed}")
     os.makedirs(out, exist_ok=True)
@@ -79,7 +79,7 @@ def run(trials: int, only: tuple[str, ...], save=None) -> dict:
     """The reference engine's figures, then kv_band on its own two engines (block sizes 32, 128)."""
     results = run_reference(trials, tuple(f for f in only if f != "kv_band"), save) if set(only) - {"kv_band"} else {}
     if "kv_band" in only:
-        import kv_band_bench  # noqa: PLC0415 (benchmarks/: on the path as this script's folder)
+        import kv_band_bench  # benchmarks/: on the path as this script's folder
 
         results["kv_band"] = kv_band_bench.run(trials, 40.0, log=lambda m: print(m, file=sys.stderr, flush=True))
         if save is not None:

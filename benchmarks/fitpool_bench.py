@@ -49,7 +49,7 @@ class PebbleRunner:
     """What headroom's fit runner would be on pebble: `runner(fn, args)` with the same errors."""
 
     def __init__(self, seconds: float, preload=(), max_fits: int = 500):
-        import pebble  # noqa: PLC0415
+        import pebble
         ctx = mp.get_context("forkserver")
         if preload:
             ctx.set_forkserver_preload(list(preload))
@@ -167,7 +167,7 @@ def main(argv=None) -> int:
 
 
 def _pebble_version() -> str:
-    from importlib.metadata import version  # noqa: PLC0415
+    from importlib.metadata import version
     return version("pebble")
 
 

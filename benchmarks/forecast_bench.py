@@ -55,10 +55,11 @@ import pandas as pd  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from monitor.forecast.rolling_origin import ForecastSettings, forecast_series, mase_scale  # noqa: E402
 from monitor.forecast.models import LEVELS, Forecast  # noqa: E402
+from monitor.forecast.rolling_origin import ForecastSettings, forecast_series, mase_scale  # noqa: E402
 from monitor.forecast.series import Prepared, prepare  # noqa: E402
 from monitor.kit.process import stop_process  # noqa: E402
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 from servers import free_port  # noqa: E402  (tests/servers.py: the one port helper)
 
@@ -122,8 +123,9 @@ def build_tasks(traces: str = TRACES) -> list[Task]:
     tasks.append(Task("servegen_week2", sg, list(range(8 * 144, 14 * 144, 144)), 144, multiweek=True,
                       note="3 language models, days 9-14 day ahead (the weekly naive needs a week and a "
                            "bit), trained on everything before"))
-    from monitor.forecast.calendar import Calendar
     from office_week import HOLIDAY, office_series
+
+    from monitor.forecast.calendar import Calendar
     office = prepare(office_series())
     tasks.append(Task("office_dayahead", {"office": office}, list(range(35 * 144, 42 * 144, 144)), 144,
                       multiweek=True, calendar=Calendar(dates=frozenset({HOLIDAY})), holiday=HOLIDAY,
@@ -521,9 +523,6 @@ def main(argv: list[str] | None = None) -> dict:
     # it is measured here on its own instead of landing on the first refit's fit time
     c0 = time.process_time()
     import scipy.optimize  # noqa: F401
-    import statsmodels.tsa.holtwinters  # noqa: F401
-    import statsmodels.tsa.statespace.sarimax  # noqa: F401
-    import statsmodels.tsa.seasonal  # noqa: F401
     import_cpu = time.process_time() - c0
     prom_ctx = None
     if not args.no_prometheus and shutil.which("prometheus") and shutil.which("promtool"):

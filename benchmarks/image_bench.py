@@ -29,10 +29,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "tests" / "deploy"))
 from podman_pod import PodmanPod, podman  # noqa: E402
+from servers import free_port  # noqa: E402
 from test_image import SECRET, SITE, image_ref, render  # noqa: E402
 
 from headroom_lab.sim.server import start_fleet  # noqa: E402
-from servers import free_port  # noqa: E402
 
 CACHE = Path(os.environ.get("HEADROOM_CACHE", Path.home() / ".cache" / "headroom"))
 

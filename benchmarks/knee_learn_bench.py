@@ -35,7 +35,6 @@ import statistics
 import sys
 import time
 from collections import deque
-from dataclasses import replace
 
 import numpy as np
 

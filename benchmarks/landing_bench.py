@@ -30,8 +30,7 @@ from monitor.export.landing import Trends, render  # noqa: E402
 from monitor.export.landing_pages import LANDING_PAGE_POOLS  # noqa: E402
 from monitor.export.snapshot_json import snapshot_to_dict  # noqa: E402
 from monitor.forecast.pool import Horizon, PoolForecast  # noqa: E402
-from monitor.model import (Alert, Capacity, Limits, PoolSnapshot, PoolTasks, Quantiles, Scenarios,  # noqa: E402
-                           Snapshot, TaskStats)
+from monitor.model import Alert, Capacity, Limits, PoolSnapshot, PoolTasks, Quantiles, Scenarios, Snapshot, TaskStats  # noqa: E402
 
 NOW = 1_796_300_000.0
 

@@ -38,7 +38,6 @@ class _Urls:
 from static_server import STATIC_SERVER as STATIC  # noqa: E402
 
 
-
 def _ms(text: str) -> float:
     m = re.match(r"([\d.]+)(us|ms|s)", text)
     v, unit = float(m.group(1)), m.group(2)
@@ -64,10 +63,10 @@ def wrk(url: str, seconds: int, workdir: str) -> dict:
 def main() -> dict:
     if not shutil.which("wrk"):
         return {"skipped": "wrk not installed (Debian package wrk)"}
-    from monitor.commands.run import Daemon
     from headroom_lab.commands.demo import headroom_config
-    from monitor.config import from_dict
     from headroom_lab.sim.fleet import load_config
+    from monitor.commands.run import Daemon
+    from monitor.config import from_dict
 
     workdir = tempfile.mkdtemp(prefix="headroom-load-")
     fleet_cfg = load_config(None)

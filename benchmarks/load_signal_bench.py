@@ -24,16 +24,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
+from headroom_lab.sim.exposition import render_vllm  # noqa: E402
 from headroom_lab.sim.fleet import Fleet, config_from_dict  # noqa: E402
 from monitor.capacity.enrich import CapacityState  # noqa: E402
-from monitor.config.inputs import capacity_inputs  # noqa: E402
 from monitor.capacity.load_window import LoadWindows  # noqa: E402
-from monitor.config import Capacity, Config, PoolSettings, Target  # noqa: E402
 from monitor.capacity.slo import SloSettings  # noqa: E402
-from monitor.step import CycleInputs, CycleState, step  # noqa: E402
-from monitor.config.inputs import step_settings  # noqa: E402
+from monitor.config import Capacity, Config, PoolSettings, Target  # noqa: E402
+from monitor.config.inputs import capacity_inputs, step_settings  # noqa: E402
 from monitor.sources.vllm import readings_from_text  # noqa: E402
-from headroom_lab.sim.exposition import render_vllm  # noqa: E402
+from monitor.step import CycleInputs, CycleState, step  # noqa: E402
 
 INTERVAL, WINDOW, MINUTES = 15.0, 300.0, 40
 SESSIONS = int(os.environ.get("HEADROOM_SESSIONS", "20"))

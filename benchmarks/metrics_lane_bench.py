@@ -28,11 +28,12 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "export"))
 
+from test_metrics_lane import NOW, fleet  # noqa: E402
+
 from monitor.export import server as web  # noqa: E402
 from monitor.export.collector import Exposition  # noqa: E402
 from monitor.export.landing import render  # noqa: E402
 from monitor.model import Snapshot  # noqa: E402
-from test_metrics_lane import NOW, fleet  # noqa: E402
 
 
 def trial(pools: int, viewers: int, scrapes: int, lane: bool, cache: bool = True) -> dict:

@@ -43,7 +43,6 @@ sys.path.insert(0, HERE)
 
 import requests  # noqa: E402
 import yaml  # noqa: E402
-
 from engine import servers  # noqa: E402  (tests/engine: the real engine and proxy)
 from engine.agent_app import AgentApp, SlowGateway  # noqa: E402
 from servers import Prometheus, free_port, scrape_config, wait_http  # noqa: E402
@@ -140,7 +139,7 @@ def judge(alerts: AlertLog, phases: dict) -> dict:
     pages_late = [r[0] - is_ for r in alerts.rows if r[0] >= is_ and page(*r[1:])]
     last_page_after_idle = round(max(pages_late), 1) if pages_late else 0.0
     fired = {}
-    for t, name, sev, state, lab in alerts.rows:
+    for t, name, _sev, state, _lab in alerts.rows:
         if state == "firing" and os_ <= t < end:
             fired.setdefault(name, round(t - os_, 1))
     return {"first_page_s": first_page, "page_within_10_min": first_page is not None and first_page <= 600,

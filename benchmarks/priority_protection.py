@@ -54,14 +54,15 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "tests"))
 sys.path.insert(0, os.path.join(REPO, "lab"))
 
+from budget_daemon import INTERVAL_SECONDS, LATENCY_WINDOW, Daemon, DaemonBudget, seed  # noqa: E402
 from engine import servers  # noqa: E402
 from engine.measure import write_mixed_mix  # noqa: E402
 from machine_speed import python_speed  # noqa: E402
+
 from headroom_lab.loadtest.follower import HttpBudget, Reading  # noqa: E402
 from headroom_lab.loadtest.mix import load_mix  # noqa: E402
 from headroom_lab.loadtest.mixed import CASES, Setup, run_mixed  # noqa: E402
 from monitor.kit.exposition import parse  # noqa: E402
-from budget_daemon import INTERVAL_SECONDS, LATENCY_WINDOW, Daemon, DaemonBudget, seed  # noqa: E402
 
 ENGINE = {"model": "small", "max_num_seqs": 4, "num_gpu_blocks": 64}
 STANDIN = ("STAND-IN, not headroom's budget: vllm:num_requests_waiting > 0 -> 0 else 1, read from the "
@@ -122,7 +123,7 @@ def summarise(trials: list) -> dict:
             if all(r["ttft_p95"] is not None for r in rows) else None
     if "alone" in out:
         base = out["alone"]["ttft_p95"]
-        for case, s in out.items():
+        for s in out.values():
             s["ttft_p95_vs_alone"] = round(s["ttft_p95"] / base, 2) if base and s["ttft_p95"] else None
     return out
 

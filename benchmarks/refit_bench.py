@@ -36,8 +36,8 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 from office_week import office_series  # noqa: E402
 
-from monitor.forecast.rolling_origin import ForecastSettings  # noqa: E402
 from monitor.forecast.pool import PoolSettings, forecast_pool  # noqa: E402
+from monitor.forecast.rolling_origin import ForecastSettings  # noqa: E402
 from monitor.forecaster import FIT_MODULES  # noqa: E402
 from monitor.kit.timebox import FitPool  # noqa: E402
 

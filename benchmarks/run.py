@@ -11,11 +11,11 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy: see monitor/cli.py
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import importlib  # noqa: E402
-import json  # noqa: E402
-import platform  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
+import importlib
+import json
+import platform
+import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))

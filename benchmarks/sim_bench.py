@@ -3,4 +3,4 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from headroom_lab.sim.bench import main  # noqa: E402,F401
+from headroom_lab.sim.bench import main  # noqa: F401

@@ -109,13 +109,13 @@ def flood(port: int, phase: str) -> dict:
 
 
 def _basic(user: str, password: str) -> str:
-    import base64  # noqa: PLC0415
+    import base64
     return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
 
 def auth_flood(port: int) -> dict:
     """Wrong passwords on AUTH_FLOOD_CONNECTIONS connections for AUTH_FLOOD_SECONDS: the statuses seen."""
-    import http.client  # noqa: PLC0415
+    import http.client
     seen: dict[str, int] = {}
     lock = threading.Lock()
     end = time.monotonic() + AUTH_FLOOD_SECONDS
@@ -146,7 +146,7 @@ def auth_flood(port: int) -> dict:
 
 def scrape_authorised(port: int, header: str) -> tuple[int, float]:
     """(status or 0 on a timeout or error, seconds) of one authorised /metrics scrape, fresh connection."""
-    import http.client  # noqa: PLC0415
+    import http.client
     t0 = time.perf_counter()
     try:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=PROBE_TIMEOUT)
@@ -168,7 +168,7 @@ def _scrapes(results: list) -> dict:
 
 
 def auth_trial(workdir: str, replica_port: int, n: int) -> dict:
-    import bcrypt  # noqa: PLC0415
+    import bcrypt
     web = os.path.join(workdir, f"web-{n}.yml")
     with open(web, "w") as f:
         f.write(f"basic_auth_users:\n  prom: '{bcrypt.hashpw(b'right', bcrypt.gensalt(rounds=12)).decode()}'\n")
@@ -207,7 +207,7 @@ def auth_trial(workdir: str, replica_port: int, n: int) -> dict:
 
 
 def auth_main() -> dict:
-    from static_server import STATIC_SERVER  # noqa: PLC0415
+    from static_server import STATIC_SERVER
     workdir = tempfile.mkdtemp(prefix="headroom-auth-flood-")
     replica = subprocess.Popen([sys.executable, "-c", STATIC_SERVER, FIXTURE], stdout=subprocess.PIPE, text=True)
     try:
@@ -335,7 +335,7 @@ def trial(workdir: str, replica_port: int, n: int) -> dict:
 
 
 def main() -> dict:
-    from static_server import STATIC_SERVER  # noqa: PLC0415
+    from static_server import STATIC_SERVER
     workdir = tempfile.mkdtemp(prefix="headroom-flood-")
     replica = subprocess.Popen([sys.executable, "-c", STATIC_SERVER, FIXTURE], stdout=subprocess.PIPE, text=True)
     try:

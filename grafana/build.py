@@ -13,12 +13,28 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # blocks.py, drilldown.py beside this file
 
-from blocks import (DS, HA_LABELS, M, P, SCHEMA_VERSION, by_name, dashboard, dedup, engine,  # noqa: E402,F401
-                    replicas_link, row, stat, table, target, target_variable, timeseries)
-from drilldown import actions, replicas  # noqa: E402
-from edges import edges  # noqa: E402
-from health import self_health  # noqa: E402
-from spare import spare_panels  # noqa: E402
+from blocks import (  # noqa: F401
+    DS,
+    HA_LABELS,
+    SCHEMA_VERSION,
+    M,
+    P,
+    by_name,
+    dashboard,
+    dedup,
+    engine,
+    replicas_link,
+    row,
+    stat,
+    table,
+    target,
+    target_variable,
+    timeseries,
+)
+from drilldown import actions, replicas
+from edges import edges
+from health import self_health
+from spare import spare_panels
 
 OUT_DIR = Path(__file__).resolve().parent / "dashboards"
 # the engines' queue: headroom_queued_requests{where="engine"} (series written before the label have none)
@@ -394,7 +410,7 @@ BUILDERS = {"fleet-capacity": fleet_capacity, "replicas": replicas, "actions": a
 def render_all() -> dict[str, str]:
     """{file name: JSON text} for every dashboard."""
     out = {}
-    for key, build in BUILDERS.items():
+    for build in BUILDERS.values():
         d = build()
         out[f"{d['uid']}.json"] = json.dumps(d, indent=2, sort_keys=False) + "\n"
     return out

@@ -11,9 +11,23 @@
 """
 from __future__ import annotations
 
+from blocks import (
+    HA_LABELS,
+    M,
+    P,
+    R,
+    by_name,
+    dashboard,
+    engine,
+    replica_variable,
+    row,
+    stat,
+    table,
+    target,
+    target_variable,
+    timeseries,
+)
 from edges import replica_tiers
-from blocks import HA_LABELS, P, R, by_name, dashboard, engine, M, replica_variable, row, stat, table, target, \
-    target_variable, timeseries
 
 DASH = ("custom.lineStyle", {"fill": "dash", "dash": [10, 10]})
 NO_FILL = ("custom.fillOpacity", 0)

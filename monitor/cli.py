@@ -14,12 +14,12 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import argparse  # noqa: E402
-import importlib  # noqa: E402
-import logging  # noqa: E402
-import sys  # noqa: E402
+import argparse
+import importlib
+import logging
+import sys
 
-from monitor.kit.redact import redact_urls  # noqa: E402
+from monitor.kit.redact import redact_urls
 
 # name -> (module, one-line help); installed add-ons add theirs (monitor/kit/addons.py, `all_commands`)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {

@@ -29,17 +29,19 @@ import time
 from dataclasses import replace
 from typing import Callable, Iterable, Optional
 
-from .capacity.enrich import CapacityState
-from .config import Config
-from .config.inputs import step_settings
-from .model import ReplicaReading, Snapshot, SourceStatus
-from .model.poolkey import normalise
-from .model.readings import GatewayConfig
 from monitor.kit.http import BodyBudget, Fetcher
 from monitor.kit.text import valid_text
 from monitor.kit.ticker import steady_clock
+
+from .capacity.enrich import CapacityState
+from .config import Config
+from .config.inputs import step_settings
 from .history.slo_history import prometheus_windows
-from .sources.auxiliary import AuxSources, late as _late
+from .model import ReplicaReading, Snapshot, SourceStatus
+from .model.poolkey import normalise
+from .model.readings import GatewayConfig
+from .sources.auxiliary import AuxSources
+from .sources.auxiliary import late as _late
 from .sources.gateway_pace import gateway_timeout
 from .sources.prometheus_reader import PrometheusRead, PrometheusSourceReader
 from .sources.scrape import DeadlinePool, Late, Scraper

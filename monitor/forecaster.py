@@ -69,7 +69,7 @@ class ForecastScheduler:
             try:
                 history = self.load_history() or {}
                 caps = self.capacity() or {}
-            except Exception as exc:  # the previous result stays published
+            except Exception as exc:  # noqa: BLE001 - the previous result stays published
                 log.warning("forecast refit: loading history failed: %s", exc)
                 history, caps = {}, {}
                 errors["history"] = f"{type(exc).__name__}: {exc}"
@@ -80,7 +80,7 @@ class ForecastScheduler:
                     break
                 try:
                     pools[pool] = forecast_pool(series, caps.get(pool), started, self.settings)
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - one pool's failed fit is said; the other pools still fit
                     log.warning("forecast refit for pool %s failed: %s", pool, exc)
                     errors[pool] = f"{type(exc).__name__}: {exc}"
             self._runs += 1

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Optional
 
 from .capacity.enrich import Assessed, CapacityState, assess
 from .capacity.headroom import recommended_replicas
@@ -49,7 +49,7 @@ class StepSettings:
     The application builds it from its Config (monitor/config/inputs.py `step_settings`)."""
 
     pool_by: tuple[str, ...] = ("model_name",)
-    gateway_pools: tuple[Optional[Mapping[str, str]], ...] = ()  # per gateway: its pool label -> headroom pool
+    gateway_pools: tuple[Mapping[str, str], ...] = ()  # per gateway: its pool label -> headroom pool
     forget_after: float = 3600.0
     max_models_per_target: int = 64
     max_series: int = 100_000

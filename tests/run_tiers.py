@@ -142,7 +142,7 @@ def record_durations(results: list) -> list[tuple[float, str, str]]:
 def start_image_build() -> subprocess.Popen:
     """`make image` in the background at the lowest CPU priority, so the tiers running meanwhile keep theirs."""
     os.makedirs(os.path.dirname(BUILD_LOG), exist_ok=True)
-    log = open(BUILD_LOG, "wb")  # noqa: SIM115 (the child holds it; closed when awaited)
+    log = open(BUILD_LOG, "wb")  # the child holds it; closed when awaited
     env = {**os.environ, "PYTHON": os.environ.get("PYTHON", sys.executable)}
     print(f"image build started in the background (log: {os.path.relpath(BUILD_LOG, REPO)})", flush=True)
     return subprocess.Popen(["nice", "-n", "19", "bash", os.path.join(REPO, "image", "build.sh")], cwd=REPO,

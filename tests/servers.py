@@ -55,7 +55,7 @@ def free_port() -> int:
 def self_signed_cert(directory) -> tuple[str, str]:
     """(cert.pem, key.pem) in `directory`: a self-signed certificate for 127.0.0.1 and localhost, made
     by openssl (the test is skipped when openssl is not installed)."""
-    import pytest  # noqa: PLC0415
+    import pytest
     if not shutil.which("openssl"):
         pytest.skip("openssl not installed")
     cert, key = os.path.join(directory, "cert.pem"), os.path.join(directory, "key.pem")
@@ -215,6 +215,7 @@ def same_as_direct(servers, url: str):
     (selector job="vllm"); asserts the prometheus source up and the pool's replicas, requests and KV
     tokens equal to the direct ones: (the direct pool, the Prometheus-mode pool)."""
     import pytest
+
     from monitor.config import Config, PrometheusSource, Target
     from monitor.cycle import Pipeline
     direct = Pipeline(Config(vllm_targets=[Target(s.url("/metrics")) for s in servers]))
@@ -237,7 +238,7 @@ def stop_all(stoppers: list) -> None:
     for stop in reversed(stoppers):
         try:
             stop()
-        except Exception:  # noqa: BLE001 - keep stopping the rest
+        except Exception:
             pass
 
 

@@ -12,12 +12,12 @@ from typing import Optional
 
 from headroom_lab.sim.exposition import render_app, render_dcgm, render_gateway, render_vllm
 from headroom_lab.sim.fleet import Fleet, FleetConfig, config_from_dict
-from monitor.config import Capacity, Config, GatewaySource, PoolSettings, Target
 from monitor.capacity.slo import SloSettings
-from monitor.step import CycleInputs
+from monitor.config import Capacity, Config, GatewaySource, PoolSettings, Target
 from monitor.sources.dcgm import read_dcgm
 from monitor.sources.gateway import read_gateway_scrape
 from monitor.sources.vllm import readings_from_text
+from monitor.step import CycleInputs
 
 DCGM_URL = "http://dcgm:9400/metrics"
 GATEWAYS = (GatewaySource(kind="envoy", url="http://gateway:1064/metrics"), GatewaySource(kind="app", url="http://app/metrics"))

@@ -223,7 +223,7 @@ def pytest_runtest_logreport(report) -> None:
 
 
 def _write_durations(directory: str) -> None:
-    import json  # noqa: PLC0415
+    import json
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, f"{os.getpid()}.json"), "w", encoding="utf-8") as f:
         json.dump({name: {"seconds": round(s, 3), "tests": n} for name, (s, n) in _DURATIONS.items()}, f, indent=1)
@@ -238,7 +238,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     path = os.environ.get("HEADROOM_TIER_REPORT")
     if not path:
         return
-    import json  # noqa: PLC0415
+    import json
     with open(path, "w", encoding="utf-8") as f:
         json.dump({"tests": {k: sorted(v) for k, v in REC.by_test.items()},
                    "fixtures": {k: sorted(v) for k, v in REC.by_fixture.items()}}, f, indent=1)

@@ -15,11 +15,11 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
+from headroom_lab.sim.fleet import FleetConfig, load_config, theoretical_knee
+from headroom_lab.sim.history import generate_history
 from monitor.capacity.slo_settings import read_slos
 from monitor.digest.content import DigestInput, PoolInput
 from monitor.digest.settings import DigestSettings, TaskFacts
-from headroom_lab.sim.fleet import FleetConfig, load_config, theoretical_knee
-from headroom_lab.sim.history import generate_history
 
 # SLO targets (task completion, seconds) for the simulated office tasks: what `slos:` would say
 DEMO_SLOS = {

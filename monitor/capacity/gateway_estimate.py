@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Mapping, Optional, Sequence
 
+from monitor.capacity.tasks import TaskWindow
 from monitor.derive.counters import histogram_increase
 from monitor.model import PoolSnapshot
 from monitor.model.readings import GatewayReading, GatewayScrape
@@ -53,7 +54,7 @@ def engines_in_flight(p: PoolSnapshot) -> Optional[float]:
 
 
 def estimate_gateway_queues(pools: Sequence[PoolSnapshot], gateways: Sequence[GatewayScrape],
-                            windows: Mapping[tuple, object]) -> None:
+                            windows: Mapping[tuple[int, str], TaskWindow]) -> None:
     """Add `gateway_queued[url]` ("estimate") to the pools the ungauged gateways feed; `windows`: the
     capacity layer's task windows, {(gateway index, pool): TaskWindow} (monitor/capacity/gateway_plan.py)."""
     by_name = {p.pool: p for p in pools}

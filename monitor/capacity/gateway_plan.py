@@ -73,7 +73,7 @@ def _plan_one(scrape: GatewayScrape, scope: Scope) -> tuple[Plan, list[str]]:
         return [(None, scrape.config, scrape.reading)], []
     plan: Plan = []
     left: list[str] = []
-    for key, model in scope.pools.items():
+    for model in scope.pools.values():
         reading = scrape.for_model(model)
         if reading is None:
             continue

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from monitor.capacity.task_plan import BusyPeriod, Mix, TaskMix
-
 from monitor.kit.settings.kinds import Choice, Int, Number, Raw
 from monitor.kit.settings.reader import ConfigError, Reader, key
 from monitor.kit.settings.shapes import ListOf, MapOf, Sub
@@ -39,7 +38,10 @@ class PlanTask:
             raise r.fail(at, "give exactly one of tasks_per_second or tasks_per_hour")
 
     def task(self) -> TaskMix:
-        rate = self.tasks_per_second if self.tasks_per_second is not None else self.tasks_per_hour / 3600.0
+        rate = self.tasks_per_second
+        if rate is None:
+            assert self.tasks_per_hour is not None  # check(): exactly one of the two is given
+            rate = self.tasks_per_hour / 3600.0
         return TaskMix(self.name, rate, self.calls_per_task, self.seconds_per_call, self.kv_tokens_per_call)
 
 

@@ -145,7 +145,7 @@ class SloTracker:
     def shift_time(self, seconds: float) -> None:
         """The wall clock stepped by `seconds` (monitor/cycle.py): every point moves with it, counts
         unchanged; with `journal`, the saved points are replaced by the moved ones at the next save."""
-        gone = set()
+        gone: set[tuple[object, float]] = set()
         for key, series in self._series.items():
             gone.update((key, p[0]) for p in series)
             moved = deque((t + seconds, total, bad) for t, total, bad in series)

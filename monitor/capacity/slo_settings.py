@@ -18,12 +18,10 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from monitor.capacity.slo import SIGNALS, SloSettings, Target
-
 from monitor.kit.settings.kinds import Kind, Number
 from monitor.kit.settings.reader import Reader, key
-from monitor.kit.settings.values import type_name
 from monitor.kit.settings.shapes import MapOf
-from monitor.kit.settings.values import parse_duration
+from monitor.kit.settings.values import parse_duration, type_name
 
 _TASK_KEY = re.compile(r"^p(\d+(?:\.\d+)?)_seconds$")
 _POOL_KEY = re.compile(rf"^({'|'.join(SIGNALS)})_p(\d+(?:\.\d+)?)_seconds$")

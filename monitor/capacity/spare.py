@@ -36,10 +36,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
-
+from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
 from monitor.model.spare_data import SPARE_HORIZONS, WEEK_SECONDS, Spare, SpareWindow
+
+if TYPE_CHECKING:  # numpy is loaded when steps are built, not when the module is
+    import numpy as np
 
 EPS = 1e-9
 
@@ -88,13 +90,13 @@ class Steps:
 
     @classmethod
     def of(cls, parts: Sequence[SpareWindow]) -> "Steps":
-        import numpy as np  # the web and CLI floors read windows without loading numpy (tests/app/test_cli_start.py)
+        import numpy as np  # noqa: PLC0415 (the web and CLI floors read windows without loading numpy: tests/app/test_cli_start.py)
         return cls(*(np.array([getattr(w, k) for w in parts], dtype=float) for k in ("start", "end", "requests")))
 
 
 def steps(inp: SpareInputs, ceiling: float, now: float, until: float = math.inf) -> Steps:
     """The steps from `now` to `until` (clipped), each with its spare."""
-    import numpy as np
+    import numpy as np  # noqa: PLC0415
     ts = np.asarray(inp.timestamps, dtype=float)
     up = np.asarray(inp.upper, dtype=float)
     step = ts[1] - ts[0] if len(ts) > 1 else 0.0
@@ -115,7 +117,7 @@ def steps(inp: SpareInputs, ceiling: float, now: float, until: float = math.inf)
 def _groups(st: Steps, same_value: bool) -> list[tuple[int, int]]:
     """(first, last) index of each gapless run of steps holding at least 1 request (of one value
     when `same_value`)."""
-    import numpy as np
+    import numpy as np  # noqa: PLC0415
     pos = st.requests > 0
     idx = np.flatnonzero(pos)
     if not len(idx):
@@ -167,7 +169,7 @@ def coarse(windows: Sequence[SpareWindow], start: float, width: float, n: int) -
 def horizon_minimum(parts: Sequence[SpareWindow] | Steps, now: float, seconds: float) -> Optional[float]:
     """The fewest requests that fit over [now, now + seconds] ("now": the part holding now); None
     when the parts do not reach that far or leave a gap."""
-    import numpy as np
+    import numpy as np  # noqa: PLC0415
     st = parts if isinstance(parts, Steps) else Steps.of(parts)
     if not len(st) or st.start[0] > now + EPS:
         return None

@@ -74,7 +74,7 @@ def spare_inputs(p: PoolSnapshot, settings: SpareSettings) -> SpareInputs:
         knee_requests=limit_of(p), margin=settings.margin,
         timestamps=path.timestamps if path is not None else (),
         upper=path.upper if path is not None else (),
-        fit_timestamp=fc.last_fit_timestamp if path is not None else None,
+        fit_timestamp=fc.last_fit_timestamp if fc is not None and path is not None else None,
         interactive_now=interactive, deferrable_now=deferrable, pool_stale=p.stale,
         over_slo=c is not None and c.capacity_requests.slo is not None,
         max_age=settings.max_age, budget_horizon=settings.budget_horizon)

@@ -27,8 +27,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from monitor.kit.text import for_terminal
 from monitor.kit.numbers import fixed
+from monitor.kit.text import for_terminal
 
 
 @dataclass(frozen=True)

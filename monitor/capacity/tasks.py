@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Optional
 
+from monitor.capacity.slo import SloSettings, violation_ratio
 from monitor.derive import histogram as histo
 from monitor.derive.counters import histogram_increase, increase
-from monitor.capacity.slo import SloSettings, violation_ratio
 from monitor.model import Histogram, TaskStats
 from monitor.model.readings import GatewayConfig, GatewayReading, TaskCumulative
 
@@ -154,6 +154,8 @@ def derive_tasks(newer: GatewayReading, older: Optional[GatewayReading], config:
         gw_calls = _delta(t.calls, o.calls if o else None)
         done = _delta(t.task_duration.count, o.task_duration.count if (o and o.task_duration) else None) \
             if (covered and t.task_duration is not None) else None
+        sessions: Optional[float]
+        sessions_source: Optional[str]
         if t.sessions_active is not None:
             sessions, sessions_source = t.sessions_active, "app"
         else:

@@ -107,9 +107,16 @@ def _summary(score: dict) -> dict:
 
 def backtest(series: pd.Series, horizon_seconds: float, n_origins: int, models: list[str],
              step: float | None = None, progress=None) -> dict:
-    from monitor.forecast.rolling_origin import (AVERAGE, ForecastSettings, average_folds,  # noqa: PLC0415
-                                           backtest_models, origins_for, pooled_score, select)
     from monitor.forecast.models import get_model  # noqa: PLC0415
+    from monitor.forecast.rolling_origin import (  # noqa: PLC0415
+        AVERAGE,
+        ForecastSettings,
+        average_folds,
+        backtest_models,
+        origins_for,
+        pooled_score,
+        select,
+    )
     from monitor.forecast.series import SeriesError, prepare  # noqa: PLC0415
 
     try:
@@ -164,11 +171,11 @@ def backtest(series: pd.Series, horizon_seconds: float, n_origins: int, models: 
 
 
 def plot(result: dict, path: str) -> None:
-    import matplotlib
+    import matplotlib  # noqa: PLC0415
     import numpy as np  # noqa: PLC0415
     import pandas as pd  # noqa: PLC0415
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415
     prep, folds_by_model = result["_plot"]
     name = result["selected"]
     fig, ax = plt.subplots(figsize=(11, 4.5))

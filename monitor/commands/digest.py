@@ -19,8 +19,8 @@ import sys
 import time
 from datetime import datetime, timezone
 
-from monitor.kit import addons
 from monitor.config import ConfigError, parse_duration
+from monitor.kit import addons
 
 log = logging.getLogger("monitor.digest")
 
@@ -61,10 +61,10 @@ def parse_when(text: str) -> float:
 
 
 def _settings(args):
-    from monitor.digest.settings import from_dict
+    from monitor.digest.settings import from_dict  # noqa: PLC0415
     cfg = None
     if args.config_file:
-        from monitor import config as config_mod
+        from monitor import config as config_mod  # noqa: PLC0415
         cfg = config_mod.load(args.config_file)
         settings = cfg.digest if cfg.digest is not None else from_dict({}, cfg.file, cfg.slos)
         if args.demo:
@@ -83,13 +83,13 @@ def _build_fn(args, cfg, settings):
         def build(week_end):
             return demo_input(week_end, days=args.days, seed=args.seed, level=args.level)[0]
         return build
-    from monitor.config.inputs import digest_history
+    from monitor.config.inputs import digest_history  # noqa: PLC0415 (numpy and pandas only when a digest runs)
     return digest_history(cfg, settings)
 
 
 def _versioned(out: str, files: dict) -> str:
     """--out, or its next free version when it holds another digest (said on stderr): never rewritten."""
-    from monitor.digest.deliver import free_dir
+    from monitor.digest.deliver import free_dir  # noqa: PLC0415
     path = free_dir(out, files)
     if path != out:
         print(f"headroom digest: {out} holds another digest (an earlier run); kept it, writing this one to {path}",
@@ -98,9 +98,9 @@ def _versioned(out: str, files: dict) -> str:
 
 
 def run(args) -> int:
-    from monitor.digest.content import DigestError, build_digest
-    from monitor.digest.deliver import free_dir, render_files, write_dir
-    from monitor.digest.schedule import drain, open_outbox, run_digest, week_end_for
+    from monitor.digest.content import DigestError, build_digest  # noqa: PLC0415
+    from monitor.digest.deliver import render_files, write_dir  # noqa: PLC0415
+    from monitor.digest.schedule import drain, open_outbox, run_digest, week_end_for  # noqa: PLC0415
     try:
         cfg, settings = _settings(args)
         wait = parse_duration(args.wait)

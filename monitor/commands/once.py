@@ -25,9 +25,10 @@ import sys
 import threading
 import time
 
-from monitor.kit.text import for_terminal
-from ..config import Config, ConfigError, Override, from_dict
 from monitor.kit.settings.reader import read_yaml
+from monitor.kit.text import for_terminal
+
+from ..config import Config, ConfigError, Override, from_dict
 
 
 def add_arguments(p) -> None:

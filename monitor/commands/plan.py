@@ -8,15 +8,23 @@ import sys
 import time
 from typing import Callable, Optional
 
+from monitor.capacity.mix import parse_mix
 from monitor.capacity.task_plan import plan, render_table
 from monitor.config import ConfigError
-from monitor.capacity.mix import parse_mix
 from monitor.digest.knee_report import copy_labels, copy_name
 from monitor.kit.redact import redact_urls
 from monitor.kit.settings.reader import read_yaml
 from monitor.kit.settings.values import parse_duration
-from monitor.sources.gateway import (APP_MODEL_CALLS, APP_TASKS_STARTED, DEFAULT_LABELS, ENVOY_TOKENS,
-                                    GATEWAY_FAMILIES, KINDS, UNATTRIBUTED, UNSET_VALUES)
+from monitor.sources.gateway import (
+    APP_MODEL_CALLS,
+    APP_TASKS_STARTED,
+    DEFAULT_LABELS,
+    ENVOY_TOKENS,
+    GATEWAY_FAMILIES,
+    KINDS,
+    UNATTRIBUTED,
+    UNSET_VALUES,
+)
 
 QueryFn = Callable[[str], list]  # PromQL -> [(labels, value)]
 
@@ -297,7 +305,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"headroom plan: {exc}", file=sys.stderr)
         return 2
-    except Exception as exc:  # Prometheus unreachable etc.
+    except Exception as exc:  # noqa: BLE001 - Prometheus unreachable etc.
         text = str(exc) if getattr(exc, "reason", None) else f"{type(exc).__name__}: {exc}"
         print(f"headroom plan: cannot measure the mix from {redact_urls(args.from_prometheus)}: {redact_urls(text)}",
               file=sys.stderr)

@@ -5,10 +5,11 @@ import logging
 import signal
 import sys
 
+from monitor.kit.process import exit_if_stuck
+
 from ..cli import listen_address, seconds
 from ..config import ConfigError, Override, load
 from ..export.server import parse_listen_address
-from monitor.kit.process import exit_if_stuck
 
 log = logging.getLogger("headroom")
 

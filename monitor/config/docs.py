@@ -91,8 +91,9 @@ checked as the flag is: an invalid value stops the command with `headroom: HEADR
 
 
 def render() -> str:
-    from .headroom_yml import Config  # noqa: PLC0415
     from monitor.capacity.mix import PlanMix  # noqa: PLC0415
+
+    from .headroom_yml import Config  # noqa: PLC0415
     lines = [INTRO, "## `headroom.yml` (`headroom run --config.file`, `headroom check-config`)"]
     lines += table(Config)
     lines += ["", "`slos:` and `pools.<pool>.slo` are read by `monitor/capacity/slo_settings.py` (their meaning: "

@@ -21,8 +21,15 @@ from monitor.kit.settings.values import DAY
 from monitor.model.catalogue import own_labels
 from monitor.model.poolkey import PoolBySetting, extra_labels, name_of
 from monitor.model.shard import ShardSetting
-from monitor.sources.settings import (AlertsSource, EngineTarget, GatewaySource, HttpAuth, PrometheusSource, Target,
-                                     check_gateway_labels)
+from monitor.sources.settings import (
+    AlertsSource,
+    EngineTarget,
+    GatewaySource,
+    HttpAuth,
+    PrometheusSource,
+    Target,
+    check_gateway_labels,
+)
 
 
 def check_pool_by(pool_by: tuple[str, ...], r: Reader) -> None:
@@ -127,12 +134,12 @@ class Config:
         check_gateway_labels(self.gateways, extra_labels(self.pool_by), r)
         digest = None
         if self.digest is not None:
-            self._check_digest(r)
+            self._check_digest(r, self.digest)
             digest = with_daemon(self.digest, self.slos, self.pools, self.capacity.spare_margin)
         return replace(self, history_keep=max(self.history_keep, 2 * self.latency_window), digest=digest)
 
-    def _check_digest(self, r: Reader) -> None:
-        source = self.digest.history_source
+    def _check_digest(self, r: Reader, digest: DigestSettings) -> None:
+        source = digest.history_source
         if source == "store" and not self.store_path:
             raise r.fail("store.path", "digest.history.source is store but no store is configured")
         if source == "prometheus" and not self.prometheus:

@@ -10,7 +10,6 @@ typed values it reads, built here:
 from __future__ import annotations
 
 from dataclasses import replace
-
 from typing import Callable, Optional
 
 from monitor.capacity.inputs import CapacityInputs

@@ -76,7 +76,7 @@ def stalled(readings: list[ReplicaReading], window: float) -> bool:
 def derive_pools(history: dict[str, list[ReplicaReading]], now: float, window_seconds: float,
                  pool_by: PoolBy = "model_name", down_targets: Iterable[str] = (),
                  expected: Optional[dict[str, set[str]]] = None, stall_window: float = 0.0,
-                 anomalies: Optional[dict] = None,
+                 anomalies: Optional[dict[str, float]] = None,
                  pool_histograms: Optional[dict[str, dict[str, Histogram]]] = None,
                  pool_totals: Optional[dict[str, dict[str, Histogram]]] = None) -> list[PoolSnapshot]:
     """Per-pool snapshots from readings. `history` maps target -> readings of ONE model, oldest first.
@@ -95,7 +95,7 @@ def derive_pools(history: dict[str, list[ReplicaReading]], now: float, window_se
     down = set(down_targets)
     pools: dict[str, PoolSnapshot] = {}
     members: dict[str, list[list[ReplicaReading]]] = {}
-    for target, readings in history.items():
+    for readings in history.values():
         if not readings:
             continue
         newest = readings[-1]
@@ -177,7 +177,7 @@ SUMMED = ("active_requests", "queued_requests", "kv_tokens_live", "kv_tokens_liv
           "preemption_rate", "mean_concurrency", "littles_law_ratio", "stalled_kv_tokens_capacity")
 
 
-def _unknown_if_overflowed(snap: PoolSnapshot, anomalies: dict, over: int = 0) -> None:
+def _unknown_if_overflowed(snap: PoolSnapshot, anomalies: dict[str, float], over: int = 0) -> None:
     """The replicas' values are finite (sources/vllm.py `checked`); a pool sum of them that is not
     (two replicas at 1.7e308) is unknown, counted as `overflow` (with the `over` latency histograms
     `_rates` left out). The load (active + queued) too."""
@@ -276,10 +276,10 @@ def _rates(snap: PoolSnapshot, fresh: list[list[ReplicaReading]], now: float, wi
         if rendered is not None and rendered.sum >= 0:  # seconds spent rendering per second: requests rendering
             snap.rendering_requests = (snap.rendering_requests or 0.0) + rendered.sum / dt
         for kind in LATENCY_KINDS:
-            d = histogram_increase(new.histograms.get(kind), old.histograms.get(kind))
-            if d is None:
+            hd = histogram_increase(new.histograms.get(kind), old.histograms.get(kind))
+            if hd is None:
                 continue
-            hists[kind] = d if kind not in hists else (hists[kind].plus(d) or hists[kind])
+            hists[kind] = hd if kind not in hists else (hists[kind].plus(hd) or hists[kind])
         # mean observed concurrency over the window for this replica (time-weighted over readings)
         in_window = [r for r in rs if r.timestamp >= old.timestamp]
         c = _time_weighted_concurrency(in_window)

@@ -21,13 +21,16 @@ in the window adds nothing to a rate. Pure: plain data in, fields set on the poo
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 from ..model import KvTier, LoraSlots, PoolSnapshot, ReplicaReading
 from .counters import increase
 
+# the window's (oldest, newest) readings of one replica, or None (derive.core.window_pair)
+PairOf = Callable[[list[ReplicaReading]], Optional[tuple[ReplicaReading, ReplicaReading]]]
 
-def derive_edges(snap: PoolSnapshot, fresh: list[list[ReplicaReading]], pair_of) -> None:
+
+def derive_edges(snap: PoolSnapshot, fresh: list[list[ReplicaReading]], pair_of: PairOf) -> None:
     """Set the pool's edge fields (see the module docstring); `pair_of(readings)` is the window's
     (oldest, newest) pair of one replica, or None."""
     newest = {rs[-1].target: rs[-1] for rs in fresh}
@@ -74,7 +77,7 @@ EDGE_KEYS = ("prompt_tokens", "spec_drafts", "spec_draft_tokens", "spec_accepted
              "lmcache_requested_tokens", "lmcache_hit_tokens", "kv_offload_allocation_failures")
 
 
-def _increases(fresh: list[list[ReplicaReading]], pair_of) -> tuple[dict[str, float], dict[str, float]]:
+def _increases(fresh: list[list[ReplicaReading]], pair_of: PairOf) -> tuple[dict[str, float], dict[str, float]]:
     """Per counter key: the increase summed over replicas, and the sum of each replica's per second."""
     deltas: dict[str, float] = {}
     rates: dict[str, float] = {}

@@ -38,7 +38,7 @@ from .gateway_scope import Scope
 
 def queued_by_pool(queues: Iterable[GatewayQueue],
                    pool_of: Callable[[Optional[str], Optional[str]], Optional[str]],
-                   anomalies: Optional[dict] = None) -> dict[str, float]:
+                   anomalies: Optional[dict[str, float]] = None) -> dict[str, float]:
     """Queued requests per headroom pool. `pool_of(gateway pool label, model)` names the pool, or None
     (not counted). A pool none of whose rows has a known `queued` is absent, not 0; so is one whose
     sum overflows (counted into `anomalies` as `overflow:queued`)."""
@@ -70,7 +70,7 @@ def pool_of_in_scope(scope: Scope, fixed: Optional[str], mapping: Mapping[str, s
 
 
 def apply_gateway_queues(pools: Sequence[PoolSnapshot], gateways: Sequence[GatewayScrape],
-                         gateway_pools: Sequence[dict], anomalies: dict,
+                         gateway_pools: Sequence[Mapping[str, str]], anomalies: dict[str, float],
                          fleet: Optional[Sequence[tuple[str, str]]] = None) -> None:
     """Fill `gateway_queued` of `pools` from the cycle's gateway scrapes; `gateway_pools[i]` is
     sources.gateways[i].pools; `fleet`: (pool, model) of every pool, also those of other shards
@@ -90,11 +90,12 @@ def apply_gateway_queues(pools: Sequence[PoolSnapshot], gateways: Sequence[Gatew
         mapping = gateway_pools[scrape.index] if scrape.index < len(gateway_pools) else {}
         scoped = pool_of_in_scope(Scope(served.items(), scrape.labels), scrape.pool, mapping)
 
-        def pool_of(label: Optional[str], model: Optional[str], scoped=scoped) -> Optional[str]:
+        def pool_of(label: Optional[str], model: Optional[str],
+                    scoped: Callable[[Optional[str], Optional[str]], Optional[str]] = scoped) -> Optional[str]:
             pool = scoped(label, model)
             return pool if pool in by_name else None
 
-        overflow: dict = {}
+        overflow: dict[str, float] = {}
         for pool, queued in queued_by_pool(queues, pool_of, overflow).items():
             mine = by_name[pool].gateway_queued
             mine[scrape.url] = mine.get(scrape.url, 0.0) + queued
@@ -118,7 +119,7 @@ SCRAPE_COUNTED = {"litellm": 1.0}
 
 
 def in_flight_queues(pools: Sequence[PoolSnapshot], gateways: Sequence[GatewayScrape],
-                     served: Mapping[str, str], anomalies: dict) -> None:
+                     served: Mapping[str, str], anomalies: dict[str, float]) -> None:
     """Put on each pool what its gateways hold in flight beyond its engines (module docstring);
     `served`: {pool: model} of the whole fleet (a gateway's scope)."""
     by_name = {p.pool: p for p in pools}

@@ -16,6 +16,7 @@ Without extra pool_by labels every key is a plain name and a scope is every pool
 """
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Iterable, Mapping, Optional
 
 from ..model.poolkey import extras_of, name_of
@@ -24,7 +25,7 @@ from ..model.poolkey import extras_of, name_of
 class Scope:
     """The pools (key, served model) a gateway with these `labels` may feed."""
 
-    def __init__(self, pools: Iterable[tuple[str, str]], labels: Mapping[str, str] = ()) -> None:
+    def __init__(self, pools: Iterable[tuple[str, str]], labels: Mapping[str, str] = MappingProxyType({})) -> None:
         want = dict(labels)
         self.pools: dict[str, str] = {}
         for key, model in pools:

@@ -131,7 +131,7 @@ def quantiles(h: Optional[Histogram]) -> Quantiles:
         return Quantiles(count=0.0)
     levels = {"p50": 0.5, "p90": 0.9, "p95": 0.95, "p99": 0.99}
     bounds = {name: b for name, q in levels.items() if (b := quantile_bound(h, q)) is not None}
-    buckets = {name: b for name, q in levels.items() if (b := quantile_bucket(h, q)) is not None}
+    buckets = {name: bk for name, q in levels.items() if (bk := quantile_bucket(h, q)) is not None}
     return Quantiles(
         p50=quantile(h, 0.5), p90=quantile(h, 0.9), p95=quantile(h, 0.95), p99=quantile(h, 0.99),
         mean=(h.sum / h.count) if h.count else None, count=n, bounds=bounds, buckets=buckets,

@@ -91,9 +91,11 @@ def tokens_per_request_between(old: Optional[ReplicaReading], new: ReplicaReadin
 
 def sum_bands(bands: list[KvBand]) -> KvBand:
     """A pool's band: the replicas' bands summed over the replicas whose live KV is known."""
-    known = [b for b in bands if b.high is not None]
+    # a band is known whole or not at all (kv_band): estimate, low and high are None together
+    known = [(b.estimate, b.low, b.high, b.method) for b in bands
+             if b.estimate is not None and b.low is not None and b.high is not None]
     if not known:
         return KvBand(None, None, None, "unknown")
-    methods = {b.method for b in known}
-    return KvBand(sum(b.estimate for b in known), sum(b.low for b in known), sum(b.high for b in known),
+    methods = {method for *_, method in known}
+    return KvBand(sum(k[0] for k in known), sum(k[1] for k in known), sum(k[2] for k in known),
                   methods.pop() if len(methods) == 1 else "mixed")

@@ -13,15 +13,16 @@ from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
 from ..model import ReplicaReading
+from ..model.poolkey import PoolBy
 from .core import pool_of
 
 
 @dataclass
 class LeadTimes:
-    seen: dict = field(default_factory=dict)  # "target|model" -> timestamp of its newest reading
-    waiting: dict = field(default_factory=dict)  # "target|model" -> (first scrape time, completions then)
-    measured: dict = field(default_factory=dict)  # pool -> seconds, the newest measurement
-    pool_seen: dict = field(default_factory=dict)  # pool -> timestamp of its newest reading
+    seen: dict[str, float] = field(default_factory=dict)  # "target|model" -> timestamp of its newest reading
+    waiting: dict[str, tuple[float, float]] = field(default_factory=dict)  # "target|model" -> (first scrape time, completions then)
+    measured: dict[str, float] = field(default_factory=dict)  # pool -> seconds, the newest measurement
+    pool_seen: dict[str, float] = field(default_factory=dict)  # pool -> timestamp of its newest reading
 
     def shift_time(self, seconds: float) -> None:
         """The wall clock stepped by `seconds`: the first-scrape times move with it."""
@@ -29,7 +30,7 @@ class LeadTimes:
         self.seen = {key: t + seconds for key, t in self.seen.items()}
         self.pool_seen = {pool: t + seconds for pool, t in self.pool_seen.items()}
 
-    def observe(self, readings: Iterable[ReplicaReading], pool_by: str, first_cycle: bool) -> None:
+    def observe(self, readings: Iterable[ReplicaReading], pool_by: PoolBy, first_cycle: bool) -> None:
         for r in readings:
             key = f"{r.target}|{r.model}"
             done: Optional[float] = r.counters.get("request_success")

@@ -18,9 +18,9 @@ from zoneinfo import ZoneInfo
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.dates as mdates  # noqa: E402
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.dates as mdates
+import matplotlib.pyplot as plt
+import numpy as np
 
 ACTUAL, LAST, NEXT, KNEE, N1 = "#1f2937", "#d97706", "#2563eb", "#dc2626", "#9333ea"
 

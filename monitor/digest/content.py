@@ -28,9 +28,9 @@ import numpy as np
 import pandas as pd
 
 from monitor.digest import coverage
+from monitor.digest.capacity_at import capacity_at, power_model
 from monitor.digest.coverage import HOUR, WEEK, fmt_time
 from monitor.digest.coverage import window as _window
-from monitor.digest.capacity_at import capacity_at, power_model
 from monitor.digest.forecasts import _recommend, forecast_check, forecast_week, hourly_max
 from monitor.digest.inputs import DigestError, DigestInput, PoolInput
 from monitor.digest.settings import DigestSettings, TaskFacts

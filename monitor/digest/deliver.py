@@ -26,8 +26,7 @@ from urllib.parse import urlsplit
 
 from monitor.digest.charts import charts_for
 from monitor.digest.outbox import DeliveryError
-from monitor.digest.render import (render_html, render_json, render_markdown, render_slack,
-                                   summary_text)
+from monitor.digest.render import render_html, render_json, render_markdown, render_slack, summary_text
 from monitor.digest.settings import Destination
 
 log = logging.getLogger(__name__)
@@ -116,7 +115,7 @@ def webhook_sender(dest: Destination) -> Callable:
     answers slowly cannot outlive the outbox lease. Plain http.client underneath on purpose:
     requests/urllib3 log the request line (with the webhook's secret path) at DEBUG, and their
     exception messages quote the URL; a FetchError carries neither."""
-    from monitor.kit.http import FetchError, Fetcher  # noqa: PLC0415
+    from monitor.kit.http import Fetcher, FetchError  # noqa: PLC0415
 
     def send(key: str, week: str, payload: dict) -> None:
         try:

@@ -5,7 +5,6 @@ from the forecast's upper bound. Used by monitor/digest/content.py.
 from __future__ import annotations
 
 import math
-
 from typing import Optional
 
 import numpy as np

@@ -180,7 +180,7 @@ class Outbox:
             due = [r[0] for r in self._db.execute(
                 "SELECT key FROM deliveries WHERE state = 'pending' AND next_attempt <= ? ORDER BY created, key",
                 (now,)).fetchall()]
-        claimed = []
+        claimed: list[tuple[str, str, str]] = []  # (key, week, destination)
         for key in due:
             if self._claim(key, now):
                 with self._lock:
@@ -190,9 +190,13 @@ class Outbox:
         payloads = {week: self.payload(week) for _, week, _ in claimed}
         if not claimed:
             return {}
+
+        def send(claim: tuple[str, str, str]) -> str:
+            key, week, dest = claim
+            return self._send_one(senders, key, week, dest, payloads[week], clock)
         with ThreadPoolExecutor(max_workers=max(1, min(workers, len(claimed))),
                                 thread_name_prefix="digest-send") as pool:
-            outcomes = list(pool.map(lambda c: self._send_one(senders, *c, payloads[c[1]], clock), claimed))
+            outcomes = list(pool.map(send, claimed))
         return {key: outcome for (key, _, _), outcome in zip(claimed, outcomes)}
 
     def _send_one(self, senders: dict, key: str, week: str, dest: str, payload: dict,
@@ -202,7 +206,7 @@ class Outbox:
             if sender is None:
                 raise DeliveryError(f"destination {dest!r} is not configured")
             sender(key, week, payload)
-        except Exception as exc:  # every failure is retried; the message carries no secret
+        except Exception as exc:  # noqa: BLE001 - every failure is retried; the message carries no secret
             msg = safe_error(exc)
             with self._lock, self._tx() as db:
                 attempts = db.execute("SELECT attempts FROM deliveries WHERE key = ?", (key,)).fetchone()[0] + 1

@@ -12,8 +12,8 @@ import json
 import math
 from typing import Callable, Optional
 
-from monitor.kit.numbers import fixed
 from monitor.digest.content import public
+from monitor.kit.numbers import fixed
 
 SERIES_LABELS = {"load": "active + queued requests", "offered": "offered load (the forecasts' series)",
                  "active_requests": "active requests",

@@ -12,8 +12,21 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Optional
 from urllib.parse import urlparse
 
-from monitor.kit.settings.kinds import (Choice, Duration, File, Flag, Int, Number, SecretEnv, SecretFile, StorePath,
-                                  Subset, Text, Timezone, Url)
+from monitor.kit.settings.kinds import (
+    Choice,
+    Duration,
+    File,
+    Flag,
+    Int,
+    Number,
+    SecretEnv,
+    SecretFile,
+    StorePath,
+    Subset,
+    Text,
+    Timezone,
+    Url,
+)
 from monitor.kit.settings.reader import Reader, key
 from monitor.kit.settings.shapes import ListOf, MapOf, Sub, Tagged
 

@@ -22,9 +22,9 @@ from monitor.digest.content import WEEK, DigestError, DigestInput, PoolInput, fm
 from monitor.digest.knee_report import KneeReading, choose, knees_from_prometheus
 from monitor.digest.settings import DigestSettings
 from monitor.history.query_range import MAX_POINTS, PrometheusHistory
-from monitor.model.schema import HistorySource
 from monitor.history.store import StoreHistory
 from monitor.model.poolkey import name_of
+from monitor.model.schema import HistorySource
 
 HISTORY_WEEKS = 3
 

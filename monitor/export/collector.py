@@ -21,9 +21,9 @@ from typing import Callable, Iterable, Optional
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from ..model.catalogue import CATALOGUE
 from ..kit.numbers import unsigned
 from ..model import Snapshot
+from ..model.catalogue import CATALOGUE
 from .samples import Cadence, ProcessStatus, Renderer, Samples
 
 log = logging.getLogger(__name__)

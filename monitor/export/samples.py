@@ -27,13 +27,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
+from monitor.kit.text import valid_text
+
 from .. import __version__
-from ..model.catalogue import BY_NAME
 from ..model import Capacity, PoolSnapshot, PoolTasks, Snapshot
+from ..model.catalogue import BY_NAME
 from ..model.poolkey import split
 from .edge_samples import edge_samples
 from .spare_samples import spare_samples
-from monitor.kit.text import valid_text
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 log = logging.getLogger(__name__)

@@ -18,15 +18,16 @@ from urllib.parse import urlsplit
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from ..model import Snapshot
-from .collector import Exposition
-from .samples import Cadence
 from monitor.kit.text import valid_text
 from monitor.kit.web.auth import CheckThrottle
 from monitor.kit.web.http11 import Request, Response
 from monitor.kit.web.httpd import Limits, WebServer, WebStats
+
+from ..model import Snapshot
+from .collector import Exposition
 from .landing import Trends, render
 from .landing_pages import page_number
+from .samples import Cadence
 from .snapshot_json import snapshot_to_dict
 from .spare_api import spare_answer
 
@@ -76,7 +77,7 @@ class WebState:
         self.ready = self.ready or rendered
         try:
             self.trends.add(snapshot)
-        except Exception:  # noqa: BLE001 -- the chart is one part of one page
+        except Exception:  # the chart is one part of one page
             log.exception("the landing page's trend could not take this snapshot")
 
     def rendered(self, page: str, render_fn: Callable[[Optional[Snapshot]], bytes]) -> bytes:

@@ -21,14 +21,29 @@ from __future__ import annotations
 
 import numpy as np
 
-from monitor.forecast.model_base import (LEVELS, Z, FitError, Fitted, Forecast, Model,  # noqa: F401
-                                         TooShort, _clip_bands, _ConstantFit, _normal_bands, _quiet)
+from monitor.forecast.model_base import (  # noqa: F401
+    LEVELS,
+    FitError,
+    Fitted,
+    Forecast,
+    Model,
+    TooShort,
+    Z,
+    _clip_bands,
+    _ConstantFit,
+    _normal_bands,
+    _quiet,
+)
 from monitor.forecast.naive import LevelWeeklyNaive, SeasonalNaive, _SNaiveFit  # noqa: F401
 from monitor.forecast.series import Prepared
-from monitor.forecast.statsmodels_models import (AggregatedHoltWinters, HoltWinters,  # noqa: F401
-                                                 HourlyHoltWinters, HourlySARIMAX, MSTLModel,
-                                                 mstl_periods)
-
+from monitor.forecast.statsmodels_models import (  # noqa: F401
+    AggregatedHoltWinters,
+    HoltWinters,
+    HourlyHoltWinters,
+    HourlySARIMAX,
+    MSTLModel,
+    mstl_periods,
+)
 
 # --- equal-weight combination -------------------------------------------------------------------
 

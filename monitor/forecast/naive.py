@@ -9,7 +9,6 @@ import numpy as np
 from monitor.forecast.model_base import LEVELS, Fitted, Forecast, Model, _clip_bands
 from monitor.forecast.series import Prepared
 
-
 # --- seasonal naive -----------------------------------------------------------------------------
 
 class SeasonalNaive(Model):

@@ -181,8 +181,8 @@ def forecast_pool(series: dict[str, pd.Series], capacity_requests: float | None,
                                 model=res.model, selected_by=res.selected_by, skill=res.skill,
                                 errors=res.errors, fit_seconds=res.fit_seconds,
                                 backtest_seconds=res.backtest_seconds, calibrated=res.calibration is not None)
-        if res.defined:
-            fc = res.forecast
+        fc = res.forecast
+        if res.defined and fc is not None:  # a defined result carries its forecast
             times = prep.end + prep.step * np.arange(1, len(fc.mean) + 1)
             upper = fc.upper(settings.upper_level)
             upper_80 = fc.upper(0.80)

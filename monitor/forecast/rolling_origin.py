@@ -31,11 +31,29 @@ from typing import Callable, Optional
 
 from monitor.forecast.calendar import Calendar, as_non_working
 from monitor.forecast.models import DEFAULT_MODELS, Forecast, combine, get_model
-from monitor.forecast.scores import (CALIBRATION_KINDS, Calibration, Fold, apply_calibration,  # noqa: F401
-                                     calibrate, mase_scale, pooled_score, score)
-from monitor.forecast.selection import (AVERAGE, NAIVE_MODELS, Selection, average_folds,  # noqa: F401
-                                        combined_folds, members_last, naive_bar, no_skill_members,
-                                        rank_models, select, selection_reasons)
+from monitor.forecast.scores import (  # noqa: F401
+    CALIBRATION_KINDS,
+    Calibration,
+    Fold,
+    apply_calibration,
+    calibrate,
+    mase_scale,
+    pooled_score,
+    score,
+)
+from monitor.forecast.selection import (  # noqa: F401
+    AVERAGE,
+    NAIVE_MODELS,
+    Selection,
+    average_folds,
+    combined_folds,
+    members_last,
+    naive_bar,
+    no_skill_members,
+    rank_models,
+    select,
+    selection_reasons,
+)
 from monitor.forecast.series import DAY, Prepared
 
 
@@ -118,7 +136,7 @@ def rolling_origin(prep: Prepared, model_name: str, horizon: int, origins: list[
             continue
         try:
             fc = run_fit(model_name, train, h, runner, calendar)
-        except Exception as exc:  # a failed fold is reported and skipped, never fatal
+        except Exception as exc:  # noqa: BLE001 - a failed fold is reported and skipped, never fatal
             errors.append(f"origin {o}: {type(exc).__name__}: {exc}")
             continue
         folds.append(Fold(o, fc, prep.values[o:o + h], prep.observed[o:o + h]))
@@ -223,7 +241,7 @@ def forecast_series(prep: Prepared, horizon: int, settings: ForecastSettings = F
     for name in order:
         try:
             fc = run_fit(name, prep, horizon, settings.runner, settings.calendar)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a model whose fit fails is noted; the next in order is tried
             result.errors.setdefault(name, []).append(f"final fit: {type(exc).__name__}: {exc}")
             continue
         result.model = name
@@ -264,7 +282,7 @@ def _average(prep: Prepared, horizon: int, members: list[str], fold_sets: dict[s
     for name in members:
         try:
             fits[name] = run_fit(name, prep, horizon, settings.runner, settings.calendar)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a member whose fit fails is noted and left out of the average
             result.errors.setdefault(name, []).append(f"final fit: {type(exc).__name__}: {exc}")
     if len(fits) < 2:
         return False

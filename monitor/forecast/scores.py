@@ -12,7 +12,6 @@ import numpy as np
 from monitor.forecast.model_base import LEVELS, Forecast
 from monitor.forecast.series import Prepared
 
-
 # --- scores -------------------------------------------------------------------------------------
 
 def mase_scale(prep: Prepared) -> float:

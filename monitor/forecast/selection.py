@@ -82,7 +82,7 @@ def selection_reasons(skill: dict[str, dict], order: list[str], tolerance: float
             out[m] = (f"not selected: MASE {v:.3f}; no candidate reached MASE {threshold:g}, "
                       + ("it is a member of the no-skill average" if m in average
                          else "the no-skill average is forecast"))
-        elif m not in eligible:
+        elif m not in eligible and bar is not None:  # scored, not eligible: there is a bar
             out[m] = f"not selected: MASE {v:.3f} is worse than the seasonal naive {bar[0]} ({bar[1]:.3f})"
         elif best is not None and v > best * (1 + tolerance):
             out[m] = f"not selected: MASE {v:.3f}, more than {tolerance:.0%} above the best ({best:.3f})"

@@ -13,10 +13,8 @@ import math
 
 import numpy as np
 
-from monitor.forecast.model_base import (Fitted, FitError, Forecast, Model, TooShort, _ConstantFit,
-                                         _normal_bands, _quiet)
+from monitor.forecast.model_base import FitError, Fitted, Forecast, Model, TooShort, _ConstantFit, _normal_bands, _quiet
 from monitor.forecast.series import Prepared
-
 
 # --- Holt-Winters / ETS -------------------------------------------------------------------------
 
@@ -36,7 +34,7 @@ class HoltWinters(Model):
         return 2 * prep.per_day + max(10, prep.per_day // 4)
 
     def fit(self, prep: Prepared) -> Fitted:
-        from statsmodels.tsa.holtwinters import ExponentialSmoothing
+        from statsmodels.tsa.holtwinters import ExponentialSmoothing  # noqa: PLC0415
         self.check(prep)
         if self.max_days is not None and prep.n > self.max_days * prep.per_day:
             prep = prep.slice(prep.n - int(round(self.max_days * prep.per_day)), prep.n)
@@ -104,7 +102,7 @@ class AggregatedHoltWinters(Model):
         return 2 * prep.per_day + max(10, prep.per_day // 4)
 
     def fit(self, prep: Prepared) -> Fitted:
-        from statsmodels.tsa.holtwinters import ExponentialSmoothing
+        from statsmodels.tsa.holtwinters import ExponentialSmoothing  # noqa: PLC0415
         self.check(prep)
         k = self._k(prep)
         agg, within = block_means(prep, k)
@@ -171,7 +169,7 @@ def block_means(prep: Prepared, k: int) -> tuple[Prepared, np.ndarray]:
     and each block's variance around its mean."""
     a = prep.n - (prep.n // k) * k
     blocks = prep.values[a:].reshape(-1, k)
-    observed = prep.observed[a:].reshape(-1, k).any(axis=1)
+    observed = np.asarray(prep.observed[a:].reshape(-1, k).any(axis=1))
     return Prepared(prep.start + a * prep.step, prep.step * k, blocks.mean(axis=1), observed), blocks.var(axis=1)
 
 
@@ -192,8 +190,8 @@ class MSTLModel(Model):
         return (2 * prep.per_day // k + 1) * k  # more than two days of blocks
 
     def fit(self, prep: Prepared) -> Fitted:
-        from statsmodels.tsa.holtwinters import ExponentialSmoothing
-        from statsmodels.tsa.seasonal import MSTL
+        from statsmodels.tsa.holtwinters import ExponentialSmoothing  # noqa: PLC0415
+        from statsmodels.tsa.seasonal import MSTL  # noqa: PLC0415
         self.check(prep)
         k = self._k(prep)
         agg, within = block_means(prep, k) if k > 1 else (prep, np.zeros(prep.n))
@@ -260,7 +258,7 @@ class HourlySARIMAX(Model):
         return 3 * 24 * self._agg(prep)
 
     def fit(self, prep: Prepared) -> Fitted:
-        from statsmodels.tsa.statespace.sarimax import SARIMAX
+        from statsmodels.tsa.statespace.sarimax import SARIMAX  # noqa: PLC0415
         self.check(prep)
         k = self._agg(prep)
         agg, within = block_means(prep, k)  # hours end at the last point

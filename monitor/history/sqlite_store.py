@@ -247,7 +247,7 @@ class HistoryStore:
               agg: str = "max") -> "pd.Series":
         """Points in [start, end] as a Series indexed by Unix seconds. With `step`, one value per
         bucket floor(ts / step) * step: the max or the (count-weighted) mean of what fell in it."""
-        import pandas as pd
+        import pandas as pd  # noqa: PLC0415
         if agg not in ("max", "mean"):
             raise StoreError(f"agg must be 'max' or 'mean', got {agg!r}")
         if end < start:
@@ -277,7 +277,7 @@ class HistoryStore:
 
     def count(self, pool: Optional[str] = None, series: Optional[str] = None) -> int:
         """Rows held (raw points plus rollup buckets) for the pool / series (all when None)."""
-        sql, args = "SELECT COUNT(*) FROM points WHERE 1=1", []
+        sql, args = "SELECT COUNT(*) FROM points WHERE 1=1", list[str]()
         if pool is not None:
             sql, args = sql + " AND pool = ?", args + [pool]
         if series is not None:

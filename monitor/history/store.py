@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 from typing import Iterable, Optional
 
-from monitor.model import schema
 from monitor.history.sqlite_store import HistoryStore, StoreError
 from monitor.history.store_open import Opened, open_store, store_problem
+from monitor.model import schema
 
 __all__ = ["HistoryStore", "Opened", "StoreError", "StoreHistory", "open_store", "points_from_snapshot",
            "store_problem"]

@@ -43,7 +43,7 @@ class EntryPoint:
     name: str
     value: str  # module or module:attribute
 
-    def load(self):
+    def load(self) -> object:
         module, _, attr = self.value.partition(":")
         obj = importlib.import_module(module.strip())
         for part in filter(None, attr.strip().split(".")):
@@ -95,7 +95,7 @@ def commands() -> dict[str, tuple[str, str]]:
     for ep in _entry_points(COMMANDS_GROUP):
         try:
             value = ep.load()
-        except Exception as exc:  # a broken add-on must not take the daemon's own commands down
+        except Exception as exc:  # noqa: BLE001 - a broken add-on must not take the daemon's own commands down
             log.warning("entry point %s = %s (group %s) does not load: %s", ep.name, ep.value, COMMANDS_GROUP, exc)
             continue
         if not (isinstance(value, tuple) and len(value) == 2 and all(isinstance(v, str) for v in value)):

@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Protocol
 from urllib.parse import urlsplit
 
-from monitor.kit.http_held import BodyBudget, FetchError, Held as _Held
+from monitor.kit.http_held import BodyBudget as BodyBudget  # re-exported: the kit's HTTP names
+from monitor.kit.http_held import FetchError as FetchError
+from monitor.kit.http_held import Held as _Held
 from monitor.kit.http_wire import Wire, read_response, request_bytes
 
 
@@ -58,6 +60,10 @@ def _short(exc: Exception) -> str:
     return type(exc).__name__
 
 
+_UrlParts = tuple[str, str, Optional[int], str, Optional[str]]  # scheme, host, port, path, Authorization
+_ConnKey = tuple[str, str, Optional[int]]  # scheme, host, port
+
+
 @dataclass
 class Backoff:
     """Exponential backoff with full jitter."""
@@ -67,7 +73,7 @@ class Backoff:
     rng: Callable[[], float] = random.random
 
     def delay(self, attempt: int) -> float:
-        return self.rng() * min(self.cap, self.base * (2 ** attempt))
+        return self.rng() * min(self.cap, self.base * (2.0 ** attempt))
 
 
 class Fetcher:
@@ -111,14 +117,14 @@ class Fetcher:
             if auth.cert_file:
                 ctx.load_cert_chain(auth.cert_file, auth.key_file)
             self.ssl_context = ctx
-        self._urls: dict[str, tuple] = {}  # url -> its parts (`_split`)
-        self._asks: dict[tuple, bytes] = {}  # (method, path, host, headers) -> a GET's request bytes
-        self._idle: dict[tuple, list[Wire]] = {}  # (scheme, host, port) -> its idle connections
+        self._urls: dict[str, _UrlParts] = {}  # url -> its parts (`_split`)
+        self._asks: dict[tuple[str, str, str, tuple[tuple[str, str], ...]], bytes] = {}  # (method, path, host, headers) -> a GET's request bytes
+        self._idle: dict[_ConnKey, list[Wire]] = {}  # (scheme, host, port) -> its idle connections
         self._busy: set[Wire] = set()  # connections carrying a request now (close() breaks them)
         self._lock = threading.Lock()
         self.closed = False
 
-    def _take(self, key: tuple) -> tuple[Wire, bool]:
+    def _take(self, key: _ConnKey) -> tuple[Wire, bool]:
         """(a connection to `key`'s host, whether it carried a request before): the idle one used
         last that passes its check (the others found closed or dirty on the way are closed), or a
         new one (connected by its first send)."""
@@ -137,7 +143,7 @@ class Fetcher:
                 return conn, True
             self._give(key, conn, False)
 
-    def _give(self, key: tuple, conn: Wire, keep: bool) -> None:
+    def _give(self, key: _ConnKey, conn: Wire, keep: bool) -> None:
         """Back to the idle connections of `key` (`keep`: its answer left it clean and open), or closed."""
         with self._lock:
             self._busy.discard(conn)
@@ -226,7 +232,7 @@ class Fetcher:
             return status, data
         raise AssertionError("unreachable")
 
-    def _split(self, url: str) -> tuple[str, str, Optional[int], str, Optional[str]]:
+    def _split(self, url: str) -> _UrlParts:
         """(scheme, host, port, path with query, Authorization from the URL's credentials or None),
         kept per URL: the same targets are asked every cycle (a bad port raises ValueError, uncached)."""
         got = self._urls.get(url)
@@ -240,7 +246,8 @@ class Fetcher:
             self._urls[url] = got
         return got
 
-    def _exchange(self, conn: Wire, method, path, body, headers) -> tuple[int, bytes, bool]:
+    def _exchange(self, conn: Wire, method: str, path: str, body: Optional[bytes],
+                  headers: dict[str, str]) -> tuple[int, bytes, bool]:
         """(status, body, whether `conn` may be kept) of one request on `conn`, read off the socket
         (http_wire), head and body held within their caps and the shared budget (never inflated:
         the request asked for identity)."""

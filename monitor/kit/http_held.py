@@ -106,7 +106,7 @@ class Held:
         return self.first if self.first is not None else b""
 
     def release(self) -> None:
-        if self.taken:
+        if self.taken and self.budget is not None:  # taken only from a budget
             self.budget.give(self.taken)
             self.taken = 0
         self.first = self.rest = None

@@ -73,7 +73,7 @@ class Wire:
         name = f"[{host}]" if ":" in host else host
         self.host_header = name if self.port == default else f"{name}:{self.port}"
 
-    def connect(self) -> None:
+    def connect(self) -> socket.socket:
         sock = socket.create_connection((self.host, self.port), time_left(self.deadline))
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -85,6 +85,7 @@ class Wire:
             raise
         self.sock = sock
         self.buf.clear()
+        return sock
 
     def close(self) -> None:
         sock, self.sock = self.sock, None
@@ -135,11 +136,10 @@ class Wire:
                 raise http.client.IncompleteRead(bytes(self.buf[start:]))
 
     def send(self, data: bytes) -> None:
-        if self.sock is None:
-            self.connect()
+        sock = self.sock if self.sock is not None else self.connect()
         self.received = 0
-        self.sock.settimeout(time_left(self.deadline))
-        self.sock.sendall(data)
+        sock.settimeout(time_left(self.deadline))
+        sock.sendall(data)
 
 
 def request_bytes(method: str, path: str, host_header: str, headers: dict[str, str],
@@ -257,7 +257,7 @@ def _read_length(wire: Wire, length: int, sink: Callable[[bytes], None]) -> None
         if got >= length:
             return
         if not wire._recv():
-            raise http.client.IncompleteRead(_Partial(got), length - got)
+            raise _incomplete(got, length - got)
 
 
 def _read_chunked(wire: Wire, sink: Callable[[bytes], None]) -> None:
@@ -266,7 +266,7 @@ def _read_chunked(wire: Wire, sink: Callable[[bytes], None]) -> None:
         try:
             end, at = wire._line(0)
         except http.client.IncompleteRead:
-            raise http.client.IncompleteRead(_Partial(got)) from None
+            raise _incomplete(got) from None
         size_text = bytes(wire.buf[:min(end, 64)]).split(b";", 1)[0].rstrip(b" \t")  # BWS before an extension
         if not _HEX.fullmatch(size_text):  # 1*HEXDIG: int(x, 16) would also take 0x, a sign, _ and blanks
             raise http.client.HTTPException("bad chunk size: not 1 to 16 hex digits")
@@ -278,14 +278,14 @@ def _read_chunked(wire: Wire, sink: Callable[[bytes], None]) -> None:
             _read_length(wire, size, sink)
             end, at = wire._line(0)  # the CRLF after the chunk's data
         except http.client.IncompleteRead as exc:
-            raise http.client.IncompleteRead(_Partial(got + len(exc.partial))) from None
+            raise _incomplete(got + len(exc.partial)) from None
         got += size
         del wire.buf[:at]
     while True:  # trailer fields up to the blank line
         try:
             end, at = wire._line(0)
         except http.client.IncompleteRead:
-            raise http.client.IncompleteRead(_Partial(got)) from None
+            raise _incomplete(got) from None
         del wire.buf[:at]
         if end == 0:
             return
@@ -295,10 +295,15 @@ class _Partial:
     """A received-byte count standing in for IncompleteRead's `partial` (only its length is read)."""
 
     def __init__(self, n: int):
-        self.n = n
+        self.n = n  # passed where the standard library keeps the partial bytes: only len() is read
 
     def __len__(self) -> int:
         return self.n
+
+
+def _incomplete(got: int, expected: Optional[int] = None) -> http.client.IncompleteRead:
+    """IncompleteRead for `got` bytes without holding them (its `partial` is only ever measured)."""
+    return http.client.IncompleteRead(_Partial(got), expected)  # type: ignore[arg-type]  # a length, not bytes
 
     def __repr__(self) -> str:
         return f"{self.n} bytes"

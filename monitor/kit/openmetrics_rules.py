@@ -26,18 +26,23 @@ _OM_SAMPLE_RE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(" + _OM_LABELS + r")? (\
 _OM_META_RE = re.compile(r"# (HELP|TYPE|UNIT) ([a-zA-Z_:][a-zA-Z0-9_:]*) (.*)")
 
 
+_Group = tuple[tuple[str, str], ...]  # a sample's labels, sorted: its series group
+_Bucket = tuple[str, _Group, Optional[str], float, Optional[float]]  # suffix, group, le, value, timestamp
+
+
 class _Family:
     """One OpenMetrics metric family while it is read."""
     __slots__ = ("name", "type", "unit", "meta", "groups", "group", "group_ts", "buckets")
 
     def __init__(self, name: str):
         self.name, self.type, self.unit = name, "unknown", ""
-        self.meta: set = set()
-        self.groups: set = set()
-        self.group, self.group_ts = None, None
-        self.buckets: list = []  # (suffix, labels, value, timestamp) of histogram samples
+        self.meta: set[str] = set()
+        self.groups: set[_Group] = set()
+        self.group: Optional[_Group] = None
+        self.group_ts: Optional[float] = None
+        self.buckets: list[_Bucket] = []  # (suffix, labels, le, value, timestamp) of histogram samples
 
-    def names(self) -> tuple:
+    def names(self) -> tuple[str, ...]:
         return tuple(self.name + s for s in _OM_SUFFIXES.get(self.type, ("",)))
 
 
@@ -46,7 +51,7 @@ def check_openmetrics(text: str, out: ParsedScrape) -> None:
     lines = text.split("\n")
     if lines[-1] == "":
         lines.pop()
-    claimed: set = set()  # sample names owned by the families read so far
+    claimed: set[str] = set()  # sample names owned by the families read so far
     fam: Optional[_Family] = None
     for lineno, line in enumerate(lines, 1):
         if lineno == len(lines):
@@ -110,7 +115,7 @@ def _canonical_number(text: str) -> Optional[float]:
     return None if math.isnan(v) or (v == math.inf and text != "+Inf") or "_" in text else v
 
 
-def _check_om_sample(fam: _Family, suffix: str, labels: dict, value: float, ts: Optional[float],
+def _check_om_sample(fam: _Family, suffix: str, labels: dict[str, str], value: float, ts: Optional[float],
                      exemplar: bool, out: ParsedScrape) -> None:
     typ = fam.type
     group = labels
@@ -146,7 +151,7 @@ def _check_om_sample(fam: _Family, suffix: str, labels: dict, value: float, ts: 
     if fam.group is not None and key != fam.group and key in fam.groups:
         out.anomaly("openmetrics_grouping")  # a series group interleaved with another
     elif key == fam.group and ((ts is None) != (fam.group_ts is None)
-                               or (ts is not None and ts < fam.group_ts and typ != "info")):
+                               or (ts is not None and fam.group_ts is not None and ts < fam.group_ts and typ != "info")):
         out.anomaly("openmetrics_grouping")  # timestamps mixed or going backwards within a group
     fam.group, fam.group_ts = key, ts
     fam.groups.add(key)
@@ -154,7 +159,7 @@ def _check_om_sample(fam: _Family, suffix: str, labels: dict, value: float, ts: 
         fam.buckets.append((suffix, key, labels.get("le"), value, ts))
 
 
-def _close_family(fam: Optional[_Family], claimed: set, out: ParsedScrape) -> None:
+def _close_family(fam: Optional[_Family], claimed: set[str], out: ParsedScrape) -> None:
     if fam is None:
         return
     for name in set(fam.names()) | {fam.name}:
@@ -167,10 +172,10 @@ def _close_family(fam: Optional[_Family], claimed: set, out: ParsedScrape) -> No
         out.anomaly("openmetrics_histogram")
 
 
-def _histogram_ok(rows: list) -> bool:
+def _histogram_ok(rows: list[_Bucket]) -> bool:
     """Each group of a (gauge) histogram: ascending `le` ending at +Inf, cumulative counts, _count equal
     to the +Inf bucket, _sum (_gsum) exactly when _count (_gcount); _sum only without negative buckets."""
-    groups: dict = {}
+    groups: dict[tuple[_Group, Optional[float]], list[tuple[str, Optional[str], float]]] = {}
     for suffix, key, le, value, ts in rows:
         groups.setdefault((key, ts), []).append((suffix, le, value))
     for samples in groups.values():

@@ -6,9 +6,10 @@ import os
 import subprocess
 import threading
 import time
+from typing import Any
 
 
-def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> None:
+def stop_process(proc: subprocess.Popen[Any], timeout: float = 10.0) -> None:
     """SIGTERM, wait up to `timeout` seconds, then SIGKILL and reap. A finished process is left as is."""
     if proc.poll() is not None:
         return

@@ -102,8 +102,14 @@ class Ticker:
             self._spawn(job)
 
     def _spawn(self, job: Job) -> None:
-        loop = self._every_loop if job.interval is not None else self._wall_loop
-        t = threading.Thread(target=loop, args=(job,), name=f"job-{job.name}", daemon=True)
+        if job.interval is not None:
+            t = threading.Thread(target=self._every_loop, args=(job, job.interval), name=f"job-{job.name}",
+                                 daemon=True)
+        elif job.next_fire is not None:
+            t = threading.Thread(target=self._wall_loop, args=(job, job.next_fire), name=f"job-{job.name}",
+                                 daemon=True)
+        else:
+            raise ValueError(f"job {job.name}: neither an interval nor a wall-clock schedule")
         self._threads.append(t)
         t.start()
 
@@ -132,30 +138,30 @@ class Ticker:
             log.exception("job %s failed", job.name)
         job.runs += 1
 
-    def _every_loop(self, job: Job) -> None:
+    def _every_loop(self, job: Job, interval: float) -> None:
         due = self.monotonic() + job.first_delay
         while not self._stop.is_set():
             if self._sleep(job, due - self.monotonic()):
                 return
             self._run(job)
-            due += job.interval
+            due += interval
             now = self.monotonic()
             if due > now:
                 if job._overrunning:
                     log.info("job %s is back on its %g s cadence", job.name, job.interval)
                 job._overrunning = False
                 continue
-            missed = int((now - due) // job.interval) + 1
-            due += missed * job.interval
+            missed = int((now - due) // interval) + 1
+            due += missed * interval
             job.skipped += missed
             if not job._overrunning:
                 log.warning("job %s overran its %g s interval: %d run(s) skipped; logged once until it is back"
                             " on cadence", job.name, job.interval, missed)
             job._overrunning = True
 
-    def _wall_loop(self, job: Job) -> None:
+    def _wall_loop(self, job: Job, next_fire: Callable[[float], Optional[float]]) -> None:
         if job.next_wall is None:
-            job.next_wall = job.next_fire(self.wall_clock())
+            job.next_wall = next_fire(self.wall_clock())
         while not self._stop.is_set():
             now = self.wall_clock()
             due = job.next_wall
@@ -173,4 +179,4 @@ class Ticker:
                 job.skipped += 1
                 log.warning("job %s missed its time by %.0f s (more than its %g s grace): skipped until the next",
                             job.name, now - due, job.grace)
-            job.next_wall = job.next_fire(max(now, self.wall_clock()))
+            job.next_wall = next_fire(max(now, self.wall_clock()))

@@ -22,7 +22,9 @@ import pickle
 import signal
 import threading
 import traceback
-from typing import Callable, Iterable
+from multiprocessing.connection import Connection
+from multiprocessing.context import ForkServerContext
+from typing import Any, Callable, Iterable
 
 START_TIMEOUT = 120.0  # seconds a new worker may take to come up (the fork server's first start imports statsmodels)
 
@@ -39,19 +41,19 @@ class ChildError(RuntimeError):
         self.kind, self.message, self.tb = kind, message, tb
 
 
-def _outcome(fn, args) -> bytes:
+def _outcome(fn: Callable[..., Any], args: tuple[Any, ...]) -> bytes:
     """fn(*args) as a pickled ("ok", result) or ("err", (type, message, traceback))."""
     try:
         result = ("ok", fn(*args))
-    except BaseException as exc:  # report every failure to the caller, with its type
+    except BaseException as exc:  # noqa: BLE001 - report every failure to the caller, with its type
         result = ("err", (type(exc).__name__, str(exc), traceback.format_exc()))
     try:
         return pickle.dumps(result)
-    except Exception as exc:  # an unpicklable result is reported, never lost silently
+    except Exception as exc:  # noqa: BLE001 - an unpicklable result is reported, never lost silently
         return pickle.dumps(("err", ("PicklingError", str(exc), "")))
 
 
-def _serve(conn) -> None:
+def _serve(conn: Connection) -> None:
     """A worker: say it is ready, then run each (fn, args) it is sent until its pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the daemon's to handle; it stops us
     conn.send_bytes(b"ready")
@@ -64,14 +66,14 @@ def _serve(conn) -> None:
             return
         try:
             fn, args = pickle.loads(job)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - an unreadable job is answered with its error; the worker goes on
             conn.send_bytes(pickle.dumps(("err", (type(exc).__name__, str(exc), traceback.format_exc()))))
             continue
         conn.send_bytes(_outcome(fn, args))
 
 
 class _Worker:
-    def __init__(self, ctx, start_timeout: float):
+    def __init__(self, ctx: ForkServerContext, start_timeout: float):
         self.conn, child = ctx.Pipe(duplex=True)
         self.proc = ctx.Process(target=_serve, args=(child,), name="headroom-fit", daemon=True)
         self.proc.start()
@@ -81,7 +83,7 @@ class _Worker:
             self.kill()
             raise ChildError("WorkerStart", f"fit worker did not start within {start_timeout:g} s", "")
 
-    def call(self, job: bytes, seconds: float):
+    def call(self, job: bytes, seconds: float) -> Any:
         self.conn.send_bytes(job)
         if not self.conn.poll(seconds):
             raise TimeBoxExceeded(f"abandoned after {seconds:g} s")
@@ -142,7 +144,7 @@ class FitPool:
         if not keep:
             worker.stop()
 
-    def __call__(self, fn: Callable, args: tuple):
+    def __call__(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         job = pickle.dumps((fn, args))  # fn or args that do not pickle fail here, before any worker
         worker = self._worker()
         try:

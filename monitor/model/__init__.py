@@ -9,7 +9,14 @@
     catalogue.py  THE list of exported metrics (`python -m monitor.model.catalogue > docs/metrics.md`)
     shard.py      which pools a shard owns;  poolkey.py  a pool's identity, its key and back
 """
-from .replica_reading import COUNTERS, HISTOGRAMS, Histogram, KvTier, LoraSlots, Quantiles, ReplicaReading, SHED_REASONS  # noqa: F401
-from .capacity import Capacity, Limits, PoolSlo, PoolTasks, Scenarios, TaskStats  # noqa: F401
-from .spare_data import Spare, SpareWindow  # noqa: F401
-from .snapshot import Alert, PoolForecastLike, PoolSnapshot, RefitResult, ReplicaSnapshot, Snapshot, SourceStatus  # noqa: F401
+from .capacity import Capacity, Limits, PoolSlo, PoolTasks, Scenarios, TaskStats
+from .replica_reading import COUNTERS, HISTOGRAMS, SHED_REASONS, Histogram, KvTier, LoraSlots, Quantiles, ReplicaReading
+from .snapshot import Alert, PoolForecastLike, PoolSnapshot, RefitResult, ReplicaSnapshot, Snapshot, SourceStatus
+from .spare_data import Spare, SpareWindow
+
+__all__ = [
+    "Capacity", "Limits", "PoolSlo", "PoolTasks", "Scenarios", "TaskStats",
+    "Alert", "PoolForecastLike", "PoolSnapshot", "RefitResult", "ReplicaSnapshot", "Snapshot", "SourceStatus",
+    "Spare", "SpareWindow",
+    "COUNTERS", "HISTOGRAMS", "SHED_REASONS", "Histogram", "KvTier", "LoraSlots", "Quantiles", "ReplicaReading",
+]

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from .replica_reading import Quantiles
 
@@ -16,7 +16,7 @@ class Scenarios:
     n_minus_1: Optional[float] = None
     instant: Optional[float] = None
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"current": self.current, "n_minus_1": self.n_minus_1, "instant": self.instant}
 
 
@@ -32,7 +32,7 @@ class Limits:
     slo: Optional[float] = None
     lora: Optional[float] = None  # LoRA adapter slots x requests per adapter (monitor/capacity/headroom.py)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         """Every limit; `lora` only where LoRA adapters are in use (a shape older readers know)."""
         out = {"slots": self.slots, "kv": self.kv, "knee": self.knee, "slo": self.slo, "effective": self.effective}
         if self.lora is not None:
@@ -67,7 +67,7 @@ class Capacity:
     load_requests_instant: Optional[float] = None  # this cycle's: what `instant` judges
     load_window_seconds: Optional[float] = None
     load_source: Optional[str] = None  # littles_law | window_mean | instant (monitor/capacity/enrich.py)
-    slo_limited_by: Optional[dict] = None  # the target over its allowed share setting the slo limit
+    slo_limited_by: Optional[dict[str, Any]] = None  # the target over its allowed share setting the slo limit
     kv_tokens_per_request: Optional[float] = None
     kv_tokens_per_request_source: Optional[str] = None
     active_requests_per_session: Optional[float] = None
@@ -85,7 +85,7 @@ class Capacity:
         effective = self.capacity_requests.effective
         return effective if effective is not None else self.knee_requests
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         """The JSON shape of `headroom once --json` and /api/v1/snapshot."""
         if self.withheld:
             return {"knee_requests": None, "knee_detail": self.knee_detail}
@@ -112,7 +112,7 @@ class Capacity:
         }
 
 
-def _q(q: Optional[Quantiles]) -> Optional[dict]:
+def _q(q: Optional[Quantiles]) -> Optional[dict[str, Any]]:
     return q.as_dict() if q is not None else None
 
 
@@ -144,7 +144,7 @@ class TaskStats:
     slo_burn_rate: dict[str, Optional[float]] = field(default_factory=dict)  # window -> rate (None: not covered)
     slo_source: Optional[str] = None  # where the burn windows came from: "prometheus" | "tracker"
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         """The JSON shape; the SLO window's keys only when the task type has an SLO window."""
         out = {
             "tasks": self.tasks, "calls": self.calls, "arrival_rate": self.arrival_rate,
@@ -180,7 +180,7 @@ class PoolSlo:
     def key(self) -> str:
         return f"pool:{self.signal}"  # its task_type label in headroom_slo_* metrics
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"slo_target_seconds": self.slo_target_seconds, "slo_objective": self.slo_objective,
                 "slo_violation_ratio": self.slo_violation_ratio, "slo_burn_rate": dict(self.slo_burn_rate),
                 "slo_source": "tracker"}  # the pool's summed replica histograms: always the tracker
@@ -194,8 +194,8 @@ class PoolTasks:
     slos: dict[str, PoolSlo] = field(default_factory=dict)  # keyed "pool:<signal>"
     call_latency_by_class: dict[str, Quantiles] = field(default_factory=dict)
 
-    def as_dict(self) -> dict:
-        out: dict = {tt: t.as_dict() for tt, t in self.by_type.items()}
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {tt: t.as_dict() for tt, t in self.by_type.items()}
         out.update({k: s.as_dict() for k, s in self.slos.items()})
         out["_call_latency_by_class"] = {c: q.as_dict() for c, q in self.call_latency_by_class.items()}
         return out

@@ -7,6 +7,7 @@ documentation and a test fails when the committed file is not current.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,7 @@ class MetricDef:
         return self.name + "_total" if self.type == "counter" else self.name
 
 
-def _m(name, type_, help_, labels=(), group="pipeline") -> MetricDef:
+def _m(name: str, type_: str, help_: str, labels: Iterable[str] = (), group: str = "pipeline") -> MetricDef:
     return MetricDef(name, type_, help_, tuple(labels), group)
 
 

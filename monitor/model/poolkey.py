@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
+from types import MappingProxyType
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 from monitor.kit.settings.kinds import Kind
@@ -81,7 +82,7 @@ def _suffix(pairs: Sequence[tuple[str, str]]) -> str:
     return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in pairs) + "}" if pairs else ""
 
 
-def make_key(name: str, extra: Mapping[str, str] = (), order: Iterable[str] = ()) -> str:
+def make_key(name: str, extra: Mapping[str, str] = MappingProxyType({}), order: Iterable[str] = ()) -> str:
     """The canonical key of pool `name` with its extra labels (in `order`, else sorted): the raw form
     when it reads back as exactly this, else the quoted form (module docstring)."""
     extra = dict(extra)
@@ -111,7 +112,7 @@ def key_of(labels: Mapping[str, str], model: str, pool_by: Optional[PoolBy]) -> 
 def _read_quoted(text: str, at: int) -> Optional[tuple[str, int]]:
     """The escaped text of `text` from `at` (just after an opening quote) to its closing quote, read
     strictly (only \\\\, \\" and \\n), and the index after that quote; None when it does not read."""
-    out = []
+    out: list[str] = []
     i = at
     while i < len(text):
         c = text[i]

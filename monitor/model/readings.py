@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 
 from monitor.model import Histogram
 
@@ -51,7 +51,7 @@ class GatewayConfig:
     session_label: Optional[str] = None  # None: the kind's default (none); "" for none; opt-in, unbounded
     task_id_label: Optional[str] = None  # a label naming one task (counts tasks by distinct values)
     class_label: Optional[str] = None  # a label naming the call class (interactive / batch)
-    task_classes: dict = field(default_factory=dict)  # task type -> class, when no class label
+    task_classes: dict[str, str] = field(default_factory=dict)  # task type -> class, when no class label
     default_class: str = "interactive"
     models: tuple[str, ...] = ()  # only series of these models (empty: all)
     model_label: Optional[str] = None
@@ -77,10 +77,10 @@ class GatewayConfig:
     def model(self) -> Optional[str]:
         return self.model_label if self.model_label is not None else DEFAULT_LABELS[self.kind][2]
 
-    def class_of(self, task_type: str, labels: dict) -> str:
+    def class_of(self, task_type: str, labels: Mapping[str, str]) -> str:
         if self.class_label and labels.get(self.class_label):
-            return labels[self.class_label]
-        return self.task_classes.get(task_type, self.default_class)
+            return str(labels[self.class_label])
+        return str(self.task_classes.get(task_type, self.default_class))
 
 
 @dataclass
@@ -101,7 +101,7 @@ class TaskCumulative:
     ttft: Optional[Histogram] = None
     tpot: Optional[Histogram] = None
     session_calls: dict[str, float] = field(default_factory=dict)  # session id -> calls
-    task_ids: set = field(default_factory=set)
+    task_ids: set[str] = field(default_factory=set)
     # application-side convention
     tasks_started: Optional[float] = None
     app_model_calls: Optional[float] = None
@@ -176,7 +176,7 @@ class GatewayQueues:
     queues: tuple[GatewayQueue, ...] = ()
     anomalies: dict[str, int] = field(default_factory=dict)
     stages: dict[str, float] = field(default_factory=dict)  # Dynamo: requests per frontend stage
-    families: frozenset = frozenset()  # queue sample names the body had
+    families: frozenset[str] = frozenset()  # queue sample names the body had
 
     def __iter__(self) -> Iterator[GatewayQueue]:
         return iter(self.queues)
@@ -200,7 +200,7 @@ def _sum_queued(queues: Iterable[GatewayQueue], key: Callable[[GatewayQueue], Op
     return finite_only(out, None)
 
 
-def finite_only(sums: dict, anomalies: Optional[dict]) -> dict:
+def finite_only(sums: dict[Any, float], anomalies: Optional[dict[str, float]]) -> dict[Any, float]:
     """`sums` without the ones that overflowed to +Inf (their inputs were finite: unknown, not +Inf);
     how many were left out is counted into `anomalies` as `overflow:queued`."""
     over = [k for k, v in sums.items() if not math.isfinite(v)]
@@ -256,4 +256,4 @@ POWER_NAMES = ("DCGM_FI_DEV_POWER_USAGE", "dcgm_power_usage")
 @dataclass(frozen=True)
 class DcgmReading:
     target: str
-    samples: tuple[tuple[str, dict, float], ...]  # (sample name, labels, watts) of each GPU series
+    samples: tuple[tuple[str, dict[str, str], float], ...]  # (sample name, labels, watts) of each GPU series

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 
 @dataclass(frozen=True)
@@ -161,7 +161,7 @@ class Quantiles:
     # there, wherever the interpolation put the value (a p95 of 14.0 s read in (10, 20] may be 11.3 s)
     buckets: dict[str, tuple[float, float]] = field(default_factory=dict)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"p50": self.p50, "p90": self.p90, "p95": self.p95, "p99": self.p99,
                 "mean": self.mean, "count": self.count,
                 "bounds": {k: {"bound": side, "value": v} for k, (side, v) in self.bounds.items()},

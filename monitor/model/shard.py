@@ -92,7 +92,7 @@ class ShardSetting(Kind):
     """`global.shard` in the configuration: I/N, read by parse_shard."""
     name = "I/N"
 
-    def parse(self, v) -> "Shard":
+    def parse(self, v: object) -> "Shard":
         if not isinstance(v, str):
             raise ValueError(f"expected a shard like 0/2, got {v!r}")
         return parse_shard(v)

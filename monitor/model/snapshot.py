@@ -7,8 +7,8 @@ from typing import Any, Optional, Protocol
 from monitor.model.poolkey import extras_of, name_of
 
 from .capacity import Capacity, PoolTasks
-from .spare_data import Spare
 from .replica_reading import Histogram, KvTier, LoraSlots, Quantiles
+from .spare_data import Spare
 
 
 @dataclass
@@ -37,13 +37,13 @@ class PoolForecastLike(Protocol):
     (monitor/forecast/pool.py `PoolForecast`, which imports pandas); the model only names its shape."""
 
     last_fit_timestamp: float
-    series: dict  # series name -> its outlook (model, skill, horizons, or why it is undefined)
-    horizons: dict  # horizon ("1h", "1d", "1w") -> its summary of the capacity series, or None
+    series: dict[str, Any]  # series name -> its outlook (model, skill, horizons, or why it is undefined)
+    horizons: dict[str, Any]  # horizon ("1h", "1d", "1w") -> its summary of the capacity series, or None
     exhaustion_seconds: Optional[float]
     capacity_requests: Optional[float]
     path: Any  # the capacity series' forecast path (timestamps, mean, upper, lower) or None
 
-    def as_dict(self) -> dict: ...
+    def as_dict(self) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class RefitResult:
     started: float = 0.0  # Unix time the refit began (the `now` given to the models)
     finished: float = 0.0
     duration_seconds: float = 0.0
-    errors: dict = field(default_factory=dict)  # pool (or "history") -> error text
+    errors: dict[str, str] = field(default_factory=dict)  # pool (or "history") -> error text
     runs: int = 0
 
 
@@ -207,9 +207,9 @@ class Alert:
     pool: Optional[str] = None
     summary: str = ""
     since: Optional[float] = None  # epoch seconds it became active
-    labels: dict = field(default_factory=dict, hash=False, compare=False)
+    labels: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"alertname": self.name, "state": self.state, "severity": self.severity, "pool": self.pool,
                 "summary": self.summary, "since": self.since}
 
@@ -223,7 +223,7 @@ class SourceStatus:
     detail: Optional[str] = None
     duration_seconds: Optional[float] = None
     attempted: bool = True  # False while a failing target waits out its backoff (not a new error)
-    missing: tuple = ()  # families of the metric contract the target did not expose (monitor/sources/vllm.py)
+    missing: tuple[str, ...] = ()  # families of the metric contract the target did not expose (monitor/sources/vllm.py)
     slow: bool = False  # up, but slow: answered after global.scrape_timeout or the cycle deadline, or
     # missed this cycle while its last reading is kept (a gateway under load: monitor/sources/auxiliary.py)
 

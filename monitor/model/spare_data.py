@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 SPARE_HORIZONS = {"now": 0.0, "1h": 3600.0, "6h": 6 * 3600.0, "1d": 86400.0}  # headroom_spare_requests{horizon}
 DAY_SECONDS = 86400.0
@@ -17,7 +17,7 @@ class SpareWindow:
     end: float
     requests: float
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"start": self.start, "end": self.end, "requests": self.requests}
 
 
@@ -44,7 +44,7 @@ class Spare:
         """The windows clipped to end at `end` (e.g. now + 24 h)."""
         return [SpareWindow(w.start, min(w.end, end), w.requests) for w in self.windows if w.start < end]
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         """The JSON shape of a pool's `spare` in /api/v1/snapshot, the next 24 hours' windows in the
         forecast's steps (the 7 days' on an hourly grid are added by monitor/export/snapshot_json.py)."""
         return {"ceiling_requests": self.ceiling, "requests": dict(self.requests),

@@ -99,7 +99,8 @@ def _alert(labels: object, annotations: object, state: str, since: object, cuts:
                  summary=cuts.text(ann.get("summary", "")), since=_when(since), labels=cuts.labels(labels))
 
 
-def _items(doc: object, kind: str, rows_cut: Optional[list] = None, match: Optional[dict] = None) -> list:
+def _items(doc: object, kind: str, rows_cut: Optional[list] = None, match: Optional[dict] = None
+           ) -> list[tuple[object, object, str, object]]:
     """The answer's alerts, each as (labels, annotations, state, since), before headroom's are picked:
     another job's left out first (`match`: `this_jobs`), then the first MAX_ITEMS of the rest
     (`rows_cut` gets True appended when there were more), so another job's alerts never take this
@@ -172,5 +173,5 @@ def read_alerts(text: str, kind: str, rows_cut: Optional[list] = None, match: Op
         raise
     except RecursionError:
         raise ValueError("alerts answer is nested too deeply to read") from None
-    except Exception as exc:  # any other surprise in a hostile answer is a parse failure, not a stop
+    except Exception as exc:  # noqa: BLE001 - any other surprise in a hostile answer is a parse failure, not a stop
         raise ValueError(f"alerts answer could not be read: {type(exc).__name__}: {exc}"[:300]) from None

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Optional
 
+from monitor.kit import exposition
 from monitor.model.readings import POWER_NAMES, DcgmReading
 
-from monitor.kit import exposition
 from .aux_samples import AUX_MAX_ROWS, too_large
 
 

@@ -28,12 +28,26 @@ from typing import Iterable, Optional, Union
 
 from monitor.model import Histogram
 from monitor.model.readings import GatewayScrape
-from monitor.sources.aux_samples import (AUX_MAX_BODY_BYTES, BodySamples, iter_samples,  # noqa: F401  (re-exported)
-                                         read_samples, too_large)
+from monitor.sources.aux_samples import AUX_MAX_BODY_BYTES, BodySamples, iter_samples, read_samples, too_large  # noqa: F401  (re-exported)
 from monitor.sources.gateway_schema import (  # noqa: F401  (re-exported: the names every reader uses)
-    APP_CALLS_ABANDONED, APP_MODEL_CALLS, APP_SESSIONS_ACTIVE, APP_TASK_DURATION, APP_TASK_LABEL, APP_TASKS_STARTED,
-    DEFAULT_LABELS, ENVOY_TOKENS, GATEWAY_FAMILIES, KINDS, UNATTRIBUTED, UNSET_VALUES, Families,
-    GatewayConfig, GatewayReading, TaskCumulative, shed_reason)
+    APP_CALLS_ABANDONED,
+    APP_MODEL_CALLS,
+    APP_SESSIONS_ACTIVE,
+    APP_TASK_DURATION,
+    APP_TASK_LABEL,
+    APP_TASKS_STARTED,
+    DEFAULT_LABELS,
+    ENVOY_TOKENS,
+    GATEWAY_FAMILIES,
+    KINDS,
+    UNATTRIBUTED,
+    UNSET_VALUES,
+    Families,
+    GatewayConfig,
+    GatewayReading,
+    TaskCumulative,
+    shed_reason,
+)
 
 # ---------------------------------------------------------------- parsing helpers
 

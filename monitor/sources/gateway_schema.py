@@ -11,7 +11,13 @@ from dataclasses import dataclass
 from typing import Optional
 
 from monitor.model.readings import (  # noqa: F401  (re-exported: the names every gateway reader uses)
-    DEFAULT_LABELS, UNATTRIBUTED, UNSET_VALUES, GatewayConfig, GatewayReading, TaskCumulative)
+    DEFAULT_LABELS,
+    UNATTRIBUTED,
+    UNSET_VALUES,
+    GatewayConfig,
+    GatewayReading,
+    TaskCumulative,
+)
 from monitor.model.readings import GATEWAY_KINDS as KINDS  # noqa: F401  (the gateway kinds, re-exported)
 
 

@@ -10,12 +10,23 @@ import re
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
 
-from monitor.model.readings import GATEWAY_KINDS
-from monitor.kit.settings.kinds import Choice, Duration, File, Flag, Int, Labels, SecretEnv, SecretFile, Selector, Text, Url
+from monitor.kit.settings.kinds import (
+    Choice,
+    Duration,
+    File,
+    Flag,
+    Int,
+    Labels,
+    SecretEnv,
+    SecretFile,
+    Selector,
+    Text,
+    Url,
+)
 from monitor.kit.settings.reader import ConfigError, Reader, join, key
 from monitor.kit.settings.shapes import MapOf, Sub, group
 from monitor.kit.settings.values import read_secret_env, read_secret_file, redact
-
+from monitor.model.readings import GATEWAY_KINDS
 
 
 @dataclass
@@ -46,7 +57,7 @@ def _secret(path: Optional[str], env: Optional[str]) -> Optional[str]:
         if env:
             return read_secret_env(env)
     except ValueError as exc:
-        raise ConfigError(path or "environment", "" if path else env, str(exc)) from None
+        raise ConfigError(path or "environment", "" if path else (env or ""), str(exc)) from None
     return None
 
 

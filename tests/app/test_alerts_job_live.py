@@ -4,15 +4,14 @@ one Prometheus, and both copies' alert fires; the daemon with `sources.alerts.ma
 lists its own job's alert only."""
 from __future__ import annotations
 
-import yaml
-
 import pytest
+import yaml
+from bodies import vllm_body
+from servers import MetricsServer, Prometheus, wait_for
 
 from monitor.config import from_dict
 from monitor.cycle import Pipeline
 from monitor.export.landing import Trends, render
-from bodies import vllm_body
-from servers import MetricsServer, Prometheus, wait_for
 
 pytestmark = pytest.mark.live
 

@@ -7,11 +7,10 @@ down once and is never seen again. 200 cycles (50 min); forget_after 300 s = 20 
 from __future__ import annotations
 
 from monitor.capacity.enrich import CapacityState
-from monitor.config.inputs import capacity_inputs
-from monitor.config import Config, GatewaySource, Target
 from monitor.capacity.slo_settings import read_slos
+from monitor.config import Config, GatewaySource, Target
+from monitor.config.inputs import capacity_inputs, step_settings
 from monitor.cycle import CycleInputs, CycleState, step
-from monitor.config.inputs import step_settings
 from monitor.derive.lead_time import LeadTimes
 from monitor.export.landing import Trends
 from monitor.model import Histogram, PoolSnapshot, ReplicaReading, Snapshot, SourceStatus

@@ -11,11 +11,12 @@ from __future__ import annotations
 import copy
 import json
 
+from test_cycle_step import fleet_and_config, inputs_at, warmed_up  # the shared simulated fleet
+
+from headroom_lab.sim.exposition import render_vllm
 from monitor.cycle import Pipeline, step
 from monitor.export.snapshot_json import snapshot_to_dict
 from monitor.sources.vllm import readings_from_text
-from headroom_lab.sim.exposition import render_vllm
-from test_cycle_step import fleet_and_config, inputs_at, warmed_up  # noqa: F401 (the shared simulated fleet)
 
 HOUR = 3600.0
 
@@ -119,8 +120,8 @@ def test_a_step_moves_the_saved_slo_windows_too(tmp_path):
     next save the store holds exactly the moved points, also where a moved point lands on the time
     of an old one."""
     from monitor.capacity.slo import SloTracker, Target
-    from monitor.history.store import HistoryStore
     from monitor.history.slo_history import restore, save
+    from monitor.history.store import HistoryStore
     tracker = SloTracker({"5m": 300.0, "1h": HOUR}, tolerance=5.0, journal=True)
     t0 = 1_800_000_000.0
     with HistoryStore(str(tmp_path / "h.sqlite")) as store:
@@ -144,6 +145,7 @@ def test_a_forecast_made_before_a_step_forward_does_not_read_as_exhausted_now():
     """A refit's path on the old clock lies before `now` after a step forward: those points are past,
     not 'capacity reached 0 s from now' (which would page HeadroomExhaustionWithinLeadTime)."""
     import numpy as np
+
     from monitor.forecast.pool import exhaustion_seconds
     now = 1_800_000_000.0
     times = np.array([now - 7200.0, now - 3600.0, now + 600.0, now + 1200.0])

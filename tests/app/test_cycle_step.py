@@ -13,19 +13,18 @@ import time
 from dataclasses import replace
 
 import pytest
+from simfleet import DCGM_URL, TASK_LABELS, cycle_inputs, one_pool, watched
 
+from headroom_lab.sim.fleet import Fleet
 from monitor.capacity.enrich import CapacityState
-from monitor.config.inputs import capacity_inputs
-from monitor.config import Capacity, PoolSettings
 from monitor.capacity.slo_settings import read_slos
+from monitor.config import Capacity, PoolSettings
+from monitor.config.inputs import capacity_inputs, step_settings
 from monitor.cycle import CycleInputs, CycleState, step
-from monitor.config.inputs import step_settings
 from monitor.export.samples import Renderer
 from monitor.export.snapshot_json import snapshot_to_dict
 from monitor.forecast.pool import CAPACITY_SERIES, Horizon, PoolForecast, SeriesOutlook
 from monitor.model import RefitResult, SourceStatus
-from headroom_lab.sim.fleet import Fleet
-from simfleet import DCGM_URL, TASK_LABELS, cycle_inputs, one_pool, watched
 
 START = 1_790_000_000.0
 DAY = Horizon(mean=20.0, upper=26.0, peak=24.0, peak_upper=31.0, peak_timestamp=START + 3600,
@@ -155,6 +154,7 @@ def test_recommended_replicas_edges():
 
 def test_the_landing_page_shows_the_knee_source_and_the_forecast_peak_with_its_band(no_clock):
     import time as _time
+
     from monitor.export.landing import Trends, render
     state, inputs, now = warmed_up(cycles=2)
     state, snap = step(state, inputs, now)
@@ -170,8 +170,10 @@ def test_the_landing_page_shows_the_knee_source_and_the_forecast_peak_with_its_b
 def test_the_step_attaches_each_pools_spare_for_deferrable_work(no_clock):
     """Issue 39: with a forecast path the step gives the pool its spare (knee x 0.8 less the
     forecast's band and the load now) and a budget above 0; without a forecast the budget is 0."""
-    import numpy as np
     from dataclasses import replace as _replace
+
+    import numpy as np
+
     from monitor.forecast.pool import ForecastPath
     state, inputs, now = warmed_up(cycles=4)
     ts = now - 60 + 300.0 * np.arange(1, 300)

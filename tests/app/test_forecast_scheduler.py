@@ -3,12 +3,12 @@ import threading
 
 import numpy as np
 import pandas as pd
+from servers import wait_for
 
-from monitor.forecast.rolling_origin import ForecastSettings
 from monitor.forecast.pool import CAPACITY_SERIES, PoolSettings
+from monitor.forecast.rolling_origin import ForecastSettings
 from monitor.forecaster import ForecastScheduler
 from monitor.kit.ticker import Ticker
-from servers import wait_for
 
 HOUR = 3600.0
 NOW = 1_700_000_000.0 + HOUR * 5 * 24  # the hour after series()'s last point: the forecast starts now

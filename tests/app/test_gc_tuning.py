@@ -6,6 +6,7 @@ first cycle only, and Python's settings back after stop. How much CPU it saves i
 import gc
 
 import pytest
+from servers import fixture
 
 import monitor.app as app_module
 from monitor.app import GC_YOUNG_EVERY, GarbageCollector, build, garbage_collector
@@ -13,7 +14,6 @@ from monitor.commands import run as run_command
 from monitor.config import from_dict
 from monitor.cycle import Pipeline
 from monitor.sources.vllm import readings_from_text
-from servers import fixture
 
 SOURCES = {"vllm": {"targets": ["http://a:8000/metrics"]}}
 

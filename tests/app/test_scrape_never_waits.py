@@ -4,10 +4,10 @@ import threading
 
 import pytest
 import requests
+from servers import MetricsServer, fixture, free_port
 
 from monitor.app import build
 from monitor.config import Config, Target
-from servers import MetricsServer, fixture, free_port
 
 pytestmark = pytest.mark.live  # tests/tiers.py: this file starts servers or binaries
 

@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
+from servers import MetricsServer, fixture
 
 from monitor.app import build
 from monitor.config import load
 from monitor.forecast.pool import CAPACITY_SERIES
 from monitor.history.store import HistoryStore
-from servers import MetricsServer, fixture
 
 pytestmark = pytest.mark.live  # tests/tiers.py: a daemon, a replica and a `headroom once` process
 

@@ -4,16 +4,15 @@ the simulated fleet's own /metrics texts (vLLM, Envoy-style gateway, app, DCGM) 
 from __future__ import annotations
 
 import pytest
-
-from monitor.capacity.enrich import CapacityState
-from monitor.config.inputs import capacity_inputs
-from monitor.config import Capacity
-from monitor.capacity.slo_settings import read_slos
-from monitor.cycle import CycleState, step
-from monitor.config.inputs import step_settings
-from monitor.export.samples import snapshot_samples
-from headroom_lab.sim.fleet import Fleet, theoretical_knee
 from simfleet import TASK_LABELS, calls, cycle_inputs, one_pool, task, watched
+
+from headroom_lab.sim.fleet import Fleet, theoretical_knee
+from monitor.capacity.enrich import CapacityState
+from monitor.capacity.slo_settings import read_slos
+from monitor.config import Capacity
+from monitor.config.inputs import capacity_inputs, step_settings
+from monitor.cycle import CycleState, step
+from monitor.export.samples import snapshot_samples
 
 LEVELS = [4, 8, 12, 16, 18, 20, 22, 24, 26, 4, 4, 6, 10, 14, 18, 22, 26, 28, 4, 4]
 

@@ -1,7 +1,6 @@
 """compute_capacity, N-1, sessions, sessions per MW, DCGM power join: hand-computed numbers."""
 from __future__ import annotations
 
-
 import pytest
 
 from monitor.capacity.headroom import CapacitySettings, compute_capacity

@@ -101,7 +101,7 @@ def test_noise_does_not_move_the_published_knee():
     rng = np.random.default_rng(5)
     est = KneeEstimator("ttft", prior_knee(max_num_seqs=100), max_observations=600)
     published = []
-    for cycle in range(60):  # 60 cycles of 40 noisy observations of the same curve
+    for _cycle in range(60):  # 60 cycles of 40 noisy observations of the same curve
         x = rng.uniform(0, 64, 40)
         y = queueing(x, 32) * (1 + rng.normal(0, 0.15, x.size))
         for xi, yi in zip(x, y):
@@ -204,8 +204,8 @@ def test_the_cycle_keeps_the_prior_and_the_kv_limit_steady():
     request alternates 853.33 / 300 every cycle; the prior knee, the KV limit and the headroom
     they give stay put (before: 3.6 <-> 8 and headroom 1 - 3/3.6 = 17% <-> 1 - 3/8 = 63%)."""
     from monitor.capacity.enrich import CapacityState, assess
-    from monitor.config.inputs import capacity_inputs
     from monitor.config import Config, PoolSettings
+    from monitor.config.inputs import capacity_inputs
     from monitor.model import PoolSnapshot
     from monitor.step import attach_capacity
     cfg = Config(pools={"m": PoolSettings(max_num_seqs=8)})

@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from monitor import cli
+from monitor.capacity.mix import parse_mix
 from monitor.capacity.task_plan import evaluate, plan, poisson_quantile
 from monitor.config import ConfigError
-from monitor.capacity.mix import parse_mix
 
 ROOT = Path(__file__).resolve().parents[2]
 

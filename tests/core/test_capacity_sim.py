@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import simfleet
 
-from monitor.derive import histogram as histo
+from headroom_lab.sim.exposition import render_app, render_dcgm, render_gateway, render_vllm
+from headroom_lab.sim.fleet import Fleet, load_config, theoretical_knee
 from monitor.capacity.headroom import CapacitySettings, compute_capacity
 from monitor.capacity.knee import KneeEstimator, prior_knee
 from monitor.capacity.power import key_map, power_by_pool
 from monitor.capacity.tasks import derive_tasks
+from monitor.derive import histogram as histo
 from monitor.derive.core import derive_pools
-from headroom_lab.sim.exposition import render_app, render_dcgm, render_gateway, render_vllm
-from headroom_lab.sim.fleet import Fleet, load_config, theoretical_knee
 from monitor.sources.gateway import GatewayConfig, iter_samples, read_gateway
 from monitor.sources.vllm import readings_from_text
-
-import simfleet
 
 SCRAPE = 5.0  # simulated seconds between scrapes
 # a stepped load sweep in tasks/s: up past the knee, back down (the queue drains), and again

@@ -6,10 +6,10 @@ import math
 import numpy as np
 import pytest
 
-from monitor.derive import histogram as histo
 from monitor.capacity.slo import SloSettings, SloTracker, Target, bad_count, violation_ratio
-from monitor.config import ConfigError
 from monitor.capacity.slo_settings import read_slos
+from monitor.config import ConfigError
+from monitor.derive import histogram as histo
 from monitor.model import Histogram
 
 BOUNDS = (0.5, 1.0, 2.0, 5.0, 10.0, math.inf)

@@ -5,10 +5,22 @@ import pandas as pd
 import pytest
 
 from monitor.forecast import models as models_mod
-from monitor.forecast.rolling_origin import (AVERAGE, ForecastSettings, apply_calibration, calibrate,
-                                       forecast_series, mase_scale, no_skill_members, origins_for,
-                                       rank_models, rolling_origin, score, select, selection_reasons)
 from monitor.forecast.models import Forecast, Model
+from monitor.forecast.rolling_origin import (
+    AVERAGE,
+    ForecastSettings,
+    apply_calibration,
+    calibrate,
+    forecast_series,
+    mase_scale,
+    no_skill_members,
+    origins_for,
+    rank_models,
+    rolling_origin,
+    score,
+    select,
+    selection_reasons,
+)
 from monitor.forecast.series import prepare
 from monitor.kit.timebox import FitPool, TimeBoxExceeded
 

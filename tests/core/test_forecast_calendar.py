@@ -6,9 +6,9 @@ import pandas as pd
 import pytest
 
 from monitor.config import ConfigError, from_dict
-from monitor.forecast.rolling_origin import ForecastSettings, forecast_series
 from monitor.forecast.calendar import Calendar, as_non_working
 from monitor.forecast.models import MODELS
+from monitor.forecast.rolling_origin import ForecastSettings, forecast_series
 from monitor.forecast.series import prepare
 
 HOUR = 3600.0

@@ -5,11 +5,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from monitor.model.catalogue import BY_NAME
-from monitor.forecast.rolling_origin import ForecastSettings
 from monitor.export.samples import snapshot_samples
 from monitor.forecast.pool import CAPACITY_SERIES, PoolSettings, exhaustion_seconds, forecast_pool
+from monitor.forecast.rolling_origin import ForecastSettings
 from monitor.model import RefitResult, Snapshot
+from monitor.model.catalogue import BY_NAME
 
 HOUR = 3600.0
 FAST = PoolSettings(forecast=ForecastSettings(models=("ets", "snaive_day")))
@@ -89,12 +89,12 @@ def test_exported_forecast_samples_use_catalogue_names_and_labels():
     for name, labels, value in samples:
         assert set(labels) == set(BY_NAME[name].labels), name
         assert isinstance(value, float)
-    sel = [l for n, l, _ in samples if n == "headroom_forecast_selected_info"]
+    sel = [lab for n, lab, _ in samples if n == "headroom_forecast_selected_info"]
     assert sel == [{"pool": "chat", "series": CAPACITY_SERIES, "model": res.series[CAPACITY_SERIES].model}]
-    points = {l["series"]: v for n, l, v in samples if n == "headroom_history_points"}
+    points = {lab["series"]: v for n, lab, v in samples if n == "headroom_history_points"}
     assert points == {CAPACITY_SERIES: 192.0, "sessions": 5.0}
     assert rendered["headroom_forecast_last_fit_timestamp_seconds"] == [({}, 7.0)]
-    peak = {l["horizon"]: v for n, l, v in samples if n == "headroom_forecast_peak_requests"}
+    peak = {lab["horizon"]: v for n, lab, v in samples if n == "headroom_forecast_peak_requests"}
     assert peak == {h: res.horizons[h].peak for h in ("1h", "1d", "1w")}
     assert rendered["headroom_exhaustion_seconds"] == [({"pool": "chat"}, res.exhaustion_seconds)]
 

@@ -2,8 +2,8 @@
 first successful scrape to the first cycle its completed-request counter moved; a configured lead
 time wins; replicas present at start-up, or without the counter, are not measured."""
 from monitor.config import Config, PoolSettings, Target
-from monitor.cycle import CycleInputs, CycleState, step
 from monitor.config.inputs import step_settings
+from monitor.cycle import CycleInputs, CycleState, step
 from monitor.model import ReplicaReading, SourceStatus
 
 T0 = 1_790_000_000.0

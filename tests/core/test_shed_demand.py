@@ -11,18 +11,18 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from monitor.capacity.shed import add_gateway_shed, gateway_shed_rates
-from monitor.config import Config, Target
-from monitor.cycle import CycleInputs, CycleState, step
-from monitor.config.inputs import step_settings
-from monitor.export.samples import Renderer
-from monitor.export.snapshot_json import snapshot_to_dict
-from monitor.forecast.rolling_origin import ForecastSettings
-from monitor.forecast.pool import PoolSettings, forecast_pool
-from monitor.model import PoolSnapshot, Quantiles, SourceStatus
 from headroom_lab.sim.exposition import render_vllm
 from headroom_lab.sim.fleet import Fleet, config_from_dict, load_config
 from headroom_lab.sim.history import generate_history, schema_history
+from monitor.capacity.shed import add_gateway_shed, gateway_shed_rates
+from monitor.config import Config, Target
+from monitor.config.inputs import step_settings
+from monitor.cycle import CycleInputs, CycleState, step
+from monitor.export.samples import Renderer
+from monitor.export.snapshot_json import snapshot_to_dict
+from monitor.forecast.pool import PoolSettings, forecast_pool
+from monitor.forecast.rolling_origin import ForecastSettings
+from monitor.model import PoolSnapshot, Quantiles, SourceStatus
 from monitor.sources.gateway_schema import GatewayReading, TaskCumulative, shed_reason
 from monitor.sources.vllm import readings_from_text
 
@@ -187,11 +187,12 @@ def test_the_simulated_application_s_give_ups_reach_the_pool_once():
     the application counts each call its client gave up on (agent_calls_abandoned_total), the engine
     counts the same calls as aborted; the pool keeps them in `aborted` and exports `abandoned` as the
     give-ups beyond it (near 0 here, where the engine sees every give-up), never twice."""
-    from monitor.capacity.enrich import CapacityState
-    from monitor.config.inputs import capacity_inputs
-    from monitor.config import Capacity, PoolSettings
-    from monitor.cycle import CycleState as State
     from simfleet import GATEWAYS, cycle_inputs
+
+    from monitor.capacity.enrich import CapacityState
+    from monitor.config import Capacity, PoolSettings
+    from monitor.config.inputs import capacity_inputs
+    from monitor.cycle import CycleState as State
     fleet = overloaded_fleet()
     urls = {r.name: f"http://{r.name}:8000/metrics" for r in fleet.pools["p"]}
     cfg = Config(vllm_targets=[Target(u) for u in urls.values()], gateways=list(GATEWAYS), latency_window=300.0,

@@ -6,19 +6,18 @@ import logging
 
 import pytest
 
+from headroom_lab.sim.exposition import render_vllm
+from headroom_lab.sim.fleet import Fleet, config_from_dict, load_config
 from monitor.capacity.enrich import CapacityState
-from monitor.config.inputs import capacity_inputs
 from monitor.capacity.headroom import CapacitySettings, compute_capacity
 from monitor.capacity.knee import Knee
 from monitor.config import Config, PoolSettings, Target
+from monitor.config.inputs import capacity_inputs, step_settings
 from monitor.cycle import CycleInputs, CycleState, step
-from monitor.config.inputs import step_settings
 from monitor.derive.slow import SLOW_HOLD, latency_ratios
 from monitor.export.samples import Renderer
 from monitor.export.snapshot_json import snapshot_to_dict
 from monitor.model import PoolSnapshot, SourceStatus
-from headroom_lab.sim.exposition import render_vllm
-from headroom_lab.sim.fleet import Fleet, config_from_dict, load_config
 from monitor.sources.vllm import readings_from_text
 
 START = 1_790_000_000.0

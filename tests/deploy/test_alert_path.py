@@ -31,7 +31,6 @@ from pathlib import Path
 import pytest
 import requests
 import yaml
-
 from servers import ManagedProcess, Prometheus, free_port, stop_all, wait_for, wait_http
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,7 +77,7 @@ class Webhook:
             def log_message(self, *a):
                 pass
 
-            def do_POST(self):  # noqa: N802
+            def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 with outer.lock:
                     outer.payloads.append(json.loads(body))
@@ -150,10 +149,10 @@ def _hostport(url: str) -> str:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    from monitor.app import build
-    from monitor.config import from_dict
     from headroom_lab.sim.fleet import load_config
     from headroom_lab.sim.server import start_fleet
+    from monitor.app import build
+    from monitor.config import from_dict
 
     work = tmp_path_factory.mktemp("alert-path")
     stoppers = []

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import re
 
-from monitor.model.catalogue import CATALOGUE
 from test_dashboards import DASH_DIR, DASHBOARD_FILES, GRAFANA, _dash, _panels, _targets, names, substitute
+
+from monitor.model.catalogue import CATALOGUE
+
 
 def _used_names() -> dict[str, set[str]]:
     """metric name -> dashboard files whose panels query it."""

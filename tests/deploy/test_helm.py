@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from servers import free_port
 
 from monitor.kit.process import stop_process
-from servers import free_port
 
 helm_chart = pytest.importorskip("helm_python.chart", reason="pip install helm-python-sdk")
 from helm_python.chart import Chart, lint  # noqa: E402
@@ -904,7 +904,7 @@ def test_rendered_shards_start_the_daemon_and_split_the_pools(chart, tmp_path):
                 daemons.append((proc, port, shard, name, probes))
 
         bodies: dict[str, str] = {}
-        for proc, port, shard, name, probes in daemons:
+        for proc, port, _shard, name, probes in daemons:
             base = f"http://127.0.0.1:{port}"
             deadline = time.monotonic() + 90
             while True:
@@ -918,7 +918,7 @@ def test_rendered_shards_start_the_daemon_and_split_the_pools(chart, tmp_path):
             assert _get(base + probes["livenessProbe"])[0] == 200
             bodies[name] = body
         owned = {}
-        for proc, port, shard, name, probes in daemons:
+        for _proc, _port, shard, name, _probes in daemons:
             owned[name] = {dict(re.findall(r'(\w+)="([^"]*)"', labels))["pool"]
                            for _, labels in _series(bodies[name])}
             assert all(owns(pool, shard) for pool in owned[name]), (name, owned[name])

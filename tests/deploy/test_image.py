@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 import requests
 import yaml
+from podman_pod import PodmanPod, podman
 from prometheus_client.parser import text_string_to_metric_families
+from servers import free_port, wait_for
 
 from headroom_lab.sim.server import start_fleet
-from podman_pod import PodmanPod, podman
-from servers import free_port, wait_for
 
 helm_chart = pytest.importorskip("helm_python.chart", reason="pip install helm-python-sdk")
 from helm_python.chart import Chart  # noqa: E402

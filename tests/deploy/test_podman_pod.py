@@ -7,7 +7,6 @@ import os
 import stat
 
 import pytest
-
 from podman_pod import PodmanPod, Untranslated
 
 WORKLOAD = {

@@ -87,7 +87,7 @@ def promql_quantile(q: float, buckets: dict[float, float]) -> Optional[float]:
     """histogram_quantile(q, ...) as the Prometheus docs define it, written apart from headroom's
     monitor/derive/histogram.py: linear interpolation inside the bucket holding rank q x total, the
     first bucket starting at 0, a rank in the +Inf bucket answering with the highest finite bound."""
-    import numpy as np  # noqa: PLC0415
+    import numpy as np
 
     les = np.array(sorted(buckets))
     cum = np.array([buckets[b] for b in les])

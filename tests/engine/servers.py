@@ -22,6 +22,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if os.path.dirname(HERE) not in sys.path:  # tests/, for the one port helper
     sys.path.insert(0, os.path.dirname(HERE))
 from servers import free_port  # noqa: E402  (tests/servers.py)
+
 GATEWAY_CONFIG = os.path.join(REPO, "tests", "fixtures", "gateway", "litellm-config.yaml")
 MASTER_KEY = "sk-local-test-key"  # the placeholder key of the committed fixture config
 SERVED_MODEL = "tiny"

@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 import requests
 import yaml
+from servers import Prometheus, wait_for, wait_http
 
 from engine.load import ClosedLoop, token_prompt
-from servers import Prometheus, wait_for, wait_http
 
 ROOT = Path(__file__).resolve().parents[2]
 FACTOR = 30  # the demo's DEMO_FOR_FACTOR: `for:` and range windows on a 30x shorter time scale

@@ -21,11 +21,11 @@ from collections import Counter
 import numpy as np
 import pytest
 import requests
+from servers import wait_for
 
 from engine.servers import fetch_metrics
-from servers import wait_for
-from monitor.derive import histogram as histo
 from monitor.capacity.tasks import derive_tasks
+from monitor.derive import histogram as histo
 from monitor.sources.gateway import GatewayConfig, read_gateway
 
 pytestmark = pytest.mark.vllm
@@ -125,14 +125,15 @@ def test_live_tasks_and_sessions_over_the_task_window(litellm_gateway, vllm_smal
     the window is covered: calls per task = the proxy's call rate over the app's task rate, off 3 by
     at most the calls of the tasks in flight at the window's two edges; sessions exact; a call
     without metadata is `unattributed`, never "None"."""
-    from prometheus_client import CollectorRegistry, Counter as PCounter, Gauge, generate_latest
+    from prometheus_client import CollectorRegistry, Gauge, generate_latest
+    from prometheus_client import Counter as PCounter
 
     from monitor.capacity.enrich import CapacityState, assess
-    from monitor.step import attach_capacity
-    from monitor.config.inputs import capacity_inputs
     from monitor.config import from_dict
+    from monitor.config.inputs import capacity_inputs
     from monitor.model import PoolSnapshot
     from monitor.sources.gateway import UNATTRIBUTED, read_gateway_scrape
+    from monitor.step import attach_capacity
 
     model, sessions, tt, window = litellm_gateway.info["served_model"], 3, f"live_{int(time.time())}", 30.0
     registry = CollectorRegistry()

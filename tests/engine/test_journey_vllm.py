@@ -24,9 +24,9 @@ import time
 import pytest
 import requests
 import yaml
+from servers import Prometheus, wait_for, wait_http
 
 from engine.agent_app import AgentApp
-from servers import Prometheus, wait_for, wait_http
 from engine.test_alerts_vllm import demo_scale_rules  # the demo's rules, evaluated every second
 
 TARGET_SECONDS = 10.0

@@ -21,12 +21,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import requests
+from servers import wait_for
 
 from engine.measure import write_mixed_mix
 from headroom_lab.loadtest.mixed import CASES
 from monitor.cli import main
 from monitor.kit.exposition import parse
-from servers import wait_for
 
 pytestmark = pytest.mark.vllm
 
@@ -83,7 +83,7 @@ def test_the_engine_honours_the_priority_sent(vllm_engine_factory, vllm_small_en
 
 
 class _Budget(BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802
+    def do_GET(self):
         body = b'# TYPE headroom_deferrable_budget_ratio gauge\nheadroom_deferrable_budget_ratio{pool="p"} 0.5\n'
         self.send_response(200)
         self.send_header("Content-Type", "text/plain; version=0.0.4")

@@ -21,9 +21,9 @@ import time
 import urllib.request
 
 import pytest
+from servers import wait_for
 
 from monitor.sources.vllm import readings_from_text
-from servers import wait_for
 
 pytestmark = pytest.mark.vllm
 

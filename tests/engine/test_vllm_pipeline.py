@@ -22,12 +22,12 @@ import sys
 import time
 
 import pytest
+from servers import wait_for
 
 from engine.load import ClosedLoop, start_batch, token_prompt
 from engine.measure import littles_law_window
 from engine.reference import engine_gauges, histogram_buckets, promql_quantile
 from engine.servers import REPO, fetch_metrics
-from servers import wait_for
 from monitor.derive.core import derive_pools
 from monitor.sources.vllm import readings_from_text
 
@@ -256,7 +256,9 @@ def test_one_pool_of_a_real_engine_an_sglang_replica_and_a_router_queue(vllm_sma
     its body read on its own, the router queue its body's."""
     import re
     from pathlib import Path
+
     from servers import MetricsServer
+
     from monitor.sources.gateway_queue import read_gateway_queues
     from monitor.sources.sglang import readings_from_text as sglang_readings
 

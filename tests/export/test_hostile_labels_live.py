@@ -13,15 +13,15 @@ import subprocess
 
 import pytest
 import requests
-from prometheus_client.parser import text_string_to_metric_families
-
 from bodies import vllm_body
+from prometheus_client.parser import text_string_to_metric_families
+from servers import MetricsServer, Prometheus, headroom_run, samples, scrape_config, wait_for, wait_http
+from tiers import starts_servers
+
 from monitor.config import Config, PrometheusSource
 from monitor.cycle import Pipeline
 from monitor.export.collector import Exposition
 from monitor.kit.process import stop_process
-from servers import MetricsServer, Prometheus, headroom_run, samples, scrape_config, wait_for, wait_http
-from tiers import starts_servers
 
 pytestmark = pytest.mark.live
 

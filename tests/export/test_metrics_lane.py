@@ -7,12 +7,12 @@ import threading
 
 import pytest
 import requests
+from servers import wait_for
 
 from monitor.export.collector import Exposition
 from monitor.export.landing import Trends
 from monitor.export.server import WebState, serve
 from monitor.model import PoolSnapshot, Snapshot
-from servers import wait_for
 
 pytestmark = pytest.mark.live  # starts headroom's web server on loopback
 

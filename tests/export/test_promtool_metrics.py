@@ -13,13 +13,13 @@ import subprocess
 
 import pytest
 
+from headroom_lab.sim.server import start_fleet
 from monitor.capacity.enrich import CapacityState
-from monitor.config.inputs import capacity_inputs
-from monitor.config import Capacity, Config, GatewaySource, PoolSettings, Target
 from monitor.capacity.slo_settings import read_slos
+from monitor.config import Capacity, Config, GatewaySource, PoolSettings, Target
+from monitor.config.inputs import capacity_inputs
 from monitor.cycle import Pipeline
 from monitor.export.collector import Exposition
-from headroom_lab.sim.server import start_fleet
 
 SMALL, LARGE = "meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.3-70B-Instruct"  # the default fleet's pools
 pytestmark = pytest.mark.live  # tests/tiers.py: starts a simulated fleet on loopback and promtool

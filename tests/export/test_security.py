@@ -11,11 +11,11 @@ from pathlib import Path
 import bcrypt
 import pytest
 import requests
+from servers import MetricsServer, fixture, free_port, self_signed_cert, wait_for, wait_http
 
 from monitor.config import Config, Target
 from monitor.cycle import Pipeline
 from monitor.export.landing import Trends, render
-from servers import MetricsServer, fixture, free_port, self_signed_cert, wait_for, wait_http
 
 pytestmark = pytest.mark.live  # each test starts the daemon or a metrics server on loopback
 
@@ -239,8 +239,9 @@ def test_label_values_are_escaped_on_the_landing_page():
 
 def test_plan_never_prints_the_password_of_a_prometheus_url(capsys, caplog):
     """Issue 38: `plan --from-prometheus http://user:pw@host` printed the password in its error."""
-    from monitor.cli import main
     from servers import free_port
+
+    from monitor.cli import main
     url = f"http://planner:{SECRET}@127.0.0.1:{free_port()}"  # nothing listens: the measurement fails
     assert main(["plan", "--from-prometheus", url, "--json"]) == 1
     err = capsys.readouterr().err
@@ -250,6 +251,7 @@ def test_plan_never_prints_the_password_of_a_prometheus_url(capsys, caplog):
 
 def test_log_lines_mask_the_user_information_of_any_url():
     import logging
+
     from monitor.cli import JsonFormatter, TextFormatter
     record = logging.LogRecord("x", logging.WARNING, __file__, 1, "cannot reach %s", (f"https://bob:{SECRET}@h:1/q",), None)
     for formatter in (TextFormatter("%(message)s"), JsonFormatter()):

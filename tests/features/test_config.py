@@ -100,8 +100,8 @@ def test_capacity_is_typed_and_its_defaults_are_the_knee_estimators():
     assert (cfg.capacity.knee_signal, cfg.capacity.confirmations) == ("ttft", 2)
     assert cfg.capacity.min_confidence == default_of(Capacity, "min_confidence")
     from monitor.capacity.enrich import SIGNAL_HIST, CapacityState
-    from monitor.config.inputs import capacity_inputs
     from monitor.capacity.knee import KneeEstimator
+    from monitor.config.inputs import capacity_inputs
     assert set(_choice_options(Capacity, "knee_signal")) == set(SIGNAL_HIST)
     knee = inspect.signature(KneeEstimator).parameters
     for name in ("min_confidence", "min_change", "confirmations", "min_observations"):
@@ -167,7 +167,7 @@ def test_every_setting_is_declared_once_with_help():
     for cls in seen:
         paths = [path for _, spec, path in specs(cls) if not spec.merge]
         assert len(paths) == len(set(paths)), f"{cls.__name__}: two settings read the same key"
-        for name, spec, path in specs(cls):
+        for name, spec, _path in specs(cls):
             assert spec.help.strip() or spec.merge, f"{cls.__name__}.{name} has no help"
     documented = {r.key for r in rows(Config)}
     assert {"global.interval", "sources.prometheus.basic_auth.password_env", "pools.<pool>.knee_margin",

@@ -3,9 +3,9 @@
 as a capacity)."""
 import pytest
 
+from monitor.capacity.mix import parse_mix
 from monitor.config import ConfigError, load
 from monitor.kit.settings.kinds import LIMIT, Int, Number
-from monitor.capacity.mix import parse_mix
 
 TARGET = "sources:\n  vllm:\n    targets: ['http://127.0.0.1:1/metrics']\n"
 

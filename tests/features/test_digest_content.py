@@ -8,14 +8,14 @@ import math
 import numpy as np
 import pytest
 
-from monitor.config import ConfigError
-from monitor.digest.content import WEEK, _recommend, build_digest, digest_week
 from headroom_lab.digest_demo import demo_input, demo_settings
+from headroom_lab.sim.fleet import load_config
+from monitor.config import ConfigError
+from monitor.digest.charts import charts_for
+from monitor.digest.content import WEEK, _recommend, build_digest, digest_week
 from monitor.digest.outbox import Outbox
 from monitor.digest.render import render_html, render_json, render_markdown, render_slack
 from monitor.digest.settings import from_dict
-from monitor.digest.charts import charts_for
-from headroom_lab.sim.fleet import load_config
 
 WEEK_END = 1764547200.0  # Mon 2025-12-01 00:00 UTC
 

@@ -70,6 +70,7 @@ def test_the_forecast_chart_and_the_tables_show_the_same_figure():
     (5) while active + queued is 12. The chart's actual line, last week's forecast check and the
     peaks table all use the demand (12), not the active requests alone."""
     import matplotlib.pyplot as plt
+
     from monitor.digest.charts import forecast_figure
     weeks = np.arange(END - 3 * WEEK, END, STEP)
     hour = (weeks % 86400) // 3600

@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from headroom_lab.sim.fleet import load_config
+from headroom_lab.sim.history import generate_history, schema_history
 from monitor.capacity.settings import PoolSettings
 from monitor.digest.charts import ACTUAL, NEXT, charts_for, forecast_figure, headroom_figure
 from monitor.digest.content import build_digest
@@ -23,8 +25,6 @@ from monitor.digest.render import render_html, render_json, render_markdown
 from monitor.digest.settings import TaskFacts, from_dict
 from monitor.digest.sources import from_store
 from monitor.history.store import HistoryStore
-from headroom_lab.sim.fleet import load_config
-from headroom_lab.sim.history import generate_history, schema_history
 
 END = 1764583200.0  # Mon 2025-12-01 10:00 UTC: the 20 minutes before it are busy
 STEP = 60  # the simulated daemon writes a point a minute

@@ -17,16 +17,16 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from servers import free_port, self_signed_cert
 
+from headroom_lab.digest_demo import demo_input, demo_settings
 from monitor.capacity.settings import PoolSettings
 from monitor.digest.content import build_digest
 from monitor.digest.deliver import render_files, senders_for
-from headroom_lab.digest_demo import demo_input, demo_settings
 from monitor.digest.metrics import metric_samples
 from monitor.digest.outbox import Outbox
 from monitor.digest.schedule import open_outbox
 from monitor.digest.settings import DigestSettings, from_dict
-from servers import free_port, self_signed_cert
 
 WEEK_END = 1764547200.0  # Mon 2025-12-01 00:00 UTC
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from monitor.capacity.settings import PoolSettings
 from monitor.capacity.headroom import CapacitySettings, pool_capacity
 from monitor.capacity.knee import Knee
+from monitor.capacity.settings import PoolSettings
 from monitor.digest.content import build_digest
 from monitor.digest.knee_report import KneeReading, choose, knees_from_prometheus, knees_from_snapshot
 from monitor.digest.settings import from_dict

@@ -14,14 +14,14 @@ import time
 
 import pytest
 
+from headroom_lab.sim.fleet import load_config
+from headroom_lab.sim.history import generate_history, schema_history
 from monitor.capacity.settings import PoolSettings
 from monitor.digest.content import build_digest
 from monitor.digest.settings import from_dict
 from monitor.digest.sources import RESOLUTION, from_prometheus, from_store
-from monitor.history.store import HistoryStore
 from monitor.history.query_range import PrometheusHistory
-from headroom_lab.sim.fleet import load_config
-from headroom_lab.sim.history import generate_history, schema_history
+from monitor.history.store import HistoryStore
 from monitor.sources.prometheus import PrometheusClient
 
 pytestmark = [pytest.mark.live, pytest.mark.skipif(not (shutil.which("prometheus") and shutil.which("promtool")),

@@ -10,14 +10,14 @@ from zoneinfo import ZoneInfo
 import numpy as np
 import pytest
 
+from headroom_lab.digest_demo import demo_input
+from headroom_lab.sim.history import generate_history
 from monitor.capacity.settings import PoolSettings
 from monitor.digest.content import build_digest
-from headroom_lab.digest_demo import demo_input
 from monitor.digest.schedule import open_outbox, run_digest, schedule_digest
 from monitor.digest.settings import from_dict
 from monitor.digest.sources import from_prometheus, from_store
 from monitor.history.store import HistoryStore
-from headroom_lab.sim.history import generate_history
 
 WEEK_END = 1764547200.0  # Mon 2025-12-01 00:00 UTC
 FAST = {"forecast": {"models": ["snaive_day"]}}
@@ -128,6 +128,7 @@ def test_schedule_digest_cron_and_delivery(tmp_path):
 
 def test_the_built_daemon_schedules_the_digest_and_exports(tmp_path):
     import urllib.request
+
     from monitor import config
     from monitor.app import build
     cfg = config.from_dict({

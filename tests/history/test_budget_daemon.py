@@ -11,8 +11,9 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "benchmarks"))
 
-from budget_daemon import seed  # noqa: E402
-from monitor.history.store import HistoryStore  # noqa: E402
+from budget_daemon import seed
+
+from monitor.history.store import HistoryStore
 
 SINCE, UNTIL = 1_800_000_000.0, 1_800_000_120.0
 

@@ -9,8 +9,8 @@ import pytest
 import requests
 
 from monitor.history.forecast_history import forecast_history
-from monitor.model import schema
 from monitor.history.query_range import PrometheusHistory, Query, bucket_query, default_queries, read_range
+from monitor.model import schema
 
 pytestmark = [pytest.mark.live, pytest.mark.skipif(not (shutil.which("prometheus") and shutil.which("promtool")),
                                 reason="needs the prometheus and promtool binaries")]

@@ -9,16 +9,23 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from monitor.model.catalogue import BY_NAME
+from monitor.forecast.pool import CAPACITY_SERIES, TASK_PREFIX
+from monitor.forecast.pool import SERIES as FORECAST_SERIES
 from monitor.history.forecast_history import forecast_history
-from monitor.history.query_range import ONLY, headroom_queries
-from monitor.forecast.pool import CAPACITY_SERIES, SERIES as FORECAST_SERIES, TASK_PREFIX
-from monitor.history.store import HistoryStore
-from monitor.model import schema
-from monitor.history.query_range import (PrometheusHistory, Query, bucket_query, chunks, default_queries,
-                                        pool_matcher, read_range)
-from monitor.history.store import StoreHistory, points_from_snapshot
-from monitor.model import Capacity, PoolSlo, PoolSnapshot, PoolTasks, Snapshot, TaskStats
+from monitor.history.query_range import (
+    ONLY,
+    PrometheusHistory,
+    Query,
+    bucket_query,
+    chunks,
+    default_queries,
+    headroom_queries,
+    pool_matcher,
+    read_range,
+)
+from monitor.history.store import HistoryStore, StoreHistory, points_from_snapshot
+from monitor.model import Capacity, PoolSlo, PoolSnapshot, PoolTasks, Snapshot, TaskStats, schema
+from monitor.model.catalogue import BY_NAME
 
 
 class FakeRange:

@@ -14,17 +14,16 @@ import time
 
 import pytest
 
+from headroom_lab.sim.fleet import load_config, theoretical_knee
+from headroom_lab.sim.history import generate_history, schema_history, write_openmetrics
 from monitor.capacity.settings import PoolSettings
 from monitor.config import PrometheusSource
 from monitor.digest.content import build_digest
 from monitor.digest.settings import from_dict
 from monitor.digest.sources import from_prometheus, from_store
 from monitor.history.forecast_history import forecast_history
-from monitor.history.store import HistoryStore
 from monitor.history.query_range import PrometheusHistory
-from monitor.history.store import StoreHistory
-from headroom_lab.sim.fleet import load_config, theoretical_knee
-from headroom_lab.sim.history import generate_history, schema_history, write_openmetrics
+from monitor.history.store import HistoryStore, StoreHistory
 from monitor.sources.prometheus import PrometheusClient
 
 pytestmark = [pytest.mark.live, pytest.mark.skipif(not (shutil.which("prometheus") and shutil.which("promtool")),

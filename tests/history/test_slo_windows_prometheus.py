@@ -14,18 +14,19 @@ import shutil
 import time
 
 import pytest
+from servers import fixture
 
 from monitor.capacity.enrich import CapacityState
-from monitor.config.inputs import capacity_inputs
-from monitor.config import Config, GatewaySource, PrometheusSource, Target as ScrapeTarget
 from monitor.capacity.slo_settings import read_slos
+from monitor.config import Config, GatewaySource, PrometheusSource
+from monitor.config import Target as ScrapeTarget
+from monitor.config.inputs import capacity_inputs
 from monitor.cycle import CycleInputs, Pipeline
 from monitor.export.snapshot_json import snapshot_to_dict
 from monitor.history.slo_history import PrometheusWindows
 from monitor.sources.gateway import read_gateway_scrape
 from monitor.sources.prometheus import PrometheusClient
 from monitor.sources.vllm import readings_from_text
-from servers import fixture
 
 pytestmark = [pytest.mark.live, pytest.mark.skipif(not (shutil.which("prometheus") and shutil.which("promtool")),
                                                    reason="needs the prometheus and promtool binaries")]

@@ -14,7 +14,6 @@ import time
 
 import pytest
 import requests
-
 from bodies import app_task_body
 from servers import MetricsServer, fixture, free_port, wait_for
 

@@ -3,12 +3,13 @@ is `headroom_store_errors_total{operation}`, and only the first one is logged wi
 import logging
 import sqlite3
 
+from servers import fixture
+
 from monitor.app import Store
 from monitor.config import from_dict
 from monitor.cycle import Pipeline
 from monitor.export.samples import ProcessStatus, snapshot_samples
 from monitor.sources.vllm import readings_from_text
-from servers import fixture
 
 
 def test_a_failing_append_is_counted_and_logged_once_with_a_traceback(tmp_path, caplog):

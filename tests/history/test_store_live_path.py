@@ -12,7 +12,6 @@ import sys
 
 import pytest
 import requests
-
 from servers import MetricsServer, fixture, free_port, wait_for, wait_http
 
 pytestmark = pytest.mark.live  # tests/tiers.py: this file starts servers and the daemon

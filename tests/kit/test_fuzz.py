@@ -11,13 +11,13 @@ import os
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from servers import fixture
 
 from monitor.config import ConfigError, from_dict
 from monitor.derive.core import derive_pools
 from monitor.kit.exposition import ExpositionError, parse
 from monitor.sources.prometheus import PrometheusError, decode_matrix, decode_vector, scrapes_from_vector
 from monitor.sources.vllm import parse_vllm, readings_from_scrape, readings_from_text
-from servers import fixture
 
 pytestmark = pytest.mark.fuzz
 N = int(os.environ.get("HEADROOM_FUZZ_EXAMPLES", "150"))

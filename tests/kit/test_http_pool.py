@@ -12,7 +12,7 @@ import threading
 import pytest
 
 import monitor.kit.http as http_mod
-from monitor.kit.http import FetchError, Fetcher
+from monitor.kit.http import Fetcher, FetchError
 from monitor.kit.http_wire import Wire
 
 

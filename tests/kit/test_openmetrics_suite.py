@@ -40,6 +40,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 # _parse_sample (one line, no family rules) is private to prometheus_client; it reads the literal
 # value of a line for the must-fail cases, which the public parser refuses whole.
 from prometheus_client.openmetrics.parser import _parse_sample, text_string_to_metric_families
@@ -151,8 +152,8 @@ def test_must_parse_case_reads_as_prometheus_client(case):
 @pytest.mark.parametrize("case", BAD)
 def test_must_fail_case_is_refused_or_flagged_never_misread(case):
     _, text = CASES[case]
-    with pytest.raises(Exception):
-        list(text_string_to_metric_families(text))  # the reference refuses it too
+    with pytest.raises(Exception):  # noqa: B017 - the reference refuses it too, with an error type of its own
+        list(text_string_to_metric_families(text))
     literal = _literal(text)
     try:
         full = parse(text, openmetrics=True)

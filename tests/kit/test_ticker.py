@@ -7,9 +7,9 @@ import logging
 import threading
 
 import pytest
+from servers import wait_for
 
 from monitor.kit.ticker import Ticker
-from servers import wait_for
 
 
 class Wall:

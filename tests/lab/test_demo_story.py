@@ -17,11 +17,10 @@ import pandas as pd
 import pytest
 
 from headroom_lab.commands.demo import demo_history, demo_rules, scale_windows, seed_history
-from monitor.forecast.pool import forecast_pool
-from monitor.history.store import HistoryStore
-from monitor.history.store import StoreHistory
 from headroom_lab.sim.fleet import Fleet, load_config, theoretical_knee
 from headroom_lab.sim.history import scenario_clock_shift
+from monitor.forecast.pool import forecast_pool
+from monitor.history.store import HistoryStore, StoreHistory
 
 NOW = 1796306400.0 + 17 * 3600 + 23 * 60  # a Thursday 17:23 UTC on the wall clock: not a morning
 

@@ -12,8 +12,14 @@ import pytest
 
 from headroom_lab.loadtest import runner as runner_mod
 from headroom_lab.loadtest.client import CallRecord, CallSpec, stream_call
-from headroom_lab.loadtest.follower import (Follower, Gate, Reading, allowed_calls, budget_from_exposition,
-                                            budget_from_promql)
+from headroom_lab.loadtest.follower import (
+    Follower,
+    Gate,
+    Reading,
+    allowed_calls,
+    budget_from_exposition,
+    budget_from_promql,
+)
 from headroom_lab.loadtest.mix import MixError, parse_mix
 from headroom_lab.loadtest.mixed import CASES, Setup, case_plan, run_mixed, summary_lines
 from headroom_lab.loadtest.schedule import build_plan, class_weights, task_plan

@@ -15,13 +15,13 @@ import random
 import numpy as np
 import pytest
 
-from monitor.cli import main
 from headroom_lab.loadtest.mix import load_mix
 from headroom_lab.loadtest.runner import terminal_progress
 from headroom_lab.loadtest.schedule import build_plan, task_plan
 from headroom_lab.loadtest.simtarget import SimTarget
 from headroom_lab.sim.engine import PoolParams, Replica, Request
 from headroom_lab.sim.fleet import theoretical_knee
+from monitor.cli import main
 
 pytestmark = pytest.mark.live  # tests/tiers.py: this file starts servers or binaries
 

@@ -9,11 +9,11 @@ import random
 import jsonschema
 import pytest
 
+from headroom_lab.commands.compare import compare, load_report
 from headroom_lab.loadtest.analyze import SCHEMA, analyze, mean_in_flight, quantiles
 from headroom_lab.loadtest.client import CallRecord, TargetError, api_base, make_prompt
-from headroom_lab.commands.compare import compare, load_report
 from headroom_lab.loadtest.mix import MixError, load_mix, parse_mix
-from headroom_lab.loadtest.report import render_html, charts
+from headroom_lab.loadtest.report import charts, render_html
 from headroom_lab.loadtest.runner import RunResult, ServerSample, TaskRecord
 from headroom_lab.loadtest.schedule import build_plan, ramp_levels, task_plan
 from headroom_lab.loadtest.schema import REPORT_SCHEMA

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from headroom_lab.sim.engine import DECODE, Histo, PoolParams, Replica, Request, request_token_buckets
-from headroom_lab.sim.fleet import Fleet, config_from_dict, load_config, theoretical_knee
 from headroom_lab.sim.exposition import render_vllm
+from headroom_lab.sim.fleet import Fleet, config_from_dict, load_config, theoretical_knee
 
 T0 = 1_790_000_000.0
 

@@ -11,8 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from headroom_lab.sim.exposition import render_app, render_gateway
 from headroom_lab.sim.fleet import Fleet, config_from_dict, load_config
-from headroom_lab.sim.workload import (Profile, TokenDist, load_trace, parse_mix, profile_clock,
-                                  DEFAULT_TRACE)
+from headroom_lab.sim.workload import DEFAULT_TRACE, Profile, TokenDist, load_trace, parse_mix, profile_clock
 
 T0 = 1_790_000_000.0
 MONDAY_9AM = 1_789_981_200.0  # 2026-09-21 09:00 UTC, a Monday

@@ -13,9 +13,9 @@ import io
 
 import pytest
 
-from monitor.model.catalogue import CATALOGUE, own_labels
 from monitor.cli import main
 from monitor.config import ConfigError, load
+from monitor.model.catalogue import CATALOGUE, own_labels
 from monitor.model.poolkey import MODEL_LABELS, RESERVED
 
 SOURCES = "sources:\n  vllm:\n    targets: ['http://127.0.0.1:1/metrics']\n"

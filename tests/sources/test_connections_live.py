@@ -11,11 +11,11 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from keepalive_fleet import KeepAliveFleet
+from servers import FIXTURES, wait_for
+
 from monitor.config import Config, Target
 from monitor.cycle import Pipeline
-from servers import FIXTURES, wait_for
 
 pytestmark = pytest.mark.live  # tests/tiers.py: loopback servers in a subprocess
 

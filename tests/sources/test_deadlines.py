@@ -14,14 +14,15 @@ import time
 
 import pytest
 import requests
-
 from hostile import HostileServer
+from servers import fixture, free_port, self_signed_cert, wait_for
+from servers import metric as _metric
+
 from monitor.config import Config, GatewaySource, HttpAuth, PrometheusSource, Target
 from monitor.cycle import Pipeline, cycle_deadline_seconds
+from monitor.kit.http import Fetcher, FetchError
 from monitor.kit.process import stop_process
-from monitor.kit.http import FetchError, Fetcher
 from monitor.sources.prometheus import PrometheusClient, PrometheusError
-from servers import fixture, free_port, metric as _metric, self_signed_cert, wait_for
 
 pytestmark = pytest.mark.live  # tests/tiers.py: every test here serves on loopback or starts the daemon
 

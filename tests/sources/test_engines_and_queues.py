@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from monitor.config import Config, EngineTarget, GatewaySource, Target
-from monitor.cycle import CycleInputs, CycleState, step
 from monitor.config.inputs import step_settings
+from monitor.cycle import CycleInputs, CycleState, step
 from monitor.export.samples import Renderer
 from monitor.export.snapshot_json import snapshot_to_dict
 from monitor.model import SourceStatus

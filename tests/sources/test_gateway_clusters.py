@@ -20,11 +20,14 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from bodies import app_task_body, vllm_body
+from servers import MetricsServer, Prometheus, scrape_config, wait_for
+from tiers import starts_servers
 
 from monitor.capacity.enrich import CapacityState
-from monitor.config.inputs import capacity_inputs
 from monitor.capacity.slo_settings import read_slos
 from monitor.config import Capacity, Config, GatewaySource, PrometheusSource, Target, from_dict
+from monitor.config.inputs import capacity_inputs, step_settings
 from monitor.cycle import Pipeline
 from monitor.derive.gateway_scope import Scope
 from monitor.export.snapshot_json import snapshot_to_dict
@@ -34,10 +37,6 @@ from monitor.sources.auxiliary import AuxSources, pool_models
 from monitor.sources.gateway_queue import read_gateway_queues
 from monitor.sources.vllm import readings_from_text
 from monitor.step import CycleInputs, CycleState, step
-from monitor.config.inputs import step_settings
-from bodies import app_task_body, vllm_body
-from servers import MetricsServer, Prometheus, scrape_config, wait_for
-from tiers import starts_servers
 
 FIX = Path(__file__).parents[1] / "fixtures" / "gateway"
 LITELLM = (FIX / "litellm-1.108.7-agent-tasks.prom").read_text()
@@ -238,7 +237,8 @@ def test_prometheus_windows_keep_each_clusters_series_apart():
 def test_each_clusters_pool_takes_its_clusters_burn_windows_from_prometheus():
     """Prometheus mode: the windows read per cluster (PrometheusWindows with the extra labels) go to
     the pool of that cluster; a task type in one pool per cluster is no longer left to the tracker."""
-    from monitor.capacity.slo import Target as SloTarget, bad_count, window_burn
+    from monitor.capacity.slo import Target as SloTarget
+    from monitor.capacity.slo import bad_count, window_burn
     from monitor.model import Histogram
 
     replicas = engines({"a": ["tiny"], "b": ["tiny"]})
@@ -352,6 +352,7 @@ def test_a_shard_owning_one_clusters_pool_still_sees_the_reading_is_ambiguous():
     """Two shards, each owning one cluster's pool of the model: a gateway without labels goes to
     neither (each shard judges over the whole fleet), one with labels to its cluster's owner only."""
     from dataclasses import replace as with_
+
     from monitor.model.shard import owner
 
     replicas = engines({"a": ["tiny"], "c": ["tiny"]})
@@ -374,6 +375,7 @@ def test_slo_windows_from_a_partial_answer_are_refused_and_promql_notes_are_not(
     """Issue 38: the burn windows of a partial answer (a store did not answer) would be a part of the
     fleet's; the read raises `partial` and the cycle falls back to the tracker's windows."""
     import pytest
+
     from monitor.history.slo_history import PrometheusWindows
     from monitor.sources.prometheus import PrometheusError
 

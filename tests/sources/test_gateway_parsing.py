@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from monitor.derive import histogram as histo
 from monitor.capacity.slo_settings import read_slos
 from monitor.capacity.tasks import call_latency_by_class, derive_tasks
+from monitor.derive import histogram as histo
 from monitor.sources.gateway import UNATTRIBUTED, GatewayConfig, read_gateway, read_gateway_scrape
 
 FIX = Path(__file__).parents[1] / "fixtures" / "gateway"

@@ -8,17 +8,16 @@ replicas the state keeps (a replica that did not answer still makes its pool).
 from __future__ import annotations
 
 import pytest
-
-from monitor.capacity.enrich import CapacityState
-from monitor.config.inputs import capacity_inputs
-from monitor.config import Capacity, Config, GatewaySource, Target
-from monitor.cycle import CycleInputs, CycleState, Pipeline, step
-from monitor.config.inputs import step_settings
-from monitor.sources.gateway import read_gateway_scrape
-from monitor.sources.vllm import readings_from_text
 from bodies import vllm_body
 from servers import MetricsServer
 from tiers import starts_servers
+
+from monitor.capacity.enrich import CapacityState
+from monitor.config import Capacity, Config, GatewaySource, Target
+from monitor.config.inputs import capacity_inputs, step_settings
+from monitor.cycle import CycleInputs, CycleState, Pipeline, step
+from monitor.sources.gateway import read_gateway_scrape
+from monitor.sources.vllm import readings_from_text
 
 A, B = "a-8b", "b-70b"
 T0, WINDOW = 1_790_000_000.0, 10.0

@@ -14,9 +14,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
-
-from simfleet import one_pool, task
 from servers import free_port, headroom_run, stop_process, wait_for, wait_http
+from simfleet import one_pool, task
 
 pytestmark = pytest.mark.live
 CLIENTS = 7

@@ -12,15 +12,15 @@ from __future__ import annotations
 import threading
 
 import pytest
+from bodies import vllm_body
+from servers import MetricsServer, wait_for
 
 from monitor.capacity.enrich import CapacityState
-from monitor.config.inputs import capacity_inputs
 from monitor.config import Capacity, Config, GatewaySource, Target
+from monitor.config.inputs import capacity_inputs
 from monitor.cycle import Pipeline, cycle_deadline_seconds
 from monitor.export.collector import Exposition
 from monitor.sources.gateway_pace import SLOW_MISSES, gateway_timeout
-from bodies import vllm_body
-from servers import MetricsServer, wait_for
 
 pytestmark = pytest.mark.live
 

@@ -9,12 +9,12 @@ import json
 import time
 
 import pytest
-
 from hostile import HostileServer
+from servers import fixture
+
 from monitor.config import Config, PrometheusSource, Target
 from monitor.cycle import Pipeline, cycle_deadline_seconds
 from monitor.export.samples import snapshot_samples
-from servers import fixture
 
 pytestmark = pytest.mark.live  # tests/tiers.py: loopback servers
 

@@ -20,9 +20,10 @@ from urllib.parse import parse_qs
 
 import pytest
 import requests
+from servers import free_port, wait_for
+from servers import metric as _metric
 
 from monitor.kit.process import stop_process
-from servers import free_port, metric as _metric, wait_for
 
 pytestmark = pytest.mark.live
 

@@ -143,8 +143,8 @@ def test_a_blind_cycle_keeps_the_last_replicas_stale_and_a_replica_gone_before_s
     read's replicas and values, stale, last fresh at the last read; a replica that had already gone
     from the read before is not counted back."""
     from monitor.config import PrometheusSource
-    from monitor.cycle import CycleInputs, CycleState, step
     from monitor.config.inputs import step_settings
+    from monitor.cycle import CycleInputs, CycleState, step
     from monitor.model import SourceStatus
     cfg = from_dict({"sources": {"prometheus": {"url": "http://prom:9090"}}}, "f.yml")
     state = CycleState(step_settings(cfg))

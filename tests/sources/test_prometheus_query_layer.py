@@ -19,14 +19,14 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-
 from bodies import vllm_gauges as body
+from servers import MetricsServer, Prometheus, fixture
+
 from monitor.config import Config, PrometheusSource, Target
 from monitor.cycle import Pipeline
 from monitor.export.samples import snapshot_samples
 from monitor.sources.prometheus import vllm_selector
 from monitor.sources.prometheus_queries import replica_selector
-from servers import MetricsServer, Prometheus, fixture
 
 pytestmark = pytest.mark.live
 

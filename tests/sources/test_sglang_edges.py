@@ -4,6 +4,7 @@ with the expected numbers worked out by hand from those definitions."""
 import os
 
 import pytest
+from servers import fixture
 
 from monitor.capacity.headroom import CapacitySettings, pool_capacity
 from monitor.capacity.knee import Knee
@@ -13,7 +14,6 @@ from monitor.export.samples import snapshot_samples
 from monitor.export.snapshot_json import pool_to_dict
 from monitor.model import LoraSlots, Snapshot
 from monitor.sources import sglang
-from servers import fixture
 
 TARGET = "http://sglang:30000/metrics"
 

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from servers import MetricsServer, Prometheus, fixture, stop_all, wait_http
 
 ROOT = Path(__file__).resolve().parents[2]

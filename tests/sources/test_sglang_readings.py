@@ -7,10 +7,10 @@ import sys
 
 import pytest
 from prometheus_client import values
-
-from monitor.sources import sglang, vllm
-from monitor.kit.exposition import parse
 from servers import FIXTURES, fixture
+
+from monitor.kit.exposition import parse
+from monitor.sources import sglang, vllm
 
 HERE = os.path.join(FIXTURES, "sglang")
 MODEL = "Qwen/Qwen2.5-7B-Instruct"

@@ -8,10 +8,10 @@ publishes."""
 from __future__ import annotations
 
 import pytest
+from servers import MetricsServer, fixture
 
 from monitor import config
 from monitor.cycle import Pipeline
-from servers import MetricsServer, fixture
 
 pytestmark = pytest.mark.live
 

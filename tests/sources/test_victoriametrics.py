@@ -6,13 +6,13 @@ import subprocess
 import time
 
 import pytest
+from bodies import vllm_gauges as body
+from servers import MetricsServer, free_port, same_as_direct, wait_http
 
 from monitor.config import Config, PrometheusSource
 from monitor.cycle import Pipeline
 from monitor.kit.process import stop_process
 from monitor.sources.prometheus import PrometheusClient
-from servers import MetricsServer, free_port, same_as_direct, wait_http
-from bodies import vllm_gauges as body
 
 pytestmark = pytest.mark.live
 

@@ -9,10 +9,11 @@ import re
 from dataclasses import replace
 
 import pytest
+from servers import fixture
 
 from monitor.config import Config, Target
-from monitor.cycle import CycleInputs, CycleState, step
 from monitor.config.inputs import step_settings
+from monitor.cycle import CycleInputs, CycleState, step
 from monitor.derive.core import derive_pools
 from monitor.derive.kv_band import kv_band, tokens_per_request_between
 from monitor.export.landing import Trends, render
@@ -21,7 +22,6 @@ from monitor.export.snapshot_json import snapshot_to_dict
 from monitor.model import Histogram, SourceStatus
 from monitor.sources.prometheus import scrapes_from_vector, vllm_selector
 from monitor.sources.vllm import parse_vllm, readings_from_scrape, readings_from_text
-from servers import fixture
 
 T0 = 1_796_400_000.0
 MODEL = "Qwen/Qwen3-8B"

@@ -8,9 +8,9 @@ import pytest
 
 from monitor.capacity.enrich import configured_lmcache
 from monitor.capacity.headroom import CapacitySettings, pool_capacity
-from monitor.capacity.lora import lora_limit
 from monitor.capacity.knee import Knee, prior_knee
 from monitor.capacity.knee_suspect import KneeWatch, suspect
+from monitor.capacity.lora import lora_limit
 from monitor.derive.core import derive_pools
 from monitor.export.samples import snapshot_samples
 from monitor.export.snapshot_json import pool_to_dict
@@ -253,11 +253,10 @@ def test_real_vllm_032_lora_capture():
 def cycle(case_files: list[str], pools: dict):
     """Step a cycle state through one replica's fixture scrapes, 60 s apart; the last snapshot."""
     from monitor.capacity.enrich import CapacityState
-    from monitor.config.inputs import capacity_inputs
     from monitor.config import Config, PoolSettings, Target
+    from monitor.config.inputs import capacity_inputs, step_settings
     from monitor.model import SourceStatus
     from monitor.step import CycleInputs, CycleState, step
-    from monitor.config.inputs import step_settings
 
     url = "http://r1:8000/metrics"
     cfg = Config(vllm_targets=[Target(url)], pools={k: PoolSettings(**v) for k, v in pools.items()})

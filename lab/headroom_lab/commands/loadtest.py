@@ -7,7 +7,6 @@ import os
 import sys
 import time
 
-from monitor.config import parse_duration
 from headroom_lab.loadtest.analyze import KNEE_MIN_CONFIDENCE, analyze
 from headroom_lab.loadtest.client import TargetError, api_base
 from headroom_lab.loadtest.follower import HttpBudget
@@ -17,6 +16,7 @@ from headroom_lab.loadtest.report import write
 from headroom_lab.loadtest.runner import Runner, detect_model, terminal_progress
 from headroom_lab.loadtest.schedule import PATTERNS, build_plan
 from headroom_lab.loadtest.tags import Tags, is_secret, parse_headers, parse_metadata
+from monitor.config import parse_duration
 
 
 def _duration(v: str) -> float:

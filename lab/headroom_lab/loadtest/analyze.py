@@ -22,6 +22,7 @@ from typing import Optional
 import numpy as np
 
 from monitor.capacity.knee import fit_hinge
+
 from .mix import LoadMix
 from .runner import RunResult
 from .schedule import Plan

@@ -18,7 +18,7 @@ load test uses them: docs/loadtest.md. Errors name the key path: `mix.yaml: key.
 
 
 def render() -> str:
-    from .mix import LoadMix  # noqa: PLC0415
+    from .mix import LoadMix
     return "\n".join([INTRO, *table(LoadMix)]).rstrip() + "\n"
 
 

@@ -14,7 +14,6 @@ metric does not exist yet (labelled as such in the results by whoever passes it)
 from __future__ import annotations
 
 import json
-
 import math
 import threading
 import time

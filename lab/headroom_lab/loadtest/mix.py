@@ -17,9 +17,8 @@ import random
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Optional
 
-from monitor.kit.settings.reader import ConfigError
 from monitor.kit.settings.kinds import Choice, Flag, Int, Kind, Number, Raw
-from monitor.kit.settings.reader import Reader, key, read_yaml
+from monitor.kit.settings.reader import ConfigError, Reader, key, read_yaml
 from monitor.kit.settings.shapes import MapOf, Sub
 
 APIS = ("completions", "chat")

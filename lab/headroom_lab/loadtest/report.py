@@ -11,10 +11,10 @@ from typing import Optional
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
-from .analyze import KNEE_MIN_CONFIDENCE  # noqa: E402
+from .analyze import KNEE_MIN_CONFIDENCE
 
 
 def _png(fig) -> str:

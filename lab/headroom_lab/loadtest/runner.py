@@ -16,10 +16,11 @@ import requests
 
 from monitor.config import Config, Target
 from monitor.cycle import Pipeline
+
 from .client import CallRecord, CallSpec, api_base, make_prompt, retryable, stream_call
-from .tags import Tags
 from .mix import LoadMix
 from .schedule import Plan, class_weights, task_plan
+from .tags import Tags
 
 log = logging.getLogger(__name__)
 PROBE_SETTLE = 0.5  # seconds for the engine to publish the probe calls before the scrape that closes them

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import argparse
 import heapq
-import random
 import json
 import logging
+import random
 import threading
 import time
 from collections import deque
@@ -220,7 +220,7 @@ def _handler(st: SimTarget, rep: Replica):
         def _error(self, code: int, msg: str) -> None:
             self._send(code, json.dumps({"error": {"message": msg, "code": code}}).encode())
 
-        def do_GET(self):  # noqa: N802
+        def do_GET(self):
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
                 self._send(200, st.metrics_text(rep).encode(), CONTENT_TYPE)
@@ -241,7 +241,7 @@ def _handler(st: SimTarget, rep: Replica):
                 return False
             return True
 
-        def do_POST(self):  # noqa: N802
+        def do_POST(self):
             path = self.path.split("?", 1)[0]
             n = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(n) if n else b""

@@ -22,8 +22,7 @@ import numpy as np
 import yaml
 
 from .engine import Histo, PoolParams, Replica, Request
-from .workload import (Mix, TaskType, TraceReplay, load_mix, parse_mix, profile_clock,
-                       DEFAULT_TRACE)
+from .workload import DEFAULT_TRACE, Mix, TaskType, TraceReplay, load_mix, parse_mix, profile_clock
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_FLEET = os.path.join(HERE, "default_fleet.yaml")

@@ -39,7 +39,7 @@ def _handler(render: Callable[[], str], extra: Optional[dict] = None):
     class H(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
-        def do_GET(self):  # noqa: N802 (http.server API)
+        def do_GET(self):  # http.server API
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
                 try:

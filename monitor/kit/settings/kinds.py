@@ -10,17 +10,30 @@ import math
 import os
 import re
 import unicodedata
+from typing import Any, Callable, Optional, Sequence, TypeVar, Union
 from urllib.parse import urlsplit
-from typing import Any, Callable, Optional, Sequence, Union
 
 from monitor.kit.settings.reader import Reader
-from monitor.kit.settings.values import MAX_SECONDS, type_name, check_url, format_duration, parse_duration, read_secret_env, read_secret_file
+from monitor.kit.settings.values import (
+    MAX_SECONDS,
+    check_url,
+    format_duration,
+    parse_duration,
+    read_secret_env,
+    read_secret_file,
+    type_name,
+)
+
+_Num = TypeVar("_Num", int, float)
 
 
 class Kind:
-    """A scalar kind; subclasses implement parse()."""
+    """A scalar kind; subclasses implement parse() and name themselves (a class attribute, or a
+    property when the name depends on the instance)."""
 
-    name = "value"
+    @property
+    def name(self) -> str:
+        return "value"
 
     def parse(self, value: Any) -> Any:
         return value
@@ -52,7 +65,7 @@ class Bounded(Kind):
                  le: Optional[float] = None, lt: Optional[float] = None):
         self.bounds = [(op, b) for op, b in ((">=", ge), (">", gt), ("<=", le), ("<", lt)) if b is not None]
 
-    def bounded(self, v: float) -> Any:
+    def bounded(self, v: _Num) -> _Num:
         for op, b in self.bounds:
             ok = {">=": v >= b, ">": v > b, "<=": v <= b, "<": v < b}[op]
             if not ok:
@@ -68,7 +81,7 @@ class Bounded(Kind):
 LIMIT = 10 ** 9
 
 
-def _capped(bounds: dict) -> dict:
+def _capped(bounds: dict[str, Optional[float]]) -> dict[str, Optional[float]]:
     if bounds.get("le") is None and bounds.get("lt") is None:
         bounds["le"] = LIMIT
     return bounds
@@ -77,7 +90,7 @@ def _capped(bounds: dict) -> dict:
 class Int(Bounded):
     name = "integer"
 
-    def __init__(self, *, whole: bool = False, **bounds):
+    def __init__(self, *, whole: bool = False, **bounds: Optional[float]):
         super().__init__(**_capped(bounds))
         self.whole = whole  # also accept 2.0 for 2
 
@@ -92,7 +105,7 @@ class Int(Bounded):
 class Number(Bounded):
     name = "number"
 
-    def __init__(self, **bounds):
+    def __init__(self, **bounds: Optional[float]):
         super().__init__(**_capped(bounds))
 
     def parse(self, v: Any) -> float:
@@ -106,7 +119,7 @@ class Number(Bounded):
 class Duration(Bounded):
     name = "duration"
 
-    def __init__(self, **bounds):
+    def __init__(self, **bounds: Optional[float]):
         bounds.setdefault("le", MAX_SECONDS)
         super().__init__(**bounds)
 
@@ -144,11 +157,12 @@ class Flag(Kind):
 
 
 class Choice(Kind):
-    def __init__(self, options: Union[Sequence, Callable[[], Sequence]], *, fold: Optional[Callable] = None):
+    def __init__(self, options: Union[Sequence[Any], Callable[[], Sequence[Any]]], *,
+                 fold: Optional[Callable[[str], Any]] = None):
         self._options, self.fold = options, fold  # fold: normalise first (e.g. 'Monday' -> 'mon')
 
     @property
-    def options(self) -> tuple:
+    def options(self) -> tuple[Any, ...]:
         return tuple(self._options() if callable(self._options) else self._options)
 
     @property
@@ -169,7 +183,7 @@ class Subset(Choice):
     def name(self) -> str:
         return "list of " + ", ".join(self.show(o) for o in self.options)
 
-    def parse(self, v: Any) -> tuple:
+    def parse(self, v: Any) -> tuple[str, ...]:
         if isinstance(v, str):
             v = [v]
         if not isinstance(v, list) or not v:
@@ -261,7 +275,7 @@ class ListenAddress(Kind):
 class Labels(Kind):
     name = "mapping of label names to strings"
 
-    def parse(self, v: Any) -> dict:
+    def parse(self, v: Any) -> dict[str, str]:
         if not isinstance(v, dict) or not all(isinstance(k, str) and isinstance(x, str) for k, x in v.items()):
             raise ValueError("expected a mapping of label names to string values")
         return dict(v)
@@ -372,7 +386,11 @@ class Raw(Kind):
     """Anything: a key another command reads and validates (named in the help)."""
 
     def __init__(self, name: str = "any"):
-        self.name = name
+        self._name = name
+
+    @property
+    def name(self) -> str:
+        return self._name
 
 
 class Mapping(Kind):
@@ -383,7 +401,7 @@ class Mapping(Kind):
     def __init__(self, section: Optional[Callable[[], type]] = None):
         self.section = section
 
-    def parse(self, v: Any) -> dict:
+    def parse(self, v: Any) -> dict[str, Any]:
         if not isinstance(v, dict):
             raise ValueError(f"expected a mapping, got {type_name(v)}")
         return v

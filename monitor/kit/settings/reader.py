@@ -31,7 +31,7 @@ import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 import yaml
 
@@ -85,9 +85,9 @@ def default_of(cls: type, name: str) -> Any:
 
 
 @lru_cache(maxsize=None)
-def key_tree(cls: type) -> dict:
+def key_tree(cls: type) -> dict[str, Any]:
     """Nested dict of the keys a section accepts: name -> None (a setting) or a dict (a mapping)."""
-    tree: dict = {}
+    tree: dict[str, Any] = {}
     for _, spec, path in specs(cls):
         parts = path.split(".") if path else []
         node = tree
@@ -100,7 +100,7 @@ def key_tree(cls: type) -> dict:
     return tree
 
 
-def _merge(into: dict, tree: dict) -> None:
+def _merge(into: dict[str, Any], tree: dict[str, Any]) -> None:
     for k, v in tree.items():
         if isinstance(v, dict):
             _merge(into.setdefault(k, {}), v)
@@ -115,13 +115,14 @@ def join(prefix: str, path: str) -> str:
 class Reader:
     """Reads sections of one file; every problem is `error(file, key, problem)`."""
 
-    def __init__(self, file: str, error: type = ConfigError):
+    def __init__(self, file: str, error: type[ConfigError] = ConfigError):
         self.file, self.error = file, error
 
     def fail(self, key: str, problem: str) -> ConfigError:
         return self.error(self.file, key, problem)
 
-    def section(self, cls: type, value: Any, key: str, *, extra: Optional[dict] = None, closed: bool = True):
+    def section(self, cls: type, value: Any, key: str, *, extra: Optional[dict[str, Any]] = None,
+                closed: bool = True) -> Any:
         if value is None:
             value = {}
         short = not isinstance(value, dict)
@@ -144,7 +145,7 @@ class Reader:
         check = getattr(obj, "check", None)
         return (check(self, key) or obj) if check else obj
 
-    def _settings(self, cls: type, value: dict, key: str, extra: Optional[dict]) -> dict:
+    def _settings(self, cls: type, value: dict[str, Any], key: str, extra: Optional[dict[str, Any]]) -> dict[str, Any]:
         kwargs = dict(extra or {})
         for name, spec, path in specs(cls):
             where = join(key, path)
@@ -158,7 +159,7 @@ class Reader:
                 kwargs[name] = spec.kind.read(self, v, where)
         return kwargs
 
-    def _closed(self, value: dict, tree: dict, key: str, removed: dict) -> None:
+    def _closed(self, value: dict[str, Any], tree: dict[str, Any], key: str, removed: dict[str, str]) -> None:
         for k, v in value.items():
             where = join(key, str(k))
             if k in removed:
@@ -172,14 +173,14 @@ class Reader:
                 self._closed(v, sub, where, {})
 
 
-def unknown_key(name: str, allowed) -> str:
+def unknown_key(name: str, allowed: Iterable[str]) -> str:
     names = sorted(allowed)
     close = difflib.get_close_matches(name, names, n=1)
     hint = f"did you mean {close[0]}? " if close else ""
     return f"unknown key ({hint}allowed: {', '.join(names)})"
 
 
-def _lookup(value: dict, path: str) -> Any:
+def _lookup(value: Any, path: str) -> Any:
     for part in path.split(".") if path else []:
         if not isinstance(value, dict):
             return None
@@ -230,7 +231,7 @@ def blame(exc: ConfigError, overrides: Sequence[Override]) -> ConfigError:
     return type(exc)(exc.file, exc.key, f"{exc.problem} (given as {o.flag})")
 
 
-def read_yaml(path: str, error: type = ConfigError) -> Any:
+def read_yaml(path: str, error: type[ConfigError] = ConfigError) -> Any:
     """The parsed YAML of a file; any problem reading or parsing it is one `error(path, "", problem)`."""
     try:
         with open(path, encoding="utf-8") as f:
@@ -257,7 +258,7 @@ class _Loader(yaml.SafeLoader):
     of the whole file failing as invalid YAML."""
 
 
-def _timestamp(loader: yaml.SafeLoader, node: yaml.Node) -> Any:
+def _timestamp(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
     try:
         return yaml.SafeLoader.construct_yaml_timestamp(loader, node)
     except (ValueError, OverflowError):

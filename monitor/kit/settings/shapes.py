@@ -1,9 +1,8 @@
 """Kinds whose values are sections: one nested section, lists and maps of them, tagged variants."""
 from __future__ import annotations
 
-from typing import Any, Optional
-
 from dataclasses import field
+from typing import Any, Optional
 
 from monitor.kit.settings.kinds import Kind
 from monitor.kit.settings.reader import Reader, Spec
@@ -72,7 +71,7 @@ class MapOf(Kind):
     def name(self) -> str:
         return f"mapping of {self.names} to {self.item.name}"
 
-    def read(self, r: Reader, value: Any, key: str) -> dict:
+    def read(self, r: Reader, value: Any, key: str) -> dict[str, Any]:
         if not isinstance(value, dict):
             raise r.fail(key, f"expected a mapping, got {type_name(value)}")
         out = {}

@@ -9,7 +9,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 
-
 def type_name(value: Any) -> str:
     """How a YAML value's type is named in an error ("mapping", "list", "string", ...)."""
     return {dict: "mapping", list: "list", str: "string", bool: "boolean", type(None): "null"}.get(

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass, field
 from email.utils import formatdate
 from http import HTTPStatus
-from typing import Optional
+from typing import Any, Optional
 from urllib.parse import urlsplit
 
 _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
@@ -23,7 +23,7 @@ class Request:
     path: str
     version: str
     headers: dict[str, str]  # lower-case names; repeated headers joined with ", "
-    client: Optional[tuple] = None
+    client: Optional[tuple[Any, ...]] = None  # the socket's peer address
 
     @property
     def keep_alive(self) -> bool:
@@ -57,7 +57,7 @@ def head_end(buf: bytearray) -> int:
     return min(ends) if ends else -1
 
 
-def parse_request(head: bytes, client: Optional[tuple] = None, max_headers: int = 100) -> Request:
+def parse_request(head: bytes, client: Optional[tuple[Any, ...]] = None, max_headers: int = 100) -> Request:
     """A Request from the bytes of a request line and headers, or BadRequest (status, reason)."""
     lines = head.decode("latin-1").split("\n")
     parts = lines[0].rstrip("\r").split(" ")

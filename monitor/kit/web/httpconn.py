@@ -7,15 +7,17 @@ deadlines, eviction and the workers). A peer that breaks off is counted, never a
 from __future__ import annotations
 
 import logging
+import queue
 import selectors
 import socket
 import ssl
 import struct
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Callable, Optional, cast
 
-from monitor.kit.web.http11 import BadRequest, Response, encode, head_end, parse_request
+from monitor.kit.web.http11 import BadRequest, Request, Response, encode, head_end, parse_request
 
 log = logging.getLogger("monitor.kit.web.httpd")
 
@@ -29,7 +31,7 @@ _GONE = (ssl.SSLEOFError, ssl.SSLZeroReturnError, ConnectionError, TimeoutError)
 @dataclass(eq=False)
 class _Conn:
     sock: socket.socket
-    addr: tuple
+    addr: tuple[Any, ...]
     tls: bool
     state: str = READ
     deadline: float = NO_DEADLINE
@@ -44,10 +46,70 @@ class _Conn:
     closed: bool = False
 
 
+@dataclass
+class Limits:
+    max_connections: int = 512     # open connections; past it a waiting one is evicted (or the new one refused)
+    workers: int = 4               # threads rendering /, /api/v1/snapshot (and checking bcrypt)
+    priority_workers: int = 1      # threads answering what `priority` picks (/metrics, credentials known) only
+    queue: int = 64                # requests waiting for a worker beyond `workers`; past it: 503
+    handshake_timeout: float = 5.0
+    header_timeout: float = 10.0   # request line + headers
+    idle_timeout: float = 65.0     # keep-alive: waiting for the next request (covers a 60 s scrape interval)
+    write_timeout: float = 30.0    # the whole response
+    max_header_bytes: int = 16384
+    max_headers: int = 100
+    accept_batch: int = 64         # accepts per wake-up, so reads of earlier connections are not starved
+
+
+class WebStats:
+    """Counters (only the selector thread writes them) and two gauges; see `as_dict()`."""
+
+    COUNTERS = ("connections_accepted", "connections_refused", "connections_evicted", "client_disconnects",
+                "header_timeouts", "idle_timeouts", "write_timeouts", "tls_handshake_timeouts",
+                "tls_handshake_errors", "tls_client_cert_rejected", "bad_requests", "overloaded",
+                "requests", "handler_errors", "auth_throttled")
+
+    connections_accepted: int
+    connections_refused: int
+    connections_evicted: int
+    client_disconnects: int
+    header_timeouts: int
+    idle_timeouts: int
+    write_timeouts: int
+    tls_handshake_timeouts: int
+    tls_handshake_errors: int
+    tls_client_cert_rejected: int
+    bad_requests: int
+    overloaded: int
+    requests: int
+    handler_errors: int
+    auth_throttled: int
+
+    def __init__(self) -> None:
+        for name in self.COUNTERS:
+            setattr(self, name, 0)
+        self.open_connections = 0
+        self.requests_in_progress = 0
+
+    def as_dict(self) -> dict[str, int]:
+        names = self.COUNTERS + ("open_connections", "requests_in_progress")
+        return {name: getattr(self, name) for name in names}
+
+
 class ConnectionSteps:
-    """The per-connection half of WebServer (a mixin). It uses the server's limits, stats,
-    ssl_context, fast, _sel (selector), _conns, _waiting (evictable, oldest first), _ready, priority,
-    _lanes (a job queue per lane: workers, priority workers) and _in_lane."""
+    """The per-connection half of WebServer (a mixin). It uses the server's attributes below."""
+
+    limits: Limits
+    stats: WebStats
+    ssl_context: Optional[ssl.SSLContext]
+    fast: Optional[Callable[[Request], Optional[Response]]]
+    priority: Optional[Callable[[Request], bool]]
+    _sel: selectors.BaseSelector
+    _conns: set[_Conn]
+    _waiting: OrderedDict[_Conn, None]  # evictable, longest waiting first
+    _ready: list[_Conn]
+    _lanes: tuple[queue.SimpleQueue[Optional[tuple[_Conn, Request]]], ...]  # the workers', the priority workers'
+    _in_lane: list[int]
 
     def _on_event(self, c: _Conn) -> None:
         if c.closed:
@@ -63,7 +125,7 @@ class ConnectionSteps:
 
     def _handshake(self, c: _Conn) -> None:
         try:
-            c.sock.do_handshake()
+            cast(ssl.SSLSocket, c.sock).do_handshake()  # a TLS connection's socket
         except ssl.SSLWantReadError:
             return self._set_events(c, _R)
         except ssl.SSLWantWriteError:
@@ -108,7 +170,7 @@ class ConnectionSteps:
             c.buf += data
             if len(c.buf) > self.limits.max_header_bytes:
                 break
-            if len(data) < 65536 and not (c.tls and c.sock.pending()):
+            if len(data) < 65536 and not (c.tls and cast(ssl.SSLSocket, c.sock).pending()):
                 break
         self._set_events(c, _R)
         self._parse(c)
@@ -170,6 +232,7 @@ class ConnectionSteps:
 
     def _write(self, c: _Conn) -> None:
         out = c.out
+        assert out is not None, "a connection writes after _start_write"
         while c.sent < len(out):
             try:
                 c.sent += c.sock.send(out[c.sent:c.sent + 262144])

@@ -27,50 +27,17 @@ import ssl
 import threading
 import time
 from collections import OrderedDict, deque
-from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from monitor.kit.web.http11 import Request, Response, encode
 from monitor.kit.web.httpconn import HANDSHAKE, LINGER, READ, WRITE, ConnectionSteps, _abort, _Conn
+from monitor.kit.web.httpconn import Limits as Limits  # re-exported: the server's names
+from monitor.kit.web.httpconn import WebStats as WebStats
 
 log = logging.getLogger(__name__)
 
 _ACCEPT, _WAKE = object(), object()
 _R = selectors.EVENT_READ
-
-
-@dataclass
-class Limits:
-    max_connections: int = 512     # open connections; past it a waiting one is evicted (or the new one refused)
-    workers: int = 4               # threads rendering /, /api/v1/snapshot (and checking bcrypt)
-    priority_workers: int = 1      # threads answering what `priority` picks (/metrics, credentials known) only
-    queue: int = 64                # requests waiting for a worker beyond `workers`; past it: 503
-    handshake_timeout: float = 5.0
-    header_timeout: float = 10.0   # request line + headers
-    idle_timeout: float = 65.0     # keep-alive: waiting for the next request (covers a 60 s scrape interval)
-    write_timeout: float = 30.0    # the whole response
-    max_header_bytes: int = 16384
-    max_headers: int = 100
-    accept_batch: int = 64         # accepts per wake-up, so reads of earlier connections are not starved
-
-
-class WebStats:
-    """Counters (only the selector thread writes them) and two gauges; see `as_dict()`."""
-
-    COUNTERS = ("connections_accepted", "connections_refused", "connections_evicted", "client_disconnects",
-                "header_timeouts", "idle_timeouts", "write_timeouts", "tls_handshake_timeouts",
-                "tls_handshake_errors", "tls_client_cert_rejected", "bad_requests", "overloaded",
-                "requests", "handler_errors", "auth_throttled")
-
-    def __init__(self) -> None:
-        for name in self.COUNTERS:
-            setattr(self, name, 0)
-        self.open_connections = 0
-        self.requests_in_progress = 0
-
-    def as_dict(self) -> dict[str, int]:
-        names = self.COUNTERS + ("open_connections", "requests_in_progress")
-        return {name: getattr(self, name) for name in names}
 
 
 class WebServer(ConnectionSteps):
@@ -100,7 +67,7 @@ class WebServer(ConnectionSteps):
         # two lanes, each its queue, its threads and its count of requests in it (the selector thread's)
         self._lanes = (queue.SimpleQueue(), queue.SimpleQueue())  # (the workers', the priority workers')
         self._in_lane = [0, 0]
-        self._done: deque = deque()
+        self._done: deque[tuple[_Conn, bytes, bool, bool, int]] = deque()  # (conn, bytes, keep, failed, lane)
         self._reserve_fd: Optional[int] = os.open(os.devnull, os.O_RDONLY)  # freed to shed a connection at EMFILE
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -177,7 +144,7 @@ class WebServer(ConnectionSteps):
 
     # ---- the selector thread ----------------------------------------------------------------------
 
-    def _guarded(self, fn, c: _Conn) -> None:
+    def _guarded(self, fn: Callable[[_Conn], None], c: _Conn) -> None:
         try:
             fn(c)
         except Exception:  # a bug, not a client: keep serving everyone else
@@ -221,7 +188,7 @@ class WebServer(ConnectionSteps):
         except OSError:
             self._reserve_fd = None
 
-    def _open(self, sock: socket.socket, addr) -> None:
+    def _open(self, sock: socket.socket, addr: tuple[Any, ...]) -> None:
         sock.setblocking(False)
         now = time.monotonic()
         ctx = self.ssl_context

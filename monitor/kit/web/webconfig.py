@@ -14,7 +14,7 @@ import re
 import secrets
 import ssl
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, NoReturn, Optional
 
 import yaml
 
@@ -83,13 +83,13 @@ class ServerTLS(ssl.SSLContext):
 
     reload_every = 5.0
 
-    def setup(self, cert_file: str, key_file: str, allowed_sans: Optional[frozenset]) -> None:
+    def setup(self, cert_file: str, key_file: str, allowed_sans: Optional[frozenset[str]]) -> None:
         self.cert_file, self.key_file = cert_file, key_file
         self.client_allowed_sans = allowed_sans
         self._stamp = self._files_stamp()
         self._checked = time.monotonic()
 
-    def _files_stamp(self):
+    def _files_stamp(self) -> Optional[tuple[tuple[int, int, int], ...]]:
         try:
             return tuple((s.st_mtime_ns, s.st_size, s.st_ino) for s in map(os.stat, (self.cert_file, self.key_file)))
         except OSError:
@@ -117,7 +117,8 @@ class ServerTLS(ssl.SSLContext):
         if self.client_allowed_sans is None:
             return True
         cert = sock.getpeercert() or {}
-        sans = {value for _kind, value in cert.get("subjectAltName", ())}
+        alt = cert.get("subjectAltName", ())  # ((kind, value), ...)
+        sans = {pair[1] for pair in alt if isinstance(pair, tuple)} if isinstance(alt, tuple) else set()
         return bool(sans & self.client_allowed_sans)
 
 
@@ -145,12 +146,12 @@ def _open(header: Optional[str]) -> bool:
     return True
 
 
-def _no_passphrase():
+def _no_passphrase() -> NoReturn:
     """Called by OpenSSL only for an encrypted key: fail instead of prompting on the terminal."""
     raise ValueError("key_file is encrypted (headroom reads an unencrypted PEM key)")
 
 
-def _read_yaml(path: str) -> dict:
+def _read_yaml(path: str) -> dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f) or {}
@@ -163,7 +164,7 @@ def _read_yaml(path: str) -> dict:
     return data
 
 
-def _http_server_config(path: str, http) -> None:
+def _http_server_config(path: str, http: Any) -> None:
     if http is None:
         return
     if not isinstance(http, dict):
@@ -179,7 +180,7 @@ def _http_server_config(path: str, http) -> None:
                                          "(responses carry X-Content-Type-Options: nosniff)")
 
 
-def _tls_str(path: str, tls: dict, key: str, base: Optional[str] = None) -> Optional[str]:
+def _tls_str(path: str, tls: dict[str, Any], key: str, base: Optional[str] = None) -> Optional[str]:
     value = tls.get(key)
     if value is None:
         return None
@@ -188,14 +189,14 @@ def _tls_str(path: str, tls: dict, key: str, base: Optional[str] = None) -> Opti
     return os.path.join(base, value) if base else value
 
 
-def _tls_list(path: str, tls: dict, key: str) -> list[str]:
+def _tls_list(path: str, tls: dict[str, Any], key: str) -> list[str]:
     value = tls.get(key) or []
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ConfigError(path, f"tls_server_config.{key}", "expected a list of strings")
     return value
 
 
-def tls_context(path: str, tls, base: str) -> ServerTLS:
+def tls_context(path: str, tls: Any, base: str) -> ServerTLS:
     """A server SSLContext honouring every tls_server_config key, or ConfigError."""
     if not isinstance(tls, dict):
         raise ConfigError(path, "tls_server_config", "expected a mapping")
@@ -244,7 +245,7 @@ def tls_context(path: str, tls, base: str) -> ServerTLS:
     return ctx
 
 
-def _versions(path: str, tls: dict, ctx: ssl.SSLContext) -> None:
+def _versions(path: str, tls: dict[str, Any], ctx: ssl.SSLContext) -> None:
     chosen = {}
     for key, default in (("min_version", "TLS12"), ("max_version", "TLS13")):
         name = tls.get(key, default)
@@ -260,7 +261,7 @@ def _versions(path: str, tls: dict, ctx: ssl.SSLContext) -> None:
     ctx.maximum_version = chosen["max_version"]
 
 
-def _client_auth(path: str, tls: dict, ctx: ssl.SSLContext, base: str) -> None:
+def _client_auth(path: str, tls: dict[str, Any], ctx: ssl.SSLContext, base: str) -> None:
     key = "tls_server_config.client_auth_type"
     mode = tls.get("client_auth_type", "NoClientCert")
     if not isinstance(mode, str):
@@ -289,7 +290,7 @@ def _client_auth(path: str, tls: dict, ctx: ssl.SSLContext, base: str) -> None:
     ctx.verify_mode = CLIENT_AUTH[mode]
 
 
-def _ciphers(path: str, tls: dict, ctx: ssl.SSLContext) -> None:
+def _ciphers(path: str, tls: dict[str, Any], ctx: ssl.SSLContext) -> None:
     key = "tls_server_config.cipher_suites"
     names = _tls_list(path, tls, key.split(".")[1])
     wanted = []
