@@ -12,7 +12,6 @@ down instead of deriving from half a scrape.
 from __future__ import annotations
 
 import re
-from itertools import groupby
 from typing import Iterable, Optional
 
 from monitor.kit.exposition_lines import (  # noqa: F401  (normalise_name, VLLM_PREFIXES, native_item: readers' names)
