@@ -12,13 +12,13 @@ down instead of deriving from half a scrape.
 from __future__ import annotations
 
 import re
-from itertools import groupby
 from typing import Iterable, Optional
 
 from monitor.kit.exposition_lines import (  # noqa: F401  (normalise_name, VLLM_PREFIXES, native_item: readers' names)
     _NORMALISED, VLLM_PREFIXES, _keep, _NATIVE_RE, native_item, normalise_name)
 from monitor.kit.exposition_tokens import (  # noqa: F401  (ExpositionError, ParsedScrape: every reader's names)
     ExpositionError, ParsedScrape, parse_float, parse_labels)
+from monitor.kit.exposition_heads import _runs, read_lines
 from monitor.kit.openmetrics_rules import check_openmetrics
 
 
@@ -59,7 +59,10 @@ def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[
         raise ExpositionError("body does not end with a newline (truncated?)", reason="truncated",
                               line=text.count("\n") + 1)
     if wanted is not None:  # one pass of the regex finds the wanted lines and the `# EOF`/`# UNIT ` ones
-        rx = _wanted_regex(frozenset(wanted), notice)
+        wanted = frozenset(wanted)
+        rx = _wanted_regex(wanted, notice)
+        if max_samples is None and _read_whole(text, out, wanted, notice, rx, strict_end, openmetrics):
+            return out
         found = rx.findall("\n" + text) if max_samples is None else _first_found(rx, text, max_samples, out)
         marks = {m[4] for m in found if m[4]}
         if not out.cut:  # a body read to its end: its end checked
@@ -126,8 +129,7 @@ def _check_eof(text: str, out: ParsedScrape, strict_end: bool, openmetrics: Opti
     """OpenMetrics' `# EOF`: the last line (the body is OpenMetrics), or a line before the end
     (raises), or missing from a body that is OpenMetrics by its Content-Type or a `# UNIT ` line
     (truncated). `marks`: the `# EOF`/`# UNIT ` lines the fast path's regex found (None: search)."""
-    last_line = text.rstrip("\n").rsplit("\n", 1)[-1]
-    if last_line.rstrip() == "# EOF":
+    if _last_line(text).rstrip() == "# EOF":
         out.openmetrics = True
     elif text.startswith("# EOF\n") or ("\n# EOF\n" in text if marks is None else "# EOF" in marks):
         eof = 0 if text.startswith("# EOF\n") else text.index("\n# EOF\n") + 1
@@ -135,6 +137,16 @@ def _check_eof(text: str, out: ParsedScrape, strict_end: bool, openmetrics: Opti
     elif strict_end and (openmetrics or text.startswith("# UNIT ")
                          or ("\n# UNIT " in text if marks is None else "# UNIT " in marks)):
         raise ExpositionError("OpenMetrics body without # EOF (truncated?)", reason="truncated")
+
+
+def _last_line(text: str) -> str:
+    """`text.rstrip("\\n").rsplit("\\n", 1)[-1]` without copying the body (twice) to find it."""
+    end = len(text)
+    while end and text[end - 1] == "\n":
+        end -= 1
+        if len(text) - end > 64:  # a body of blank lines: the plain way
+            return text.rstrip("\n").rsplit("\n", 1)[-1]
+    return text[text.rfind("\n", 0, end) + 1:end]
 
 
 def _first_found(rx: "re.Pattern[str]", text: str, max_samples: int, out: ParsedScrape) -> list:
@@ -150,6 +162,48 @@ def _first_found(rx: "re.Pattern[str]", text: str, max_samples: int, out: Parsed
                 break
         found.append(groups)
     return found
+
+
+def _read_whole(text: str, out: ParsedScrape, wanted: frozenset, notice: tuple[str, ...],
+                plain_rx: "re.Pattern[str]", strict_end: bool, openmetrics: Optional[bool]) -> bool:
+    """The usual body: its wanted lines found whole by one regex and read by their heads
+    (`exposition_heads.read_lines`). False, with `out` untouched, when a line is not in the plain
+    form (or the body breaks a rule the line-by-line reader counts): the caller reads it as before."""
+    rx, markset = _lines_regex(wanted, notice)
+    found = rx.findall("\n" + text)
+    if markset.isdisjoint(found):
+        marks: set = set()
+    else:
+        marks = markset.intersection(found)
+        found = [f for f in found if f not in markset]
+    if not read_lines(found, out, plain_rx, _label_cache()):  # `out` untouched when it says no
+        return False
+    _check_eof(text, out, strict_end, openmetrics, marks)  # raises as the line-by-line path would
+    if notice:
+        out.noticed = marks.intersection(notice)
+    out.shared_labels = True
+    return True
+
+
+def _lines_regex(wanted: frozenset, notice: tuple[str, ...]) -> tuple["re.Pattern[str]", frozenset]:
+    """One regex finding every wanted sample line whole (its name, then a label set or a blank, then
+    the rest of the line), and the `# EOF`, `# UNIT ` and `notice` marks (returned as a set: no
+    wanted line is one of them, each holding a blank or a brace after its name)."""
+    key = ("lines", wanted, notice)
+    rx = _REGEX_CACHE.get(key)
+    if rx is None:
+        marks = "".join("|" + re.escape(p) for p in notice)
+        rx = re.compile(r"\n(" + _trie(_spellings(wanted)) + r"[{ \t][^\n]*|# EOF(?=\n)|# UNIT " + marks + ")")
+        if len(_REGEX_CACHE) > 64:
+            _REGEX_CACHE.clear()
+        _REGEX_CACHE[key] = rx
+    return rx, frozenset(("# EOF", "# UNIT ") + tuple(notice))
+
+
+def _label_cache() -> dict:
+    if len(_LABEL_CACHE) > _LABEL_CACHE_MAX:
+        _LABEL_CACHE.clear()
+    return _LABEL_CACHE
 
 
 def _read_wanted(found: list, out: ParsedScrape) -> None:
@@ -237,22 +291,6 @@ def _read_plain(found: list, out: ParsedScrape, cache: dict) -> bool:
     return True
 
 
-def _runs(names: tuple, label_texts: tuple) -> Optional[list[tuple[str, int, int]]]:
-    """The runs of one sample name (a family's lines stand together): [(name, start, end)], or None
-    when a name comes back after another's run or a label set repeats within a run (a duplicate:
-    the line-by-line loop counts it)."""
-    runs, start = [], 0
-    for raw_name, run in groupby(names):
-        end = start + len(list(run))
-        if end - start > 1 and len(set(label_texts[start:end])) != end - start:
-            return None
-        runs.append((raw_name, start, end))
-        start = end
-    if len({r[0] for r in runs}) != len(runs):
-        return None
-    return runs
-
-
 def _wanted_line(raw_name: str, rest: str, seen: set, cache: dict, out: ParsedScrape):
     """A wanted line not in the plain form: (labels, value token) to add, or (None, None) when it
     was a duplicate or was read by the strict `_keep` (timestamp, exemplar, malformed)."""
@@ -305,12 +343,7 @@ def _wanted_regex(wanted: frozenset, notice: tuple[str, ...] = ()) -> "re.Patter
     The `notice` prefixes are marks too (`parse`'s `noticed`)."""
     rx = _REGEX_CACHE.get((wanted, notice))
     if rx is None:
-        alts = set()
-        for name in wanted:
-            alts.add(name)
-            if name.startswith("vllm:"):
-                alts.update(prefix + name[5:] for prefix in VLLM_PREFIXES)
-        names = _trie(alts)
+        names = _trie(_spellings(wanted))
         # plain: a label set without `}`, `#` or a newline inside, then one value without `{`, `}`,
         # `#` or blanks; the blanks around it are what str.split() skips (re's \s is the same set)
         plain = r"(?:[ \t]*(\{[^\n#}]*\})|[ \t])[^\S\n]*([^\s#{}]+)[^\S\n]*(?=\n|\Z)"
@@ -320,6 +353,16 @@ def _wanted_regex(wanted: frozenset, notice: tuple[str, ...] = ()) -> "re.Patter
             _REGEX_CACHE.clear()
         _REGEX_CACHE[(wanted, notice)] = rx
     return rx
+
+
+def _spellings(wanted: frozenset) -> set[str]:
+    """The wanted names and every other spelling of vLLM's prefix (VLLM_PREFIXES)."""
+    alts = set()
+    for name in wanted:
+        alts.add(name)
+        if name.startswith("vllm:"):
+            alts.update(prefix + name[5:] for prefix in VLLM_PREFIXES)
+    return alts
 
 
 def _trie(words: Iterable[str]) -> str:
