@@ -5,7 +5,7 @@
 Tiers (tests/tiers.py says how a test gets its tier and how the marks are checked):
     unit    pytest -m "not live and not vllm", with HEADROOM_TEST_TIER=unit (no subprocess, no socket)
     live    pytest -m "live and not vllm and not image", the slowest files in a second process (tests/parallel.py)
-    engine  pytest -m vllm on ENGINE_FILES in one session (one shared engine; the knee sweep last)
+    engine  pytest -m vllm on ENGINE_FILES in one session (one shared engine; the LoRA engine last)
     image   pytest -m image on the files that use the mark: the container image run with podman as the Helm chart runs it
 With --build-image, `bash image/build.sh` (make image) starts at once in the background, niced, with
 its output in build/image-build.log, and the image tier waits for it: the build overlaps the other
@@ -28,12 +28,12 @@ REPO = os.path.dirname(HERE)
 # the slowest files of the live tier, run in a second pytest process beside the others
 SIDE_SHARD = ["tests/test_demo.py", "tests/test_loadtest_sim.py", "tests/test_restarts.py",
               "tests/test_prometheus_mode_forecasts.py"]
-# one pytest session, one shared engine; the LoRA and knee tests stop the other engines first, so they run last
+# one pytest session, one shared engine; the LoRA test stops every other engine first (exclusive=True),
+# so it runs last: after it no test needs the shared engine started again
 ENGINE_FILES = ["tests/test_vllm_pipeline.py", "tests/test_vllm_sim_calibration.py",
                 "tests/test_capacity_vllm.py", "tests/test_loadtest_vllm.py", "tests/test_alerts_vllm.py",
-                "tests/test_journey_vllm.py", "tests/test_loadtest_mixed_vllm.py",
-                # these two stop the shared engines (exclusive=True): after every test that uses them
-                "tests/test_vllm_edges_engine.py", "tests/test_knee_vllm.py"]
+                "tests/test_journey_vllm.py", "tests/test_loadtest_mixed_vllm.py", "tests/test_knee_vllm.py",
+                "tests/test_vllm_edges_engine.py"]
 
 
 def image_files() -> list[str]:
