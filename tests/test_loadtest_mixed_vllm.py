@@ -35,8 +35,9 @@ PRIORITY = ("--scheduling-policy", "priority")
 
 def four_slot_engine(factory):
     """The session's 4-slot engine (`small`, 24 blocks) with vLLM's priority policy: these tests send
-    priorities; calls without one (priority 0 each) keep their arrival order, so tests/test_loadtest_vllm.py
-    ramps on the same engine instead of starting a fourth one (an engine start-up is 30-90 s here)."""
+    priorities; calls without one (priority 0 each) keep their arrival order, so
+    tests/test_loadtest_vllm.py ramps on the same engine instead of starting another one (a start-up
+    took 30 s on a quiet machine, 110-240 s with the cores loaded to 10-22)."""
     return factory(max_num_seqs=4, num_gpu_blocks=24, extra_args=PRIORITY, model="small")
 
 

@@ -18,8 +18,9 @@ How close the client's mean TTFT and its queue estimate (TTFT - unloaded TTFT) c
 view (the wait before scheduling plus the load-added prefill time) is an accuracy figure of
 repeated ramps: `make bench-engine` (benchmarks/engine_results.json, `queue_agreement`).
 The same mix and seed against an engine with max-num-seqs 4 (the session's 4-slot engine, shared with
-tests/test_loadtest_mixed_vllm.py: vLLM's priority policy, the ramp sends no priority): it queues by 12 sessions at the latest and
-runs at most 4; `headroom compare` shows both reports' own figures and decides by its documented rule.
+tests/test_loadtest_mixed_vllm.py: vLLM's priority policy; the ramp sends no priority): it queues by
+12 sessions at the latest and runs at most 4; `headroom compare` shows both reports' own figures and
+decides by its documented rule.
 """
 from __future__ import annotations
 
