@@ -28,11 +28,12 @@ REPO = os.path.dirname(HERE)
 # the slowest files of the live tier, run in a second pytest process beside the others, chosen by
 # measured wall times so both take about as long. Before (CI, 2026-12-06): 930 s for the other process,
 # 236 s for this one. Each live file alone, niced, at load 5-27 (2026-12-06): 3,572 s in all, test_rules
-# 1,057 (promtool on 98 mutated rule sets; about 650 since its control runs once per case prefix),
-# test_alert_path 205, test_snapshot_forecast 128; this list then sums to about 1,540 s of 3,150
+# 1,057 (promtool on 98 mutated rule sets; 438 -> 206 s at load 5 once its control ran once per case
+# prefix), test_alert_path 205, test_snapshot_forecast 128, test_deadlines 91: this list then holds
+# about 1,480 s of about 3,000
 SIDE_SHARD = ["tests/test_demo.py", "tests/test_loadtest_sim.py", "tests/test_restarts.py",
               "tests/test_prometheus_mode_forecasts.py", "tests/test_rules.py", "tests/test_alert_path.py",
-              "tests/test_snapshot_forecast.py"]
+              "tests/test_snapshot_forecast.py", "tests/test_deadlines.py"]
 # one pytest session, one shared engine; the LoRA test stops every other engine first (exclusive=True),
 # so it runs last: after it no test needs the shared engine started again
 ENGINE_FILES = ["tests/test_vllm_pipeline.py", "tests/test_vllm_sim_calibration.py",
