@@ -249,19 +249,8 @@ MUTATIONS = [
 ]
 
 
-@needs_promtool
-@pytest.mark.parametrize("mutation", MUTATIONS, ids=lambda m: f"{m[3].strip()}:{m[2][:50]}")
-def test_promtool_tests_catch_a_mutated_rule(tmp_path, mutation):
-    rule_name, old, new, case_prefix = mutation
-    (tmp_path / "rules").mkdir()
-    for f in RULE_FILES:
-        text = f.read_text()
-        if f.name == rule_name:
-            assert text.count(old) == 1, f"mutation target not unique in {f.name}: {old!r}"
-            text = text.replace(old, new)
-        (tmp_path / "rules" / f.name).write_text(text)
-    assert _promtool("check", "rules", str(tmp_path / "rules" / rule_name)).returncode == 0
-    test_dir = tmp_path / "tests" / "rules"
+def _write_cases(test_dir: Path, case_prefix: str) -> list[str]:
+    """The promtool test files holding only the cases named `case_prefix...` (their names)."""
     test_dir.mkdir(parents=True)
     selected = []
     for t in PROMTOOL_TESTS:
@@ -270,17 +259,52 @@ def test_promtool_tests_catch_a_mutated_rule(tmp_path, mutation):
         if doc["tests"]:
             (test_dir / t.name).write_text(yaml.safe_dump(doc, sort_keys=False))
             selected.append(t.name)
-    assert selected, f"no promtool case named {case_prefix!r}"
-    # the unmutated rules pass these cases (so a failure below is the mutation's doing)
+    return selected
+
+
+def _copy_rules(rules_dir: Path, mutation: tuple | None = None) -> None:
+    """The rule files into `rules_dir` (the cases' rule_files: ../../rules/), one of them mutated."""
+    rules_dir.mkdir(parents=True)
     for f in RULE_FILES:
-        if f.name == rule_name:
-            (tmp_path / "rules" / f.name).write_text(f.read_text())
-    assert all(_promtool("test", "rules", n, cwd=test_dir).returncode == 0 for n in selected)
-    for f in RULE_FILES:
-        if f.name == rule_name:
-            (tmp_path / "rules" / f.name).write_text(f.read_text().replace(old, new))
-    results = [_promtool("test", "rules", n, cwd=test_dir) for n in selected]
-    assert any(r.returncode != 0 for r in results), f"no promtool case noticed {old!r} -> {new!r}"
+        text = f.read_text()
+        if mutation is not None and f.name == mutation[0]:
+            assert text.count(mutation[1]) == 1, f"mutation target not unique in {f.name}: {mutation[1]!r}"
+            text = text.replace(mutation[1], mutation[2])
+        (rules_dir / f.name).write_text(text)
+
+
+@pytest.fixture(scope="module")
+def unmutated_cases_pass(tmp_path_factory) -> dict[str, list[str]]:
+    """Per case prefix of MUTATIONS: the selected files, each checked once to pass on the unmutated
+    rules through the same copying (so a failure of a mutated run is the mutation's doing); one
+    promtool run per prefix and file, not one per mutation."""
+    if PROMTOOL is None:
+        pytest.skip("promtool not installed")
+    passing = {}
+    for prefix in sorted({m[3] for m in MUTATIONS}):
+        root = tmp_path_factory.mktemp("unmutated")
+        _copy_rules(root / "rules")
+        selected = _write_cases(root / "tests" / "rules", prefix)
+        assert selected, f"no promtool case named {prefix!r}"
+        failed = [(n, r.stdout[-1500:]) for n in selected
+                  if (r := _promtool("test", "rules", n, cwd=root / "tests" / "rules")).returncode != 0]
+        assert failed == [], f"the cases {prefix!r} fail on the unmutated rules: {failed}"
+        passing[prefix] = selected
+    return passing
+
+
+@needs_promtool
+@pytest.mark.parametrize("mutation", MUTATIONS, ids=lambda m: f"{m[3].strip()}:{m[2][:50]}")
+def test_promtool_tests_catch_a_mutated_rule(tmp_path, mutation, unmutated_cases_pass):
+    rule_name, old, new, case_prefix = mutation
+    _copy_rules(tmp_path / "rules", mutation)
+    assert _promtool("check", "rules", str(tmp_path / "rules" / rule_name)).returncode == 0
+    test_dir = tmp_path / "tests" / "rules"
+    selected = _write_cases(test_dir, case_prefix)
+    assert selected == unmutated_cases_pass[case_prefix]
+    # some case notices the change (the first file that does ends the check)
+    assert any(_promtool("test", "rules", n, cwd=test_dir).returncode != 0 for n in selected), \
+        f"no promtool case noticed {old!r} -> {new!r}"
 
 
 # ------------------------------------------------------------------ alert conventions

@@ -9,7 +9,7 @@
   sessions from the capacity layer every cycle once the window is covered; untagged calls
   `unattributed`.
 
-The stepped load sweep for the knee is in test_knee_vllm.py (its own engine and pytest session).
+The short stepped load sweep feeding the knee estimator is in test_knee_vllm.py.
 """
 from __future__ import annotations
 

@@ -33,6 +33,14 @@ pytestmark = pytest.mark.vllm
 PRIORITY = ("--scheduling-policy", "priority")
 
 
+def four_slot_engine(factory):
+    """The session's 4-slot engine (`small`, 24 blocks) with vLLM's priority policy: these tests send
+    priorities; calls without one (priority 0 each) keep their arrival order, so
+    tests/test_loadtest_vllm.py ramps on the same engine instead of starting another one (a start-up
+    took 30 s on a quiet machine, 110-240 s with the cores loaded to 10-22)."""
+    return factory(max_num_seqs=4, num_gpu_blocks=24, extra_args=PRIORITY, model="small")
+
+
 def _gauge(url: str, name: str) -> float:
     text = requests.get(url + "/metrics", timeout=10).text
     return sum(v for _, v in parse(text, wanted=[name]).get(name))
@@ -75,7 +83,7 @@ def overtaken(engine, slots: int) -> dict:
 
 
 def test_the_engine_honours_the_priority_sent(vllm_engine_factory, vllm_small_engine):
-    prio = vllm_engine_factory(max_num_seqs=4, num_gpu_blocks=24, extra_args=PRIORITY, model="small")
+    prio = four_slot_engine(vllm_engine_factory)
     t = overtaken(prio, 4)
     assert t["interactive"] < t["deferrable"], f"priority 0 did not overtake priority 10: {t}"
     fcfs = overtaken(vllm_small_engine, 8)  # the same calls on vLLM's default policy keep their order
@@ -96,7 +104,7 @@ class _Budget(BaseHTTPRequestHandler):
 
 
 def test_four_cases_through_the_cli(vllm_engine_factory, tmp_path):
-    prio = vllm_engine_factory(max_num_seqs=4, num_gpu_blocks=24, extra_args=PRIORITY, model="small")
+    prio = four_slot_engine(vllm_engine_factory)
     mix = write_mixed_mix(str(tmp_path / "mix.yaml"), prio.info["vocab_size"], deferrable_concurrency=4,
                           interactive_per_second=1.0, ttft_seconds=2.0, budget_interval=0.5, pause=1.0,
                           deferrable_output=32)

@@ -41,13 +41,15 @@ def headroom(snap: Snapshot) -> dict[str, float]:
 def test_a_large_fleet_shows_the_pools_with_least_headroom_first_and_links_the_rest():
     snap, trends = fleet(2000)
     page = render(snap, trends)
-    least = sorted(headroom(snap), key=lambda k: (headroom(snap)[k], k))[:LANDING_PAGE_POOLS]
+    ratios = headroom(snap)  # once: the sort key below is asked 2,000 times
+    by_headroom = sorted(ratios, key=lambda k: (ratios[k], k))
+    least = by_headroom[:LANDING_PAGE_POOLS]
     assert cards(page) == least
     assert len(page.encode()) < 400_000  # was 2.3 MB with every pool
     assert f"{LANDING_PAGE_POOLS} of 2,000 pools" in page and 'href="?page=2"' in page
     assert 'href="?page=40"' in page  # the last page: 2,000 / 50
     second = render(snap, trends, page=2)
-    assert cards(second) == sorted(headroom(snap), key=lambda k: (headroom(snap)[k], k))[50:100]
+    assert cards(second) == by_headroom[50:100]
     last = render(snap, trends, page=40)
     assert cards(last)[-1] == "pool-1999"  # headroom unknown: last
     assert cards(render(snap, trends, page=99)) == cards(last)  # past the end: the last page

@@ -66,7 +66,7 @@ class Receiver:
                 self.wfile.write(b"ok")
                 if 200 <= code < 300:
                     outer.received.append({"path": self.path, "headers": dict(self.headers),
-                                           "body": json.loads(body)})
+                                           "body": json.loads(body), "at": time.time()})
 
             def log_message(self, *a):
                 pass
@@ -478,14 +478,16 @@ def test_sigkill_while_the_request_is_in_flight_resends_once_after_the_lease(tmp
         # a lease of 2 x 10 min + 30 s is long: make the restart use a short timeout (and lease)
         cfg = tmp_path / "headroom.yaml"
         cfg.write_text(cfg.read_text().replace("timeout: 10m", "timeout: 5s"))
+        lease_until = time.time() + 6  # a few seconds past the restart's start-up on a quiet machine
         con = sqlite3.connect(str(outbox))
-        con.execute("UPDATE deliveries SET lease_until = ?", (time.time() + 20,))
+        con.execute("UPDATE deliveries SET lease_until = ?", (lease_until,))
         con.commit()
         con.close()
         again = subprocess.run(cmd + ["--wait", "5m"], cwd=ROOT, capture_output=True, timeout=600)
         assert again.returncode == 0, again.stderr.decode()[-2000:]
         assert len(rx.received) == 1
         assert rx.received[0]["headers"]["Idempotency-Key"] == "2025-W48:hook"
+        assert rx.received[0]["at"] >= lease_until, "resent before the killed sender's lease ran out"
     finally:
         rx.close()
 
