@@ -58,3 +58,14 @@ def test_up_and_its_scrape_times_come_in_one_answer():
               ({"__name__": "up", "instance": "b"}, 0.0), ({"instance": "b", "hr_up": "scraped_at"}, 1700000001.0)]
     ups, times = split_up(answer, "instance")
     assert ups == [answer[0], answer[2]] and times == {"a": 1700000000.5, "b": 1700000001.0}
+
+
+def test_a_narrowed_answer_naming_an_instance_not_asked_for_loses_no_replica_and_reads_whole_next():
+    since = ReplicaSince()
+    times = {"a": 1.0, "b": 2.0, "c": 3.0}
+    fresh = {i: (f"scrape-{i}", {}) for i in times}
+    full(since, times, fresh)
+    assert since.plan({**times, "a": 1.5}, 'job="vllm"', 5.0) == 'instance=~"a"'
+    got = since.merge({"a": ("a2", {}), "x": ("x", {})}, {}, {}, 'job="vllm"', 5.0)
+    assert got == {"a": ("a2", {}), "b": fresh["b"], "c": fresh["c"], "x": ("x", {})}
+    assert since.held == {} and since.plan(times, 'job="vllm"', 6.0) is None

@@ -4,7 +4,8 @@ Instant queries (monitor/sources/prometheus_queries.py builds them): the per-rep
 (gauges and counters; histogram sums and counts), `up`, and the pools' latency buckets - from
 headroom's bundled recording rules when they are loaded, else summed over the latency window by one
 query per histogram family. `up` goes first (a small answer that fixes the cycle's query time,
-query_clock.py); the rest are asked at once, each bounded by the read's deadline, so the query layer
+query_clock.py; with each target's last scrape time, so only the replicas scraped since their last
+read are asked for again: prometheus_since.py); the rest are asked at once, each bounded by the read's deadline, so the query layer
 answers them on all its cores while headroom reads the replica answer (the histogram queries are
 those of the histograms the last read found; a histogram new this cycle is asked after). The first
 read, and a read after the replica series failed, asks them in order of need. A query that fails or

@@ -121,9 +121,10 @@ class ReplicaSince:
             for inst, at in times.items():
                 self.held[inst] = Held(at, fresh.get(inst), present.get(inst), series.get(inst, 0))
             return fresh
-        if any(inst not in self.asked for inst in fresh):  # series of an instance `up` does not name
+        if any(inst not in self.asked for inst in fresh):  # series of an instance not asked for: judge nothing
+            out = {inst: h.scrape for inst, h in self.held.items() if h.scrape is not None and inst in times}
             self.forget()
-            return fresh
+            return {**out, **fresh}
         for inst in [i for i in self.held if i not in times]:  # gone from `up`: its series are gone too
             del self.held[inst]
         for inst in self.asked:
