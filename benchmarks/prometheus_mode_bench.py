@@ -12,7 +12,8 @@ reload). Per trial, in the same run and in turn:
   (five aggregations, one histogram's p95: benchmarks/query_layer_bench.py) beside it;
 - headroom: one `Pipeline.run_cycle` in Prometheus mode (interval 10 s) in a child process per code
   version (`--code NAME=DIR`, e.g. the code before a change beside it; `--gc-off NAME`: that one with
-  global.tune_gc false): its own CPU and the cycle's wall time, and Prometheus' CPU while it ran. The
+  global.tune_gc false): its own CPU and the cycle's wall time, and Prometheus' CPU while it ran,
+  each measured cycle `--pace` seconds (10) after an unmeasured one of the same child, as a daemon runs them. The
   child applies the garbage-collector settings the daemon applies (monitor/app.py `garbage_collector`)
   where the code has them.
 Prometheus' CPU (/proc/<pid>/stat) is counted net of its background (scrapes, rule evaluations): its
@@ -147,7 +148,10 @@ for line in sys.stdin:
     cpu, wall = time.process_time() - c0, time.monotonic() - w0
     queries, asked[:] = list(asked), []
     pools = sorted(snap.pools, key=lambda p: p.pool)
+    since = getattr(pipe.prom, "since", None)  # the replicas asked again (None: the whole fleet read)
+    narrowed = None if since is None or since.asked is None else len(since.asked)
     print(json.dumps({"cpu": cpu, "gc": collecting[0], "wall": wall, "queries": queries, "replicas": sum(p.replicas for p in pools),
+                      "replicas_asked": narrowed,
                       "stale": snap.source_stale_seconds,
                       "values": [[p.pool, p.replicas, p.active_requests, p.queued_requests, p.kv_tokens_live,
                                   p.kv_tokens_capacity, p.completion_rate, p.generation_tokens_rate,
@@ -241,8 +245,11 @@ def run_queries(url: str, queries: list[str]) -> int:
 
 
 def phase(prom_pid: int, url: str, codes: dict[str, str], rules: bool, trials: int, idle: float,
-          explain: bool = False, collect: bool = True, gc_off: tuple[str, ...] = ()) -> dict:
-    """Trials of the baseline and each code version's cycle, in turn; medians and ranges."""
+          explain: bool = False, collect: bool = True, gc_off: tuple[str, ...] = (), pace: float = 10.0) -> dict:
+    """Trials of the baseline and each code version's cycle, in turn; medians and ranges. Each
+    measured cycle comes `pace` seconds (the child's interval) after an unmeasured one of the same
+    child: what changed in Prometheus between two cycles is what a daemon's cycle reads (issue 42:
+    replicas not scraped since are not asked for again)."""
     measure = Measure(prom_pid, idle, url, collect)
     order = random.Random(7)
     queries = list(baseline_queries().values())
@@ -258,9 +265,13 @@ def phase(prom_pid: int, url: str, codes: dict[str, str], rules: bool, trials: i
                     base.append(measure(lambda: run_queries(url, queries)))
                 elif name == "anchor":
                     anchor.append(measure(lambda: run_queries(url, ANCHOR))[0])
-                else:
-                    prom_cpu, wall, got = measure(children[name].cycle)
-                    runs[name].append({**got, "prometheus_cpu": prom_cpu})
+                else:  # a cycle `pace` seconds after the one before it, as the daemon runs them
+                    start = time.monotonic()
+                    children[name].cycle()
+                    time.sleep(max(0.0, start + pace - idle - 0.5 - time.monotonic()))
+                    gap: list[float] = []
+                    prom_cpu, wall, got = measure(lambda: (gap.append(time.monotonic() - start), children[name].cycle())[1])
+                    runs[name].append({**got, "prometheus_cpu": prom_cpu, "gap": gap[0]})
     finally:
         for child in children.values():
             child.close()
@@ -289,6 +300,8 @@ def phase(prom_pid: int, url: str, codes: dict[str, str], rules: bool, trials: i
                      "ratio_to_anchor_of_means": round(mean(prom) / mean(anchor), 3) if mean(anchor) else None,
                      "ratio_to_baseline": med(ratios) if ratios else None,
                      "ratio_range": span(ratios) if ratios else None,
+                     "replicas_asked": [r.get("replicas_asked") for r in rs],
+                     "gap_seconds": [round(r["gap"], 1) for r in rs],
                      "queries": len(rs[-1]["queries"]), "replicas_seen": rs[-1]["replicas"], "stale": rs[-1]["stale"], "values": rs[-1]["values"]}
     return out
 
@@ -318,6 +331,8 @@ def main() -> None:
     ap.add_argument("--scrape", type=int, default=60, help="Prometheus' scrape interval, seconds")
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--idle", type=float, default=2.0, help="seconds of each background window")
+    ap.add_argument("--pace", type=float, default=10.0, help="seconds from the cycle before to each measured cycle "
+                                                              "(the children's interval)")
     ap.add_argument("--busy", type=int, default=0, help="busy loops beside the benchmark")
     ap.add_argument("--rules", action="store_true", help="then load the bundled rules and measure again")
     ap.add_argument("--code", action="append", default=[], help="NAME=DIR: a code version to run (default: this one)")
@@ -354,8 +369,9 @@ def main() -> None:
         result = {"when": time.strftime("%Y-%m-%d %H:%M"), "replicas": args.replicas, "scrape_interval": args.scrape,
                   "busy_loops": args.busy, "trials": args.trials, "collect_before_each": not args.no_collect, "note": args.note, "machine": speed,
                   "codes": codes, "gc_off": args.gc_off,
+                  "pace_seconds": args.pace,
                   "without_rules": phase(pid, url, codes, False, args.trials, args.idle, args.explain,
-                                         not args.no_collect, tuple(args.gc_off))}
+                                         not args.no_collect, tuple(args.gc_off), args.pace)}
         print(json.dumps(result["without_rules"]), flush=True)
         if args.rules:
             with open(cfg, "w") as f:
@@ -363,7 +379,7 @@ def main() -> None:
             requests.post(url + "/-/reload", timeout=60).raise_for_status()
             wait_query(url, "count(pool_le:vllm_e2e_request_latency_seconds_bucket:rate5m)", bool, 180)
             result["with_rules"] = phase(pid, url, codes, True, args.trials, args.idle, args.explain,
-                                         not args.no_collect, tuple(args.gc_off))
+                                         not args.no_collect, tuple(args.gc_off), args.pace)
             print(json.dumps(result["with_rules"]), flush=True)
             with open(cfg, "w") as f:  # as it was (an attached Prometheus is measured again)
                 f.write(prometheus_config(port, args.replicas, args.scrape, False))

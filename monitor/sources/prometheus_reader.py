@@ -4,7 +4,8 @@ Instant queries (monitor/sources/prometheus_queries.py builds them): the per-rep
 (gauges and counters; histogram sums and counts), `up`, and the pools' latency buckets - from
 headroom's bundled recording rules when they are loaded, else summed over the latency window by one
 query per histogram family. `up` goes first (a small answer that fixes the cycle's query time,
-query_clock.py); the rest are asked at once, each bounded by the read's deadline, so the query layer
+query_clock.py; with each target's last scrape time, so only the replicas scraped since their last
+read are asked for again: prometheus_since.py); the rest are asked at once, each bounded by the read's deadline, so the query layer
 answers them on all its cores while headroom reads the replica answer (the histogram queries are
 those of the histograms the last read found; a histogram new this cycle is asked after). The first
 read, and a read after the replica series failed, asks them in order of need. A query that fails or
@@ -30,6 +31,7 @@ from .prometheus import PrometheusClient, PrometheusError, engine_of_scrape, par
 from .query_clock import QueryClock
 from ..model.shard import filter_pools
 from .prometheus_pool_reads import Answer, PoolHistogramReads
+from .prometheus_since import ReplicaSince, by_instance, split_up, up_query
 from .prometheus_queries import present_bases, replica_selector, replica_selectors, shard_pools_query, with_pools
 
 log = logging.getLogger("monitor.sources.prometheus")
@@ -91,6 +93,7 @@ class PrometheusSourceReader(PoolHistogramReads):
         self.max_series = max_series  # global.max_series: no answer is sized for more series than this
         self._series: Optional[int] = None  # series in the last whole replica answer (None: count them)
         self.clock = QueryClock()  # every query at the query layer's time; its steps counted (query_clock.py)
+        self.since = ReplicaSince(src.instance_label)  # replicas not scraped since their last read (prometheus_since.py)
 
     def read(self, now: Optional[float] = None, deadline: Optional[float] = None
              ) -> tuple[list[ReplicaReading], list[SourceStatus], dict[str, int]]:
@@ -115,11 +118,13 @@ class PrometheusSourceReader(PoolHistogramReads):
         try:
             self.selector = self._shard_selector(now, deadline)
             if self._present is None or self._series is None:
+                self.since.plan(None, self.selector, time.monotonic())  # a full read, held by none
                 vector = self._replica_read(deadline)
             else:
                 vector, ups, started = self._read_at_once(deadline)
         except PrometheusError as exc:
             self._present = None  # the next read asks in order of need
+            self.since.forget()
             self._note("replicas", exc.reason, exc.detail)
             status = SourceStatus("prometheus", name, False, exc.reason, exc.detail, time.monotonic() - start)
             out = PrometheusRead([], [status])
@@ -131,8 +136,7 @@ class PrometheusSourceReader(PoolHistogramReads):
         self._replicas_at = now
         out = PrometheusRead([], [SourceStatus("prometheus", name, True, duration_seconds=time.monotonic() - start)],
                              stale_seconds={"replicas": 0.0})
-        present = present_bases(vector)
-        missing = self._readings(vector, now, out)  # takes the vector's label dicts over
+        missing, present = self._readings(vector, now, out)
         self._statuses(now, deadline, missing, out, ups)
         self._histograms(now, deadline, out, dict(present), started)
         self._present = present
@@ -140,14 +144,20 @@ class PrometheusSourceReader(PoolHistogramReads):
         return out
 
     def _read_at_once(self, deadline: Optional[float]) -> tuple[list, Answer, dict[str, tuple[str, Future]]]:
-        """`up` first (it fixes the cycle's query time), then the replica series and the histogram
-        queries of the last read's histograms at once, each bounded by the read's deadline: the
-        replica vector, `up`'s answer and the histogram queries started (key -> (query, future))."""
-        ups = self._answer(lambda: self._query(_up_selector(self.src.selector), deadline))
+        """`up` first (it fixes the cycle's query time; with each target's last scrape time), then the
+        series of the replicas scraped since their last read (prometheus_since.py; all of them when
+        that cannot be judged) and the histogram queries of the last read's histograms at once, each
+        bounded by the read's deadline: the replica vector, `up`'s answer and the histogram queries
+        started (key -> (query, future))."""
+        got = self._answer(lambda: self._query(up_query(_up_selector(self.src.selector)), deadline))
+        ups, times = (got, None) if isinstance(got, PrometheusError) else split_up(got, self.src.instance_label)
         if self.clock.at is None:  # no `up` series gave the time: the replica read fixes it, the rest follow
+            self.since.plan(None, self.selector, time.monotonic())
             return self._replica_read(deadline), ups, {}
+        narrow = self.since.plan(times, self.selector, time.monotonic())
         cap, series = self._replica_cap(deadline)
-        parts = [self._start(lambda q=q: self._query(q, deadline, max_bytes=cap)) for q in self._replica_queries()]
+        queries = [] if narrow == "" else self._replica_queries(narrow or "")
+        parts = [self._start(lambda q=q: self._query(q, deadline, max_bytes=cap)) for q in queries]
         started = {key: (query, self._start(lambda q=query: self._query(q, deadline)))
                    for key, query in self._histogram_asks(self._present, with_rules=True).items()}
         vector: list = []
@@ -156,14 +166,13 @@ class PrometheusSourceReader(PoolHistogramReads):
                 vector.extend(part.result())
         except PrometheusError as exc:
             raise self._too_large(exc, cap, series) from None
-        self._series = len(vector)
         return vector, ups, started
 
-    def _replica_queries(self) -> list[str]:
+    def _replica_queries(self, narrow: str = "") -> list[str]:
         """The replica series' queries (prometheus_queries.replica_selectors), keeping the instance
-        label and the pool_by labels on the trimmed ones."""
+        label and the pool_by labels on the trimmed ones; `narrow`: a matcher more (some instances)."""
         keep = [self.src.instance_label] + [label for label in self.pool_by if label not in ("model_name", "model")]
-        return replica_selectors(self.selector, keep)
+        return replica_selectors(",".join(m for m in (self.selector.strip().strip("{}").strip(), narrow) if m), keep)
 
     def _start(self, call: Callable[[], list]) -> Future:
         if self._pool is None:
@@ -191,7 +200,6 @@ class PrometheusSourceReader(PoolHistogramReads):
                 vector.extend(part.result())
         except PrometheusError as exc:
             raise self._too_large(exc, cap, series) from None
-        self._series = len(vector)
         return vector
 
     def _replica_cap(self, deadline: Optional[float]) -> tuple[int, int]:
@@ -242,19 +250,31 @@ class PrometheusSourceReader(PoolHistogramReads):
         owned = filter_pools(sorted({labels.get("model_name", "") for labels, _v in names} - {""}), self.shard)
         return with_pools(self.src.selector, owned)
 
-    def _readings(self, vector, now: float, out: PrometheusRead) -> dict[str, tuple[str, ...]]:
-        """Per instance: the engine's readings (its pool_by labels on them); returns each instance's
-        missing contract families."""
+    def _readings(self, vector, now: float, out: PrometheusRead) -> tuple[dict[str, tuple[str, ...]], dict[str, str]]:
+        """Per instance: the engine's readings (its pool_by labels on them), from this read's series
+        and those held for the replicas not scraped since (prometheus_since.py); returns each
+        instance's missing contract families and the latency histograms found (base -> stored name).
+        Takes the vector's label dicts over."""
         missing: dict[str, tuple[str, ...]] = {}  # instance -> contract families it has no series of
         extra = [label for label in self.pool_by if label not in ("model_name", "model")]
-        for instance, (scrape, labels) in sorted(scrapes_from_vector(vector, self.src.instance_label,
-                                                                     keep=extra, consume=True).items()):
+        present, series = by_instance(vector, self.src.instance_label, present_bases)
+        fresh = scrapes_from_vector(vector, self.src.instance_label, keep=extra, consume=True)
+        scrapes = self.since.merge(fresh, present, series, self.selector, time.monotonic())
+        held = bool(self.since.held)
+        self._series = max(self.since.series(), len(vector)) if held else len(vector)
+        for instance, (scrape, labels) in sorted(scrapes.items()):
             engine = engine_of_scrape(scrape)
             out.readings.extend(engine.readings_from_scrape(scrape, instance, now, labels or None))
             missing[instance] = engine.missing_families(scrape)
             for kind, n in scrape.anomalies.items():
                 out.anomalies[kind] = out.anomalies.get(kind, 0) + n
-        return missing
+        if held:
+            return missing, self.since.present()
+        found: dict[str, str] = {}
+        for got in present.values():
+            for base, name in got.items():
+                found.setdefault(base, name)
+        return missing, found
 
     def _statuses(self, now: float, deadline: Optional[float], missing: dict, out: PrometheusRead,
                   ups: Optional[Answer] = None) -> None:

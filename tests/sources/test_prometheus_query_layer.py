@@ -337,3 +337,48 @@ def test_the_replica_read_asked_at_once_gives_the_readings_of_the_one_whole_read
     assert got.readings == want and len(want) == 3
     assert [s.up for s in got.statuses] == [True] * 4 and got.stale_seconds == {"replicas": 0.0, "histograms": 0.0}
     assert got.pool_histograms == pool_histograms(hist, ["model_name"])[0] and got.pool_histograms
+
+
+def test_a_read_asks_again_only_the_replicas_scraped_since_and_gives_the_whole_reads_readings(fleet):
+    """From its third cycle a read asks the replica series only of the instances whose `up` timestamp
+    moved since their last read (monitor/sources/prometheus_since.py), none when none did: its
+    readings are those of one raw read of every replica series at the same query time. A read during
+    which a scrape landed (the instances' `up` times moved between the read and the check) is not
+    compared; the loop ends once a narrowed read has been compared, or fails at its deadline."""
+    import time
+    from monitor.sources.prometheus import PrometheusClient, engine_of_scrape, scrapes_from_vector
+    from monitor.sources.prometheus_reader import PrometheusSourceReader
+    from monitor.sources.prometheus_since import split_up, up_query
+    _servers, prom, proxy = fleet
+    reader = PrometheusSourceReader(PrometheusSource(url=proxy.url, selector='job="vllm"', recording_rules=False),
+                                    latency_window=120.0)
+    client = PrometheusClient(prom.url)
+    narrowed = 0
+    end = time.monotonic() + 60
+    try:
+        reader.read_all(now=1_800_000_000.0)
+        reader.read_all(now=1_800_000_000.0)  # a full read, held
+        while not narrowed and time.monotonic() < end:
+            first = len(proxy.queries)
+            got = reader.read_all(now=1_800_000_000.0)
+            at, asked, times = reader.clock.at, reader.since.asked, dict(reader.since.times or {})
+            raw = client.query(replica_selector('job="vllm"'), at=at)
+            _ups, now_times = split_up(client.query(up_query('{__name__="up",job="vllm"}'), at=at), "instance")
+            if now_times != times or asked is None:
+                continue  # a scrape landed during the read, or a full read: nothing narrowed to check
+            queries = proxy.queries[first:]
+            replica_asks = [q for q in queries if "num_requests_running" in q or "_count" in q]
+            if asked:
+                assert replica_asks and all("instance=~" in q for q in replica_asks), replica_asks
+            else:
+                assert replica_asks == []
+            want = []
+            for instance, scrape in sorted(scrapes_from_vector(raw).items()):
+                want.extend(engine_of_scrape(scrape).readings_from_scrape(scrape, instance, 1_800_000_000.0, None))
+            assert got.readings == want and len(want) == 3
+            assert [s.up for s in got.statuses] == [True] * 4
+            narrowed += 1
+    finally:
+        reader.close()
+        client.close()
+    assert narrowed

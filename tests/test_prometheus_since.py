@@ -1,0 +1,71 @@
+"""Which replicas a Prometheus-mode read asks for again (monitor/sources/prometheus_since.py): only
+those Prometheus scraped since their last read, the rest held; the whole fleet when that cannot be
+judged. Exact, on plain data (the live read against a real Prometheus: test_prometheus_query_layer.py)."""
+from monitor.sources import prometheus_since as ps
+from monitor.sources.prometheus_since import ReplicaSince, split_up, up_query
+
+
+def full(since: ReplicaSince, times: dict, fresh: dict, at: float = 0.0) -> dict:
+    """A full read (after a failure: nothing held), held for the next."""
+    since.forget()
+    assert since.plan(times, 'job="vllm"', at) is None
+    return since.merge(fresh, {i: {"vllm:x": "vllm:x"} for i in fresh}, {i: 3 for i in fresh}, 'job="vllm"', at)
+
+
+def test_only_the_instances_scraped_since_are_asked_for_and_the_others_are_held():
+    since = ReplicaSince()
+    times = {"a": 1.0, "b": 2.0, "c": 3.0, "d": 4.0}
+    fresh = {i: (f"scrape-{i}", {}) for i in "abcd"}
+    assert full(since, times, fresh) == fresh
+    assert since.plan(times, 'job="vllm"', 10.0) == ""  # nothing scraped since: nothing asked
+    assert since.merge({}, {}, {}, 'job="vllm"', 10.0) == fresh and since.series() == 12
+    assert since.plan({**times, "b": 2.5}, 'job="vllm"', 20.0) == 'instance=~"b"'
+    got = since.merge({"b": ("scrape-b2", {})}, {"b": {}}, {"b": 2}, 'job="vllm"', 20.0)
+    assert got == {**fresh, "b": ("scrape-b2", {})} and since.series() == 11
+    # b down in Prometheus (its series stale): asked, none answered, none held; d gone from `up`: dropped
+    assert since.plan({"a": 1.0, "b": 3.0, "c": 3.0}, 'job="vllm"', 30.0) == 'instance=~"b"'
+    assert since.merge({}, {}, {}, 'job="vllm"', 30.0) == {i: fresh[i] for i in "ac"}
+    assert since.present() == {"vllm:x": "vllm:x"}
+
+
+def test_the_whole_fleet_is_read_when_narrowing_cannot_be_judged_or_would_not_pay():
+    since = ReplicaSince()
+    times = {f"10.0.0.{i}:8000": float(i) for i in range(10)}
+    fresh = {i: ("s", {}) for i in times}
+    full(since, times, fresh)
+    assert since.plan(None, 'job="vllm"', 1.0) is None  # `up` did not answer
+    full(since, times, fresh)
+    assert since.plan(times, 'job="other"', 1.0) is None  # another selector (a shard's pools)
+    full(since, times, fresh)
+    assert since.plan(times, 'job="vllm"', ps.FULL_READ_EVERY) is None  # the periodic full read
+    full(since, times, fresh)
+    moved = {i: t + 1 for i, t in list(times.items())[:6]}
+    assert since.plan({**times, **moved}, 'job="vllm"', 1.0) is None  # most of the fleet moved
+    full(since, times, fresh)
+    one = since.plan({**times, "10.0.0.1:8000": 9.0}, 'job="vllm"', 1.0)
+    assert one == 'instance=~"10\\\\.0\\\\.0\\\\.1:8000"'  # a literal: dots escaped (a set Prometheus looks up)
+    full(since, times, fresh)
+    assert since.plan({**times, 'x"y': 9.0}, 'job="vllm"', 1.0) is None  # a value left to a full read
+    # series of an instance `up` does not name: nothing is held, the next read is whole again
+    assert full(since, times, {**fresh, "pushed": ("s", {})}) and since.held == {}
+    assert since.plan(times, 'job="vllm"', 1.0) is None
+
+
+def test_up_and_its_scrape_times_come_in_one_answer():
+    assert up_query('{__name__="up",job="vllm"}') == ('{__name__="up",job="vllm"} or label_replace(timestamp('
+                                                      '{__name__="up",job="vllm"}), "hr_up", "scraped_at", "", "")')
+    answer = [({"__name__": "up", "instance": "a"}, 1.0), ({"instance": "a", "hr_up": "scraped_at"}, 1700000000.5),
+              ({"__name__": "up", "instance": "b"}, 0.0), ({"instance": "b", "hr_up": "scraped_at"}, 1700000001.0)]
+    ups, times = split_up(answer, "instance")
+    assert ups == [answer[0], answer[2]] and times == {"a": 1700000000.5, "b": 1700000001.0}
+
+
+def test_a_narrowed_answer_naming_an_instance_not_asked_for_loses_no_replica_and_reads_whole_next():
+    since = ReplicaSince()
+    times = {"a": 1.0, "b": 2.0, "c": 3.0}
+    fresh = {i: (f"scrape-{i}", {}) for i in times}
+    full(since, times, fresh)
+    assert since.plan({**times, "a": 1.5}, 'job="vllm"', 5.0) == 'instance=~"a"'
+    got = since.merge({"a": ("a2", {}), "x": ("x", {})}, {}, {}, 'job="vllm"', 5.0)
+    assert got == {"a": ("a2", {}), "b": fresh["b"], "c": fresh["c"], "x": ("x", {})}
+    assert since.held == {} and since.plan(times, 'job="vllm"', 6.0) is None
