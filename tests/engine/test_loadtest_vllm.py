@@ -30,11 +30,11 @@ import subprocess
 import sys
 
 import pytest
+from test_loadtest_mixed_vllm import four_slot_engine  # the session's 4-slot engine, shared
 
 from engine.measure import write_ramp_mix as write_mix
 from engine.servers import REPO
 from monitor.cli import main
-from test_loadtest_mixed_vllm import four_slot_engine  # the session's 4-slot engine, shared
 
 pytestmark = pytest.mark.vllm
 

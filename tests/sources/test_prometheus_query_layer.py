@@ -346,6 +346,7 @@ def test_a_read_asks_again_only_the_replicas_scraped_since_and_gives_the_whole_r
     which a scrape landed (the instances' `up` times moved between the read and the check) is not
     compared; the loop ends once a narrowed read has been compared, or fails at its deadline."""
     import time
+
     from monitor.sources.prometheus import PrometheusClient, engine_of_scrape, scrapes_from_vector
     from monitor.sources.prometheus_reader import PrometheusSourceReader
     from monitor.sources.prometheus_since import split_up, up_query
