@@ -30,10 +30,10 @@ import subprocess
 import sys
 
 import pytest
-from test_loadtest_mixed_vllm import four_slot_engine  # the session's 4-slot engine, shared
 
 from engine.measure import write_ramp_mix as write_mix
 from engine.servers import REPO
+from engine.test_loadtest_mixed_vllm import four_slot_engine  # the session's 4-slot engine, shared
 from monitor.cli import main
 
 pytestmark = pytest.mark.vllm
