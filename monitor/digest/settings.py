@@ -221,6 +221,11 @@ class DigestSettings:
         if self.timezone is None:
             object.__setattr__(self, "timezone", self.schedule.timezone)
 
+    @property
+    def zone(self) -> str:
+        """The zone the digest names its days and hours in: `timezone`, which defaults to the schedule's."""
+        return self.timezone or self.schedule.timezone
+
     def check(self, r: Reader, at: str) -> None:
         seen: set = set()
         for i, d in enumerate(self.destinations):
