@@ -12,6 +12,7 @@ from ..config import Config
 from ..config.inputs import capacity_inputs
 from ..cycle import Pipeline
 from ..digest.settings import DirectoryDestination
+from ..model import RefitResult
 from .component import Component
 from .store import Store
 
@@ -28,7 +29,7 @@ class Cycle(Component):
     """The sources and the collection cycle: one cycle every `interval`, the first at once."""
     name = "cycle"
 
-    def __init__(self, cfg: Config, forecasts: Optional[Callable[[], object]] = None):
+    def __init__(self, cfg: Config, forecasts: Optional[Callable[[], Optional[RefitResult]]] = None):
         """`forecasts()`: the forecaster's latest refit, read once per cycle (ForecastLoop.forecast)."""
         self.pipeline = Pipeline(cfg, capacity=CapacityState(capacity_inputs(cfg)),  # ValueError naming a bad key
                                  forecasts=forecasts)

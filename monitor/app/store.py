@@ -107,7 +107,8 @@ class Store(Component):
         """After a step back, points stamped after the new now are dropped: no future stamp is kept."""
         if seconds < 0:
             self.guarded("maintain", lambda: log.warning(
-                "history store: %d points stamped after the stepped-back clock dropped", self._written().drop_after(now)))
+                "history store: %d points stamped after the stepped-back clock dropped",
+                self._written().drop_after(now)))
 
     def _written(self) -> HistoryStore:
         """The store the writes go to: they are set up only when it opened writable (so it opened)."""

@@ -86,7 +86,8 @@ class AuxSources:
             for i, gw in enumerate(self.gateways) if carried[i] is None]
         if self.dcgm_targets:
             dcgm = self._fetcher_for(None)
-            jobs += [(("dcgm", t.url), partial(fetch, dcgm, t.url, timeout, partial(_prepare_dcgm, target=redact(t.url))))
+            jobs += [(("dcgm", t.url),
+                      partial(fetch, dcgm, t.url, timeout, partial(_prepare_dcgm, target=redact(t.url))))
                      for t in self.dcgm_targets]
         alerts = self.alerts
         if alerts is not None:
