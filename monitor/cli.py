@@ -18,6 +18,7 @@ import argparse
 import importlib
 import logging
 import sys
+from typing import Any
 
 from monitor.kit.redact import redact_urls
 
@@ -74,8 +75,8 @@ _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
 
 def _env_value(action: argparse.Action, flag: str, text: str):
     """`text` read as the flag reads its argument: its type and its choices (ValueError: why not)."""
-    value = text
-    if action.type is not None:
+    value: Any = text
+    if callable(action.type):  # (argparse also takes a registered name; this parser names none)
         try:
             value = action.type(text)
         except (ValueError, TypeError, argparse.ArgumentTypeError) as exc:
@@ -101,6 +102,7 @@ def apply_env_defaults(parser: argparse.ArgumentParser, environ=os.environ) -> l
         text = environ.get(name)
         if text is None:
             continue
+        value: Any
         try:
             if isinstance(action, argparse._StoreTrueAction):
                 if text.strip().lower() not in _TRUE + _FALSE:

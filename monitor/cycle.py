@@ -27,6 +27,7 @@ import logging
 import threading
 import time
 from dataclasses import replace
+from functools import partial
 from typing import Callable, Iterable, Optional
 
 from monitor.kit.http import BodyBudget, Fetcher
@@ -37,7 +38,7 @@ from .capacity.enrich import CapacityState
 from .config import Config
 from .config.inputs import step_settings
 from .history.slo_history import prometheus_windows
-from .model import ReplicaReading, Snapshot, SourceStatus
+from .model import RefitResult, ReplicaReading, Snapshot, SourceStatus
 from .model.poolkey import normalise
 from .model.readings import GatewayConfig
 from .sources.auxiliary import AuxSources
@@ -127,7 +128,8 @@ class Pipeline:
     """
 
     def __init__(self, config: Config, clock: Callable[[], float] = time.time,
-                 capacity: Optional[CapacityState] = None, forecasts: Optional[Callable[[], object]] = None,
+                 capacity: Optional[CapacityState] = None,
+                 forecasts: Optional[Callable[[], Optional[RefitResult]]] = None,
                  steady: Optional[Callable[[], float]] = None):
         self.config = config
         self.clock = clock
@@ -168,7 +170,7 @@ class Pipeline:
         # Prometheus mode: time -> the SLO burn windows from Prometheus (monitor/history/slo_history.py); the
         # cycle passes None: at the query layer's own time, never headroom's clock (which may have stepped)
         self.slo_windows: Optional[Callable[[Optional[float]], dict]] = None
-        if capacity is not None and self.prom is not None:
+        if capacity is not None and self.prom is not None and config.prometheus is not None:  # (prom: from it)
             self.slo_windows = prometheus_windows(
                 self.prom.client, capacity.slo, [(gw.kind, gw.task_label) for gw in config.gateways],
                 interval=config.interval, timeout=config.prometheus.timeout, pool_by=config.pool_by).read
@@ -266,8 +268,8 @@ class Pipeline:
         if deadline is None:
             deadline = began + cycle_deadline_seconds(self.config)
         pool = self._source_pool()
-        prom = pool.start([("prometheus", lambda: self.prom.read_all(now, deadline))]) if self.prom else []
-        slo = pool.start([("slo-windows", lambda: self.slo_windows(None))]) if self.slo_windows else []
+        prom = pool.start([("prometheus", partial(self.prom.read_all, now, deadline))]) if self.prom else []
+        slo = pool.start([("slo-windows", partial(self.slo_windows, None))]) if self.slo_windows else []
         aux = self.aux.start(pool)
         inputs = CycleInputs([], [])
         if self.scraper is not None:
@@ -285,6 +287,7 @@ class Pipeline:
                 inputs.pool_histograms, inputs.pool_totals = result.pool_histograms, result.pool_totals
                 inputs.stale_seconds = dict(result.stale_seconds)
             else:
+                assert self.prom is not None and self.config.prometheus is not None  # asked only when configured
                 inputs.statuses.append(_late("prometheus", self.config.prometheus.url, result, began))
                 late = PrometheusRead([], [])
                 self.prom.stale_read(now, late)

@@ -20,7 +20,7 @@ import time
 from typing import Callable, Optional
 
 from monitor.forecast.pool import PoolSettings, forecast_pool
-from monitor.model import RefitResult
+from monitor.model import PoolForecastLike, RefitResult
 
 log = logging.getLogger(__name__)
 # what a fit worker imports before its first fit (monitor/kit/timebox.py FitPool `preload`): the models,
@@ -65,7 +65,8 @@ class ForecastScheduler:
         with self._run_lock:
             started = self.clock()
             t0 = time.perf_counter()
-            pools, errors = {}, {}
+            pools: dict[str, PoolForecastLike] = {}
+            errors: dict[str, str] = {}
             try:
                 history = self.load_history() or {}
                 caps = self.capacity() or {}

@@ -26,13 +26,23 @@ import os
 import threading
 from typing import Optional
 
+from monitor.kit.ticker import Ticker
+
 from ..config import Config
 from ..cycle import Pipeline
-from monitor.kit.ticker import Ticker
 from .component import Component
 from .forecasts import REFIT_STOP_WAIT, ForecastLoop, Forecasts, capacity_at_knee, history_source, store_forecaster
-from .parts import GC_YOUNG_EVERY, STOP_GRACE, Cycle, Digest, GarbageCollector, Status, Web, digest_directory, \
-    garbage_collector
+from .parts import (
+    GC_YOUNG_EVERY,
+    STOP_GRACE,
+    Cycle,
+    Digest,
+    GarbageCollector,
+    Status,
+    Web,
+    digest_directory,
+    garbage_collector,
+)
 from .store import STORE_BACKLOG_POINTS, STORE_MAINTENANCE_HOURS, STORE_WRITE_WAIT, Store
 
 __all__ = ["App", "Component", "Cycle", "Digest", "ForecastLoop", "Forecasts", "GC_YOUNG_EVERY", "GarbageCollector",
@@ -57,6 +67,7 @@ class App:
 
     @property
     def pipeline(self) -> Pipeline:
+        assert self.cycle is not None  # every built App has one (`App(cfg, built)` is only ever stopped)
         return self.cycle.pipeline
 
     @property
@@ -73,6 +84,7 @@ class App:
 
     @property
     def port(self) -> int:
+        assert self.web is not None, "only the daemon (build with a listen address) serves a port"
         return self.web.server.server_address[1]
 
     def start(self) -> None:
@@ -125,7 +137,7 @@ def build(cfg: Config, listen_address: Optional[str] = None, web_config_file=Non
             forecasts = add(Forecasts(cfg, pipeline, loop, StoreHistory(history)))
         digest = add(Digest(cfg, history, pipeline)) if daemon and cfg.digest is not None else None
         web = None
-        if daemon:
+        if listen_address is not None:  # the daemon
             status = Status(store, digest.outbox if digest is not None else None, cfg.shard or (0, 1))
             web = add(Web(cfg, pipeline, listen_address, web_config_file, status))
             if store is not None:

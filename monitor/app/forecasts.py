@@ -52,8 +52,9 @@ class Forecasts(Component):
 
     def __init__(self, cfg: Config, pipeline: Pipeline, loop: ForecastLoop, source, history_days: float = 35.0,
                  step: float = 300.0):
-        from ..forecaster import FIT_MODULES  # noqa: PLC0415
         from monitor.kit.timebox import FitPool  # noqa: PLC0415
+
+        from ..forecaster import FIT_MODULES  # noqa: PLC0415
         self.source = source
         # every fit in a worker of the fork server's (never a fork of this threaded process), time-boxed
         self.pool = FitPool(cfg.forecast.fit_timeout_seconds, preload=FIT_MODULES)
@@ -110,10 +111,10 @@ def store_forecaster(cfg: Config, source, clock: Callable[[], float], capacity: 
     """The `ForecastScheduler` over a history source (monitor/history). `capacity()`: pool ->
     concurrent requests at the knee; `runner`: how each fit runs (monitor/kit/timebox.py `FitPool`);
     `latest`: where each refit is published (a `ForecastLoop`'s results)."""
-    from ..forecast.rolling_origin import ForecastSettings  # noqa: PLC0415
-    from ..history.forecast_history import forecast_history  # noqa: PLC0415
     from ..forecast.pool import PoolSettings  # noqa: PLC0415
+    from ..forecast.rolling_origin import ForecastSettings  # noqa: PLC0415
     from ..forecaster import ForecastScheduler  # noqa: PLC0415
+    from ..history.forecast_history import forecast_history  # noqa: PLC0415
 
     def load_history() -> dict:
         hist = forecast_history(source, clock(), days=history_days, step=step)

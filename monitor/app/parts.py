@@ -11,6 +11,8 @@ from ..capacity.enrich import CapacityState
 from ..config import Config
 from ..config.inputs import capacity_inputs
 from ..cycle import Pipeline
+from ..digest.settings import DirectoryDestination
+from ..model import RefitResult
 from .component import Component
 from .store import Store
 
@@ -27,7 +29,7 @@ class Cycle(Component):
     """The sources and the collection cycle: one cycle every `interval`, the first at once."""
     name = "cycle"
 
-    def __init__(self, cfg: Config, forecasts: Optional[Callable[[], object]] = None):
+    def __init__(self, cfg: Config, forecasts: Optional[Callable[[], Optional[RefitResult]]] = None):
         """`forecasts()`: the forecaster's latest refit, read once per cycle (ForecastLoop.forecast)."""
         self.pipeline = Pipeline(cfg, capacity=CapacityState(capacity_inputs(cfg)),  # ValueError naming a bad key
                                  forecasts=forecasts)
@@ -94,9 +96,10 @@ class Digest(Component):
     name = "digest"
 
     def __init__(self, cfg: Config, store, pipeline: Optional[Pipeline] = None):
-        from ..digest.knee_report import knees_from_snapshot  # noqa: PLC0415
         from ..config.inputs import digest_history  # noqa: PLC0415
+        from ..digest.knee_report import knees_from_snapshot  # noqa: PLC0415
         from ..digest.schedule import open_outbox  # noqa: PLC0415
+        assert cfg.digest is not None  # built only when a digest is configured (monitor/app build)
         self.settings = cfg.digest  # read and checked with the whole file
         knees = (lambda: knees_from_snapshot(pipeline.latest)) if pipeline is not None else None
         self.build_fn = digest_history(cfg, self.settings, store, knees)  # the knee the daemon learned
@@ -116,11 +119,12 @@ class Web(Component):
     name = "web"
 
     def __init__(self, cfg: Config, pipeline: Pipeline, listen_address: str, web_config_file, status: "Status"):
+        from monitor.kit.web.webconfig import web_security  # noqa: PLC0415
+
         from ..export.collector import Exposition  # noqa: PLC0415
         from ..export.landing import Trends  # noqa: PLC0415
         from ..export.samples import Cadence  # noqa: PLC0415
         from ..export.server import WebState, serve  # noqa: PLC0415
-        from monitor.kit.web.webconfig import web_security  # noqa: PLC0415
 
         def cadence() -> Cadence:
             return Cadence(pipeline.cycle_age(), float(cfg.interval))
@@ -162,4 +166,4 @@ def digest_directory(cfg: Config) -> Optional[str]:
     """The digest's first directory destination (where /digest finds the newest week), or None."""
     if cfg.digest is None:
         return None
-    return next((d.path for d in cfg.digest.destinations if d.type == "directory"), None)
+    return next((d.path for d in cfg.digest.destinations if isinstance(d, DirectoryDestination)), None)

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from ..config import Config
 from ..cycle import Pipeline
 from .component import Component
+
+if TYPE_CHECKING:
+    from ..history.store import HistoryStore
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +34,7 @@ class Store(Component):
 
     def __init__(self, cfg: Config, pipeline: Pipeline, writable: bool):
         from ..history.store import open_store  # noqa: PLC0415
+        assert cfg.store_path is not None  # built only when store.path is set (monitor/app build)
         self.clock = pipeline.clock
         opened = open_store(cfg.store_path, writable=writable, now=self.clock(), retention_seconds=cfg.store_retention,
                             write_timeout=STORE_WRITE_WAIT)
@@ -63,7 +67,7 @@ class Store(Component):
             if self._closed:  # a cycle that ends after stop(): its points are not written
                 return False
             fn()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 (a failed store operation is said and counted; the cycle goes on)
             self._failed(operation, exc)
             return False
         finally:
@@ -96,20 +100,26 @@ class Store(Component):
         from ..history.store import points_from_snapshot  # noqa: PLC0415
         points = self._backlog + points_from_snapshot(snapshot)
         self._backlog = points[-STORE_BACKLOG_POINTS:]  # until written: a locked store loses no point
-        if self.guarded("append", lambda: self.store.append(points)) or not self._busy:
+        if self.guarded("append", lambda: self._written().append(points)) or not self._busy:
             self._backlog = []  # written, or failed for another reason (a full disk: history has a gap)
 
     def clock_stepped(self, seconds: float, now: float) -> None:
         """After a step back, points stamped after the new now are dropped: no future stamp is kept."""
         if seconds < 0:
             self.guarded("maintain", lambda: log.warning(
-                "history store: %d points stamped after the stepped-back clock dropped", self.store.drop_after(now)))
+                "history store: %d points stamped after the stepped-back clock dropped",
+                self._written().drop_after(now)))
+
+    def _written(self) -> HistoryStore:
+        """The store the writes go to: they are set up only when it opened writable (so it opened)."""
+        assert self.store is not None
+        return self.store
 
     def start(self, scheduler) -> None:
         if self.writable:
             hours = STORE_MAINTENANCE_HOURS * 3600.0
             scheduler.every("store-maintenance", hours, lambda: self.guarded(
-                "maintain", lambda: self.store.maintain(self.clock())), first_delay=hours)
+                "maintain", lambda: self._written().maintain(self.clock())), first_delay=hours)
 
     def stop(self) -> None:
         with self._lock:

@@ -61,12 +61,8 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence, TypedDict
 
-from monitor.derive import histogram as histo
-from monitor.derive.core import pool_of
-from monitor.derive.kv_band import kv_band
-from monitor.derive.counters import histogram_increase, increase
 from monitor.capacity.gateway_estimate import engines_in_flight, estimate_gateway_queues
 from monitor.capacity.gateway_latency import added_latency, gateway_call_histograms, gateway_call_totals
 from monitor.capacity.gateway_plan import Planned, plan_gateways
@@ -79,9 +75,14 @@ from monitor.capacity.power import key_map, power_by_pool
 from monitor.capacity.settings import KNEE_SIGNAL_HISTOGRAM as SIGNAL_HIST  # the one knee-signal list
 from monitor.capacity.shed import add_gateway_shed, gateway_shed_rates
 from monitor.capacity.slo import SloTracker
-from monitor.capacity.slo_judge import pool_slos as slo_pools, slo_windows
+from monitor.capacity.slo_judge import pool_slos as slo_pools
+from monitor.capacity.slo_judge import slo_windows
 from monitor.capacity.slo_limit import Judged, slo_limit
 from monitor.capacity.tasks import TaskWindow, call_latency_by_class, derive_tasks, join_sources
+from monitor.derive import histogram as histo
+from monitor.derive.core import pool_of
+from monitor.derive.counters import histogram_increase, increase
+from monitor.derive.kv_band import kv_band
 from monitor.model import Capacity, PoolSnapshot, PoolTasks, Quantiles, ReplicaReading, TaskStats
 from monitor.model.readings import DcgmReading, GatewayConfig, GatewayScrape
 
@@ -125,6 +126,14 @@ def older_reading(readings, min_span: float):
     return readings[0]
 
 
+class KneeOptions(TypedDict):
+    """The capacity.* settings every pool's KneeEstimator is made with."""
+    min_confidence: float
+    min_change: float
+    confirmations: int
+    min_observations: int
+
+
 class CapacityState:
     """The capacity layer's settings (checked here) and what it keeps from one cycle to the next."""
 
@@ -136,8 +145,8 @@ class CapacityState:
         self.signal = c.knee_signal
         if self.signal not in SIGNAL_HIST:
             raise ValueError(f"capacity.knee_signal must be one of {', '.join(SIGNAL_HIST)}, got {self.signal!r}")
-        self.knee_opts = {"min_confidence": c.min_confidence, "min_change": c.min_change,
-                          "confirmations": c.confirmations, "min_observations": c.min_observations}
+        self.knee_opts: KneeOptions = {"min_confidence": c.min_confidence, "min_change": c.min_change,
+                                       "confirmations": c.confirmations, "min_observations": c.min_observations}
         self.min_span = float(c.knee_min_span_seconds)
         self.kv_per_request = c.kv_tokens_per_request
         self.per_session = c.active_requests_per_session
@@ -194,8 +203,9 @@ class CapacityState:
                 del self.slo_task_pools[task_type]
         for key in [k for k, t in self.seen.items() if t < before]:
             del self.seen[key]
-        for key in [k for k, w in self.gateway_windows.items() if not w.readings or w.readings[-1].timestamp < before]:
-            del self.gateway_windows[key]
+        for gateway_pool in [k for k, w in self.gateway_windows.items()
+                             if not w.readings or w.readings[-1].timestamp < before]:
+            del self.gateway_windows[gateway_pool]
         self.tracker.forget(before)
 
     def gateway_config(self, kind: str, task_label: Optional[str], session_label: Optional[str]) -> GatewayConfig:
@@ -305,7 +315,7 @@ def _capacity(state: CapacityState, p: PoolSnapshot, knee, settings: CapacitySet
     """A fresh pool's capacity: its knee against the load judged over the latency window, its
     latency targets' limit, and whether the engine changed under the learned knee."""
     sp = state.steady_prior(p.pool)
-    steady = (sp.kv_tokens_per_request, sp.kv_source) if sp.kv_tokens_per_request else None
+    steady = (sp.kv_tokens_per_request, sp.kv_source) if sp.kv_tokens_per_request and sp.kv_source else None
     load = _judged_load(state, p, now)
     limit = slo_limit(load[0] if load else None, state.judged.get(p.pool, ()))
     capacity = pool_capacity(p, knee, settings, watts, sessions, kv_per_request=steady,

@@ -54,7 +54,7 @@ def engines_in_flight(p: PoolSnapshot) -> Optional[float]:
 
 
 def estimate_gateway_queues(pools: Sequence[PoolSnapshot], gateways: Sequence[GatewayScrape],
-                            windows: Mapping[tuple[int, str], TaskWindow]) -> None:
+                            windows: Mapping[tuple[int, Optional[str]], TaskWindow]) -> None:
     """Add `gateway_queued[url]` ("estimate") to the pools the ungauged gateways feed; `windows`: the
     capacity layer's task windows, {(gateway index, pool): TaskWindow} (monitor/capacity/gateway_plan.py)."""
     by_name = {p.pool: p for p in pools}

@@ -43,7 +43,7 @@ def plan_gateways(state, served: Sequence[tuple[str, str]], gateways: Sequence[G
         if scrape.reading is None:
             continue
         scope = Scope(served, scrape.labels)
-        plan, unattributed = _plan_one(scrape, scope)
+        plan, unattributed = _plan_one(scrape, scrape.reading, scope)
         routes, ambiguous = scope.routes(state.task_pools)
         if any(tt in scrape.reading.tasks for tt in ambiguous):
             unattributed.append("task types " + ", ".join(sorted(tt for tt in ambiguous if tt in scrape.reading.tasks)))
@@ -61,26 +61,27 @@ def plan_gateways(state, served: Sequence[tuple[str, str]], gateways: Sequence[G
     return out
 
 
-def _plan_one(scrape: GatewayScrape, scope: Scope) -> tuple[Plan, list[str]]:
-    """(pool, how read, reading) of one gateway; what was left unattributed, named for the log."""
+def _plan_one(scrape: GatewayScrape, reading: GatewayReading, scope: Scope) -> tuple[Plan, list[str]]:
+    """(pool, how read, reading) of one gateway (`reading`: its own); what was left unattributed, named for
+    the log."""
     if scrape.pool:
         key, many = scope.named(scrape.pool)
-        return [(key, scrape.config, scrape.reading)], ([f"pool {scrape.pool}"] if many else [])
+        return [(key, scrape.config, reading)], ([f"pool {scrape.pool}"] if many else [])
     only = scope.only()
     if only is not None:
-        return [(only, scrape.config, scrape.reading)], []
+        return [(only, scrape.config, reading)], []
     if not scrape.config.model:
-        return [(None, scrape.config, scrape.reading)], []
+        return [(None, scrape.config, reading)], []
     plan: Plan = []
     left: list[str] = []
     for model in scope.pools.values():
-        reading = scrape.for_model(model)
-        if reading is None:
+        per_model = scrape.for_model(model)
+        if per_model is None:
             continue
         owner, many = scope.serving(model)
         if owner is not None:
-            plan.append((owner, scrape.model_config(model), reading))
-        elif many and _has_calls(reading) and f"model {model}" not in left:
+            plan.append((owner, scrape.model_config(model), per_model))
+        elif many and _has_calls(per_model) and f"model {model}" not in left:
             left.append(f"model {model}")
     return plan, left
 

@@ -98,8 +98,9 @@ def largest_replica_share(pool: PoolSnapshot) -> Optional[float]:
     if n <= 0:
         return None
     caps = [r.kv_tokens_capacity for r in pool.replica_detail if r.up and not r.stalled]
-    if len(caps) == n and all(c is not None and c > 0 for c in caps):
-        return max(caps) / sum(caps)
+    known = [c for c in caps if c is not None and c > 0]
+    if len(caps) == n and len(known) == len(caps):
+        return max(known) / sum(known)
     return 1.0 / n
 
 
@@ -140,8 +141,13 @@ def pool_capacity(pool: PoolSnapshot, knee: Knee, settings: CapacitySettings,
     if n < 0:
         raise ValueError(f"pool {pool.pool}: replicas must be >= 0, got {n}")
     instant = pool.load_requests  # None: the engines' active or queued count is unknown
-    load, load_window, load_source = (tuple(load) + ("window_mean",))[:3] if (load is not None and instant is not None) \
-        else (instant, None, "instant" if instant is not None else None)
+    judged: Optional[float]  # the load judged: `load`'s mean, else this cycle's
+    load_window: Optional[float]
+    load_source: Optional[str]
+    if load is not None and instant is not None:
+        judged, load_window, load_source = (tuple(load) + ("window_mean",))[:3]
+    else:
+        judged, load_window, load_source = instant, None, "instant" if instant is not None else None
     kv_per_req, kv_src = kv_per_request or _kv_per_request(pool, knee, settings)
     kv_capacity = (pool.kv_tokens_capacity or 0.0) - pool.stalled_kv_tokens_capacity
 
@@ -157,8 +163,8 @@ def pool_capacity(pool: PoolSnapshot, knee: Knee, settings: CapacitySettings,
     if knee.requests is not None:
         caps["knee"] = float(knee.requests * n_knee)
     known = {k: v for k, v in caps.items() if v is not None}
-    limiting = min(known, key=known.get) if known else None
-    effective = known[limiting] if known else None
+    limiting = min(known, key=known.__getitem__) if known else None
+    effective = known[limiting] if limiting is not None else None
 
     # a pool of one working replica has no N-1 (losing it leaves nothing): None, never -Inf
     share = largest_replica_share(pool) if n >= 2 else None
@@ -166,8 +172,8 @@ def pool_capacity(pool: PoolSnapshot, knee: Knee, settings: CapacitySettings,
 
     # sessions
     per_session, ps_src = None, None
-    if sessions is not None and sessions > 0 and load is not None and load > 0:
-        per_session, ps_src = load / sessions, "measured"
+    if sessions is not None and sessions > 0 and judged is not None and judged > 0:
+        per_session, ps_src = judged / sessions, "measured"
     elif settings.active_requests_per_session:
         per_session, ps_src = float(settings.active_requests_per_session), "configured"
     session_capacity = effective / per_session if (effective is not None and per_session) else None
@@ -185,13 +191,13 @@ def pool_capacity(pool: PoolSnapshot, knee: Knee, settings: CapacitySettings,
         knee_source=knee.source, knee_signal=knee.signal,
         knee_confidence_ratio=float(knee.confidence),
         knee_implausible=bool(knee.implausible),
-        utilisation_ratio=(load / effective) if (effective and load is not None) else None,
-        ratio=Scenarios(_ratio(load, effective), _ratio(load, cap_n1), _ratio(instant, effective)),
-        headroom_requests=Scenarios(_less(effective, load), _less(cap_n1, load), _less(effective, instant)),
+        utilisation_ratio=(judged / effective) if (effective and judged is not None) else None,
+        ratio=Scenarios(_ratio(judged, effective), _ratio(judged, cap_n1), _ratio(instant, effective)),
+        headroom_requests=Scenarios(_less(effective, judged), _less(cap_n1, judged), _less(effective, instant)),
         capacity_requests=Limits(caps["slots"], caps["kv"], caps["knee"], effective, caps["slo"], caps["lora"]),
         sessions=sessions, session_capacity=session_capacity, power_watts=power,
         sessions_per_megawatt=spmw,
-        limiting_factor=limiting, load_requests=load, load_requests_instant=instant,
+        limiting_factor=limiting, load_requests=judged, load_requests_instant=instant,
         load_window_seconds=load_window, load_source=load_source,
         slo_limited_by=slo[1] if slo is not None else None,
         kv_tokens_per_request=kv_per_req, kv_tokens_per_request_source=kv_src,

@@ -122,7 +122,7 @@ def prior_knee(max_num_seqs: Optional[float] = None, kv_capacity_tokens: Optiona
     if not limits:
         return Knee(None, None, "prior", "limits", 0.0, 0,
                     detail or "no max_num_seqs and no KV capacity / tokens per request known")
-    which = min(limits, key=limits.get)
+    which = min(limits, key=limits.__getitem__)
     requests = limits[which]
     kv = requests * mean_kv_tokens_per_request if mean_kv_tokens_per_request else kv_capacity_tokens
     text = detail or f"prior from {which} limit ({', '.join(f'{k}={v:g}' for k, v in limits.items())})"
@@ -174,6 +174,12 @@ class SteadyPrior:
             self._limits = limits
             self.knee = prior_knee(max_num_seqs, kv_capacity_tokens, self.kv_tokens_per_request)
         return self.knee
+
+
+def _near(knee: Knee, published: Knee, change: float) -> bool:
+    """Whether a learned knee is within `change` (relative) of the published one (learned knees have a value)."""
+    assert knee.requests is not None and published.requests is not None
+    return abs(knee.requests - published.requests) < change * published.requests
 
 
 def _same_limits(a: tuple, b: tuple, tolerance: float = 0.01) -> bool:
@@ -259,7 +265,7 @@ class KneeEstimator:
         slope, icpt = np.polyfit(x, kv, 1)
         return float(max(0.0, slope * k + icpt))
 
-    def _window(self) -> Optional[np.ndarray]:
+    def _window(self) -> np.ndarray:
         arr = np.array(self._obs) if self._obs else np.empty((0, 3))
         if self.prior.requests and self.fit_range_factor:
             # deep overload (a queue far past every engine limit) says nothing about where the knee
@@ -272,7 +278,7 @@ class KneeEstimator:
         those observations); the bar is lower and "well past" further for a knee far under the
         engine's limit."""
         limit = self.prior.requests
-        far = bool(limit) and fit.knee < FAR_BELOW * limit
+        far = bool(limit and fit.knee < FAR_BELOW * limit)
         factor, bar = (FAR_LOAD, FAR_SHARE) if far else (CONTRADICTION_LOAD, CONTRADICTION_SHARE)
         high = arr[arr[:, 0] >= factor * fit.knee]
         if len(high) < CONTRADICTION_MIN:
@@ -357,7 +363,7 @@ class KneeEstimator:
             if pub is not None:
                 return self._answer(replace(pub, observations=len(self._obs)))
             return self._prior_answer()
-        if pub is not None and abs(cand.requests - pub.requests) < self.min_change * pub.requests:
+        if pub is not None and _near(cand, pub, self.min_change):
             self._pending.clear()
             # confirm the published knee; confidence follows the latest fit, the value does not move
             self._published = replace(pub, confidence=cand.confidence, observations=len(self._obs))

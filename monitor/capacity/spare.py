@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
 from monitor.model.spare_data import SPARE_HORIZONS, WEEK_SECONDS, Spare, SpareWindow
@@ -200,25 +201,25 @@ def stale_reason(inp: SpareInputs, ceiling: Optional[float], now: float) -> Opti
 def pool_spare(inp: SpareInputs, now: float) -> Spare:
     """The pool's `Spare` (module docstring)."""
     ceiling = ceiling_of(inp.knee_requests, inp.margin)
-    common = dict(ceiling=ceiling, interactive_requests=inp.interactive_now,
-                  deferrable_requests=inp.deferrable_now, timestamp=now)
+    spare = partial(Spare, ceiling=ceiling, interactive_requests=inp.interactive_now,
+                    deferrable_requests=inp.deferrable_now, timestamp=now)
     why = stale_reason(inp, ceiling, now)
     if why is not None:
-        return Spare(reason=why, **common)
+        return spare(reason=why)
+    assert ceiling is not None  # else stale_reason says so
     parts = steps(inp, ceiling, now, now + WEEK_SECONDS)
     requests = {h: horizon_minimum(parts, now, s) for h, s in SPARE_HORIZONS.items()}
     windows = tuple(merge(parts))
     if inp.over_slo:
-        return Spare(requests=requests, windows=windows, reason="over SLO: a latency target of the pool is "
-                     "over its allowed share now", **common)
+        return spare(requests=requests, windows=windows, reason="over SLO: a latency target of the pool is "
+                     "over its allowed share now")
     held = horizon_minimum(parts, now, inp.budget_horizon)
     if held is None:
-        return Spare(requests=requests, windows=windows, reason="stale: the forecast ends within the budget "
-                     "horizon", **common)
+        return spare(requests=requests, windows=windows, reason="stale: the forecast ends within the budget "
+                     "horizon")
     ratio = min(1.0, max(0.0, held / ceiling)) if ceiling > 0 else 0.0
-    return Spare(requests=requests, windows=windows, budget_ratio=ratio,
-                 reason=f"{held:g} of {ceiling:g} requests spare over the next {inp.budget_horizon:.0f} s",
-                 **common)
+    return spare(requests=requests, windows=windows, budget_ratio=ratio,
+                 reason=f"{held:g} of {ceiling:g} requests spare over the next {inp.budget_horizon:.0f} s")
 
 
 @dataclass(frozen=True)
@@ -290,11 +291,12 @@ def cluster_spare(spares: Mapping[str, Spare]) -> ClusterSpare:
     """Per horizon the sum of the pools' minimums (each pool's own: never more than the fleet holds);
     the budget: the pools' budgeted requests (ratio x ceiling) over their ceilings."""
     known = {k: s for k, s in sorted(spares.items()) if s.ceiling is not None and s.requests}
+    ceilings = {k: s.ceiling or 0.0 for k, s in known.items()}  # (each known pool has one)
     unknown = tuple(sorted(k for k in spares if k not in known))
     requests: dict[str, Optional[float]] = {}
     for h in SPARE_HORIZONS:
         vals = [s.requests.get(h) for s in known.values()]
         requests[h] = float(sum(v for v in vals if v is not None)) if known and None not in vals else None
-    ceiling = float(sum(s.ceiling for s in known.values()))
-    budget = sum(s.budget_ratio * s.ceiling for s in known.values())
+    ceiling = float(sum(ceilings.values()))
+    budget = sum(s.budget_ratio * ceilings[k] for k, s in known.items())
     return ClusterSpare(requests, ceiling, budget / ceiling if ceiling > 0 else 0.0, len(known), unknown)

@@ -18,7 +18,7 @@ import json
 import math
 import re
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -38,7 +38,7 @@ def parse_duration(text: str) -> float:
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", str(text))
     if not m:
         raise UsageError(f"cannot parse duration {text!r}; use e.g. 30m, 6h, 1d, 1w")
-    value = float(m.group(1)) * _UNITS.get(m.group(2) or "s")
+    value = float(m.group(1)) * _UNITS[m.group(2) or "s"]
     if value <= 0:
         raise UsageError(f"duration must be positive, got {text!r}")
     return value
@@ -159,7 +159,7 @@ def backtest(series: pd.Series, horizon_seconds: float, n_origins: int, models: 
     for name in out_models:
         why.setdefault(name, "no backtest score: " + str(out_models[name].get("undefined")))
     scale = bt.scale
-    result = {"selected": sel.model, "models": out_models, "why": why,
+    result: dict[str, Any] = {"selected": sel.model, "models": out_models, "why": why,
               "horizon_seconds": horizon_seconds, "step_seconds": prep.step,
               "origins": [prep.start + o * prep.step for o in origins], "points": prep.n,
               "missing_points": int((~prep.observed).sum()),

@@ -135,6 +135,8 @@ def measure_mix(query: QueryFn, window: str, kind: str = "litellm", task_label: 
     metadata labels), task types are the gateway's models (its model label), said in the notes.
     """
     label = task_label or DEFAULT_LABELS[kind][0]
+    if label is None:  # a gateway read for its queue only (dynamo) has no task label of its own
+        raise ValueError(f"the {kind} gateway has no task label: name the one its series carry with --task-label")
     w, notes = window, []
     gw = _gateway(query, kind, label, w)
     arrivals = _by_task(query(f"sum by (task_type) (rate({APP_TASKS_STARTED}[{w}]))"), "task_type")

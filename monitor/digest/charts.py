@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 from datetime import datetime, timezone
+from typing import Optional
 from zoneinfo import ZoneInfo
 
 import matplotlib
@@ -70,7 +71,7 @@ def _span(*arrays) -> tuple[float, float]:
     return (min(ts), max(ts)) if ts else (0.0, 0.0)
 
 
-def _band(ax, fc: dict, color: str, label: str, tz: str):
+def _band(ax, fc: Optional[dict], color: str, label: str, tz: str):
     if not fc or not fc.get("defined"):
         return
     d = _dates(fc["_times"], tz)

@@ -130,8 +130,8 @@ def _slo(p: PoolInput, task: str, start: float, end: float, settings: DigestSett
          arrivals: Optional[pd.Series]) -> dict:
     target = settings.slo_targets.get(task, settings.slo_targets.get("*"))
     objective = settings.slo_objectives.get(task, settings.slo_objectives.get("*", 0.95))
-    out = {"target_seconds": target, "objective": objective if target else None,
-           "violation_ratio": None, "met": None, "basis": None}
+    out: dict = {"target_seconds": target, "objective": objective if target else None,
+                 "violation_ratio": None, "met": None, "basis": None}
     ratio_s = p.series.get(f"slo_violation_ratio:{task}")
     lat_s = p.series.get(f"task_latency:{task}")
     if ratio_s is not None:
@@ -171,7 +171,7 @@ def _chart_points(load: pd.Series, start: float, end: float, step: float, cover:
 
 def build_pool(p: PoolInput, start: float, end: float, settings: DigestSettings,
                step: Optional[float] = None) -> dict:
-    tz, prices = settings.timezone, settings.prices
+    tz, prices = settings.zone, settings.prices
     series = {k: _secs(v) for k, v in p.series.items()}
     step = float(step) if step else coverage.step_of(series.values(), settings.history_step)
     p = PoolInput(**{**p.__dict__, "series": series})
@@ -205,7 +205,7 @@ def build_pool(p: PoolInput, start: float, end: float, settings: DigestSettings,
         out["_headroom"] = {"times": hr.index.to_numpy(),
                             "current": (1.0 - hr.to_numpy() / cap) if cap else None,
                             "n_minus_1": (1.0 - hr.to_numpy() / (per_rep * (p.replicas - 1)))
-                            if (cap and p.replicas > 1) else None}
+                            if (per_rep and p.replicas > 1) else None}
     else:
         out["capacity_now"] = out["capacity_at_peak"] = None
         out["sessions_per_megawatt"] = out["utilisation_mean"] = None
@@ -246,7 +246,7 @@ def _forecasts(p: PoolInput, load: Optional[pd.Series], start: float, end: float
                settings: DigestSettings) -> dict:
     """Last week's forecast (trained before it) against what happened, next week's, the time to
     exhaustion, the recommendation and the chart's actual line."""
-    tz, per_rep = settings.timezone, p.knee_requests_per_replica
+    tz, per_rep = settings.zone, p.knee_requests_per_replica
     cap = per_rep * p.replicas if per_rep else None
     out: dict = {}
     if load is None:
@@ -263,7 +263,7 @@ def _forecasts(p: PoolInput, load: Optional[pd.Series], start: float, end: float
     before = coverage.covered([load], start - WEEK, start, step)
     actual_from = start - WEEK if before["seconds"] >= CHART_HOURLY_AFTER else start
     out["_actual"] = _chart_points(load, actual_from, end, step, coverage.covered([load], actual_from, end, step))[0]
-    if nxt.get("defined") and cap:
+    if nxt.get("defined") and cap and per_rep:  # (cap: per_rep is known)
         cur = float(load.iloc[-1])
         ex = exhaustion_seconds(nxt["_times"], nxt["_bands"][settings.recommend_level][1], cap, end, cur)
         ex_n1 = exhaustion_seconds(nxt["_times"], nxt["_bands"][settings.recommend_level][1],
@@ -284,7 +284,7 @@ def _tasks(p: PoolInput, series: dict[str, pd.Series], start: float, end: float,
     """Per task type: tasks completed where the history has completions, else started (a whole number,
     `coverage.tasks_in`; `counted` says which; both kept), peak arrivals, SLO,
     next week's forecast and, where tokens per call are known, the managed API's price per 1,000."""
-    tz, prices = settings.timezone, settings.prices
+    tz, prices = settings.zone, settings.prices
     tasks = []
     for name in sorted(k.split(":", 1)[1] for k in series if k.startswith("task_arrivals:")):
         arr = series[f"task_arrivals:{name}"]
@@ -321,7 +321,7 @@ def build_digest(inp: DigestInput, settings: DigestSettings, generated_at: Optio
     start = end - WEEK
     pools = [build_pool(p, start, end, settings, inp.step) for p in sorted(inp.pools, key=lambda p: p.name)]
     recs = [p["recommendation"]["text"] for p in pools]
-    tz = settings.timezone
+    tz = settings.zone
     summary = []
     for p in pools:
         pk = (p["peaks"].get("load") or {})

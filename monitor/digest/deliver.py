@@ -21,13 +21,13 @@ import threading
 import time
 from email.message import EmailMessage
 from email.utils import formatdate
-from typing import Callable
+from typing import Any, Callable
 from urllib.parse import urlsplit
 
 from monitor.digest.charts import charts_for
 from monitor.digest.outbox import DeliveryError
 from monitor.digest.render import render_html, render_json, render_markdown, render_slack, summary_text
-from monitor.digest.settings import Destination
+from monitor.digest.settings import DirectoryDestination, SmtpDestination, WebhookDestination
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +100,9 @@ def write_dir(path: str, files: dict[str, bytes], formats=("md", "html", "json")
     return wanted
 
 
-def directory_sender(dest: Destination) -> Callable:
+def directory_sender(dest: DirectoryDestination) -> Callable:
     def send(key: str, week: str, payload: dict) -> None:
+        assert dest.path is not None  # a required key: the reader refuses a directory without one
         try:
             write_dir(free_dir(os.path.join(dest.path, week), payload), payload, dest.formats)
         except OSError as exc:
@@ -109,7 +110,7 @@ def directory_sender(dest: Destination) -> Callable:
     return send
 
 
-def webhook_sender(dest: Destination) -> Callable:
+def webhook_sender(dest: WebhookDestination) -> Callable:
     """POST slack.json through the sources' HTTP client (monitor/kit/http.py): one total
     deadline of `dest.timeout` covers connect, TLS, the request and the answer, so a webhook that
     answers slowly cannot outlive the outbox lease. Plain http.client underneath on purpose:
@@ -143,7 +144,7 @@ def webhook_sender(dest: Destination) -> Callable:
     return send
 
 
-def build_email(dest: Destination, key: str, payload: dict) -> EmailMessage:
+def build_email(dest: SmtpDestination, key: str, payload: dict) -> EmailMessage:
     meta = json.loads(payload["meta.json"])
     msg = EmailMessage()
     msg["Subject"] = f"{dest.subject_prefix} {meta['title']}: {meta.get('edition', meta['iso_week'])}".strip()
@@ -155,15 +156,16 @@ def build_email(dest: Destination, key: str, payload: dict) -> EmailMessage:
     msg["X-Headroom-Idempotency-Key"] = key
     msg.set_content(payload["summary.txt"].decode() + "\n\n" + payload["digest.md"].decode())
     msg.add_alternative(payload["email.html"].decode(), subtype="html")
-    html_part = msg.get_payload()[1]
+    html_part = list(msg.iter_parts())[1]  # the alternative just added
     for cid in meta["charts"]:
         html_part.add_related(payload[f"{cid}.png"], maintype="image", subtype="png",
                               cid=f"<{cid}@headroom>", filename=f"{cid}.png")
     return msg
 
 
-def smtp_sender(dest: Destination) -> Callable:
+def smtp_sender(dest: SmtpDestination) -> Callable:
     def send(key: str, week: str, payload: dict) -> None:
+        assert dest.host is not None  # a required key: the reader refuses an smtp destination without one
         msg = build_email(dest, key, payload)
         try:
             password = dest.secret("password")
@@ -175,7 +177,11 @@ def smtp_sender(dest: Destination) -> Callable:
         # at `dest.timeout` it shuts the socket, and the operation in progress fails at once
         held: list = []
         fired = threading.Event()
-        timer = threading.Timer(dest.timeout, lambda: (fired.set(), _shut(held)))
+
+        def expire() -> None:
+            fired.set()
+            _shut(held)
+        timer = threading.Timer(dest.timeout, expire)
         timer.daemon = True
         began = time.monotonic()
         timer.start()
@@ -184,7 +190,7 @@ def smtp_sender(dest: Destination) -> Callable:
             client = (smtplib.SMTP_SSL(timeout=dest.timeout, context=ctx) if dest.ssl
                       else smtplib.SMTP(timeout=dest.timeout))
             held.append(client)
-            client._host = dest.host  # what STARTTLS and SMTP_SSL verify; smtplib sets it only in __init__
+            client._host = dest.host  # type: ignore[attr-defined]  # what STARTTLS and SMTP_SSL verify; smtplib sets it only in __init__
             client.connect(dest.host, dest.port)
             with client:
                 client.ehlo()
@@ -223,7 +229,10 @@ def _shut(held: list) -> None:
 
 
 def senders_for(destinations) -> dict[str, Callable]:
+    # by `type`, which names the destination's class (monitor/digest/settings.py _DESTINATIONS)
+    makers: dict[str, Callable[[Any], Callable]] = {"directory": directory_sender, "webhook": webhook_sender,
+                                                    "smtp": smtp_sender}
     out = {}
     for d in destinations:
-        out[d.name] = {"directory": directory_sender, "webhook": webhook_sender, "smtp": smtp_sender}[d.type](d)
+        out[d.name] = makers[d.type](d)
     return out

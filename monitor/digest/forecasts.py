@@ -52,6 +52,7 @@ def forecast_week(history: pd.Series, origin: float, settings: DigestSettings, t
     if not res.defined:
         return {"defined": False, "reason": res.reason}
     fc = res.forecast
+    assert fc is not None  # a defined result has its forecast
     times = first + step * np.arange(horizon)
     keep = times >= origin - 1e-6
     times, mean = times[keep], fc.mean[keep]

@@ -114,7 +114,7 @@ def knees_from_prometheus(client, start: float, end: float, step: float, selecto
         for labels, points in read_range(client, f"headroom_replicas{m}", start, end, step, max_points):
             pool, copy = _key(labels, extra), copy_labels(labels, extra)
             good = {t: v for t, v in points.items() if math.isfinite(v) and v >= 1}
-            if good and copy in per_copy.get(pool, {}):
+            if good and pool is not None and copy in per_copy.get(pool, {}):
                 per_copy[pool][copy] = replace(per_copy[pool][copy], replicas=int(good[max(good)]))
     return pessimistic(per_copy, seen, max(2 * step, COPY_RECENT))
 

@@ -142,7 +142,7 @@ def _next_week(p: dict) -> tuple[str, list[str], list[list[str]]]:
     fn = p.get("forecast_next_week") or {}
     ex = p.get("exhaustion") or {}
     if fn.get("defined"):
-        rows = [["forecast of", FORECAST_OF.get(p.get("forecast_series"), FORECAST_OF["load"])],
+        rows = [["forecast of", FORECAST_OF.get(p.get("forecast_series") or "load", FORECAST_OF["load"])],
                 ["forecast peak (mean)", f"{num(fn['peak'], 1)} at {fn['peak_when']}"],
                 ["80% interval", interval(fn["interval80"])],
                 ["95% interval", interval(fn["interval95"])],
@@ -279,7 +279,7 @@ def data_uri(png: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
 
-def render_html(d: dict, charts: dict[str, bytes], image_src: Callable[[str, bytes], str] = None) -> str:
+def render_html(d: dict, charts: dict[str, bytes], image_src: Optional[Callable[[str, bytes], str]] = None) -> str:
     """A self-contained page. `image_src(id, png)` gives each chart's src (default: a data: URI;
     the e-mail uses cid: references)."""
     image_src = image_src or (lambda cid, png: data_uri(png))
@@ -346,9 +346,10 @@ def summary_text(d: dict) -> str:
 def render_slack(d: dict) -> dict:
     """Slack-compatible webhook body: {"text": fallback, "blocks": [...]} (mrkdwn, escaped)."""
     text = slack_escape(summary_text(d))
-    blocks = [{"type": "header", "text": {"type": "plain_text", "text": f"{d['title']}: {d['iso_week']}"[:150]}},
-              {"type": "section", "text": {"type": "mrkdwn", "text": "*Recommendations*\n" + "\n".join(
-                  f"• {slack_escape(r)}" for r in d["recommendations"])[:3000]}}]
+    blocks: list[dict] = [
+        {"type": "header", "text": {"type": "plain_text", "text": f"{d['title']}: {d['iso_week']}"[:150]}},
+        {"type": "section", "text": {"type": "mrkdwn", "text": "*Recommendations*\n" + "\n".join(
+            f"• {slack_escape(r)}" for r in d["recommendations"])[:3000]}}]
     shown = d["pools"][:SLACK_MAX_POOLS]  # Slack takes at most 50 blocks per message
     for p in shown:
         pk = p["peaks"].get("load") or {}

@@ -15,13 +15,20 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from typing import Callable, Optional
 
+from monitor.digest import sources
 from monitor.digest.content import DigestInput, build_digest, digest_edition, digest_week
 from monitor.digest.deliver import render_files, senders_for
 from monitor.digest.outbox import Outbox
-from monitor.digest.settings import DigestSettings
+from monitor.digest.settings import DAYS, DigestSettings
+from monitor.history.query_range import PrometheusHistory
+from monitor.history.store import HistoryStore
+from monitor.kit.settings.reader import ConfigError
+from monitor.kit.weekly import next_weekly
+from monitor.sources.prometheus import PrometheusClient
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +53,8 @@ def run_digest(settings: DigestSettings, build_fn: Callable[[float], DigestInput
     """Build (unless this week's payload is queued already), queue one delivery per destination,
     then try every due delivery once. Returns {"week", "queued", "outcomes", "pending"}."""
     end = week_end_for(now)
-    week = digest_edition(digest_week(end, settings.timezone), getattr(build_fn, "shard", None))
-    dests = [d.name for d in settings.destinations]
+    week = digest_edition(digest_week(end, settings.zone), getattr(build_fn, "shard", None))
+    dests = [d.name or d.type for d in settings.destinations]  # check() names each (by default its type)
     kept = outbox.has_week(week)
     if kept:
         log.info("digest %s is already in the outbox: the first one is kept (not rebuilt); queueing only "
@@ -85,7 +92,6 @@ def history_build_fn(settings: DigestSettings, *, store=None, store_path: Option
     snapshot's: `monitor.digest.knee_report.knees_from_snapshot`). Only the pools of `shard` (global.shard)
     are reported, under a key unique to the shard. A history source that is not configured is a
     ConfigError of `file`."""
-    from monitor.kit.settings.reader import ConfigError
     src = settings.history_source
     if src == "auto":
         src = "store" if (store is not None or store_path) else ("prometheus" if prometheus else "")
@@ -104,8 +110,6 @@ def history_build_fn(settings: DigestSettings, *, store=None, store_path: Option
 def weekly_fire_times(settings: DigestSettings) -> Callable[[float], Optional[float]]:
     """`next_fire(after)`: the first time (Unix seconds) after `after` that the digest's schedule
     (day of week, hour, minute, in its time zone, daylight saving included) names."""
-    from monitor.digest.settings import DAYS
-    from monitor.kit.weekly import next_weekly
     s = settings.schedule
     day = DAYS.index(s.day_of_week)
     return lambda after: next_weekly(after, day, s.hour, s.minute, s.timezone)
@@ -113,14 +117,13 @@ def weekly_fire_times(settings: DigestSettings) -> Callable[[float], Optional[fl
 
 def _store_build(store_path: Optional[str], settings: DigestSettings, store, knees,
                  shard) -> Callable[[float], DigestInput]:
-    from monitor.digest import sources
+    """`store`, else one opened on `store_path` per run (one of the two is given: history_build_fn)."""
     knee_fn = (lambda start, end, step: knees() or {}) if knees is not None else None
 
     def build(week_end: float) -> DigestInput:
         if store is not None:
             return sources.from_store(store, week_end, settings, knees=knee_fn, shard=shard)
-        import os
-        from monitor.history.store import HistoryStore
+        assert store_path is not None
         if not os.path.isfile(store_path):
             raise ValueError(f"history store {store_path} does not exist (has the daemon run?)")
         with HistoryStore(store_path, retention_seconds=None, downsample_after_seconds=None) as st:
@@ -129,18 +132,16 @@ def _store_build(store_path: Optional[str], settings: DigestSettings, store, kne
 
 
 def _prometheus_build(prometheus, pool_by, settings: DigestSettings, shard) -> Callable[[float], DigestInput]:
-    from monitor.digest import sources
-
     def build(week_end: float) -> DigestInput:
-        from monitor.history.query_range import PrometheusHistory
-        history = PrometheusHistory.from_config(prometheus, pool_by=pool_by,
+        client = PrometheusClient.from_config(prometheus)  # closed after the run: the history's own
+        history = PrometheusHistory.from_config(prometheus, pool_by=pool_by, client=client,
                                                 resolution=sources.resolution_for(settings.history_step))
         try:
             return sources.from_source(history, week_end, settings, shard=shard,
                                        knees=sources.prometheus_knees(history.client, history.selector,
                                                                       extra=history.extra))
         finally:
-            history.client.close()
+            client.close()
     return build
 
 
@@ -155,13 +156,13 @@ def schedule_digest(scheduler, settings: DigestSettings, build_fn: Callable[[flo
         try:
             r = run_digest(settings, build_fn, clock(), box, clock)
             log.info("digest %s: queued %d, %d pending", r["week"], len(r["queued"]), r["pending"])
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 (a scheduler job: the failure is said, next week runs)
             log.error("digest build failed: %s: %s", type(exc).__name__, exc)
 
     def retry():
         try:
             drain(settings, box, None, clock)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 (a scheduler job: the outbox keeps what is due)
             log.error("digest outbox drain failed: %s", type(exc).__name__)
 
     scheduler.on_wall_clock("headroom-digest", weekly_fire_times(settings), weekly, grace=6 * 3600.0)

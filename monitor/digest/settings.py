@@ -8,7 +8,7 @@ both are checked when the file is loaded and read again only when a delivery is 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Optional
 from urllib.parse import urlparse
 
@@ -204,10 +204,10 @@ class DigestSettings:
     prices: Prices = key(Sub(Prices), Prices(), help="prices of GPU time, energy and a managed API")
     # pool (or *) -> what history does not carry (replicas, GPUs, watts, a pinned knee, tokens per call):
     # the top-level `pools:` section itself (monitor/capacity/settings.py PoolSettings), never retyped
-    pools: dict[str, "PoolSettings"] = None
+    pools: dict[str, "PoolSettings"] = field(default_factory=dict)
     tasks: dict[str, TaskFacts] = key(MapOf(Sub(TaskFacts), names="task type"), {}, help="facts per task type")
-    slo_targets: dict[str, float] = None  # task type -> seconds, from the top-level `slos:` section
-    slo_objectives: dict[str, float] = None  # task type -> objective, from `slos:`
+    slo_targets: dict[str, float] = field(default_factory=dict)  # task type -> seconds, from the top-level `slos:`
+    slo_objectives: dict[str, float] = field(default_factory=dict)  # task type -> objective, from `slos:`
     spare_margin: float = 0.2  # from capacity.spare_margin (the week's spare windows), never retyped
     destinations: tuple[Destination, ...] = key(ListOf(_DESTINATIONS, as_tuple=True), (),
                                                 help="where the digest goes")
@@ -215,11 +215,13 @@ class DigestSettings:
     timezone: Optional[str] = key(Timezone(), help="zone of the days and hours the digest names (default: the schedule's)")
 
     def __post_init__(self) -> None:
-        for name in ("slo_targets", "slo_objectives", "pools"):
-            if getattr(self, name) is None:
-                object.__setattr__(self, name, {})
         if self.timezone is None:
             object.__setattr__(self, "timezone", self.schedule.timezone)
+
+    @property
+    def zone(self) -> str:
+        """The zone the digest names its days and hours in: `timezone`, which defaults to the schedule's."""
+        return self.timezone or self.schedule.timezone
 
     def check(self, r: Reader, at: str) -> None:
         seen: set = set()

@@ -41,7 +41,7 @@ def _pool_input(name: str, series: dict[str, pd.Series], settings: DigestSetting
         raise DigestError(f"pool {name}: set pools.{name}.replicas (neither history nor a cycle of "
                           f"headroom's says how many replicas run)")
     per_rep, source, note = choose(f.knee_requests_per_replica, knee, f.max_num_seqs,
-                                   lambda t: fmt_time(t, settings.timezone))
+                                   lambda t: fmt_time(t, settings.zone))
     tasks = {t: tf for t, tf in settings.tasks.items() if tf.pool in (None, name)}
     return PoolInput(name=name, series=series, replicas=f.replicas, knee_requests_per_replica=per_rep,
                      knee_source=source, knee_note=note,

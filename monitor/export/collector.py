@@ -41,6 +41,7 @@ class SnapshotCollector:
             rows = samples.get(mdef.name)
             if not rows:
                 continue
+            fam: Metric
             if mdef.type == "counter":
                 fam = CounterMetricFamily(mdef.name, mdef.help)
             else:

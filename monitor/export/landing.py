@@ -75,8 +75,7 @@ def _fmt(v: Optional[float], digits: int = 0) -> str:
 def _quantile(q: Optional[Quantiles], name: str, digits: int = 2) -> str:
     """A histogram quantile for the page: "≤ 0.3" when it fell in the first bucket, "≥ 10" past the
     last finite bound (the value then is only a bound; monitor/derive/histogram.py)."""
-    v = getattr(q, name, None) if q is not None else None
-    if v is None:
+    if q is None or (v := getattr(q, name, None)) is None:
         return "–"
     side = q.bounds.get(name)
     if side is not None:
@@ -131,8 +130,7 @@ def _svg(points: list[tuple[float, float, float, float]], knee: Optional[float],
 def _forecast_kpi(p: PoolSnapshot) -> str:
     """The day's forecast peak and the time to exhaustion: the forecast /metrics exports."""
     fc = p.forecast
-    day = fc.horizons.get("1d") if fc is not None else None
-    if day is None:
+    if fc is None or (day := fc.horizons.get("1d")) is None:
         return ""
     left = fc.exhaustion_seconds
     if left is None:

@@ -311,9 +311,9 @@ def task_samples(out: Rows, pool: str, tasks: PoolTasks) -> None:
             add("headroom_slo_objective_ratio", lab, t.slo_objective)
         for window, v in t.slo_burn_rate.items():
             add("headroom_slo_burn_rate", {**lab, "window": window}, v)
-    for cls, q in sorted(tasks.call_latency_by_class.items()):
+    for cls, by_class in sorted(tasks.call_latency_by_class.items()):
         for label, key in QUANTILES:
-            add("headroom_call_latency_seconds", {"class": cls, "q": label}, getattr(q, key))
+            add("headroom_call_latency_seconds", {"class": cls, "q": label}, getattr(by_class, key))
 
 
 def forecast_samples(out: Rows, refit, pools=()) -> None:
@@ -369,11 +369,11 @@ def _snapshot_samples(out: Rows, snap: Snapshot) -> None:
     for part, v in sorted(snap.source_stale_seconds.items()):
         if v == v:  # NaN: never read yet, nothing to say
             out.add("headroom_source_stale_seconds", {"source": "prometheus", "part": part}, v)
-    for key, v in sorted(snap.slow.items()):
-        source, _, target = key.partition("|")
+    for source_target, v in sorted(snap.slow.items()):
+        source, _, target = source_target.partition("|")
         out.add("headroom_source_slow", {"source": source, "target": target}, v)
-    for key, v in sorted(snap.errors.items()):
-        source, _, reason = key.partition("|")
+    for source_reason, v in sorted(snap.errors.items()):
+        source, _, reason = source_reason.partition("|")
         out.add("headroom_source_errors", {"source": source, "reason": reason}, v)
     out.add("headroom_cycle_duration_seconds", {}, snap.cycle_duration_seconds)
     out.add("headroom_last_success_timestamp_seconds", {}, snap.last_success_timestamp)

@@ -35,10 +35,10 @@ import time
 from typing import Callable, Iterable, Optional
 
 from monitor.capacity.slo import SloTracker
-from monitor.model import Histogram
+from monitor.model import Histogram, Snapshot
 from monitor.model.poolkey import extra_labels
-from monitor.sources.prometheus import PrometheusError, partial_warnings
 from monitor.sources.gateway_schema import APP_TASK_DURATION, APP_TASK_LABEL, DEFAULT_LABELS, GATEWAY_FAMILIES
+from monitor.sources.prometheus import PrometheusError, partial_warnings
 
 log = logging.getLogger(__name__)
 COVERED = "covered"  # the `le` value of a window's coverage rows
@@ -229,7 +229,7 @@ class PrometheusWindows:
 
 
 def keep_windows(tracker: SloTracker, store, *, writable: bool, guard=None,
-                 skipped=None) -> Optional[Callable[[object], None]]:
+                 skipped=None) -> Optional[Callable[[Snapshot], None]]:
     """The tracker restored from `store`; when `writable`, the listener that saves it after every
     published snapshot (the application hands it to the pipeline's `on_snapshot`), else None.
     `guard(operation, fn)`: how the application runs a store write (monitor/app Store.guarded: counted,
@@ -258,5 +258,5 @@ def prometheus_windows(client, slos, gateways: Iterable[tuple[str, Optional[str]
 def _save_logged(tracker: SloTracker, store, now: float) -> None:
     try:
         save(tracker, store, now)
-    except Exception as exc:  # a full disk: the windows go on in memory
+    except Exception as exc:  # noqa: BLE001 (a full disk or a damaged store: the windows go on in memory)
         log.warning("saving the SLO windows to the history store failed: %s: %s", type(exc).__name__, exc)

@@ -7,9 +7,13 @@ wherever headroom prints or exports a number (the landing page, the digest, the 
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, overload
 
 
+@overload
+def unsigned(x: float) -> float: ...
+@overload
+def unsigned(x: None) -> None: ...
 def unsigned(x: Optional[float]) -> Optional[float]:
     """-0.0 -> 0.0; every other value (None, NaN, infinities included) as it is."""
     return x + 0.0 if isinstance(x, float) and x == 0.0 else x

@@ -36,12 +36,19 @@ class PoolForecastLike(Protocol):
     """What the lower floors read of one pool's forecast. The forecast core makes it
     (monitor/forecast/pool.py `PoolForecast`, which imports pandas); the model only names its shape."""
 
-    last_fit_timestamp: float
-    series: dict[str, Any]  # series name -> its outlook (model, skill, horizons, or why it is undefined)
-    horizons: dict[str, Any]  # horizon ("1h", "1d", "1w") -> its summary of the capacity series, or None
-    exhaustion_seconds: Optional[float]
-    capacity_requests: Optional[float]
-    path: Any  # the capacity series' forecast path (timestamps, mean, upper, lower) or None
+    # read-only (properties): the forecast core's is a frozen dataclass
+    @property
+    def last_fit_timestamp(self) -> float: ...
+    @property
+    def series(self) -> dict[str, Any]: ...  # series name -> its outlook (model, skill, horizons, or why undefined)
+    @property
+    def horizons(self) -> dict[str, Any]: ...  # horizon ("1h", "1d", "1w") -> its capacity series' summary, or None
+    @property
+    def exhaustion_seconds(self) -> Optional[float]: ...
+    @property
+    def capacity_requests(self) -> Optional[float]: ...
+    @property
+    def path(self) -> Any: ...  # the capacity series' forecast path (timestamps, mean, upper, lower) or None
 
     def as_dict(self) -> dict[str, Any]: ...
 

@@ -22,10 +22,11 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Mapping, Optional, Sequence, Union
+from functools import partial
+from typing import Any, Callable, Hashable, Mapping, Optional, Sequence, Union
 
 from monitor.derive.core import pool_of
-from monitor.kit.http import BodyBudget, FetchError, Fetcher, redact
+from monitor.kit.http import BodyBudget, Fetcher, FetchError, redact
 from monitor.model import ReplicaReading, SourceStatus
 from monitor.model.readings import DcgmReading, GatewayConfig, GatewayScrape
 from monitor.sources.alerts import api_url, read_alerts, ui_url
@@ -33,7 +34,8 @@ from monitor.sources.aux_samples import AUX_MAX_BODY_BYTES, AUX_MAX_ROWS
 from monitor.sources.dcgm import read_dcgm
 from monitor.sources.gateway import gateway_samples, scrape_from_samples
 from monitor.sources.gateway_pace import MISSED, SLOW_MISSES, GatewayPace, gateway_timeout
-from monitor.sources.gateway_queue import KINDS as QUEUE_KINDS, queue_samples, queues_from_samples
+from monitor.sources.gateway_queue import KINDS as QUEUE_KINDS
+from monitor.sources.gateway_queue import queue_samples, queues_from_samples
 from monitor.sources.scrape import DeadlinePool, Late
 from monitor.step import CycleInputs, count_into
 
@@ -77,17 +79,21 @@ class AuxSources:
             fetcher.prune()
         self.pace.carried.clear()
         carried = {i: self.pace.carry(i) for i in range(len(self.gateways))}
-        jobs = [(("gateway", i, gw.url), lambda f=self._fetcher_for(gw.auth), u=gw.url, i=i, t=gateway_timeout(
-                 gw, self.scrape_timeout, self.interval): fetch(f, u, t, lambda text: self.prepare_gateway(i, text)))
-                for i, gw in enumerate(self.gateways) if carried[i] is None]
-        dcgm = self._fetcher_for(None) if self.dcgm_targets else None
-        jobs += [(("dcgm", t.url), lambda u=t.url: fetch(dcgm, u, timeout, lambda text: _prepare_dcgm(text, redact(u))))
-                 for t in self.dcgm_targets]
+        jobs: list[tuple[Hashable, Callable[[], Any]]] = [
+            (("gateway", i, gw.url), partial(fetch, self._fetcher_for(gw.auth), gw.url,
+                                             gateway_timeout(gw, self.scrape_timeout, self.interval),
+                                             partial(self.prepare_gateway, i)))
+            for i, gw in enumerate(self.gateways) if carried[i] is None]
+        if self.dcgm_targets:
+            dcgm = self._fetcher_for(None)
+            jobs += [(("dcgm", t.url),
+                      partial(fetch, dcgm, t.url, timeout, partial(_prepare_dcgm, target=redact(t.url))))
+                     for t in self.dcgm_targets]
         alerts = self.alerts
         if alerts is not None:
             url = api_url(alerts.url, alerts.kind)
-            jobs.append((("alerts", url), lambda f=self._fetcher_for(alerts.auth), u=url:
-                         fetch(f, u, timeout, lambda text: _prepare_alerts(text, alerts.kind, alerts.match))))
+            jobs.append((("alerts", url), partial(fetch, self._fetcher_for(alerts.auth), url, timeout,
+                                                  partial(_prepare_alerts, kind=alerts.kind, match=alerts.match))))
         started = iter(pool.start(jobs))
         out = [(("gateway", i, gw.url), carried[i]) if carried[i] is not None else next(started)
                for i, gw in enumerate(self.gateways)]
@@ -119,7 +125,7 @@ class AuxSources:
                 history: Optional[Mapping[str, Sequence[ReplicaReading]]] = None) -> None:
         """The answers (`results`, in `start`'s order) parsed into `inputs`; `history` is the
         replicas the pipeline keeps (their pools count for the gateways' per-model readings)."""
-        sources = [("gateway", gw.url, i) for i, gw in enumerate(self.gateways)]
+        sources: list[tuple[str, str, Optional[int]]] = [("gateway", gw.url, i) for i, gw in enumerate(self.gateways)]
         sources += [("dcgm", t.url, None) for t in self.dcgm_targets]
         if self.alerts is not None:
             sources.append(("alerts", api_url(self.alerts.url, self.alerts.kind), None))
@@ -127,6 +133,7 @@ class AuxSources:
         models = pool_models(inputs.readings, history or {}, self.pool_by) if self.gateways else ()
         for j, ((kind, url, index), result) in enumerate(zip(sources, results)):
             if kind == "gateway":
+                assert index is not None  # a gateway's row carries its index
                 future = self._started[j][1] if j < len(self._started) else None
                 self._paced_gateway(inputs, index, url, result, future, now, began, models)
                 continue
@@ -201,7 +208,7 @@ class AuxSources:
         src = self.gateways[index]
         try:
             inputs.gateways.append(self.read_gateway(index, parsed, now, models))
-        except Exception as exc:  # never the cycle's: the gateway is down, its reason parse
+        except Exception as exc:  # noqa: BLE001 (never the cycle's: the gateway is down, its reason parse)
             inputs.statuses[-1] = unparsed(inputs.statuses[-1], exc)
             log.warning("gateway %s: %s", redact(src.url), inputs.statuses[-1].detail)
             inputs.gateways.append(GatewayScrape(index, redact(src.url), src.pool, GatewayConfig(kind=src.kind), now,
@@ -233,6 +240,7 @@ class AuxSources:
 
     def _read_alerts(self, inputs: CycleInputs, text: str, url: str) -> None:
         """The alerts answer `text` read into `inputs` (as the worker does, `_prepare_alerts`)."""
+        assert self.alerts is not None  # read only from a configured alerts source
         self._alerts_read(inputs, _prepare_alerts(text, self.alerts.kind, self.alerts.match).value, url)
 
     def _alerts_read(self, inputs: CycleInputs, result: Any, url: str) -> None:
@@ -276,7 +284,7 @@ def _prepare_dcgm(text: str, target: str) -> Parsed:
     except ValueError as exc:
         log.warning("%s", exc)
         return Parsed(None, bool(cut))
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 (returned: the cycle marks the source down with it)
         log.warning("dcgm %s: %s: %s", target, type(exc).__name__, str(exc)[:200])
         return Parsed(exc, bool(cut))
 
@@ -287,7 +295,7 @@ def _prepare_alerts(text: str, kind: str, match: Optional[dict] = None) -> Parse
     cut: list = []
     try:
         return Parsed(read_alerts(text, kind, cut, match), bool(cut))
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 (returned: the cycle marks the source down with it)
         return Parsed(exc, bool(cut))
 
 

@@ -32,13 +32,14 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..model import ReplicaReading
 from monitor.kit.exposition import ParsedScrape, parse
-from .vllm import CONTRACT as vllm_contract
+
+from ..model import ReplicaReading
 from .engine_histograms import _histograms
-from .sglang_kv import read_kv
 from .engine_pass import Engine, Replicas, overflow_step, read
 from .engine_values import MAX_COUNT, MAX_REQUESTS, MAX_TOKENS, checked
+from .sglang_kv import read_kv
+from .vllm import CONTRACT as vllm_contract
 from .vllm import families_present, missing_in, sample_names
 
 P = "sglang:"
@@ -182,7 +183,8 @@ def _gauge(scrape: ParsedScrape, candidates: tuple[str, ...]) -> dict[tuple[str,
 
 
 def _total(values: list[Optional[float]]) -> Optional[float]:
-    return None if not values or any(v is None for v in values) else sum(values)
+    known = [v for v in values if v is not None]
+    return sum(known) if values and len(known) == len(values) else None
 
 
 def _gauges(scrape: ParsedScrape, replicas: Replicas) -> None:

@@ -34,13 +34,14 @@ Values = dict[str, Optional[float]]  # gauge field (sglang.GAUGES) -> one engine
 
 def _pool(v: Values, prefix: str, size: Optional[float]) -> Optional[tuple[float, float]]:
     """(used, size) of the engine's SWA or mamba pool, or None when it has none or it is unusable."""
-    used, parts = v.get(prefix + "_used"), (v.get(prefix + "_available"), v.get(prefix + "_evictable"))
-    if size is None and used is not None and None not in parts:
-        size = used + parts[0] + parts[1]
+    used, available, evictable = v.get(prefix + "_used"), v.get(prefix + "_available"), v.get(prefix + "_evictable")
+    if size is None and used is not None and available is not None and evictable is not None:
+        size = used + available + evictable
     if not size:
         return None  # the model has no such pool (its gauges read 0), or its size is unknown
-    if used is None and v.get(prefix + "_usage") is not None:
-        used = v[prefix + "_usage"] * size
+    usage = v.get(prefix + "_usage")
+    if used is None and usage is not None:
+        used = usage * size
     return (used, size) if used is not None and used <= size else None
 
 
@@ -58,20 +59,21 @@ def engine_kv(v: Values, anomaly) -> tuple[Optional[float], Optional[float], Opt
     swa, mamba = _pool(v, "swa", swa_size), _pool(v, "mamba", None)
     has_swa = swa is not None or swa_size is not None or _has_pool(v, "swa")
     hybrid = has_swa or mamba is not None or _has_pool(v, "mamba")
-    live = v.get("kv_used")
-    if live is None and v.get("full_usage") is not None and size is not None:
-        live = v["full_usage"] * size
+    live, full_usage, token_usage = v.get("kv_used"), v.get("full_usage"), v.get("token_usage")
+    if live is None and full_usage is not None and size is not None:
+        live = full_usage * size
     if live is None and not has_swa:
         live = v.get("used_tokens")
-    if live is None and not hybrid and v.get("token_usage") is not None and size is not None:
-        live = v["token_usage"] * size
+    if live is None and not hybrid and token_usage is not None and size is not None:
+        live = token_usage * size
     if live is not None and size is not None and live > size:
         anomaly("out_of_range")
         live = None
+    usage: Optional[float]
     if live is not None and size:
         usage = live / size
     else:
-        usage = v.get("full_usage") if hybrid else v.get("token_usage")
+        usage = full_usage if hybrid else token_usage
     pools = {}
     if hybrid and live is not None and size:
         pools = {"full": (live, size), **({"swa": swa} if swa else {}), **({"mamba": mamba} if mamba else {})}
@@ -79,7 +81,8 @@ def engine_kv(v: Values, anomaly) -> tuple[Optional[float], Optional[float], Opt
 
 
 def _total(values: list[Optional[float]]) -> Optional[float]:
-    return None if not values or any(v is None for v in values) else sum(values)
+    known = [v for v in values if v is not None]
+    return sum(known) if values and len(known) == len(values) else None
 
 
 def read_kv(r: ReplicaReading, engines: list[Values], anomaly) -> None:
@@ -95,7 +98,7 @@ def read_kv(r: ReplicaReading, engines: list[Values], anomaly) -> None:
     names = set().union(*(p[3] for p in per))
     r.kv_pools = {name: (sum(p[3][name][0] for p in per), sum(p[3][name][1] for p in per))
                   for name in sorted(names) if all(name in p[3] for p in per)}
-    page = [v.get("page_size") for v in engines if v.get("page_size")]
+    page = [p for v in engines if (p := v.get("page_size"))]
     r.block_size = int(page[0]) if page else None
     pages = _total([v.get("num_pages") for v in engines])
     r.num_gpu_blocks = int(pages) if pages else None

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 from typing import Iterable, Optional, Union
 
-from ..model import ReplicaReading
 from monitor.kit.exposition import ParsedScrape, parse
+
+from ..model import ReplicaReading
+from . import vllm_tiers
 from .engine_histograms import _histograms
 from .engine_pass import SUMMED_FIELDS, Engine, Replicas, overflow_step, read, unknown_if_overflowed  # noqa: F401
 from .engine_values import MAX_COUNT, MAX_REQUESTS, MAX_TOKENS, _engine, _model_of, _num, checked  # noqa: F401
-from . import vllm_tiers
 
 P = "vllm:"
 
@@ -189,9 +190,11 @@ def _kv(scrape: ParsedScrape, replicas: Replicas) -> None:
 
 
 def _add_capacity(r: ReplicaReading, cap: vllm_tiers.GpuKv, usage: Optional[float]) -> None:
-    r.kv_capacity_tokens = (r.kv_capacity_tokens or 0.0) + cap.tokens
+    tokens = cap.tokens
+    assert tokens is not None  # the caller adds only a capacity it knows
+    r.kv_capacity_tokens = (r.kv_capacity_tokens or 0.0) + tokens
     if usage is not None:
-        r.kv_live_tokens = (r.kv_live_tokens or 0.0) + usage * cap.tokens
+        r.kv_live_tokens = (r.kv_live_tokens or 0.0) + usage * tokens
     r.block_size, r.kv_capacity_source = cap.block_size, cap.source
     r.kv_unit_exact, r.kv_unit_max = r.kv_unit_exact and cap.exact, cap.unit_max
     r.num_gpu_blocks = (r.num_gpu_blocks or 0) + (cap.blocks or 0) or None

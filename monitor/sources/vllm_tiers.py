@@ -99,7 +99,8 @@ def gpu_kv(labels: dict[str, str]) -> GpuKv:
     window = _num(labels.get("sliding_window"))
     exact = mamba is None and window is None and (attention is None or attention == block)
     units = [int(u) for u in (block, attention, mamba) if u]
-    tokens, source = _num(labels.get("kv_cache_size_tokens")), "kv_cache_size_tokens"
+    tokens = _num(labels.get("kv_cache_size_tokens"))
+    source: Optional[str] = "kv_cache_size_tokens"
     window_only = mamba is None and window is not None and (attention is None or attention == block)
     if tokens is None and block and blocks and (exact or window_only):
         # a sliding window alone (older vLLM, no kv_cache_size_tokens: Mistral-7B v0.1's uniform
