@@ -393,7 +393,7 @@ class Runner:
         calls = sorted(self.calls, key=lambda r: r.start)
         return RunResult(started, self.t0, load_end, ended, calls,
                          sorted(self.tasks, key=lambda t: t.start),
-                         monitor.samples if monitor else [], monitor.model.readings() if monitor else {},
+                         monitor.samples if monitor else [], monitor.readings() if monitor else {},
                          self.skipped, self.cap_hit, self.model, probes_ended)
 
     def _progress_loop(self) -> None:
