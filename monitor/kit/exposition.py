@@ -12,13 +12,19 @@ down instead of deriving from half a scrape.
 from __future__ import annotations
 
 import re
-from typing import Iterable, Optional
+from typing import AbstractSet, Iterable, Optional, cast
 
-from monitor.kit.exposition_lines import (  # noqa: F401  (normalise_name, VLLM_PREFIXES, native_item: readers' names)
-    _NORMALISED, VLLM_PREFIXES, _keep, _NATIVE_RE, native_item, normalise_name)
-from monitor.kit.exposition_tokens import (  # noqa: F401  (ExpositionError, ParsedScrape: every reader's names)
-    ExpositionError, ParsedScrape, parse_float, parse_labels)
 from monitor.kit.exposition_heads import _runs, read_lines
+from monitor.kit.exposition_lines import _NATIVE_RE, _NORMALISED, _keep
+
+# the readers' names, theirs from here (explicit re-exports)
+from monitor.kit.exposition_lines import VLLM_PREFIXES as VLLM_PREFIXES
+from monitor.kit.exposition_lines import native_item as native_item
+from monitor.kit.exposition_lines import normalise_name as normalise_name
+from monitor.kit.exposition_tokens import ExpositionError as ExpositionError
+from monitor.kit.exposition_tokens import ParsedScrape as ParsedScrape
+from monitor.kit.exposition_tokens import parse_float as parse_float
+from monitor.kit.exposition_tokens import parse_labels
 from monitor.kit.openmetrics_rules import check_openmetrics
 
 
@@ -76,13 +82,12 @@ def parse(text: str, wanted: Optional[Iterable[str]] = None, prefixes: Optional[
         return out
     _check_eof(text, out, strict_end, openmetrics, None)
     out.noticed = {p for p in notice if text.startswith(p) or "\n" + p in text}
-    samples = out.samples
     for m in _TYPE_RE.finditer("\n" + text):
         out.types[normalise_name(m.group(1))] = m.group(2)
         if m.group(2) not in KNOWN_TYPES:
             out.anomaly("unknown_type")
     lineno = 0
-    seen_generic: set = set()
+    seen_generic: set[tuple[str | int, ...]] = set()
     for line in text.split("\n"):
         lineno += 1
         if not line or line[0] == "#":
@@ -125,7 +130,7 @@ def _blank(line: str) -> int:
 
 
 def _check_eof(text: str, out: ParsedScrape, strict_end: bool, openmetrics: Optional[bool],
-               marks: Optional[set]) -> None:
+               marks: Optional[AbstractSet[str]]) -> None:
     """OpenMetrics' `# EOF`: the last line (the body is OpenMetrics), or a line before the end
     (raises), or missing from a body that is OpenMetrics by its Content-Type or a `# UNIT ` line
     (truncated). `marks`: the `# EOF`/`# UNIT ` lines the fast path's regex found (None: search)."""
@@ -149,9 +154,9 @@ def _last_line(text: str) -> str:
     return text[text.rfind("\n", 0, end) + 1:end]
 
 
-def _first_found(rx: "re.Pattern[str]", text: str, max_samples: int, out: ParsedScrape) -> list:
+def _first_found(rx: re.Pattern[str], text: str, max_samples: int, out: ParsedScrape) -> list[tuple[str, ...]]:
     """`rx.findall` up to `max_samples` sample lines; one more found sets `out.cut` and ends the search."""
-    found: list = []
+    found: list[tuple[str, ...]] = []
     rows = 0
     for m in rx.finditer("\n" + text):
         groups = m.groups("")
@@ -164,15 +169,15 @@ def _first_found(rx: "re.Pattern[str]", text: str, max_samples: int, out: Parsed
     return found
 
 
-def _read_whole(text: str, out: ParsedScrape, wanted: frozenset, notice: tuple[str, ...],
-                plain_rx: "re.Pattern[str]", strict_end: bool, openmetrics: Optional[bool]) -> bool:
+def _read_whole(text: str, out: ParsedScrape, wanted: frozenset[str], notice: tuple[str, ...],
+                plain_rx: re.Pattern[str], strict_end: bool, openmetrics: Optional[bool]) -> bool:
     """The usual body: its wanted lines found whole by one regex and read by their heads
     (`exposition_heads.read_lines`). False, with `out` untouched, when a line is not in the plain
     form (or the body breaks a rule the line-by-line reader counts): the caller reads it as before."""
     rx, markset = _lines_regex(wanted, notice)
     found = rx.findall("\n" + text)
     if markset.isdisjoint(found):
-        marks: set = set()
+        marks: set[str] | frozenset[str] = set()
     else:
         marks = markset.intersection(found)
         found = [f for f in found if f not in markset]
@@ -185,7 +190,7 @@ def _read_whole(text: str, out: ParsedScrape, wanted: frozenset, notice: tuple[s
     return True
 
 
-def _lines_regex(wanted: frozenset, notice: tuple[str, ...]) -> tuple["re.Pattern[str]", frozenset]:
+def _lines_regex(wanted: frozenset[str], notice: tuple[str, ...]) -> tuple[re.Pattern[str], frozenset[str]]:
     """One regex finding every wanted sample line whole (its name, then a label set or a blank, then
     the rest of the line), and the `# EOF`, `# UNIT ` and `notice` marks (returned as a set: no
     wanted line is one of them, each holding a blank or a brace after its name)."""
@@ -200,13 +205,13 @@ def _lines_regex(wanted: frozenset, notice: tuple[str, ...]) -> tuple["re.Patter
     return rx, frozenset(("# EOF", "# UNIT ") + tuple(notice))
 
 
-def _label_cache() -> dict:
+def _label_cache() -> dict[str, dict[str, str]]:
     if len(_LABEL_CACHE) > _LABEL_CACHE_MAX:
         _LABEL_CACHE.clear()
     return _LABEL_CACHE
 
 
-def _read_wanted(found: list, out: ParsedScrape) -> None:
+def _read_wanted(found: list[tuple[str, ...]], out: ParsedScrape) -> None:
     """The fast path: every wanted sample line, as found by one regex (`_wanted_regex`).
 
     A plain line (`name[{labels}] value`, no timestamp, no `#`) comes back split by the regex:
@@ -219,7 +224,7 @@ def _read_wanted(found: list, out: ParsedScrape) -> None:
         return
     samples = out.samples
     normalised = _NORMALISED
-    seen: set = set()
+    seen: set[tuple[str | int, ...]] = set()
     for raw_name, label_text, token, rest, mark in found:
         if mark:
             continue
@@ -236,9 +241,10 @@ def _read_wanted(found: list, out: ParsedScrape) -> None:
             else:
                 labels = {}
         else:
-            labels, token = _wanted_line(raw_name, rest, seen, cache, out)
-            if labels is None:
+            got = _wanted_line(raw_name, rest, seen, cache, out)
+            if got is None:
                 continue
+            labels, token = got
         try:
             value = float(token) if "_" not in token else parse_float(token, None)
         except ValueError:
@@ -251,7 +257,7 @@ def _read_wanted(found: list, out: ParsedScrape) -> None:
             bucket.append((labels, value))
 
 
-def _read_plain(found: list, out: ParsedScrape, cache: dict) -> bool:
+def _read_plain(found: list[tuple[str, ...]], out: ParsedScrape, cache: dict[str, dict[str, str]]) -> bool:
     """`_read_wanted` for the usual body, a column at a time (C-level map and zip rather than a
     Python step per line): every wanted line in the plain form, no series twice, every value a
     number and every label set read before (or readable). Anything else returns False with `out`
@@ -279,7 +285,7 @@ def _read_plain(found: list, out: ParsedScrape, cache: dict) -> bool:
                     labels[i] = cache[text] = parse_labels(text[1:], None) if text else {}
                 except ExpositionError:
                     return False
-    rows = list(zip(labels, values))
+    rows = cast("list[tuple[dict[str, str], float]]", list(zip(labels, values)))  # every label set read above
     samples, normalised = out.samples, _NORMALISED
     for raw_name, start, end in runs:
         name = normalised.get(raw_name) or normalise_name(raw_name)
@@ -291,33 +297,34 @@ def _read_plain(found: list, out: ParsedScrape, cache: dict) -> bool:
     return True
 
 
-def _wanted_line(raw_name: str, rest: str, seen: set, cache: dict, out: ParsedScrape):
-    """A wanted line not in the plain form: (labels, value token) to add, or (None, None) when it
+def _wanted_line(raw_name: str, rest: str, seen: set[tuple[str | int, ...]], cache: dict[str, dict[str, str]],
+                 out: ParsedScrape) -> Optional[tuple[dict[str, str], str]]:
+    """A wanted line not in the plain form: (labels, value token) to add, or None when it
     was a duplicate or was read by the strict `_keep` (timestamp, exemplar, malformed)."""
     if rest[0] != "{":
         rest = _labels_first(rest)
     key = (raw_name, rest.rsplit("}", 1)[0] if rest[0] == "{" else "")
     if (_NATIVE_RE.match(rest) or rest.count("{") > 1) and native_item(rest):
         out.anomaly("native_histogram")  # that item skipped, the rest of the body read
-        return None, None
+        return None
     if "#" in rest:
         _keep(out, raw_name, rest, key, seen)  # exemplar (or '#' in a label value)
-        return None, None
+        return None
     if rest[0] == "{":
         close = rest.rfind("}")
         if close <= 0:
             _keep(out, raw_name, rest, key, seen)  # the strict reader names the problem
-            return None, None
+            return None
         label_text, tail = rest[:close + 1], rest[close + 1:]
     else:
         label_text, tail = "", rest
     tokens = tail.split()
     if len(tokens) != 1:
         _keep(out, raw_name, rest, key, seen)  # timestamp, exemplar or malformed
-        return None, None
+        return None
     if key in seen:
         out.anomaly("duplicate_series")
-        return None, None
+        return None
     seen.add(key)
     labels = cache.get(label_text) if label_text else {}
     if labels is None:
@@ -328,14 +335,14 @@ def _wanted_line(raw_name: str, rest: str, seen: set, cache: dict, out: ParsedSc
 KNOWN_TYPES = {"counter", "gauge", "histogram", "summary", "untyped", "unknown", "info", "stateset",
                "gaugehistogram"}
 _TYPE_RE = re.compile(r"\n# TYPE[ \t]+(\S+)[ \t]+(\S+)")
-_REGEX_CACHE: dict[tuple, "re.Pattern[str]"] = {}
+_REGEX_CACHE: dict[tuple[object, ...], re.Pattern[str]] = {}
 
 
 _LABEL_CACHE: dict[str, dict[str, str]] = {}
 _LABEL_CACHE_MAX = 200_000  # label sets repeat from scrape to scrape; bounded so memory is too
 
 
-def _wanted_regex(wanted: frozenset, notice: tuple[str, ...] = ()) -> "re.Pattern[str]":
+def _wanted_regex(wanted: frozenset[str], notice: tuple[str, ...] = ()) -> re.Pattern[str]:
     """One regex finding every wanted sample line: its name, then either the plain form
     `[{labels}] value` split into (label text, value), or any other line's rest, for `_wanted_line`;
     and the `# EOF` and `# UNIT ` lines (`_check_eof`), so the body is read once. The names are one
@@ -355,9 +362,9 @@ def _wanted_regex(wanted: frozenset, notice: tuple[str, ...] = ()) -> "re.Patter
     return rx
 
 
-def _spellings(wanted: frozenset) -> set[str]:
+def _spellings(wanted: frozenset[str]) -> set[str]:
     """The wanted names and every other spelling of vLLM's prefix (VLLM_PREFIXES)."""
-    alts = set()
+    alts: set[str] = set()
     for name in wanted:
         alts.add(name)
         if name.startswith("vllm:"):
@@ -365,10 +372,13 @@ def _spellings(wanted: frozenset) -> set[str]:
     return alts
 
 
+_Trie = dict[str, "_Trie"]  # a trie node: each next character -> its node, "" -> {} where a word ends
+
+
 def _trie(words: Iterable[str]) -> str:
     """A regex alternation matching exactly `words`, shared prefixes factored out (Python's re tries
     the branches of a flat alternation one by one: 60 names cost 60 tries on every line)."""
-    root: dict = {}
+    root: _Trie = {}
     for word in words:
         node = root
         for ch in word:
@@ -377,7 +387,7 @@ def _trie(words: Iterable[str]) -> str:
     return _trie_node(root)
 
 
-def _trie_node(node: dict) -> str:
+def _trie_node(node: _Trie) -> str:
     branches = []
     for ch in sorted(k for k in node if k):
         sub, text = node[ch], re.escape(ch)

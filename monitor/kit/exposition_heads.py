@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from itertools import groupby, repeat
-from typing import Optional
+from typing import Optional, Sequence
 
 from monitor.kit.exposition_lines import _NORMALISED, normalise_name
 from monitor.kit.exposition_tokens import ExpositionError, ParsedScrape, parse_labels
@@ -28,11 +28,12 @@ _BAD_TOKEN = re.compile(r"[\s#{}_]")
 _HEADS: dict[str, tuple[str, str, dict[str, str]]] = {}  # head -> (raw name, label text, labels)
 _HEADS_MAX = 200_000
 # a body's heads in line order -> ([(normalised name, start, end)], labels in line order)
-_SHAPES: dict[tuple, tuple[list[tuple[str, int, int]], tuple]] = {}
+_SHAPES: dict[tuple[str, ...], tuple[list[tuple[str, int, int]], tuple[dict[str, str], ...]]] = {}
 _SHAPES_MAX = 256  # each keeps its heads (~20 KB for a vLLM body): bounded so memory is too
 
 
-def read_lines(lines: list[str], out: ParsedScrape, plain_rx: "re.Pattern[str]", labels_cache: dict) -> bool:
+def read_lines(lines: list[str], out: ParsedScrape, plain_rx: re.Pattern[str],
+               labels_cache: dict[str, dict[str, str]]) -> bool:
     """Every wanted line (`lines`, whole, no `# EOF`/`# UNIT ` marks) into `out.samples`; False
     (and `out` untouched) when some line is not in the plain form or the body breaks a rule the
     line-by-line reader counts or names."""
@@ -62,8 +63,9 @@ def read_lines(lines: list[str], out: ParsedScrape, plain_rx: "re.Pattern[str]",
     return True
 
 
-def _shape(lines: list[str], heads: tuple, tokens: tuple, plain_rx: "re.Pattern[str]", labels_cache: dict
-           ) -> Optional[tuple[list, tuple]]:
+def _shape(lines: list[str], heads: tuple[str, ...], tokens: tuple[str, ...], plain_rx: re.Pattern[str],
+           labels_cache: dict[str, dict[str, str]]
+           ) -> Optional[tuple[list[tuple[str, int, int]], tuple[dict[str, str], ...]]]:
     """A body's shape (kept in `_SHAPES`), its unknown heads read by `plain_rx` first; None when a
     line is not plain (its value not the token after its last space), a label set does not read,
     a series repeats or a name comes back after another's run."""
@@ -91,7 +93,7 @@ def _shape(lines: list[str], heads: tuple, tokens: tuple, plain_rx: "re.Pattern[
     return shape
 
 
-def _read_head(line: str, token: str, plain_rx: "re.Pattern[str]", labels_cache: dict
+def _read_head(line: str, token: str, plain_rx: re.Pattern[str], labels_cache: dict[str, dict[str, str]]
                ) -> Optional[tuple[str, str, dict[str, str]]]:
     """(raw name, label text, labels) of a line the plain-form regex reads with `token` as its
     value; None otherwise. Another token after the same head reads the same way (a token has no
@@ -113,7 +115,7 @@ def _read_head(line: str, token: str, plain_rx: "re.Pattern[str]", labels_cache:
     return raw_name, label_text, got
 
 
-def _runs(names, label_texts) -> Optional[list[tuple[str, int, int]]]:
+def _runs(names: Sequence[str], label_texts: Sequence[str]) -> Optional[list[tuple[str, int, int]]]:
     """The runs of one sample name (a family's lines stand together): [(name, start, end)], or None
     when a name comes back after another's run or a label set repeats within a run (a duplicate:
     the line-by-line loop counts it)."""

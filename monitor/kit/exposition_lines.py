@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 from decimal import Decimal
-from typing import Optional
+from typing import Optional, cast
 
 from monitor.kit.exposition_tokens import ExpositionError, ParsedScrape, parse_float, parse_labels
 
@@ -38,7 +38,7 @@ def normalise_name(name: str) -> str:
     return out
 
 
-def _keep(out: ParsedScrape, raw_name: str, rest: str, key: tuple, seen: set,
+def _keep(out: ParsedScrape, raw_name: str, rest: str, key: tuple[str | int, ...], seen: set[tuple[str | int, ...]],
           lineno: Optional[int] = None, every_line: bool = False) -> None:
     """One sample line read by the strict reader (`_read_sample`) and added to `out`. A series read
     already at the same instant is counted as `duplicate_series` and left out, the first kept; with
@@ -65,7 +65,7 @@ def _keep(out: ParsedScrape, raw_name: str, rest: str, key: tuple, seen: set,
     if bucket is None:
         bucket = out.samples[name] = []
     if instant is not None:
-        out.instants[(name, len(bucket))] = (instant, stamp)
+        out.instants[(name, len(bucket))] = (instant, cast(float, stamp))  # a timestamp token: a stamp
     bucket.append((labels, value))
 
 
@@ -123,7 +123,7 @@ def native_item(rest: str) -> bool:
     return bool(_NATIVE_RE.match(text))
 
 
-def _find_close(line: str, start: int, lineno: int) -> int:
+def _find_close(line: str, start: int, lineno: Optional[int]) -> int:
     """Index of the `}` closing the label set opened at `start`, skipping quoted values."""
     i = start + 1
     n = len(line)

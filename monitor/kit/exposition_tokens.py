@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import AbstractSet, Optional
 
 _PAIR = r'[a-zA-Z_][a-zA-Z0-9_]*\s*=\s*"(?:[^"\\]|\\.)*"'
 _LABELSET_RE = re.compile(r'\s*(?:' + _PAIR + r'\s*,\s*)*(?:' + _PAIR + r'\s*,?\s*)?\}')
@@ -37,7 +37,7 @@ class ParsedScrape:
     skipped: int = 0  # sample lines not asked for
     anomalies: dict[str, int] = field(default_factory=dict)  # kind -> count (duplicate_series, ...)
     oldest_timestamp: Optional[float] = None  # the oldest explicit sample timestamp, Unix seconds
-    noticed: set[str] = field(default_factory=set)  # `parse`'s notice prefixes that start a line
+    noticed: AbstractSet[str] = field(default_factory=set)  # `parse`'s notice prefixes that start a line
     shared_labels: bool = False  # label dicts from the parser's cache (reused across scrapes, never mutated)
     cut: int = 0  # parse(max_samples=): 1 when wanted sample lines past the cap were left unread
     # (sample name, index in its list) -> (its instant, `exposition._instant`; its timestamp as read),
@@ -64,10 +64,10 @@ class ParsedScrape:
         for name in {name for name, _ in self.instants} | self.repeated:
             rows = self.samples[name]
             stamps = {i: self.instants.pop((name, i)) for i in range(len(rows)) if (name, i) in self.instants}
-            best: dict[tuple, tuple[tuple, int]] = {}
+            best: dict[tuple[tuple[str, str], ...], tuple[tuple[float, ...], int]] = {}
             for i, (labels, _value) in enumerate(rows):
                 series = tuple(sorted(labels.items()))
-                rank = stamps.get(i, (math.inf,))
+                rank: tuple[float, ...] = stamps.get(i, (math.inf,))
                 if series not in best or rank > best[series][0]:
                     best[series] = (rank, i)
             kept = sorted(i for _, i in best.values())
@@ -104,7 +104,7 @@ def _unescape(value: str) -> str:
     return "".join(out)
 
 
-def parse_labels(text: str, lineno: int) -> dict[str, str]:
+def parse_labels(text: str, lineno: Optional[int]) -> dict[str, str]:
     """Parse the inside of `{...}` including the closing brace."""
     if not _LABELSET_RE.fullmatch(text):
         raise ExpositionError(f"malformed label set {text[:60]!r}", line=lineno)
@@ -115,7 +115,7 @@ def parse_labels(text: str, lineno: int) -> dict[str, str]:
     return labels
 
 
-def parse_float(token: str, lineno: int) -> float:
+def parse_float(token: str, lineno: Optional[int]) -> float:
     if "_" in token:  # Python's float reads 1_2 as 12; the exposition formats have no digit separators
         raise ExpositionError(f"bad sample value {token[:40]!r}", line=lineno)
     try:

@@ -9,9 +9,9 @@ import math
 from operator import itemgetter
 from typing import Optional
 
-from ..model import Histogram
 from monitor.kit.exposition import ParsedScrape
 
+from ..model import Histogram
 
 _BOUNDS: dict[str, float] = {}
 
@@ -77,7 +77,7 @@ def _picker(order: tuple):
 
 
 def _layout(labels: tuple, keep: bool) -> list:
-    ids = tuple(map(id, labels)) if keep else None
+    ids = tuple(map(id, labels)) if keep else ()  # () unused: no layout kept
     if keep:
         got = _LAYOUTS.get(ids)
         if got is not None:

@@ -18,11 +18,12 @@ import time
 from typing import Any, Callable, Optional, Sequence
 from urllib.parse import urlencode, urlsplit
 
-from .settings import PrometheusSource
-from . import sglang, vllm
 from monitor.kit.exposition import ParsedScrape, normalise_name
-from monitor.kit.http import Backoff, BodyBudget, FetchError, Fetcher, redact
+from monitor.kit.http import Backoff, BodyBudget, Fetcher, FetchError, redact
 from monitor.kit.redact import scrub
+
+from . import sglang, vllm
+from .settings import PrometheusSource
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,7 @@ class PrometheusClient:
         body = urlencode(params).encode()
         try:
             headers = {**self.headers(), **_POST_HEADERS} if self.headers is not None else _POST_HEADERS
-        except Exception as exc:  # a header's file or variable is gone: its name, never a value
+        except Exception as exc:  # noqa: BLE001 (a header's file or variable is gone: its name, never a value)
             raise PrometheusError("config", f"a header value could not be read: {exc}") from None
         for attempt in range(self.retries + 1):
             if attempt:
@@ -237,7 +238,7 @@ def decode_vector(data: dict) -> list[tuple[dict[str, str], float]]:
     result = data.get("result")
     if not isinstance(result, list):
         raise PrometheusError("parse", "data.result is not a list")
-    out = []
+    out: list[tuple[dict[str, str], float]] = []
     append = out.append
     for item in result:  # the checks of _metric and _value at C speed (a fleet's answer has ~30,000 items)
         try:

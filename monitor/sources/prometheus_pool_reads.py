@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import Future
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union, cast
 
 from monitor.kit.http import redact
+
 from .prometheus import PrometheusError
 from .prometheus_queries import RULE_WINDOW, RULES_QUERY, pool_histogram_queries, pool_histograms, rule_histograms
+
+if TYPE_CHECKING:
+    from .settings import PrometheusSource
 
 log = logging.getLogger("monitor.sources.prometheus")
 
@@ -24,6 +28,22 @@ Answer = Union[list, PrometheusError]  # a query's vector, or why it has none
 
 class PoolHistogramReads:
     """The pool histogram part of PrometheusSourceReader."""
+
+    if TYPE_CHECKING:  # what PrometheusSourceReader gives this mixin (its __init__ and methods)
+        src: PrometheusSource
+        selector: str
+        pool_by: list[str]
+        latency_window: float
+        total_kinds: tuple[str, ...]
+        _hists: Optional[tuple[float, dict, dict]]
+        _rules: Optional[bool]
+
+        def _start(self, call: Callable[..., list]) -> Future: ...
+        @staticmethod
+        def _answer(call: Callable[[], list]) -> Answer: ...
+        def _query(self, query: str, deadline: Optional[float], **kw: Any) -> list: ...
+        def _note(self, part: str, reason: Optional[str], detail: str = "") -> None: ...
+        def _last_histograms(self, now: float, out: Any) -> None: ...  # out: a PrometheusRead
 
     def _histograms(self, now: float, deadline: Optional[float], out: Any, present: dict[str, str],
                     started: dict[str, tuple[str, Future]]) -> None:
@@ -41,7 +61,7 @@ class PoolHistogramReads:
             future = got[1] if got is not None and got[0] == query else self._start(lambda: self._query(query, deadline))
             return self._answer(future.result)
 
-        from_rules: dict = {}
+        from_rules: Union[dict, PrometheusError] = {}
         rules = self._histogram_asks(present, with_rules=True).get(RULES)
         if rules is not None:
             from_rules = self._rules_answer(answer(RULES, rules))
@@ -52,12 +72,12 @@ class PoolHistogramReads:
         answers = [answer(key, query) for key, query in asks.items()]
         failed = next((a for a in answers if isinstance(a, PrometheusError)), None)
         if isinstance(from_rules, PrometheusError) or failed is not None:
-            exc = from_rules if isinstance(from_rules, PrometheusError) else failed
+            exc = from_rules if isinstance(from_rules, PrometheusError) else cast(PrometheusError, failed)
             self._note("histograms", exc.reason, exc.detail)
             self._last_histograms(now, out)
             return
         self._note("histograms", None)
-        vector = [sample for got in answers for sample in got]
+        vector = [sample for got in cast("list[list]", answers) for sample in got]  # none failed
         out.pool_histograms, out.pool_totals = pool_histograms(vector, self.pool_by)
         for pool, kinds in from_rules.items():
             out.pool_histograms.setdefault(pool, {}).update(kinds)

@@ -106,7 +106,7 @@ def with_pools(extra: str, pools: Iterable[str]) -> str:
 
 def histogram_bases() -> list[tuple[str, str]]:
     """(kind, base name) of every latency histogram candidate, both engines, in preference order."""
-    out = []
+    out: list[tuple[str, str]] = []
     for _prefix, _g, _c, histograms in _engine_names():
         for kind in LATENCY_KINDS:
             out.extend((kind, base) for base in histograms.get(kind, ()))

@@ -24,15 +24,16 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
-from .settings import PrometheusSource
-from ..model import Histogram, ReplicaReading, SourceStatus
 from monitor.kit.http import BodyBudget, redact
-from .prometheus import PrometheusClient, PrometheusError, engine_of_scrape, partial_warnings, scrapes_from_vector
-from .query_clock import QueryClock
+
+from ..model import Histogram, ReplicaReading, SourceStatus
 from ..model.shard import filter_pools
+from .prometheus import PrometheusClient, PrometheusError, engine_of_scrape, partial_warnings, scrapes_from_vector
 from .prometheus_pool_reads import Answer, PoolHistogramReads
-from .prometheus_since import ReplicaSince, by_instance, split_up, up_query
 from .prometheus_queries import present_bases, replica_selector, replica_selectors, shard_pools_query, with_pools
+from .prometheus_since import ReplicaSince, by_instance, split_up, up_query
+from .query_clock import QueryClock
+from .settings import PrometheusSource
 
 log = logging.getLogger("monitor.sources.prometheus")
 
@@ -158,6 +159,7 @@ class PrometheusSourceReader(PoolHistogramReads):
         cap, series = self._replica_cap(deadline)
         queries = [] if narrow == "" else self._replica_queries(narrow or "")
         parts = [self._start(lambda q=q: self._query(q, deadline, max_bytes=cap)) for q in queries]
+        assert self._present is not None  # read_all asks at once only after a whole replica read
         started = {key: (query, self._start(lambda q=query: self._query(q, deadline)))
                    for key, query in self._histogram_asks(self._present, with_rules=True).items()}
         vector: list = []
@@ -174,7 +176,7 @@ class PrometheusSourceReader(PoolHistogramReads):
         keep = [self.src.instance_label] + [label for label in self.pool_by if label not in ("model_name", "model")]
         return replica_selectors(",".join(m for m in (self.selector.strip().strip("{}").strip(), narrow) if m), keep)
 
-    def _start(self, call: Callable[[], list]) -> Future:
+    def _start(self, call: Callable[..., list]) -> Future:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=12, thread_name_prefix="prometheus-query")
         return self._pool.submit(call)

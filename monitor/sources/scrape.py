@@ -13,14 +13,15 @@ import threading
 import time
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Hashable, Optional
 
-from .settings import Target
-from ..model import ReplicaReading, SourceStatus
 from monitor.kit.exposition import ExpositionError
-from monitor.kit.http import FetchError, Fetcher, redact
-from . import sglang, vllm
+from monitor.kit.http import Fetcher, FetchError, redact
 
+from ..model import ReplicaReading, SourceStatus
+from . import sglang, vllm
+from .settings import Target
 
 # a sample whose own timestamp is older than this (Prometheus's default lookback) is stale
 STALE_SAMPLE_SECONDS = 300.0
@@ -143,7 +144,7 @@ class Workers(Executor):
             if future.set_running_or_notify_cancel():
                 try:
                     future.set_result(fn(*args, **kwargs))
-                except BaseException as exc:  # handed to whoever waits on the future
+                except BaseException as exc:  # noqa: BLE001 (handed to whoever waits on the future)
                     future.set_exception(exc)
             del future, fn, args, kwargs
             self._idle.release()
@@ -189,7 +190,7 @@ class DeadlinePool:
         self._waiting: set[threading.Event] = set()
         self.closed = False
 
-    def start(self, jobs: list[tuple[Hashable, Callable[[], Any]]]) -> list[tuple[Hashable, Future | Late]]:
+    def start(self, jobs: list[tuple[Hashable, Callable[..., Any]]]) -> list[tuple[Hashable, Future | Late]]:
         out: list[tuple[Hashable, Future | Late]] = []
         with self._lock:
             for key, fn in jobs:
@@ -199,7 +200,7 @@ class DeadlinePool:
                     continue
                 future = self.workers.submit(fn)
                 self._running[key] = future
-                future.add_done_callback(lambda f, k=key: self._finished(k, f))
+                future.add_done_callback(partial(self._finished, key))
                 out.append((key, future))
         return out
 
@@ -235,18 +236,18 @@ class DeadlinePool:
         finally:
             with self._lock:
                 self._waiting.discard(done)
-        out = []
-        for _, f in started:
-            if isinstance(f, Late):
-                out.append(f)
-            elif f.done() and not f.cancelled():
-                exc = f.exception()
-                out.append(exc if exc is not None else f.result())
+        out: list[Any] = []
+        for _, job in started:
+            if isinstance(job, Late):
+                out.append(job)
+            elif job.done() and not job.cancelled():
+                exc = job.exception()
+                out.append(exc if exc is not None else job.result())
             else:
-                out.append(Late("not_started" if f.cancel() else "running"))
+                out.append(Late("not_started" if job.cancel() else "running"))
         return out
 
-    def run(self, jobs: list[tuple[Hashable, Callable[[], Any]]], deadline: Optional[float]) -> list[Any]:
+    def run(self, jobs: list[tuple[Hashable, Callable[..., Any]]], deadline: Optional[float]) -> list[Any]:
         return self.wait(self.start(jobs), deadline)
 
     def close(self) -> None:

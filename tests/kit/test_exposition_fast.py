@@ -29,9 +29,10 @@ def reference(text: str, wanted: frozenset) -> ParsedScrape:
     flat = re.compile(r"\n(" + "|".join(sorted(map(re.escape, alts), key=len, reverse=True)) + r")([{ \t][^\n]*)")
     out, seen = ParsedScrape(), set()
     for raw_name, rest in flat.findall("\n" + text):
-        labels, token = exposition._wanted_line(raw_name, rest, seen, {}, out)
-        if labels is None:
+        got = exposition._wanted_line(raw_name, rest, seen, {}, out)
+        if got is None:
             continue
+        labels, token = got
         try:
             value = float(token) if "_" not in token else parse_float(token, None)
         except ValueError:
