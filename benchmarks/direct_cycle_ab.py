@@ -4,7 +4,7 @@ Each ROOT is a checkout (e.g. `git archive <commit> monitor | tar -x -C /tmp/old
 in turn, `--rounds` times, each in a fresh process against the same 1,000 loopback replicas serving
 the real vLLM 0.32 capture (static server in its own process). Prints one JSON line per run: the
 median CPU seconds of `--cycles` cycles after a warm-up, and the CPU the cyclic garbage collector took in
-them (gc.callbacks). The Pipeline gets the garbage-collector settings the daemon applies (monitor/app.py
+them (gc.callbacks). The Pipeline gets the garbage-collector settings the daemon applies (monitor/app/
 `garbage_collector`, global.tune_gc), where the checkout has them; `--gc on,off` runs each checkout
 both ways (the same code with the setting on and off). Usage:
     python benchmarks/direct_cycle_ab.py /tmp/old /work/wt/perf
@@ -49,7 +49,7 @@ class GcClock:
 
 
 def apply_gc(cfg, pipe, setting: str) -> str:
-    """What the daemon applies (monitor/app.py garbage_collector), with global.tune_gc as asked;
+    """What the daemon applies (monitor/app/ garbage_collector), with global.tune_gc as asked;
     "absent" for a checkout from before it."""
     try:
         from monitor.app import garbage_collector

@@ -8,7 +8,7 @@ rounds it ran, from its first full round on, divided by the rounds), and their r
 (moonshot 0.5x). Each run adds a trial to benchmarks/direct_vs_prometheus_results.json, with the
 machine's own Python speed (benchmarks/machine_speed.py: a fixed pure-Python workload's CPU time,
 measured just before the cycles) so ratios from different machines can be compared. The Pipeline gets the
-garbage-collector settings the daemon applies (monitor/app.py `garbage_collector`; `--gc off`: global.tune_gc
+garbage-collector settings the daemon applies (monitor/app/ `garbage_collector`; `--gc off`: global.tune_gc
 false, Python's defaults).
 """
 from __future__ import annotations

@@ -6,7 +6,7 @@ make once in a short, structural form (tests/engine/measure.py):
 - knee: headroom's learned knee (KneeEstimator on the engine's /metrics during a 20-step, 16-s stepped
   sweep) against the knee of the client-side curve (clients vs mean client TTFT); ratio learned/reference;
   `learned_in`: the trials whose sweep left a confident learned knee published (the engine tier's
-  tests/test_knee_vllm.py runs 3 steps of 10 s and asserts only that the estimator is fed from the
+  tests/engine/test_knee_vllm.py runs 3 steps of 10 s and asserts only that the estimator is fed from the
   engine's families: on 2 shared cores a sweep to a confident knee took up to 6 minutes);
 - littles_law: completion rate x mean e2e / mean (running + waiting) over a steady closed loop of 16
   clients: headroom's pool ratio, the engine's counters read independently, the client-side one;

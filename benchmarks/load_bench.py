@@ -25,7 +25,7 @@ import json, sys, time
 from headroom_lab.sim.fleet import load_config
 from headroom_lab.sim.server import start_fleet
 h = start_fleet(load_config(None), scenario="steady", seed=1, warmup_s=60.0)
-print(json.dumps({"replica_urls": h.replica_urls, "gateway_url": h.gateway_url, "app_url": h.app_url,
+print(json.dumps({"replica_urls": h.replica_urls, "replica_by_url": h.replica_by_url, "gateway_url": h.gateway_url, "app_url": h.app_url,
                   "dcgm_url": h.dcgm_url}), flush=True)
 sys.stdin.read()
 """
@@ -65,8 +65,8 @@ def main() -> dict:
         return {"skipped": "wrk not installed (Debian package wrk)"}
     from headroom_lab.commands.demo import headroom_config
     from headroom_lab.sim.fleet import load_config
-    from monitor.commands.run import Daemon
-    from monitor.config import from_dict
+    from monitor.app import build
+    from monitor.config import Override, from_dict
 
     workdir = tempfile.mkdtemp(prefix="headroom-load-")
     fleet_cfg = load_config(None)
@@ -75,15 +75,15 @@ def main() -> dict:
                              text=True, cwd=ROOT)
     import json
     handle = _Urls(json.loads(fleet.stdout.readline()))
-    cfg = from_dict(headroom_config(handle, fleet_cfg, None), "load.yml")
-    cfg.interval = 2.0
-    daemon = Daemon(cfg, "127.0.0.1:0")
+    cfg = from_dict(headroom_config(handle, fleet_cfg, None), "load.yml",
+                    [Override("global.interval", 2.0, "load_bench: a cycle every 2 s")])
+    daemon = build(cfg, "127.0.0.1:0")
     daemon.start()
     static = None
     try:
         url = f"http://127.0.0.1:{daemon.port}/metrics"
         end = time.monotonic() + 60
-        while daemon.state.snapshot is None and time.monotonic() < end:
+        while daemon.pipeline.latest is None and time.monotonic() < end:
             time.sleep(0.2)
         body = requests.get(url, timeout=5).content
         path = os.path.join(workdir, "metrics.txt")

@@ -14,7 +14,7 @@ reload). Per trial, in the same run and in turn:
   version (`--code NAME=DIR`, e.g. the code before a change beside it; `--gc-off NAME`: that one with
   global.tune_gc false): its own CPU and the cycle's wall time, and Prometheus' CPU while it ran,
   each measured cycle `--pace` seconds (10) after an unmeasured one of the same child, as a daemon runs them. The
-  child applies the garbage-collector settings the daemon applies (monitor/app.py `garbage_collector`)
+  child applies the garbage-collector settings the daemon applies (monitor/app/ `garbage_collector`)
   where the code has them.
 Prometheus' CPU (/proc/<pid>/stat) is counted net of its background (scrapes, rule evaluations): its
 rate over an idle window just before each measurement, times the measurement's wall time; its garbage
@@ -116,7 +116,7 @@ from monitor.cycle import Pipeline
 url, rules, tune_gc = sys.argv[1], sys.argv[2] == "rules", sys.argv[3] == "on"
 src = PrometheusSource(url=url, selector='job="vllm"', recording_rules=rules)
 cfg = Config(prometheus=src, interval=10.0, latency_window=300.0)
-try:  # what `headroom run` applies (monitor/app.py), in code that has it
+try:  # what `headroom run` applies (monitor/app/), in code that has it
     from monitor.app import garbage_collector
 except ImportError:
     garbage_collector = None

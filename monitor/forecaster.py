@@ -9,7 +9,7 @@ settings (give `ForecastSettings` a `runner`, e.g. monitor/kit/timebox.py `FitPo
 to time-box every fit in a worker process: an overrunning fit is killed, reported in the series' `errors`, and the next
 model in the fallback order is used), and publishes the results in a `LatestResult`. The
 collection cycle reads `latest.get()` once per cycle (monitor/app/forecasts.py `ForecastLoop`): the
-published object (monitor/model.py `RefitResult`), taken under a lock, never a fit; the cycle's snapshot carries it to /metrics,
+published object (monitor/model/ `RefitResult`), taken under a lock, never a fit; the cycle's snapshot carries it to /metrics,
 /api/v1/snapshot and `/`.
 """
 from __future__ import annotations

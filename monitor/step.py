@@ -66,7 +66,7 @@ class StepSettings:
 
 @dataclass
 class CycleInputs:
-    """Everything one cycle read from its sources, parsed (plain data: monitor/model.py, monitor/model/readings.py)."""
+    """Everything one cycle read from its sources, parsed (plain data: monitor/model/, monitor/model/readings.py)."""
 
     readings: list[ReplicaReading]
     statuses: list[SourceStatus]

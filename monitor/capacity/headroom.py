@@ -1,6 +1,6 @@
 """Capacity, utilisation and headroom of a pool (pure).
 
-`pool_capacity(pool, knee, settings, power_watts, sessions)` returns a `Capacity` (monitor/model.py)
+`pool_capacity(pool, knee, settings, power_watts, sessions)` returns a `Capacity` (monitor/model/)
 whose fields are the catalogue's capacity metrics without the `headroom_` prefix (the exporter,
 monitor/export/samples.py, turns them into samples); `compute_capacity(...)` is the same as the
 plain dict of the JSON document (`Capacity.as_dict()`), for callers that want plain data (the

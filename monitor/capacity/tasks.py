@@ -1,7 +1,7 @@
 """Per task type: arrival rate, calls per task, latency quantiles, sessions, SLO share (pure).
 
 Input: two `GatewayReading`s of the same source (older may be None: then everything is "since the
-source started", and rates are None). Output: {task_type: `TaskStats`} (monitor/model.py), plus
+source started", and rates are None). Output: {task_type: `TaskStats`} (monitor/model/), plus
 `call_latency_by_class(...)` -> {class: Quantiles} for headroom_call_latency_seconds.
 
 The window: a task spans several calls of several seconds each, so task counts, calls per task and

@@ -79,7 +79,7 @@ class Config:
     tune_gc: bool = key(Flag(), True, path="global.tune_gc",
                         help="the daemon sets Python's garbage collector for its cycles: what start-up and the "
                              "first cycle leave in memory is frozen out of later collections, and the youngest "
-                             "objects are collected far less often (monitor/app.py GarbageCollector: ~10% less "
+                             "objects are collected far less often (monitor/app/parts.py GarbageCollector: ~10% less "
                              "CPU per direct cycle, ~20% in Prometheus mode); false keeps Python's defaults")
     max_models_per_target: int = key(Int(ge=1, le=100_000), 64, path="global.max_models_per_target",
                                      help="models read from one target (or one instance in Prometheus mode); "

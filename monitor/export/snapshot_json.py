@@ -8,7 +8,7 @@ With `global.pool_by: [cluster, model_name]` a pool also has "cluster" and "key"
 Values that are not known are null; +Inf (e.g. no exhaustion within the horizon) is the string "+Inf".
 A pool's "spare" is its spare capacity for deferrable work (monitor/model/spare_data.py: the windows over
 24 h in the forecast's steps and over 7 d on an hourly grid, the horizons' minimums, the budget and why), the top-level "spare" the fleet's sums.
-A pool's "capacity", "tasks" and "forecast" are the `as_dict()` of its typed results (monitor/model.py,
+A pool's "capacity", "tasks" and "forecast" are the `as_dict()` of its typed results (monitor/model/,
 monitor/forecast/pool.py), `{}` when there are none: the forecast is the one /metrics exports for the
 same cycle.
 """

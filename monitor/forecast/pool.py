@@ -15,7 +15,7 @@ Any subset may be present. Only the capacity series is compared with `capacity_r
 the knee) for the time to exhaustion. No I/O, no clock: `now` is passed in.
 
 The result is typed (`PoolForecast`: per horizon a `Horizon`, per series a `SeriesOutlook`, the
-capacity series' forecast path); it travels on the snapshot (monitor/model.py `PoolSnapshot.forecast`)
+capacity series' forecast path); it travels on the snapshot (monitor/model/ `PoolSnapshot.forecast`)
 and monitor/export/samples.py renders the catalogue's forecast metrics from it.
 """
 from __future__ import annotations

@@ -10,7 +10,7 @@ monitor/derive/ and monitor/capacity/ read them and import nothing from monitor/
     GatewayScrape      one configured gateway in one cycle: its reading, its per-model readings, its queues
     DcgmReading        one DCGM exporter's GPU power series
 
-Plain data, no I/O, no clock (the floor of monitor/model.py, which it uses).
+Plain data, no I/O, no clock (the model floor, whose other modules it uses).
 """
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ store (direct mode) holds the same names, written by `monitor.history.store.poin
 digest's load); arrivals equal completions on average, which is what `arrival_rate` measures.
 
 `offered` is the demand, not only the service: the active requests plus the arrivals not served
-(headroom_shed_requests_rate and the queue's growth) times their mean service time (monitor/model.py
+(headroom_shed_requests_rate and the queue's growth) times their mean service time (monitor/model/
 `PoolSnapshot.offered_requests`). When it is there, the forecasts' capacity series is `offered`, and
 `load` (the served load) is forecast beside it (monitor/forecast/pool.py).
 

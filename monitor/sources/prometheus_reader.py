@@ -265,11 +265,13 @@ class PrometheusSourceReader(PoolHistogramReads):
         held = bool(self.since.held)
         self._series = max(self.since.series(), len(vector)) if held else len(vector)
         for instance, (scrape, labels) in sorted(scrapes.items()):
+            regrouped = dict(scrape.anomalies)  # what the regrouping found; reading adds its own
             engine = engine_of_scrape(scrape)
             out.readings.extend(engine.readings_from_scrape(scrape, instance, now, labels or None))
             missing[instance] = engine.missing_families(scrape)
             for kind, n in scrape.anomalies.items():
                 out.anomalies[kind] = out.anomalies.get(kind, 0) + n
+            scrape.anomalies = regrouped  # a held scrape is read again next cycle: count each read's once
         if held:
             return missing, self.since.present()
         found: dict[str, str] = {}

@@ -56,7 +56,8 @@ def _regex_escaped(value: str) -> Optional[str]:
     """`value` as a literal in a PromQL regex string; None when it holds characters left to a full read."""
     if not value or any(c == '"' or not c.isprintable() or ord(c) > 126 for c in value):
         return None
-    return "".join("\\\\" + c if c in _META else c for c in value)
+    regex = "".join("\\" + c if c in _META else c for c in value)  # a regex literal (RE2)
+    return regex.replace("\\", "\\\\")  # then a PromQL string: each backslash written twice
 
 
 @dataclass

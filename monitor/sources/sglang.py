@@ -73,7 +73,7 @@ _HIGH = {"running": MAX_REQUESTS, "waiting": MAX_REQUESTS, "lora_used": MAX_REQU
                                    "swa_evictable", "mamba_used", "mamba_available", "mamba_evictable")},
          **{k: 1.0 for k in ("token_usage", "full_usage", "swa_usage", "mamba_usage")}}
 
-# canonical counter key (monitor/model.py COUNTERS) -> candidate sample names, first present wins
+# canonical counter key (monitor/model/ COUNTERS) -> candidate sample names, first present wins
 COUNTER_NAMES = {
     "request_success": (P + "num_requests_total", P + "request_success_total"),
     "prompt_tokens": (P + "prompt_tokens_total",),
@@ -82,7 +82,7 @@ COUNTER_NAMES = {
     "prefix_cache_hits": (P + "cached_tokens_total",),  # tokens; queries are then prompt_tokens
 }
 
-# canonical histogram key (monitor/model.py HISTOGRAMS) -> candidate base names, first present wins
+# canonical histogram key (monitor/model/ HISTOGRAMS) -> candidate base names, first present wins
 HISTOGRAM_NAMES = {
     "ttft": (P + "time_to_first_token_seconds",),
     "itl": (P + "inter_token_latency_seconds", P + "time_per_output_token_seconds"),

@@ -69,3 +69,28 @@ def test_a_narrowed_answer_naming_an_instance_not_asked_for_loses_no_replica_and
     got = since.merge({"a": ("a2", {}), "x": ("x", {})}, {}, {}, 'job="vllm"', 5.0)
     assert got == {"a": ("a2", {}), "b": fresh["b"], "c": fresh["c"], "x": ("x", {})}
     assert since.held == {} and since.plan(times, 'job="vllm"', 6.0) is None
+
+
+def test_an_instance_with_a_backslash_is_asked_for_as_a_literal():
+    # regex `a\\b:1` (a literal backslash), written in a PromQL string with each backslash doubled
+    assert ps._regex_escaped("a\\b:1") == "a" + "\\" * 4 + "b:1"
+    assert ps._regex_escaped("10.0.0.1:8000") == "10" + "\\\\." + "0" + "\\\\." + "0" + "\\\\." + "1:8000"
+
+
+def test_a_held_replica_counts_its_anomalies_once_per_cycle_not_once_more_each_cycle():
+    """A held replica's series are read into readings again each cycle; the anomalies that read finds
+    (a negative gauge here) are counted once per cycle, as a full read counts them."""
+    from monitor.config import PrometheusSource
+    from monitor.sources.prometheus_reader import PrometheusRead, PrometheusSourceReader
+
+    reader = PrometheusSourceReader(PrometheusSource(url="http://127.0.0.1:9"))
+    series = [({"__name__": "vllm:num_requests_running", "instance": "a", "model_name": "m"}, -3.0),
+              ({"__name__": "vllm:num_requests_waiting", "instance": "a", "model_name": "m"}, 0.0)]
+    counts = []
+    for cycle in range(4):
+        out = PrometheusRead(readings=[], statuses=[])
+        asked = reader.since.plan({"a": 1.0}, reader.selector, float(cycle))
+        assert asked == (None if cycle == 0 else "")  # a whole read first, then a's series held
+        reader._readings([(dict(labels), v) for labels, v in series] if cycle == 0 else [], float(cycle), out)
+        counts.append(out.anomalies.get("negative", 0))
+    assert counts[0] >= 1 and counts == [counts[0]] * 4, counts
