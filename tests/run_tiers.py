@@ -4,7 +4,7 @@
 
 Tiers (tests/tiers.py says how a test gets its tier and how the marks are checked):
     unit    pytest -m "not live and not vllm", with HEADROOM_TEST_TIER=unit (no subprocess, no socket)
-    live    pytest -m "live and not vllm and not image", the slowest files in a second process (tests/parallel.py)
+    live    pytest -m "live and not vllm and not image", the slowest files in two side processes (tests/parallel.py)
     engine  pytest -m vllm on ENGINE_FILES in one session (one shared engine; the LoRA engine last)
     image   pytest -m image on the files that use the mark: the container image run with podman as the Helm chart runs it
 With --build-image, `bash image/build.sh` (make image) starts at once in the background, niced, with
@@ -29,15 +29,14 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-# the slowest files of the live tier, run in a second pytest process beside the others, chosen by
-# measured wall times so both take about as long. Before (CI, 2026-12-06): 930 s for the other process,
-# 236 s for this one. Each live file alone, niced, at load 5-27 (2026-12-06): 3,572 s in all, test_rules
-# 1,057 (promtool on 98 mutated rule sets; 438 -> 206 s at load 5 once its control ran once per case
-# prefix), test_alert_path 205, test_snapshot_forecast 128, test_deadlines 91: this list then holds
-# about 1,480 s of about 3,000
-SIDE_SHARD = ["tests/lab/test_demo.py", "tests/lab/test_loadtest_sim.py", "tests/app/test_restarts.py",
-              "tests/app/test_prometheus_mode_forecasts.py", "tests/deploy/test_rules.py", "tests/deploy/test_alert_path.py",
-              "tests/app/test_snapshot_forecast.py", "tests/sources/test_deadlines.py"]
+# the slowest files of the live tier, in two side processes beside the rest (tests/parallel.py), so the
+# files that mostly wait (alerts' `for:` on real time, simulated fleets, promtool) overlap. Measured in a
+# fresh clone's `.ci/run` here, 2026-12-06 (one side process then): side 614 s (test_alert_path 196,
+# test_loadtest_sim 147, test_rules 142, test_demo 67, test_deadlines 29), rest 418 s
+SIDE_SHARDS = [["tests/deploy/test_alert_path.py", "tests/lab/test_demo.py", "tests/sources/test_deadlines.py",
+                "tests/app/test_restarts.py", "tests/app/test_snapshot_forecast.py"],
+               ["tests/lab/test_loadtest_sim.py", "tests/deploy/test_rules.py",
+                "tests/app/test_prometheus_mode_forecasts.py"]]
 # one pytest session, one shared engine; the LoRA test stops every other engine first (exclusive=True),
 # so it runs last: after it no test needs the shared engine started again
 ENGINE_FILES = ["tests/engine/test_vllm_pipeline.py", "tests/engine/test_vllm_sim_calibration.py",
@@ -71,7 +70,8 @@ def command(tier: str, args: list[str]) -> list[str]:
     if tier == "unit":
         return [py, "-m", "pytest", "-q", "-m", "not live and not vllm", *args]
     if tier == "live":
-        return [py, os.path.join(HERE, "parallel.py"), *SIDE_SHARD, "--", "-q", "-m", "live and not vllm and not image",
+        groups = [arg for n, files in enumerate(SIDE_SHARDS) for arg in ([] if n == 0 else ["+"]) + files]
+        return [py, os.path.join(HERE, "parallel.py"), *groups, "--", "-q", "-m", "live and not vllm and not image",
                 *args]
     if tier == "image":
         return [py, "-m", "pytest", "-q", "-m", "image", *args, *image_files()]
