@@ -46,7 +46,7 @@ test: $(TSTAMP)
 	$(PY) helm/sync.py --check
 	$(PY) $(TIERS) --build-image unit live $(if $(SKIP_ENGINES),--not-run engine,engine) image -- $(PYTEST_ARGS)
 
-## test-unit: the pure tests (under 90 s); the loop to run while working
+## test-unit: the pure tests (about 150 s on 2 cores; a bare `pytest` runs the same); the loop to run while working
 test-unit: $(TSTAMP)
 	$(PY) $(TIERS) unit -- $(PYTEST_ARGS)
 
