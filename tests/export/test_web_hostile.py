@@ -525,6 +525,9 @@ def test_a_wrong_password_flood_never_starves_authorised_scrapes(start):
             except OSError as exc:  # a timeout: the scrape starved
                 statuses.append(type(exc).__name__)
         newcomer = [_get(s.port, good, source="127.0.0.2")[0] for _ in range(3)]
+        # the flood goes on until it has been refused 50 times (on loaded cores the scrapes above can be
+        # done before that): a wait on the count, not on the clock
+        wait_for(lambda: seen.count(429), lambda n: n >= 50, timeout=60, what="50 refusals of the flood")
     finally:
         stop.set()
         for t in threads:
