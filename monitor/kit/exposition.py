@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import AbstractSet, Iterable, Optional, cast
 
-from monitor.kit.exposition_heads import _runs, read_lines
+from monitor.kit.exposition_heads import _runs, add_runs, read_lines
 from monitor.kit.exposition_lines import _NATIVE_RE, _NORMALISED, _keep
 
 # the readers' names, theirs from here (explicit re-exports)
@@ -286,14 +286,8 @@ def _read_plain(found: list[tuple[str, ...]], out: ParsedScrape, cache: dict[str
                 except ExpositionError:
                     return False
     rows = cast("list[tuple[dict[str, str], float]]", list(zip(labels, values)))  # every label set read above
-    samples, normalised = out.samples, _NORMALISED
-    for raw_name, start, end in runs:
-        name = normalised.get(raw_name) or normalise_name(raw_name)
-        bucket = samples.get(name)
-        if bucket is None:
-            samples[name] = rows[start:end]
-        else:  # two spellings of one name (vllm_x and vllm:x)
-            bucket.extend(rows[start:end])
+    normalised = _NORMALISED
+    add_runs(out.samples, rows, [(normalised.get(raw) or normalise_name(raw), start, end) for raw, start, end in runs])
     return True
 
 

@@ -52,15 +52,19 @@ def read_lines(lines: list[str], out: ParsedScrape, plain_rx: re.Pattern[str],
         values = list(map(float, tokens))
     except ValueError:
         return False
-    rows = list(zip(labels, values))
-    samples = out.samples
+    add_runs(out.samples, list(zip(labels, values)), runs)
+    return True
+
+
+def add_runs(samples: dict[str, list[tuple[dict[str, str], float]]], rows: list[tuple[dict[str, str], float]],
+             runs: Sequence[tuple[str, int, int]]) -> None:
+    """Each run's rows (name, start, end: `rows[start:end]`) under its name in `samples`."""
     for name, start, end in runs:
         bucket = samples.get(name)
         if bucket is None:
             samples[name] = rows[start:end]
         else:  # two spellings of one name (vllm_x and vllm:x)
             bucket.extend(rows[start:end])
-    return True
 
 
 def _shape(lines: list[str], heads: tuple[str, ...], tokens: tuple[str, ...], plain_rx: re.Pattern[str],
