@@ -6,7 +6,7 @@ a CSV in a temporary directory. Each trial runs the real command in a fresh proc
 
     headroom backtest --csv office_21d_5min.csv --horizon 1d --json
 
-(`python -m monitor.cli`, so the checkout under test is what runs), and measures its wall time and
+(`python -m monitor`, so the checkout under test is what runs), and measures its wall time and
 its CPU time (user + system of the child, from getrusage). Imports are included: that is what a user
 waits for. Writes benchmarks/backtest_cost.json (trials, medians, the selected model, the machine)
 and prints a summary.
@@ -71,7 +71,7 @@ def main(argv=None) -> dict:
     with tempfile.TemporaryDirectory(prefix="headroom-btcost-") as tmp:
         csv = os.path.join(tmp, "office_21d_5min.csv")
         n = write_series(csv)
-        cmd = [sys.executable, "-m", "monitor.cli", "backtest", "--csv", csv, "--horizon", "1d", "--json",
+        cmd = [sys.executable, "-m", "monitor", "backtest", "--csv", csv, "--horizon", "1d", "--json",
                *args.extra]
         trials = []
         for k in range(args.trials):

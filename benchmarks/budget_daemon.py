@@ -59,7 +59,7 @@ def daemon_config(path: str, engine, pool: str, ttft_target: float, store_path: 
 
 
 class Daemon:
-    """`python -m monitor.cli run --config.file X` in its own process group; `url` its web root."""
+    """`python -m monitor run --config.file X` in its own process group; `url` its web root."""
 
     def __init__(self, workdir: str, engine, pool: str):
         self.workdir, self.engine, self.pool = workdir, engine, pool
@@ -79,7 +79,7 @@ class Daemon:
         self.starts += 1
         log = open(os.path.join(self.workdir, f"headroom-{self.starts}.log"), "w", encoding="utf-8")
         env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "PYTHONPATH": REPO}
-        self.proc = subprocess.Popen([sys.executable, "-m", "monitor.cli", "run", "--config.file", self.config],
+        self.proc = subprocess.Popen([sys.executable, "-m", "monitor", "run", "--config.file", self.config],
                                      cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         wait_for(lambda: self._get("/metrics"), lambda r: r is not None and r.status_code == 200, timeout,

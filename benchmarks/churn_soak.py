@@ -4,7 +4,7 @@ A simulated vLLM fleet (lab/headroom_lab/sim: one pool of 8 replicas, its engine
 lab/headroom_lab/sim/exposition.py) is served on loopback by one HTTP server, each replica under a path that
 names it: `/<replica>-g<generation>/metrics`. Every cycle one replica gets a new generation (a new
 target, so a new replica name to headroom), and every minute the model name the fleet serves gets
-a new suffix (a new pool). The real `Pipeline` (monitor/cycle.py, with the capacity layer) scrapes
+a new suffix (a new pool). The real `Pipeline` (monitor/pipeline/cycle.py, with the capacity layer) scrapes
 the current targets each cycle; its clock is injected and advanced one interval (5 s) per cycle, and
 the fleet is advanced to the same time, so one simulated hour (720 cycles) runs in about a minute of
 wall time. Every snapshot is also rendered to /metrics (export/collector.py) and added to the
@@ -111,10 +111,10 @@ def child(forget_after: float, cycles: int) -> dict:
     from monitor.capacity.enrich import CapacityState
     from monitor.config import Config, Target
     from monitor.config.inputs import capacity_inputs, step_settings
-    from monitor.cycle import Pipeline
     from monitor.export.collector import Exposition
     from monitor.export.landing import Trends
     from monitor.kit.exposition import _LABEL_CACHE  # the parser's label-set cache (bounded: 200,000)
+    from monitor.pipeline.cycle import Pipeline
     logging.disable(logging.WARNING)  # every churned replica is a 404 once: not the point here
     fleet = ChurningFleet()
     srv = serve(fleet)

@@ -40,10 +40,10 @@ def main(trials: int = 15) -> dict:
             f.write(CONFIG)
         py = [sys.executable]
         cases = {"python -c pass": py + ["-c", "pass"],
-                 "headroom --help": py + ["-m", "monitor.cli", "--help"],
-                 "headroom check-config FILE": py + ["-m", "monitor.cli", "check-config", path],
-                 "headroom once --help": py + ["-m", "monitor.cli", "once", "--help"],
-                 "headroom backtest --help": py + ["-m", "monitor.cli", "backtest", "--help"]}
+                 "headroom --help": py + ["-m", "monitor", "--help"],
+                 "headroom check-config FILE": py + ["-m", "monitor", "check-config", path],
+                 "headroom once --help": py + ["-m", "monitor", "once", "--help"],
+                 "headroom backtest --help": py + ["-m", "monitor", "backtest", "--help"]}
         times: dict[str, list[float]] = {k: [] for k in cases}
         for _ in range(trials):
             for name, argv in cases.items():

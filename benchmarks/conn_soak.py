@@ -96,7 +96,7 @@ def main() -> None:
                    "store": {"path": os.path.join(work, "history.sqlite")}}, f)  # JSON is YAML
     log = open(os.path.join(work, "daemon.log"), "w")
     env = {**os.environ, "PYTHONPATH": os.path.abspath(args.root)}
-    daemon = subprocess.Popen([sys.executable, "-m", "monitor.cli", "run", "--config.file", cfg,
+    daemon = subprocess.Popen([sys.executable, "-m", "monitor", "run", "--config.file", cfg,
                                "--web.listen-address", f"127.0.0.1:{port}", "--duration", str(args.duration + 30)],
                               stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=_limit_and_nice,
                               cwd=os.path.abspath(args.root))

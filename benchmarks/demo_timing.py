@@ -30,7 +30,7 @@ from servers import free_port  # noqa: E402  (tests/servers.py: the one port hel
 def trial(duration: float) -> dict:
     port = free_port()
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "monitor.cli", "demo", "--duration", str(duration),
+    proc = subprocess.Popen([sys.executable, "-m", "monitor", "demo", "--duration", str(duration),
                              "--web.listen-address", f"127.0.0.1:{port}",
                              "--prometheus.listen-address", f"127.0.0.1:{free_port()}"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=os.path.dirname(HERE))

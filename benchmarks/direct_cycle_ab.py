@@ -71,7 +71,7 @@ def one_run(replicas: int, cycles: int, setting: str) -> dict:
     from static_server import STATIC_SERVER
 
     from monitor.config import Config, Target
-    from monitor.cycle import Pipeline
+    from monitor.pipeline.cycle import Pipeline
     srv = subprocess.Popen([sys.executable, "-c", STATIC_SERVER, CAPTURE], stdout=subprocess.PIPE, text=True)
     try:
         port = int(srv.stdout.readline())

@@ -80,7 +80,7 @@ def main() -> None:
     args = ap.parse_args()
     from monitor.app import garbage_collector
     from monitor.config import Config, Target
-    from monitor.cycle import Pipeline
+    from monitor.pipeline.cycle import Pipeline
     work = tempfile.mkdtemp(prefix="hr-dvp-")
     srv = subprocess.Popen([sys.executable, "-c", STATIC_SERVER, CAPTURE], stdout=subprocess.PIPE, text=True)
     prom = None

@@ -36,7 +36,7 @@ for s in servers:
 ONCE = r"""
 import io, json, resource, sys, contextlib
 sys.path.insert(0, sys.argv[1])
-from monitor import cli
+from monitor.commands import cli
 out = io.StringIO()
 with contextlib.redirect_stdout(out):
     code = cli.main(["once", "--config.file", sys.argv[2], "--json"])

@@ -58,7 +58,7 @@ def _summary(values: list[float], within: float = None) -> dict:
 
 
 def trial_queue_agreement(engine, workdir: str, seed: int) -> dict:
-    from monitor.cli import main as headroom
+    from monitor.commands.cli import main as headroom
 
     out = os.path.join(workdir, f"ramp-{seed}")
     os.makedirs(out, exist_ok=True)

@@ -38,8 +38,8 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 from refit_bench import BOX, history, refit  # noqa: E402
 
-from monitor.forecaster import FIT_MODULES  # noqa: E402
 from monitor.kit.timebox import ChildError, FitPool, TimeBoxExceeded  # noqa: E402
+from monitor.pipeline.forecaster import FIT_MODULES  # noqa: E402
 
 MODES = ("fitpool", "pebble")
 SMALL_BOX = 0.5

@@ -32,7 +32,8 @@ from monitor.capacity.slo import SloSettings  # noqa: E402
 from monitor.config import Capacity, Config, PoolSettings, Target  # noqa: E402
 from monitor.config.inputs import capacity_inputs, step_settings  # noqa: E402
 from monitor.sources.vllm import readings_from_text  # noqa: E402
-from monitor.step import CycleInputs, CycleState, step  # noqa: E402
+from monitor.step.cycle_state import CycleInputs, CycleState  # noqa: E402
+from monitor.step.cycle_step import step  # noqa: E402
 
 INTERVAL, WINDOW, MINUTES = 15.0, 300.0, 40
 SESSIONS = int(os.environ.get("HEADROOM_SESSIONS", "20"))

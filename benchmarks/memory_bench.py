@@ -21,7 +21,7 @@ import json, math, os, resource, sys, time
 sys.path.insert(0, sys.argv[1])
 import numpy as np, pandas as pd, statsmodels.api  # the daemon's dependencies
 from monitor.config import Config
-from monitor.cycle import Pipeline
+from monitor.pipeline.cycle import Pipeline
 from monitor.sources.vllm import readings_from_text
 from monitor.history.store import HistoryStore
 def rss_mb():

@@ -200,7 +200,7 @@ def run_trial(args, seed: int, workdir: str) -> dict:
     cfg = headroom_config(workdir, engine, gateway, app_port)
     listen = yaml.safe_load(open(cfg))["web"]["listen_address"]
     log = open(os.path.join(workdir, "headroom.log"), "w")
-    daemon = subprocess.Popen([sys.executable, "-m", "monitor.cli", "run", "--config.file", cfg],
+    daemon = subprocess.Popen([sys.executable, "-m", "monitor", "run", "--config.file", cfg],
                               stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
     prom = alerts = None
     try:

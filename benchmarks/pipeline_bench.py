@@ -55,7 +55,7 @@ def bench_parse(repeats: int = 300) -> dict:
 
 def bench_cycles(sizes=(1, 10, 100, 1000), cycles: int = 3) -> dict:
     from monitor.config import Config, Target
-    from monitor.cycle import Pipeline
+    from monitor.pipeline.cycle import Pipeline
     srv = subprocess.Popen([sys.executable, "-c", SERVER, CAPTURE], stdout=subprocess.PIPE, text=True)
     try:
         port = int(srv.stdout.readline())

@@ -152,7 +152,7 @@ def start_daemon(engine, workdir: str, mix_path: str, seconds: float, days: floa
     daemon.start(state["target"])
     first = daemon.wait_forecast()
     state["headroom"] = {
-        "daemon": "python -m monitor.cli run (direct mode on the engine's /metrics), global.interval "
+        "daemon": "python -m monitor run (direct mode on the engine's /metrics), global.interval "
                   f"{INTERVAL_SECONDS}s, latency_window {LATENCY_WINDOW}, pools.{pool}: max_num_seqs "
                   f"{engine.info['max_num_seqs']}, slo ttft_p95_seconds {state['target']}; other settings default "
                   "(capacity.spare_margin 0.2, spare_budget_horizon 15m, forecast.refit_minutes 15)",

@@ -112,7 +112,7 @@ s.serve_forever()
 CHILD = r"""
 import json, sys, time
 from monitor.config import Config, PrometheusSource
-from monitor.cycle import Pipeline
+from monitor.pipeline.cycle import Pipeline
 url, rules, tune_gc = sys.argv[1], sys.argv[2] == "rules", sys.argv[3] == "on"
 src = PrometheusSource(url=url, selector='job="vllm"', recording_rules=rules)
 cfg = Config(prometheus=src, interval=10.0, latency_window=300.0)

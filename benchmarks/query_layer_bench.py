@@ -56,7 +56,7 @@ ANCHOR = [
 CHILD = r"""
 import json, resource, sys, time
 from monitor.config import Config, PrometheusSource
-from monitor.cycle import Pipeline
+from monitor.pipeline.cycle import Pipeline
 url, interval, rules = sys.argv[1], float(sys.argv[2]), sys.argv[3] == "rules"
 src = PrometheusSource(url=url, selector='job="vllm"', timeout=interval * 0.9 - 0.5, recording_rules=rules)
 pipe = Pipeline(Config(prometheus=src, interval=interval, latency_window=300.0))

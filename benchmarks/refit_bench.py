@@ -38,8 +38,8 @@ from office_week import office_series  # noqa: E402
 
 from monitor.forecast.pool import PoolSettings, forecast_pool  # noqa: E402
 from monitor.forecast.rolling_origin import ForecastSettings  # noqa: E402
-from monitor.forecaster import FIT_MODULES  # noqa: E402
 from monitor.kit.timebox import FitPool  # noqa: E402
+from monitor.pipeline.forecaster import FIT_MODULES  # noqa: E402
 
 BOX = 120.0
 

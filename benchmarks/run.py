@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy: see monitor/cli.py
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy: see monitor/commands/cli.py
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import importlib

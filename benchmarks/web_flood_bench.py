@@ -178,7 +178,7 @@ def auth_trial(workdir: str, replica_port: int, n: int) -> dict:
     port = free_port()
     load_before = round(os.getloadavg()[0], 2)
     with open(os.path.join(workdir, f"daemon-auth-{n}.log"), "w") as log:
-        daemon = subprocess.Popen([sys.executable, "-m", "monitor.cli", "run", "--config.file", cfg,
+        daemon = subprocess.Popen([sys.executable, "-m", "monitor", "run", "--config.file", cfg,
                                    "--web.listen-address", f"127.0.0.1:{port}", "--web.config.file", web,
                                    "--duration", "120"], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     good = _basic("prom", "right")
@@ -292,7 +292,7 @@ def trial(workdir: str, replica_port: int, n: int) -> dict:
     load_before = round(os.getloadavg()[0], 2)  # the machine is shared: read the figures beside this
     log_path = os.path.join(workdir, f"daemon-{n}.log")
     with open(log_path, "w") as log:
-        daemon = subprocess.Popen([sys.executable, "-m", "monitor.cli", "run", "--config.file", cfg,
+        daemon = subprocess.Popen([sys.executable, "-m", "monitor", "run", "--config.file", cfg,
                                    "--web.listen-address", f"127.0.0.1:{port}", "--duration", "180"],
                                   stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     try:

@@ -217,7 +217,7 @@ def same_as_direct(servers, url: str):
     import pytest
 
     from monitor.config import Config, PrometheusSource, Target
-    from monitor.cycle import Pipeline
+    from monitor.pipeline.cycle import Pipeline
     direct = Pipeline(Config(vllm_targets=[Target(s.url("/metrics")) for s in servers]))
     via = Pipeline(Config(prometheus=PrometheusSource(url=url, selector='job="vllm"')))
     try:
@@ -251,7 +251,7 @@ def headroom_run(workdir, config_text: str, duration: int, stdout=subprocess.DEV
         f.write(config_text)
     port = free_port()
     env = dict(os.environ, HEADROOM_WEB_LISTEN_ADDRESS=f"127.0.0.1:{port}")
-    proc = subprocess.Popen([sys.executable, "-m", "monitor.cli", "run", "--config.file", cfg, "--duration", str(duration)],
+    proc = subprocess.Popen([sys.executable, "-m", "monitor", "run", "--config.file", cfg, "--duration", str(duration)],
                             env=env, stdout=stdout, stderr=subprocess.PIPE, text=True)
     return proc, f"http://127.0.0.1:{port}"
 

@@ -17,7 +17,7 @@ from monitor.config import Capacity, Config, GatewaySource, PoolSettings, Target
 from monitor.sources.dcgm import read_dcgm
 from monitor.sources.gateway import read_gateway_scrape
 from monitor.sources.vllm import readings_from_text
-from monitor.step import CycleInputs
+from monitor.step.cycle_state import CycleInputs
 
 DCGM_URL = "http://dcgm:9400/metrics"
 GATEWAYS = (GatewaySource(kind="envoy", url="http://gateway:1064/metrics"), GatewaySource(kind="app", url="http://app/metrics"))

@@ -29,7 +29,7 @@ from typing import Optional
 from monitor.kit.ticker import Ticker
 
 from ..config import Config
-from ..cycle import Pipeline
+from ..pipeline.cycle import Pipeline
 from .component import Component
 from .forecasts import REFIT_STOP_WAIT, ForecastLoop, Forecasts, capacity_at_knee, history_source, store_forecaster
 from .parts import (

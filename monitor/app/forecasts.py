@@ -14,9 +14,9 @@ import logging
 from typing import Callable, Optional
 
 from ..config import Config
-from ..cycle import Pipeline
-from ..forecaster import LatestResult
 from ..model import RefitResult, Snapshot
+from ..pipeline.cycle import Pipeline
+from ..pipeline.forecaster import LatestResult
 from .component import Component
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ class Forecasts(Component):
                  step: float = 300.0):
         from monitor.kit.timebox import FitPool  # noqa: PLC0415
 
-        from ..forecaster import FIT_MODULES  # noqa: PLC0415
+        from ..pipeline.forecaster import FIT_MODULES  # noqa: PLC0415
         self.source = source
         # every fit in a worker of the fork server's (never a fork of this threaded process), time-boxed
         self.pool = FitPool(cfg.forecast.fit_timeout_seconds, preload=FIT_MODULES)
@@ -113,8 +113,8 @@ def store_forecaster(cfg: Config, source, clock: Callable[[], float], capacity: 
     `latest`: where each refit is published (a `ForecastLoop`'s results)."""
     from ..forecast.pool import PoolSettings  # noqa: PLC0415
     from ..forecast.rolling_origin import ForecastSettings  # noqa: PLC0415
-    from ..forecaster import ForecastScheduler  # noqa: PLC0415
     from ..history.forecast_history import forecast_history  # noqa: PLC0415
+    from ..pipeline.forecaster import ForecastScheduler  # noqa: PLC0415
 
     def load_history() -> dict:
         hist = forecast_history(source, clock(), days=history_days, step=step)

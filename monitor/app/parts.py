@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Callable, Optional
 from ..capacity.enrich import CapacityState
 from ..config import Config
 from ..config.inputs import capacity_inputs
-from ..cycle import Pipeline
 from ..digest.settings import DirectoryDestination
 from ..model import RefitResult
+from ..pipeline.cycle import Pipeline
 from .component import Component
 from .store import Store
 

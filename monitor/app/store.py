@@ -7,7 +7,7 @@ import threading
 from typing import TYPE_CHECKING, Optional
 
 from ..config import Config
-from ..cycle import Pipeline
+from ..pipeline.cycle import Pipeline
 from .component import Component
 
 if TYPE_CHECKING:

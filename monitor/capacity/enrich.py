@@ -1,4 +1,4 @@
-"""The capacity layer of a cycle: plain data in, typed results on the pools (monitor/step.py `step`).
+"""The capacity layer of a cycle: plain data in, typed results on the pools (monitor/step/cycle_step.py `step`).
 
     state = CapacityState(inputs)                         # CapacityInputs (monitor/capacity/inputs.py)
     assessed = assess(state, pools, history, gateways, dcgm, now)   # pool -> Assessed; no pool changed
@@ -12,7 +12,7 @@ previous reading.
 SLO burn windows: a window is None until its history covers it (monitor/capacity/slo.py). The
 application hands the state its history (monitor/history/slo_history.py `keep_windows`): in direct mode the
 tracker is restored from the embedded store and saved after every cycle; in Prometheus mode the
-cycle's `collect` reads the task targets' windows from Prometheus (monitor/cycle.py) and `assess`
+cycle's `collect` reads the task targets' windows from Prometheus (monitor/pipeline/cycle.py) and `assess`
 gets them as `slo_windows` (None: not read, or the read failed: the tracker's are used; so are they
 for a task type Prometheus has no series of). Each task type's `slo_source` says which
 ("prometheus" | "tracker").
@@ -35,7 +35,7 @@ For each pool it
      speculative acceptance: monitor/capacity/knee_suspect.py) and gives LMCache's CPU tier its
      configured capacity (it has no capacity gauge);
   6. returns each pool's `capacity` (a `Capacity`, monitor/capacity/headroom.py) and `tasks` (a
-     `PoolTasks`) in an `Assessed`, which monitor/step.py attaches; monitor/export/samples.py renders
+     `PoolTasks`) in an `Assessed`, which monitor/step/cycle_step.py attaches; monitor/export/samples.py renders
      both. The load `current` and N-1 judge is the pool's load (active + engine queued + gateway
      queued) averaged over the latency window (monitor/capacity/load_window.py, time-weighted over
      the cycles); `instant` judges this cycle's. Every
@@ -173,7 +173,7 @@ class CapacityState:
         self.judged: dict[str, list[Judged]] = {}  # pool -> its latency targets judged this cycle
 
     def shift_time(self, seconds: float) -> None:
-        """The wall clock stepped by `seconds` (monitor/step.py CycleState.shift_time): the SLO windows,
+        """The wall clock stepped by `seconds` (monitor/step/cycle_state.py CycleState.shift_time): the SLO windows,
         the gateway task windows and the knee's last observed reading times move with it."""
         self.tracker.shift_time(seconds)
         for window in self.gateway_windows.values():
@@ -241,7 +241,7 @@ class CapacityState:
 
 @dataclass(frozen=True)
 class Assessed:
-    """One pool's results of the capacity layer; `step` attaches them to the pool (monitor/step.py).
+    """One pool's results of the capacity layer; `step` attaches them to the pool (monitor/step/cycle_step.py).
     `gateway_queued` and `gateway_queued_source` hold the engines' own queue readings too, with the
     gateways' estimated queues added (monitor/capacity/gateway_estimate.py)."""
 

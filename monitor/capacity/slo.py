@@ -143,7 +143,7 @@ class SloTracker:
             self._thin(key, series, timestamp)
 
     def shift_time(self, seconds: float) -> None:
-        """The wall clock stepped by `seconds` (monitor/cycle.py): every point moves with it, counts
+        """The wall clock stepped by `seconds` (monitor/pipeline/cycle.py): every point moves with it, counts
         unchanged; with `journal`, the saved points are replaced by the moved ones at the next save."""
         gone: set[tuple[object, float]] = set()
         for key, series in self._series.items():

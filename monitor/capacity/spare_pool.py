@@ -1,6 +1,6 @@
 """A pool's spare-capacity inputs from its snapshot (pure): what monitor/capacity/spare.py reads.
 
-    p.spare = spare_for(p, SpareSettings(...), now)      # monitor/step.py, after the forecast is attached
+    p.spare = spare_for(p, SpareSettings(...), now)      # monitor/step/cycle_step.py, after the forecast is attached
 
   - the limit: the pool's knee, or a lower engine limit (slots, KV) when one is known; the `slo`
     limit is not a ceiling but the "over its SLO now" signal (the budget falls to 0);

@@ -82,7 +82,7 @@ class TaskWindow:
             del rs[:first]
 
     def shift_time(self, seconds: float) -> None:
-        """The wall clock stepped by `seconds` (monitor/cycle.py): the readings move with it."""
+        """The wall clock stepped by `seconds` (monitor/pipeline/cycle.py): the readings move with it."""
         self.readings = [replace(r, timestamp=r.timestamp + seconds) for r in self.readings]
 
     def _start_index(self) -> Optional[int]:

@@ -93,7 +93,7 @@ def run(args) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"headroom: {exc}", file=sys.stderr)
         return 2
-    try:  # each cycle ends by its deadline (monitor/cycle.py), whatever a source does
+    try:  # each cycle ends by its deadline (monitor/pipeline/cycle.py), whatever a source does
         snap = _readings(app, args.interval)
     except KeyboardInterrupt:
         print("headroom: interrupted", file=sys.stderr)

@@ -7,9 +7,9 @@ import sys
 
 from monitor.kit.process import exit_if_stuck
 
-from ..cli import listen_address, seconds
 from ..config import ConfigError, Override, load
 from ..export.server import parse_listen_address
+from .cli import listen_address, seconds
 
 log = logging.getLogger("headroom")
 

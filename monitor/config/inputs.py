@@ -4,7 +4,7 @@ Only the application (monitor/app) and the commands hold a `Config`; each floor 
 typed values it reads, built here:
 
     capacity_inputs(cfg) -> CapacityInputs     the capacity layer (monitor/capacity/inputs.py)
-    step_settings(cfg) -> StepSettings         the cycle's pure step (monitor/step.py)
+    step_settings(cfg) -> StepSettings         the cycle's pure step (monitor/step/cycle_step.py)
     digest_history(cfg, settings, ...)         the digest's history reader (monitor/digest/schedule.py)
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Callable, Optional
 from monitor.capacity.inputs import CapacityInputs
 from monitor.capacity.spare_pool import SpareSettings
 from monitor.digest.settings import DigestSettings
-from monitor.step import StepSettings
+from monitor.step.cycle_state import StepSettings
 
 from .headroom_yml import Config
 

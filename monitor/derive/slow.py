@@ -5,7 +5,7 @@ A replica's latency at its load is its mean inter-token latency over the last SL
 throttle, a bad node or a noisy neighbour stretch, and which the batch size moves far less; the
 replicas behind one router carry similar batches). Its ratio is that over the median of its peers'
 (the pool's other replicas with SLOW_MIN_TOKENS tokens in the window; none: no ratio). The cycle
-(monitor/step.py) names a replica slow once its ratio has stayed >= SLOW_RATIO for SLOW_HOLD
+(monitor/step/cycle_step.py) names a replica slow once its ratio has stayed >= SLOW_RATIO for SLOW_HOLD
 seconds, and the capacity layer discounts its share of the knee by 1 - 1 / ratio.
 """
 from __future__ import annotations

@@ -17,7 +17,7 @@ catalogue refuses (a pool key's label clashing with the metric's own) is dropped
 its family; a pool, the forecasts, the snapshot's other series or the process status that raises
 while rendered is dropped and counted under `pool`, `forecast`, `snapshot` or `status`; the rest is
 served. Label values are data: text that cannot be written as UTF-8 (a lone surrogate) is replaced
-(U+FFFD) here, as the last line (the cycle replaces and counts it where it comes in: monitor/cycle.py).
+(U+FFFD) here, as the last line (the cycle replaces and counts it where it comes in: monitor/pipeline/cycle.py).
 The daemon has one renderer (monitor/export/collector.py `Exposition`).
 """
 from __future__ import annotations

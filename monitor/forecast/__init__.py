@@ -8,7 +8,7 @@ Public entry points:
   rolling-origin selection and calibrated bands; `headroom backtest` is `monitor.commands.backtest`.
 
 The package is pure: plain data in, `now` passed in, no process, no I/O; of monitor/history it
-imports the schema only. What runs it lives elsewhere: the refit scheduler in monitor/forecaster.py
+imports the schema only. What runs it lives elsewhere: the refit scheduler in monitor/pipeline/forecaster.py
 (the application floor), the fits' time box and process pool in monitor/kit/timebox.py, the SQLite
 store behind monitor/history/store.py, and `forecast_history(source, now)` (the forecast series
 from a history source) in monitor/history/forecast_history.py.

@@ -10,6 +10,6 @@
 | `query_range.py` | `read_range` (the chunked `query_range` loop) and `PrometheusHistory` (Prometheus mode: headroom's series, else vLLM's) |
 | `slo_history.py` | the SLO burn windows' history: the tracker saved in / restored from the store, or `PrometheusWindows` (Prometheus mode) |
 
-The forecasts (`forecast_history.py`, called by monitor/forecaster.py) and the digest (monitor/digest/sources.py) read through
+The forecasts (`forecast_history.py`, called by monitor/pipeline/forecaster.py) and the digest (monitor/digest/sources.py) read through
 a `HistorySource`; neither knows which one.
 """

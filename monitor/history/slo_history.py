@@ -246,7 +246,7 @@ def keep_windows(tracker: SloTracker, store, *, writable: bool, guard=None,
 def prometheus_windows(client, slos, gateways: Iterable[tuple[str, Optional[str]]], *, interval: float,
                        timeout: float, pool_by) -> PrometheusWindows:
     """Prometheus mode: the reader of every SLO window over `client` (the cycle's Prometheus client),
-    which the cycle's `collect` reads (monitor/cycle.py). `slos`: the merged SLO settings (their task
+    which the cycle's `collect` reads (monitor/pipeline/cycle.py). `slos`: the merged SLO settings (their task
     targets' signals and windows); `gateways`: (kind, task label) of the configured gateways;
     `interval` (global.interval) is each window's tolerance; `timeout`: sources.prometheus.timeout."""
     targets = [*slos.task_targets.values(), slos.default_task_target]

@@ -1,6 +1,6 @@
 """Run a function with a time box in a worker process, so an overrunning fit can really be abandoned
 (a thread cannot be stopped; a process can be killed). The application hands a `FitPool` to the
-forecasts as their fit runner (monitor/forecaster.py); the forecast package itself starts no process.
+forecasts as their fit runner (monitor/pipeline/forecaster.py); the forecast package itself starts no process.
 
 The workers are never forked from the caller: the daemon has threads (the web server, the
 scheduler, the cycle's requests), and a fork copies whatever lock another thread held at that

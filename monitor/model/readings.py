@@ -1,7 +1,7 @@
 """What the cycle reads from gateways, routers and DCGM exporters, typed: the pure core's input.
 
 monitor/sources/ parses the bodies into these (monitor/sources/gateway.py, gateway_queue.py,
-dcgm.py); monitor/cycle.py `collect` hands them to the pure step in `CycleInputs` (monitor/step.py);
+dcgm.py); monitor/pipeline/cycle.py `collect` hands them to the pure step in `CycleInputs` (monitor/step/cycle_state.py);
 monitor/derive/ and monitor/capacity/ read them and import nothing from monitor/sources/.
 
     GatewayConfig      how one gateway body is read (labels, classes, the models kept)
@@ -220,7 +220,7 @@ class GatewayScrape:
 
     `reading` covers every series of the body. `by_model[m]` reads only the series of model `m` (and
     the application's, which carry no model): for a gateway in front of several pools, `collect`
-    reads one per model the cycle's replicas serve (monitor/cycle.py). Without a body this cycle
+    reads one per model the cycle's replicas serve (monitor/pipeline/cycle.py). Without a body this cycle
     (down, late) or when it did not parse, `reading` is None and `error` says why."""
 
     index: int  # position in sources.gateways: the key of its previous reading

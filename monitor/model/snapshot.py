@@ -28,7 +28,7 @@ class ReplicaSnapshot:
     kv_tokens_method: Optional[str] = None  # derive/kv_band.py KvBand.method
     kv_capacity_changes: float = 0.0  # KV capacity changes seen on this replica (counter)
     latency_ratio: Optional[float] = None  # its inter-token latency over its peers' (derive/slow.py)
-    slow: bool = False  # the ratio stayed >= SLOW_RATIO for SLOW_HOLD seconds (monitor/step.py)
+    slow: bool = False  # the ratio stayed >= SLOW_RATIO for SLOW_HOLD seconds (monitor/step/cycle_step.py)
     kv_tiers: dict[str, KvTier] = field(default_factory=dict)  # tier -> its capacity (derive/edges.py)
 
 
@@ -55,7 +55,7 @@ class PoolForecastLike(Protocol):
 
 @dataclass(frozen=True)
 class RefitResult:
-    """One refit of every pool's forecasts (monitor/forecaster.py publishes it; each cycle reads it)."""
+    """One refit of every pool's forecasts (monitor/pipeline/forecaster.py publishes it; each cycle reads it)."""
 
     pools: dict[str, PoolForecastLike] = field(default_factory=dict)  # pool -> forecast_pool(...)
     started: float = 0.0  # Unix time the refit began (the `now` given to the models)

@@ -1,4 +1,4 @@
-"""The samples of a gateway, router or DCGM body, read once per cycle (monitor/cycle.py `collect`).
+"""The samples of a gateway, router or DCGM body, read once per cycle (monitor/pipeline/cycle.py `collect`).
 
     too_large(text, what) -> why a body is not parsed (over AUX_MAX_BODY_BYTES), or None
     read_samples(text, names) -> BodySamples: the wanted samples, at most AUX_MAX_ROWS (`cut` past it)

@@ -1,7 +1,7 @@
 """The cycle's auxiliary sources: gateways (and application task counters), DCGM exporters, alerts.
 
     aux = AuxSources(gateways=..., dcgm_targets=..., alerts=..., scrape_timeout=..., interval=...,
-                     pool_by=..., budget=budget, gateway_configs=...)   # one per Pipeline (monitor/cycle.py)
+                     pool_by=..., budget=budget, gateway_configs=...)   # one per Pipeline (monitor/pipeline/cycle.py)
     started = aux.start(pool)                        # every body requested at once, on the cycle's pool
     aux.collect(inputs, now, pool.wait(started, deadline), began, history)   # parsed into CycleInputs
 
@@ -37,7 +37,7 @@ from monitor.sources.gateway_pace import MISSED, SLOW_MISSES, GatewayPace, gatew
 from monitor.sources.gateway_queue import KINDS as QUEUE_KINDS
 from monitor.sources.gateway_queue import queue_samples, queues_from_samples
 from monitor.sources.scrape import DeadlinePool, Late
-from monitor.step import CycleInputs, count_into
+from monitor.step.cycle_state import CycleInputs, count_into
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 Pure given the exposition text: `read_gateway(text, config, timestamp)` turns one scrape of a
 LiteLLM proxy, an Envoy AI Gateway ext-proc, an llm-d router (EPP), or an application exposing
 headroom's `agent_*` task metrics into one `GatewayReading` of cumulative values per task type.
-The cycle parses each body once with `read_gateway_scrape` (monitor/cycle.py `collect`) into a
+The cycle parses each body once with `read_gateway_scrape` (monitor/pipeline/cycle.py `collect`) into a
 `GatewayScrape`, with a reading per model when the gateway fronts several pools; rates and windows
 are derived later (monitor.capacity.tasks) from two readings. The tables of what each kind exposes
 are in monitor/sources/gateway_schema.py; the reading types, the pure core's input, in

@@ -7,7 +7,7 @@ its cycles. So a gateway is read once per cycle, with the pace below:
 
 - its own timeout (`gateway_timeout`): `sources.gateways[].timeout`, else the larger of
   `global.scrape_timeout` and 60 % of `global.interval` (9 s at the 15 s default); the cycle waits
-  for it (monitor/cycle.py `cycle_deadline_seconds`), never more than 90 % of the interval;
+  for it (monitor/pipeline/cycle.py `cycle_deadline_seconds`), never more than 90 % of the interval;
 - an answer after `global.scrape_timeout` is up, and slow (`SourceStatus.slow`, counted in
   `headroom_source_slow_total`; `headroom_source_duration_seconds` is how long it took);
 - a request still running at the cycle deadline is not asked again (one request in flight,
@@ -88,7 +88,7 @@ class GatewayPace:
         return None
 
     def shift_time(self, seconds: float) -> None:
-        """The wall clock stepped by `seconds` (monitor/cycle.py): the kept readings and the running
+        """The wall clock stepped by `seconds` (monitor/pipeline/cycle.py): the kept readings and the running
         requests' cycle times move with it, as the cycle state does, so a kept reading lands in its
         task window in order (a reading dated before the window's newest clears it)."""
         self.last = {i: _shifted(s, seconds) for i, s in self.last.items()}

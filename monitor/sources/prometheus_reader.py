@@ -302,7 +302,7 @@ class PrometheusSourceReader(PoolHistogramReads):
                 out.statuses.append(SourceStatus("vllm", inst, True, missing=missing.get(inst, ())))
 
     def stale_read(self, now: float, out: PrometheusRead) -> None:
-        """What a read that missed the cycle's deadline leaves (monitor/cycle.py): the last pool
+        """What a read that missed the cycle's deadline leaves (monitor/pipeline/cycle.py): the last pool
         histograms and each part's age, said once."""
         self._note("replicas", "deadline")
         out.stale_seconds["replicas"] = math.nan if self._replicas_at is None else max(0.0, now - self._replicas_at)
@@ -341,7 +341,7 @@ class PrometheusSourceReader(PoolHistogramReads):
             del self.known[inst]
 
     def shift_time(self, seconds: float) -> None:
-        """The wall clock stepped by `seconds` (monitor/cycle.py): the last-seen times move with it."""
+        """The wall clock stepped by `seconds` (monitor/pipeline/cycle.py): the last-seen times move with it."""
         self.known = {inst: t + seconds for inst, t in self.known.items()}
         if self._hists is not None:
             self._hists = (self._hists[0] + seconds,) + self._hists[1:]

@@ -18,7 +18,7 @@ from monitor.kit.ticker import steady_clock
 
 log = logging.getLogger("monitor.sources.prometheus")
 
-STEP_TOLERANCE = 1.0  # seconds, as the wall-clock check of monitor/cycle.py
+STEP_TOLERANCE = 1.0  # seconds, as the wall-clock check of monitor/pipeline/cycle.py
 
 
 class QueryClock:

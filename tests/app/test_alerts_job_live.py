@@ -10,8 +10,8 @@ from bodies import vllm_body
 from servers import MetricsServer, Prometheus, wait_for
 
 from monitor.config import from_dict
-from monitor.cycle import Pipeline
 from monitor.export.landing import Trends, render
+from monitor.pipeline.cycle import Pipeline
 
 pytestmark = pytest.mark.live
 

@@ -10,12 +10,13 @@ from monitor.capacity.enrich import CapacityState
 from monitor.capacity.slo_settings import read_slos
 from monitor.config import Config, GatewaySource, Target
 from monitor.config.inputs import capacity_inputs, step_settings
-from monitor.cycle import CycleInputs, CycleState, step
 from monitor.derive.lead_time import LeadTimes
 from monitor.export.landing import Trends
 from monitor.model import Histogram, PoolSnapshot, ReplicaReading, Snapshot, SourceStatus
 from monitor.sources.gateway import GatewayConfig, GatewayScrape
 from monitor.sources.gateway_schema import GatewayReading
+from monitor.step.cycle_state import CycleInputs, CycleState
+from monitor.step.cycle_step import step
 
 T0 = 1_790_000_000.0
 STEP = 15.0

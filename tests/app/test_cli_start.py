@@ -19,7 +19,7 @@ HEAVY = {"pandas", "numpy", "statsmodels", "matplotlib", "scipy"}
 
 def _imported(args: list[str], cwd: Path) -> set[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "monitor.cli", *args], cwd=cwd, env=env,
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "monitor", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     return {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}

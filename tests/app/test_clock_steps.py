@@ -2,7 +2,7 @@
 
 Two copies of one warmed-up state see the same simulated fleet: one on the true clock, one on a
 clock stepped back an hour (its inputs stamped an hour earlier from the step on). The stepped one
-is moved onto its new clock (`CycleState.shift_time`, what monitor/cycle.py does when it finds the
+is moved onto its new clock (`CycleState.shift_time`, what monitor/pipeline/cycle.py does when it finds the
 step); from then on both give the same rates, quantiles, knees, task numbers and burn rates, and
 timestamps exactly an hour apart. Without the move the stepped copy is wrong: that is what the
 test guards."""
@@ -14,9 +14,10 @@ import json
 from test_cycle_step import fleet_and_config, inputs_at, warmed_up  # the shared simulated fleet
 
 from headroom_lab.sim.exposition import render_vllm
-from monitor.cycle import Pipeline, step
 from monitor.export.snapshot_json import snapshot_to_dict
+from monitor.pipeline.cycle import Pipeline
 from monitor.sources.vllm import readings_from_text
+from monitor.step.cycle_step import step
 
 HOUR = 3600.0
 
@@ -91,7 +92,7 @@ def test_the_pipeline_finds_a_step_once_counts_it_by_direction_and_logs_it(caplo
     tick(15.0, 15.0)
     tick(15.4, 15.0)  # drift within the tolerance: no step
     assert p.clock_steps == {"back": 0.0, "forward": 0.0} and shifted == []
-    with caplog.at_level("WARNING", logger="monitor.cycle"):
+    with caplog.at_level("WARNING", logger="monitor.pipeline.cycle"):
         tick(15.0 - HOUR, 15.0)
     assert p.clock_steps == {"back": 1.0, "forward": 0.0}
     assert shifted == [(-HOUR, wall[0])]

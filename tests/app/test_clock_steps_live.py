@@ -45,7 +45,7 @@ def faked_daemon(tmp_path, config_text: str):
     env = {**os.environ, "LD_PRELOAD": libfaketime(), "FAKETIME_TIMESTAMP_FILE": str(spec),
            "FAKETIME_NO_CACHE": "1", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
     log = open(tmp_path / "daemon.log", "w+")
-    proc = subprocess.Popen([sys.executable, "-m", "monitor.cli", "run", "--config.file", str(cfg),
+    proc = subprocess.Popen([sys.executable, "-m", "monitor", "run", "--config.file", str(cfg),
                              "--web.listen-address", f"127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT,
                             env=env)
     base = f"http://127.0.0.1:{port}"

@@ -20,11 +20,12 @@ from monitor.capacity.enrich import CapacityState
 from monitor.capacity.slo_settings import read_slos
 from monitor.config import Capacity, PoolSettings
 from monitor.config.inputs import capacity_inputs, step_settings
-from monitor.cycle import CycleInputs, CycleState, step
 from monitor.export.samples import Renderer
 from monitor.export.snapshot_json import snapshot_to_dict
 from monitor.forecast.pool import CAPACITY_SERIES, Horizon, PoolForecast, SeriesOutlook
 from monitor.model import RefitResult, SourceStatus
+from monitor.step.cycle_state import CycleInputs, CycleState
+from monitor.step.cycle_step import step
 
 START = 1_790_000_000.0
 DAY = Horizon(mean=20.0, upper=26.0, peak=24.0, peak_upper=31.0, peak_timestamp=START + 3600,

@@ -94,7 +94,7 @@ def test_missing_file_bad_horizon_and_unknown_model(capsys, tmp_path):
 
 
 def test_registered_in_the_headroom_cli(capsys):
-    from monitor.cli import main
+    from monitor.commands.cli import main
     rc = main(["backtest", "--csv", SLICE, "--horizon", "6h", "--origins", "1",
                "--models", "snaive_day"])
     out = capsys.readouterr().out

@@ -7,8 +7,8 @@ from servers import wait_for
 
 from monitor.forecast.pool import CAPACITY_SERIES, PoolSettings
 from monitor.forecast.rolling_origin import ForecastSettings
-from monitor.forecaster import ForecastScheduler
 from monitor.kit.ticker import Ticker
+from monitor.pipeline.forecaster import ForecastScheduler
 
 HOUR = 3600.0
 NOW = 1_700_000_000.0 + HOUR * 5 * 24  # the hour after series()'s last point: the forecast starts now
@@ -72,9 +72,9 @@ def test_each_refit_is_one_log_line(caplog):
     import logging
     sched = ForecastScheduler(lambda: {"a": {CAPACITY_SERIES: series()}, "b": {CAPACITY_SERIES: series(days=0.1)}},
                               lambda: {}, SETTINGS, clock=lambda: 1_700_500_000.0)
-    with caplog.at_level(logging.INFO, logger="monitor.forecaster"):
+    with caplog.at_level(logging.INFO, logger="monitor.pipeline.forecaster"):
         sched.refit_now()
-    lines = [r.getMessage() for r in caplog.records if r.name == "monitor.forecaster"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "monitor.pipeline.forecaster"]
     assert len(lines) == 1 and lines[0].startswith("forecast refit 1: 2 pools, 1 of 2 series forecast in ")
 
 

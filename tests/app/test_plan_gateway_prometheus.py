@@ -18,7 +18,7 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from monitor import cli
+from monitor.commands import cli
 from monitor.kit.exposition import parse
 
 pytestmark = [pytest.mark.live, pytest.mark.skipif(not (shutil.which("prometheus") and shutil.which("promtool")),

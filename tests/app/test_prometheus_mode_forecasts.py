@@ -38,7 +38,7 @@ def test_a_daemon_with_no_store_forecasts_from_prometheus_after_its_first_refit(
     cfg = tmp_path / "headroom.yml"
     cfg.write_text(f"global:\n  interval: 2s\nsources:\n  prometheus:\n    url: {prom.url}\n"
                    "forecast:\n  fit_timeout_seconds: 60\n")
-    proc = subprocess.Popen([sys.executable, "-m", "monitor.cli", "run", "--config.file", str(cfg),
+    proc = subprocess.Popen([sys.executable, "-m", "monitor", "run", "--config.file", str(cfg),
                              "--web.listen-address", f"127.0.0.1:{port}"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     base = f"http://127.0.0.1:{port}"

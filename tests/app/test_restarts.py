@@ -42,7 +42,7 @@ def test_kill_9_during_writes_loses_and_duplicates_nothing(tmp_path):
     try:
         for _ in range(6):
             port = free_port()
-            proc = subprocess.Popen([sys.executable, "-m", "monitor.cli", "run", "--config.file", str(cfg),
+            proc = subprocess.Popen([sys.executable, "-m", "monitor", "run", "--config.file", str(cfg),
                                      "--web.listen-address", f"127.0.0.1:{port}"],
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             end = time.monotonic() + 90

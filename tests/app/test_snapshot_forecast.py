@@ -98,7 +98,7 @@ def history_numbers(fc: dict) -> dict:
 
 
 def test_once_and_every_endpoint_of_a_cycle_carry_the_forecast_metrics_exports(setup):
-    once = subprocess.run([sys.executable, "-m", "monitor.cli", "once", "--config.file", setup, "--json",
+    once = subprocess.run([sys.executable, "-m", "monitor", "once", "--config.file", setup, "--json",
                            "--interval", "0"], capture_output=True, text=True, timeout=300)
     assert once.returncode == 0, once.stderr
     [once_pool] = json.loads(once.stdout)["pools"]

@@ -11,8 +11,9 @@ from monitor.capacity.enrich import CapacityState
 from monitor.capacity.slo_settings import read_slos
 from monitor.config import Capacity
 from monitor.config.inputs import capacity_inputs, step_settings
-from monitor.cycle import CycleState, step
 from monitor.export.samples import snapshot_samples
+from monitor.step.cycle_state import CycleState
+from monitor.step.cycle_step import step
 
 LEVELS = [4, 8, 12, 16, 18, 20, 22, 24, 26, 4, 4, 6, 10, 14, 18, 22, 26, 28, 4, 4]
 

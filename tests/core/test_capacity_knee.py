@@ -207,7 +207,7 @@ def test_the_cycle_keeps_the_prior_and_the_kv_limit_steady():
     from monitor.config import Config, PoolSettings
     from monitor.config.inputs import capacity_inputs
     from monitor.model import PoolSnapshot
-    from monitor.step import attach_capacity
+    from monitor.step.cycle_step import attach_capacity
     cfg = Config(pools={"m": PoolSettings(max_num_seqs=8)})
     state = CapacityState(capacity_inputs(cfg))
     knees, kv_caps, ratios = [], [], []

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from monitor import cli
 from monitor.capacity.mix import parse_mix
 from monitor.capacity.task_plan import evaluate, plan, poisson_quantile
+from monitor.commands import cli
 from monitor.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -105,7 +105,7 @@ def test_poisson_busy_period():
 
 
 def test_example_mix_runs_as_a_subprocess():
-    out = subprocess.run([sys.executable, "-m", "monitor.cli", "plan", "--mix", str(ROOT / "examples" / "mix.yaml"),
+    out = subprocess.run([sys.executable, "-m", "monitor", "plan", "--mix", str(ROOT / "examples" / "mix.yaml"),
                           "--json"], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout)

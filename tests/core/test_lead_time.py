@@ -3,8 +3,9 @@ first successful scrape to the first cycle its completed-request counter moved; 
 time wins; replicas present at start-up, or without the counter, are not measured."""
 from monitor.config import Config, PoolSettings, Target
 from monitor.config.inputs import step_settings
-from monitor.cycle import CycleInputs, CycleState, step
 from monitor.model import ReplicaReading, SourceStatus
+from monitor.step.cycle_state import CycleInputs, CycleState
+from monitor.step.cycle_step import step
 
 T0 = 1_790_000_000.0
 

@@ -17,7 +17,6 @@ from headroom_lab.sim.history import generate_history, schema_history
 from monitor.capacity.shed import add_gateway_shed, gateway_shed_rates
 from monitor.config import Config, Target
 from monitor.config.inputs import step_settings
-from monitor.cycle import CycleInputs, CycleState, step
 from monitor.export.samples import Renderer
 from monitor.export.snapshot_json import snapshot_to_dict
 from monitor.forecast.pool import PoolSettings, forecast_pool
@@ -25,6 +24,8 @@ from monitor.forecast.rolling_origin import ForecastSettings
 from monitor.model import PoolSnapshot, Quantiles, SourceStatus
 from monitor.sources.gateway_schema import GatewayReading, TaskCumulative, shed_reason
 from monitor.sources.vllm import readings_from_text
+from monitor.step.cycle_state import CycleInputs, CycleState
+from monitor.step.cycle_step import step
 
 START = 1_790_000_000.0
 
@@ -192,7 +193,7 @@ def test_the_simulated_application_s_give_ups_reach_the_pool_once():
     from monitor.capacity.enrich import CapacityState
     from monitor.config import Capacity, PoolSettings
     from monitor.config.inputs import capacity_inputs
-    from monitor.cycle import CycleState as State
+    from monitor.step.cycle_state import CycleState as State
     fleet = overloaded_fleet()
     urls = {r.name: f"http://{r.name}:8000/metrics" for r in fleet.pools["p"]}
     cfg = Config(vllm_targets=[Target(u) for u in urls.values()], gateways=list(GATEWAYS), latency_window=300.0,

@@ -1,5 +1,5 @@
 """Slow replicas: a replica whose tokens come slower than its peers' is named, discounted and
-exported (monitor/derive/slow.py, monitor/step.py), and no replica of an even fleet is."""
+exported (monitor/derive/slow.py, monitor/step/cycle_step.py), and no replica of an even fleet is."""
 from __future__ import annotations
 
 import logging
@@ -13,12 +13,13 @@ from monitor.capacity.headroom import CapacitySettings, compute_capacity
 from monitor.capacity.knee import Knee
 from monitor.config import Config, PoolSettings, Target
 from monitor.config.inputs import capacity_inputs, step_settings
-from monitor.cycle import CycleInputs, CycleState, step
 from monitor.derive.slow import SLOW_HOLD, latency_ratios
 from monitor.export.samples import Renderer
 from monitor.export.snapshot_json import snapshot_to_dict
 from monitor.model import PoolSnapshot, SourceStatus
 from monitor.sources.vllm import readings_from_text
+from monitor.step.cycle_state import CycleInputs, CycleState
+from monitor.step.cycle_step import step
 
 START = 1_790_000_000.0
 
@@ -73,7 +74,7 @@ def test_a_replica_slowed_2x_is_named_within_3_minutes_and_discounted(caplog):
     slowed.slow_down(2.0)
     t0 = fleet.t
     named.clear()
-    with caplog.at_level(logging.WARNING, logger="monitor.step"):
+    with caplog.at_level(logging.WARNING, logger="monitor.step.cycle_step"):
         state, snap = cycles(fleet, 300, state, urls, watch)
     first = next(t for t, s in named if s)
     assert first - t0 <= 180, f"named {first - t0:.0f} s after the slow-down"

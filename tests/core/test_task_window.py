@@ -16,7 +16,7 @@ from monitor.config import from_dict
 from monitor.config.inputs import capacity_inputs
 from monitor.model import PoolSnapshot
 from monitor.sources.gateway import UNATTRIBUTED, GatewayConfig, GatewayReading, read_gateway, read_gateway_scrape
-from monitor.step import attach_capacity
+from monitor.step.cycle_step import attach_capacity
 
 POOL = "tiny"
 CYCLE = 5.0

@@ -753,7 +753,7 @@ def test_dockerfile_final_stage_runs_headroom_as_the_charts_non_root_user(chart)
     assert int(gid) == values["podSecurityContext"]["runAsGroup"]
     entry = [json.loads(rest) for word, rest in final if word == "ENTRYPOINT"]
     assert entry == [["headroom"]]
-    assert "headroom = \"monitor.cli:main\"" in (REPO / "pyproject.toml").read_text()
+    assert "headroom = \"monitor.commands.cli:main\"" in (REPO / "pyproject.toml").read_text()
     (cmd,) = [json.loads(rest) for word, rest in final if word == "CMD"]
     assert cmd == ["run", "--config.file=/etc/headroom/headroom.yml", "--web.listen-address=:9880"]
     assert [rest for word, rest in final if word == "EXPOSE"] == [str(values["service"]["port"])]
@@ -836,7 +836,7 @@ def _start_sim(tmp_path: Path) -> tuple[subprocess.Popen, dict]:
         pool["model_name"] = next(c for c in candidates if owner(c, 2) == want)
     (tmp_path / "fleet.yaml").write_text(yaml.safe_dump(fleet))
     out = open(tmp_path / "sim.out", "w+")
-    proc = subprocess.Popen([sys.executable, "-m", "monitor.cli", "sim", "--status-every", "0", "--warmup", "30",
+    proc = subprocess.Popen([sys.executable, "-m", "monitor", "sim", "--status-every", "0", "--warmup", "30",
                              "--config", str(tmp_path / "fleet.yaml")],
                             cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 60
@@ -898,7 +898,7 @@ def test_rendered_shards_start_the_daemon_and_split_the_pools(chart, tmp_path):
                 env = {**os.environ, **{e["name"]: e["value"] for e in container["env"] if "value" in e}}
                 env["MPLCONFIGDIR"] = str(tmp_path / name / "mpl")
                 log = open(tmp_path / f"{name}.log", "w")
-                proc = subprocess.Popen([sys.executable, "-m", "monitor.cli", *args, "--duration", "150"],
+                proc = subprocess.Popen([sys.executable, "-m", "monitor", *args, "--duration", "150"],
                                         cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
                 probes = {k: container[k]["httpGet"]["path"] for k in ("livenessProbe", "readinessProbe")}
                 daemons.append((proc, port, shard, name, probes))

@@ -51,7 +51,7 @@ def image() -> dict:
 
 
 # paths (relative to the image's site-packages) the checks below ask about
-PROBED = ("pip", "setuptools", "../../../bin/pip", "monitor/cli.py", "monitor/export", "monitor/nothing-here",
+PROBED = ("pip", "setuptools", "../../../bin/pip", "monitor/commands/cli.py", "monitor/export", "monitor/nothing-here",
           *LAB_PATHS)
 INSIDE = f"""
 import importlib.metadata as m, json, os, sys
@@ -97,8 +97,8 @@ def test_image_holds_exactly_the_pinned_versions(inside):
 
 def test_the_lab_check_finds_what_the_image_holds(inside):
     # the check below, pointed at paths that exist in every runtime image: it does find them
-    assert present(inside, ["monitor/cli.py", "monitor/export", "monitor/nothing-here"]) == [
-        "monitor/cli.py", "monitor/export"]
+    assert present(inside, ["monitor/commands/cli.py", "monitor/export", "monitor/nothing-here"]) == [
+        "monitor/commands/cli.py", "monitor/export"]
 
 
 def test_image_holds_no_simulator_or_load_tester(inside):

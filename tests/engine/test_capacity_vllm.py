@@ -133,7 +133,7 @@ def test_live_tasks_and_sessions_over_the_task_window(litellm_gateway, vllm_smal
     from monitor.config.inputs import capacity_inputs
     from monitor.model import PoolSnapshot
     from monitor.sources.gateway import UNATTRIBUTED, read_gateway_scrape
-    from monitor.step import attach_capacity
+    from monitor.step.cycle_step import attach_capacity
 
     model, sessions, tt, window = litellm_gateway.info["served_model"], 3, f"live_{int(time.time())}", 30.0
     registry = CollectorRegistry()

@@ -25,7 +25,7 @@ from servers import wait_for
 
 from engine.measure import write_mixed_mix
 from headroom_lab.loadtest.mixed import CASES
-from monitor.cli import main
+from monitor.commands.cli import main
 from monitor.kit.exposition import parse
 
 pytestmark = pytest.mark.vllm

@@ -34,7 +34,7 @@ import pytest
 from engine.measure import write_ramp_mix as write_mix
 from engine.servers import REPO
 from engine.test_loadtest_mixed_vllm import four_slot_engine  # the session's 4-slot engine, shared
-from monitor.cli import main
+from monitor.commands.cli import main
 
 pytestmark = pytest.mark.vllm
 
@@ -123,7 +123,7 @@ def test_compare_of_four_and_eight_slots(vllm_small_engine, vllm_engine_factory,
     # only at 20 (the rest waited in vLLM's HTTP frontend, which its gauges cannot see)
     queued_where_read(wa, (12, 14, 16, 18, 20), "4 slots", least=1)
     assert a["server"]["running_max"] == 4
-    out = subprocess.run([sys.executable, "-m", "monitor.cli", "compare", a["_path"], b["_path"], "--json",
+    out = subprocess.run([sys.executable, "-m", "monitor", "compare", a["_path"], b["_path"], "--json",
                           "--names", "seqs4,seqs8"], capture_output=True, text=True, cwd=REPO, timeout=120,
                          env={**os.environ, "PYTHONPATH": REPO})
     assert out.returncode == 0, out.stderr
@@ -147,7 +147,7 @@ def test_compare_of_four_and_eight_slots(vllm_small_engine, vllm_engine_factory,
         assert cmp["basis"] == decided[0] and cmp["better"] == rows[decided[0]]["better"], cmp
     else:
         assert cmp["better"] == "tie" and cmp["basis"] is None
-    text = subprocess.run([sys.executable, "-m", "monitor.cli", "compare", a["_path"], b["_path"],
+    text = subprocess.run([sys.executable, "-m", "monitor", "compare", a["_path"], b["_path"],
                            "--names", "seqs4,seqs8"], capture_output=True, text=True, cwd=REPO, timeout=120,
                           env={**os.environ, "PYTHONPATH": REPO})
     win = {"A": "seqs4", "B": "seqs8"}.get(cmp["better"], "neither (tie)")

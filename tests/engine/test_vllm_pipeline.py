@@ -165,7 +165,7 @@ def test_cli_once_reports_the_engine_under_load(vllm_small_engine):
                      what="the engine with a full batch and a queue")
             queued_after = time.time() - loop.started_at
             proc = subprocess.run(
-                [HEADROOM_PYTHON, "-m", "monitor.cli", "once", "--vllm", url + "/metrics", "--json",
+                [HEADROOM_PYTHON, "-m", "monitor", "once", "--vllm", url + "/metrics", "--json",
                  "--interval", "2"],
                 cwd=REPO, capture_output=True, text=True, timeout=120,
             )
@@ -286,7 +286,7 @@ def test_one_pool_of_a_real_engine_an_sglang_replica_and_a_router_queue(vllm_sma
     try:
         wait_for(lambda: engine_gauges(fetch_metrics(url)[0])[MODEL], lambda g: g["running"] > 0,
                  timeout=60, every=0.2, what="the engine running requests")
-        proc = subprocess.run([HEADROOM_PYTHON, "-m", "monitor.cli", "once", "--config.file", str(cfg), "--json",
+        proc = subprocess.run([HEADROOM_PYTHON, "-m", "monitor", "once", "--config.file", str(cfg), "--json",
                                "--interval", "0"], cwd=REPO, capture_output=True, text=True, timeout=120)
     finally:
         loop.stop()

@@ -19,13 +19,14 @@ from monitor.capacity.slo_limit import MIN_OBSERVATIONS, Judged, judged_from_cou
 from monitor.config import Config, GatewaySource
 from monitor.config import Target as EngineTarget
 from monitor.config.inputs import capacity_inputs, step_settings
-from monitor.cycle import CycleInputs, CycleState, step
 from monitor.derive import histogram as histo
 from monitor.export.samples import Renderer
 from monitor.export.snapshot_json import snapshot_to_dict
 from monitor.model import Histogram, PoolSnapshot, SourceStatus
 from monitor.sources.gateway import GatewayConfig, read_gateway_scrape
 from monitor.sources.scrape import scrape_one
+from monitor.step.cycle_state import CycleInputs, CycleState
+from monitor.step.cycle_step import step
 
 FIX = Path(__file__).parents[1] / "fixtures"
 LITELLM = (FIX / "gateway" / "litellm-1.108.7-agent-tasks.prom").read_text()

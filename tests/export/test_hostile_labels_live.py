@@ -19,9 +19,9 @@ from servers import MetricsServer, Prometheus, headroom_run, samples, scrape_con
 from tiers import starts_servers
 
 from monitor.config import Config, PrometheusSource
-from monitor.cycle import Pipeline
 from monitor.export.collector import Exposition
 from monitor.kit.process import stop_process
+from monitor.pipeline.cycle import Pipeline
 
 pytestmark = pytest.mark.live
 

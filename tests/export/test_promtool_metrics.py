@@ -18,8 +18,8 @@ from monitor.capacity.enrich import CapacityState
 from monitor.capacity.slo_settings import read_slos
 from monitor.config import Capacity, Config, GatewaySource, PoolSettings, Target
 from monitor.config.inputs import capacity_inputs
-from monitor.cycle import Pipeline
 from monitor.export.collector import Exposition
+from monitor.pipeline.cycle import Pipeline
 
 SMALL, LARGE = "meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.3-70B-Instruct"  # the default fleet's pools
 pytestmark = pytest.mark.live  # tests/tiers.py: starts a simulated fleet on loopback and promtool

@@ -14,8 +14,8 @@ import requests
 from servers import MetricsServer, fixture, free_port, self_signed_cert, wait_for, wait_http
 
 from monitor.config import Config, Target
-from monitor.cycle import Pipeline
 from monitor.export.landing import Trends, render
+from monitor.pipeline.cycle import Pipeline
 
 pytestmark = pytest.mark.live  # each test starts the daemon or a metrics server on loopback
 
@@ -34,7 +34,7 @@ def _daemon(config_text, tmp_path, *extra, env=None):
     cfg = tmp_path / "headroom.yml"
     cfg.write_text(config_text)
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "monitor.cli", "--log.level", "debug", "run",
+    proc = subprocess.Popen([sys.executable, "-m", "monitor", "--log.level", "debug", "run",
                              "--config.file", str(cfg), "--web.listen-address", f"127.0.0.1:{port}",
                              "--duration", "60", *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -241,7 +241,7 @@ def test_plan_never_prints_the_password_of_a_prometheus_url(capsys, caplog):
     """Issue 38: `plan --from-prometheus http://user:pw@host` printed the password in its error."""
     from servers import free_port
 
-    from monitor.cli import main
+    from monitor.commands.cli import main
     url = f"http://planner:{SECRET}@127.0.0.1:{free_port()}"  # nothing listens: the measurement fails
     assert main(["plan", "--from-prometheus", url, "--json"]) == 1
     err = capsys.readouterr().err
@@ -252,7 +252,7 @@ def test_plan_never_prints_the_password_of_a_prometheus_url(capsys, caplog):
 def test_log_lines_mask_the_user_information_of_any_url():
     import logging
 
-    from monitor.cli import JsonFormatter, TextFormatter
+    from monitor.commands.cli import JsonFormatter, TextFormatter
     record = logging.LogRecord("x", logging.WARNING, __file__, 1, "cannot reach %s", (f"https://bob:{SECRET}@h:1/q",), None)
     for formatter in (TextFormatter("%(message)s"), JsonFormatter()):
         line = formatter.format(record)

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import json
 
-from monitor.cycle import valid_inputs
 from monitor.derive.core import derive_pools
 from monitor.export.collector import Exposition
 from monitor.export.landing import Trends, render
 from monitor.export.snapshot_json import snapshot_to_dict
 from monitor.kit.text import valid_text
 from monitor.model import Alert, ReplicaReading, Snapshot, SourceStatus
-from monitor.step import CycleInputs
+from monitor.pipeline.cycle import valid_inputs
+from monitor.step.cycle_state import CycleInputs
 
 
 def test_valid_text_replaces_lone_surrogates_only():

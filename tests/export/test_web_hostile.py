@@ -22,12 +22,12 @@ import requests
 from servers import MetricsServer, fixture, wait_for
 
 from monitor.config import Config, ConfigError, Target
-from monitor.cycle import Pipeline
 from monitor.export.collector import Exposition
 from monitor.export.landing import Trends
 from monitor.export.server import Limits, WebState, serve
 from monitor.kit.web.http11 import Response
 from monitor.kit.web.webconfig import web_security
+from monitor.pipeline.cycle import Pipeline
 
 # the first bytes of a TLS record carrying a ClientHello: handshake (0x16), TLS 1.0 record version
 CLIENT_HELLO_3 = b"\x16\x03\x01"

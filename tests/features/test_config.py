@@ -182,9 +182,9 @@ def test_check_config_cli_exit_codes(tmp_path):
     good.write_text("sources:\n  vllm:\n    targets: ['http://127.0.0.1:1/metrics']\n")
     bad = tmp_path / "bad.yml"
     bad.write_text("sources:\n  vllm:\n    targets: ['http://127.0.0.1:1/metrics']\nglobal:\n  interval: soon\n")
-    ok = subprocess.run([sys.executable, "-m", "monitor.cli", "check-config", str(good)], capture_output=True, text=True)
+    ok = subprocess.run([sys.executable, "-m", "monitor", "check-config", str(good)], capture_output=True, text=True)
     assert ok.returncode == 0 and "valid" in ok.stdout
-    ko = subprocess.run([sys.executable, "-m", "monitor.cli", "check-config", str(bad)], capture_output=True, text=True)
+    ko = subprocess.run([sys.executable, "-m", "monitor", "check-config", str(bad)], capture_output=True, text=True)
     assert ko.returncode == 2
     assert ko.stderr.strip().count("\n") == 0  # one message
     assert "bad.yml: global.interval: expected a duration" in ko.stderr
@@ -194,7 +194,7 @@ def test_check_config_cli_exit_codes(tmp_path):
 def test_daemon_refuses_bad_config(tmp_path):
     bad = tmp_path / "bad.yml"
     bad.write_text("sources:\n  vllm:\n    targets: ['http://127.0.0.1:1/metrics']\nweb:\n  listen_adress: ':1'\n")
-    r = subprocess.run([sys.executable, "-m", "monitor.cli", "run", "--config.file", str(bad)],
+    r = subprocess.run([sys.executable, "-m", "monitor", "run", "--config.file", str(bad)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "web.listen_adress: unknown key (did you mean listen_address?" in r.stderr
 

@@ -2,7 +2,7 @@
 
 Each example edits a valid configuration at one to three keys taken from the declarations (every key
 of docs/configuration.md, plus misspellings of them) with values from a bag of good and hostile
-ones, then runs both commands in-process through `monitor.cli.main`. When check-config refuses the
+ones, then runs both commands in-process through `monitor.commands.cli.main`. When check-config refuses the
 file, run must refuse it with the same line and exit code 2; when check-config says valid, run must
 start, serve and stop cleanly (exit 0). HEADROOM_AGREEMENT_EXAMPLES sets the number of examples.
 """
@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import monitor.commands.run as run_command
-from monitor.cli import main
+from monitor.commands.cli import main
 from monitor.config import Config, from_dict
 from monitor.kit.settings.reader import ConfigError, default_of, join, specs
 

@@ -1,7 +1,7 @@
 """Hostile configurations and environments (issue #20): each is refused by `check-config` and by `run`
 with the same one line, `headroom: file: key: problem`, exit code 2, and no secret in it.
 
-`run` and `check-config` are called in-process through `monitor.cli.main` (what `headroom` runs); two
+`run` and `check-config` are called in-process through `monitor.commands.cli.main` (what `headroom` runs); two
 cases also go through real subprocesses, as a user would start them.
 """
 import subprocess
@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import monitor.commands.run as run_command
-from monitor.cli import build_parser, main
+from monitor.commands.cli import build_parser, main
 from monitor.config import ConfigError, HttpAuth
 
 TARGET = "sources:\n  vllm:\n    targets: ['http://127.0.0.1:1/metrics']\n"
@@ -211,7 +211,7 @@ def test_subprocesses_refuse_alike(case, tmp_path):
     path, _, expect = _write(tmp_path, case)
     out = []
     for argv in (["check-config", path], ["run", "--config.file", path, "--duration", "1"]):
-        r = subprocess.run([sys.executable, "-m", "monitor.cli", *argv], capture_output=True, text=True, timeout=120)
+        r = subprocess.run([sys.executable, "-m", "monitor", *argv], capture_output=True, text=True, timeout=120)
         out.append((r.returncode, r.stderr.strip()))
     assert out[0] == out[1]
     assert out[0][0] == 2 and out[0][1].startswith(expect) and "\n" not in out[0][1]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from monitor import cli
+from monitor.commands import cli
 from monitor.config import ConfigError, from_dict, load
 
 PROM = {"sources": {"prometheus": {"url": "http://prom:9090"}}}

@@ -413,7 +413,7 @@ digest:
   destinations:
     - {{name: hook, type: webhook, url: "http://127.0.0.1:{port}/hook", timeout: {timeout}}}
 """)
-    return outbox, [PY, "-m", "monitor.cli", "digest", "--demo", "--config.file", str(cfg), "--days", "9",
+    return outbox, [PY, "-m", "monitor", "digest", "--demo", "--config.file", str(cfg), "--days", "9",
                     "--week-end", "2025-12-01T00:00:00"]
 
 

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.live  # tests/tiers.py: this file starts servers or bin
 @pytest.fixture(scope="module")
 def out_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("digest")
-    r = subprocess.run([PY, "-m", "monitor.cli", "digest", "--demo", "--out", str(out),
+    r = subprocess.run([PY, "-m", "monitor", "digest", "--demo", "--out", str(out),
                         "--week-end", "2025-12-01"], cwd=ROOT, capture_output=True, timeout=900)
     assert r.returncode == 0, r.stderr.decode()[-3000:]
     summary = json.loads(r.stdout.decode().strip().splitlines()[-1])
@@ -49,15 +49,15 @@ def test_html_is_self_contained(out_dir):
 
 
 def test_cli_rejects_bad_input(tmp_path):
-    r = subprocess.run([PY, "-m", "monitor.cli", "digest", "--demo", "--out", str(tmp_path),
+    r = subprocess.run([PY, "-m", "monitor", "digest", "--demo", "--out", str(tmp_path),
                         "--week-end", "next tuesday"], cwd=ROOT, capture_output=True, timeout=120)
     assert r.returncode == 2 and b"--week-end" in r.stderr
-    r = subprocess.run([PY, "-m", "monitor.cli", "digest", "--demo", "--out", str(tmp_path), "--days", "5"],
+    r = subprocess.run([PY, "-m", "monitor", "digest", "--demo", "--out", str(tmp_path), "--days", "5"],
                        cwd=ROOT, capture_output=True, timeout=120)
     assert r.returncode == 2 and b"more than a week" in r.stderr
     cfg = tmp_path / "c.yaml"
     cfg.write_text("sources: {prometheus: {url: 'http://127.0.0.1:9'}}\ndigest: {schedule: {hour: 25}}\n")
-    r = subprocess.run([PY, "-m", "monitor.cli", "digest", "--config.file", str(cfg)], cwd=ROOT,
+    r = subprocess.run([PY, "-m", "monitor", "digest", "--config.file", str(cfg)], cwd=ROOT,
                        capture_output=True, timeout=120)
     assert r.returncode == 2 and b"digest.schedule.hour" in r.stderr
 

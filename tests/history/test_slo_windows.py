@@ -19,15 +19,16 @@ from monitor.capacity.slo_settings import read_slos
 from monitor.config import Config, GatewaySource
 from monitor.config import Target as ScrapeTarget
 from monitor.config.inputs import capacity_inputs
-from monitor.cycle import CycleInputs, Pipeline
 from monitor.export.landing import Trends, render
 from monitor.export.samples import snapshot_samples
 from monitor.export.snapshot_json import snapshot_to_dict
 from monitor.history.slo_history import keep_windows, restore, save
 from monitor.history.store import HistoryStore
 from monitor.model import schema
+from monitor.pipeline.cycle import Pipeline
 from monitor.sources.gateway import read_gateway_scrape
 from monitor.sources.vllm import readings_from_text
+from monitor.step.cycle_state import CycleInputs
 
 T0 = 1_700_000_000.0
 STEP = 15.0

@@ -21,12 +21,13 @@ from monitor.capacity.slo_settings import read_slos
 from monitor.config import Config, GatewaySource, PrometheusSource
 from monitor.config import Target as ScrapeTarget
 from monitor.config.inputs import capacity_inputs
-from monitor.cycle import CycleInputs, Pipeline
 from monitor.export.snapshot_json import snapshot_to_dict
 from monitor.history.slo_history import PrometheusWindows
+from monitor.pipeline.cycle import Pipeline
 from monitor.sources.gateway import read_gateway_scrape
 from monitor.sources.prometheus import PrometheusClient
 from monitor.sources.vllm import readings_from_text
+from monitor.step.cycle_state import CycleInputs
 
 pytestmark = [pytest.mark.live, pytest.mark.skipif(not (shutil.which("prometheus") and shutil.which("promtool")),
                                                    reason="needs the prometheus and promtool binaries")]

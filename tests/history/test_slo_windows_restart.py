@@ -30,7 +30,7 @@ def app_metrics(state: dict) -> str:
 
 
 def start(cfg, port: int) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "monitor.cli", "run", "--config.file", str(cfg),
+    proc = subprocess.Popen([sys.executable, "-m", "monitor", "run", "--config.file", str(cfg),
                              "--web.listen-address", f"127.0.0.1:{port}"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return proc

@@ -7,8 +7,8 @@ from servers import fixture
 
 from monitor.app import Store
 from monitor.config import from_dict
-from monitor.cycle import Pipeline
 from monitor.export.samples import ProcessStatus, snapshot_samples
+from monitor.pipeline.cycle import Pipeline
 from monitor.sources.vllm import readings_from_text
 
 

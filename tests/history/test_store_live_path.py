@@ -41,7 +41,7 @@ class Daemon:
                 f"store:\n  path: {store}\n")
         self.config.write_text(text)
         self.port = free_port()
-        self.proc = subprocess.Popen([sys.executable, "-m", "monitor.cli", "run", "--config.file", str(self.config),
+        self.proc = subprocess.Popen([sys.executable, "-m", "monitor", "run", "--config.file", str(self.config),
                                       "--web.listen-address", f"127.0.0.1:{self.port}", "--duration", "300"],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -135,7 +135,7 @@ def test_a_store_with_a_damaged_header_is_moved_aside_by_run_and_check_config_sa
     store.write_bytes(bytes(body))
     config = tmp_path / "headroom.yml"
     config.write_text(f"sources:\n  vllm:\n    targets: ['http://127.0.0.1:1/metrics']\nstore:\n  path: {store}\n")
-    checked = subprocess.run([sys.executable, "-m", "monitor.cli", "check-config", str(config)],
+    checked = subprocess.run([sys.executable, "-m", "monitor", "check-config", str(config)],
                              capture_output=True, text=True, timeout=120)
     assert store.read_bytes() == bytes(body)  # check-config moves nothing
     daemon = Daemon(tmp_path, store)

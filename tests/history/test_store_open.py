@@ -9,8 +9,8 @@ import sqlite3
 
 from monitor.app import Store
 from monitor.config import from_dict
-from monitor.cycle import Pipeline
 from monitor.history.store import HistoryStore, open_store, store_problem
+from monitor.pipeline.cycle import Pipeline
 
 NOW = 1796289000.0  # 2026-12-03T09:10:00Z
 POINTS = [("p", "load", 1000.0 + 15 * k, float(k % 7)) for k in range(20_000)]

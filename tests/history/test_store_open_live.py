@@ -30,7 +30,7 @@ def _config(tmp_path, vllm, store):
 
 
 def _run(argv, read_only_dir=None, **kw):
-    cmd = [sys.executable, "-m", "monitor.cli", *argv]
+    cmd = [sys.executable, "-m", "monitor", *argv]
     if read_only_dir is not None:  # the same command inside a private mount namespace, the directory read-only
         script = f'mount --bind -o ro "{read_only_dir}" "{read_only_dir}" && exec "$@"'
         cmd = ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", *cmd]

@@ -13,8 +13,8 @@ from servers import wait_for
 
 from monitor.forecast.rolling_origin import ForecastSettings, _fit_forecast, forecast_series
 from monitor.forecast.series import prepare
-from monitor.forecaster import FIT_MODULES
 from monitor.kit.timebox import ChildError, FitPool, TimeBoxExceeded
+from monitor.pipeline.forecaster import FIT_MODULES
 
 pytestmark = pytest.mark.live  # starts processes
 

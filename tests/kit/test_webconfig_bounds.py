@@ -76,7 +76,7 @@ def test_the_daemon_refuses_a_cost_31_hash_at_once(tmp_path):
     cfg = tmp_path / "headroom.yml"
     cfg.write_text("sources:\n  vllm:\n    targets: ['http://127.0.0.1:1/metrics']\n")
     # before the bound, start-up hashed once at cost 31 (over an hour) and did not hear SIGTERM
-    done = subprocess.run([sys.executable, "-m", "monitor.cli", "run", "--config.file", str(cfg),
+    done = subprocess.run([sys.executable, "-m", "monitor", "run", "--config.file", str(cfg),
                            "--web.config.file", str(web), "--web.listen-address", "127.0.0.1:0"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2

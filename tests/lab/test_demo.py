@@ -84,7 +84,7 @@ def test_demo_tells_the_story_and_renders(tmp_path):
         pytest.fail("the demo test needs the prometheus binary (make test installs it: .ci/setup.sh)")
     port = free_port()
     started = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "monitor.cli", "demo", "--duration", str(DEMO_SECONDS),
+    proc = subprocess.Popen([sys.executable, "-m", "monitor", "demo", "--duration", str(DEMO_SECONDS),
                              "--web.listen-address", f"127.0.0.1:{port}", "--prometheus.listen-address",
                              f"127.0.0.1:{free_port()}"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -149,7 +149,7 @@ def test_default_logs_have_no_scheduler_job_lines_and_json_logs_parse(tmp_path):
     try:
         for fmt in ("logfmt", "json"):
             port = free_port()
-            proc = subprocess.Popen([sys.executable, "-m", "monitor.cli", "--log.format", fmt, "run", "--config.file",
+            proc = subprocess.Popen([sys.executable, "-m", "monitor", "--log.format", fmt, "run", "--config.file",
                                      str(cfg), "--web.listen-address", f"127.0.0.1:{port}"],
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

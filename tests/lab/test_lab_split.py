@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from monitor import cli
+from monitor.commands import cli
 from monitor.kit import addons
 
 REPO = Path(__file__).resolve().parents[2]
@@ -74,7 +74,7 @@ def test_the_entry_point_reader_reads_what_importlib_metadata_reads():
     for group in (addons.COMMANDS_GROUP, addons.DIGEST_DEMO_GROUP, "console_scripts"):
         ours = {(ep.name, ep.value) for ep in addons._entry_points(group)}
         assert ours == {(ep.name, ep.value) for ep in entry_points(group=group)}, group
-    assert ("headroom", "monitor.cli:main") in {(ep.name, ep.value) for ep in addons._entry_points("console_scripts")}
+    assert ("headroom", "monitor.commands.cli:main") in {(ep.name, ep.value) for ep in addons._entry_points("console_scripts")}
     assert addons.EntryPoint("x", "headroom_lab.commands:DEMO").load()[0] == "headroom_lab.commands.demo"
 
 
@@ -148,8 +148,8 @@ def test_the_runtime_wheel_holds_the_daemon_and_lab_the_rest(tmp_path):
     packaged = [n for n in names if not n.split("/")[0].endswith(".dist-info")]
     assert packaged and all(n.startswith("monitor/") for n in packaged), packaged[:5]
     assert [n for n in packaged if n[len("monitor/"):].startswith(LAB_ONLY)] == []
-    assert {"monitor/cli.py", "monitor/kit/addons.py", "monitor/commands/digest.py", "monitor/app/__init__.py"} <= set(names)
-    assert "headroom.commands" not in runtime_eps and "headroom = monitor.cli:main" in runtime_eps
+    assert {"monitor/commands/cli.py", "monitor/kit/addons.py", "monitor/commands/digest.py", "monitor/app/__init__.py"} <= set(names)
+    assert "headroom.commands" not in runtime_eps and "headroom = monitor.commands.cli:main" in runtime_eps
 
     with zipfile.ZipFile(_wheel(REPO / "lab", tmp_path / "lab")) as zf:
         names = set(zf.namelist())
@@ -170,7 +170,7 @@ def test_the_runtime_wheel_holds_the_daemon_and_lab_the_rest(tmp_path):
     (runtime,) = (tmp_path / "runtime").glob("*.whl")
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(runtime)],
                    check=True, capture_output=True, text=True, timeout=300)
-    code = f"import sys; sys.path.insert(0, {str(target)!r}); from monitor.cli import main; sys.exit(main(sys.argv[1:]))"
+    code = f"import sys; sys.path.insert(0, {str(target)!r}); from monitor.commands.cli import main; sys.exit(main(sys.argv[1:]))"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 
     def headroom(*argv):
@@ -186,7 +186,8 @@ def test_the_runtime_wheel_holds_the_daemon_and_lab_the_rest(tmp_path):
 
 @pytest.mark.live  # runs python in a subprocess (tests/tiers.py)
 def test_help_imports_no_command_module():
-    code = ("import sys; from monitor.cli import build_parser; build_parser(None, lazy=True); "
-            "print(sorted(m for m in sys.modules if m.startswith(('headroom_lab', 'monitor.commands', 'numpy'))))")
+    code = ("import sys; from monitor.commands.cli import build_parser; build_parser(None, lazy=True); "
+            "print(sorted(m for m in sys.modules if m.startswith(('headroom_lab', 'monitor.commands', 'numpy'))"
+            " and m not in ('monitor.commands', 'monitor.commands.cli')))")  # the command line itself
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "['headroom_lab', 'headroom_lab.commands']"

@@ -23,7 +23,7 @@ from headroom_lab.loadtest.follower import (
 from headroom_lab.loadtest.mix import MixError, parse_mix
 from headroom_lab.loadtest.mixed import CASES, Setup, case_plan, run_mixed, summary_lines
 from headroom_lab.loadtest.schedule import build_plan, class_weights, task_plan
-from monitor.cli import main
+from monitor.commands.cli import main
 
 INTER_TOKENS, DEFER_TOKENS = 4, 9  # the fake session tells the classes apart by max_tokens
 

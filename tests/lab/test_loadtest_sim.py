@@ -21,7 +21,7 @@ from headroom_lab.loadtest.schedule import build_plan, task_plan
 from headroom_lab.loadtest.simtarget import SimTarget
 from headroom_lab.sim.engine import PoolParams, Replica, Request
 from headroom_lab.sim.fleet import theoretical_knee
-from monitor.cli import main
+from monitor.commands.cli import main
 
 pytestmark = pytest.mark.live  # tests/tiers.py: this file starts servers or binaries
 

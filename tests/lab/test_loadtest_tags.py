@@ -8,7 +8,7 @@ from headroom_lab.commands.loadtest import summary
 from headroom_lab.loadtest.analyze import KNEE_MIN_CONFIDENCE
 from headroom_lab.loadtest.client import _scrub
 from headroom_lab.loadtest.tags import Tags, parse_headers, parse_metadata
-from monitor import cli
+from monitor.commands import cli
 
 
 def test_metadata_and_headers_parse_and_fill_per_call():

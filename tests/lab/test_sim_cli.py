@@ -15,7 +15,7 @@ pytestmark = pytest.mark.live  # tests/tiers.py: this file starts servers or bin
 
 
 def run_cli(*args, timeout=40):
-    return subprocess.Popen([sys.executable, "-m", "monitor.cli", "sim", *args], cwd=ROOT,
+    return subprocess.Popen([sys.executable, "-m", "monitor", "sim", *args], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -13,7 +13,7 @@ import io
 
 import pytest
 
-from monitor.cli import main
+from monitor.commands.cli import main
 from monitor.config import ConfigError, load
 from monitor.model.catalogue import CATALOGUE, own_labels
 from monitor.model.poolkey import MODEL_LABELS, RESERVED

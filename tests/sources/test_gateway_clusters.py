@@ -28,15 +28,16 @@ from monitor.capacity.enrich import CapacityState
 from monitor.capacity.slo_settings import read_slos
 from monitor.config import Capacity, Config, GatewaySource, PrometheusSource, Target, from_dict
 from monitor.config.inputs import capacity_inputs, step_settings
-from monitor.cycle import Pipeline
 from monitor.derive.gateway_scope import Scope
 from monitor.export.snapshot_json import snapshot_to_dict
 from monitor.kit.http import BodyBudget
 from monitor.kit.settings.reader import ConfigError
+from monitor.pipeline.cycle import Pipeline
 from monitor.sources.auxiliary import AuxSources, pool_models
 from monitor.sources.gateway_queue import read_gateway_queues
 from monitor.sources.vllm import readings_from_text
-from monitor.step import CycleInputs, CycleState, step
+from monitor.step.cycle_state import CycleInputs, CycleState
+from monitor.step.cycle_step import step
 
 FIX = Path(__file__).parents[1] / "fixtures" / "gateway"
 LITELLM = (FIX / "litellm-1.108.7-agent-tasks.prom").read_text()

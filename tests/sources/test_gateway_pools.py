@@ -15,9 +15,11 @@ from tiers import starts_servers
 from monitor.capacity.enrich import CapacityState
 from monitor.config import Capacity, Config, GatewaySource, Target
 from monitor.config.inputs import capacity_inputs, step_settings
-from monitor.cycle import CycleInputs, CycleState, Pipeline, step
+from monitor.pipeline.cycle import Pipeline
 from monitor.sources.gateway import read_gateway_scrape
 from monitor.sources.vllm import readings_from_text
+from monitor.step.cycle_state import CycleInputs, CycleState
+from monitor.step.cycle_step import step
 
 A, B = "a-8b", "b-70b"
 T0, WINDOW = 1_790_000_000.0, 10.0

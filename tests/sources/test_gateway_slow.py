@@ -18,8 +18,8 @@ from servers import MetricsServer, wait_for
 from monitor.capacity.enrich import CapacityState
 from monitor.config import Capacity, Config, GatewaySource, Target
 from monitor.config.inputs import capacity_inputs
-from monitor.cycle import Pipeline, cycle_deadline_seconds
 from monitor.export.collector import Exposition
+from monitor.pipeline.cycle import Pipeline, cycle_deadline_seconds
 from monitor.sources.gateway_pace import SLOW_MISSES, gateway_timeout
 
 pytestmark = pytest.mark.live

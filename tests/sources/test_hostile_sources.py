@@ -13,8 +13,8 @@ from hostile import HostileServer
 from servers import fixture
 
 from monitor.config import Config, PrometheusSource, Target
-from monitor.cycle import Pipeline, cycle_deadline_seconds
 from monitor.export.samples import snapshot_samples
+from monitor.pipeline.cycle import Pipeline, cycle_deadline_seconds
 
 pytestmark = pytest.mark.live  # tests/tiers.py: loopback servers
 

@@ -85,7 +85,7 @@ def test_a_60_mb_answer_is_refused_against_the_fleet_s_cap_and_probes_stay_fast(
                    "    timeout: 4s\n    retries: 0\n")
     port = free_port()
     log = open(tmp_path / "daemon.log", "w+")
-    proc = subprocess.Popen([sys.executable, "-m", "monitor.cli", "run", "--config.file", str(cfg),
+    proc = subprocess.Popen([sys.executable, "-m", "monitor", "run", "--config.file", str(cfg),
                              "--web.listen-address", f"127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT,
                             env=dict(os.environ))
     base = f"http://127.0.0.1:{port}"

@@ -144,8 +144,9 @@ def test_a_blind_cycle_keeps_the_last_replicas_stale_and_a_replica_gone_before_s
     from the read before is not counted back."""
     from monitor.config import PrometheusSource
     from monitor.config.inputs import step_settings
-    from monitor.cycle import CycleInputs, CycleState, step
     from monitor.model import SourceStatus
+    from monitor.step.cycle_state import CycleInputs, CycleState
+    from monitor.step.cycle_step import step
     cfg = from_dict({"sources": {"prometheus": {"url": "http://prom:9090"}}}, "f.yml")
     state = CycleState(step_settings(cfg))
     up = [SourceStatus("prometheus", "http://prom:9090", True)]

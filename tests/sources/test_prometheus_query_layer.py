@@ -23,8 +23,8 @@ from bodies import vllm_gauges as body
 from servers import MetricsServer, Prometheus, fixture
 
 from monitor.config import Config, PrometheusSource, Target
-from monitor.cycle import Pipeline
 from monitor.export.samples import snapshot_samples
+from monitor.pipeline.cycle import Pipeline
 from monitor.sources.prometheus import vllm_selector
 from monitor.sources.prometheus_queries import replica_selector
 

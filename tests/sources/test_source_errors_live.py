@@ -11,7 +11,7 @@ import pytest
 from servers import MetricsServer, fixture
 
 from monitor import config
-from monitor.cycle import Pipeline
+from monitor.pipeline.cycle import Pipeline
 
 pytestmark = pytest.mark.live
 

@@ -10,8 +10,8 @@ from bodies import vllm_gauges as body
 from servers import MetricsServer, free_port, same_as_direct, wait_http
 
 from monitor.config import Config, PrometheusSource
-from monitor.cycle import Pipeline
 from monitor.kit.process import stop_process
+from monitor.pipeline.cycle import Pipeline
 from monitor.sources.prometheus import PrometheusClient
 
 pytestmark = pytest.mark.live

@@ -13,7 +13,6 @@ from servers import fixture
 
 from monitor.config import Config, Target
 from monitor.config.inputs import step_settings
-from monitor.cycle import CycleInputs, CycleState, step
 from monitor.derive.core import derive_pools
 from monitor.derive.kv_band import kv_band, tokens_per_request_between
 from monitor.export.landing import Trends, render
@@ -22,6 +21,8 @@ from monitor.export.snapshot_json import snapshot_to_dict
 from monitor.model import Histogram, SourceStatus
 from monitor.sources.prometheus import scrapes_from_vector, vllm_selector
 from monitor.sources.vllm import parse_vllm, readings_from_scrape, readings_from_text
+from monitor.step.cycle_state import CycleInputs, CycleState
+from monitor.step.cycle_step import step
 
 T0 = 1_796_400_000.0
 MODEL = "Qwen/Qwen3-8B"
@@ -137,7 +138,7 @@ def test_a_kv_capacity_change_is_counted_and_logged_once(caplog):
     cfg = Config(vllm_targets=[Target("http://r0/metrics")])
     state = CycleState(step_settings(cfg))
     counts = []
-    with caplog.at_level(logging.WARNING, logger="monitor.step"):
+    with caplog.at_level(logging.WARNING, logger="monitor.step.cycle_step"):
         for i, name in enumerate((CAPTURES[64], "vllm-0.34/vllm-0.34.0-extensible.prom",
                                   "vllm-0.34/vllm-0.34.0-extensible.prom")):
             r = reading(name, T0 + 15 * i)

@@ -256,7 +256,8 @@ def cycle(case_files: list[str], pools: dict):
     from monitor.config import Config, PoolSettings, Target
     from monitor.config.inputs import capacity_inputs, step_settings
     from monitor.model import SourceStatus
-    from monitor.step import CycleInputs, CycleState, step
+    from monitor.step.cycle_state import CycleInputs, CycleState
+    from monitor.step.cycle_step import step
 
     url = "http://r1:8000/metrics"
     cfg = Config(vllm_targets=[Target(url)], pools={k: PoolSettings(**v) for k, v in pools.items()})

@@ -2,8 +2,8 @@
 
 The floors are declared once, in pyproject.toml (`[tool.importlinter]`): kit (settings, ticker,
 timebox, process) < pool keys (poolkey) < data model (model, catalogue, shard, schema) < pure core (derive < capacity,
-forecast < step) < edges (sources, export < history) < features (digest) < app (config < cycle <
-app, cli < commands). import-linter checks the layers; the circle check below covers what a layers
+forecast < step) < edges (sources, export < history) < features (digest) < app (config < pipeline <
+app < commands). import-linter checks the layers; the circle check below covers what a layers
 contract does not: two modules of one floor that import each other. Both read every import
 statement, deferred ones (inside a function) and TYPE_CHECKING ones included.
 """

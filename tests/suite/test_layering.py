@@ -2,7 +2,7 @@
 
 Pure = the derive and capacity layers, the cycle's pure step, the forecast models and backtests and
 the history schema (docs/architecture.md). They take plain data and are handed `now`; sockets,
-HTTP, SQLite, schedulers, subprocesses and the clock belong to sources/, cycle.py, the stores, the
+HTTP, SQLite, schedulers, subprocesses and the clock belong to sources/, pipeline/, the stores, the
 scheduler and the commands.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 MONITOR = Path(__file__).resolve().parents[2] / "monitor"
 PURE = sorted([*MONITOR.glob("derive/*.py"), *MONITOR.glob("capacity/*.py"),
-               MONITOR / "step.py", MONITOR / "model" / "schema.py",
+               *MONITOR.glob("step/*.py"), MONITOR / "model" / "schema.py",
                *[MONITOR / "forecast" / f for f in ("models.py", "model_base.py", "naive.py", "statsmodels_models.py",
                                                    "rolling_origin.py", "scores.py", "selection.py", "series.py", "pool.py",
                                                    "calendar.py")]])

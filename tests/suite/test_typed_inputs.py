@@ -22,9 +22,9 @@ NAMES = {"cfg", "config"}
 
 # the cycle's floor (between the app and config) still takes the Config in these places, and no
 # other: the Pipeline reads its sources' settings from it (issue 41: to be given typed inputs too)
-CYCLE_FLOOR_LEFT = {"monitor/cycle.py:cycle_deadline_seconds cfg: Config",
-                    "monitor/cycle.py:pool_slo_signals cfg: Config",
-                    "monitor/cycle.py:__init__ config: Config"}
+CYCLE_FLOOR_LEFT = {"monitor/pipeline/cycle.py:cycle_deadline_seconds cfg: Config",
+                    "monitor/pipeline/cycle.py:pool_slo_signals cfg: Config",
+                    "monitor/pipeline/cycle.py:__init__ config: Config"}
 
 
 def _layers() -> list[str]:
@@ -103,7 +103,7 @@ def test_the_check_finds_a_whole_configuration():
 def test_no_floor_below_the_configuration_takes_the_whole_configuration():
     files = below_config()
     names = {p.relative_to(ROOT / "monitor").parts[0] for p in files}
-    assert {"capacity", "sources", "history", "digest", "step.py", "kit"} <= names  # the layers were read
+    assert {"capacity", "sources", "history", "digest", "step", "kit"} <= names  # the layers were read
     found = [f"monitor/{p.relative_to(ROOT / 'monitor')}:{where}" for p in files
              for where in whole_config_parameters(p.read_text())]
     assert found == [], "give these typed inputs (monitor/config/inputs.py), not the Config:\n" + "\n".join(found)
@@ -111,7 +111,7 @@ def test_no_floor_below_the_configuration_takes_the_whole_configuration():
 
 def test_the_cycle_floor_takes_the_whole_configuration_only_where_it_is_known_to():
     files = cycle_floor()
-    assert ROOT / "monitor" / "cycle.py" in files and ROOT / "monitor" / "forecaster.py" in files
+    assert ROOT / "monitor" / "pipeline" / "cycle.py" in files and ROOT / "monitor" / "pipeline" / "forecaster.py" in files
     found = {f"monitor/{p.relative_to(ROOT / 'monitor')}:{where.split(': ', 1)[1]}" for p in files
              for where in whole_config_parameters(p.read_text())}
     assert found == CYCLE_FLOOR_LEFT  # a new one: give it typed inputs; one gone: take it off the list

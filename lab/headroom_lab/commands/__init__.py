@@ -1,7 +1,7 @@
 """The subcommands headroom-lab adds to `headroom`, each `(module, one-line help)`.
 
 The entry points of the `headroom.commands` group name these tuples, so `headroom --help` reads the
-help lines from this small module without importing any command (monitor/cli.py).
+help lines from this small module without importing any command (monitor/commands/cli.py).
 """
 DEMO = ("headroom_lab.commands.demo", "start a simulated fleet, headroom and (if installed) Prometheus")
 SIM = ("headroom_lab.commands.sim", "run the simulated vLLM fleet on its own")

@@ -26,7 +26,7 @@ from typing import Optional
 import yaml
 
 from monitor.app import build
-from monitor.cli import listen_address, seconds
+from monitor.commands.cli import listen_address, seconds
 from monitor.config import from_dict
 from monitor.kit.process import stop_process
 
@@ -268,7 +268,7 @@ def build_digest(config_file: str, workdir: str) -> subprocess.Popen:
     """This week's digest of the demo's history, built by `headroom digest` at low priority (it
     fits forecasts for a week of every series) so the live story is not slowed."""
     log_file = open(os.path.join(workdir, "digest.log"), "w")
-    return subprocess.Popen(["nice", "-n", "19", sys.executable, "-m", "monitor.cli", "digest", "--config.file",
+    return subprocess.Popen(["nice", "-n", "19", sys.executable, "-m", "monitor", "digest", "--config.file",
                              config_file], stdout=log_file, stderr=subprocess.STDOUT, cwd=REPO)
 
 

@@ -15,7 +15,7 @@ from typing import Callable, Optional
 import requests
 
 from monitor.config import Config, Target
-from monitor.cycle import Pipeline
+from monitor.pipeline.cycle import Pipeline
 
 from .client import CallRecord, CallSpec, api_base, make_prompt, retryable, stream_call
 from .mix import LoadMix

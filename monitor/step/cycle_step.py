@@ -1,10 +1,11 @@
 """The pure half of a cycle: `step(state, inputs, now) -> (state, snapshot)`.
 
 No I/O and no clock: what the cycle learned from its sources is `inputs` (a `CycleInputs`, built by
-monitor/cycle.py `collect`), the cycle's time is `now`, and what survives from one cycle to the next
-is `state` (a `CycleState`). `step` updates `state` in place and returns it - copying every reading
-and every knee observation each cycle would cost more than the cycle - so the same state, inputs and
-`now` give the same snapshot and the same next state (tests/app/test_cycle_step.py).
+monitor/pipeline/cycle.py `collect`), the cycle's time is `now`, and what survives from one cycle to the
+next is `state` (a `CycleState`; both in monitor/step/cycle_state.py). `step` updates `state` in place
+and returns it - copying every reading and every knee observation each cycle would cost more than the
+cycle - so the same state, inputs and `now` give the same snapshot and the same next state
+(tests/app/test_cycle_step.py).
 
 In order:
   1. count the cycle, the sources that failed (by reason) and the input anomalies (by kind);
@@ -23,113 +24,20 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from dataclasses import dataclass, field, replace
-from typing import Mapping, Optional
+from dataclasses import replace
+from typing import Optional
 
-from .capacity.enrich import Assessed, CapacityState, assess
-from .capacity.headroom import recommended_replicas
-from .capacity.inputs import settings_of
-from .capacity.settings import PoolSettings
-from .capacity.spare_pool import SpareSettings, spare_for
-from .derive.core import derive_pools, pool_of
-from .derive.gateway_queues import apply_gateway_queues
-from .derive.lead_time import LeadTimes
-from .derive.slow import SLOW_HOLD, SLOW_RATIO
-from .forecast.pool import exhaustion_seconds
-from .model import Alert, PoolSnapshot, RefitResult, ReplicaReading, Snapshot, SourceStatus
-from .model.readings import DcgmReading, GatewayScrape
+from ..capacity.enrich import Assessed, assess
+from ..capacity.headroom import recommended_replicas
+from ..capacity.spare_pool import spare_for
+from ..derive.core import derive_pools, pool_of
+from ..derive.gateway_queues import apply_gateway_queues
+from ..derive.slow import SLOW_HOLD, SLOW_RATIO
+from ..forecast.pool import exhaustion_seconds
+from ..model import PoolSnapshot, ReplicaReading, Snapshot
+from .cycle_state import CycleInputs, CycleState, count_into
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class StepSettings:
-    """What `step` reads of the configuration: the `global:` keys below, each gateway's pool map
-    (sources.gateways[i].pools), the spare-capacity keys of `capacity:` and the pools' settings.
-    The application builds it from its Config (monitor/config/inputs.py `step_settings`)."""
-
-    pool_by: tuple[str, ...] = ("model_name",)
-    gateway_pools: tuple[Mapping[str, str], ...] = ()  # per gateway: its pool label -> headroom pool
-    forget_after: float = 3600.0
-    max_models_per_target: int = 64
-    max_series: int = 100_000
-    history_keep: float = 3600.0
-    latency_window: float = 300.0
-    stall_window: float = 60.0
-    shard: Optional[tuple[int, int]] = None
-    spare: SpareSettings = field(default_factory=SpareSettings)  # capacity.spare_* (monitor/capacity/spare_pool.py)
-    pools: Mapping[str, PoolSettings] = field(default_factory=dict)  # pools: (name or *) -> settings
-
-    def pool_settings(self, pool: str) -> PoolSettings:
-        return settings_of(self.pools, pool)
-
-
-@dataclass
-class CycleInputs:
-    """Everything one cycle read from its sources, parsed (plain data: monitor/model/, monitor/model/readings.py)."""
-
-    readings: list[ReplicaReading]
-    statuses: list[SourceStatus]
-    gateways: list[GatewayScrape] = field(default_factory=list)  # one per configured gateway, in order
-    dcgm: list[DcgmReading] = field(default_factory=list)  # the DCGM exporters that answered and parsed
-    anomalies: dict[str, float] = field(default_factory=dict)  # malformed-but-usable input this cycle
-    forecast: Optional[RefitResult] = None  # the forecaster's latest result (None: no forecaster yet)
-    alerts: Optional[list[Alert]] = None  # headroom's alerts from sources.alerts (None: not read this cycle)
-    alerts_ui: Optional[str] = None  # that source's alerts page
-    # Prometheus mode: the SLO burn windows read from Prometheus (monitor/history/slo_history.py); None: not read
-    slo_windows: Optional[dict] = None
-    # Prometheus mode (monitor/sources/prometheus_reader.py PrometheusRead): per pool, the latency histograms
-    # the query layer summed over the window and cumulative; the age of each part's values
-    pool_histograms: Optional[dict] = None
-    pool_totals: Optional[dict] = None
-    stale_seconds: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass
-class CycleState:
-    """What a cycle leaves to the next one."""
-
-    settings: StepSettings
-    capacity: Optional[CapacityState] = None  # None: the pipeline has no capacity layer
-    history: dict[str, deque[ReplicaReading]] = field(default_factory=dict)  # "target|model" -> readings
-    errors: dict[tuple[str, str], float] = field(default_factory=dict)  # (source, reason) -> count
-    slow: dict[tuple[str, str], float] = field(default_factory=dict)  # (source, target) -> cycles slow
-    dropped: dict[str, float] = field(default_factory=dict)  # what the cardinality cap cut
-    anomalies: dict[str, float] = field(default_factory=dict)  # malformed-but-usable input, by kind
-    cycles: int = 0
-    last_success: Optional[float] = None
-    last_fresh: dict[str, float] = field(default_factory=dict)  # pool -> last time it was not stale
-    down: dict[tuple[str, str], str] = field(default_factory=dict)  # (source, target) -> its error, while down
-    down_seen: dict[tuple[str, str], float] = field(default_factory=dict)  # (source, target) -> last time down
-    lead_times: LeadTimes = field(default_factory=LeadTimes)  # new replicas' time to their first completion
-    # (pool, replica) -> (KV capacity in tokens, when last read); a change is counted and logged once
-    kv_capacity: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
-    kv_capacity_changes: dict[tuple[str, str], float] = field(default_factory=dict)
-    slow_since: dict[tuple[str, str], float] = field(default_factory=dict)  # (pool, replica) -> ratio high since
-    slow_named: set[tuple[str, str]] = field(default_factory=set)  # named slow (logged once)
-    # (pool, model) of every pool of the last cycle, this shard's or not: a gateway's scope is taken
-    # over the whole fleet, so two shards never both take a reading that two pools answer to
-    fleet: list[tuple[str, str]] = field(default_factory=list)
-
-    def shift_time(self, seconds: float) -> None:
-        """Move every time kept onto a wall clock that stepped by `seconds` (monitor/cycle.py), so
-        windows and rates keep measuring the true time between readings."""
-        for key, dq in self.history.items():
-            self.history[key] = deque(replace(r, timestamp=r.timestamp + seconds) for r in dq)
-        if self.last_success is not None:
-            self.last_success += seconds
-        self.last_fresh = {pool: t + seconds for pool, t in self.last_fresh.items()}
-        self.down_seen = {key: t + seconds for key, t in self.down_seen.items()}
-        self.kv_capacity = {key: (cap, t + seconds) for key, (cap, t) in self.kv_capacity.items()}
-        self.slow_since = {key: t + seconds for key, t in self.slow_since.items()}
-        self.lead_times.shift_time(seconds)
-        if self.capacity is not None:
-            self.capacity.shift_time(seconds)
-
-
-def count_into(counts: dict, more: dict) -> None:
-    for key, n in more.items():
-        counts[key] = counts.get(key, 0.0) + n
 
 
 def step(state: CycleState, inputs: CycleInputs, now: float) -> tuple[CycleState, Snapshot]:
@@ -375,7 +283,7 @@ def _derive(state: CycleState, history: dict[str, list[ReplicaReading]], inputs:
             p.stale = True
     state.fleet = [(p.pool, p.model) for p in pools]
     if settings.shard is not None:
-        from .model.shard import owns  # noqa: PLC0415
+        from ..model.shard import owns  # noqa: PLC0415
         pools = [p for p in pools if owns(p.pool, settings.shard)]
     for p in pools:
         if not p.stale:

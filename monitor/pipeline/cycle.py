@@ -1,7 +1,7 @@
 """One collection cycle: collect (I/O and parsing) -> step (pure) -> publish.
 
     inputs = pipeline.collect(now)               # every source at once, until the cycle deadline
-    state, snapshot = step(state, inputs, now)   # monitor/step.py: derive, capacity, the forecast
+    state, snapshot = step(state, inputs, now)   # monitor/step/cycle_step.py: derive, capacity, the forecast
     pipeline.publish(snapshot)                   # one reference swap, then the listeners
 
 `collect` does all the cycle's I/O and parsing and returns a `CycleInputs` (plain data: replica
@@ -34,21 +34,20 @@ from monitor.kit.http import BodyBudget, Fetcher
 from monitor.kit.text import valid_text
 from monitor.kit.ticker import steady_clock
 
-from .capacity.enrich import CapacityState
-from .config import Config
-from .config.inputs import step_settings
-from .history.slo_history import prometheus_windows
-from .model import RefitResult, ReplicaReading, Snapshot, SourceStatus
-from .model.poolkey import normalise
-from .model.readings import GatewayConfig
-from .sources.auxiliary import AuxSources
-from .sources.auxiliary import late as _late
-from .sources.gateway_pace import gateway_timeout
-from .sources.prometheus_reader import PrometheusRead, PrometheusSourceReader
-from .sources.scrape import DeadlinePool, Late, Scraper
-from .step import CycleInputs, CycleState, count_into, step
-
-__all__ = ["CycleInputs", "CycleState", "Pipeline", "cycle_deadline_seconds", "step"]
+from ..capacity.enrich import CapacityState
+from ..config import Config
+from ..config.inputs import step_settings
+from ..history.slo_history import prometheus_windows
+from ..model import RefitResult, ReplicaReading, Snapshot, SourceStatus
+from ..model.poolkey import normalise
+from ..model.readings import GatewayConfig
+from ..sources.auxiliary import AuxSources
+from ..sources.auxiliary import late as _late
+from ..sources.gateway_pace import gateway_timeout
+from ..sources.prometheus_reader import PrometheusRead, PrometheusSourceReader
+from ..sources.scrape import DeadlinePool, Late, Scraper
+from ..step.cycle_state import CycleInputs, CycleState, count_into
+from ..step.cycle_step import step
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +122,7 @@ class Pipeline:
     """The sources, the state between cycles and the published snapshot.
 
     capacity: the capacity layer's state (`CapacityState(capacity_inputs(cfg))`; None: no capacity, tasks or power).
-    forecasts: returns the forecaster's latest result (monitor/forecaster.py); read once per
+    forecasts: returns the forecaster's latest result (monitor/pipeline/forecaster.py); read once per
     cycle, so the cycle's /metrics, /api/v1/snapshot and landing page show the same forecast.
     """
 
