@@ -110,7 +110,7 @@ def child(forget_after: float, cycles: int) -> dict:
 
     from monitor.capacity.enrich import CapacityState
     from monitor.config import Config, Target
-    from monitor.config.inputs import capacity_inputs, step_settings
+    from monitor.config.inputs import capacity_inputs, pipeline_settings
     from monitor.export.collector import Exposition
     from monitor.export.landing import Trends
     from monitor.kit.exposition import _LABEL_CACHE  # the parser's label-set cache (bounded: 200,000)
@@ -122,14 +122,15 @@ def child(forget_after: float, cycles: int) -> dict:
     now = [START]
     cfg = Config(vllm_targets=[Target(base + p) for p in fleet.paths()], interval=INTERVAL, latency_window=300.0,
                  history_keep=600.0, forget_after=forget_after, scrape_timeout=2.0)
-    pipe = Pipeline(cfg, clock=lambda: now[0], capacity=CapacityState(capacity_inputs(cfg)))
+    pipe = Pipeline(pipeline_settings(cfg), clock=lambda: now[0], capacity=CapacityState(capacity_inputs(cfg)))
     exposition, trends = Exposition(), Trends()
     samples, wall0 = [], time.monotonic()
     for cycle in range(cycles):
         now[0] = START + (cycle + 1) * INTERVAL
         fleet.advance(cycle, now[0])
-        pipe.config = cfg = replace(cfg, vllm_targets=[Target(base + p) for p in fleet.paths()])
-        pipe.state.settings = step_settings(cfg)
+        cfg = replace(cfg, vllm_targets=[Target(base + p) for p in fleet.paths()])
+        pipe.settings = pipeline_settings(cfg)
+        pipe.state.settings = pipe.settings.step
         snap = pipe.run_cycle(wait_seconds=10.0)
         exposition.update(snap)
         trends.add(snap)

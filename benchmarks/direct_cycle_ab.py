@@ -71,13 +71,14 @@ def one_run(replicas: int, cycles: int, setting: str) -> dict:
     from static_server import STATIC_SERVER
 
     from monitor.config import Config, Target
+    from monitor.config.inputs import pipeline_settings
     from monitor.pipeline.cycle import Pipeline
     srv = subprocess.Popen([sys.executable, "-c", STATIC_SERVER, CAPTURE], stdout=subprocess.PIPE, text=True)
     try:
         port = int(srv.stdout.readline())
         targets = [Target(f"http://127.0.0.1:{port}/replica/{i}/metrics") for i in range(replicas)]
         cfg = Config(vllm_targets=targets, scrape_concurrency=32, scrape_timeout=10.0)
-        pipe = Pipeline(cfg)
+        pipe = Pipeline(pipeline_settings(cfg))
         applied = apply_gc(cfg, pipe, setting)
         pipe.run_cycle()
         clock = GcClock()

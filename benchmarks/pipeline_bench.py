@@ -55,6 +55,7 @@ def bench_parse(repeats: int = 300) -> dict:
 
 def bench_cycles(sizes=(1, 10, 100, 1000), cycles: int = 3) -> dict:
     from monitor.config import Config, Target
+    from monitor.config.inputs import pipeline_settings
     from monitor.pipeline.cycle import Pipeline
     srv = subprocess.Popen([sys.executable, "-c", SERVER, CAPTURE], stdout=subprocess.PIPE, text=True)
     try:
@@ -63,7 +64,7 @@ def bench_cycles(sizes=(1, 10, 100, 1000), cycles: int = 3) -> dict:
         for n in sizes:
             targets = [Target(f"http://127.0.0.1:{port}/replica/{i}/metrics") for i in range(n)]
             cfg = Config(vllm_targets=targets, scrape_concurrency=32, scrape_timeout=10.0)
-            p = Pipeline(cfg)
+            p = Pipeline(pipeline_settings(cfg))
             walls, cpus = [], []
             for _ in range(cycles):
                 c0, w0 = time.process_time(), time.perf_counter()

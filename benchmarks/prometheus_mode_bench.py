@@ -113,6 +113,7 @@ CHILD = r"""
 import json, sys, time
 from monitor.config import Config, PrometheusSource
 from monitor.pipeline.cycle import Pipeline
+from monitor.config.inputs import pipeline_settings
 url, rules, tune_gc = sys.argv[1], sys.argv[2] == "rules", sys.argv[3] == "on"
 src = PrometheusSource(url=url, selector='job="vllm"', recording_rules=rules)
 cfg = Config(prometheus=src, interval=10.0, latency_window=300.0)
@@ -120,7 +121,7 @@ try:  # what `headroom run` applies (monitor/app/), in code that has it
     from monitor.app import garbage_collector
 except ImportError:
     garbage_collector = None
-pipe = Pipeline(cfg)
+pipe = Pipeline(pipeline_settings(cfg))
 if garbage_collector is not None:
     from dataclasses import replace
     collector = garbage_collector(replace(cfg, tune_gc=tune_gc), pipe)

@@ -57,9 +57,10 @@ CHILD = r"""
 import json, resource, sys, time
 from monitor.config import Config, PrometheusSource
 from monitor.pipeline.cycle import Pipeline
+from monitor.config.inputs import pipeline_settings
 url, interval, rules = sys.argv[1], float(sys.argv[2]), sys.argv[3] == "rules"
 src = PrometheusSource(url=url, selector='job="vllm"', timeout=interval * 0.9 - 0.5, recording_rules=rules)
-pipe = Pipeline(Config(prometheus=src, interval=interval, latency_window=300.0))
+pipe = Pipeline(pipeline_settings(Config(prometheus=src, interval=interval, latency_window=300.0)))
 def rss():
     for line in open("/proc/self/status"):
         if line.startswith("VmRSS:"):

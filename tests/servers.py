@@ -217,9 +217,10 @@ def same_as_direct(servers, url: str):
     import pytest
 
     from monitor.config import Config, PrometheusSource, Target
+    from monitor.config.inputs import pipeline_settings
     from monitor.pipeline.cycle import Pipeline
-    direct = Pipeline(Config(vllm_targets=[Target(s.url("/metrics")) for s in servers]))
-    via = Pipeline(Config(prometheus=PrometheusSource(url=url, selector='job="vllm"')))
+    direct = Pipeline(pipeline_settings(Config(vllm_targets=[Target(s.url("/metrics")) for s in servers])))
+    via = Pipeline(pipeline_settings(Config(prometheus=PrometheusSource(url=url, selector='job="vllm"'))))
     try:
         d = direct.run_cycle().pools[0]
         snap = via.run_cycle()

@@ -1,9 +1,9 @@
 """The forecasts as a part of the daemon, and the one feedback edge of the wiring.
 
-    loop = ForecastLoop()                                   # built first, handed to both ends
-    Pipeline(cfg, capacity=..., forecasts=loop.forecast)     # each cycle reads the latest refit
-    pipeline.on_snapshot(loop.published)                     # each published snapshot: its knees
-    Forecasts(cfg, pipeline, loop, source)                   # each refit reads the knees, publishes into it
+    loop = ForecastLoop()                                      # built first, handed to both ends
+    Pipeline(settings, capacity=..., forecasts=loop.forecast)  # each cycle reads the latest refit
+    pipeline.on_snapshot(loop.published)                       # each published snapshot: its knees
+    Forecasts(cfg, pipeline, loop, source)                     # each refit reads the knees, publishes into it
 
 The exhaustion time is the forecast load against the knee the cycles learned, and the cycles' snapshot
 carries the latest forecast: a loop, kept in this one object so that neither end holds the other.

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from ..capacity.enrich import CapacityState
 from ..config import Config
-from ..config.inputs import capacity_inputs
+from ..config.inputs import capacity_inputs, pipeline_settings
 from ..digest.settings import DirectoryDestination
 from ..model import RefitResult
 from ..pipeline.cycle import Pipeline
@@ -31,11 +31,12 @@ class Cycle(Component):
 
     def __init__(self, cfg: Config, forecasts: Optional[Callable[[], Optional[RefitResult]]] = None):
         """`forecasts()`: the forecaster's latest refit, read once per cycle (ForecastLoop.forecast)."""
-        self.pipeline = Pipeline(cfg, capacity=CapacityState(capacity_inputs(cfg)),  # ValueError naming a bad key
+        self.pipeline = Pipeline(pipeline_settings(cfg),
+                                 capacity=CapacityState(capacity_inputs(cfg)),  # ValueError naming a bad key
                                  forecasts=forecasts)
 
     def start(self, scheduler) -> None:
-        scheduler.every("cycle", self.pipeline.config.interval, self.pipeline.run_cycle)
+        scheduler.every("cycle", self.pipeline.settings.interval, self.pipeline.run_cycle)
 
     def stop(self) -> None:
         self.pipeline.close(wait=STOP_GRACE)  # requests in flight broken; the cycle publishes what it has
@@ -124,14 +125,15 @@ class Web(Component):
         from ..export.collector import Exposition  # noqa: PLC0415
         from ..export.landing import Trends  # noqa: PLC0415
         from ..export.samples import Cadence  # noqa: PLC0415
-        from ..export.server import WebState, serve  # noqa: PLC0415
+        from ..export.server import WebState, WebStats, serve  # noqa: PLC0415
 
         def cadence() -> Cadence:
             return Cadence(pipeline.cycle_age(), float(cfg.interval))
         authorize, ssl_context = web_security(web_config_file or cfg.web_config_file)
-        exposition = Exposition(status=lambda: status.read(self.state.web_stats), cadence=cadence)
+        stats = WebStats()  # the server's counters, shown on /metrics
+        exposition = Exposition(status=lambda: status.read(stats), cadence=cadence)
         self.state = WebState(exposition, Trends(), links=tuple(cfg.web_links.items()), authorize=authorize,
-                              has_alerts_source=cfg.alerts is not None, digest_dir=digest_directory(cfg))
+                              has_alerts_source=cfg.alerts is not None, digest_dir=digest_directory(cfg), stats=stats)
         # every snapshot rendered once, for every endpoint, before any other listener (the store) runs
         pipeline.on_snapshot(self.state.publish, first=True)
         pipeline.on_clock_step(lambda seconds, now: self.state.trends.shift_time(seconds))
@@ -151,7 +153,7 @@ class Status:
         self.store, self.outbox, self.shard = store, outbox, shard
 
     def read(self, stats) -> "ProcessStatus":
-        """`stats`: the serving web server's counters (WebState.web_stats; None before it serves)."""
+        """`stats`: the web server's counters (the `Web` component's, which its server counts into)."""
         from ..digest.metrics import digest_status  # noqa: PLC0415
         from ..export.samples import ProcessStatus  # noqa: PLC0415
         events, open_connections = {}, None

@@ -4,7 +4,8 @@ Only the application (monitor/app) and the commands hold a `Config`; each floor 
 typed values it reads, built here:
 
     capacity_inputs(cfg) -> CapacityInputs     the capacity layer (monitor/capacity/inputs.py)
-    step_settings(cfg) -> StepSettings         the cycle's pure step (monitor/step/cycle_step.py)
+    step_settings(cfg) -> StepSettings         the cycle's pure step (monitor/step/cycle_state.py)
+    pipeline_settings(cfg) -> PipelineSettings the cycle's sources and deadline (monitor/pipeline/cycle.py)
     digest_history(cfg, settings, ...)         the digest's history reader (monitor/digest/schedule.py)
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Callable, Optional
 from monitor.capacity.inputs import CapacityInputs
 from monitor.capacity.spare_pool import SpareSettings
 from monitor.digest.settings import DigestSettings
+from monitor.pipeline.cycle import PipelineSettings
 from monitor.step.cycle_state import StepSettings
 
 from .headroom_yml import Config
@@ -37,6 +39,23 @@ def step_settings(cfg: Config) -> StepSettings:
                         max_series=cfg.max_series, history_keep=cfg.history_keep, latency_window=cfg.latency_window,
                         stall_window=cfg.stall_window, shard=cfg.shard, spare=SpareSettings.of(cfg.capacity),
                         pools=dict(cfg.pools or {}))
+
+
+def pipeline_settings(cfg: Config) -> PipelineSettings:
+    """What the cycle reads besides its step: the sources' sections, the cycle's global keys, the pool SLOs' signals."""
+    return PipelineSettings(step=step_settings(cfg), interval=cfg.interval, scrape_timeout=cfg.scrape_timeout,
+                            scrape_concurrency=cfg.scrape_concurrency, scrape_memory_mib=cfg.scrape_memory_mib,
+                            vllm_targets=tuple(cfg.vllm_targets), vllm_auth=cfg.vllm_auth, prometheus=cfg.prometheus,
+                            gateways=tuple(cfg.gateways), dcgm_targets=tuple(cfg.dcgm_targets), alerts=cfg.alerts,
+                            slo_signals=pool_slo_signals(cfg))
+
+
+def pool_slo_signals(cfg: Config) -> tuple[str, ...]:
+    """The latency signals with a pool SLO (slos: pools, pools.<name>.slo): Prometheus mode reads
+    their cumulative buckets per pool."""
+    targets = [t for ts in cfg.slos.pool_targets.values() for t in ts] if cfg.slos is not None else []
+    targets += [t for ps in (cfg.pools or {}).values() for t in (ps.slo or ())]
+    return tuple(sorted({t.signal for t in targets}))
 
 
 def digest_history(cfg: Config, settings: DigestSettings, store=None, knees: Optional[Callable[[], dict]] = None):

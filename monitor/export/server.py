@@ -50,7 +50,8 @@ def parse_listen_address(addr: str) -> tuple[str, int]:
 class WebState:
     def __init__(self, exposition: Exposition, trends: Trends, title: str = "headroom",
                  links: tuple[tuple[str, str], ...] = (), has_alerts_source: bool = False,
-                 digest_dir: Optional[str] = None, authorize: Optional[Callable[[Optional[str]], bool]] = None):
+                 digest_dir: Optional[str] = None, authorize: Optional[Callable[[Optional[str]], bool]] = None,
+                 stats: Optional[WebStats] = None):
         self.exposition = exposition
         self.trends = trends
         self.title = title
@@ -62,7 +63,9 @@ class WebState:
         # the web config's basic auth (monitor/kit/web/webconfig.py web_security); None: every request
         self.authorize: Callable[[Optional[str]], bool] = authorize if authorize is not None else lambda header: True
         self.throttle = CheckThrottle()  # bcrypt checks per client address (monitor/kit/web/auth.py)
-        self.web_stats: Optional[WebStats] = None  # the serving server's counters, set by serve()
+        # the web server's counters: serve() hands them to the server it builds (`stats`: made by a caller
+        # that reads them, e.g. for /metrics, before the server exists)
+        self.web_stats: WebStats = stats if stats is not None else WebStats()
         # the cycle's, as the body served shows it (its age while renders fail), read at each probe
         self.cadence: Callable[[], Optional[Cadence]] = exposition.served_cadence
         self._rendered: dict[str, tuple[object, bytes]] = {}  # page -> (the snapshot it shows, its body)
@@ -145,8 +148,7 @@ def admit(state: WebState, req: Request) -> Optional[Response]:
         return _unauthorized()
     if state.throttle.take(req.client[0] if req.client else ""):
         return None
-    if state.web_stats is not None:
-        state.web_stats.auth_throttled += 1
+    state.web_stats.auth_throttled += 1
     return Response(429, b"Too many failed logins from this address: try again shortly.\n",
                     headers={"Retry-After": "2"})
 
@@ -219,8 +221,8 @@ def serve(state: WebState, address: str, ssl_context=None,
     # with known-good credentials has its own lane, so a password flood's checks never hold a scrape
     server = WebServer((host, port), app=lambda req: handle(state, req),
                        fast=lambda req: probe(state, req) or admit(state, req), ssl_context=ssl_context,
-                       limits=limits, priority=lambda req: req.path == "/metrics" and known(state, req))
-    state.web_stats = server.stats
+                       limits=limits, priority=lambda req: req.path == "/metrics" and known(state, req),
+                       stats=state.web_stats)
     thread = threading.Thread(target=server.serve_forever, name="web", daemon=True)
     thread.start()
     return server, thread

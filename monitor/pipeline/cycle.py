@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Callable, Iterable, Optional
 
@@ -35,8 +35,6 @@ from monitor.kit.text import valid_text
 from monitor.kit.ticker import steady_clock
 
 from ..capacity.enrich import CapacityState
-from ..config import Config
-from ..config.inputs import step_settings
 from ..history.slo_history import prometheus_windows
 from ..model import RefitResult, ReplicaReading, Snapshot, SourceStatus
 from ..model.poolkey import normalise
@@ -46,7 +44,8 @@ from ..sources.auxiliary import late as _late
 from ..sources.gateway_pace import gateway_timeout
 from ..sources.prometheus_reader import PrometheusRead, PrometheusSourceReader
 from ..sources.scrape import DeadlinePool, Late, Scraper
-from ..step.cycle_state import CycleInputs, CycleState, count_into
+from ..sources.settings import AlertsSource, GatewaySource, HttpAuth, PrometheusSource, Target
+from ..step.cycle_state import CycleInputs, CycleState, StepSettings, count_into
 from ..step.cycle_step import step
 
 log = logging.getLogger(__name__)
@@ -95,42 +94,58 @@ def valid_inputs(inputs: CycleInputs) -> None:
         count_into(inputs.anomalies, {"invalid_text": float(fix.replaced)})
 
 
-def cycle_deadline_seconds(cfg: Config) -> float:
+@dataclass(frozen=True)
+class PipelineSettings:
+    """What the `Pipeline` reads of the configuration: its sources' sections, the `global:` keys of a
+    cycle, the latency signals with a pool SLO, and the pure step's settings (whose pool_by,
+    forget_after, latency_window, shard and max_series the Prometheus reader reads too). The
+    application builds it from its Config (monitor/config/inputs.py `pipeline_settings`)."""
+
+    step: StepSettings
+    interval: float  # global.interval
+    scrape_timeout: float  # global.scrape_timeout
+    scrape_concurrency: int  # global.scrape_concurrency
+    scrape_memory_mib: int  # global.scrape_memory_mib: every source's bodies in flight share it
+    vllm_targets: tuple[Target, ...]  # sources.vllm.targets
+    vllm_auth: HttpAuth  # sources.vllm's credentials
+    prometheus: Optional[PrometheusSource]  # sources.prometheus (Prometheus mode)
+    gateways: tuple[GatewaySource, ...]  # sources.gateways
+    dcgm_targets: tuple[Target, ...]  # sources.dcgm.targets
+    alerts: Optional[AlertsSource]  # sources.alerts
+    # the latency signals with a pool SLO (slos: pools, pools.<name>.slo): Prometheus mode reads their
+    # cumulative buckets per pool
+    slo_signals: tuple[str, ...]
+
+
+def cycle_deadline_seconds(settings: PipelineSettings) -> float:
     """How long a cycle waits for its sources before it publishes what it has.
 
     A little over the longest request timeout in use (every request ends by then, see
     sources/http.py), and never more than 90% of the interval: one stuck source cannot hold the
     cycle of the whole fleet.
     """
-    timeouts = [cfg.prometheus.timeout] if cfg.prometheus else []
-    if cfg.vllm_targets or cfg.gateways or cfg.dcgm_targets:
-        timeouts.append(cfg.scrape_timeout)
-    timeouts += [gateway_timeout(gw, cfg.scrape_timeout, cfg.interval)  # a gateway's own (a slow LiteLLM's)
-                 for gw in cfg.gateways]
-    return max(0.05, min(0.9 * cfg.interval, max(timeouts, default=0.0) + DEADLINE_MARGIN))
-
-
-def pool_slo_signals(cfg: Config) -> tuple[str, ...]:
-    """The latency signals with a pool SLO (slos: pools, pools.<name>.slo): Prometheus mode reads
-    their cumulative buckets per pool."""
-    targets = [t for ts in cfg.slos.pool_targets.values() for t in ts] if cfg.slos is not None else []
-    targets += [t for ps in (cfg.pools or {}).values() for t in (ps.slo or ())]
-    return tuple(sorted({t.signal for t in targets}))
+    timeouts = [settings.prometheus.timeout] if settings.prometheus else []
+    if settings.vllm_targets or settings.gateways or settings.dcgm_targets:
+        timeouts.append(settings.scrape_timeout)
+    timeouts += [gateway_timeout(gw, settings.scrape_timeout, settings.interval)  # a gateway's own (a slow LiteLLM's)
+                 for gw in settings.gateways]
+    return max(0.05, min(0.9 * settings.interval, max(timeouts, default=0.0) + DEADLINE_MARGIN))
 
 
 class Pipeline:
     """The sources, the state between cycles and the published snapshot.
 
+    settings: what it reads of the configuration (`pipeline_settings(cfg)`, monitor/config/inputs.py).
     capacity: the capacity layer's state (`CapacityState(capacity_inputs(cfg))`; None: no capacity, tasks or power).
     forecasts: returns the forecaster's latest result (monitor/pipeline/forecaster.py); read once per
     cycle, so the cycle's /metrics, /api/v1/snapshot and landing page show the same forecast.
     """
 
-    def __init__(self, config: Config, clock: Callable[[], float] = time.time,
+    def __init__(self, settings: PipelineSettings, clock: Callable[[], float] = time.time,
                  capacity: Optional[CapacityState] = None,
                  forecasts: Optional[Callable[[], Optional[RefitResult]]] = None,
                  steady: Optional[Callable[[], float]] = None):
-        self.config = config
+        self.settings = settings
         self.clock = clock
         # the step check compares `clock` with `steady`: on by default with the real wall clock; a test
         # driving its own clock passes the steady clock it drives too (or has no check)
@@ -139,7 +154,7 @@ class Pipeline:
         self._tick: Optional[tuple[float, float]] = None  # (wall, steady) when the previous cycle began
         self._clock_listeners: list[Callable[[float, float], None]] = []
         self.finished_at: Optional[float] = None  # time.monotonic() when the last cycle published
-        self.state = CycleState(step_settings(config), capacity)
+        self.state = CycleState(settings.step, capacity)
         self.forecasts = forecasts
         self.skipped_cycles = 0
         self.latest: Optional[Snapshot] = None
@@ -148,31 +163,32 @@ class Pipeline:
         self.scraper: Optional[Scraper] = None
         self.prom: Optional[PrometheusSourceReader] = None
         # every source's bodies in flight share one memory budget (global.scrape_memory_mib)
-        self.budget = BodyBudget(config.scrape_memory_mib * 1024 * 1024)
-        if config.vllm_targets:
-            self.scraper = Scraper(Fetcher(config.vllm_auth, self.budget),
-                                   config.scrape_timeout, config.scrape_concurrency)
-        if config.prometheus:
-            self.prom = PrometheusSourceReader(config.prometheus, budget=self.budget, forget_after=config.forget_after,
-                                               pool_by=list(normalise(config.pool_by)), latency_window=config.latency_window,
-                                               total_kinds=pool_slo_signals(config), shard=config.shard,
-                                               max_series=config.max_series)
+        self.budget = BodyBudget(settings.scrape_memory_mib * 1024 * 1024)
+        step = settings.step
+        if settings.vllm_targets:
+            self.scraper = Scraper(Fetcher(settings.vllm_auth, self.budget),
+                                   settings.scrape_timeout, settings.scrape_concurrency)
+        if settings.prometheus:
+            self.prom = PrometheusSourceReader(settings.prometheus, budget=self.budget, forget_after=step.forget_after,
+                                               pool_by=list(normalise(step.pool_by)), latency_window=step.latency_window,
+                                               total_kinds=settings.slo_signals, shard=step.shard,
+                                               max_series=step.max_series)
         # gateways, DCGM, alerts (monitor/sources/auxiliary.py); gateway bodies are read for the capacity layer only
         gateway_configs: Optional[list[GatewayConfig]] = None
         if capacity is not None:
             gateway_configs = [capacity.gateway_config(gw.kind, gw.task_label, gw.session_label)
-                               for gw in config.gateways]
-        self.aux = AuxSources(gateways=config.gateways, dcgm_targets=config.dcgm_targets, alerts=config.alerts,
-                              scrape_timeout=config.scrape_timeout, interval=config.interval, pool_by=config.pool_by,
+                               for gw in settings.gateways]
+        self.aux = AuxSources(gateways=settings.gateways, dcgm_targets=settings.dcgm_targets, alerts=settings.alerts,
+                              scrape_timeout=settings.scrape_timeout, interval=settings.interval, pool_by=step.pool_by,
                               budget=self.budget, gateway_configs=gateway_configs)
         self._sources: Optional[DeadlinePool] = None
         # Prometheus mode: time -> the SLO burn windows from Prometheus (monitor/history/slo_history.py); the
         # cycle passes None: at the query layer's own time, never headroom's clock (which may have stepped)
         self.slo_windows: Optional[Callable[[Optional[float]], dict]] = None
-        if capacity is not None and self.prom is not None and config.prometheus is not None:  # (prom: from it)
+        if capacity is not None and self.prom is not None and settings.prometheus is not None:  # (prom: from it)
             self.slo_windows = prometheus_windows(
-                self.prom.client, capacity.slo, [(gw.kind, gw.task_label) for gw in config.gateways],
-                interval=config.interval, timeout=config.prometheus.timeout, pool_by=config.pool_by).read
+                self.prom.client, capacity.slo, [(gw.kind, gw.task_label) for gw in settings.gateways],
+                interval=settings.interval, timeout=settings.prometheus.timeout, pool_by=step.pool_by).read
         self._slo_windows_failing = False
 
     # the state between cycles, as the pipeline's callers read it
@@ -265,14 +281,14 @@ class Pipeline:
         now + `cycle_deadline_seconds`) is down with reason `deadline` and its request is abandoned."""
         began = time.monotonic()
         if deadline is None:
-            deadline = began + cycle_deadline_seconds(self.config)
+            deadline = began + cycle_deadline_seconds(self.settings)
         pool = self._source_pool()
         prom = pool.start([("prometheus", partial(self.prom.read_all, now, deadline))]) if self.prom else []
         slo = pool.start([("slo-windows", partial(self.slo_windows, None))]) if self.slo_windows else []
         aux = self.aux.start(pool)
         inputs = CycleInputs([], [])
         if self.scraper is not None:
-            targets = self.config.vllm_targets
+            targets = list(self.settings.vllm_targets)
             started = self.scraper.start(targets, clock=self.clock)
             for result in self.scraper.finish(targets, started, deadline, began):
                 inputs.readings.extend(result.readings)
@@ -286,8 +302,8 @@ class Pipeline:
                 inputs.pool_histograms, inputs.pool_totals = result.pool_histograms, result.pool_totals
                 inputs.stale_seconds = dict(result.stale_seconds)
             else:
-                assert self.prom is not None and self.config.prometheus is not None  # asked only when configured
-                inputs.statuses.append(_late("prometheus", self.config.prometheus.url, result, began))
+                assert self.prom is not None and self.settings.prometheus is not None  # asked only when configured
+                inputs.statuses.append(_late("prometheus", self.settings.prometheus.url, result, began))
                 late = PrometheusRead([], [])
                 self.prom.stale_read(now, late)
                 inputs.pool_histograms, inputs.pool_totals = late.pool_histograms, late.pool_totals

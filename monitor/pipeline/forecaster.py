@@ -1,4 +1,4 @@
-"""Refitting the forecasts on a schedule, off the scrape path (the application floor: it runs jobs
+"""Refitting the forecasts on a schedule, off the scrape path (the pipeline floor: it runs jobs
 and holds state; the forecast core below it is pure).
 
 `ForecastScheduler.schedule(scheduler)` adds one interval job to the application's scheduler

@@ -10,6 +10,7 @@ from bodies import vllm_body
 from servers import MetricsServer, Prometheus, wait_for
 
 from monitor.config import from_dict
+from monitor.config.inputs import pipeline_settings
 from monitor.export.landing import Trends, render
 from monitor.pipeline.cycle import Pipeline
 
@@ -35,7 +36,7 @@ def test_another_jobs_alert_for_the_same_pool_is_not_listed(tmp_path):
         prom.wait_for("ALERTS", predicate=lambda r: len(r) == 2, timeout=60)  # both jobs' copies fire
         cfg = from_dict({"sources": {"vllm": {"targets": [engine.url("/metrics")]},
                                      "alerts": {"url": prom.url, "match": {"job": "headroom-direct"}}}})
-        p = Pipeline(cfg)
+        p = Pipeline(pipeline_settings(cfg))
         try:
             snap = wait_for(p.run_cycle, lambda s: s is not None and s.alerts, timeout=30, what="the alerts")
         finally:

@@ -14,6 +14,7 @@ import json
 from test_cycle_step import fleet_and_config, inputs_at, warmed_up  # the shared simulated fleet
 
 from headroom_lab.sim.exposition import render_vllm
+from monitor.config.inputs import pipeline_settings
 from monitor.export.snapshot_json import snapshot_to_dict
 from monitor.pipeline.cycle import Pipeline
 from monitor.sources.vllm import readings_from_text
@@ -77,7 +78,7 @@ def test_a_step_back_moves_the_state_and_every_number_stays_what_it_would_have_b
 def test_the_pipeline_finds_a_step_once_counts_it_by_direction_and_logs_it(caplog):
     fleet, urls, cfg = fleet_and_config()
     wall, steady = [1_800_000_000.0], [100.0]
-    p = Pipeline(cfg, clock=lambda: wall[0], steady=lambda: steady[0])
+    p = Pipeline(pipeline_settings(cfg), clock=lambda: wall[0], steady=lambda: steady[0])
     shifted = []
     p.on_clock_step(lambda seconds, now: shifted.append((seconds, now)))
     r = readings_from_text(render_vllm(fleet.pools["p"][0], fleet.t), "http://r/metrics", wall[0])[0]
@@ -108,7 +109,7 @@ def test_the_pipeline_finds_a_step_once_counts_it_by_direction_and_logs_it(caplo
 def test_a_driven_clock_without_a_steady_one_has_no_step_check():
     _fleet, _urls, cfg = fleet_and_config()
     t = [0.0]
-    p = Pipeline(cfg, clock=lambda: t[0])
+    p = Pipeline(pipeline_settings(cfg), clock=lambda: t[0])
     assert p.steady is None
     for dt in (5.0, -HOUR, 86400.0):
         t[0] += dt

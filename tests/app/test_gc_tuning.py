@@ -12,6 +12,7 @@ import monitor.app as app_module
 from monitor.app import GC_YOUNG_EVERY, GarbageCollector, build, garbage_collector
 from monitor.commands import run as run_command
 from monitor.config import from_dict
+from monitor.config.inputs import pipeline_settings
 from monitor.pipeline.cycle import Pipeline
 from monitor.sources.vllm import readings_from_text
 
@@ -86,12 +87,12 @@ def test_global_tune_gc_false_turns_it_off(monkeypatch, python_gc):
         assert collectors(daemon) == []
     finally:
         daemon.stop()
-    assert garbage_collector(cfg, Pipeline(cfg)) is None  # the benchmarks' way in says the same
+    assert garbage_collector(cfg, Pipeline(pipeline_settings(cfg))) is None  # the benchmarks' way in says the same
 
 
 def test_threshold_at_start_freeze_after_the_first_cycle_only_and_restored_at_stop(monkeypatch, python_gc):
     cfg = from_dict({"sources": SOURCES}, "f")
-    pipeline = Pipeline(cfg)
+    pipeline = Pipeline(pipeline_settings(cfg))
     collector = garbage_collector(cfg, pipeline)
     freezes = []
     real_freeze = gc.freeze

@@ -19,6 +19,7 @@ from servers import (
 )
 
 from monitor.config import Config, PrometheusSource, Target
+from monitor.config.inputs import pipeline_settings
 from monitor.kit.process import stop_process
 from monitor.model.catalogue import BY_NAME, exposed_names
 from monitor.pipeline.cycle import Pipeline
@@ -42,7 +43,7 @@ def fleet():
 def test_direct_cycle_sums_replicas(fleet):
     servers, values = fleet
     cfg = Config(vllm_targets=[Target(s.url("/metrics")) for s in servers])
-    p = Pipeline(cfg)
+    p = Pipeline(pipeline_settings(cfg))
     snap = p.run_cycle()
     p.close()
     [pool] = snap.pools
@@ -62,7 +63,7 @@ def test_a_broken_replica_is_marked_down_and_the_rest_derived(fleet, mode, reaso
     servers[1].mode["/metrics"] = mode
     servers[1].slow_seconds = 8.0
     cfg = Config(vllm_targets=[Target(s.url("/metrics")) for s in servers], scrape_timeout=3.0)
-    p = Pipeline(cfg)
+    p = Pipeline(pipeline_settings(cfg))
     p.scraper.rng = lambda: 0.0  # no backoff wait: every cycle tries the broken replica again
     p.run_cycle()
     snap = p.run_cycle()
@@ -78,7 +79,7 @@ def test_a_broken_replica_is_marked_down_and_the_rest_derived(fleet, mode, reaso
 
 def test_failing_target_backs_off_then_recovers(fleet):
     servers, _ = fleet
-    p = Pipeline(Config(vllm_targets=[Target(s.url("/metrics")) for s in servers]))
+    p = Pipeline(pipeline_settings(Config(vllm_targets=[Target(s.url("/metrics")) for s in servers])))
     p.scraper.rng = lambda: 1.0
     p.scraper.base_backoff = 30.0
     assert not p.run_cycle().pools[0].stale
@@ -104,7 +105,7 @@ def test_failing_target_backs_off_then_recovers(fleet):
 def test_refused_connection_is_down(fleet):
     servers, _ = fleet
     dead = f"http://127.0.0.1:{free_port()}/metrics"
-    p = Pipeline(Config(vllm_targets=[Target(servers[0].url("/metrics")), Target(dead)]))
+    p = Pipeline(pipeline_settings(Config(vllm_targets=[Target(servers[0].url("/metrics")), Target(dead)])))
     snap = p.run_cycle()
     p.close()
     assert {s.target: s.error for s in snap.sources}[dead] == "connect"
@@ -116,7 +117,7 @@ def test_rates_need_two_readings_and_then_appear(fleet):
     counter = {"n": 100.0}
     servers[0].bodies["/metrics"] = lambda: body(8, 16, 0.6, counter["n"])
     now = [1_790_000_000.0]  # the pipeline's clock, driven by the test: the readings are 0.5 s apart
-    p = Pipeline(Config(vllm_targets=[Target(servers[0].url("/metrics"))]), clock=lambda: now[0])
+    p = Pipeline(pipeline_settings(Config(vllm_targets=[Target(servers[0].url("/metrics"))])), clock=lambda: now[0])
     first = p.run_cycle()
     assert first.pools[0].completion_rate is None
     counter["n"] = 130.0
@@ -210,7 +211,7 @@ def test_prometheus_mode_reads_sglang_and_reports_missing_families(tmp_path):
     try:
         prom.wait_for('count(sglang:num_running_reqs{job="vllm"}) >= 1', timeout=60)
         prom.wait_for('count(vllm:num_requests_running{job="vllm"}) == 1', timeout=60)
-        pipe = Pipeline(Config(prometheus=PrometheusSource(url=prom.url, selector='job="vllm"')))
+        pipe = Pipeline(pipeline_settings(Config(prometheus=PrometheusSource(url=prom.url, selector='job="vllm"'))))
         try:
             snap = pipe.run_cycle()
         finally:

@@ -19,6 +19,7 @@ from servers import MetricsServer, Prometheus, headroom_run, samples, scrape_con
 from tiers import starts_servers
 
 from monitor.config import Config, PrometheusSource
+from monitor.config.inputs import pipeline_settings
 from monitor.export.collector import Exposition
 from monitor.kit.process import stop_process
 from monitor.pipeline.cycle import Pipeline
@@ -121,7 +122,7 @@ def test_prometheus_mode_keys_the_hostile_model_as_direct_mode_does(targets, tmp
     prom = Prometheus(str(tmp_path), scrape_config({"vllm": [(f"127.0.0.1:{s.port}", None) for s in (plain, evil)]}))
     try:
         prom.wait_for('count(vllm:num_requests_running{job="vllm"}) == 2', timeout=60)
-        pipeline = Pipeline(Config(prometheus=PrometheusSource(url=prom.url, selector='job="vllm"')))
+        pipeline = Pipeline(pipeline_settings(Config(prometheus=PrometheusSource(url=prom.url, selector='job="vllm"'))))
         try:
             pipeline.run_cycle()
             snap = pipeline.run_cycle()

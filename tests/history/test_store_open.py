@@ -9,6 +9,7 @@ import sqlite3
 
 from monitor.app import Store
 from monitor.config import from_dict
+from monitor.config.inputs import pipeline_settings
 from monitor.history.store import HistoryStore, open_store, store_problem
 from monitor.pipeline.cycle import Pipeline
 
@@ -82,7 +83,7 @@ def test_the_daemon_store_component_reports_a_corrupt_file_once(tmp_path, caplog
     _real_store(path)
     _cut_in_half(path)
     cfg = from_dict({"sources": {"vllm": {"targets": ["http://a:8000/metrics"]}}, "store": {"path": str(path)}}, "f")
-    pipeline = Pipeline(cfg, clock=lambda: NOW)
+    pipeline = Pipeline(pipeline_settings(cfg), clock=lambda: NOW)
     with caplog.at_level(logging.INFO):
         store = Store(cfg, pipeline, writable=True)
     assert store.errors == {"open": 1.0, "append": 0.0, "maintain": 0.0, "restore": 0.0} and store.writable

@@ -191,12 +191,13 @@ def test_small_answers_are_not_cut():
 
 
 def test_the_cycle_marks_a_deeply_nested_answer_as_a_parse_error():
+    from monitor.config.inputs import pipeline_settings
     from monitor.model import SourceStatus
     from monitor.pipeline.cycle import Pipeline
     from monitor.step.cycle_state import CycleInputs
     cfg = from_dict({"sources": {"vllm": {"targets": ["http://a:1/metrics"]},
                                  "alerts": {"url": "http://prom:9090", "kind": "prometheus"}}})
-    pipeline = Pipeline(cfg)
+    pipeline = Pipeline(pipeline_settings(cfg))
     inputs = CycleInputs(readings=[], statuses=[SourceStatus("alerts", "http://prom:9090/api/v1/alerts", True)])
     pipeline.aux._read_alerts(inputs, '{"status": "success", "data": ' + "[" * 100_000 + "]" * 100_000 + "}",
                               "http://prom:9090/api/v1/alerts")  # the cycle's own reading of the body
@@ -231,13 +232,14 @@ def test_only_this_jobs_alerts_are_listed():
          "state": "firing", "activeAt": "2026-12-03T09:05:30Z"},
         {"labels": {"alertname": "HeadroomQueueBuilding", "pool": pool}, "state": "pending",
          "activeAt": "2026-12-03T09:06:00Z"}]}}
+    from monitor.config.inputs import pipeline_settings
     from monitor.model import SourceStatus
     from monitor.pipeline.cycle import Pipeline
     from monitor.step.cycle_state import CycleInputs
     cfg = from_dict({"sources": {"vllm": {"targets": ["http://a:1/metrics"]},
                                  "alerts": {"url": "http://prom:9090", "match": {"job": "headroom-direct"}}}})
     assert cfg.alerts.match == {"job": "headroom-direct"}
-    pipeline = Pipeline(cfg)
+    pipeline = Pipeline(pipeline_settings(cfg))
     try:
         inputs = CycleInputs(readings=[], statuses=[SourceStatus("alerts", "http://prom:9090/api/v1/alerts", True)])
         pipeline.aux._read_alerts(inputs, json.dumps(answer), "http://prom:9090/api/v1/alerts")

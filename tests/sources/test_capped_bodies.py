@@ -12,7 +12,7 @@ from servers import MetricsServer, fixture
 
 from monitor.capacity.enrich import CapacityState
 from monitor.config import Config, GatewaySource, Target
-from monitor.config.inputs import capacity_inputs
+from monitor.config.inputs import capacity_inputs, pipeline_settings
 from monitor.derive.gateway_queues import apply_gateway_queues
 from monitor.kit.http import Fetcher, FetchError
 from monitor.pipeline.cycle import Pipeline
@@ -84,7 +84,7 @@ def test_the_cycle_does_not_parse_a_huge_router_body():
     try:
         cfg = Config(vllm_targets=[Target(server.url("/metrics"))],
                      gateways=[GatewaySource(kind="llm-d", url=server.url("/epp"))], scrape_timeout=10.0)
-        pipe = Pipeline(cfg, capacity=CapacityState(capacity_inputs(cfg)))
+        pipe = Pipeline(pipeline_settings(cfg), capacity=CapacityState(capacity_inputs(cfg)))
         try:
             snap = pipe.run_cycle(wait_seconds=20.0)
         finally:
@@ -117,7 +117,7 @@ def test_a_body_of_many_small_rows_is_read_up_to_the_row_cap_and_the_cut_counted
     try:
         cfg = Config(vllm_targets=[Target(server.url("/metrics"))],
                      gateways=[GatewaySource(kind="llm-d", url=server.url("/epp"))], scrape_timeout=30.0)
-        pipe = Pipeline(cfg, capacity=CapacityState(capacity_inputs(cfg)))
+        pipe = Pipeline(pipeline_settings(cfg), capacity=CapacityState(capacity_inputs(cfg)))
         try:
             snap = pipe.run_cycle(wait_seconds=60.0)
         finally:
@@ -152,7 +152,7 @@ def test_a_gateway_body_is_parsed_inside_the_cycle_deadline(monkeypatch):
     try:
         cfg = Config(vllm_targets=[Target(server.url("/metrics"))],
                      gateways=[GatewaySource(kind="llm-d", url=server.url("/epp"))], scrape_timeout=30.0)
-        pipe = Pipeline(cfg, capacity=CapacityState(capacity_inputs(cfg)))
+        pipe = Pipeline(pipeline_settings(cfg), capacity=CapacityState(capacity_inputs(cfg)))
         try:
             snap = pipe.run_cycle(wait_seconds=5.0)
             # the cycle published while the gateway body's parse was still running (it began, never ended)

@@ -28,6 +28,7 @@ from servers import (
 from tiers import starts_servers
 
 from monitor.config import Config, PrometheusSource
+from monitor.config.inputs import pipeline_settings
 from monitor.kit.process import stop_process
 from monitor.pipeline.cycle import Pipeline
 
@@ -139,8 +140,8 @@ def test_prometheus_mode_keeps_two_clusters_apart(clusters, tmp_path):
         prom.wait_for('count(vllm:num_requests_running{job="vllm"}) == 4', timeout=60)
         prom.wait_for('count by (cluster) (vllm:e2e_request_latency_seconds_bucket{job="vllm"}) == 44', timeout=30,
                       predicate=lambda result: len(result) == 2)
-        pipeline = Pipeline(Config(prometheus=PrometheusSource(url=prom.url, selector='job="vllm"'),
-                                   pool_by=("cluster", "model_name")))
+        pipeline = Pipeline(pipeline_settings(Config(prometheus=PrometheusSource(url=prom.url, selector='job="vllm"'),
+                                   pool_by=("cluster", "model_name"))))
         snap = pipeline.run_cycle()
         pipeline.close()
     finally:

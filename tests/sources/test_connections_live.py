@@ -15,6 +15,7 @@ from keepalive_fleet import KeepAliveFleet
 from servers import FIXTURES, wait_for
 
 from monitor.config import Config, Target
+from monitor.config.inputs import pipeline_settings
 from monitor.pipeline.cycle import Pipeline
 
 pytestmark = pytest.mark.live  # tests/tiers.py: loopback servers in a subprocess
@@ -39,7 +40,7 @@ def fleet():
 
 
 def _pipeline(urls, **kw):
-    return Pipeline(Config(vllm_targets=[Target(u) for u in urls], interval=15.0, scrape_timeout=5.0, **kw))
+    return Pipeline(pipeline_settings(Config(vllm_targets=[Target(u) for u in urls], interval=15.0, scrape_timeout=5.0, **kw)))
 
 
 def test_descriptors_stay_bounded_by_targets_across_cycles_with_servers_closing_idle_connections(fleet):
@@ -121,8 +122,8 @@ def test_auxiliary_sources_keep_one_connection_per_exporter(fleet):
     f = fleet(60, ["keep", "idle_close", "push_408"], idle=1.0)
     vllm = fleet(1, ["keep"])
     base = open_fds()
-    p = Pipeline(Config(vllm_targets=[Target(vllm.urls[0])], dcgm_targets=[Target(u) for u in f.urls],
-                        interval=15.0, scrape_timeout=5.0))
+    p = Pipeline(pipeline_settings(Config(vllm_targets=[Target(vllm.urls[0])], dcgm_targets=[Target(u) for u in f.urls],
+                        interval=15.0, scrape_timeout=5.0)))
     try:
         for cycle in range(4):
             before = f.stats()

@@ -19,6 +19,7 @@ from servers import fixture, free_port, self_signed_cert, wait_for
 from servers import metric as _metric
 
 from monitor.config import Config, GatewaySource, HttpAuth, PrometheusSource, Target
+from monitor.config.inputs import pipeline_settings
 from monitor.kit.http import Fetcher, FetchError
 from monitor.kit.process import stop_process
 from monitor.pipeline.cycle import Pipeline, cycle_deadline_seconds
@@ -116,9 +117,9 @@ def test_the_cycle_publishes_the_good_replicas_at_its_deadline(hostile, good):
     cfg = Config(vllm_targets=[Target(s.url("/metrics")) for s in good] + [Target(slow.url())],
                  interval=2.0, scrape_timeout=5.0, dcgm_targets=[Target(slow_dcgm.url())],
                  gateways=[GatewaySource(kind="app", url=slow_gw.url())])
-    deadline = cycle_deadline_seconds(cfg)
+    deadline = cycle_deadline_seconds(pipeline_settings(cfg))
     assert deadline == pytest.approx(1.8)  # under the interval, not the 5 s timeout
-    p = Pipeline(cfg)
+    p = Pipeline(pipeline_settings(cfg))
     try:
         for n in (1, 2):
             t0 = time.monotonic()
@@ -145,14 +146,14 @@ def test_the_cycle_publishes_the_good_replicas_at_its_deadline(hostile, good):
 def test_prometheus_mode_cycle_ends_at_its_deadline(hostile):
     prom = hostile(EMPTY_VECTOR, content_type="application/json")
     cfg = Config(prometheus=PrometheusSource(url=prom.url(""), timeout=3.0, retries=3), interval=2.0)
-    p = Pipeline(cfg)
+    p = Pipeline(pipeline_settings(cfg))
     try:
         t0 = time.monotonic()
         snap = p.run_cycle()
         took = time.monotonic() - t0
     finally:
         p.close()
-    assert took < cycle_deadline_seconds(cfg) + 0.5, took
+    assert took < cycle_deadline_seconds(pipeline_settings(cfg)) + 0.5, took
     [st] = [s for s in snap.sources if s.source == "prometheus"]
     assert not st.up and st.error in ("deadline", "timeout")
 
@@ -264,8 +265,8 @@ def test_sigterm_and_metrics_in_prometheus_mode(tmp_path, hostile):
             return (text, reasons) if reasons else None
         text, reasons = wait_for(down_with_reason, timeout=6.0, what="prometheus down with a reason")
         assert set(reasons) <= {"timeout", "deadline"}, reasons
-        assert _metric(text, "headroom_cycle_duration_seconds") < cycle_deadline_seconds(Config(
-            prometheus=PrometheusSource(url=name, timeout=1.0), interval=2.0)) + 0.5
+        assert _metric(text, "headroom_cycle_duration_seconds") < cycle_deadline_seconds(pipeline_settings(Config(
+            prometheus=PrometheusSource(url=name, timeout=1.0), interval=2.0))) + 0.5
         wait_for(lambda: prom.active >= 1, timeout=5, what="a trickling query pending")
     finally:
         proc.send_signal(signal.SIGTERM)

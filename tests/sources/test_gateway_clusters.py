@@ -27,7 +27,7 @@ from tiers import starts_servers
 from monitor.capacity.enrich import CapacityState
 from monitor.capacity.slo_settings import read_slos
 from monitor.config import Capacity, Config, GatewaySource, PrometheusSource, Target, from_dict
-from monitor.config.inputs import capacity_inputs, step_settings
+from monitor.config.inputs import capacity_inputs, pipeline_settings, step_settings
 from monitor.derive.gateway_scope import Scope
 from monitor.export.snapshot_json import snapshot_to_dict
 from monitor.kit.http import BodyBudget
@@ -320,7 +320,7 @@ def test_prometheus_mode_gives_each_clusters_pool_its_own_gateway_numbers(two_cl
         cfg = Config(prometheus=PrometheusSource(url=prom.url, selector='job="vllm"'), pool_by=POOL_BY, interval=1.0,
                      gateways=[GatewaySource(kind="litellm", url=pair[1].url("/metrics"), labels={"cluster": c})
                                for c, pair in two_clusters.items()], capacity=Capacity(task_window=2.0))
-        pipeline = Pipeline(cfg, capacity=CapacityState(capacity_inputs(cfg)))
+        pipeline = Pipeline(pipeline_settings(cfg), capacity=CapacityState(capacity_inputs(cfg)))
         try:
             first = pipeline.run_cycle()
             # over the window cluster a's proxy serves the captured run once more, cluster b's twice more

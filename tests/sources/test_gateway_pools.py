@@ -14,7 +14,7 @@ from tiers import starts_servers
 
 from monitor.capacity.enrich import CapacityState
 from monitor.config import Capacity, Config, GatewaySource, Target
-from monitor.config.inputs import capacity_inputs, step_settings
+from monitor.config.inputs import capacity_inputs, pipeline_settings, step_settings
 from monitor.pipeline.cycle import Pipeline
 from monitor.sources.gateway import read_gateway_scrape
 from monitor.sources.vllm import readings_from_text
@@ -81,7 +81,7 @@ def test_collect_reads_the_gateway_per_model_of_the_cycles_pools(two_pool_server
     servers, gateway = two_pool_servers
     cfg = config([s.url("/metrics") for s in servers.values()], gateway.url("/metrics"))
     now = [T0]
-    pipeline = Pipeline(cfg, clock=lambda: now[0], capacity=CapacityState(capacity_inputs(cfg)))
+    pipeline = Pipeline(pipeline_settings(cfg), clock=lambda: now[0], capacity=CapacityState(capacity_inputs(cfg)))
     try:
         gateway.bodies["/metrics"] = litellm_body(CALLS[0])
         inputs = pipeline.collect(now[0])
@@ -104,7 +104,7 @@ def test_collect_reads_the_gateway_per_model_of_the_cycles_pools(two_pool_server
 def test_one_pool_takes_the_whole_reading_and_nothing_is_read_per_model(two_pool_servers):
     servers, gateway = two_pool_servers
     cfg = config([servers[A].url("/metrics")], gateway.url("/metrics"))
-    pipeline = Pipeline(cfg, clock=lambda: T0, capacity=CapacityState(capacity_inputs(cfg)))
+    pipeline = Pipeline(pipeline_settings(cfg), clock=lambda: T0, capacity=CapacityState(capacity_inputs(cfg)))
     try:
         gateway.bodies["/metrics"] = litellm_body(CALLS[0])
         [scrape] = pipeline.collect(T0).gateways

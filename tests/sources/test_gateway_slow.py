@@ -17,7 +17,7 @@ from servers import MetricsServer, wait_for
 
 from monitor.capacity.enrich import CapacityState
 from monitor.config import Capacity, Config, GatewaySource, Target
-from monitor.config.inputs import capacity_inputs
+from monitor.config.inputs import capacity_inputs, pipeline_settings
 from monitor.export.collector import Exposition
 from monitor.pipeline.cycle import Pipeline, cycle_deadline_seconds
 from monitor.sources.gateway_pace import SLOW_MISSES, gateway_timeout
@@ -59,7 +59,7 @@ def servers():
 def test_the_default_gateway_timeout_fits_a_slow_gateway_within_the_cycle():
     cfg = Config(gateways=[GatewaySource(kind="litellm", url="http://gw:4000/metrics")])
     assert gateway_timeout(cfg.gateways[0], cfg.scrape_timeout, cfg.interval) == 9.0  # 60 % of the 15 s interval, over the 5 s scrape timeout
-    assert cycle_deadline_seconds(cfg) == 9.5  # the cycle waits for it, under 90 % of the interval
+    assert cycle_deadline_seconds(pipeline_settings(cfg)) == 9.5  # the cycle waits for it, under 90 % of the interval
     own = GatewaySource(kind="litellm", url="http://gw:4000/metrics", timeout=4.0)
     assert gateway_timeout(own, cfg.scrape_timeout, cfg.interval) == 4.0
     fast = Config(interval=5.0, gateways=[GatewaySource(kind="app", url="http://gw:4000/metrics")])
@@ -75,7 +75,7 @@ def test_a_slow_gateway_is_slow_not_down_and_its_reading_is_kept(servers):
                  gateways=[GatewaySource(kind="app", url=url, timeout=15.0)],
                  capacity=Capacity(task_window=10.0))
     clock = [1_790_000_000.0]
-    p = Pipeline(cfg, clock=lambda: clock[0], capacity=CapacityState(capacity_inputs(cfg)))
+    p = Pipeline(pipeline_settings(cfg), clock=lambda: clock[0], capacity=CapacityState(capacity_inputs(cfg)))
 
     def cycle():
         clock[0] += 5.0
@@ -129,7 +129,7 @@ def test_a_failing_gateway_is_down_at_once(servers):
     engine, gateway = servers
     cfg = Config(vllm_targets=[Target(engine.url("/metrics"))], interval=1.0, scrape_timeout=0.5,
                  gateways=[GatewaySource(kind="app", url=gateway.url("/metrics"))], capacity=Capacity(task_window=2.0))
-    p = Pipeline(cfg, capacity=CapacityState(capacity_inputs(cfg)))
+    p = Pipeline(pipeline_settings(cfg), capacity=CapacityState(capacity_inputs(cfg)))
     try:
         snap = p.run_cycle()
         assert [s.up for s in snap.sources if s.source == "gateway"] == [True]

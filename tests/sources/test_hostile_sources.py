@@ -13,6 +13,7 @@ from hostile import HostileServer
 from servers import fixture
 
 from monitor.config import Config, PrometheusSource, Target
+from monitor.config.inputs import pipeline_settings
 from monitor.export.samples import snapshot_samples
 from monitor.pipeline.cycle import Pipeline, cycle_deadline_seconds
 
@@ -34,7 +35,7 @@ def hostile():
 
 
 def _cycle(cfg):
-    p = Pipeline(cfg)
+    p = Pipeline(pipeline_settings(cfg))
     try:
         t0 = time.monotonic()
         snap = p.run_cycle()
@@ -60,7 +61,7 @@ def test_a_bad_target_is_down_with_its_reason_and_the_good_ones_are_read(good, h
     cfg = Config(vllm_targets=[Target(s.url("/metrics")) for s in good] + [Target(bad.url())],
                  interval=5.0, scrape_timeout=3.0)
     snap, took, _ = _cycle(cfg)
-    assert took < cycle_deadline_seconds(cfg) + 0.5, took
+    assert took < cycle_deadline_seconds(pipeline_settings(cfg)) + 0.5, took
     status = {s.target: s for s in snap.sources}
     assert all(status[s.url("/metrics")].up for s in good)
     assert not status[bad.url()].up and status[bad.url()].error == reason, status[bad.url()]
@@ -76,7 +77,7 @@ def test_endless_targets_share_one_memory_budget(good, hostile):
     bad = [hostile(IDLE, "endless") for _ in range(8)]
     cfg = Config(vllm_targets=[Target(s.url("/metrics")) for s in good] + [Target(b.url()) for b in bad],
                  interval=10.0, scrape_timeout=8.0, scrape_memory_mib=16)
-    p = Pipeline(cfg)
+    p = Pipeline(pipeline_settings(cfg))
     try:
         snap = p.run_cycle()
         assert p.budget.peak <= 16 * 1024 * 1024 and p.budget.used == 0
@@ -110,7 +111,7 @@ def test_prometheus_mode_a_bad_answer_is_the_source_down(hostile, body, mode, re
     prom = hostile(body, mode, content_type="application/json")
     cfg = Config(prometheus=PrometheusSource(url=prom.url(""), timeout=2.0, retries=0), interval=5.0)
     snap, took, _ = _cycle(cfg)
-    assert took < cycle_deadline_seconds(cfg) + 0.5, took
+    assert took < cycle_deadline_seconds(pipeline_settings(cfg)) + 0.5, took
     [st] = [s for s in snap.sources if s.source == "prometheus"]
     assert not st.up and st.error == reason, st
     samples = snapshot_samples(snap)
@@ -151,7 +152,7 @@ def test_prometheus_mode_a_partial_answer_is_never_the_whole_fleet(hostile, capl
     partial["warnings"] = ["store gateway 3 did not answer: partial data " + "x" * 100_000]
     prom = hostile(whole, "ok", content_type="application/json")
     cfg = Config(prometheus=PrometheusSource(url=prom.url(""), timeout=2.0, retries=0), interval=5.0)
-    p = Pipeline(cfg)
+    p = Pipeline(pipeline_settings(cfg))
     try:
         [pool] = p.run_cycle().pools
         assert (pool.replicas, pool.active_requests, pool.stale) == (3, 9.0, False)
@@ -178,7 +179,7 @@ def test_a_target_with_50000_models_is_cut_and_the_good_replicas_are_read(good, 
     cfg = Config(vllm_targets=[Target(s.url("/metrics")) for s in good] + [Target(bad.url())],
                  interval=15.0, scrape_timeout=10.0)
     snap, took, p = _cycle(cfg)
-    assert took < cycle_deadline_seconds(cfg) + 0.5, took
+    assert took < cycle_deadline_seconds(pipeline_settings(cfg)) + 0.5, took
     assert p.dropped["models_per_target"] == 50_000 - cfg.max_models_per_target
     pools = {x.pool: x for x in snap.pools}
     assert pools["tiny"].replicas == 2  # the two good replicas (one real model) are read

@@ -23,6 +23,7 @@ from bodies import vllm_gauges as body
 from servers import MetricsServer, Prometheus, fixture
 
 from monitor.config import Config, PrometheusSource, Target
+from monitor.config.inputs import pipeline_settings
 from monitor.export.samples import snapshot_samples
 from monitor.pipeline.cycle import Pipeline
 from monitor.sources.prometheus import vllm_selector
@@ -120,8 +121,8 @@ def test_prometheus_mode_agrees_with_direct_mode_reading_a_few_series_per_replic
     raw = len(prom.query(vllm_selector('job="vllm"'))) / len(servers)
     assert per_replica <= 40 and raw >= 4 * per_replica, (per_replica, raw)
 
-    direct = Pipeline(Config(vllm_targets=[Target(s.url("/metrics")) for s in servers], latency_window=120.0))
-    via = Pipeline(Config(prometheus=PrometheusSource(url=prom.url, selector='job="vllm"'), latency_window=120.0))
+    direct = Pipeline(pipeline_settings(Config(vllm_targets=[Target(s.url("/metrics")) for s in servers], latency_window=120.0)))
+    via = Pipeline(pipeline_settings(Config(prometheus=PrometheusSource(url=prom.url, selector='job="vllm"'), latency_window=120.0)))
     try:
         direct.run_cycle()
         via.run_cycle()
@@ -167,7 +168,7 @@ def test_prometheus_mode_agrees_with_direct_mode_reading_a_few_series_per_replic
 
 def test_a_slow_histogram_query_leaves_gauges_fresh_and_histograms_stale(fleet, caplog):
     servers, _prom, proxy = fleet
-    via = Pipeline(Config(prometheus=PrometheusSource(url=proxy.url, selector='job="vllm"'), latency_window=120.0))
+    via = Pipeline(pipeline_settings(Config(prometheus=PrometheusSource(url=proxy.url, selector='job="vllm"'), latency_window=120.0)))
     try:
         first = via.run_cycle(wait_seconds=20)
         assert first.source_stale_seconds == {"replicas": 0.0, "histograms": 0.0}
@@ -192,7 +193,7 @@ def test_a_slow_histogram_query_leaves_gauges_fresh_and_histograms_stale(fleet, 
 
 def test_a_query_layer_that_misses_the_deadline_keeps_the_last_values_stale_not_zero_replicas(fleet, caplog):
     servers, _prom, proxy = fleet
-    via = Pipeline(Config(prometheus=PrometheusSource(url=proxy.url, selector='job="vllm"'), latency_window=120.0))
+    via = Pipeline(pipeline_settings(Config(prometheus=PrometheusSource(url=proxy.url, selector='job="vllm"'), latency_window=120.0)))
     try:
         first = via.run_cycle(wait_seconds=20)
         fresh = first.pools[0]
@@ -233,7 +234,7 @@ def test_a_tenant_header_reaches_every_query_and_never_the_log(fleet, caplog, mo
     from monitor.config import load
     from monitor.export.snapshot_json import snapshot_to_dict
     caplog.set_level(logging.DEBUG)
-    via = Pipeline(load(str(cfg_file)))
+    via = Pipeline(pipeline_settings(load(str(cfg_file))))
     before = len(proxy.headers)
     try:
         snap = via.run_cycle(wait_seconds=20)
@@ -263,7 +264,7 @@ def test_the_bundled_recording_rules_give_the_same_quantiles_for_less(fleet, cap
     snaps = {}
     for rules in (True, False):
         src = PrometheusSource(url=proxy.url, selector='job="vllm"', recording_rules=rules)
-        via = Pipeline(Config(prometheus=src, latency_window=300.0))
+        via = Pipeline(pipeline_settings(Config(prometheus=src, latency_window=300.0)))
         first = len(proxy.queries)
         try:
             snaps[rules] = via.run_cycle(wait_seconds=20).pools[0]
@@ -293,7 +294,7 @@ def test_each_shard_reads_only_the_pools_it_owns(fleet):
     assert prom.query("count({%s, __name__=\"vllm:num_requests_running\"})" % with_pools("", ["t.ny", 'a"b\\\\c/d-e'])) == []
     seen = {}
     for index in (0, 1):
-        via = Pipeline(Config(prometheus=PrometheusSource(url=proxy.url, selector='job="vllm"'), shard=(index, 2)))
+        via = Pipeline(pipeline_settings(Config(prometheus=PrometheusSource(url=proxy.url, selector='job="vllm"'), shard=(index, 2))))
         first = len(proxy.queries)
         try:
             snap = via.run_cycle(wait_seconds=20)

@@ -11,6 +11,7 @@ import pytest
 from servers import MetricsServer, fixture
 
 from monitor import config
+from monitor.config.inputs import pipeline_settings
 from monitor.pipeline.cycle import Pipeline
 
 pytestmark = pytest.mark.live
@@ -27,7 +28,7 @@ def test_broken_answers_mark_their_sources_down_and_the_cycle_publishes():
             "global": {"interval": "5s", "scrape_timeout": "3s"},
             "sources": {"vllm": {"targets": [replica.url("/metrics")]},
                         "alerts": {"url": hostile.url(""), "kind": "prometheus"}}}, "t.yaml")
-        pipeline = Pipeline(cfg)
+        pipeline = Pipeline(pipeline_settings(cfg))
         try:
             snap = pipeline.run_cycle()
             again = pipeline.run_cycle()

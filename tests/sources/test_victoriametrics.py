@@ -10,6 +10,7 @@ from bodies import vllm_gauges as body
 from servers import MetricsServer, free_port, same_as_direct, wait_http
 
 from monitor.config import Config, PrometheusSource
+from monitor.config.inputs import pipeline_settings
 from monitor.kit.process import stop_process
 from monitor.pipeline.cycle import Pipeline
 from monitor.sources.prometheus import PrometheusClient
@@ -64,7 +65,7 @@ def test_victoriametrics_source_equals_direct(victoria):
 
 def test_query_errors_are_reported_not_raised(victoria):
     url, _ = victoria
-    pipe = Pipeline(Config(prometheus=PrometheusSource(url=url, selector='job="vllm",oops')))
+    pipe = Pipeline(pipeline_settings(Config(prometheus=PrometheusSource(url=url, selector='job="vllm",oops'))))
     try:
         snap = pipe.run_cycle()
     finally:

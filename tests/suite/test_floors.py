@@ -2,7 +2,7 @@
 
 The floors are declared once, in pyproject.toml (`[tool.importlinter]`): kit (settings, ticker,
 timebox, process) < pool keys (poolkey) < data model (model, catalogue, shard, schema) < pure core (derive < capacity,
-forecast < step) < edges (sources, export < history) < features (digest) < app (config < pipeline <
+forecast < step) < edges (sources, export < history) < features (pipeline | digest) < app (config <
 app < commands). import-linter checks the layers; the circle check below covers what a layers
 contract does not: two modules of one floor that import each other. Both read every import
 statement, deferred ones (inside a function) and TYPE_CHECKING ones included.

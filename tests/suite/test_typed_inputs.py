@@ -1,12 +1,13 @@
 """Every floor below the configuration gets typed inputs, never the whole configuration (issue 41).
 
 The floors are the layers of pyproject.toml `[tool.importlinter]`; the modules of every layer below
-`config` (digest, history, sources, export, step, capacity, forecast, derive, ...) may not take the
+`config` (pipeline, digest, history, sources, export, step, capacity, forecast, derive, ...) may not take the
 whole `Config`: no function parameter, and no class field (a dataclass's constructor parameter), is
 annotated `Config`, and none is named `cfg` or `config` unless its type says which part of the
 configuration it is (a `GatewayConfig` is one gateway's reading rules). Each such floor gets a typed
 value the application builds from its Config in monitor/config/inputs.py (`CapacityInputs`,
-`StepSettings`, ...) or named arguments.
+`StepSettings`, `PipelineSettings`, ...) or named arguments. Only the app and the commands, above
+`config`, hold the whole Config.
 """
 from __future__ import annotations
 
@@ -20,13 +21,6 @@ WHOLE = {"Config", "Any", ""}  # types that say nothing narrower than the whole 
 NAMES = {"cfg", "config"}
 
 
-# the cycle's floor (between the app and config) still takes the Config in these places, and no
-# other: the Pipeline reads its sources' settings from it (issue 41: to be given typed inputs too)
-CYCLE_FLOOR_LEFT = {"monitor/pipeline/cycle.py:cycle_deadline_seconds cfg: Config",
-                    "monitor/pipeline/cycle.py:pool_slo_signals cfg: Config",
-                    "monitor/pipeline/cycle.py:__init__ config: Config"}
-
-
 def _layers() -> list[str]:
     doc = tomllib.loads((ROOT / "pyproject.toml").read_text())
     contract = next(c for c in doc["tool"]["importlinter"]["contracts"] if c["type"] == "layers")
@@ -37,13 +31,6 @@ def below_config() -> list[pathlib.Path]:
     """The modules of the layers under `config` in the import contract."""
     layers = _layers()
     return _modules(layers[layers.index("config") + 1:])
-
-
-def cycle_floor() -> list[pathlib.Path]:
-    """The modules of the layers between the app's and `config`."""
-    layers = _layers()
-    app = next(i for i, layer in enumerate(layers) if "app" in (n.strip() for n in layer.split("|")))
-    return _modules(layers[app + 1:layers.index("config")])
 
 
 def _modules(under: list[str]) -> list[pathlib.Path]:
@@ -103,15 +90,8 @@ def test_the_check_finds_a_whole_configuration():
 def test_no_floor_below_the_configuration_takes_the_whole_configuration():
     files = below_config()
     names = {p.relative_to(ROOT / "monitor").parts[0] for p in files}
-    assert {"capacity", "sources", "history", "digest", "step", "kit"} <= names  # the layers were read
+    assert {"pipeline", "capacity", "sources", "history", "digest", "step", "kit"} <= names  # the layers were read
+    assert ROOT / "monitor" / "pipeline" / "cycle.py" in files  # the cycle's floor too, with no allowance
     found = [f"monitor/{p.relative_to(ROOT / 'monitor')}:{where}" for p in files
              for where in whole_config_parameters(p.read_text())]
     assert found == [], "give these typed inputs (monitor/config/inputs.py), not the Config:\n" + "\n".join(found)
-
-
-def test_the_cycle_floor_takes_the_whole_configuration_only_where_it_is_known_to():
-    files = cycle_floor()
-    assert ROOT / "monitor" / "pipeline" / "cycle.py" in files and ROOT / "monitor" / "pipeline" / "forecaster.py" in files
-    found = {f"monitor/{p.relative_to(ROOT / 'monitor')}:{where.split(': ', 1)[1]}" for p in files
-             for where in whole_config_parameters(p.read_text())}
-    assert found == CYCLE_FLOOR_LEFT  # a new one: give it typed inputs; one gone: take it off the list

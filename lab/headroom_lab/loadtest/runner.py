@@ -15,6 +15,7 @@ from typing import Callable, Optional
 import requests
 
 from monitor.config import Config, Target
+from monitor.config.inputs import pipeline_settings
 from monitor.pipeline.cycle import Pipeline
 
 from .client import CallRecord, CallSpec, api_base, make_prompt, retryable, stream_call
@@ -78,7 +79,7 @@ class Monitor:
         self.interval = interval
         cfg = Config(vllm_targets=[Target(u) for u in urls], scrape_timeout=min(10.0, max(5.0, interval * 5)),
                      history_keep=keep, latency_window=keep)
-        self.pipeline = Pipeline(cfg)
+        self.pipeline = Pipeline(pipeline_settings(cfg))
         self.samples: list[ServerSample] = []
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -91,7 +92,7 @@ class Monitor:
     def _cycle(self) -> None:
         # the whole scrape timeout, not the daemon's 0.9 x interval: an engine saturated by the load
         # answers /metrics slowly, and that is when the samples matter most
-        snap = self.pipeline.run_cycle(wait_seconds=self.pipeline.config.scrape_timeout + 0.5)
+        snap = self.pipeline.run_cycle(wait_seconds=self.pipeline.settings.scrape_timeout + 0.5)
         if snap is None:
             return
         up = sum(1 for s in snap.sources if s.source == "vllm" and s.up)

@@ -44,15 +44,16 @@ class WebServer(ConnectionSteps):
     """`serve_forever()` in one thread; `shutdown()` stops it and waits; `server_close()` frees everything.
 
     app(request) -> Response runs on a worker; fast(request) -> Response or None runs on the selector
-    thread and must not block (probes)."""
+    thread and must not block (probes). `stats`: where it counts (given by a caller that shows the
+    counters before the server exists; default: its own)."""
 
     def __init__(self, address: tuple[str, int], app: Callable[[Request], Response],
                  fast: Optional[Callable[[Request], Optional[Response]]] = None,
                  ssl_context: Optional[ssl.SSLContext] = None, limits: Optional[Limits] = None,
-                 priority: Optional[Callable[[Request], bool]] = None):
+                 priority: Optional[Callable[[Request], bool]] = None, stats: Optional[WebStats] = None):
         self.limits = limits or Limits()
         self.app, self.fast, self.ssl_context, self.priority = app, fast, ssl_context, priority
-        self.stats = WebStats()
+        self.stats = stats if stats is not None else WebStats()
         self.socket = _listen(*address)
         self.server_address = self.socket.getsockname()
         self._sel = selectors.DefaultSelector()
