@@ -66,14 +66,15 @@ def rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def one_run(replicas: int, cycles: int, setting: str) -> dict:
+def one_run(replicas: int, cycles: int, setting: str, moving: bool = False) -> dict:
     sys.path.insert(0, HERE)
     from static_server import STATIC_SERVER
 
     from monitor.config import Config, Target
     from monitor.config.inputs import pipeline_settings
     from monitor.pipeline.cycle import Pipeline
-    srv = subprocess.Popen([sys.executable, "-c", STATIC_SERVER, CAPTURE], stdout=subprocess.PIPE, text=True)
+    srv = subprocess.Popen([sys.executable, "-c", STATIC_SERVER, CAPTURE] + (["moving"] if moving else []),
+                           stdout=subprocess.PIPE, text=True)
     try:
         port = int(srv.stdout.readline())
         targets = [Target(f"http://127.0.0.1:{port}/replica/{i}/metrics") for i in range(replicas)]
@@ -110,16 +111,18 @@ def main() -> None:
     ap.add_argument("--cycles", type=int, default=6)
     ap.add_argument("--replicas", type=int, default=1000)
     ap.add_argument("--gc", default="on", help="global.tune_gc for each checkout: on, off, or on,off (both in turn)")
+    ap.add_argument("--moving", action="store_true", help="bodies that move each scrape (static_server.py `moving`)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(one_run(args.replicas, args.cycles, args.gc)), flush=True)
+        print(json.dumps(one_run(args.replicas, args.cycles, args.gc, args.moving)), flush=True)
         return
     for _ in range(args.rounds):
         for root in args.roots:
             for setting in args.gc.split(","):
                 out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--cycles", str(args.cycles),
-                                      "--replicas", str(args.replicas), "--gc", setting],
+                                      "--replicas", str(args.replicas), "--gc", setting]
+                                     + (["--moving"] if args.moving else []),
                                      env={**os.environ, "PYTHONPATH": root}, capture_output=True, text=True,
                                      check=True).stdout
                 print(json.dumps({"root": root, **json.loads(out)}), flush=True)

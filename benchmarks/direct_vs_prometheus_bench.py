@@ -9,7 +9,8 @@ rounds it ran, from its first full round on, divided by the rounds), and their r
 machine's own Python speed (benchmarks/machine_speed.py: a fixed pure-Python workload's CPU time,
 measured just before the cycles) so ratios from different machines can be compared. The Pipeline gets the
 garbage-collector settings the daemon applies (monitor/app/ `garbage_collector`; `--gc off`: global.tune_gc
-false, Python's defaults).
+false, Python's defaults). `--moving`: every replica's counters, buckets and gauges move each scrape, as
+a busy replica's do (the trial says `bodies`: static or moving).
 """
 from __future__ import annotations
 
@@ -75,6 +76,8 @@ def main() -> None:
     ap.add_argument("--interval", type=int, default=15)
     ap.add_argument("--cycles", type=int, default=3)
     ap.add_argument("--gc", choices=("on", "off"), default="on", help="global.tune_gc (on: as the daemon ships)")
+    ap.add_argument("--moving", action="store_true", help="each replica's counters, buckets and gauges move every "
+                    "scrape, as a busy replica's do (static_server.py `moving`); default: the capture as it is")
     ap.add_argument("--note", default="", help="what ran beside it (e.g. 'one busy loop'), kept in the trial")
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "direct_vs_prometheus_results.json"))
     args = ap.parse_args()
@@ -83,7 +86,8 @@ def main() -> None:
     from monitor.config.inputs import pipeline_settings
     from monitor.pipeline.cycle import Pipeline
     work = tempfile.mkdtemp(prefix="hr-dvp-")
-    srv = subprocess.Popen([sys.executable, "-c", STATIC_SERVER, CAPTURE], stdout=subprocess.PIPE, text=True)
+    srv = subprocess.Popen([sys.executable, "-c", STATIC_SERVER, CAPTURE] + (["moving"] if args.moving else []),
+                           stdout=subprocess.PIPE, text=True)
     prom = None
     try:
         port = int(srv.stdout.readline())
@@ -136,7 +140,7 @@ def main() -> None:
                "ratio": round(hr / prom_per_round, 2), "target_ratio": 0.7, "when": time.strftime("%Y-%m-%d"),
                "load_average_1m": [load_before, round(os.getloadavg()[0], 2)],  # at the start and the end
                "python_speed_s": machine["python_speed_s"], "cpus": machine["cpus"], "tune_gc": args.gc == "on",
-               "note": args.note}
+               "bodies": "moving" if args.moving else "static", "note": args.note}
         print(json.dumps(out), flush=True)
         print(f"ratio {out['ratio']}x (headroom {out['headroom_cpu_seconds_per_cycle']} s per cycle, Prometheus "
               f"{out['prometheus_cpu_seconds_per_round']} s per round) on a machine whose Python speed is "

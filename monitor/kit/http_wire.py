@@ -207,20 +207,21 @@ def _read_head(wire: Wire, sink: "BodySink", before: int = 0) -> tuple[int, int,
     """(status, 10 or 11, the framing fields by lower-case name, where the body starts in the
     buffer); `sink.head` hears `before` + the head's bytes read: at its end, and on the way each
     time HEAD_STEP more were read (one call for an ordinary head: a call per line cost 4 us)."""
+    if not wire.buf:
+        wire._recv()  # what the loop's first `_line` does first (the end of the connection: the loop says so)
+    got = _whole_head(wire.buf, sink, before)
+    if got is not None:
+        return got
     end, at = wire._line(0, status_line=True)
     told = 0
-    line = bytes(wire.buf[:end]).decode("latin-1")
-    parts = line.split(None, 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not (len(parts[1]) == 3 and parts[1].isascii() and parts[1].isdigit()):
-        raise http.client.BadStatusLine(line[:60])
-    version = 10 if parts[0] == "HTTP/1.0" else 11
+    status, version = _status(bytes(wire.buf[:end]).decode("latin-1"))
     fields: dict[str, str] = {}
     last = None
     for _ in range(MAX_HEADERS + 1):
         end, nxt = wire._line(at)
         if end == at:
             sink.head(before + nxt)
-            return int(parts[1]), version, fields, nxt
+            return status, version, fields, nxt
         if nxt - told > HEAD_STEP:
             sink.head(before + nxt)
             told = nxt
@@ -240,6 +241,44 @@ def _read_head(wire: Wire, sink: "BodySink", before: int = 0) -> tuple[int, int,
         value = bytes(buf[colon + 1:end]).decode("latin-1").strip()
         fields[last] = value if last not in fields else fields[last] + ", " + value
     raise http.client.HTTPException(f"got more than {MAX_HEADERS} headers")
+
+
+def _status(line: str) -> tuple[int, int]:
+    """(status, 10 or 11) of a status line; BadStatusLine when it is not one."""
+    parts = line.split(None, 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not (len(parts[1]) == 3 and parts[1].isascii() and parts[1].isdigit()):
+        raise http.client.BadStatusLine(line[:60])
+    return int(parts[1]), 10 if parts[0] == "HTTP/1.0" else 11
+
+
+def _whole_head(buf: bytearray, sink: "BodySink", before: int) -> Optional[tuple[int, int, dict[str, str], int]]:
+    """`_read_head` of the usual head, already whole in the buffer: under HEAD_STEP bytes, every
+    line ended by CRLF, none folded, at most MAX_HEADERS fields. Read from one split, it gives what
+    the line-by-line loop gives (the same fields, one `sink.head` call, the same errors); None,
+    having done nothing, for any other head (the loop reads it)."""
+    end = buf.find(b"\r\n\r\n", 0, HEAD_STEP)
+    if end == -1:
+        return None
+    head = bytes(buf[:end])
+    if head.count(b"\n") != head.count(b"\r\n"):  # a bare LF ends a line too: the loop's case
+        return None
+    lines = head.split(b"\r\n")
+    if len(lines) > MAX_HEADERS + 1:
+        return None
+    fields: dict[str, str] = {}
+    for line in lines[1:]:
+        if line[0] in (32, 9):  # a folded line (never empty here: the first blank line ends the head)
+            return None
+        colon = line.find(b":", 0, 40)  # no framing field's name is longer
+        if colon == -1:
+            continue
+        name = line[:colon].decode("latin-1").strip().lower()
+        if name in _FRAMING:
+            value = line[colon + 1:].decode("latin-1").strip()
+            fields[name] = value if name not in fields else fields[name] + ", " + value
+    status, version = _status(lines[0].decode("latin-1"))
+    sink.head(before + end + 4)
+    return status, version, fields, end + 4
 
 
 def _read_length(wire: Wire, length: int, sink: Callable[[bytes], None]) -> None:

@@ -143,3 +143,16 @@ def test_a_changed_value_is_read_not_reused():
     changed = [k for k, (a, b) in enumerate(zip(before, after)) if a != b]
     assert len(changed) == 1 and after[changed[0]][1] == 12345.5 and before[changed[0]][1] == float(token)
     assert len(exposition_heads._SHAPES) == 1  # one shape for both bodies: the heads are the same
+
+
+def test_the_token_check_refuses_what_the_regex_refuses():
+    """`_bad_tokens` (C-level scans) says what `_BAD_TOKEN.search` says: every character up to
+    U+3000 (each blank `\\s` knows among them) at the start, middle and end of a joined run of
+    tokens, and ordinary tokens."""
+    ordinary = "\x00".join(["0.0", "1.5e+03", "+Inf", "-Inf", "NaN", "17"])
+    cases = [ordinary, "", "0", "\x00"]
+    for code in range(0x3001):
+        ch = chr(code)
+        cases += [ch, ch + ordinary, ordinary + ch, "1" + ch + "2", ordinary[:7] + ch + ordinary[7:]]
+    for joined in cases:
+        assert exposition_heads._bad_tokens(joined) == bool(exposition_heads._BAD_TOKEN.search(joined)), repr(joined)

@@ -248,3 +248,79 @@ def test_only_the_framing_fields_of_a_head_are_kept():
     finally:
         tracemalloc.stop()
     assert peak < 2.5 * len(answer), f"{peak} bytes at the peak for a {len(answer)}-byte answer"
+
+
+# ---- a whole head read from one split (http_wire._whole_head) --------------------------------------
+
+class Told:
+    """A sink that records what it hears of the head."""
+
+    def __init__(self):
+        self.heads: list[int] = []
+
+    def head(self, size: int) -> None:
+        self.heads.append(size)
+
+
+def _head_outcome(answer: bytes, whole: bool, monkeypatch):
+    from monitor.kit import http_wire
+    with monkeypatch.context() as m:
+        if not whole:
+            m.setattr(http_wire, "_whole_head", lambda *a: None)
+        wire = Wire("example.test", None)
+        wire.sock = Scripted(answer)
+        wire.deadline = float("inf")
+        wire._recv()  # the head (or its first part) in the buffer, as a receive leaves it
+        told = Told()
+        try:
+            got = http_wire._read_head(wire, told, 7)
+        except (http.client.HTTPException, ValueError) as exc:
+            got = (type(exc).__name__, str(exc))
+        return got, told.heads
+
+
+HEADS = [
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n\r\nhello",
+    b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 0\r\n\r\n",
+    b"HTTP/1.1 204 No Content\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\nCONTENT-LENGTH: 2\r\nTransfer-Encoding: gzip\r\ntransfer-encoding: chunked\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\n  Content-Length : 3 \r\nConnection:close\r\n\r\nabc",
+    b"HTTP/1.1 200 OK\r\n\x1cContent-Length\x1c: 3\xa0\r\n\r\nabc",  # blanks str.strip knows, bytes' not
+    b"HTTP/1.1 200 OK\r\nX-Folded: a\r\n b\r\nContent-Length: 1\r\n\r\nx",  # folded: the loop reads it
+    b"HTTP/1.1 200 OK\r\nConnection: keep-alive\r\n\tclose\r\n\r\n",
+    b"HTTP/1.1 200 OK\nContent-Length: 1\n\nx",  # bare LF line ends
+    b"HTTP/1.1 200 OK\r\nContent-Length: 1\n\r\nx",
+    b"HTTP/1.1 200 OK\r\nA: b\r\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\n\r\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nno colon here\r\nContent-Length: 1\r\n\r\nx",
+    b"HTTP/1.1 200 OK\r\n" + b"X" * 45 + b": y\r\nContent-Length: 1\r\n\r\nx",  # colon past 40: not a field
+    b"HTTP/1.1 200 OK\r\n" + b"X-A: 1\r\n" * MAX_HEADERS + b"\r\n",
+    b"HTTP/1.1 200 OK\r\n" + b"X-A: 1\r\n" * (MAX_HEADERS + 1) + b"\r\n",
+    b"HTTP/1.1 200 OK\r\nX-Long: " + b"a" * 20000 + b"\r\nContent-Length: 1\r\n\r\nx",  # over HEAD_STEP
+    b"HTTP/1.1 200 OK\r\nX-Long: " + b"a" * 16330 + b"\r\n\r\n",  # about HEAD_STEP
+    b"\r\n\r\n",
+    b"\r\nHTTP/1.1 200 OK\r\n\r\n",
+    b"HTTP/2 200\r\n\r\n",
+    b"HTTP/1.1 20 OK\r\n\r\n",
+    b"HTTP/1.1 2x0 OK\r\n\r\n",
+    b"ICY 200 OK\r\n\r\n",
+    b"HTTP/1.1 200\r\nContent-Length: \xff\xfe\r\n\r\n",
+    b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+]
+
+
+@pytest.mark.parametrize("answer", HEADS + [h.replace(b"\r\n\r\n", b"\r\n\r\n", 1) + b"\r\n\r\nmore" for h in HEADS[:3]])
+def test_a_whole_head_reads_as_the_line_by_line_loop_reads_it(answer, monkeypatch):
+    """Fields, status, version, where the body starts, what the sink hears and the errors are the
+    loop's, whichever way the head goes; the usual heads take the one-split way."""
+    assert _head_outcome(answer, True, monkeypatch) == _head_outcome(answer, False, monkeypatch)
+
+
+def test_the_usual_head_is_read_from_one_split():
+    from monitor.kit import http_wire
+    buf = bytearray(HEADS[0])
+    told = Told()
+    assert http_wire._whole_head(buf, told, 0) == (200, 11, {"content-length": "5"}, len(HEADS[0]) - 5)
+    assert told.heads == [len(HEADS[0]) - 5] and buf == bytearray(HEADS[0])  # the buffer left as it was
+    assert http_wire._whole_head(bytearray(HEADS[7]), told, 0) is None  # folded: the loop's
