@@ -46,7 +46,7 @@ test: $(TSTAMP)
 	$(PY) helm/sync.py --check
 	$(PY) $(TIERS) --build-image unit live $(if $(SKIP_ENGINES),--not-run engine,engine) image -- $(PYTEST_ARGS)
 
-## test-unit: the pure tests (about 150 s on 2 cores; a bare `pytest` runs the same); the loop to run while working
+## test-unit: the pure tests, two pytest processes (about 110 s of CPU; a bare `pytest` runs the same in one); the loop to run while working
 test-unit: $(TSTAMP)
 	$(PY) $(TIERS) unit -- $(PYTEST_ARGS)
 

@@ -6,7 +6,8 @@
 The non-engine suite mostly waits (real Prometheus, Alertmanager and promtool, simulated fleets
 running in real time, the 60-s demo): one pytest process used about 20 % of a core over 12 minutes.
 Its slowest files in side processes cut the wall time without a plugin: the files that mostly wait
-(alerts' `for:` on real time, simulated fleets) overlap. Each process gets its own --basetemp (pytest
+(alerts' `for:` on real time, simulated fleets) overlap. The unit tier, all CPU, runs as two such
+processes, one per core (UNIT_SHARDS in tests/run_tiers.py). Each process gets its own --basetemp (pytest
 prunes old numbered temp dirs, which must not be another process's), the side processes run without
 the cache plugin (one writer of .pytest_cache), and every log is printed in full once all are done;
 the temporary files are removed after a pass and kept (path printed) after a failure. Exit status: 0

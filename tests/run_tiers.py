@@ -3,7 +3,9 @@
     python tests/run_tiers.py [--build-image] unit live engine image [--not-run engine] [-- PYTEST_ARGS...]
 
 Tiers (tests/tiers.py says how a test gets its tier and how the marks are checked):
-    unit    pytest -m "not live and not vllm", with HEADROOM_TEST_TIER=unit (no subprocess, no socket)
+    unit    pytest -m "not live and not vllm", with HEADROOM_TEST_TIER=unit (no subprocess, no socket), as two
+            processes: the files of UNIT_SHARDS in one, the rest in the other (tests/parallel.py); one process
+            when PYTEST_ARGS name test files or folders
     live    pytest -m "live and not vllm and not image", the slowest files in two side processes (tests/parallel.py)
     engine  pytest -m vllm on ENGINE_FILES in one session (one shared engine; the LoRA engine last)
     image   pytest -m image on the files that use the mark: the container image run with podman as the Helm chart runs it
@@ -13,7 +15,7 @@ tiers; a failed build fails the image tier with the log's last lines.
 Every tier runs with HEADROOM_NO_SKIP=1: a skipped test fails, naming what was missing. Output streams
 as it comes; the last lines give the ten slowest test files of the run, each tier's result and wall
 time, then the totals as 'total: N passed, N failed', then, with --not-run, which tiers did not run and why.
-Per-file durations (pytest's own reports, summed per file; both processes of the live tier) go to
+Per-file durations (pytest's own reports, summed per file; every process of the unit and live tiers) go to
 build/test-durations.json, one entry per tier, a tier's entry replaced each time that tier runs.
 Exit status: 0 when every tier passed, else 1.
 """
@@ -37,6 +39,14 @@ SIDE_SHARDS = [["tests/deploy/test_alert_path.py", "tests/lab/test_demo.py", "te
                 "tests/app/test_restarts.py", "tests/app/test_snapshot_forecast.py"],
                ["tests/lab/test_loadtest_sim.py", "tests/deploy/test_rules.py",
                 "tests/app/test_prometheus_mode_forecasts.py"]]
+# the unit tier as two pytest processes (tests/parallel.py), one per core: these files in one, the rest
+# in the other, balanced by what each costs (build/test-durations.json has the seconds per file). Measured
+# 2026-12-06 (CPU seconds of each process): these 53 s, and their waits (the mixed load tester's cases,
+# ~7 s; mypy without its cache, ~7 s more in a fresh clone), the rest 63 s, collection of every file included
+UNIT_SHARDS = [["tests/suite/test_lint.py", "tests/suite/test_dependencies.py", "tests/lab/test_loadtest_mixed.py",
+                "tests/features/test_digest_day_one.py", "tests/features/test_digest_content.py",
+                "tests/core/test_capacity_sim.py", "tests/lab/test_demo_story.py", "tests/lab/test_sim_workload.py",
+                "tests/lab/test_sim_history.py", "tests/core/test_knee_plausible.py"]]
 # one pytest session, one shared engine; the LoRA test stops every other engine first (exclusive=True),
 # so it runs last: after it no test needs the shared engine started again
 ENGINE_FILES = ["tests/engine/test_vllm_pipeline.py", "tests/engine/test_vllm_sim_calibration.py",
@@ -65,14 +75,25 @@ _COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|deselected|xfailed|xp
 _CLOSING = re.compile(r"^=*\s*(no tests ran|\d+ (passed|failed|errors?|skipped|deselected)\b.*\bin [\d.]+s)")
 
 
+def _groups(shards: list[list[str]]) -> list[str]:
+    """tests/parallel.py's arguments for the side processes: each shard's files, shards separated by `+`."""
+    return [arg for n, files in enumerate(shards) for arg in ([] if n == 0 else ["+"]) + files]
+
+
+def _names_tests(args: list[str]) -> bool:
+    """Whether pytest's arguments name test files or folders (then they, not the shards, say what runs)."""
+    return any(not a.startswith("-") and os.path.exists(os.path.join(REPO, a.split("::")[0])) for a in args)
+
+
 def command(tier: str, args: list[str]) -> list[str]:
     py = sys.executable
+    parallel = os.path.join(HERE, "parallel.py")
     if tier == "unit":
-        return [py, "-m", "pytest", "-q", "-m", "not live and not vllm", *args]
+        if not UNIT_SHARDS or _names_tests(args):
+            return [py, "-m", "pytest", "-q", "-m", "not live and not vllm", *args]
+        return [py, parallel, *_groups(UNIT_SHARDS), "--", "-q", "-m", "not live and not vllm", *args]
     if tier == "live":
-        groups = [arg for n, files in enumerate(SIDE_SHARDS) for arg in ([] if n == 0 else ["+"]) + files]
-        return [py, os.path.join(HERE, "parallel.py"), *groups, "--", "-q", "-m", "live and not vllm and not image",
-                *args]
+        return [py, parallel, *_groups(SIDE_SHARDS), "--", "-q", "-m", "live and not vllm and not image", *args]
     if tier == "image":
         return [py, "-m", "pytest", "-q", "-m", "image", *args, *image_files()]
     return [py, "-m", "pytest", "-q", "-m", "vllm", *args, *ENGINE_FILES]

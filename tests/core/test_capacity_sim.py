@@ -26,17 +26,18 @@ def one_pool(max_num_seqs: int, num_gpu_blocks: int, seed: int):
     return simfleet.one_pool(seed, {"q": simfleet.task(1.0)}, max_num_seqs=max_num_seqs, num_gpu_blocks=num_gpu_blocks)
 
 
-def sweep(cfg, seed: int, signal: str):
-    """Scrape every replica's /metrics text through the stepped sweep; feed the estimator.
+def sweep(cfg, seed: int, signals: tuple[str, ...]):
+    """Scrape every replica's /metrics text through the stepped sweep; feed one estimator per signal
+    (the fleet is the same for each: one sweep serves them all).
 
     Load per replica and interval = concurrency by Little's law from the e2e histogram
     (sum of e2e seconds finished in the interval / interval: time-averaged active + queued);
     latency = the interval's mean of the signal's histogram."""
     pool = cfg.pools[0]
     fleet = Fleet(cfg, "steady", seed=seed, start_time=0.0)
-    est = KneeEstimator(signal, prior_knee(max_num_seqs=pool.max_num_seqs))
+    ests = {signal: KneeEstimator(signal, prior_knee(max_num_seqs=pool.max_num_seqs)) for signal in signals}
     prev, history = {}, {}
-    published = []
+    published: dict[str, list] = {signal: [] for signal in signals}
     for level in LEVELS:
         fleet.sp["level"] = level  # the scenario's rate multiplier, stepped by hand
         for _ in range(6):
@@ -47,23 +48,38 @@ def sweep(cfg, seed: int, signal: str):
                 p = prev.get(r.name)
                 if p is not None:
                     e2e = rd.histograms["e2e"].minus(p.histograms["e2e"])
-                    sig = rd.histograms[signal].minus(p.histograms[signal])
-                    if sig is not None and sig.count > 0:
-                        est.observe(e2e.sum / (rd.timestamp - p.timestamp), rd.kv_live_tokens, sig.sum / sig.count)
+                    for signal, est in ests.items():
+                        sig = rd.histograms[signal].minus(p.histograms[signal])
+                        if sig is not None and sig.count > 0:
+                            est.observe(e2e.sum / (rd.timestamp - p.timestamp), rd.kv_live_tokens,
+                                        sig.sum / sig.count)
                 prev[r.name] = rd
-        published.append(est.estimate())
-    return fleet, est, published, history
+        for signal, est in ests.items():
+            published[signal].append(est.estimate())
+    return fleet, published, history
+
+
+@pytest.fixture(scope="module")
+def queue_and_ttft():
+    """The (16 slots, 4,096 blocks, seed 1) sweep once for both tests that read it: the knee on the
+    queue signal and the knee on TTFT (each test used to run the same simulated sweep again)."""
+    cfg = one_pool(16, 4096, 1)
+    return (cfg, *sweep(cfg, 1, ("queue", "ttft")))
 
 
 @pytest.mark.parametrize("max_num_seqs, blocks, seed", [
     (16, 4096, 1), (16, 4096, 2),  # bound by max_num_seqs: knee 16 per replica
     (64, 700, 1), (64, 700, 2),  # bound by the KV cache: knee ~16.4 per replica
 ])
-def test_sim_knee_within_10_percent_of_construction(max_num_seqs, blocks, seed):
-    cfg = one_pool(max_num_seqs, blocks, seed)
+def test_sim_knee_within_10_percent_of_construction(max_num_seqs, blocks, seed, request):
+    if (max_num_seqs, blocks, seed) == (16, 4096, 1):
+        cfg, _, by_signal, _ = request.getfixturevalue("queue_and_ttft")
+    else:
+        cfg = one_pool(max_num_seqs, blocks, seed)
+        _, by_signal, _ = sweep(cfg, seed, ("queue",))
     truth = theoretical_knee(cfg.pools[0], cfg.mix)
     assert truth["bound"] == ("max_num_seqs" if max_num_seqs == 16 else "kv_cache")
-    _, est, published, _ = sweep(cfg, seed, "queue")
+    published = by_signal["queue"]
     k = published[-1]
     assert k.source == "learned", k.detail
     assert k.requests == pytest.approx(truth["per_replica"], rel=0.10)
@@ -74,11 +90,10 @@ def test_sim_knee_within_10_percent_of_construction(max_num_seqs, blocks, seed):
     assert len(learned) <= 2
 
 
-def test_sim_knee_on_ttft_and_capacity_end_to_end():
-    cfg = one_pool(16, 4096, 1)
+def test_sim_knee_on_ttft_and_capacity_end_to_end(queue_and_ttft):
+    cfg, fleet, by_signal, history = queue_and_ttft
     truth = theoretical_knee(cfg.pools[0], cfg.mix)
-    fleet, est, published, history = sweep(cfg, 1, "ttft")
-    knee = published[-1]
+    knee = by_signal["ttft"][-1]
     assert knee.source == "learned" and knee.signal == "ttft"
     assert knee.requests == pytest.approx(truth["per_replica"], rel=0.10)
     # the pool snapshot from the live pipeline's derivation, then capacity on top of it

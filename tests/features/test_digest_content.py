@@ -296,8 +296,8 @@ def test_the_forecast_is_of_the_offered_load_where_the_history_has_it(built):
     pool = next(p for p in inp.pools if p.name == "chat-8b")
     served = pool.series["active_requests"] + pool.series["queued_requests"]
     pool.series["offered"] = served * 1.5  # half as much again was turned away
-    p = pool_of(build_digest(inp, settings), "chat-8b")
+    offered = build_digest(inp, settings)
+    p = pool_of(offered, "chat-8b")
     assert p["forecast_series"] == "offered"
     assert p["forecast_next_week"]["peak"] > 1.3 * pool_of(d, "chat-8b")["forecast_next_week"]["peak"]
-    assert "the offered load (active + queued, or active + turned away where higher)" in \
-        render_markdown(build_digest(inp, settings))
+    assert "the offered load (active + queued, or active + turned away where higher)" in render_markdown(offered)

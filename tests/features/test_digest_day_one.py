@@ -33,6 +33,13 @@ LEARNED_AT = END - 600.0
 QUIET_END = END - 11 * 3600.0  # Sun 23:00: 20 quiet minutes, one pool under MIN_TASKS_FOR_COST
 
 
+def _points(rows) -> zip:
+    """(pool, series, ts, value) per row of a schema_history frame, read column-wise (itertuples on
+    its 360,000 rows took 3 s of the fixture's 6)."""
+    return zip(rows["pool"].tolist(), rows["series"].tolist(), rows["timestamp"].astype(float).tolist(),
+               rows["value"].astype(float).tolist())
+
+
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     cfg = load_config(None)
@@ -45,7 +52,7 @@ def fleet(tmp_path_factory):
     for name, (since, until) in spans.items():
         st = HistoryStore(str(d / f"{name}.sqlite"), retention_seconds=None, downsample_after_seconds=None)
         rows = truth[(truth["timestamp"] >= since) & (truth["timestamp"] < until)]
-        st.append((r.pool, r.series, float(r.timestamp), float(r.value)) for r in rows.itertuples(index=False))
+        st.append(_points(rows))
         stores[name] = st
     pools = {p.model_name: p for p in cfg.pools}
     tasks = {tt.name: TaskFacts(calls_per_task=float(tt.calls_per_task),
@@ -103,7 +110,7 @@ def test_costs_are_over_the_hours_the_tasks_were_counted_in(fleet, tmp_path):
     tasks = truth["series"].str.startswith("task_arrivals:")
     rows = truth[(~tasks & (truth["timestamp"] >= END - 7 * 86400.0)) | (tasks & (truth["timestamp"] >= END - SHORT))]
     with HistoryStore(str(tmp_path / "mixed.sqlite"), retention_seconds=None, downsample_after_seconds=None) as st:
-        st.append((r.pool, r.series, float(r.timestamp), float(r.value)) for r in rows.itertuples(index=False))
+        st.append(_points(rows))
         d = build_digest(from_store(st, END, s), s)
     short = {p["name"]: p for p in fleet["short"]["pools"]}
     for p in d["pools"]:

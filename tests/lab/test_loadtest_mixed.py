@@ -253,7 +253,7 @@ def test_four_cases_against_a_fake_engine(monkeypatch):
 
     setup = Setup(["http://fake:1"], "m", seed=2, probes=2, budget_source=lambda: Reading(state["budget"]),
                   budget_label="scripted stand-in")
-    rep = run_mixed(mix, setup, 1.5, CASES, on_case=on_case)
+    rep = run_mixed(mix, setup, 1.0, CASES, on_case=on_case)  # 25 interactive tasks a second: ~25 a case
     assert seen == list(CASES) and rep["cases_run"] == list(CASES)
     bodies = eng.bodies
     spans = dict(zip(CASES, zip([0] + [marks[c][0] for c in CASES[:-1]], [marks[c][0] for c in CASES])))

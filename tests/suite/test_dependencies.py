@@ -5,6 +5,7 @@ needing them, issue 41; the tests' own packages are the `test` extra.)"""
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ def declared() -> set[str]:
     return {IMPORT_NAME.get(n.lower(), n.lower().replace("-", "_")) for n in names}
 
 
+@functools.cache  # both tests read it: monitor/ parsed once
 def imported() -> dict[str, set[str]]:
     """Top-level module -> the files of monitor/ that import it (absolute imports only)."""
     out: dict[str, set[str]] = {}

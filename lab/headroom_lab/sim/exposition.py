@@ -48,6 +48,20 @@ def labelstr(labels: dict[str, str]) -> str:
     return "{" + ",".join(f'{k}="{esc(labels[k])}"' for k in sorted(labels)) + "}"
 
 
+_LES: dict[tuple, list[str]] = {}
+
+
+def _bucket_les(bounds: tuple) -> list[str]:
+    """The `le` label values of a histogram's buckets, +Inf last, escaped (a handful of bound sets
+    recur on every page)."""
+    if 0.0 in bounds:  # 0.0 and -0.0 are one key but two texts
+        return [esc(fmt(b)) for b in (*bounds, math.inf)]
+    les = _LES.get(bounds)
+    if les is None:
+        les = _LES[bounds] = [esc(fmt(b)) for b in (*bounds, math.inf)]
+    return les
+
+
 class Page:
     """Accumulates exposition lines."""
 
@@ -66,10 +80,14 @@ class Page:
         cum = h.cumulative()
         if sum_first:
             self.sample(name + "_sum", labels, h.sum)
-        for b, c in zip(list(h.bounds) + [math.inf], cum):
-            lab = dict(labels)
-            lab["le"] = fmt(b) if bounds_fmt is None else bounds_fmt(b)
-            self.sample(name + "_bucket", lab, c)
+        # the same lines as labelstr(labels + le) per bucket, with the labels other than `le` written once
+        # per histogram and the bounds once per set of bounds (a simulated replica's page is mostly buckets)
+        rest = {k: v for k, v in labels.items() if k != "le"}
+        before = "".join(f'{k}="{esc(rest[k])}",' for k in sorted(rest) if k < "le")
+        after = "".join(f',{k}="{esc(rest[k])}"' for k in sorted(rest) if k > "le")
+        les = _bucket_les(h.bounds) if bounds_fmt is None else [esc(bounds_fmt(b)) for b in (*h.bounds, math.inf)]
+        bucket = name + "_bucket{" + before + 'le="'
+        self.lines.extend(f'{bucket}{le}"{after}}} {fmt(c)}' for le, c in zip(les, cum))
         self.sample(name + "_count", labels, h.count)
         if not sum_first:
             self.sample(name + "_sum", labels, h.sum)
