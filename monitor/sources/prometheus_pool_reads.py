@@ -10,12 +10,20 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import Future
+from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union, cast
 
 from monitor.kit.http import redact
 
 from .prometheus import PrometheusError
-from .prometheus_queries import RULE_WINDOW, RULES_QUERY, pool_histogram_queries, pool_histograms, rule_histograms
+from .prometheus_queries import (
+    RULE_WINDOW,
+    RULES_QUERY,
+    histogram_bases,
+    pool_histogram_queries,
+    pool_histograms,
+    rule_histograms,
+)
 
 if TYPE_CHECKING:
     from .settings import PrometheusSource
@@ -37,6 +45,7 @@ class PoolHistogramReads:
         total_kinds: tuple[str, ...]
         _hists: Optional[tuple[float, dict, dict]]
         _rules: Optional[bool]
+        _spare: dict[str, str]
 
         def _start(self, call: Callable[..., list]) -> Future: ...
         @staticmethod
@@ -76,11 +85,23 @@ class PoolHistogramReads:
             self._note("histograms", exc.reason, exc.detail)
             self._last_histograms(now, out)
             return
-        self._note("histograms", None)
         vector = [sample for got in cast("list[list]", answers) for sample in got]  # none failed
         out.pool_histograms, out.pool_totals = pool_histograms(vector, self.pool_by)
         for pool, kinds in from_rules.items():
             out.pool_histograms.setdefault(pool, {}).update(kinds)
+        if self._spare and _short(out.pool_histograms, out.pool_totals, self._spare):
+            spare = [self._answer(partial(self._query, q, deadline)) for q in pool_histogram_queries(
+                self.selector, self.pool_by, self.latency_window, self.total_kinds, self._spare).values()]
+            failed = next((a for a in spare if isinstance(a, PrometheusError)), None)
+            if failed is not None:
+                self._note("histograms", failed.reason, failed.detail)
+                self._last_histograms(now, out)
+                return
+            window, totals = pool_histograms(vector + [s for got in cast("list[list]", spare) for s in got], self.pool_by)
+            for pool, kinds in from_rules.items():
+                window.setdefault(pool, {}).update(kinds)
+            out.pool_histograms, out.pool_totals = window, totals
+        self._note("histograms", None)
         out.stale_seconds["histograms"] = 0.0
         self._hists = (now, out.pool_histograms, out.pool_totals)
 
@@ -121,3 +142,12 @@ class PoolHistogramReads:
         self._rules = True
         return hists
 
+
+
+def _short(window: dict[str, dict], totals: dict[str, dict], spare: dict[str, str]) -> bool:
+    """Whether a pool read lacks a latency kind one of `spare`'s candidates (found, not asked:
+    prometheus_queries.needed_bases) could give: the earlier candidate's buckets answered nothing for
+    it (its `_count` kept, its buckets dropped by a relabelling). Then the spare ones are asked too."""
+    kinds = {kind for kind, base in histogram_bases() if base in spare}
+    pools = set(window) | set(totals)
+    return any(kind not in window.get(pool, {}) for pool in pools for kind in kinds)

@@ -30,7 +30,14 @@ from ..model import Histogram, ReplicaReading, SourceStatus
 from ..model.shard import filter_pools
 from .prometheus import PrometheusClient, PrometheusError, engine_of_scrape, partial_warnings, scrapes_from_vector
 from .prometheus_pool_reads import Answer, PoolHistogramReads
-from .prometheus_queries import present_bases, replica_selector, replica_selectors, shard_pools_query, with_pools
+from .prometheus_queries import (
+    needed_bases,
+    present_bases,
+    replica_selector,
+    replica_selectors,
+    shard_pools_query,
+    with_pools,
+)
 from .prometheus_since import ReplicaSince, by_instance, split_up, up_query
 from .query_clock import QueryClock
 from .settings import PrometheusSource
@@ -90,6 +97,7 @@ class PrometheusSourceReader(PoolHistogramReads):
         self._partials = 0  # this read's queries that answered partially
         self._lock = threading.Lock()  # _partials, counted from the query threads
         self._present: Optional[dict[str, str]] = None  # the histograms the last whole replica read found
+        self._spare: dict[str, str] = {}  # later candidates found beside an earlier one (needed_bases): not asked
         self._pool: Optional[ThreadPoolExecutor] = None  # the queries asked at once (made on first use)
         self.max_series = max_series  # global.max_series: no answer is sized for more series than this
         self._series: Optional[int] = None  # series in the last whole replica answer (None: count them)
@@ -255,7 +263,8 @@ class PrometheusSourceReader(PoolHistogramReads):
     def _readings(self, vector, now: float, out: PrometheusRead) -> tuple[dict[str, tuple[str, ...]], dict[str, str]]:
         """Per instance: the engine's readings (its pool_by labels on them), from this read's series
         and those held for the replicas not scraped since (prometheus_since.py); returns each
-        instance's missing contract families and the latency histograms found (base -> stored name).
+        instance's missing contract families and the latency histograms whose pool buckets are asked (base -> stored name: prometheus_queries.needed_bases;
+        the other candidates found in `_spare`).
         Takes the vector's label dicts over."""
         missing: dict[str, tuple[str, ...]] = {}  # instance -> contract families it has no series of
         extra = [label for label in self.pool_by if label not in ("model_name", "model")]
@@ -272,13 +281,14 @@ class PrometheusSourceReader(PoolHistogramReads):
             for kind, n in scrape.anomalies.items():
                 out.anomalies[kind] = out.anomalies.get(kind, 0) + n
             scrape.anomalies = regrouped  # a held scrape is read again next cycle: count each read's once
-        if held:
-            return missing, self.since.present()
-        found: dict[str, str] = {}
-        for got in present.values():
+        found = self.since.found() if held else list(present.values())
+        every: dict[str, str] = {}
+        for got in found:
             for base, name in got.items():
-                found.setdefault(base, name)
-        return missing, found
+                every.setdefault(base, name)
+        needed = needed_bases(found)
+        self._spare = {base: name for base, name in every.items() if base not in needed}
+        return missing, needed
 
     def _statuses(self, now: float, deadline: Optional[float], missing: dict, out: PrometheusRead,
                   ups: Optional[Answer] = None) -> None:
