@@ -9,6 +9,7 @@ reader's source, pools, window, selector, query and note methods.
 from __future__ import annotations
 
 import logging
+import time
 from concurrent.futures import Future
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union, cast
@@ -30,6 +31,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("monitor.sources.prometheus")
 
+# The pools' bucket increases over the latency window are asked again once this share of the window
+# has passed since they last answered (30 s at 5m; every third 10 s cycle), not every cycle: a
+# tenth of the window at most is missing from them, their age is exported
+# (headroom_source_stale_seconds{part="histograms"}), and four queries of every bucket series were
+# three quarters of Prometheus' CPU for a cycle (issue 42). Asked at once whatever their age after a
+# failure and when the histograms or queries change.
+REFRESH_SHARE = 0.1
+REFRESH_SLACK = 1.0  # seconds: a read that much early (a cycle's jitter) counts as due
 RULES = "rules"  # the key of the rules' query among the histogram queries (the others: their base names)
 Answer = Union[list, PrometheusError]  # a query's vector, or why it has none
 
@@ -46,6 +55,9 @@ class PoolHistogramReads:
         _hists: Optional[tuple[float, dict, dict]]
         _rules: Optional[bool]
         _spare: dict[str, str]
+        _failing: dict[str, str]
+        histogram_every: float
+        _hist_asked: Optional[tuple[float, dict[str, str]]]
 
         def _start(self, call: Callable[..., list]) -> Future: ...
         @staticmethod
@@ -63,6 +75,10 @@ class PoolHistogramReads:
         if not present:  # no replica has a latency histogram: nothing to ask
             out.pool_histograms, out.pool_totals = {}, {}
             out.stale_seconds["histograms"] = 0.0
+            self._hist_asked = None
+            return
+        if not self._histograms_due(present):
+            self._last_histograms(now, out)
             return
 
         def answer(key: str, query: str) -> Answer:
@@ -104,6 +120,16 @@ class PoolHistogramReads:
         self._note("histograms", None)
         out.stale_seconds["histograms"] = 0.0
         self._hists = (now, out.pool_histograms, out.pool_totals)
+        self._hist_asked = (time.monotonic(), self._histogram_asks(present, with_rules=True))
+
+    def _histograms_due(self, present: dict[str, str]) -> bool:
+        """Whether this read asks the pools' histograms: none held, the last read of them failed, the
+        queries changed (histograms found or gone, the rules loaded or not), or `histogram_every`
+        seconds have passed since they last answered (REFRESH_SHARE)."""
+        asked = self._hist_asked
+        return (asked is None or self._hists is None or "histograms" in self._failing
+                or time.monotonic() - asked[0] >= self.histogram_every - REFRESH_SLACK
+                or asked[1] != self._histogram_asks(present, with_rules=True))
 
     def _histogram_asks(self, present: dict[str, str], with_rules: bool) -> dict[str, str]:
         """key -> query of the pools' histograms: the bundled rules' (key RULES) when they fit and

@@ -138,10 +138,36 @@ def test_the_later_itl_name_is_asked_only_when_the_earlier_one_gives_a_pool_noth
     from monitor.sources.prometheus_reader import PrometheusSourceReader
 
     layer = _Layer(dropped)
-    reader = PrometheusSourceReader(PrometheusSource(url="http://127.0.0.1:9"), client=layer)
+    reader = PrometheusSourceReader(PrometheusSource(url="http://127.0.0.1:9"), client=layer, histogram_every=0.0)
     for _ in range(2):  # a whole read, then one asked at once
         layer.asked.clear()
         got = reader.read_all(now=1000.0)
         assert sorted(layer.asked) == asked
         assert got.pool_histograms["m"]["itl"].counts == (1.0, 4.0) and got.stale_seconds["histograms"] == 0.0
+    reader.close()
+
+
+def test_the_pool_histograms_are_asked_again_once_a_tenth_of_the_window_has_passed(monkeypatch):
+    """Between two reads of the pools' histograms (every REFRESH_SHARE of the latency window) a read
+    uses the last ones, their age in stale_seconds; a failed read of them is asked again next read."""
+    from monitor.config import PrometheusSource
+    from monitor.sources import prometheus_pool_reads as pr
+    from monitor.sources.prometheus_reader import PrometheusSourceReader
+
+    steady = [100.0]
+    monkeypatch.setattr(pr.time, "monotonic", lambda: steady[0])
+    layer = _Layer()
+    reader = PrometheusSourceReader(PrometheusSource(url="http://127.0.0.1:9"), client=layer, latency_window=300.0)
+    assert reader.histogram_every == 30.0
+    seen = []
+    for now in (1000.0, 1010.0, 1020.0, 1030.0):
+        steady[0] = now - 900.0
+        layer.asked.clear()
+        got = reader.read_all(now=now)
+        seen.append((len(layer.asked), got.stale_seconds["histograms"], got.pool_histograms["m"]["itl"].counts))
+    assert seen == [(2, 0.0, (1.0, 4.0)), (0, 10.0, (1.0, 4.0)), (0, 20.0, (1.0, 4.0)), (2, 0.0, (1.0, 4.0))]
+    reader._failing["histograms"] = "deadline"  # as a read of them that failed leaves it
+    steady[0] += 10.0
+    layer.asked.clear()
+    assert reader.read_all(now=1040.0).stale_seconds["histograms"] == 0.0 and len(layer.asked) == 2
     reader.close()
