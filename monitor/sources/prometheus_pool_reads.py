@@ -36,7 +36,7 @@ log = logging.getLogger("monitor.sources.prometheus")
 # tenth of the window at most is missing from them, their age is exported
 # (headroom_source_stale_seconds{part="histograms"}), and four queries of every bucket series were
 # three quarters of Prometheus' CPU for a cycle (issue 42). Asked at once whatever their age after a
-# failure and when the histograms or queries change.
+# failure and when the histograms or queries change; every cycle while a pool SLO reads them.
 REFRESH_SHARE = 0.1
 REFRESH_SLACK = 1.0  # seconds: a read that much early (a cycle's jitter) counts as due
 RULES = "rules"  # the key of the rules' query among the histogram queries (the others: their base names)
@@ -124,10 +124,11 @@ class PoolHistogramReads:
 
     def _histograms_due(self, present: dict[str, str]) -> bool:
         """Whether this read asks the pools' histograms: none held, the last read of them failed, the
-        queries changed (histograms found or gone, the rules loaded or not), or `histogram_every`
-        seconds have passed since they last answered (REFRESH_SHARE)."""
+        queries changed (histograms found or gone, the rules loaded or not), a pool SLO reads the
+        cumulative buckets (its tracker stamps them with the cycle's time: every cycle, as before),
+        or `histogram_every` seconds have passed since they last answered (REFRESH_SHARE)."""
         asked = self._hist_asked
-        return (asked is None or self._hists is None or "histograms" in self._failing
+        return (asked is None or self._hists is None or "histograms" in self._failing or bool(self.total_kinds)
                 or time.monotonic() - asked[0] >= self.histogram_every - REFRESH_SLACK
                 or asked[1] != self._histogram_asks(present, with_rules=True))
 

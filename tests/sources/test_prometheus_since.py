@@ -171,3 +171,8 @@ def test_the_pool_histograms_are_asked_again_once_a_tenth_of_the_window_has_pass
     layer.asked.clear()
     assert reader.read_all(now=1040.0).stale_seconds["histograms"] == 0.0 and len(layer.asked) == 2
     reader.close()
+    slo = PrometheusSourceReader(PrometheusSource(url="http://127.0.0.1:9"), client=layer, total_kinds=("e2e",))
+    for now in (1000.0, 1010.0):  # a pool SLO's cumulative buckets: every read
+        layer.asked.clear()
+        assert slo.read_all(now=now).stale_seconds["histograms"] == 0.0 and len(layer.asked) == 2
+    slo.close()
