@@ -246,11 +246,14 @@ def run_queries(url: str, queries: list[str]) -> int:
 
 
 def phase(prom_pid: int, url: str, codes: dict[str, str], rules: bool, trials: int, idle: float,
-          explain: bool = False, collect: bool = True, gc_off: tuple[str, ...] = (), pace: float = 10.0) -> dict:
+          explain: bool = False, collect: bool = True, gc_off: tuple[str, ...] = (), pace: float = 10.0,
+          cycles: int = 1) -> dict:
     """Trials of the baseline and each code version's cycle, in turn; medians and ranges. Each
     measured cycle comes `pace` seconds (the child's interval) after an unmeasured one of the same
     child: what changed in Prometheus between two cycles is what a daemon's cycle reads (issue 42:
-    replicas not scraped since are not asked for again)."""
+    replicas not scraped since are not asked for again). `cycles` measured cycles in a row per
+    trial, each `pace` after the one before: a read that asks some queries only every few cycles
+    (the pools' histograms every 30 s at 5m) is measured over its whole period (the means)."""
     measure = Measure(prom_pid, idle, url, collect)
     order = random.Random(7)
     queries = list(baseline_queries().values())
@@ -266,13 +269,16 @@ def phase(prom_pid: int, url: str, codes: dict[str, str], rules: bool, trials: i
                     base.append(measure(lambda: run_queries(url, queries)))
                 elif name == "anchor":
                     anchor.append(measure(lambda: run_queries(url, ANCHOR))[0])
-                else:  # a cycle `pace` seconds after the one before it, as the daemon runs them
+                else:  # `cycles` cycles, each `pace` seconds after the one before it, as the daemon runs them
                     start = time.monotonic()
                     children[name].cycle()
-                    time.sleep(max(0.0, start + pace - idle - 0.5 - time.monotonic()))
-                    gap: list[float] = []
-                    prom_cpu, wall, got = measure(lambda: (gap.append(time.monotonic() - start), children[name].cycle())[1])
-                    runs[name].append({**got, "prometheus_cpu": prom_cpu, "gap": gap[0]})
+                    for _ in range(cycles):
+                        time.sleep(max(0.0, start + pace - idle - 0.5 - time.monotonic()))
+                        gap: list[float] = []
+                        prom_cpu, wall, got = measure(lambda: (gap.append(time.monotonic() - start),
+                                                               children[name].cycle())[1])
+                        runs[name].append({**got, "prometheus_cpu": prom_cpu, "gap": gap[0]})
+                        start += gap[0]
     finally:
         for child in children.values():
             child.close()
@@ -334,6 +340,8 @@ def main() -> None:
     ap.add_argument("--idle", type=float, default=2.0, help="seconds of each background window")
     ap.add_argument("--pace", type=float, default=10.0, help="seconds from the cycle before to each measured cycle "
                                                               "(the children's interval)")
+    ap.add_argument("--cycles", type=int, default=1, help="measured cycles in a row per trial, each --pace after "
+                    "the one before (3 at 10 s: one 30 s period of the pools' histogram reads)")
     ap.add_argument("--busy", type=int, default=0, help="busy loops beside the benchmark")
     ap.add_argument("--rules", action="store_true", help="then load the bundled rules and measure again")
     ap.add_argument("--code", action="append", default=[], help="NAME=DIR: a code version to run (default: this one)")
@@ -370,9 +378,9 @@ def main() -> None:
         result = {"when": time.strftime("%Y-%m-%d %H:%M"), "replicas": args.replicas, "scrape_interval": args.scrape,
                   "busy_loops": args.busy, "trials": args.trials, "collect_before_each": not args.no_collect, "note": args.note, "machine": speed,
                   "codes": codes, "gc_off": args.gc_off,
-                  "pace_seconds": args.pace,
+                  "pace_seconds": args.pace, "cycles_in_a_row": args.cycles,
                   "without_rules": phase(pid, url, codes, False, args.trials, args.idle, args.explain,
-                                         not args.no_collect, tuple(args.gc_off), args.pace)}
+                                         not args.no_collect, tuple(args.gc_off), args.pace, args.cycles)}
         print(json.dumps(result["without_rules"]), flush=True)
         if args.rules:
             with open(cfg, "w") as f:
@@ -380,7 +388,7 @@ def main() -> None:
             requests.post(url + "/-/reload", timeout=60).raise_for_status()
             wait_query(url, "count(pool_le:vllm_e2e_request_latency_seconds_bucket:rate5m)", bool, 180)
             result["with_rules"] = phase(pid, url, codes, True, args.trials, args.idle, args.explain,
-                                         not args.no_collect, tuple(args.gc_off), args.pace)
+                                         not args.no_collect, tuple(args.gc_off), args.pace, args.cycles)
             print(json.dumps(result["with_rules"]), flush=True)
             with open(cfg, "w") as f:  # as it was (an attached Prometheus is measured again)
                 f.write(prometheus_config(port, args.replicas, args.scrape, False))

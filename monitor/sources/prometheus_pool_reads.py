@@ -9,19 +9,36 @@ reader's source, pools, window, selector, query and note methods.
 from __future__ import annotations
 
 import logging
+import time
 from concurrent.futures import Future
+from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union, cast
 
 from monitor.kit.http import redact
 
 from .prometheus import PrometheusError
-from .prometheus_queries import RULE_WINDOW, RULES_QUERY, pool_histogram_queries, pool_histograms, rule_histograms
+from .prometheus_queries import (
+    RULE_WINDOW,
+    RULES_QUERY,
+    histogram_bases,
+    pool_histogram_queries,
+    pool_histograms,
+    rule_histograms,
+)
 
 if TYPE_CHECKING:
     from .settings import PrometheusSource
 
 log = logging.getLogger("monitor.sources.prometheus")
 
+# The pools' bucket increases over the latency window are asked again once this share of the window
+# has passed since they last answered (30 s at 5m; every third 10 s cycle), not every cycle: a
+# tenth of the window at most is missing from them, their age is exported
+# (headroom_source_stale_seconds{part="histograms"}), and four queries of every bucket series were
+# three quarters of Prometheus' CPU for a cycle (issue 42). Asked at once whatever their age after a
+# failure and when the histograms or queries change; every cycle while a pool SLO reads them.
+REFRESH_SHARE = 0.1
+REFRESH_SLACK = 1.0  # seconds: a read that much early (a cycle's jitter) counts as due
 RULES = "rules"  # the key of the rules' query among the histogram queries (the others: their base names)
 Answer = Union[list, PrometheusError]  # a query's vector, or why it has none
 
@@ -37,6 +54,10 @@ class PoolHistogramReads:
         total_kinds: tuple[str, ...]
         _hists: Optional[tuple[float, dict, dict]]
         _rules: Optional[bool]
+        _spare: dict[str, str]
+        _failing: dict[str, str]
+        histogram_every: float
+        _hist_asked: Optional[tuple[float, dict[str, str]]]
 
         def _start(self, call: Callable[..., list]) -> Future: ...
         @staticmethod
@@ -54,6 +75,10 @@ class PoolHistogramReads:
         if not present:  # no replica has a latency histogram: nothing to ask
             out.pool_histograms, out.pool_totals = {}, {}
             out.stale_seconds["histograms"] = 0.0
+            self._hist_asked = None
+            return
+        if not self._histograms_due(present):
+            self._last_histograms(now, out)
             return
 
         def answer(key: str, query: str) -> Answer:
@@ -76,13 +101,36 @@ class PoolHistogramReads:
             self._note("histograms", exc.reason, exc.detail)
             self._last_histograms(now, out)
             return
-        self._note("histograms", None)
         vector = [sample for got in cast("list[list]", answers) for sample in got]  # none failed
         out.pool_histograms, out.pool_totals = pool_histograms(vector, self.pool_by)
         for pool, kinds in from_rules.items():
             out.pool_histograms.setdefault(pool, {}).update(kinds)
+        if self._spare and _short(out.pool_histograms, out.pool_totals, self._spare):
+            spare = [self._answer(partial(self._query, q, deadline)) for q in pool_histogram_queries(
+                self.selector, self.pool_by, self.latency_window, self.total_kinds, self._spare).values()]
+            failed = next((a for a in spare if isinstance(a, PrometheusError)), None)
+            if failed is not None:
+                self._note("histograms", failed.reason, failed.detail)
+                self._last_histograms(now, out)
+                return
+            window, totals = pool_histograms(vector + [s for got in cast("list[list]", spare) for s in got], self.pool_by)
+            for pool, kinds in from_rules.items():
+                window.setdefault(pool, {}).update(kinds)
+            out.pool_histograms, out.pool_totals = window, totals
+        self._note("histograms", None)
         out.stale_seconds["histograms"] = 0.0
         self._hists = (now, out.pool_histograms, out.pool_totals)
+        self._hist_asked = (time.monotonic(), self._histogram_asks(present, with_rules=True))
+
+    def _histograms_due(self, present: dict[str, str]) -> bool:
+        """Whether this read asks the pools' histograms: none held, the last read of them failed, the
+        queries changed (histograms found or gone, the rules loaded or not), a pool SLO reads the
+        cumulative buckets (its tracker stamps them with the cycle's time: every cycle, as before),
+        or `histogram_every` seconds have passed since they last answered (REFRESH_SHARE)."""
+        asked = self._hist_asked
+        return (asked is None or self._hists is None or "histograms" in self._failing or bool(self.total_kinds)
+                or time.monotonic() - asked[0] >= self.histogram_every - REFRESH_SLACK
+                or asked[1] != self._histogram_asks(present, with_rules=True))
 
     def _histogram_asks(self, present: dict[str, str], with_rules: bool) -> dict[str, str]:
         """key -> query of the pools' histograms: the bundled rules' (key RULES) when they fit and
@@ -121,3 +169,12 @@ class PoolHistogramReads:
         self._rules = True
         return hists
 
+
+
+def _short(window: dict[str, dict], totals: dict[str, dict], spare: dict[str, str]) -> bool:
+    """Whether a pool read lacks a latency kind one of `spare`'s candidates (found, not asked:
+    prometheus_queries.needed_bases) could give: the earlier candidate's buckets answered nothing for
+    it (its `_count` kept, its buckets dropped by a relabelling). Then the spare ones are asked too."""
+    kinds = {kind for kind, base in histogram_bases() if base in spare}
+    pools = set(window) | set(totals)
+    return any(kind not in window.get(pool, {}) for pool in pools for kind in kinds)

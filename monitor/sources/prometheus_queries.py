@@ -205,6 +205,25 @@ def present_bases(samples: list[tuple[dict[str, str], float]]) -> dict[str, str]
     return out
 
 
+def needed_bases(found: Iterable[dict[str, str]]) -> dict[str, str]:
+    """The latency histograms whose pool buckets a read asks for (canonical base -> stored name), of
+    each replica's found ones (`present_bases`): per replica and kind only the first candidate it
+    has. A pool's first candidate with data wins (`pool_histograms`), so a later one (a vLLM that
+    exports `time_per_output_token_seconds` beside its renamed `inter_token_latency_seconds`)
+    changes the answer only for a pool none of whose replicas has an earlier one: asked anyway, it
+    cost as much Prometheus CPU as any other family's query (issue 42). vLLM 0.32 exports only the
+    one ITL name (its legacy one is `request_time_per_output_token_seconds`, not a candidate)."""
+    order = histogram_bases()
+    out: dict[str, str] = {}
+    for got in found:
+        kinds: set[str] = set()
+        for kind, base in order:
+            if kind not in kinds and base in got:
+                kinds.add(kind)
+                out.setdefault(base, got[base])
+    return out
+
+
 def pool_key(labels: dict[str, str], pool_by: Iterable[str]) -> str:
     """The pool a series belongs to, as monitor/derive/core.py `pool_of` keys it (monitor/model/poolkey.py):
     named by the last pool_by label's value (model_name when it is missing), the others carried."""

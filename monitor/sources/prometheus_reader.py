@@ -8,7 +8,9 @@ query_clock.py; with each target's last scrape time, so only the replicas scrape
 read are asked for again: prometheus_since.py); the rest are asked at once, each bounded by the read's deadline, so the query layer
 answers them on all its cores while headroom reads the replica answer (the histogram queries are
 those of the histograms the last read found; a histogram new this cycle is asked after). The first
-read, and a read after the replica series failed, asks them in order of need. A query that fails or
+read, and a read after the replica series failed, asks them in order of need. The pools' histograms
+are asked again once a tenth of the latency window has passed since they answered (every third
+cycle at 5m and 10 s; prometheus_pool_reads.REFRESH_SHARE), the last ones used in between. A query that fails or
 misses the deadline leaves the rest of the read
 usable; what could not be read keeps its last values, their age in `PrometheusRead.stale_seconds`
 (exported as headroom_source_stale_seconds), and the failure is logged when it starts and when it
@@ -29,8 +31,15 @@ from monitor.kit.http import BodyBudget, redact
 from ..model import Histogram, ReplicaReading, SourceStatus
 from ..model.shard import filter_pools
 from .prometheus import PrometheusClient, PrometheusError, engine_of_scrape, partial_warnings, scrapes_from_vector
-from .prometheus_pool_reads import Answer, PoolHistogramReads
-from .prometheus_queries import present_bases, replica_selector, replica_selectors, shard_pools_query, with_pools
+from .prometheus_pool_reads import REFRESH_SHARE, Answer, PoolHistogramReads
+from .prometheus_queries import (
+    needed_bases,
+    present_bases,
+    replica_selector,
+    replica_selectors,
+    shard_pools_query,
+    with_pools,
+)
 from .prometheus_since import ReplicaSince, by_instance, split_up, up_query
 from .query_clock import QueryClock
 from .settings import PrometheusSource
@@ -52,7 +61,8 @@ class PrometheusRead:
     """One cycle's read: replica readings, statuses, anomalies by kind, and per pool key the latency
     histograms the query layer summed (`pool_histograms`: increases over the latency window;
     `pool_totals`: cumulative, for pool SLOs) - None when never read. `stale_seconds`: per part
-    (replicas, histograms) the age of the values in use, 0 when this cycle's query answered."""
+    (replicas, histograms) the age of the values in use, 0 when this cycle's query answered (the
+    histograms are asked again once a tenth of the latency window has passed: prometheus_pool_reads.py)."""
 
     readings: list[ReplicaReading]
     statuses: list[SourceStatus]
@@ -73,7 +83,7 @@ class PrometheusSourceReader(PoolHistogramReads):
                  budget: Optional[BodyBudget] = None, forget_after: float = FORGET_AFTER,
                  pool_by: Sequence[str] = ("model_name",), latency_window: float = 300.0,
                  total_kinds: Sequence[str] = (), shard: Optional[tuple[int, int]] = None,
-                 max_series: int = 100_000):
+                 max_series: int = 100_000, histogram_every: Optional[float] = None):
         self.src = src
         self.client = client or PrometheusClient.from_config(src, budget)
         self.known: dict[str, float] = {}  # instance that served vLLM series -> the last time it did
@@ -90,6 +100,10 @@ class PrometheusSourceReader(PoolHistogramReads):
         self._partials = 0  # this read's queries that answered partially
         self._lock = threading.Lock()  # _partials, counted from the query threads
         self._present: Optional[dict[str, str]] = None  # the histograms the last whole replica read found
+        self._spare: dict[str, str] = {}  # later candidates found beside an earlier one (needed_bases): not asked
+        # seconds between two reads of the pools' histograms (prometheus_pool_reads.REFRESH_SHARE; 0: every read)
+        self.histogram_every = REFRESH_SHARE * latency_window if histogram_every is None else histogram_every
+        self._hist_asked: Optional[tuple[float, dict[str, str]]] = None  # (steady time, queries) of the last answer
         self._pool: Optional[ThreadPoolExecutor] = None  # the queries asked at once (made on first use)
         self.max_series = max_series  # global.max_series: no answer is sized for more series than this
         self._series: Optional[int] = None  # series in the last whole replica answer (None: count them)
@@ -160,8 +174,8 @@ class PrometheusSourceReader(PoolHistogramReads):
         queries = [] if narrow == "" else self._replica_queries(narrow or "")
         parts = [self._start(lambda q=q: self._query(q, deadline, max_bytes=cap)) for q in queries]
         assert self._present is not None  # read_all asks at once only after a whole replica read
-        started = {key: (query, self._start(lambda q=query: self._query(q, deadline)))
-                   for key, query in self._histogram_asks(self._present, with_rules=True).items()}
+        asks = self._histogram_asks(self._present, with_rules=True) if self._histograms_due(self._present) else {}
+        started = {key: (query, self._start(lambda q=query: self._query(q, deadline))) for key, query in asks.items()}
         vector: list = []
         try:
             for part in parts:
@@ -255,7 +269,8 @@ class PrometheusSourceReader(PoolHistogramReads):
     def _readings(self, vector, now: float, out: PrometheusRead) -> tuple[dict[str, tuple[str, ...]], dict[str, str]]:
         """Per instance: the engine's readings (its pool_by labels on them), from this read's series
         and those held for the replicas not scraped since (prometheus_since.py); returns each
-        instance's missing contract families and the latency histograms found (base -> stored name).
+        instance's missing contract families and the latency histograms whose pool buckets are asked (base -> stored name: prometheus_queries.needed_bases;
+        the other candidates found in `_spare`).
         Takes the vector's label dicts over."""
         missing: dict[str, tuple[str, ...]] = {}  # instance -> contract families it has no series of
         extra = [label for label in self.pool_by if label not in ("model_name", "model")]
@@ -272,13 +287,14 @@ class PrometheusSourceReader(PoolHistogramReads):
             for kind, n in scrape.anomalies.items():
                 out.anomalies[kind] = out.anomalies.get(kind, 0) + n
             scrape.anomalies = regrouped  # a held scrape is read again next cycle: count each read's once
-        if held:
-            return missing, self.since.present()
-        found: dict[str, str] = {}
-        for got in present.values():
+        found = self.since.found() if held else list(present.values())
+        every: dict[str, str] = {}
+        for got in found:
             for base, name in got.items():
-                found.setdefault(base, name)
-        return missing, found
+                every.setdefault(base, name)
+        needed = needed_bases(found)
+        self._spare = {base: name for base, name in every.items() if base not in needed}
+        return missing, needed
 
     def _statuses(self, now: float, deadline: Optional[float], missing: dict, out: PrometheusRead,
                   ups: Optional[Answer] = None) -> None:

@@ -140,6 +140,10 @@ class ReplicaSince:
                 out.setdefault(base, name)
         return out
 
+    def found(self) -> list[dict[str, str]]:
+        """Each held instance's latency histograms (canonical base -> stored name)."""
+        return [h.present for h in self.held.values() if h.present]
+
     def series(self) -> int:
         return sum(h.series for h in self.held.values())
 

@@ -8,7 +8,14 @@ import pytest
 from monitor.config import ConfigError, from_dict
 from monitor.derive.histogram import quantiles
 from monitor.sources.prometheus import PrometheusClient, scrapes_from_vector
-from monitor.sources.prometheus_queries import pool_histogram_query, pool_histograms, present_bases, replica_selector
+from monitor.sources.prometheus_pool_reads import _short
+from monitor.sources.prometheus_queries import (
+    needed_bases,
+    pool_histogram_query,
+    pool_histograms,
+    present_bases,
+    replica_selector,
+)
 from monitor.sources.vllm import readings_from_scrape
 
 
@@ -57,6 +64,21 @@ def test_pool_histograms_are_read_back_and_the_first_candidate_name_wins():
     assert total["m"]["e2e"].counts == (5.0,)
     # keyed by the last pool_by label; one missing it falls back to the model
     assert set(pool_histograms(rows, ["team"])[1]) == {"a"} and set(pool_histograms(rows, ["team"])[0]) == {"m"}
+
+
+def test_a_later_candidate_is_asked_only_for_a_replica_without_an_earlier_one():
+    itl, legacy = "vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"
+    e2e, sg_itl = "vllm:e2e_request_latency_seconds", "sglang:inter_token_latency_seconds"
+    both = {itl: itl, legacy: legacy, e2e: "vllm_e2e_request_latency_seconds"}
+    assert needed_bases([both, both]) == {itl: itl, e2e: "vllm_e2e_request_latency_seconds"}  # both ITL names
+    assert needed_bases([both, {legacy: legacy}]) == {itl: itl, legacy: legacy, e2e: "vllm_e2e_request_latency_seconds"}
+    assert needed_bases([{legacy: legacy}, {sg_itl: sg_itl}]) == {legacy: legacy, sg_itl: sg_itl}  # one per engine
+    assert needed_bases([]) == {}
+    # the spare candidate is asked after all when a pool read lacks its kind (the earlier one's buckets dropped)
+    h = pool_histograms([_row(e2e, "bucket", 1.0, "+Inf"), _row(itl, "bucket", 1.0, "+Inf")], ["model_name"])
+    assert not _short(*h, {legacy: legacy}) and _short(h[0], h[1], {"vllm:e2e_request_latency_seconds": "x"}) is False
+    h = pool_histograms([_row(e2e, "bucket", 1.0, "+Inf")], ["model_name"])
+    assert _short(*h, {legacy: legacy})
 
 
 def test_a_non_finite_pool_histogram_is_unknown_and_rounding_keeps_buckets_cumulative():

@@ -123,6 +123,7 @@ def test_prometheus_mode_agrees_with_direct_mode_reading_a_few_series_per_replic
 
     direct = Pipeline(pipeline_settings(Config(vllm_targets=[Target(s.url("/metrics")) for s in servers], latency_window=120.0)))
     via = Pipeline(pipeline_settings(Config(prometheus=PrometheusSource(url=prom.url, selector='job="vllm"'), latency_window=120.0)))
+    via.prom.histogram_every = 0.0  # the pools' histograms of this cycle (else up to 12 s old: REFRESH_SHARE)
     try:
         direct.run_cycle()
         via.run_cycle()
@@ -169,6 +170,7 @@ def test_prometheus_mode_agrees_with_direct_mode_reading_a_few_series_per_replic
 def test_a_slow_histogram_query_leaves_gauges_fresh_and_histograms_stale(fleet, caplog):
     servers, _prom, proxy = fleet
     via = Pipeline(pipeline_settings(Config(prometheus=PrometheusSource(url=proxy.url, selector='job="vllm"'), latency_window=120.0)))
+    via.prom.histogram_every = 0.0  # asked every cycle (else every 12 s: prometheus_pool_reads.REFRESH_SHARE)
     try:
         first = via.run_cycle(wait_seconds=20)
         assert first.source_stale_seconds == {"replicas": 0.0, "histograms": 0.0}
@@ -235,6 +237,7 @@ def test_a_tenant_header_reaches_every_query_and_never_the_log(fleet, caplog, mo
     from monitor.export.snapshot_json import snapshot_to_dict
     caplog.set_level(logging.DEBUG)
     via = Pipeline(pipeline_settings(load(str(cfg_file))))
+    via.prom.histogram_every = 0.0  # the histogram queries asked on the second cycle too (held, they fail)
     before = len(proxy.headers)
     try:
         snap = via.run_cycle(wait_seconds=20)
@@ -317,7 +320,7 @@ def test_the_replica_read_asked_at_once_gives_the_readings_of_the_one_whole_read
     from monitor.sources.prometheus_reader import PrometheusSourceReader
     _servers, prom, proxy = fleet
     src = PrometheusSource(url=proxy.url, selector='job="vllm"', recording_rules=False)
-    reader = PrometheusSourceReader(src, latency_window=120.0)
+    reader = PrometheusSourceReader(src, latency_window=120.0, histogram_every=0.0)
     client = PrometheusClient(prom.url)
     try:
         reader.read_all(now=1_800_000_000.0)

@@ -1,6 +1,8 @@
 """Which replicas a Prometheus-mode read asks for again (monitor/sources/prometheus_since.py): only
 those Prometheus scraped since their last read, the rest held; the whole fleet when that cannot be
 judged. Exact, on plain data (the live read against a real Prometheus: test_prometheus_query_layer.py)."""
+import pytest
+
 from monitor.sources import prometheus_since as ps
 from monitor.sources.prometheus_since import ReplicaSince, split_up, up_query
 
@@ -94,3 +96,83 @@ def test_a_held_replica_counts_its_anomalies_once_per_cycle_not_once_more_each_c
         reader._readings([(dict(labels), v) for labels, v in series] if cycle == 0 else [], float(cycle), out)
         counts.append(out.anomalies.get("negative", 0))
     assert counts[0] >= 1 and counts == [counts[0]] * 4, counts
+
+
+class _Layer:
+    """A query layer's answers for one vLLM replica exporting both ITL names (the renamed one and the
+    deprecated); `dropped`: the histogram bases whose buckets a relabelling dropped (`_count` kept)."""
+
+    BASES = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds", "vllm:e2e_request_latency_seconds")
+
+    def __init__(self, dropped=()):
+        self.dropped, self.asked = set(dropped), []
+
+    def query(self, query, at=None, deadline=None, warnings=None, stamps=None, max_bytes=None):
+        lb = {"instance": "a", "model_name": "m"}
+        if stamps is not None:
+            stamps.append(1000.0)
+        if query.startswith("count("):
+            return [({}, 5.0)]
+        if "hr_base" in query:
+            base = next(b for b in self.BASES if b.partition(":")[2] in query)
+            self.asked.append(base)
+            if base in self.dropped:
+                return []
+            return [({"hr_base": base, "hr_part": "bucket", "model_name": "m", "le": le}, v)
+                    for le, v in (("0.1", 1.0), ("+Inf", 4.0))]
+        if '__name__="up"' in query:
+            return [({"__name__": "up", **lb}, 1.0)]
+        return [({"__name__": "vllm:num_requests_running", **lb}, 1.0)] + [
+            ({"__name__": base + "_count", **lb}, 4.0) for base in self.BASES]
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("dropped, asked", [
+    ((), ["vllm:e2e_request_latency_seconds", "vllm:inter_token_latency_seconds"]),
+    (("vllm:inter_token_latency_seconds",), ["vllm:e2e_request_latency_seconds", "vllm:inter_token_latency_seconds",
+                                            "vllm:time_per_output_token_seconds"])])
+def test_the_later_itl_name_is_asked_only_when_the_earlier_one_gives_a_pool_nothing(dropped, asked):
+    from monitor.config import PrometheusSource
+    from monitor.sources.prometheus_reader import PrometheusSourceReader
+
+    layer = _Layer(dropped)
+    reader = PrometheusSourceReader(PrometheusSource(url="http://127.0.0.1:9"), client=layer, histogram_every=0.0)
+    for _ in range(2):  # a whole read, then one asked at once
+        layer.asked.clear()
+        got = reader.read_all(now=1000.0)
+        assert sorted(layer.asked) == asked
+        assert got.pool_histograms["m"]["itl"].counts == (1.0, 4.0) and got.stale_seconds["histograms"] == 0.0
+    reader.close()
+
+
+def test_the_pool_histograms_are_asked_again_once_a_tenth_of_the_window_has_passed(monkeypatch):
+    """Between two reads of the pools' histograms (every REFRESH_SHARE of the latency window) a read
+    uses the last ones, their age in stale_seconds; a failed read of them is asked again next read."""
+    from monitor.config import PrometheusSource
+    from monitor.sources import prometheus_pool_reads as pr
+    from monitor.sources.prometheus_reader import PrometheusSourceReader
+
+    steady = [100.0]
+    monkeypatch.setattr(pr.time, "monotonic", lambda: steady[0])
+    layer = _Layer()
+    reader = PrometheusSourceReader(PrometheusSource(url="http://127.0.0.1:9"), client=layer, latency_window=300.0)
+    assert reader.histogram_every == 30.0
+    seen = []
+    for now in (1000.0, 1010.0, 1020.0, 1030.0):
+        steady[0] = now - 900.0
+        layer.asked.clear()
+        got = reader.read_all(now=now)
+        seen.append((len(layer.asked), got.stale_seconds["histograms"], got.pool_histograms["m"]["itl"].counts))
+    assert seen == [(2, 0.0, (1.0, 4.0)), (0, 10.0, (1.0, 4.0)), (0, 20.0, (1.0, 4.0)), (2, 0.0, (1.0, 4.0))]
+    reader._failing["histograms"] = "deadline"  # as a read of them that failed leaves it
+    steady[0] += 10.0
+    layer.asked.clear()
+    assert reader.read_all(now=1040.0).stale_seconds["histograms"] == 0.0 and len(layer.asked) == 2
+    reader.close()
+    slo = PrometheusSourceReader(PrometheusSource(url="http://127.0.0.1:9"), client=layer, total_kinds=("e2e",))
+    for now in (1000.0, 1010.0):  # a pool SLO's cumulative buckets: every read
+        layer.asked.clear()
+        assert slo.read_all(now=now).stale_seconds["histograms"] == 0.0 and len(layer.asked) == 2
+    slo.close()
