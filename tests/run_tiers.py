@@ -37,10 +37,10 @@ SIDE_SHARDS = [["tests/deploy/test_alert_path.py", "tests/lab/test_demo.py", "te
                 "tests/app/test_restarts.py", "tests/app/test_snapshot_forecast.py"],
                ["tests/lab/test_loadtest_sim.py", "tests/deploy/test_rules.py",
                 "tests/app/test_prometheus_mode_forecasts.py"]]
-# one pytest session, one shared engine; the LoRA test stops every other engine first (exclusive=True),
-# so it runs last: after it no test needs the shared engine started again
+# one pytest session, two shared engines (tests/conftest.py: `vllm_small_engine`, and
+# `vllm_priority_engine`, whose start-up overlaps the first one's)
 ENGINE_FILES = ["tests/engine/test_vllm_pipeline.py", "tests/engine/test_vllm_sim_calibration.py",
-                "tests/engine/test_capacity_vllm.py", "tests/engine/test_loadtest_vllm.py", "tests/engine/test_alerts_vllm.py",
+                "tests/engine/test_capacity_vllm.py", "tests/engine/test_loadtest_vllm.py",
                 "tests/engine/test_journey_vllm.py", "tests/engine/test_loadtest_mixed_vllm.py", "tests/engine/test_knee_vllm.py",
                 "tests/engine/test_vllm_edges_engine.py"]
 
