@@ -109,6 +109,10 @@ class AgentApp:
         self.give_up_sessions = give_up
         self.m_sessions.labels(self.task_type).set(n)
 
+    def set_calls(self, max_tokens: tuple[int, int], prompt_words: Optional[tuple[int, int]] = None) -> None:
+        """The shape of the calls made from now on (the sessions read it at each call)."""
+        self.max_tokens, self.prompt_words = max_tokens, prompt_words
+
     def stop(self, timeout: float = 120.0) -> None:
         """Every session stopped and joined (a call in flight ends first), /metrics shut."""
         self.set_sessions(0)

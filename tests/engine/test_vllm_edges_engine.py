@@ -46,7 +46,7 @@ def _generate(url: str, tokens: int) -> None:
 def test_lora_slots_read_equal_the_engine_configuration(vllm_priority_engine):
     lora_engine = vllm_priority_engine
     _generate(lora_engine.url, 4)
-    busy = threading.Thread(target=_generate, args=(lora_engine.url, 400), daemon=True)
+    busy = threading.Thread(target=_generate, args=(lora_engine.url, 200), daemon=True)  # seconds of scrapes
     busy.start()
     seen: list[float] = []  # adapters running in each reading (the info series is set from the engine's stats)
 
