@@ -73,7 +73,12 @@ def check_behaviour(samples: list[dict], who: str) -> dict:
         if s["running"] < MAX_NUM_SEQS and s["waiting"] > 0:
             later = next((n for n in samples[i + 1:] if n["steps"] >= s["steps"] + 2), None)
             if later is not None:
-                admitted = later["finished"] - s["finished"] + later["running"] - s["running"]
+                # a request that left the queue was admitted too (no aborts; a preemption would grow the
+                # queue): vLLM's API server counts a success after the engine freed its slot, and on
+                # loaded cores that count lagged (a tier run at load 15 read 7 running, 3 -> 2 waiting,
+                # no success between)
+                admitted = max(later["finished"] - s["finished"] + later["running"] - s["running"],
+                               s["waiting"] - later["waiting"])
                 assert admitted >= 1, (who, s, later)
     assert sum(s["running"] == MAX_NUM_SEQS for s in samples if s["waiting"] > 0) > 0
     within = sum(e <= TOLERANCE for e in errors) / len(errors)
