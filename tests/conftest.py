@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -89,25 +90,55 @@ class EngineFactory:
         self.python = python
         self.log_root = log_root
         self.engines: dict[tuple, servers.ServerHandle] = {}
+        self.pending: dict[tuple, servers.ServerHandle] = {}  # spawned, not yet waited for
+        self.gateway: "servers.ServerHandle | None" = None  # a LiteLLM proxy spawned beside the engine
+
+    @staticmethod
+    def key(max_num_seqs: int = 8, num_gpu_blocks: int = 24, extra_args: tuple = (), model: str = "tiny") -> tuple:
+        return (int(max_num_seqs), int(num_gpu_blocks), tuple(extra_args), model)
+
+    def model_dir(self, model: str) -> str:
+        """The model folder of shape `model`, built on first use."""
+        return servers.build_tiny_model(os.path.join(self.log_root, f"{model}-model"), python=self.python, size=model)
+
+    def spawn(self, max_num_seqs: int = 8, num_gpu_blocks: int = 24, extra_args: tuple = (),
+              model: str = "tiny") -> None:
+        """Start an engine's process now without waiting for it: its start-up overlaps what runs
+        meanwhile, and the first `factory(...)` of that configuration waits for it."""
+        key = self.key(max_num_seqs, num_gpu_blocks, extra_args, model)
+        if key in self.engines or key in self.pending:
+            return
+        self.pending[key] = servers.spawn_vllm(self.model_dir(model), max_num_seqs=key[0], num_gpu_blocks=key[1],
+                                               extra_args=key[2], python=self.python, log_dir=self._log_dir(key))
+
+    def _log_dir(self, key: tuple) -> str:
+        path = os.path.join(self.log_root, f"vllm-{key[3]}-{key[0]}seqs-{key[1]}blocks-{len(self.engines) + len(self.pending)}")
+        os.makedirs(path, exist_ok=True)
+        return path
 
     def __call__(self, max_num_seqs: int = 8, num_gpu_blocks: int = 24, extra_args: tuple = (),
                  exclusive: bool = False, model: str = "tiny") -> servers.ServerHandle:
-        key = (int(max_num_seqs), int(num_gpu_blocks), tuple(extra_args), model)
+        key = self.key(max_num_seqs, num_gpu_blocks, extra_args, model)
         if exclusive:
             for other in [k for k in self.engines if k != key]:
                 self.engines.pop(other).stop()
+            for other in [k for k in self.pending if k != key]:
+                self.pending.pop(other).stop()
         handle = self.engines.get(key)
         if handle is not None and handle.alive():
             return handle
-        model_dir = servers.build_tiny_model(os.path.join(self.log_root, f"{model}-model"),
-                                             python=self.python, size=model)
-        log_dir = os.path.join(self.log_root, f"vllm-{model}-{key[0]}seqs-{key[1]}blocks-{len(self.engines)}")
-        os.makedirs(log_dir, exist_ok=True)
-        handle = servers.start_vllm(model_dir, max_num_seqs=key[0], num_gpu_blocks=key[1],
-                                    extra_args=key[2], python=self.python, log_dir=log_dir)
+        handle = self.pending.pop(key, None)
+        if handle is not None:
+            how = "spawned earlier, "
+            servers.finish_vllm_start(handle)
+        else:
+            how = ""
+            handle = servers.start_vllm(self.model_dir(model), max_num_seqs=key[0], num_gpu_blocks=key[1],
+                                        extra_args=key[2], python=self.python, log_dir=self._log_dir(key))
         nice = sorted(set(handle.info["engine_nice"].values())) or "default"
-        sys.stderr.write(f"\n[engine] vLLM {model} max_num_seqs={key[0]} blocks={key[1]} ready in "
-                         f"{handle.ready_seconds:.1f} s at {handle.url}, engine processes at nice {nice}\n")
+        args = "".join(" " + a for a in key[2])
+        sys.stderr.write(f"\n[engine] vLLM {model} max_num_seqs={key[0]} blocks={key[1]}{args} ready in "
+                         f"{handle.ready_seconds:.1f} s ({how}at {handle.url}), engine processes at nice {nice}\n")
         self.engines[key] = handle
         if not handle.alive():
             pytest.fail(f"vLLM engine died; log tail:\n{handle.log_tail()}", pytrace=False)
@@ -116,12 +147,52 @@ class EngineFactory:
     def stop_all(self) -> None:
         while self.engines:
             self.engines.popitem()[1].stop()
+        while self.pending:
+            self.pending.popitem()[1].stop()
+        if self.gateway is not None:
+            self.gateway.stop()
+
+
+SMALL_ENGINE = {"max_num_seqs": 8, "num_gpu_blocks": 24, "model": "small"}
+# the second engine: 4 slots, vLLM's priority policy (the request body's `priority`, lower first; calls
+# without one keep their arrival order) and LoRA (2 adapter slots of rank 8, adapter `sql`)
+LORA_ARGS = ("--enable-lora", "--max-loras", "2", "--max-lora-rank", "8")
+PRIORITY_ENGINE = {"max_num_seqs": 4, "num_gpu_blocks": 24, "model": "small"}
+
+
+def _priority_engine_args(factory: EngineFactory, engine_workdir: str) -> tuple:
+    """The priority engine's extra arguments, its LoRA adapter built first (tests/engine/lora_adapter.py)."""
+    adapter = os.path.join(engine_workdir, "sql-lora")
+    if not os.path.isfile(os.path.join(adapter, "adapter_config.json")):
+        subprocess.run([factory.python, os.path.join(os.path.dirname(servers.__file__), "lora_adapter.py"),
+                        factory.model_dir("small"), adapter, "8"], check=True, timeout=120)
+    return ("--scheduling-policy", "priority", *LORA_ARGS, "--lora-modules", f"sql={adapter}")
+
+
+def _session_uses(request, fixture: str) -> bool:
+    return any(fixture in getattr(item, "fixturenames", ()) for item in request.session.items)
+
+
+def _spawn_what_the_session_uses(factory: EngineFactory, engine_workdir: str, request) -> None:
+    """Spawn, side by side, the session's engines (and the LiteLLM proxy) its tests will use, the
+    reference engine first: their start-ups overlap one another's (one engine start-up, 30-90 s, and
+    LiteLLM's, 17 s, saved in the engine tier), and each fixture then waits for its own."""
+    if _session_uses(request, "vllm_small_engine"):
+        factory.spawn(**SMALL_ENGINE)
+        if _session_uses(request, "litellm_gateway") and servers.litellm_bin():
+            log_dir = os.path.join(engine_workdir, "litellm")
+            os.makedirs(log_dir, exist_ok=True)
+            url = factory.pending[factory.key(**SMALL_ENGINE)].url
+            factory.gateway = servers.spawn_litellm(url, binary=servers.litellm_bin(), log_dir=log_dir)
+    if _session_uses(request, "vllm_priority_engine"):
+        factory.spawn(extra_args=_priority_engine_args(factory, engine_workdir), **PRIORITY_ENGINE)
 
 
 @pytest.fixture(scope="session")
-def vllm_engine_factory(vllm_python, engine_workdir):
+def vllm_engine_factory(vllm_python, engine_workdir, request):
     factory = EngineFactory(vllm_python, os.path.join(engine_workdir, "engines"))
     try:
+        _spawn_what_the_session_uses(factory, engine_workdir, request)
         yield factory
     finally:
         factory.stop_all()
@@ -132,20 +203,36 @@ def vllm_small_engine(vllm_engine_factory) -> servers.ServerHandle:
     """The reference engine, shared by the session: max-num-seqs 8, 24 KV blocks of 128 tokens, on the
     `small` model, where the engine, not its HTTP frontend, is the bottleneck, so what clients saw and
     what the engine counted while requests queue can be compared (tests/engine/README.md)."""
-    return vllm_engine_factory(max_num_seqs=8, num_gpu_blocks=24, model="small")
+    return vllm_engine_factory(**SMALL_ENGINE)
 
 
 @pytest.fixture(scope="session")
-def litellm_gateway(vllm_small_engine, engine_workdir):
+def vllm_priority_engine(vllm_engine_factory, engine_workdir) -> servers.ServerHandle:
+    """The session's second engine: `small`, max-num-seqs 4, 24 KV blocks, vLLM's priority policy and
+    one LoRA adapter, `sql` (2 adapter slots): the priority tests, the 4-slot side of the loadtest
+    compare and the LoRA slots test share it (each start-up took 30 s on a quiet machine, 110-240 s
+    with the cores loaded to 10-22)."""
+    return vllm_engine_factory(extra_args=_priority_engine_args(vllm_engine_factory, engine_workdir),
+                               **PRIORITY_ENGINE)
+
+
+@pytest.fixture(scope="session")
+def litellm_gateway(vllm_small_engine, vllm_engine_factory, engine_workdir):
     """LiteLLM proxy (fixture config, Prometheus callback) in front of `vllm_small_engine`.
     `info["master_key"]` for the Authorization header, `info["metrics_url"]` for /metrics/."""
     binary = servers.litellm_bin()
     if not binary:
         _absent("LiteLLM venv absent: run .ci/install-litellm.sh or set HEADROOM_LITELLM_BIN")
-    log_dir = os.path.join(engine_workdir, "litellm")
-    os.makedirs(log_dir, exist_ok=True)
-    handle = servers.start_litellm(vllm_small_engine.url, binary=binary, log_dir=log_dir)
-    sys.stderr.write(f"\n[engine] LiteLLM ready in {handle.ready_seconds:.1f} s at {handle.url}\n")
+    handle, vllm_engine_factory.gateway = vllm_engine_factory.gateway, None
+    if handle is not None:
+        how = "spawned beside the engine"
+        servers.finish_litellm_start(handle)
+    else:
+        how = "started"
+        log_dir = os.path.join(engine_workdir, "litellm")
+        os.makedirs(log_dir, exist_ok=True)
+        handle = servers.start_litellm(vllm_small_engine.url, binary=binary, log_dir=log_dir)
+    sys.stderr.write(f"\n[engine] LiteLLM ready in {handle.ready_seconds:.1f} s ({how}) at {handle.url}\n")
     try:
         yield handle
     finally:

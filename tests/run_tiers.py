@@ -47,10 +47,10 @@ UNIT_SHARDS = [["tests/suite/test_lint.py", "tests/suite/test_dependencies.py", 
                 "tests/features/test_digest_day_one.py", "tests/features/test_digest_content.py",
                 "tests/core/test_capacity_sim.py", "tests/lab/test_demo_story.py", "tests/lab/test_sim_workload.py",
                 "tests/lab/test_sim_history.py", "tests/core/test_knee_plausible.py"]]
-# one pytest session, one shared engine; the LoRA test stops every other engine first (exclusive=True),
-# so it runs last: after it no test needs the shared engine started again
+# one pytest session, two shared engines (tests/conftest.py: `vllm_small_engine`, and
+# `vllm_priority_engine`, whose start-up overlaps the first one's)
 ENGINE_FILES = ["tests/engine/test_vllm_pipeline.py", "tests/engine/test_vllm_sim_calibration.py",
-                "tests/engine/test_capacity_vllm.py", "tests/engine/test_loadtest_vllm.py", "tests/engine/test_alerts_vllm.py",
+                "tests/engine/test_capacity_vllm.py", "tests/engine/test_loadtest_vllm.py",
                 "tests/engine/test_journey_vllm.py", "tests/engine/test_loadtest_mixed_vllm.py", "tests/engine/test_knee_vllm.py",
                 "tests/engine/test_vllm_edges_engine.py"]
 

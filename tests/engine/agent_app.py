@@ -28,6 +28,8 @@ from typing import Optional
 import requests
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from engine.load import text_prompt
+
 TASK_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 15, 20, 30, 45, 60, 90, 120)
 
 
@@ -55,11 +57,15 @@ class AgentApp:
 
     def __init__(self, gateway_url: str, model: str, api_key: str, task_type: str = "chat",
                  calls: int = 3, max_tokens: tuple[int, int] = (40, 90), tool_wait: tuple[float, float] = (0.5, 2.0),
-                 give_up_seconds: float = 4.0, stream: bool = True, seed: int = 1) -> None:
+                 give_up_seconds: float = 4.0, stream: bool = True, seed: int = 1,
+                 prompt_words: Optional[tuple[int, int]] = None) -> None:
         self.url = gateway_url.rstrip("/") + "/v1/chat/completions"
         self.model, self.key, self.task_type = model, api_key, task_type
         self.calls, self.max_tokens, self.tool_wait = calls, max_tokens, tool_wait
         self.give_up_seconds, self.stream, self.seed = give_up_seconds, stream, seed
+        # a long prompt per call (random words of engine.load.WORDS, about 2.9 tokens a word on the
+        # test models' tokenizer), so a call holds KV blocks for its prompt as well; None: one short line
+        self.prompt_words = prompt_words
         self.registry = CollectorRegistry()
         lab = ["task_type"]
         self.m_sessions = Gauge("agent_sessions_active", "Agent sessions open.", lab, registry=self.registry)
@@ -102,6 +108,10 @@ class AgentApp:
             thread.start()
         self.give_up_sessions = give_up
         self.m_sessions.labels(self.task_type).set(n)
+
+    def set_calls(self, max_tokens: tuple[int, int], prompt_words: Optional[tuple[int, int]] = None) -> None:
+        """The shape of the calls made from now on (the sessions read it at each call)."""
+        self.max_tokens, self.prompt_words = max_tokens, prompt_words
 
     def stop(self, timeout: float = 120.0) -> None:
         """Every session stopped and joined (a call in flight ends first), /metrics shut."""
@@ -151,6 +161,12 @@ class AgentApp:
             stop.wait(rng.uniform(*self.tool_wait))
         http.close()
 
+    def _content(self, rng: random.Random) -> str:
+        line = f"step of a {self.task_type} task {rng.random():.6f}"
+        if self.prompt_words is None:
+            return line
+        return line + " " + text_prompt(rng, rng.randint(*self.prompt_words))
+
     def _call(self, http: requests.Session, rng: random.Random, gives_up: bool) -> CallRecord:
         call = CallRecord(self.task_type, time.time())
         with self.lock:
@@ -158,7 +174,7 @@ class AgentApp:
         self.m_calls.labels(self.task_type).inc()
         body = {"model": self.model, "max_tokens": rng.randint(*self.max_tokens), "temperature": 0.0,
                 "stream": self.stream, "ignore_eos": True,
-                "messages": [{"role": "user", "content": f"step of a {self.task_type} task {rng.random():.6f}"}],
+                "messages": [{"role": "user", "content": self._content(rng)}],
                 "metadata": {"task_type": self.task_type}}
         read_timeout = self.give_up_seconds if gives_up else 300.0
         try:

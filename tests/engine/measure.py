@@ -34,13 +34,15 @@ KNEE_WINDOW_SECONDS = 6.0
 
 
 def knee_sweep(url: str, max_num_seqs: int, steps=KNEE_STEPS, step_seconds: float = KNEE_STEP_SECONDS,
-               window_seconds: float = KNEE_WINDOW_SECONDS, seed: int = 0, enough=None) -> dict:
+               window_seconds: float = KNEE_WINDOW_SECONDS, seed: int = 0, enough=None,
+               warmup_seconds: float = 6.0) -> dict:
     """A stepped closed-loop sweep. headroom's KneeEstimator is fed from the engine's /metrics alone
     (queue-time signal, Little's-law load, one scrape a second, windows within one step, as a stepped
     load test measures each level once it holds); the reference is the client-side curve (clients vs
     the mean client TTFT at that count) fitted with the same segmented regression. `enough(knee)`,
     when given, ends the sweep after the first step at whose end it holds (a test's condition; the
-    benchmark runs every step)."""
+    benchmark runs every step). `warmup_seconds` of unrecorded load first (0: none, for an engine that
+    has served before)."""
     target = url + "/metrics"
     est = KneeEstimator("queue", prior_knee(max_num_seqs=max_num_seqs), min_observations=30)
     points: list[tuple[int, float]] = []
@@ -48,8 +50,9 @@ def knee_sweep(url: str, max_num_seqs: int, steps=KNEE_STEPS, step_seconds: floa
     steady = []  # per step: (clients, client in-flight, engine Little's-law load)
     errors: list[str] = []
     # warm-up, not recorded: the first requests after start-up are slow (lazy initialisation)
-    ClosedLoop(url, clients=max_num_seqs, duration=6.0, max_tokens=KNEE_LENGTHS, seed=99 + seed).start() \
-        .join(timeout=300)
+    if warmup_seconds > 0:
+        ClosedLoop(url, clients=max_num_seqs, duration=warmup_seconds, max_tokens=KNEE_LENGTHS,
+                   seed=99 + seed).start().join(timeout=300)
     knee = est.estimate()
     for step, clients in enumerate(steps):
         loop = ClosedLoop(url, clients=clients, duration=step_seconds, max_tokens=KNEE_LENGTHS,

@@ -173,9 +173,11 @@ FATAL_MARKERS = ("initialization failed", "EngineDeadError", "Engine core initia
 
 
 def _wait_ready(handle: ServerHandle, path: str, timeout: float, started: float) -> None:
+    """Poll `path` until it answers 200, up to `started + timeout` (at least one poll: a server
+    spawned long before it was awaited may have been ready for minutes)."""
     deadline = started + timeout
     last_error = "no answer yet"
-    while time.monotonic() < deadline:
+    while True:
         if not handle.alive():
             rc = handle.process.returncode
             raise ServerStartError(
@@ -192,6 +194,8 @@ def _wait_ready(handle: ServerHandle, path: str, timeout: float, started: float)
             last_error = f"HTTP {r.status_code}"
         except requests.RequestException as exc:
             last_error = type(exc).__name__
+        if time.monotonic() >= deadline:
+            break
         time.sleep(0.5)
     handle.stop()
     raise ServerStartError(
@@ -237,6 +241,22 @@ def start_vllm(
     `enforce_eager` (default: on, unless HEADROOM_VLLM_EAGER=0) skips torch.compile: on 2 shared
     cores the compile alone took 60-90 s of a 175-240 s start; eager starts in ~110 s under the
     same load. Scheduling, KV accounting and metrics are the same code either way."""
+    handle = spawn_vllm(model_dir, max_num_seqs, num_gpu_blocks, port, extra_args, python, log_dir, enforce_eager)
+    return finish_vllm_start(handle, timeout)
+
+
+def spawn_vllm(
+    model_dir: str,
+    max_num_seqs: int = 8,
+    num_gpu_blocks: int = 24,
+    port: Optional[int] = None,
+    extra_args: Sequence[str] = (),
+    python: Optional[str] = None,
+    log_dir: Optional[str] = None,
+    enforce_eager: Optional[bool] = None,
+) -> ServerHandle:
+    """The first half of `start_vllm`: the server process started, not waited for (its start-up
+    overlaps whatever runs next); `finish_vllm_start(handle)` waits for it."""
     if enforce_eager is None:
         enforce_eager = os.environ.get("HEADROOM_VLLM_EAGER", "1") not in ("0", "false", "no")
     python = python or vllm_python()
@@ -272,11 +292,17 @@ def start_vllm(
         name="vllm", url=f"http://127.0.0.1:{port}", port=port, process=proc, log_path=log_path,
         info={"max_num_seqs": max_num_seqs, "num_gpu_blocks": num_gpu_blocks, "block_size": BLOCK_SIZE,
               "model_dir": model_dir, "served_model": SERVED_MODEL, "argv": argv,
-              "vocab_size": model_vocab_size(model_dir)},
+              "vocab_size": model_vocab_size(model_dir), "spawned_at": started},
     )
     _LIVE.append(handle)
-    _wait_ready(handle, "/ping", timeout, started)
-    handle.info["engine_nice"] = renice_engine(proc.pid, ENGINE_NICE)
+    return handle
+
+
+def finish_vllm_start(handle: ServerHandle, timeout: float = VLLM_START_TIMEOUT) -> ServerHandle:
+    """Wait (up to `timeout` s from its spawn) until a spawned engine answers /ping, then renice its
+    engine processes; `ready_seconds` counts from the spawn."""
+    _wait_ready(handle, "/ping", timeout, handle.info["spawned_at"])
+    handle.info["engine_nice"] = renice_engine(handle.process.pid, ENGINE_NICE)
     if ENGINE_NICE > 0 and not handle.info["engine_nice"]:
         handle.stop()
         raise ServerStartError("found no VLLM:: engine process to renice (did vLLM rename its processes?); "
@@ -341,6 +367,13 @@ def start_litellm(
 ) -> ServerHandle:
     """Start the LiteLLM proxy with the fixture config in front of `engine_url`; ready when
     GET /health/liveliness answers. Metrics at `handle.url + "/metrics/"` (trailing slash)."""
+    return finish_litellm_start(spawn_litellm(engine_url, port, binary, log_dir), timeout)
+
+
+def spawn_litellm(engine_url: str, port: Optional[int] = None, binary: Optional[str] = None,
+                  log_dir: Optional[str] = None) -> ServerHandle:
+    """The first half of `start_litellm`: the proxy's process started, not waited for (the engine
+    behind it need not be up yet); `finish_litellm_start(handle)` waits for it."""
     binary = binary or litellm_bin()
     if not binary:
         raise ServerStartError("no litellm binary (set HEADROOM_LITELLM_BIN or run .ci/install-litellm.sh)")
@@ -364,8 +397,14 @@ def start_litellm(
         info={"engine_url": engine_url, "config": config, "master_key": MASTER_KEY,
               "metrics_url": f"http://127.0.0.1:{port}/metrics/", "served_model": SERVED_MODEL},
     )
+    handle.info["spawned_at"] = started
     _LIVE.append(handle)
-    _wait_ready(handle, "/health/liveliness", timeout, started)
+    return handle
+
+
+def finish_litellm_start(handle: ServerHandle, timeout: float = LITELLM_START_TIMEOUT) -> ServerHandle:
+    """Wait (up to `timeout` s from its spawn) until a spawned proxy answers /health/liveliness."""
+    _wait_ready(handle, "/health/liveliness", timeout, handle.info["spawned_at"])
     return handle
 
 

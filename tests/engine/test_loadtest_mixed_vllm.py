@@ -1,12 +1,13 @@
 """`headroom loadtest --pattern mixed` against the real vLLM CPU engine: structure only (how well
 priorities protect interactive work is a benchmark: benchmarks/priority_protection.py).
 
-An engine started with `--scheduling-policy priority` (vLLM 0.32: the request body's `priority`,
-lower runs first) on the `small` model, max-num-seqs 4. Checked exactly:
+The session's `vllm_priority_engine` (tests/conftest.py): `--scheduling-policy priority` (vLLM 0.32:
+the request body's `priority`, lower runs first) on the `small` model, max-num-seqs 4, shared with
+the loadtest compare and the LoRA test. Checked exactly:
 - the engine honours the priority the load tester sends: with its 4 slots held by long calls, a
   deferrable call (priority 10) that queued first is overtaken by an interactive one (priority 0)
   sent after it; on the FCFS reference engine (8 slots) the same two calls keep their order;
-- the CLI's four cases, 8 s each, the budget read over HTTP from an exposition holding
+- the CLI's four cases, 5 s each (8 s took 12 s more), the budget read over HTTP from an exposition holding
   headroom_deferrable_budget_ratio 0.5 (a fixed page: the daemon's metric is another item):
   both classes ran (deferrable only outside `alone`), every call of both classes succeeded, the
   gate never let more than floor(0.5 x 4) = 2 deferrable calls fly, and mixed.json carries each
@@ -29,17 +30,6 @@ from monitor.commands.cli import main
 from monitor.kit.exposition import parse
 
 pytestmark = pytest.mark.vllm
-
-PRIORITY = ("--scheduling-policy", "priority")
-
-
-def four_slot_engine(factory):
-    """The session's 4-slot engine (`small`, 24 blocks) with vLLM's priority policy: these tests send
-    priorities; calls without one (priority 0 each) keep their arrival order, so
-    tests/test_loadtest_vllm.py ramps on the same engine instead of starting another one (a start-up
-    took 30 s on a quiet machine, 110-240 s with the cores loaded to 10-22)."""
-    return factory(max_num_seqs=4, num_gpu_blocks=24, extra_args=PRIORITY, model="small")
-
 
 def _gauge(url: str, name: str) -> float:
     text = requests.get(url + "/metrics", timeout=10).text
@@ -82,8 +72,8 @@ def overtaken(engine, slots: int) -> dict:
     return out
 
 
-def test_the_engine_honours_the_priority_sent(vllm_engine_factory, vllm_small_engine):
-    prio = four_slot_engine(vllm_engine_factory)
+def test_the_engine_honours_the_priority_sent(vllm_priority_engine, vllm_small_engine):
+    prio = vllm_priority_engine
     t = overtaken(prio, 4)
     assert t["interactive"] < t["deferrable"], f"priority 0 did not overtake priority 10: {t}"
     fcfs = overtaken(vllm_small_engine, 8)  # the same calls on vLLM's default policy keep their order
@@ -103,8 +93,8 @@ class _Budget(BaseHTTPRequestHandler):
         pass
 
 
-def test_four_cases_through_the_cli(vllm_engine_factory, tmp_path):
-    prio = four_slot_engine(vllm_engine_factory)
+def test_four_cases_through_the_cli(vllm_priority_engine, tmp_path):
+    prio = vllm_priority_engine
     mix = write_mixed_mix(str(tmp_path / "mix.yaml"), prio.info["vocab_size"], deferrable_concurrency=4,
                           interactive_per_second=1.0, ttft_seconds=2.0, budget_interval=0.5, pause=1.0,
                           deferrable_output=32)
@@ -112,7 +102,7 @@ def test_four_cases_through_the_cli(vllm_engine_factory, tmp_path):
     th = threading.Thread(target=server.serve_forever, daemon=True)
     th.start()
     try:
-        rc = main(["loadtest", "--target", prio.url, "--mix", mix, "--pattern", "mixed", "--duration", "8s",
+        rc = main(["loadtest", "--target", prio.url, "--mix", mix, "--pattern", "mixed", "--duration", "5s",
                    "--model", prio.info["served_model"], "--probes", "2", "--out", str(tmp_path / "out"),
                    "--budget-url", f"http://127.0.0.1:{server.server_port}/metrics", "--budget-pool", "p"])
     finally:
@@ -137,6 +127,6 @@ def test_four_cases_through_the_cli(vllm_engine_factory, tmp_path):
     assert rep["cases"]["priority"]["priorities_sent"] == {"ask": 0, "summarise": 10}
     assert rep["cases"]["unmanaged"]["priorities_sent"] is None
     b = rep["cases"]["budget"]["budget"]
-    assert b["max_concurrency"] == 4 and b["unknown_readings"] == 0 and b["readings"] >= 8
+    assert b["max_concurrency"] == 4 and b["unknown_readings"] == 0 and b["readings"] >= 6  # one each 0.5 s over 5 s, 16 seen at 8 s
     assert b["allowed_mean"] == pytest.approx(2.0, abs=0.05) and b["gate_peak_in_flight"] <= 2
     assert rep["target"] == {"ttft_seconds": 2.0, "source": "mix slo.ttft_seconds"}

@@ -17,8 +17,8 @@ the engine is the bottleneck, as on a GPU. Checked on one run (exact or structur
 How close the client's mean TTFT and its queue estimate (TTFT - unloaded TTFT) come to the engine's
 view (the wait before scheduling plus the load-added prefill time) is an accuracy figure of
 repeated ramps: `make bench-engine` (benchmarks/engine_results.json, `queue_agreement`).
-The same mix and seed against an engine with max-num-seqs 4 (the session's 4-slot engine, shared with
-tests/test_loadtest_mixed_vllm.py: vLLM's priority policy; the ramp sends no priority): it queues by
+The same mix and seed against an engine with max-num-seqs 4 (the session's `vllm_priority_engine`,
+shared with tests/engine/test_loadtest_mixed_vllm.py: vLLM's priority policy; the ramp sends no priority): it queues by
 12 sessions at the latest and runs at most 4; `headroom compare` shows both reports' own figures and
 decides by its documented rule.
 """
@@ -33,7 +33,6 @@ import pytest
 
 from engine.measure import write_ramp_mix as write_mix
 from engine.servers import REPO
-from engine.test_loadtest_mixed_vllm import four_slot_engine  # the session's 4-slot engine, shared
 from monitor.commands.cli import main
 
 pytestmark = pytest.mark.vllm
@@ -107,9 +106,9 @@ def test_queueing_past_max_num_seqs_and_client_server_agree(vllm_small_engine, t
     sys.stderr.write(f"[loadtest] knee {json.dumps(rep['knee'])}\n")
 
 
-def test_compare_of_four_and_eight_slots(vllm_small_engine, vllm_engine_factory, tmp_path_factory):
+def test_compare_of_four_and_eight_slots(vllm_small_engine, vllm_priority_engine, tmp_path_factory):
     b = ramp(vllm_small_engine, tmp_path_factory, "seqs8")
-    fewer = four_slot_engine(vllm_engine_factory)  # priority policy, no priority sent: arrival order
+    fewer = vllm_priority_engine  # priority policy, no priority sent: arrival order
     a = ramp(fewer, tmp_path_factory, "seqs4")
     assert a["run"]["mix_digest"] == b["run"]["mix_digest"] and a["run"]["seed"] == b["run"]["seed"]
     wa = {x["sessions"]: x for x in a["windows"]}

@@ -1,8 +1,10 @@
 """The edges on the real vLLM CPU engine (0.32.0, the engine tier): LoRA adapter slots read equal to
 the engine's configuration.
 
-One engine (the `tiny` model, 8 slots, 24 blocks) started with `--enable-lora --max-loras 2
---max-lora-rank 8 --lora-modules sql=<a tiny adapter built without peft: tests/engine/lora_adapter.py>`;
+The session's `vllm_priority_engine` (tests/conftest.py: the `small` model, 4 slots, 24 blocks,
+vLLM's priority policy), started with `--enable-lora --max-loras 2 --max-lora-rank 8 --lora-modules
+sql=<an adapter built without peft: tests/engine/lora_adapter.py>` (it had an engine of its own, which
+stopped the others first: 35 s of the tier);
 requests to the adapter, then /metrics read by headroom's vLLM reader: `vllm:lora_requests_info
 {max_lora="2"}` read as 2 adapter slots (one engine), the adapter seen running while a request runs.
 
@@ -14,8 +16,6 @@ speculative decoding, LMCache (CUDA only); their fixtures are rendered from the 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import threading
 import time
 import urllib.request
@@ -28,20 +28,6 @@ from monitor.sources.vllm import readings_from_text
 pytestmark = pytest.mark.vllm
 
 MAX_LORAS = 2
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(scope="module")
-def lora_engine(vllm_engine_factory, vllm_python, engine_workdir):
-    adapter = os.path.join(engine_workdir, "sql-lora")
-    model_dir = os.path.join(engine_workdir, "engines", "tiny-model")
-    # the factory builds the model folder on first use; the adapter needs its config first
-    from engine import servers
-    servers.build_tiny_model(model_dir, python=vllm_python, size="tiny")
-    subprocess.run([vllm_python, os.path.join(HERE, "engine", "lora_adapter.py"), model_dir, adapter, "8"],
-                   check=True, timeout=120)
-    return vllm_engine_factory(extra_args=("--enable-lora", "--max-loras", str(MAX_LORAS), "--max-lora-rank", "8",
-                                           "--lora-modules", f"sql={adapter}"), exclusive=True)
 
 
 def _get(url: str) -> str:
@@ -57,9 +43,10 @@ def _generate(url: str, tokens: int) -> None:
         assert resp.status == 200
 
 
-def test_lora_slots_read_equal_the_engine_configuration(lora_engine):
+def test_lora_slots_read_equal_the_engine_configuration(vllm_priority_engine):
+    lora_engine = vllm_priority_engine
     _generate(lora_engine.url, 4)
-    busy = threading.Thread(target=_generate, args=(lora_engine.url, 400), daemon=True)
+    busy = threading.Thread(target=_generate, args=(lora_engine.url, 200), daemon=True)  # seconds of scrapes
     busy.start()
     seen: list[float] = []  # adapters running in each reading (the info series is set from the engine's stats)
 

@@ -38,7 +38,7 @@ pytestmark = pytest.mark.vllm
 
 MAX_NUM_SEQS, NUM_BLOCKS, BLOCK = 8, 24, 128
 USABLE_BLOCKS = NUM_BLOCKS - 1  # vLLM keeps one null block: usage = used / (blocks - 1)
-N = 48
+N = 24  # 3 waves on 8 slots: every claim below holds for any N > 8 (48 took 15 s more)
 TOLERANCE = 0.10
 LAG = 0.10  # seconds of client-side observation lag allowed around a scrape (streaming, threads)
 
@@ -73,7 +73,12 @@ def check_behaviour(samples: list[dict], who: str) -> dict:
         if s["running"] < MAX_NUM_SEQS and s["waiting"] > 0:
             later = next((n for n in samples[i + 1:] if n["steps"] >= s["steps"] + 2), None)
             if later is not None:
-                admitted = later["finished"] - s["finished"] + later["running"] - s["running"]
+                # a request that left the queue was admitted too (no aborts; a preemption would grow the
+                # queue): vLLM's API server counts a success after the engine freed its slot, and on
+                # loaded cores that count lagged (a tier run at load 15 read 7 running, 3 -> 2 waiting,
+                # no success between)
+                admitted = max(later["finished"] - s["finished"] + later["running"] - s["running"],
+                               s["waiting"] - later["waiting"])
                 assert admitted >= 1, (who, s, later)
     assert sum(s["running"] == MAX_NUM_SEQS for s in samples if s["waiting"] > 0) > 0
     within = sum(e <= TOLERANCE for e in errors) / len(errors)
@@ -155,7 +160,7 @@ def drive_engine(engine, reqs: list[tuple[int, int]]):
         sent = time.time()
         text, answered = fetch_metrics(url)
         scrapes.append((text, sent, answered))
-        time.sleep(0.005)
+        time.sleep(0.02)  # a scrape every ~30 ms: hundreds per run, each parsed twice afterwards
     records = run.join(timeout=600)
     after_text = fetch_metrics(url)[0]
     return before_text, records, scrapes, after_text
