@@ -9,11 +9,11 @@ reader's source, pools, window, selector, query and note methods.
 from __future__ import annotations
 
 import logging
-import time
 from concurrent.futures import Future
 from functools import partial
-from typing import TYPE_CHECKING, Any, Callable, Optional, Union, cast
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Union, cast
 
+from monitor.derive.core import pool_of
 from monitor.kit.http import redact
 
 from .prometheus import PrometheusError
@@ -57,7 +57,7 @@ class PoolHistogramReads:
         _spare: dict[str, str]
         _failing: dict[str, str]
         histogram_every: float
-        _hist_asked: Optional[tuple[float, dict[str, str]]]
+        _hist_asked: Optional[tuple[float, dict[str, str], frozenset[str]]]
 
         def _start(self, call: Callable[..., list]) -> Future: ...
         @staticmethod
@@ -67,17 +67,19 @@ class PoolHistogramReads:
         def _last_histograms(self, now: float, out: Any) -> None: ...  # out: a PrometheusRead
 
     def _histograms(self, now: float, deadline: Optional[float], out: Any, present: dict[str, str],
-                    started: dict[str, tuple[str, Future]]) -> None:
+                    started: dict[str, tuple[str, Future]], start: float) -> None:
         """Every pool's latency histograms, summed by the query layer, into `out` (a PrometheusRead);
         the last ones when it fails.
         `started`: the queries already asked (key -> (query, future)); one this read needs and did
-        not start (a histogram new this read, the rules gone) is asked now."""
+        not start (a histogram new this read, the rules gone) is asked now. `start`: the steady time
+        the read began (what the refresh is timed from, so a slow read does not push it a cycle on)."""
         if not present:  # no replica has a latency histogram: nothing to ask
             out.pool_histograms, out.pool_totals = {}, {}
             out.stale_seconds["histograms"] = 0.0
             self._hist_asked = None
             return
-        if not self._histograms_due(present):
+        pools = frozenset(self._reading_pools(out))
+        if not self._histograms_due(present, start, pools):
             self._last_histograms(now, out)
             return
 
@@ -120,17 +122,24 @@ class PoolHistogramReads:
         self._note("histograms", None)
         out.stale_seconds["histograms"] = 0.0
         self._hists = (now, out.pool_histograms, out.pool_totals)
-        self._hist_asked = (time.monotonic(), self._histogram_asks(present, with_rules=True))
+        self._hist_asked = (start, self._histogram_asks(present, with_rules=True), pools)
 
-    def _histograms_due(self, present: dict[str, str]) -> bool:
-        """Whether this read asks the pools' histograms: none held, the last read of them failed, the
-        queries changed (histograms found or gone, the rules loaded or not), a pool SLO reads the
-        cumulative buckets (its tracker stamps them with the cycle's time: every cycle, as before),
-        or `histogram_every` seconds have passed since they last answered (REFRESH_SHARE)."""
+    def _histograms_due(self, present: dict[str, str], start: float, pools: Optional[frozenset] = None) -> bool:
+        """Whether this read (begun at steady time `start`) asks the pools' histograms: none held, the
+        last read of them failed, the queries changed (histograms found or gone, the rules loaded or
+        not), a pool SLO reads the cumulative buckets (its tracker stamps them with the cycle's time:
+        every cycle, as before), a pool read now was not read when they last answered (`pools`, once
+        the replicas are read: a new pool's quantiles are not left unknown until the next refresh),
+        or `histogram_every` seconds have passed between the starts of the reads (REFRESH_SHARE)."""
         asked = self._hist_asked
         return (asked is None or self._hists is None or "histograms" in self._failing or bool(self.total_kinds)
-                or time.monotonic() - asked[0] >= self.histogram_every - REFRESH_SLACK
-                or asked[1] != self._histogram_asks(present, with_rules=True))
+                or start - asked[0] >= self.histogram_every - REFRESH_SLACK
+                or asked[1] != self._histogram_asks(present, with_rules=True)
+                or (pools is not None and not pools <= asked[2]))
+
+    def _reading_pools(self, out: Any) -> Iterable[str]:
+        """The pool keys of this read's replica readings (the keys the histograms' answer is filed under)."""
+        return (pool_of(r, tuple(self.pool_by) or "model_name") for r in out.readings)
 
     def _histogram_asks(self, present: dict[str, str], with_rules: bool) -> dict[str, str]:
         """key -> query of the pools' histograms: the bundled rules' (key RULES) when they fit and

@@ -103,7 +103,8 @@ class PrometheusSourceReader(PoolHistogramReads):
         self._spare: dict[str, str] = {}  # later candidates found beside an earlier one (needed_bases): not asked
         # seconds between two reads of the pools' histograms (prometheus_pool_reads.REFRESH_SHARE; 0: every read)
         self.histogram_every = REFRESH_SHARE * latency_window if histogram_every is None else histogram_every
-        self._hist_asked: Optional[tuple[float, dict[str, str]]] = None  # (steady time, queries) of the last answer
+        # (steady time the read began, queries, pools read) of the histograms' last answer
+        self._hist_asked: Optional[tuple[float, dict[str, str], frozenset[str]]] = None
         self._pool: Optional[ThreadPoolExecutor] = None  # the queries asked at once (made on first use)
         self.max_series = max_series  # global.max_series: no answer is sized for more series than this
         self._series: Optional[int] = None  # series in the last whole replica answer (None: count them)
@@ -136,7 +137,7 @@ class PrometheusSourceReader(PoolHistogramReads):
                 self.since.plan(None, self.selector, time.monotonic())  # a full read, held by none
                 vector = self._replica_read(deadline)
             else:
-                vector, ups, started = self._read_at_once(deadline)
+                vector, ups, started = self._read_at_once(deadline, start)
         except PrometheusError as exc:
             self._present = None  # the next read asks in order of need
             self.since.forget()
@@ -153,12 +154,13 @@ class PrometheusSourceReader(PoolHistogramReads):
                              stale_seconds={"replicas": 0.0})
         missing, present = self._readings(vector, now, out)
         self._statuses(now, deadline, missing, out, ups)
-        self._histograms(now, deadline, out, dict(present), started)
+        self._histograms(now, deadline, out, dict(present), started, start)
         self._present = present
         self._count_partials(out)
         return out
 
-    def _read_at_once(self, deadline: Optional[float]) -> tuple[list, Answer, dict[str, tuple[str, Future]]]:
+    def _read_at_once(self, deadline: Optional[float], start: float
+                      ) -> tuple[list, Answer, dict[str, tuple[str, Future]]]:
         """`up` first (it fixes the cycle's query time; with each target's last scrape time), then the
         series of the replicas scraped since their last read (prometheus_since.py; all of them when
         that cannot be judged) and the histogram queries of the last read's histograms at once, each
@@ -174,7 +176,7 @@ class PrometheusSourceReader(PoolHistogramReads):
         queries = [] if narrow == "" else self._replica_queries(narrow or "")
         parts = [self._start(lambda q=q: self._query(q, deadline, max_bytes=cap)) for q in queries]
         assert self._present is not None  # read_all asks at once only after a whole replica read
-        asks = self._histogram_asks(self._present, with_rules=True) if self._histograms_due(self._present) else {}
+        asks = self._histogram_asks(self._present, with_rules=True) if self._histograms_due(self._present, start) else {}
         started = {key: (query, self._start(lambda q=query: self._query(q, deadline))) for key, query in asks.items()}
         vector: list = []
         try:

@@ -147,32 +147,62 @@ def test_the_later_itl_name_is_asked_only_when_the_earlier_one_gives_a_pool_noth
     reader.close()
 
 
+class _SlowLayer(_Layer):
+    """`_Layer` whose every answer takes `took` seconds of the steady clock `steady`; `fail`: histogram
+    queries left to fail (deadline); `models`: the pools its replica series are in (one replica each)."""
+
+    def __init__(self, steady, took, models=("m",)):
+        super().__init__()
+        self.steady, self.took, self.models, self.fail = steady, took, list(models), 0
+
+    def query(self, query, at=None, deadline=None, warnings=None, stamps=None, max_bytes=None):
+        from monitor.sources.prometheus import PrometheusError
+        self.steady[0] += self.took
+        got = super().query(query, at, deadline, warnings, stamps, max_bytes)
+        if "hr_base" in query:
+            if self.fail:
+                self.fail -= 1
+                raise PrometheusError("deadline", "the query layer did not answer in time")
+            return [(dict(labels, model_name=m), v) for m in self.models for labels, v in got]
+        return [({**labels, "instance": m, "model_name": m} if "instance" in labels else labels, v)
+                for m in self.models for labels, v in got]
+
+
 def test_the_pool_histograms_are_asked_again_once_a_tenth_of_the_window_has_passed(monkeypatch):
-    """Between two reads of the pools' histograms (every REFRESH_SHARE of the latency window) a read
-    uses the last ones, their age in stale_seconds; a failed read of them is asked again next read."""
+    """Between two reads of the pools' histograms (every REFRESH_SHARE of the latency window, timed
+    from the starts of the reads: answers that take 1.2 s do not push it a cycle on) a read uses the
+    last ones, their age in stale_seconds; a failed read of them is asked again the next read; a pool
+    new since they answered has them asked at once; with a pool SLO, every read."""
     from monitor.config import PrometheusSource
-    from monitor.sources import prometheus_pool_reads as pr
+    from monitor.sources import prometheus_reader as pr
     from monitor.sources.prometheus_reader import PrometheusSourceReader
 
     steady = [100.0]
     monkeypatch.setattr(pr.time, "monotonic", lambda: steady[0])
-    layer = _Layer()
+    layer = _SlowLayer(steady, took=0.4)
     reader = PrometheusSourceReader(PrometheusSource(url="http://127.0.0.1:9"), client=layer, latency_window=300.0)
     assert reader.histogram_every == 30.0
-    seen = []
-    for now in (1000.0, 1010.0, 1020.0, 1030.0):
-        steady[0] = now - 900.0
+
+    def read(now):
+        steady[0] = now - 900.0  # each read starts on its cycle's tick; its answers move the clock on
         layer.asked.clear()
         got = reader.read_all(now=now)
-        seen.append((len(layer.asked), got.stale_seconds["histograms"], got.pool_histograms["m"]["itl"].counts))
-    assert seen == [(2, 0.0, (1.0, 4.0)), (0, 10.0, (1.0, 4.0)), (0, 20.0, (1.0, 4.0)), (2, 0.0, (1.0, 4.0))]
-    reader._failing["histograms"] = "deadline"  # as a read of them that failed leaves it
-    steady[0] += 10.0
-    layer.asked.clear()
-    assert reader.read_all(now=1040.0).stale_seconds["histograms"] == 0.0 and len(layer.asked) == 2
+        return len(layer.asked), got.stale_seconds["histograms"], got.pool_histograms["m"]["itl"].counts
+
+    seen = [read(now) for now in (1000.0, 1010.0, 1020.0, 1030.0, 1040.0, 1050.0, 1060.0)]
+    assert seen == [(2, 0.0, (1.0, 4.0)), (0, 10.0, (1.0, 4.0)), (0, 20.0, (1.0, 4.0)),
+                    (2, 0.0, (1.0, 4.0)), (0, 10.0, (1.0, 4.0)), (0, 20.0, (1.0, 4.0)), (2, 0.0, (1.0, 4.0))]
+    layer.fail = 1  # the next refresh fails (one of its two queries): the last ones kept, asked again next read
+    assert read(1090.0)[1:] == (30.0, (1.0, 4.0))
+    assert read(1100.0) == (2, 0.0, (1.0, 4.0))
+    layer.models.append("m2")  # a pool new since they answered: asked at once, not at the next refresh
+    got = read(1110.0)
+    assert got[0] == 2 and sorted(reader._hists[1]) == ["m", "m2"]
+    assert read(1120.0)[0] == 0
     reader.close()
     slo = PrometheusSourceReader(PrometheusSource(url="http://127.0.0.1:9"), client=layer, total_kinds=("e2e",))
     for now in (1000.0, 1010.0):  # a pool SLO's cumulative buckets: every read
+        steady[0] = now - 900.0
         layer.asked.clear()
         assert slo.read_all(now=now).stale_seconds["histograms"] == 0.0 and len(layer.asked) == 2
     slo.close()
