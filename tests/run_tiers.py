@@ -85,14 +85,28 @@ def _names_tests(args: list[str]) -> bool:
     return any(not a.startswith("-") and os.path.exists(os.path.join(REPO, a.split("::")[0])) for a in args)
 
 
+# pytest's cache options: the side processes of tests/parallel.py run without the cache plugin (so two
+# processes never write .pytest_cache at once), where these are unknown: with one, a tier runs in one process
+CACHE_OPTIONS = ("--lf", "--last-failed", "--ff", "--failed-first", "--nf", "--new-first", "--cache-clear",
+                 "--lfnf", "--last-failed-no-failures", "--sw", "--stepwise", "--sw-skip", "--stepwise-skip",
+                 "--cache-show")
+
+
+def _one_process(args: list[str]) -> bool:
+    """Whether pytest's arguments want the tier in one process: they name tests, or use the cache."""
+    return _names_tests(args) or any(a.split("=")[0] in CACHE_OPTIONS for a in args)
+
+
 def command(tier: str, args: list[str]) -> list[str]:
     py = sys.executable
     parallel = os.path.join(HERE, "parallel.py")
     if tier == "unit":
-        if not UNIT_SHARDS or _names_tests(args):
+        if not UNIT_SHARDS or _one_process(args):
             return [py, "-m", "pytest", "-q", "-m", "not live and not vllm", *args]
         return [py, parallel, *_groups(UNIT_SHARDS), "--", "-q", "-m", "not live and not vllm", *args]
     if tier == "live":
+        if _one_process(args):
+            return [py, "-m", "pytest", "-q", "-m", "live and not vllm and not image", *args]
         return [py, parallel, *_groups(SIDE_SHARDS), "--", "-q", "-m", "live and not vllm and not image", *args]
     if tier == "image":
         return [py, "-m", "pytest", "-q", "-m", "image", *args, *image_files()]
