@@ -26,6 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Optional
 
 import requests
+import urllib3
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from engine.load import text_prompt
@@ -190,17 +191,27 @@ class AgentApp:
                             break
                     if not self.stream:
                         json.loads(resp.content or b"{}")
-        except requests.exceptions.ReadTimeout:
-            call.abandoned = gives_up
-            call.error = None if gives_up else "read timeout"
-            if gives_up:
-                self.m_abandoned.labels(self.task_type).inc()
         except (requests.RequestException, ValueError) as exc:
-            call.error = type(exc).__name__
+            if _read_timed_out(exc):
+                call.abandoned = gives_up
+                call.error = None if gives_up else "read timeout"
+                if gives_up:
+                    self.m_abandoned.labels(self.task_type).inc()
+            else:
+                call.error = type(exc).__name__
         call.end = time.time()
         if call.first_byte is None and not call.abandoned and not call.error:
             call.first_byte = call.end
         return call
+
+
+def _read_timed_out(exc: Exception) -> bool:
+    """Whether a call ended on its read timeout: requests says ReadTimeout before the answer starts,
+    and a ConnectionError around urllib3's ReadTimeoutError once a streamed answer has begun."""
+    if isinstance(exc, requests.exceptions.ReadTimeout):
+        return True
+    return isinstance(exc, requests.exceptions.ConnectionError) and any(
+        isinstance(arg, urllib3.exceptions.ReadTimeoutError) for arg in exc.args)
 
 
 class SlowGateway:

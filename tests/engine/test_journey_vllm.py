@@ -143,7 +143,8 @@ def test_an_overload_through_the_gateway_pages_and_clears(journey):
         assert f"Pool {pool} has had" in firing[name]["annotations"]["description"]
     # no call answered with an error status (the engine and the proxy served or queued every call);
     # the proxy, saturated, may drop a connection (a tier run at load 10: 1 ConnectionError, its own
-    # /metrics timing out meanwhile): under 5 % of the calls
+    # /metrics timing out meanwhile): under 5 % of the calls (a give-up's read timeout mid-stream is
+    # an abandoned call, not an error: agent_app._read_timed_out)
     errors = [c.error for c in app.calls_log if c.error]
     assert [e for e in errors if e.startswith("HTTP")] == [], errors[:3]
     assert len(errors) <= 0.05 * len(app.calls_log), (len(errors), len(app.calls_log), errors[:3])
