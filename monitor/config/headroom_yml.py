@@ -1,8 +1,8 @@
 """The assembly of headroom.yml: every section, declared next to its owner, read once into a frozen `Config`.
 
 `Config` is the flat view the app reads (`cfg.interval`, `cfg.vllm_targets`); each field names the key
-it comes from (`path="global.interval"`). Only the app floor (cycle, forecaster, build, commands) sees
-the whole of it; the floors below take their own section or a narrower view.
+it comes from (`path="global.interval"`). Only the app floor (build, commands) sees the whole of
+it; the floors below take their own section or a typed view built by monitor/config/inputs.py.
 """
 from __future__ import annotations
 

@@ -107,7 +107,7 @@ class PoolSnapshot:
     # reports any (unknown, not 0)
     shed_rates: dict[str, float] = field(default_factory=dict)
     queue_growth_rate: Optional[float] = None  # engine queue's change per second over the rate window
-    # replicas' capacity lost to slowness: sum over slow replicas of 1 - 1 / latency ratio (step.py)
+    # replicas' capacity lost to slowness: sum over slow replicas of 1 - 1 / latency ratio (monitor/step/cycle_step.py)
     slow_capacity_lost: float = 0.0
     # rates per second from counter deltas (None until two readings exist)
     completion_rate: Optional[float] = None
