@@ -28,8 +28,11 @@ MASTER_KEY = "sk-local-test-key"  # the placeholder key of the committed fixture
 SERVED_MODEL = "tiny"
 BLOCK_SIZE = 128  # vLLM's CPU backend block size (cache_config_info block_size)
 
-VLLM_START_TIMEOUT = float(os.environ.get("HEADROOM_VLLM_START_TIMEOUT", "300"))
-LITELLM_START_TIMEOUT = float(os.environ.get("HEADROOM_LITELLM_START_TIMEOUT", "120"))
+# counted from the spawn: two engines and the proxy start side by side on 2 cores (one engine's start-up
+# alone took 30 s quiet, 110-240 s with the cores loaded to 13-17), so a wait that only a broken start
+# runs out, not a slow one
+VLLM_START_TIMEOUT = float(os.environ.get("HEADROOM_VLLM_START_TIMEOUT", "600"))
+LITELLM_START_TIMEOUT = float(os.environ.get("HEADROOM_LITELLM_START_TIMEOUT", "300"))
 # nice value for vLLM's engine processes (EngineCore, Worker); its API server keeps the default. 0: leave alone
 ENGINE_NICE = int(os.environ.get("HEADROOM_VLLM_ENGINE_NICE", "10"))
 
