@@ -194,11 +194,15 @@ class _Run:
     def done(self) -> bool:
         return all(not t.is_alive() for t in self._threads)
 
-    def join(self, timeout: Optional[float] = None) -> list[RequestRecord]:
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Wait until every request has finished, at most `timeout` seconds; whether they have."""
         deadline = None if timeout is None else time.monotonic() + timeout
         for t in self._threads:
             t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        if not self.done():
+        return self.done()
+
+    def join(self, timeout: Optional[float] = None) -> list[RequestRecord]:
+        if not self.wait(timeout):
             raise TimeoutError("load still running after join timeout")
         if self.finished_at is None:
             self.finished_at = time.time()

@@ -156,12 +156,13 @@ def drive_engine(engine, reqs: list[tuple[int, int]]):
     before_text = fetch_metrics(url)[0]
     scrapes: list[tuple[str, float, float]] = []  # (text, sent, answered)
     run = start_batch(url, [o for _, o in reqs], prompts)
-    while not run.done():
+    deadline = time.monotonic() + 600
+    while not run.done() and time.monotonic() < deadline:
         sent = time.time()
         text, answered = fetch_metrics(url)
         scrapes.append((text, sent, answered))
-        time.sleep(0.02)  # a scrape every ~30 ms: hundreds per run, each parsed twice afterwards
-    records = run.join(timeout=600)
+        run.wait(0.02)  # a scrape every ~30 ms until the batch ends: hundreds per run, each parsed twice afterwards
+    records = run.join(timeout=max(0.0, deadline - time.monotonic()))
     after_text = fetch_metrics(url)[0]
     return before_text, records, scrapes, after_text
 
