@@ -76,6 +76,28 @@ class Backoff:
         return self.rng() * min(self.cap, self.base * (2.0 ** attempt))
 
 
+@dataclass(frozen=True)
+class _Ask:
+    """One request as the client sends it, and the monotonic time it must end by."""
+
+    method: str
+    path: str
+    body: Optional[bytes]
+    headers: dict[str, str]
+    timeout: float
+    deadline: float
+    key: _ConnKey
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """A GET `Fetcher.begin` sent on a kept connection: `conn` receives its answer (`Wire.take_ready`
+    reads what has come without waiting, `Wire.whole` says when it is all there)."""
+
+    ask: _Ask
+    conn: Wire
+
+
 class Fetcher:
     """Lean keep-alive HTTP client for the sources (the hot path of every cycle), one deadline per request.
 
@@ -128,19 +150,28 @@ class Fetcher:
         """(a connection to `key`'s host, whether it carried a request before): the idle one used
         last that passes its check (the others found closed or dirty on the way are closed), or a
         new one (connected by its first send)."""
+        conn = self._take_idle(key)
+        if conn is not None:
+            return conn, True
+        scheme, host, port = key
+        tls = (self.ssl_context or ssl.create_default_context()) if scheme == "https" else None
+        conn = Wire(host, port, tls)
+        with self._lock:
+            self._busy.add(conn)
+        return conn, False
+
+    def _take_idle(self, key: _ConnKey) -> Optional[Wire]:
+        """The idle connection to `key`'s host used last that passes its check (the others found
+        closed or dirty on the way are closed), or None."""
         while True:
             with self._lock:
                 idle = self._idle.get(key)
-                conn = idle.pop() if idle else None
-                if conn is None:
-                    scheme, host, port = key
-                    tls = (self.ssl_context or ssl.create_default_context()) if scheme == "https" else None
-                    conn = Wire(host, port, tls)
-                    self._busy.add(conn)
-                    return conn, False
+                if not idle:
+                    return None
+                conn = idle.pop()
                 self._busy.add(conn)
             if conn.reusable():
-                return conn, True
+                return conn
             self._give(key, conn, False)
 
     def _give(self, key: _ConnKey, conn: Wire, keep: bool) -> None:
@@ -183,7 +214,11 @@ class Fetcher:
 
     def get(self, url: str, timeout: float) -> str:
         """GET a metrics body within `timeout` seconds in all; FetchError with a reason otherwise."""
-        status, body = self.request("GET", url, timeout)
+        return self._text(*self.request("GET", url, timeout))
+
+    @staticmethod
+    def _text(status: int, body: bytes) -> str:
+        """A metrics answer's text; FetchError for a redirect, an error status or a body not UTF-8."""
         if 300 <= status < 400:
             raise FetchError("http", f"HTTP {status}: redirects are not followed (scrape the final URL)")
         if status >= 400 or status < 200:
@@ -199,38 +234,82 @@ class Fetcher:
 
         Raises FetchError: timeout, connect, tls, truncated, too_large, protocol, closed.
         """
+        ask = self._ask(method, url, timeout, body, headers)
+        for attempt in (0, 1):  # on a reused connection, an answer not for this request: one fresh try
+            conn, reused = self._take(ask.key)
+            conn.deadline = ask.deadline
+            got = self._attempt(ask, conn, attempt == 0 and reused, sent=False)
+            if got is not None:
+                return got
+        raise AssertionError("unreachable")
+
+    def begin(self, url: str, timeout: float) -> Optional[Exchange]:
+        """A GET sent on a kept connection to `url`'s host that passes its check, its answer left to
+        arrive (`finish` reads it; `Exchange.conn` shows what has come); None when no such connection
+        is idle or the send failed (the caller then asks with `get`, which connects: this never does,
+        so it never waits on a host)."""
+        ask = self._ask("GET", url, timeout, None, None)
+        conn = self._take_idle(ask.key)
+        if conn is None:
+            return None
+        conn.deadline = ask.deadline
+        try:
+            conn.send(self._get_bytes(conn, ask))
+        except (OSError, ValueError, http.client.HTTPException):
+            self._give(ask.key, conn, False)  # as `request` would: a fresh connection gets the GET
+            return None
+        return Exchange(ask, conn)
+
+    def finish(self, exchange: Exchange) -> str:
+        """`get`'s answer to a `begin`: the rest of it read off the socket within its deadline (none
+        of it when `Exchange.conn` holds it whole), the connection given back; on a kept connection
+        that gave no byte of an answer, the one fresh try `request` makes."""
+        ask, conn = exchange.ask, exchange.conn
+        got = self._attempt(ask, conn, True, sent=True)
+        if got is None:
+            if self.closed:
+                raise FetchError("closed", "the client is shut down")
+            conn, _ = self._take(ask.key)
+            conn.deadline = ask.deadline
+            got = self._attempt(ask, conn, False, sent=False)
+            assert got is not None  # no retry asked: an answer or an error
+        return self._text(*got)
+
+    def _ask(self, method: str, url: str, timeout: float, body: Optional[bytes],
+             headers: Optional[dict[str, str]]) -> _Ask:
         if self.closed:
             raise FetchError("closed", "the client is shut down")
         scheme, host, port, path, url_auth = self._split(url)
-        hdrs = dict(self.headers)
-        if url_auth:  # credentials in the URL: use them, never echo them
-            hdrs["Authorization"] = url_auth
-        hdrs.update(headers or {})
-        deadline = time.monotonic() + timeout
-        key = (scheme, host, port)
-        for attempt in (0, 1):  # on a reused connection, an answer not for this request: one fresh try
-            conn, reused = self._take(key)
-            conn.deadline = deadline
-            retry = attempt == 0 and reused
-            try:
-                status, data, keep = self._exchange(conn, method, path, body, hdrs)
-            except FetchError:
-                self._give(key, conn, False)
-                raise
-            except (OSError, ValueError, http.client.HTTPException) as exc:
-                self._give(key, conn, False)
-                if self.closed:  # close() broke the connection under us
-                    raise FetchError("closed", "the client was shut down during the request") from None
-                error = _classify(exc, timeout)
-                if error is None and retry and conn.received == 0 and time.monotonic() < deadline:
-                    continue  # closed as the request went: no byte of an answer came
-                raise (error or FetchError("connect", _short(exc))) from None
-            if status == 408 and retry and time.monotonic() < deadline:
-                self._give(key, conn, False)  # the server timed the idle connection out: not our answer
-                continue
-            self._give(key, conn, keep)
-            return status, data
-        raise AssertionError("unreachable")
+        hdrs = self.headers
+        if url_auth or headers:
+            hdrs = dict(hdrs)
+            if url_auth:  # credentials in the URL: use them, never echo them
+                hdrs["Authorization"] = url_auth
+            hdrs.update(headers or {})
+        return _Ask(method, path, body, hdrs, timeout, time.monotonic() + timeout, (scheme, host, port))
+
+    def _attempt(self, ask: _Ask, conn: Wire, retry: bool, sent: bool) -> Optional[tuple[int, bytes]]:
+        """One try of `ask` on `conn` (`sent`: its request went already), the connection given back
+        or closed; None when it is worth the one fresh try (`retry`: a reused connection closed as
+        the request went, no byte of an answer came, or an idle-timeout 408)."""
+        try:
+            status, data, keep = self._exchange(conn, ask, sent)
+        except FetchError:
+            self._give(ask.key, conn, False)
+            raise
+        except (OSError, ValueError, http.client.HTTPException) as exc:
+            self._give(ask.key, conn, False)
+            if self.closed:  # close() broke the connection under us
+                raise FetchError("closed", "the client was shut down during the request") from None
+            error = _classify(exc, ask.timeout)
+            if error is None and retry and conn.received == 0 and time.monotonic() < ask.deadline:
+                return None  # closed as the request went: no byte of an answer came
+            raise (error or FetchError("connect", _short(exc))) from None
+        if status == 408 and retry and time.monotonic() < ask.deadline:
+            self._give(ask.key, conn, False)  # the server timed the idle connection out: not our answer
+            return None
+        self._give(ask.key, conn, keep)
+        return status, data
 
     def _split(self, url: str) -> _UrlParts:
         """(scheme, host, port, path with query, Authorization from the URL's credentials or None),
@@ -246,25 +325,27 @@ class Fetcher:
             self._urls[url] = got
         return got
 
-    def _exchange(self, conn: Wire, method: str, path: str, body: Optional[bytes],
-                  headers: dict[str, str]) -> tuple[int, bytes, bool]:
-        """(status, body, whether `conn` may be kept) of one request on `conn`, read off the socket
-        (http_wire), head and body held within their caps and the shared budget (never inflated:
-        the request asked for identity)."""
-        if body is None:  # the same GETs every cycle: their bytes are kept
-            ask = (method, path, conn.host_header, tuple(headers.items()))
-            wire = self._asks.get(ask)
-            if wire is None:
-                wire = request_bytes(method, path, conn.host_header, headers, None)
-                if len(self._asks) >= 100_000:
-                    self._asks.clear()
-                self._asks[ask] = wire
-        else:
-            wire = request_bytes(method, path, conn.host_header, headers, body)
-        conn.send(wire)
+    def _get_bytes(self, conn: Wire, ask: _Ask) -> bytes:
+        """A GET's request bytes, kept: the same GETs go every cycle."""
+        key = (ask.method, ask.path, conn.host_header, tuple(ask.headers.items()))
+        wire = self._asks.get(key)
+        if wire is None:
+            wire = request_bytes(ask.method, ask.path, conn.host_header, ask.headers, None)
+            if len(self._asks) >= 100_000:
+                self._asks.clear()
+            self._asks[key] = wire
+        return wire
+
+    def _exchange(self, conn: Wire, ask: _Ask, sent: bool) -> tuple[int, bytes, bool]:
+        """(status, body, whether `conn` may be kept) of one request on `conn` (sent first unless
+        `sent`), read off the socket (http_wire), head and body held within their caps and the
+        shared budget (never inflated: the request asked for identity)."""
+        if not sent:
+            conn.send(self._get_bytes(conn, ask) if ask.body is None else
+                      request_bytes(ask.method, ask.path, conn.host_header, ask.headers, ask.body))
         held = _Held(self.max_body, self.budget)
         try:
-            status, will_close, _ = read_response(conn, method == "HEAD", held)
+            status, will_close, _ = read_response(conn, ask.method == "HEAD", held)
             data = held.data()
         finally:
             held.release()

@@ -69,6 +69,8 @@ class Wire:
         self.buf = bytearray()
         self.received = 0
         self.idle_since = 0.0
+        self.error: Optional[OSError] = None  # a receive error `take_ready` met, for `_recv` to raise
+        self.need = 0  # `whole`: the bytes the answer in the buffer has in all (0: not known yet)
         default = 443 if context is not None else 80
         name = f"[{host}]" if ":" in host else host
         self.host_header = name if self.port == default else f"{name}:{self.port}"
@@ -98,11 +100,56 @@ class Wire:
         sock = self.sock
         if sock is None:  # closed under us (Fetcher.close from another thread)
             return 0
+        if self.error is not None:  # what `take_ready` met, raised where the reading is
+            error, self.error = self.error, None
+            raise error
         sock.settimeout(time_left(self.deadline))
         chunk = sock.recv(RECV_BYTES)
         self.buf += chunk
         self.received += len(chunk)
         return len(chunk)
+
+    def take_ready(self) -> bool:
+        """One receive that does not wait (its socket said it is readable): whether the connection
+        may still bring more. Its end (or an error, kept for `_recv` to raise) says False: the
+        blocking read then meets it as it would have."""
+        sock = self.sock
+        if sock is None or self.error is not None:
+            return False
+        try:
+            sock.settimeout(0)
+            chunk = sock.recv(RECV_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return True
+        except OSError as exc:
+            self.error = exc
+            return False
+        self.buf += chunk
+        self.received += len(chunk)
+        return bool(chunk)
+
+    def whole(self, max_body: int) -> Optional[bool]:
+        """Whether the buffer holds a whole answer to a GET, framed by its Content-Length (a usual
+        head, status 2xx-5xx but 408, a body of at most `max_body` bytes): True (`read_response` then
+        reads it without waiting), False (not yet), None (anything else: read it the blocking way; a
+        408 too, as the client's fresh try connects)."""
+        if not self.need:
+            end = self.buf.find(b"\r\n\r\n", 0, HEAD_STEP)
+            if end == -1:
+                return None if len(self.buf) >= HEAD_STEP else False
+            try:
+                got = _whole_head(self.buf, _NO_SINK, 0)
+            except (http.client.HTTPException, ValueError):
+                return None
+            if got is None:
+                return None
+            status, _, fields, at = got
+            raw = fields.get("content-length")
+            if (status < 200 or status in _NO_BODY or status == 408 or "transfer-encoding" in fields or raw is None
+                    or not (0 < len(raw) <= 18 and raw.isascii() and raw.isdigit()) or int(raw) > max_body):
+                return None
+            self.need = at + int(raw)
+        return len(self.buf) >= self.need
 
     def reusable(self) -> bool:
         """Whether this idle connection may carry another request: open, and nothing waiting on it.
@@ -137,9 +184,26 @@ class Wire:
 
     def send(self, data: bytes) -> None:
         sock = self.sock if self.sock is not None else self.connect()
-        self.received = 0
+        self.received = self.need = 0
+        self.error = None
         sock.settimeout(time_left(self.deadline))
         sock.sendall(data)
+
+
+class _NoSink:
+    """A sink for a head read to learn its framing only (`Wire.whole`): nothing is held."""
+
+    def head(self, size: int) -> None:
+        pass
+
+    def expect(self, length: int) -> None:
+        pass
+
+    def __call__(self, chunk: bytes) -> None:
+        pass
+
+
+_NO_SINK = _NoSink()
 
 
 def request_bytes(method: str, path: str, host_header: str, headers: dict[str, str],

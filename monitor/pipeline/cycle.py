@@ -41,9 +41,10 @@ from ..model.poolkey import normalise
 from ..model.readings import GatewayConfig
 from ..sources.auxiliary import AuxSources
 from ..sources.auxiliary import late as _late
+from ..sources.deadline_pool import DeadlinePool, Late
 from ..sources.gateway_pace import gateway_timeout
 from ..sources.prometheus_reader import PrometheusRead, PrometheusSourceReader
-from ..sources.scrape import DeadlinePool, Late, Scraper
+from ..sources.scrape import Scraper
 from ..sources.settings import AlertsSource, GatewaySource, HttpAuth, PrometheusSource, Target
 from ..step.cycle_state import CycleInputs, CycleState, StepSettings, count_into
 from ..step.cycle_step import step

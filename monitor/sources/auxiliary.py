@@ -32,11 +32,11 @@ from monitor.model.readings import DcgmReading, GatewayConfig, GatewayScrape
 from monitor.sources.alerts import api_url, read_alerts, ui_url
 from monitor.sources.aux_samples import AUX_MAX_BODY_BYTES, AUX_MAX_ROWS
 from monitor.sources.dcgm import read_dcgm
+from monitor.sources.deadline_pool import DeadlinePool, Late
 from monitor.sources.gateway import gateway_samples, scrape_from_samples
 from monitor.sources.gateway_pace import MISSED, SLOW_MISSES, GatewayPace, gateway_timeout
 from monitor.sources.gateway_queue import KINDS as QUEUE_KINDS
 from monitor.sources.gateway_queue import queue_samples, queues_from_samples
-from monitor.sources.scrape import DeadlinePool, Late
 from monitor.step.cycle_state import CycleInputs, count_into
 
 log = logging.getLogger(__name__)

@@ -1,26 +1,29 @@
 """Direct mode: scrape every replica's /metrics, with a deadline per request and per cycle.
 
-Each request ends within `scrape_timeout` (see `http.Fetcher`). A batch of requests (one cycle's)
-is waited for only until the cycle deadline: what is still running then is abandoned, reported
-`deadline`, and finishes on its own in its worker when its own deadline fires. The workers are
-daemon threads, so a request stuck in a source never holds the process at exit.
+Each request ends within `scrape_timeout` (see `http.Fetcher`). The GETs on kept connections are
+sent and read by the cycle's own thread (`scrape_loop`), the rest by worker threads
+(`deadline_pool`). A batch of requests (one cycle's) is waited for only until the cycle deadline:
+what is still running then is abandoned, reported `deadline`, and finishes on its own in its worker
+when its own deadline fires. The workers are daemon threads, so a request stuck in a source never
+holds the process at exit.
 """
 from __future__ import annotations
 
-import queue
 import random
-import threading
 import time
-from concurrent.futures import Executor, Future
-from dataclasses import dataclass
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable, Hashable, Optional
+from typing import Any, Callable, Optional
 
 from monitor.kit.exposition import ExpositionError
-from monitor.kit.http import Fetcher, FetchError, redact
+from monitor.kit.http import Exchange, Fetcher, FetchError, redact
 
 from ..model import ReplicaReading, SourceStatus
 from . import sglang, vllm
+from .deadline_pool import DeadlinePool, Late
+from .scrape_loop import read_kept
 from .settings import Target
 
 # a sample whose own timestamp is older than this (Prometheus's default lookback) is stale
@@ -86,9 +89,16 @@ def scrape_one(fetcher: Fetcher, target: Target, timeout: float, clock=time.time
     """One target read: its readings, or down with a reason. `last_engine`: the module its last
     body was read with (`read_body`)."""
     start = time.monotonic()
+    return read_answer(target, lambda: fetcher.get(target.url, timeout), start, clock, last_engine)
+
+
+def read_answer(target: Target, answer: Callable[[], str], start: float, clock=time.time, last_engine: Any = None
+                ) -> ScrapeResult:
+    """`scrape_one` of the answer's text (`answer()`: FetchError when there is none), asked at `start`
+    (monotonic)."""
     name = redact(target.url)
     try:
-        text = fetcher.get(target.url, timeout)
+        text = answer()
         engine, scrape = read_body(text, getattr(target, "kind", "auto"), last_engine)  # config.EngineTarget
         now = clock()
         if scrape.oldest_timestamp is not None and now - scrape.oldest_timestamp > STALE_SAMPLE_SECONDS:
@@ -107,158 +117,20 @@ def scrape_one(fetcher: Fetcher, target: Target, timeout: float, clock=time.time
                                                      time.monotonic() - start))
 
 
-# ---- workers and deadlines ----------------------------------------------------------------------
-
-class Workers(Executor):
-    """Up to `size` daemon worker threads, started as work arrives and kept across cycles (the
-    keep-alive connections are the fetcher's, shared by the threads: at most one per target)."""
-
-    def __init__(self, size: int, name: str):
-        self.size = max(1, size)
-        self.name = name
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._idle = threading.Semaphore(0)
-        self._lock = threading.Lock()
-        self._threads = 0
-        self._shut = False
-
-    def submit(self, fn: Callable, /, *args, **kwargs) -> Future:
-        if self._shut:
-            raise RuntimeError("workers are shut down")
-        future: Future = Future()
-        self._queue.put((future, fn, args, kwargs))
-        if not self._idle.acquire(blocking=False):
-            with self._lock:
-                if self._threads < self.size:
-                    self._threads += 1
-                    threading.Thread(target=self._work, name=f"{self.name}-{self._threads}", daemon=True).start()
-        return future
-
-    def _work(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            future, fn, args, kwargs = item
-            del item
-            if future.set_running_or_notify_cancel():
-                try:
-                    future.set_result(fn(*args, **kwargs))
-                except BaseException as exc:  # noqa: BLE001 (handed to whoever waits on the future)
-                    future.set_exception(exc)
-            del future, fn, args, kwargs
-            self._idle.release()
-
-    def shutdown(self, wait: bool = False, *, cancel_futures: bool = True) -> None:
-        """Stop taking work and cancel what has not started; running work is never waited for."""
-        self._shut = True
-        while cancel_futures:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if item is not None:
-                item[0].cancel()
-        for _ in range(self._threads):
-            self._queue.put(None)
-
+# ---- the vLLM scraper ---------------------------------------------------------------------------
 
 @dataclass
-class Late:
-    """A job without a result at the deadline: still running, never started, or busy from before."""
+class _Batch:
+    """One cycle's scrapes between `Scraper.start` and `finish`: a slot per target (a result, a
+    Late, a worker's Future, or None until read), each waiting target's slot, and the targets not
+    sent yet."""
 
-    state: str  # "running" | "not_started" | "busy" | "closed"
+    clock: Callable[[], float]
+    slots: list[Any]
+    at: dict[int, int]  # id(target) -> its slot
+    waiting: deque[Target]
+    sent: set[int] = field(default_factory=set)  # the slots of the workers' jobs that read a sent GET
 
-    def detail(self, deadline_seconds: float) -> str:
-        return {"running": f"no answer within the cycle deadline ({deadline_seconds:.1f}s)",
-                "not_started": f"not started within the cycle deadline ({deadline_seconds:.1f}s): workers busy",
-                "busy": "the previous request to it is still running",
-                "closed": "shutting down"}[self.state]
-
-
-class DeadlinePool:
-    """Runs keyed jobs on `Workers` and waits for a batch of them only until a deadline.
-
-    A key whose previous job is still running is not started again (reported Late("busy")), so a
-    source that hangs costs one worker, not one per cycle. `close()` wakes every waiting batch.
-    """
-
-    def __init__(self, size: int, name: str):
-        self.workers = Workers(size, name)
-        self._running: dict[Hashable, Future] = {}
-        self._lock = threading.RLock()  # a done-callback may run at once, in the thread that holds it
-        self._waiting: set[threading.Event] = set()
-        self.closed = False
-
-    def start(self, jobs: list[tuple[Hashable, Callable[..., Any]]]) -> list[tuple[Hashable, Future | Late]]:
-        out: list[tuple[Hashable, Future | Late]] = []
-        with self._lock:
-            for key, fn in jobs:
-                prev = self._running.get(key)
-                if self.closed or (prev is not None and not prev.done()):
-                    out.append((key, Late("closed" if self.closed else "busy")))
-                    continue
-                future = self.workers.submit(fn)
-                self._running[key] = future
-                future.add_done_callback(partial(self._finished, key))
-                out.append((key, future))
-        return out
-
-    def _finished(self, key: Hashable, future: Future) -> None:
-        with self._lock:
-            if self._running.get(key) is future:
-                del self._running[key]
-
-    def wait(self, started: list[tuple[Hashable, Future | Late]], deadline: Optional[float]) -> list[Any]:
-        """Results in order; a job not finished by `deadline` (monotonic; None: no limit) gives a `Late`.
-
-        A job that raised gives its exception (the jobs here catch their own errors)."""
-        futures = [f for _, f in started if isinstance(f, Future)]
-        done = threading.Event()
-        count = [len(futures)]
-        count_lock = threading.Lock()
-
-        def one_done(_):
-            with count_lock:
-                count[0] -= 1
-                if count[0] <= 0:
-                    done.set()
-        if not futures:
-            done.set()
-        for f in futures:
-            f.add_done_callback(one_done)
-        with self._lock:
-            self._waiting.add(done)
-            if self.closed:
-                done.set()
-        try:
-            done.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        finally:
-            with self._lock:
-                self._waiting.discard(done)
-        out: list[Any] = []
-        for _, job in started:
-            if isinstance(job, Late):
-                out.append(job)
-            elif job.done() and not job.cancelled():
-                exc = job.exception()
-                out.append(exc if exc is not None else job.result())
-            else:
-                out.append(Late("not_started" if job.cancel() else "running"))
-        return out
-
-    def run(self, jobs: list[tuple[Hashable, Callable[..., Any]]], deadline: Optional[float]) -> list[Any]:
-        return self.wait(self.start(jobs), deadline)
-
-    def close(self) -> None:
-        with self._lock:
-            self.closed = True
-            for event in self._waiting:
-                event.set()
-        self.workers.shutdown(cancel_futures=True)
-
-
-# ---- the vLLM scraper ---------------------------------------------------------------------------
 
 class Scraper:
     """Holds the connections and worker pool across cycles.
@@ -280,14 +152,30 @@ class Scraper:
         self.engines: dict[str, Any] = {}  # url -> the reader its last answer was read with
 
     def _one(self, target: Target, clock) -> ScrapeResult:
+        return self._waiting(target) or self._record(
+            target, scrape_one(self.fetcher, target, self.timeout, clock, self.engines.get(target.url)))
+
+    def _sent(self, target: Target, exchange: Optional[Exchange], sent: float, clock) -> ScrapeResult:
+        """The target's answer to `exchange` (read off its connection, waiting as needed), or, with
+        nothing sent, its whole scrape."""
+        if exchange is None:
+            return self._one(target, clock)
+        return self._record(target, read_answer(target, partial(self.fetcher.finish, exchange), sent, clock,
+                                                self.engines.get(target.url)))
+
+    def _waiting(self, target: Target) -> Optional[ScrapeResult]:
+        """Down with its last error while a failing target waits for its retry; None otherwise."""
         state = self.failing.get(target.url)
         now = time.monotonic()
-        if state is not None and now < state[1]:
-            last = state[2]
-            return ScrapeResult(target, [], SourceStatus(
-                "vllm", last.target, False, last.error, f"{last.detail}; retry in {state[1] - now:.1f}s",
-                0.0, attempted=False))
-        result = scrape_one(self.fetcher, target, self.timeout, clock, self.engines.get(target.url))
+        if state is None or now >= state[1]:
+            return None
+        last = state[2]
+        return ScrapeResult(target, [], SourceStatus(
+            "vllm", last.target, False, last.error, f"{last.detail}; retry in {state[1] - now:.1f}s",
+            0.0, attempted=False))
+
+    def _record(self, target: Target, result: ScrapeResult) -> ScrapeResult:
+        """The failures and backoff of a target, and the reader its body was read with."""
         if result.status.up:
             self.failing.pop(target.url, None)
             if self.engines.get(target.url) is not result.engine:
@@ -295,29 +183,61 @@ class Scraper:
                     self.engines.clear()
                 self.engines[target.url] = result.engine
         else:
+            state = self.failing.get(target.url)
             failures = (state[0] if state else 0) + 1
             delay = self.rng() * min(self.max_backoff, self.base_backoff * 2 ** (failures - 1))
             self.failing[target.url] = (failures, time.monotonic() + delay, result.status)
         return result
 
-    def start(self, targets: list[Target], clock=time.time) -> list:
-        """Start one cycle's scrapes; `finish` collects them. The kept connections the targets closed
-        since the last cycle are closed first (`Fetcher.prune`: one poll over them)."""
+    def start(self, targets: list[Target], clock=time.time) -> _Batch:
+        """Start one cycle's scrapes; `finish` sends and collects them. The kept connections the
+        targets closed since the last cycle are closed first (`Fetcher.prune`: one poll over them);
+        a target waiting for its retry, or whose last request still runs, is settled here."""
         self.fetcher.prune()
-        return self.pool.start([(t.url, lambda t=t: self._one(t, clock)) for t in targets])
+        batch = _Batch(clock, [None] * len(targets), {}, deque())
+        for i, target in enumerate(targets):
+            settled = self._waiting(target) or self.pool.late(target.url)
+            if settled is not None:
+                batch.slots[i] = settled
+            else:
+                batch.at[id(target)] = i
+                batch.waiting.append(target)
+        return batch
 
-    def finish(self, targets: list[Target], started: list, deadline: Optional[float],
+    def finish(self, targets: list[Target], started: _Batch, deadline: Optional[float],
                began: Optional[float] = None) -> list[ScrapeResult]:
-        """Results in target order; a target without an answer by `deadline` is down with reason `deadline`."""
+        """Results in target order; a target without an answer by `deadline` is down with reason
+        `deadline`. The GETs on kept connections are sent and read here (`scrape_loop.read_kept`),
+        the others by the worker threads."""
         began = time.monotonic() if began is None else began
+        batch, clock = started, started.clock
+
+        def done(target: Target, exchange: Exchange, sent: float) -> None:
+            batch.slots[batch.at[id(target)]] = self._sent(target, exchange, sent, clock)
+
+        def hand_off(target: Target, exchange: Optional[Exchange], sent: float) -> None:
+            [(_, job)] = self.pool.start([(target.url, partial(self._sent, target, exchange, sent, clock))])
+            at = batch.at[id(target)]
+            batch.slots[at] = job
+            if exchange is not None:
+                batch.sent.add(at)
+
+        read_kept(self.fetcher, batch.waiting, self.pool.workers.size, self.timeout,
+                  float("inf") if deadline is None else deadline, done, hand_off)
+        for target in batch.waiting:  # never sent by the deadline
+            batch.slots[batch.at[id(target)]] = Late("not_started")
+        for sent in (False, True):  # a job reading a sent GET is never cancelled: it gives its connection back
+            jobs = [(i, job) for i, job in enumerate(batch.slots) if isinstance(job, Future) and (i in batch.sent) == sent]
+            for (i, _), result in zip(jobs, self.pool.wait(jobs, deadline, cancel=not sent)):
+                batch.slots[i] = result
         out = []
-        for target, result in zip(targets, self.pool.wait(started, deadline)):
+        for target, result in zip(targets, batch.slots):
             if isinstance(result, Late):
                 waited = time.monotonic() - began
                 result = ScrapeResult(target, [], SourceStatus(
                     "vllm", redact(target.url), False, "deadline", result.detail(waited), waited,
                     attempted=result.state not in ("busy", "closed")))
-            elif isinstance(result, BaseException):
+            elif not isinstance(result, ScrapeResult):  # an exception a job raised
                 result = ScrapeResult(target, [], SourceStatus(
                     "vllm", redact(target.url), False, "internal", type(result).__name__))
             out.append(result)

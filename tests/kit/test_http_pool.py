@@ -212,3 +212,109 @@ def test_a_framing_error_is_a_protocol_error_that_names_it_without_the_upstream_
         Fetcher().get("http://h:8000/metrics", 5.0)
     assert err.value.reason == "protocol" and words in err.value.detail, err.value
     assert "s3cret" not in err.value.detail and "0x5" not in err.value.detail
+
+
+# ---- a GET begun on a kept connection, its answer taken as it comes (direct mode's scrape loop) ----
+
+URL = "http://h:8000/metrics"
+
+
+def _take(exchange, max_body=1 << 20):
+    """What the scrape loop does with a readable socket until the answer is whole, or not for it."""
+    conn = exchange.conn
+    while True:
+        had = len(conn.buf)
+        more = conn.take_ready()
+        whole = conn.whole(max_body)
+        if whole or whole is None or not more or len(conn.buf) == had:  # the last: nothing more came yet
+            return whole, more
+
+
+def test_begin_sends_only_on_a_kept_connection_and_never_connects():
+    fetcher = Fetcher()
+    assert fetcher.begin(URL, 5.0) is None and FLEET.conns == []  # nothing kept: the caller connects
+    assert fetcher.get(URL, 5.0) == "conn0 req0"
+    exchange = fetcher.begin(URL, 5.0)
+    assert exchange is not None and FLEET.conns[0].attempts == 2
+    assert fetcher.begin(URL, 5.0) is None  # the one kept connection is busy with that GET
+    assert _take(exchange) == (True, True)
+    assert fetcher.finish(exchange) == "conn0 req1"
+    assert fetcher.get(URL, 5.0) == "conn0 req2" and len(FLEET.conns) == 1  # given back, kept
+    fetcher.close()
+
+
+def test_whole_waits_for_the_last_byte_of_the_body():
+    whole = ok("x" * 1000)
+    FLEET.answer = lambda conn, n: whole if n == 0 else whole[:-1]
+    fetcher = Fetcher()
+    fetcher.get(URL, 5.0)
+    exchange = fetcher.begin(URL, 5.0)
+    assert exchange is not None
+    assert _take(exchange) == (False, True)
+    FLEET.conns[0].peer.sendall(whole[-1:])
+    assert _take(exchange) == (True, True)
+    assert fetcher.finish(exchange) == "x" * 1000
+    fetcher.close()
+
+
+CHUNKED = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+
+
+@pytest.mark.parametrize("answer, text", [
+    (CHUNKED, "hello"),
+    (b"HTTP/1.1 100 Continue\r\n\r\n" + ok("after"), "after"),
+    (b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nto the end", "to the end"),
+    (ok("y" * 2048), None),  # over the caller's cap: the blocking read refuses it
+    (b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\n\r\n", "conn1 req0"),  # the fresh try connects
+])
+def test_an_answer_framed_otherwise_is_left_to_the_blocking_read(answer, text):
+    FLEET.answer = lambda conn, n: answer if n == 1 and conn.index == 0 else ok(f"conn{conn.index} req{n}")
+    fetcher = Fetcher(max_body=1024)
+    fetcher.get(URL, 5.0)
+    exchange = fetcher.begin(URL, 5.0)
+    assert exchange is not None
+    assert _take(exchange, fetcher.max_body)[0] is None
+    if text is None:
+        with pytest.raises(FetchError) as err:
+            fetcher.finish(exchange)
+        assert err.value.reason == "too_large"
+    else:
+        if answer.endswith(b"to the end"):  # framed by the connection's end: the server closes it
+            FLEET.conns[0].peer.close()
+        assert fetcher.finish(exchange) == text
+    fetcher.close()
+
+
+def test_a_kept_connection_that_ends_before_any_byte_is_asked_again_on_a_fresh_one():
+    def answer(conn, n):
+        if n == 1:
+            conn.peer.close()  # the server closed it as the GET went
+            return b""
+        return ok(f"conn{conn.index} req{n}")
+    FLEET.answer = answer
+    fetcher = Fetcher()
+    fetcher.get(URL, 5.0)
+    exchange = fetcher.begin(URL, 5.0)
+    assert exchange is not None
+    assert _take(exchange) == (False, False) and exchange.conn.received == 0
+    assert fetcher.finish(exchange) == "conn1 req0"
+    fetcher.close()
+
+
+def test_an_answer_that_breaks_part_way_after_begin_is_truncated_not_asked_again():
+    def answer(conn, n):
+        if n == 1:
+            conn.peer.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
+            conn.peer.shutdown(socket.SHUT_WR)
+            return b""
+        return ok("x")
+    FLEET.answer = answer
+    fetcher = Fetcher()
+    fetcher.get(URL, 5.0)
+    exchange = fetcher.begin(URL, 5.0)
+    assert exchange is not None
+    assert _take(exchange) == (False, False) and exchange.conn.received > 0
+    with pytest.raises(FetchError) as err:
+        fetcher.finish(exchange)
+    assert err.value.reason == "truncated" and len(FLEET.conns) == 1
+    fetcher.close()
