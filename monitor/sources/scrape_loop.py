@@ -19,7 +19,7 @@ import time
 from collections import deque
 from typing import Callable, Optional
 
-from monitor.kit.http import Exchange, Fetcher
+from monitor.kit.http import Exchange, Fetcher, FetchError
 from monitor.kit.http_held import BodyBudget
 
 from .settings import Target
@@ -74,7 +74,10 @@ def read_kept(fetcher: Fetcher, waiting: deque[Target], window: int, timeout: fl
 def _send(fetcher: Fetcher, target: Target, timeout: float, selector: selectors.BaseSelector,
           flying: dict[int, tuple[Target, Exchange, float]], hand_off: HandOff) -> None:
     sent = time.monotonic()
-    exchange = fetcher.begin(target.url, timeout) if target.url.startswith("http://") else None
+    try:
+        exchange = fetcher.begin(target.url, timeout) if target.url.startswith("http://") else None
+    except (FetchError, ValueError):  # closed meanwhile, or a URL that does not read: the worker says which
+        exchange = None
     if exchange is None or exchange.conn.sock is None:
         hand_off(target, exchange, sent)
         return
