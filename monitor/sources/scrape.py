@@ -213,7 +213,11 @@ class Scraper:
         batch, clock = started, started.clock
 
         def done(target: Target, exchange: Exchange, sent: float) -> None:
-            batch.slots[batch.at[id(target)]] = self._sent(target, exchange, sent, clock)
+            try:
+                result: Any = self._sent(target, exchange, sent, clock)
+            except Exception as exc:  # noqa: BLE001 (a reader's bug: that target is down `internal`, as in a worker)
+                result = exc
+            batch.slots[batch.at[id(target)]] = result
 
         def hand_off(target: Target, exchange: Optional[Exchange], sent: float) -> None:
             [(_, job)] = self.pool.start([(target.url, partial(self._sent, target, exchange, sent, clock))])

@@ -240,3 +240,27 @@ def test_close_ends_a_waiting_loop_at_once(serve):
     assert done.wait(5.0) and time.monotonic() - t0 < 1.0
     [result] = out[0].values()
     assert not result.status.up
+
+
+def test_a_readers_bug_in_the_loop_is_that_targets_internal_error_not_the_cycles(serve, monkeypatch):
+    import monitor.sources.scrape as scrape_mod
+    good, bad = serve(), serve()
+    targets = [Target(good.url), Target(bad.url)]
+    scraper = Counted()
+    try:
+        scraper.cycle(targets)
+        read_body = scrape_mod.read_body
+
+        def broken(text, kind="auto", last=None):
+            if threading.current_thread() is threading.main_thread() and broken.calls == 0:
+                broken.calls += 1
+                raise RuntimeError("a reader's bug")
+            return read_body(text, kind, last)
+        broken.calls = 0
+        monkeypatch.setattr(scrape_mod, "read_body", broken)
+        got = scraper.cycle(targets)
+    finally:
+        scraper.close()
+    assert scraper.jobs == 0 and broken.calls == 1
+    statuses = sorted((r.status.up, r.status.error) for r in got.values())
+    assert statuses == [(False, "internal"), (True, None)], statuses
