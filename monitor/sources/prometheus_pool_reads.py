@@ -18,7 +18,7 @@ from monitor.derive.core import pool_of
 from monitor.kit.http import redact
 
 from .prometheus import PrometheusError
-from .prometheus_pool_totals import PoolTotalReads
+from .prometheus_pool_totals import Answer, PoolTotalReads
 from .prometheus_queries import (
     RULE_WINDOW,
     RULES_QUERY,
@@ -43,7 +43,6 @@ log = logging.getLogger("monitor.sources.prometheus")
 REFRESH_SHARE = 0.1
 REFRESH_SLACK = 1.0  # seconds: a read that much early (a cycle's jitter) counts as due
 RULES = "rules"  # the key of the rules' query among the histogram queries (the others: their base names)
-Answer = Union[list, PrometheusError]  # a query's vector, or why it has none
 
 
 class PoolHistogramReads(PoolTotalReads):

@@ -22,9 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Union, cast
 from .prometheus import PrometheusError
 from .prometheus_queries import histogram_bases, needed_les, pool_bucket_les, pool_histograms, pool_total_queries
 
-if TYPE_CHECKING:
-    from .prometheus_pool_reads import Answer
-
+Answer = Union[list, PrometheusError]  # a query's vector, or why it has none
 TOTAL = "total:"  # the prefix of the totals' keys among a read's queries (the increases': their base names)
 
 
@@ -159,4 +157,4 @@ def _lacking(totals: dict[str, dict], spare: dict[str, str]) -> bool:
     return any(kind not in got for got in totals.values() for kind in kinds)
 
 
-__all__ = ["TOTAL", "PoolTotalReads"]
+__all__ = ["TOTAL", "Answer", "PoolTotalReads"]
