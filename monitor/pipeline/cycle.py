@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Callable, Iterable, Optional
 
@@ -114,8 +114,9 @@ class PipelineSettings:
     dcgm_targets: tuple[Target, ...]  # sources.dcgm.targets
     alerts: Optional[AlertsSource]  # sources.alerts
     # the latency signals with a pool SLO (slos: pools, pools.<name>.slo): Prometheus mode reads their
-    # cumulative buckets per pool
+    # cumulative buckets per pool, only those around the targets' seconds (`slo_seconds`: signal -> seconds)
     slo_signals: tuple[str, ...]
+    slo_seconds: dict[str, tuple[float, ...]] = field(default_factory=dict)
 
 
 def cycle_deadline_seconds(settings: PipelineSettings) -> float:
@@ -173,7 +174,7 @@ class Pipeline:
             self.prom = PrometheusSourceReader(settings.prometheus, budget=self.budget, forget_after=step.forget_after,
                                                pool_by=list(normalise(step.pool_by)), latency_window=step.latency_window,
                                                total_kinds=settings.slo_signals, shard=step.shard,
-                                               max_series=step.max_series)
+                                               max_series=step.max_series, total_bounds=settings.slo_seconds)
         # gateways, DCGM, alerts (monitor/sources/auxiliary.py); gateway bodies are read for the capacity layer only
         gateway_configs: Optional[list[GatewayConfig]] = None
         if capacity is not None:
@@ -301,6 +302,7 @@ class Pipeline:
                 inputs.statuses.extend(result.statuses)
                 count_into(inputs.anomalies, result.anomalies)
                 inputs.pool_histograms, inputs.pool_totals = result.pool_histograms, result.pool_totals
+                inputs.pool_totals_at = result.totals_at
                 inputs.stale_seconds = dict(result.stale_seconds)
             else:
                 assert self.prom is not None and self.settings.prometheus is not None  # asked only when configured
@@ -308,6 +310,7 @@ class Pipeline:
                 late = PrometheusRead([], [])
                 self.prom.stale_read(now, late)
                 inputs.pool_histograms, inputs.pool_totals = late.pool_histograms, late.pool_totals
+                inputs.pool_totals_at = late.totals_at
                 inputs.stale_seconds = dict(late.stale_seconds)
         self.aux.collect(inputs, now, pool.wait(aux, deadline), began, self.state.history)
         if slo:

@@ -3,7 +3,8 @@
 From headroom's bundled recording rules when they are loaded and fit, else one increase query per
 histogram family (prometheus_queries.pool_histogram_queries). The reader starts the queries of the
 last read's histograms with the replica read; what this read needs and was not started (a histogram
-new this read, the rules gone) is asked here. A mixin of PrometheusSourceReader: it uses the
+new this read, the rules gone) is asked here; a pool SLO's cumulative buckets apart, every read
+(prometheus_pool_totals.py). A mixin of PrometheusSourceReader: it uses the
 reader's source, pools, window, selector, query and note methods.
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ from monitor.derive.core import pool_of
 from monitor.kit.http import redact
 
 from .prometheus import PrometheusError
+from .prometheus_pool_totals import Answer, PoolTotalReads
 from .prometheus_queries import (
     RULE_WINDOW,
     RULES_QUERY,
@@ -36,23 +38,22 @@ log = logging.getLogger("monitor.sources.prometheus")
 # tenth of the window at most is missing from them, their age is exported
 # (headroom_source_stale_seconds{part="histograms"}), and four queries of every bucket series were
 # three quarters of Prometheus' CPU for a cycle (issue 42). Asked at once whatever their age after a
-# failure and when the histograms or queries change; every cycle while a pool SLO reads them.
+# failure and when the histograms or queries change. A pool SLO's cumulative buckets are asked apart,
+# every cycle (prometheus_pool_totals.py).
 REFRESH_SHARE = 0.1
 REFRESH_SLACK = 1.0  # seconds: a read that much early (a cycle's jitter) counts as due
 RULES = "rules"  # the key of the rules' query among the histogram queries (the others: their base names)
-Answer = Union[list, PrometheusError]  # a query's vector, or why it has none
 
 
-class PoolHistogramReads:
-    """The pool histogram part of PrometheusSourceReader."""
+class PoolHistogramReads(PoolTotalReads):
+    """The pool histogram part of PrometheusSourceReader (the cumulative buckets: PoolTotalReads)."""
 
     if TYPE_CHECKING:  # what PrometheusSourceReader gives this mixin (its __init__ and methods)
         src: PrometheusSource
         selector: str
         pool_by: list[str]
         latency_window: float
-        total_kinds: tuple[str, ...]
-        _hists: Optional[tuple[float, dict, dict]]
+        _hists: Optional[tuple[float, dict]]
         _rules: Optional[bool]
         _spare: dict[str, str]
         _failing: dict[str, str]
@@ -68,13 +69,20 @@ class PoolHistogramReads:
 
     def _histograms(self, now: float, deadline: Optional[float], out: Any, present: dict[str, str],
                     started: dict[str, tuple[str, Future]], start: float) -> None:
-        """Every pool's latency histograms, summed by the query layer, into `out` (a PrometheusRead);
-        the last ones when it fails.
+        """Every pool's latency histograms, summed by the query layer, into `out` (a PrometheusRead):
+        the increases over the window (the last ones when due later or when it fails) and, with a
+        pool SLO, the cumulative buckets of this read (PoolTotalReads).
         `started`: the queries already asked (key -> (query, future)); one this read needs and did
         not start (a histogram new this read, the rules gone) is asked now. `start`: the steady time
         the read began (what the refresh is timed from, so a slow read does not push it a cycle on)."""
+        self._window_histograms(now, deadline, out, present, started, start)
+        self._pool_totals(now, deadline, out, present, started)
+
+    def _window_histograms(self, now: float, deadline: Optional[float], out: Any, present: dict[str, str],
+                           started: dict[str, tuple[str, Future]], start: float) -> None:
+        """`_histograms`' bucket increases over the latency window (`out.pool_histograms`)."""
         if not present:  # no replica has a latency histogram: nothing to ask
-            out.pool_histograms, out.pool_totals = {}, {}
+            out.pool_histograms = {}
             out.stale_seconds["histograms"] = 0.0
             self._hist_asked = None
             return
@@ -104,35 +112,35 @@ class PoolHistogramReads:
             self._last_histograms(now, out)
             return
         vector = [sample for got in cast("list[list]", answers) for sample in got]  # none failed
-        out.pool_histograms, out.pool_totals = pool_histograms(vector, self.pool_by)
+        out.pool_histograms = pool_histograms(vector, self.pool_by)[0]
         for pool, kinds in from_rules.items():
             out.pool_histograms.setdefault(pool, {}).update(kinds)
-        if self._spare and _short(out.pool_histograms, out.pool_totals, self._spare):
+        if self._spare and _short(out.pool_histograms, {}, self._spare):
             spare = [self._answer(partial(self._query, q, deadline)) for q in pool_histogram_queries(
-                self.selector, self.pool_by, self.latency_window, self.total_kinds, self._spare).values()]
+                self.selector, self.pool_by, self.latency_window, (), self._spare).values()]
             failed = next((a for a in spare if isinstance(a, PrometheusError)), None)
             if failed is not None:
                 self._note("histograms", failed.reason, failed.detail)
                 self._last_histograms(now, out)
                 return
-            window, totals = pool_histograms(vector + [s for got in cast("list[list]", spare) for s in got], self.pool_by)
+            window = pool_histograms(vector + [s for got in cast("list[list]", spare) for s in got], self.pool_by)[0]
             for pool, kinds in from_rules.items():
                 window.setdefault(pool, {}).update(kinds)
-            out.pool_histograms, out.pool_totals = window, totals
+            out.pool_histograms = window
         self._note("histograms", None)
         out.stale_seconds["histograms"] = 0.0
-        self._hists = (now, out.pool_histograms, out.pool_totals)
+        self._hists = (now, out.pool_histograms)
         self._hist_asked = (start, self._histogram_asks(present, with_rules=True), pools)
 
     def _histograms_due(self, present: dict[str, str], start: float, pools: Optional[frozenset] = None) -> bool:
         """Whether this read (begun at steady time `start`) asks the pools' histograms: none held, the
         last read of them failed, the queries changed (histograms found or gone, the rules loaded or
-        not), a pool SLO reads the cumulative buckets (its tracker stamps them with the cycle's time:
-        every cycle, as before), a pool read now was not read when they last answered (`pools`, once
-        the replicas are read: a new pool's quantiles are not left unknown until the next refresh),
-        or `histogram_every` seconds have passed between the starts of the reads (REFRESH_SHARE)."""
+        not), a pool read now was not read when they last answered (`pools`, once the replicas are
+        read: a new pool's quantiles are not left unknown until the next refresh), or
+        `histogram_every` seconds have passed between the starts of the reads (REFRESH_SHARE). A pool
+        SLO's cumulative buckets are asked every read, apart (prometheus_pool_totals.py)."""
         asked = self._hist_asked
-        return (asked is None or self._hists is None or "histograms" in self._failing or bool(self.total_kinds)
+        return (asked is None or self._hists is None or "histograms" in self._failing
                 or start - asked[0] >= self.histogram_every - REFRESH_SLACK
                 or asked[1] != self._histogram_asks(present, with_rules=True)
                 or (pools is not None and not pools <= asked[2]))
@@ -151,14 +159,14 @@ class PoolHistogramReads:
                 asks[RULES] = RULES_QUERY
             if self._rules:
                 present = {base: name for base, name in present.items() if not base.startswith("vllm:")}
-        asks.update(pool_histogram_queries(self.selector, self.pool_by, self.latency_window, self.total_kinds, present))
+        asks.update(pool_histogram_queries(self.selector, self.pool_by, self.latency_window, (), present))
         return asks
 
     def _rules_fit(self, present: dict[str, str]) -> bool:
         """Whether the bundled recording rules can give the vLLM pools' latency buckets: enabled,
-        latency_window 5m, pools by model_name, no pool SLO needing cumulative buckets."""
+        latency_window 5m, pools by model_name (a pool SLO's cumulative buckets are asked apart)."""
         return (self.src.recording_rules and self.latency_window == RULE_WINDOW and self.pool_by == ["model_name"]
-                and not self.total_kinds and any(b.startswith("vllm:") for b in present))
+                and any(b.startswith("vllm:") for b in present))
 
     def _rules_answer(self, got: Answer) -> Union[dict, PrometheusError]:
         """The vLLM pools' latency buckets from the rules' answer (empty: not loaded); whether they

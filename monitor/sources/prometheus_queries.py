@@ -7,8 +7,8 @@ A cycle asks for what it needs at the granularity it needs (issue 27), never for
   exactly as in direct mode; `_sum` / `_count` feed the knee's mean latency.
 - per pool (`pool_histogram_queries`): each latency histogram's bucket increases over the latency
   window, computed and summed by the query layer (`sum by (<pool labels>, le) (increase(...))`),
-  and, for the signals with a pool SLO, the pool's cumulative buckets; only for the histograms the
-  replica read found. One query per histogram family, asked at once (the query layer evaluates
+  and apart (`pool_total_queries`), for the signals with a pool SLO, the pool's cumulative buckets
+  around its targets (`needed_les`); only for the histograms the replica read found. One query per histogram family, asked at once (the query layer evaluates
   each query on one core: apart, they share its cores); each answer series carries `hr_base` (the histogram's base name)
   and `hr_part` (bucket | total), so the candidates of one kind (vLLM's two ITL names) stay apart:
   the first present wins, per pool, as per replica in direct mode. The mean and the count of
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Iterable, Optional
+from typing import Iterable, Mapping, Optional
 
 from ..model import Histogram
 from ..model.poolkey import key_of
@@ -143,23 +143,87 @@ def pool_histogram_queries(extra: str, pool_by: Iterable[str], window_seconds: f
     candidate, by either spelling of the prefix. Sums and counts come from the replica read (exact
     deltas)."""
     by = ", ".join(pool_labels(pool_by))
-    matchers = _matchers(extra)
     window = f"{max(1, int(round(window_seconds)))}s"
     cumulative = set(cumulative_kinds)
     out = {}
     for kind, base in histogram_bases():
         if present is not None and base not in present:
             continue
-        if present is not None:
-            sel = present[base] + "_bucket" + ("{" + ",".join(matchers) + "}" if matchers else "")
-        else:
-            prefix, _, rest = base.partition(":")
-            sel = "{" + ",".join([f'__name__=~"{prefix}[:_]{rest}_bucket"'] + matchers) + "}"
+        sel = _bucket_selector(base, extra, present)
         parts = [_tagged(f"sum by ({by}, le) (increase({sel}[{window}]))", base, "bucket")]
         if kind in cumulative:
             parts.append(_tagged(f"sum by ({by}, le) ({sel})", base, "total"))
         out[base] = " or ".join(parts)
     return out
+
+
+def pool_total_queries(extra: str, pool_by: Iterable[str], kinds: Iterable[str], present: dict[str, str],
+                       les: Optional[Mapping[str, Iterable[str]]] = None) -> dict[str, str]:
+    """Canonical base name -> the query of every pool's cumulative buckets of that family (its
+    `hr_part` total), for the histograms of `present` (`pool_histogram_queries`) whose kind is one of
+    `kinds` (the signals with a pool SLO), apart from the increases: a pool SLO's burn windows stamp
+    them with the cycle's time, so they are asked every cycle, the increases on their own schedule.
+    `les`: base -> the `le` values to read (`needed_les`: a target's bad count reads only the
+    buckets around it and +Inf; a tenth of the series, a tenth of the query layer's work); a base
+    not in it: every bucket."""
+    by = ", ".join(pool_labels(pool_by))
+    wanted = set(kinds)
+    out = {}
+    for kind, base in histogram_bases():
+        if kind not in wanted or base not in present:
+            continue
+        values = None if les is None or base not in les else sorted(les[base])
+        sel = _bucket_selector(base, extra, present, values)
+        out[base] = _tagged(f"sum by ({by}, le) ({sel})", base, "total")
+    return out
+
+
+def _bucket_selector(base: str, extra: str, present: Optional[dict[str, str]], les: Optional[list[str]] = None) -> str:
+    """The bucket series of a histogram family: by its stored name when `present` has it, else by
+    either spelling of the prefix; `les`: only those `le` values (each a literal)."""
+    matchers = _matchers(extra)
+    if les is not None:
+        escaped = [re.escape(le).replace("\\", "\\\\").replace('"', '\\"') for le in les]
+        matchers.append('le=~"' + ("|".join(escaped) if escaped else "^$hr_no_le") + '"')
+    if present is not None:
+        return present[base] + "_bucket" + ("{" + ",".join(matchers) + "}" if matchers else "")
+    prefix, _, rest = base.partition(":")
+    return "{" + ",".join([f'__name__=~"{prefix}[:_]{rest}_bucket"'] + matchers) + "}"
+
+
+def needed_les(bounds: Iterable[tuple[float, str]], thresholds: Iterable[float]) -> set[str]:
+    """The `le` values of a pool's histogram (`bounds`: (bound, its le value) of every bucket) a
+    target's bad count needs (monitor/derive/histogram.py `fraction_above` interpolates inside the
+    bucket holding the threshold, `total` reads the last): per threshold the largest bound below it
+    and the smallest at or above it, and the largest bound (+Inf). A histogram of only these gives
+    the same total and the same count over each threshold as the whole one."""
+    pairs = sorted(bounds)
+    if not pairs:
+        return set()
+    keep = {pairs[-1][0]}
+    for t in thresholds:
+        below = [b for b, _le in pairs if b < t]
+        above = [b for b, _le in pairs if b >= t]
+        keep.update(([below[-1]] if below else []) + ([above[0]] if above else []))
+    return {le for b, le in pairs if b in keep}
+
+
+def pool_bucket_les(samples: list[tuple[dict[str, str], float]], pool_by: Iterable[str]
+                    ) -> dict[str, dict[str, tuple[tuple[float, str], ...]]]:
+    """Base name -> pool key -> (bound, le value) of every bucket in a tagged answer
+    (`pool_total_queries`, `pool_histogram_queries`): what `needed_les` picks from."""
+    pool_by = list(pool_by)
+    found: dict[str, dict[str, set[tuple[float, str]]]] = {}
+    for labels, _value in samples:
+        base, le = labels.get(BASE_LABEL), labels.get("le")
+        if base is None or le is None:
+            continue
+        try:
+            bound = float(le)
+        except ValueError:
+            continue
+        found.setdefault(base, {}).setdefault(pool_key(labels, pool_by), set()).add((bound, le))
+    return {base: {pool: tuple(sorted(les)) for pool, les in pools.items()} for base, pools in found.items()}
 
 
 # the bundled recording rules (rules/headroom.rules.yaml): pool bucket rates over 5m, by model_name and le

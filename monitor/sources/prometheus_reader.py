@@ -10,7 +10,8 @@ answers them on all its cores while headroom reads the replica answer (the histo
 those of the histograms the last read found; a histogram new this cycle is asked after). The first
 read, and a read after the replica series failed, asks them in order of need. The pools' histograms
 are asked again once a tenth of the latency window has passed since they answered (every third
-cycle at 5m and 10 s; prometheus_pool_reads.REFRESH_SHARE), the last ones used in between. A query that fails or
+cycle at 5m and 10 s; prometheus_pool_reads.REFRESH_SHARE), the last ones used in between; a pool
+SLO's cumulative buckets every cycle, apart (prometheus_pool_totals.py). A query that fails or
 misses the deadline leaves the rest of the read
 usable; what could not be read keeps its last values, their age in `PrometheusRead.stale_seconds`
 (exported as headroom_source_stale_seconds), and the failure is logged when it starts and when it
@@ -24,7 +25,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 from monitor.kit.http import BodyBudget, redact
 
@@ -60,8 +61,9 @@ FORGET_AFTER = 3600.0  # global.forget_after's default, for a reader built witho
 class PrometheusRead:
     """One cycle's read: replica readings, statuses, anomalies by kind, and per pool key the latency
     histograms the query layer summed (`pool_histograms`: increases over the latency window;
-    `pool_totals`: cumulative, for pool SLOs) - None when never read. `stale_seconds`: per part
-    (replicas, histograms) the age of the values in use, 0 when this cycle's query answered (the
+    `pool_totals`: cumulative, for pool SLOs, read at `totals_at`, the `now` of the read they
+    answered in) - None when never read. `stale_seconds`: per part (replicas, histograms; totals
+    with a pool SLO) the age of the values in use, 0 when this cycle's query answered (the
     histograms are asked again once a tenth of the latency window has passed: prometheus_pool_reads.py)."""
 
     readings: list[ReplicaReading]
@@ -69,6 +71,7 @@ class PrometheusRead:
     anomalies: dict[str, int] = field(default_factory=dict)
     pool_histograms: Optional[dict[str, dict[str, Histogram]]] = None
     pool_totals: Optional[dict[str, dict[str, Histogram]]] = None
+    totals_at: Optional[float] = None
     stale_seconds: dict[str, float] = field(default_factory=dict)
 
 
@@ -83,7 +86,8 @@ class PrometheusSourceReader(PoolHistogramReads):
                  budget: Optional[BodyBudget] = None, forget_after: float = FORGET_AFTER,
                  pool_by: Sequence[str] = ("model_name",), latency_window: float = 300.0,
                  total_kinds: Sequence[str] = (), shard: Optional[tuple[int, int]] = None,
-                 max_series: int = 100_000, histogram_every: Optional[float] = None):
+                 max_series: int = 100_000, histogram_every: Optional[float] = None,
+                 total_bounds: Optional[Mapping[str, Sequence[float]]] = None):
         self.src = src
         self.client = client or PrometheusClient.from_config(src, budget)
         self.known: dict[str, float] = {}  # instance that served vLLM series -> the last time it did
@@ -91,7 +95,12 @@ class PrometheusSourceReader(PoolHistogramReads):
         self.pool_by = list(pool_by)
         self.latency_window = latency_window
         self.total_kinds = tuple(total_kinds)  # latency kinds with a pool SLO: their cumulative buckets
-        self._hists: Optional[tuple[float, dict, dict]] = None  # (when read, window, totals)
+        # kind -> the pool SLO targets' seconds on it: only the buckets their bad counts need are read
+        # each cycle (prometheus_pool_totals.py); None: every bucket
+        self.total_bounds = None if total_bounds is None else {k: tuple(v) for k, v in total_bounds.items()}
+        self._hists: Optional[tuple[float, dict]] = None  # (when read, window increases)
+        self._totals: Optional[tuple[float, dict]] = None  # (when read, cumulative buckets)
+        self._total_les: dict[str, dict[str, tuple[tuple[float, str], ...]]] = {}  # base -> pool -> its buckets
         self._replicas_at: Optional[float] = None  # when the replica series last answered
         self._rules: Optional[bool] = None  # whether the bundled recording rules answered last time
         self.shard = shard  # global.shard: read only the pools this shard owns
@@ -146,6 +155,7 @@ class PrometheusSourceReader(PoolHistogramReads):
             out = PrometheusRead([], [status])
             out.stale_seconds["replicas"] = math.nan if self._replicas_at is None else max(0.0, now - self._replicas_at)
             self._last_histograms(now, out)
+            self._last_totals(now, out)
             self._count_partials(out)
             return out
         self._note("replicas", None)
@@ -177,6 +187,7 @@ class PrometheusSourceReader(PoolHistogramReads):
         parts = [self._start(lambda q=q: self._query(q, deadline, max_bytes=cap)) for q in queries]
         assert self._present is not None  # read_all asks at once only after a whole replica read
         asks = self._histogram_asks(self._present, with_rules=True) if self._histograms_due(self._present, start) else {}
+        asks.update(self._total_asks(self._present))
         started = {key: (query, self._start(lambda q=query: self._query(q, deadline))) for key, query in asks.items()}
         vector: list = []
         try:
@@ -325,14 +336,15 @@ class PrometheusSourceReader(PoolHistogramReads):
         self._note("replicas", "deadline")
         out.stale_seconds["replicas"] = math.nan if self._replicas_at is None else max(0.0, now - self._replicas_at)
         self._last_histograms(now, out)
+        self._last_totals(now, out)
 
     def _last_histograms(self, now: float, out: PrometheusRead) -> None:
-        """The last pool histograms read, with their age (none yet: empty, quantiles unknown)."""
+        """The last pool histogram increases read, with their age (none yet: empty, quantiles unknown)."""
         if self._hists is not None:
-            when, out.pool_histograms, out.pool_totals = self._hists
+            when, out.pool_histograms = self._hists
             out.stale_seconds["histograms"] = max(0.0, now - when)
         else:
-            out.pool_histograms, out.pool_totals = {}, {}
+            out.pool_histograms = {}
             out.stale_seconds["histograms"] = math.nan
 
     def _note(self, part: str, reason: Optional[str], detail: str = "") -> None:
@@ -346,7 +358,9 @@ class PrometheusSourceReader(PoolHistogramReads):
         if before is None:
             what = {"replicas": "replica series (the pools keep their last values, marked stale)",
                     "up": "up series (targets down in Prometheus are not named)",
-                    "histograms": "pool latency histograms (the last ones read are used, marked stale)"}[part]
+                    "histograms": "pool latency histograms (the last ones read are used, marked stale)",
+                    "totals": "pools' cumulative latency buckets (the pool SLOs' burn windows wait for the next "
+                              "answer)"}[part]
             log.warning("could not read the %s from Prometheus: %s%s; said once until it answers again", what, reason,
                         f" ({detail})" if detail else "")
         self._failing[part] = reason
@@ -362,7 +376,9 @@ class PrometheusSourceReader(PoolHistogramReads):
         """The wall clock stepped by `seconds` (monitor/pipeline/cycle.py): the last-seen times move with it."""
         self.known = {inst: t + seconds for inst, t in self.known.items()}
         if self._hists is not None:
-            self._hists = (self._hists[0] + seconds,) + self._hists[1:]
+            self._hists = (self._hists[0] + seconds, self._hists[1])
+        if self._totals is not None:
+            self._totals = (self._totals[0] + seconds, self._totals[1])
         if self._replicas_at is not None:
             self._replicas_at += seconds
 

@@ -57,9 +57,11 @@ class CycleInputs:
     # Prometheus mode: the SLO burn windows read from Prometheus (monitor/history/slo_history.py); None: not read
     slo_windows: Optional[dict] = None
     # Prometheus mode (monitor/sources/prometheus_reader.py PrometheusRead): per pool, the latency histograms
-    # the query layer summed over the window and cumulative; the age of each part's values
+    # the query layer summed over the window and cumulative (read at `pool_totals_at`, the `now` of the
+    # cycle they answered in: a reused answer is never a new point of a pool SLO); the age of each part's values
     pool_histograms: Optional[dict] = None
     pool_totals: Optional[dict] = None
+    pool_totals_at: Optional[float] = None
     stale_seconds: dict[str, float] = field(default_factory=dict)
 
 

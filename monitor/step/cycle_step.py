@@ -276,7 +276,8 @@ def _derive(state: CycleState, history: dict[str, list[ReplicaReading]], inputs:
     overflow: dict = {}
     pools = derive_pools(history, now, settings.latency_window, settings.pool_by, down_targets=stale_targets,
                          expected=expected, stall_window=settings.stall_window, anomalies=overflow,
-                         pool_histograms=inputs.pool_histograms, pool_totals=inputs.pool_totals)
+                         pool_histograms=inputs.pool_histograms, pool_totals=inputs.pool_totals,
+                         pool_totals_at=inputs.pool_totals_at)
     count_into(state.anomalies, overflow)
     if blind and not fresh_keys:
         for p in pools:

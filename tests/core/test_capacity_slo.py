@@ -174,3 +174,40 @@ def test_a_one_minute_window_keeps_the_hour_dense():
     without = SloTracker({k: v for k, v in SloSettings().windows.items() if k != "1m"})
     assert with_1m.dense_seconds == without.dense_seconds == 3600.0
     assert with_1m.sparse_step == without.sparse_step
+
+
+def test_a_pool_slo_records_the_query_layer_s_totals_once_at_the_time_they_were_read():
+    """Prometheus mode: a pool's cumulative buckets reused from an earlier read (the query layer did
+    not answer this cycle; `latency_totals_at` is that read's time) are no new point at a later
+    time: the burn windows are those of the last answer, not flattened; fresh ones are observed
+    at their own time."""
+    from monitor.capacity.enrich import CapacityState
+    from monitor.capacity.slo_judge import pool_slos
+    from monitor.config import Config, PrometheusSource
+    from monitor.config.inputs import capacity_inputs
+    from monitor.model import PoolSnapshot
+    target = Target(0.5, 0.95, "ttft")
+    cfg = Config(prometheus=PrometheusSource(url="http://prom:9090"), interval=10.0, latency_window=60.0,
+                 slos=SloSettings(pool_targets={"m": [target]}, windows={"1m": 60.0, "5m": 300.0}))
+    state = CapacityState(capacity_inputs(cfg))
+    key = ("m", "pool:ttft", "ttft<=0.5")
+
+    def cycle(now, read_at, n):  # n observations so far, a tenth of them over 0.5 s until 60 s, half after
+        bad = 0.1 * min(n, 60.0) + 0.5 * max(0.0, n - 60.0)
+        h = Histogram((0.5, math.inf), (n - bad, n), sum=0.0, count=n)
+        p = PoolSnapshot(pool="m", model="m", replicas=1, latency_totals={"ttft": h}, latency_totals_at=read_at)
+        return pool_slos(state, p, {}, now)["pool:ttft"]
+
+    for now in (0.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0):
+        fresh = cycle(now, now, now)
+    points = list(state.tracker._series[key])
+    for now in (80.0, 90.0):  # the query layer late twice: the totals of 70 s reused
+        reused = cycle(now, 70.0, 70.0)
+        assert list(state.tracker._series[key]) == points
+        assert reused.slo_burn_rate == fresh.slo_burn_rate and reused.slo_violation_ratio == fresh.slo_violation_ratio
+    assert fresh.slo_burn_rate["1m"] == pytest.approx((0.1 * 50 + 0.5 * 10) / 60 / 0.05)
+    back = cycle(100.0, 100.0, 100.0)  # answered again: a point at 100 s, the window ending there
+    assert state.tracker.newest(key) == 100.0 and len(state.tracker._series[key]) == len(points) + 1
+    assert back.slo_burn_rate["1m"] == pytest.approx((0.1 * 20 + 0.5 * 40) / 60 / 0.05)
+    late = cycle(110.0, 105.0, 105.0)  # read in a cycle whose point was not taken: observed at its own time
+    assert state.tracker.newest(key) == 105.0 and late.slo_burn_rate["1m"] is not None

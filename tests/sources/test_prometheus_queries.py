@@ -11,8 +11,11 @@ from monitor.sources.prometheus import PrometheusClient, scrapes_from_vector
 from monitor.sources.prometheus_pool_reads import _short
 from monitor.sources.prometheus_queries import (
     needed_bases,
+    needed_les,
+    pool_bucket_les,
     pool_histogram_query,
     pool_histograms,
+    pool_total_queries,
     present_bases,
     replica_selector,
 )
@@ -64,6 +67,42 @@ def test_pool_histograms_are_read_back_and_the_first_candidate_name_wins():
     assert total["m"]["e2e"].counts == (5.0,)
     # keyed by the last pool_by label; one missing it falls back to the model
     assert set(pool_histograms(rows, ["team"])[1]) == {"a"} and set(pool_histograms(rows, ["team"])[0]) == {"m"}
+
+
+def test_a_pool_slo_s_cumulative_buckets_are_asked_apart_and_only_around_its_targets():
+    """`pool_total_queries`: per histogram of the kinds with a pool SLO, the pool's cumulative buckets,
+    every one or only the `le` values given (each a literal: dots and the plus escaped)."""
+    ttft, e2e = "vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds"
+    present = {ttft: "vllm:time_to_first_token_seconds", e2e: "vllm_e2e_request_latency_seconds"}
+    whole = pool_total_queries('job="vllm"', ["model_name"], ["ttft"], present)
+    assert list(whole) == [ttft] and "increase(" not in whole[ttft] and whole[ttft].count('"hr_part", "total"') == 1
+    assert 'sum by (model_name, le) (vllm:time_to_first_token_seconds_bucket{job="vllm"})' in whole[ttft]
+    some = pool_total_queries("", ["model_name"], ["ttft", "e2e"], present, {e2e: ["+Inf", "0.5", "1.0"]})
+    assert some[ttft] == pool_total_queries("", ["model_name"], ["ttft"], present)[ttft]  # not given: every bucket
+    assert 'vllm_e2e_request_latency_seconds_bucket{le=~"\\\\+Inf|0\\\\.5|1\\\\.0"})' in some[e2e]
+    assert '"hr_part", "total"' not in pool_histogram_query("", ["model_name"], 60, (), present)  # the increases alone
+
+
+def test_the_buckets_around_the_targets_give_the_same_total_and_bad_count_as_every_bucket():
+    """`needed_les`: per threshold the bucket bounds around it, and the last: the histogram of only
+    those gives what a pool SLO reads (total, share over the target) exactly as the whole one."""
+    from monitor.derive import histogram as histo
+    les = ["0.001", "0.005", "0.01", "0.05", "0.1", "0.5", "1.0", "2.5", "5.0", "10.0", "+Inf"]
+    counts = [0.0, 1.0, 4.0, 9.0, 20.0, 41.0, 70.0, 88.0, 95.0, 99.0, 100.0]
+    rows = [_row("vllm:time_to_first_token_seconds", "total", c, le) for le, c in zip(les, counts)]
+    learned = pool_bucket_les(rows, ["model_name"])
+    assert learned == {"vllm:time_to_first_token_seconds": {"m": tuple(sorted((float(le), le) for le in les))}}
+    bounds = learned["vllm:time_to_first_token_seconds"]["m"]
+    assert needed_les(bounds, [0.7]) == {"0.5", "1.0", "+Inf"}
+    assert needed_les(bounds, [1.0, 0.0005]) == {"0.5", "1.0", "0.001", "+Inf"}  # on a bound; below the first
+    assert needed_les(bounds, [20.0]) == {"10.0", "+Inf"} and needed_les((), [1.0]) == set()
+    full = pool_histograms(rows, ["model_name"])[1]["m"]["ttft"]
+    for thresholds in ([0.7], [1.0], [0.0005], [20.0], [0.003, 0.7, 7.0]):
+        keep = needed_les(bounds, thresholds)
+        part = pool_histograms([r for r in rows if r[0]["le"] in keep], ["model_name"])[1]["m"]["ttft"]
+        assert len(part.bounds) < len(full.bounds) and histo.total(part) == histo.total(full)
+        for t in thresholds:
+            assert histo.fraction_above(part, t) == histo.fraction_above(full, t), (thresholds, t)
 
 
 def test_a_later_candidate_is_asked_only_for_a_replica_without_an_earlier_one():

@@ -387,3 +387,71 @@ def test_a_read_asks_again_only_the_replicas_scraped_since_and_gives_the_whole_r
         reader.close()
         client.close()
     assert narrowed
+
+
+def test_a_pool_slo_reads_every_read_only_the_buckets_around_its_targets_with_the_same_counts(fleet):
+    """With a pool SLO the pools' cumulative buckets are asked every read apart from the increases
+    (asked on the first read only here), at the `le` values around the targets once the pool's are
+    known (the first read asks every bucket): through the real query layer, the same total and
+    count over each target as every bucket read at the same query time."""
+    from monitor.derive import histogram as histo
+    from monitor.sources.prometheus import PrometheusClient
+    from monitor.sources.prometheus_queries import pool_histograms, pool_total_queries
+    from monitor.sources.prometheus_reader import PrometheusSourceReader
+    _servers, prom, proxy = fleet
+    bounds = {"ttft": (0.6,), "e2e": (1.0, 7.5)}
+    reader = PrometheusSourceReader(PrometheusSource(url=proxy.url, selector='job="vllm"'), latency_window=120.0,
+                                    total_kinds=("e2e", "ttft"), total_bounds=bounds, histogram_every=3600.0)
+    client = PrometheusClient(prom.url)
+    try:
+        reader.read_all(now=1_800_000_000.0)
+        first = len(proxy.queries)
+        got = reader.read_all(now=1_800_000_000.0)
+        asked = proxy.queries[first:]
+        whole = pool_total_queries('job="vllm"', ["model_name"], ("e2e", "ttft"), reader._present)
+        every = pool_histograms(client.query(" or ".join(whole.values()), at=reader.clock.at), ["model_name"])[1]
+    finally:
+        reader.close()
+        client.close()
+    assert not any("increase(" in q for q in asked)
+    totals = [q for q in asked if '"hr_part", "total"' in q]
+    assert len(totals) == 2 and all("le=~" in q for q in totals)
+    assert got.totals_at == 1_800_000_000.0 and got.stale_seconds["totals"] == 0.0
+    for kind, thresholds in bounds.items():
+        h, want = got.pool_totals["tiny"][kind], every["tiny"][kind]
+        assert len(h.bounds) <= 2 * len(thresholds) + 1 < len(want.bounds) and histo.total(h) == histo.total(want) > 0
+        for t in thresholds:
+            assert histo.fraction_above(h, t) == pytest.approx(histo.fraction_above(want, t), rel=1e-12), (kind, t)
+
+
+def test_a_pool_slo_adds_no_burn_point_while_its_totals_are_not_answered(fleet):
+    """The cycle with a pool SLO whose cumulative buckets the query layer does not answer in time
+    (held by the proxy) reuses the last ones with their read's time: no point of the burn windows at
+    a later time, the burn as it was; answered again, a point at that cycle's time."""
+    from monitor.capacity.enrich import CapacityState
+    from monitor.capacity.slo_settings import read_slos
+    from monitor.config.inputs import capacity_inputs
+    _servers, _prom, proxy = fleet
+    cfg = Config(prometheus=PrometheusSource(url=proxy.url, selector='job="vllm"'), latency_window=120.0,
+                 slos=read_slos({"pools": {"tiny": {"e2e_p95_seconds": 1.0}}}))
+    via = Pipeline(pipeline_settings(cfg), capacity=CapacityState(capacity_inputs(cfg)))
+    tracker = via.state.capacity.tracker
+    try:
+        fresh = [via.run_cycle(wait_seconds=20) for _ in range(2)]
+        [key] = tracker.keys()
+        points = list(tracker._series[key])
+        assert [p[0] for p in points] == [s.timestamp for s in fresh]
+        proxy.hold, proxy.release = ('"hr_part", "total"',), threading.Event()
+        held = [via.run_cycle(wait_seconds=2.0) for _ in range(2)]
+        proxy.hold = ()
+        proxy.release.set()
+        back = via.run_cycle(wait_seconds=20)
+    finally:
+        proxy.hold = ()
+        proxy.release.set()
+        via.close()
+    assert [p[0] for p in tracker._series[key]] == [s.timestamp for s in fresh + [back]]  # none while held
+    for snap in held:
+        assert snap.pools[0].tasks.slos["pool:e2e"] == fresh[-1].pools[0].tasks.slos["pool:e2e"]
+        assert snap.source_stale_seconds["totals"] > 0 and snap.source_stale_seconds["replicas"] == 0.0
+    assert back.source_stale_seconds["totals"] == 0.0

@@ -154,10 +154,13 @@ class _SlowLayer(_Layer):
     def __init__(self, steady, took, models=("m",)):
         super().__init__()
         self.steady, self.took, self.models, self.fail = steady, took, list(models), 0
+        self.increases = self.totals = 0  # the increase queries asked; those of a pool SLO's cumulative buckets
 
     def query(self, query, at=None, deadline=None, warnings=None, stamps=None, max_bytes=None):
         from monitor.sources.prometheus import PrometheusError
         self.steady[0] += self.took
+        self.increases += "increase(" in query
+        self.totals += '"hr_part", "total"' in query
         got = super().query(query, at, deadline, warnings, stamps, max_bytes)
         if "hr_base" in query:
             if self.fail:
@@ -172,7 +175,8 @@ def test_the_pool_histograms_are_asked_again_once_a_tenth_of_the_window_has_pass
     """Between two reads of the pools' histograms (every REFRESH_SHARE of the latency window, timed
     from the starts of the reads: answers that take 1.2 s do not push it a cycle on) a read uses the
     last ones, their age in stale_seconds; a failed read of them is asked again the next read; a pool
-    new since they answered has them asked at once; with a pool SLO, every read."""
+    new since they answered has them asked at once. A pool SLO's cumulative buckets are asked every
+    read, apart: the increases keep their schedule."""
     from monitor.config import PrometheusSource
     from monitor.sources import prometheus_reader as pr
     from monitor.sources.prometheus_reader import PrometheusSourceReader
@@ -201,8 +205,13 @@ def test_the_pool_histograms_are_asked_again_once_a_tenth_of_the_window_has_pass
     assert read(1120.0)[0] == 0
     reader.close()
     slo = PrometheusSourceReader(PrometheusSource(url="http://127.0.0.1:9"), client=layer, total_kinds=("e2e",))
-    for now in (1000.0, 1010.0):  # a pool SLO's cumulative buckets: every read
+    seen = []
+    for now in (1000.0, 1010.0, 1020.0, 1030.0):  # a pool SLO's cumulative buckets: every read, apart
         steady[0] = now - 900.0
         layer.asked.clear()
-        assert slo.read_all(now=now).stale_seconds["histograms"] == 0.0 and len(layer.asked) == 2
+        layer.increases = layer.totals = 0
+        got = slo.read_all(now=now)
+        seen.append((layer.increases, layer.totals, got.stale_seconds["histograms"], got.stale_seconds["totals"], got.totals_at))
+    assert seen == [(2, 1, 0.0, 0.0, 1000.0), (0, 1, 10.0, 0.0, 1010.0), (0, 1, 20.0, 0.0, 1020.0),
+                    (2, 1, 0.0, 0.0, 1030.0)]
     slo.close()

@@ -1,0 +1,144 @@
+"""A pool SLO's cumulative buckets in Prometheus mode (monitor/sources/prometheus_pool_totals.py), on
+plain data: asked every read apart from the bucket increases (which keep their refresh), only at the
+`le` values the targets need once every pool's are known, read whole again when a pool's answer
+lacks one; what answered is stamped with its read's time, and a failed read reuses the last ones
+with theirs. The same against a real Prometheus: tests/sources/test_prometheus_query_layer.py."""
+import math
+import re
+
+import pytest
+
+from monitor.config import PrometheusSource
+from monitor.derive import histogram as histo
+from monitor.sources.prometheus import PrometheusError
+from monitor.sources.prometheus_queries import pool_histograms
+
+TTFT = "vllm:time_to_first_token_seconds"
+LES = {"m": ["0.1", "0.5", "1.0", "2.5", "+Inf"], "m2": ["0.25", "0.75", "5.0", "+Inf"]}
+
+
+class _Fleet:
+    """A query layer's answers for one vLLM replica per pool of `pools` with a TTFT histogram whose
+    cumulative buckets grow by read (`grow`); its bucket queries honour an `le=~` matcher as
+    Prometheus does (the regex anchored). `fail`: total queries left to fail."""
+
+    def __init__(self, pools=("m",)):
+        self.pools, self.grow, self.fail = list(pools), 1.0, 0
+        self.increases, self.totals = 0, []
+
+    def buckets(self, pool):
+        les = LES[pool]
+        return {le: self.grow * (i + 1) * (3 if pool == "m2" else 1) for i, le in enumerate(les)}
+
+    def query(self, query, at=None, deadline=None, warnings=None, stamps=None, max_bytes=None):
+        if stamps is not None:
+            stamps.append(1_800_000_000.0)
+        if query.startswith("count("):
+            return [({}, 3.0 * len(self.pools))]
+        if '"hr_part", "total"' in query:
+            self.totals.append(query)
+            if self.fail:
+                self.fail -= 1
+                raise PrometheusError("deadline", "the query layer did not answer in time")
+            got = re.search(r'le=~"((?:[^"\\]|\\.)*)"', query)
+            regex = None if got is None else got.group(1).replace('\\"', '"').replace("\\\\", "\\")
+            return [({"hr_base": TTFT, "hr_part": "total", "model_name": pool, "le": le}, v)
+                    for pool in self.pools for le, v in self.buckets(pool).items()
+                    if regex is None or re.fullmatch(regex, le)]
+        if "increase(" in query:
+            self.increases += 1
+            return [({"hr_base": TTFT, "hr_part": "bucket", "model_name": pool, "le": le}, v / 10)
+                    for pool in self.pools for le, v in self.buckets(pool).items()]
+        if '__name__="up"' in query:
+            return [({"__name__": "up", "instance": pool, "model_name": pool}, 1.0) for pool in self.pools]
+        return [({"__name__": name, "instance": pool, "model_name": pool}, 1.0) for pool in self.pools
+                for name in ("vllm:num_requests_running", TTFT + "_count")]
+
+    def close(self):
+        pass
+
+
+@pytest.fixture
+def reader(monkeypatch):
+    """A reader with a pool SLO on TTFT at 0.7 s (latency window 300 s: the increases every 30 s),
+    its steady clock that of the reads' `now`."""
+    from monitor.sources import prometheus_reader as pr
+    steady = [0.0]
+    monkeypatch.setattr(pr.time, "monotonic", lambda: steady[0])
+    layer = _Fleet()
+    got = pr.PrometheusSourceReader(PrometheusSource(url="http://127.0.0.1:9"), client=layer, latency_window=300.0,
+                                    total_kinds=("ttft",), total_bounds={"ttft": (0.7,)})
+
+    def read(now):
+        steady[0] = now - 900.0
+        layer.increases, layer.totals[:] = 0, []
+        return got.read_all(now=now)
+
+    got.layer, got.at = layer, read
+    yield got
+    got.close()
+
+
+def _counts(h, threshold=0.7):
+    return histo.total(h), histo.fraction_above(h, threshold) * histo.total(h)
+
+
+def _whole(layer, pool):
+    rows = [({"hr_base": TTFT, "hr_part": "total", "model_name": pool, "le": le}, v) for le, v in layer.buckets(pool).items()]
+    return pool_histograms(rows, ["model_name"])[1][pool]["ttft"]
+
+
+def test_with_a_pool_slo_the_totals_are_asked_every_read_and_the_increases_keep_their_refresh(reader):
+    seen = []
+    for i, now in enumerate((1000.0, 1010.0, 1020.0, 1030.0)):
+        reader.layer.grow = 1.0 + i
+        got = reader.at(now)
+        [asked] = reader.layer.totals
+        le = re.search(r'le=~"([^"]*)"', asked)
+        seen.append((reader.layer.increases, set(le.group(1).split("|")) if le else None, got.totals_at,
+                     got.stale_seconds["totals"], got.stale_seconds["histograms"]))
+        # only the buckets around 0.7 s and +Inf: the same total and count over the target as every bucket
+        assert _counts(got.pool_totals["m"]["ttft"]) == _counts(_whole(reader.layer, "m"))
+    around = {"0\\\\.5", "1\\\\.0", "\\\\+Inf"}  # each a literal in the PromQL string
+    assert seen == [(1, None, 1000.0, 0.0, 0.0), (0, around, 1010.0, 0.0, 10.0), (0, around, 1020.0, 0.0, 20.0),
+                    (1, around, 1030.0, 0.0, 0.0)]
+    assert len(reader.at(1040.0).pool_totals["m"]["ttft"].bounds) == 3
+
+
+def test_a_pool_whose_buckets_are_not_known_has_every_bucket_read_in_the_same_read(reader):
+    reader.at(1000.0)
+    reader.layer.pools.append("m2")  # another vLLM's buckets: none of m's values but +Inf
+    got = reader.at(1010.0)
+    assert len(reader.layer.totals) == 2 and "le=~" in reader.layer.totals[0] and "le=~" not in reader.layer.totals[1]
+    for pool in ("m", "m2"):
+        assert _counts(got.pool_totals[pool]["ttft"]) == _counts(_whole(reader.layer, pool)), pool
+    got = reader.at(1020.0)  # both pools' buckets known: one read, the values each needs
+    [asked] = reader.layer.totals
+    assert re.search(r'le=~"([^"]*)"', asked).group(1).count("|") == 4  # 0.5 1.0 (m), 0.25 0.75 (m2), +Inf
+    for pool in ("m", "m2"):
+        assert _counts(got.pool_totals[pool]["ttft"]) == _counts(_whole(reader.layer, pool)), pool
+
+
+def test_a_failed_read_of_the_totals_reuses_the_last_ones_with_their_own_time(reader):
+    first = reader.at(1000.0)
+    reader.layer.fail, reader.layer.grow = 1, 5.0
+    failed = reader.at(1010.0)
+    assert failed.pool_totals == first.pool_totals and failed.totals_at == 1000.0
+    assert failed.stale_seconds["totals"] == 10.0 and failed.stale_seconds["replicas"] == 0.0
+    back = reader.at(1020.0)
+    assert back.totals_at == 1020.0 and _counts(back.pool_totals["m"]["ttft"]) == _counts(_whole(reader.layer, "m"))
+    reader.shift_time(-60.0)  # the wall clock stepped: the time they were read moves with it
+    reader.layer.fail = 1
+    assert reader.at(970.0).totals_at == 960.0
+
+
+def test_without_a_pool_slo_nothing_cumulative_is_asked(monkeypatch):
+    from monitor.sources import prometheus_reader as pr
+    layer = _Fleet()
+    got = pr.PrometheusSourceReader(PrometheusSource(url="http://127.0.0.1:9"), client=layer)
+    try:
+        out = got.read_all(now=1000.0)
+    finally:
+        got.close()
+    assert layer.totals == [] and out.pool_totals == {} and out.totals_at is None and "totals" not in out.stale_seconds
+    assert math.isfinite(out.stale_seconds["histograms"])
