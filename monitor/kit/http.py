@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import http.client
+import ipaddress
 import random
 import select
 import socket
@@ -96,6 +97,7 @@ class Exchange:
 
     ask: _Ask
     conn: Wire
+    reused: bool  # on a kept connection (one that gives no byte of an answer is worth a fresh try)
 
 
 class Fetcher:
@@ -243,37 +245,57 @@ class Fetcher:
                 return got
         raise AssertionError("unreachable")
 
-    def begin(self, url: str, timeout: float) -> Optional[Exchange]:
-        """A GET sent on a kept connection to `url`'s host that passes its check, its answer left to
-        arrive (`finish` reads it; `Exchange.conn` shows what has come); None when no such connection
-        is idle or the send failed (the caller then asks with `get`, which connects: this never does,
-        so it never waits on a host)."""
+    def begin(self, url: str, timeout: float, connect: bool = False) -> Optional[Exchange]:
+        """A GET on a kept connection to `url`'s host that passes its check, sent, its answer left to
+        arrive (`finish` reads it; `Exchange.conn` shows what has come). With no such connection and
+        `connect`, a plain-HTTP host given by its IP address gets a new one, begun without waiting
+        (`Wire.connect_nowait`; the GET waits in `Wire.unsent` until it is made). None otherwise, or
+        when the send or the connect could not start: the caller then asks with `get`. No name is
+        looked up and nothing is waited for here."""
         ask = self._ask("GET", url, timeout, None, None)
         conn = self._take_idle(ask.key)
         if conn is None:
-            return None
+            scheme, host, port = ask.key
+            if not connect or scheme != "http" or not _ip_literal(host):
+                return None
+            conn = Wire(host, port, None)
+            with self._lock:
+                self._busy.add(conn)
+            conn.deadline = ask.deadline
+            try:
+                conn.connect_nowait()
+                conn.unsent = self._get_bytes(conn, ask)
+            except (OSError, ValueError, http.client.HTTPException):
+                self._give(ask.key, conn, False)
+                return None
+            return Exchange(ask, conn, False)
         conn.deadline = ask.deadline
         try:
             conn.send(self._get_bytes(conn, ask))
         except (OSError, ValueError, http.client.HTTPException):
             self._give(ask.key, conn, False)  # as `request` would: a fresh connection gets the GET
             return None
-        return Exchange(ask, conn)
+        return Exchange(ask, conn, True)
 
     def finish(self, exchange: Exchange) -> str:
         """`get`'s answer to a `begin`: the rest of it read off the socket within its deadline (none
         of it when `Exchange.conn` holds it whole), the connection given back; on a kept connection
         that gave no byte of an answer, the one fresh try `request` makes."""
         ask, conn = exchange.ask, exchange.conn
-        got = self._attempt(ask, conn, True, sent=True)
+        got = self._attempt(ask, conn, exchange.reused, sent=True)
         if got is None:
             if self.closed:
                 raise FetchError("closed", "the client is shut down")
             conn, _ = self._take(ask.key)
             conn.deadline = ask.deadline
             got = self._attempt(ask, conn, False, sent=False)
-            assert got is not None  # no retry asked: an answer or an error
+            if got is None:  # no retry asked of that try: an answer or an error
+                raise AssertionError("a fresh try asked for another")
         return self._text(*got)
+
+    def discard(self, exchange: Exchange) -> None:
+        """Close a begun exchange's connection unread (nothing will read its answer)."""
+        self._give(exchange.ask.key, exchange.conn, False)
 
     def _ask(self, method: str, url: str, timeout: float, body: Optional[bytes],
              headers: Optional[dict[str, str]]) -> _Ask:
@@ -343,6 +365,8 @@ class Fetcher:
         if not sent:
             conn.send(self._get_bytes(conn, ask) if ask.body is None else
                       request_bytes(ask.method, ask.path, conn.host_header, ask.headers, ask.body))
+        elif conn.unsent and conn.error is None:  # begun on a new connection: what did not go yet
+            conn.send(conn.unsent)
         held = _Held(self.max_body, self.budget)
         try:
             status, will_close, _ = read_response(conn, ask.method == "HEAD", held)
@@ -366,6 +390,15 @@ class Fetcher:
                 except OSError:
                     pass
             conn.close()
+
+
+def _ip_literal(host: str) -> bool:
+    """Whether `host` is an IP address (a connection to it needs no name looked up)."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def _classify(exc: Exception, timeout: float) -> Optional[FetchError]:

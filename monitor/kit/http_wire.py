@@ -19,7 +19,9 @@ LineTooLong, HTTPException), so the caller classifies them.
 """
 from __future__ import annotations
 
+import errno
 import http.client
+import os
 import re
 import select
 import socket
@@ -70,7 +72,9 @@ class Wire:
         self.received = 0
         self.idle_since = 0.0
         self.error: Optional[OSError] = None  # a receive error `take_ready` met, for `_recv` to raise
-        self.need = 0  # `whole`: the bytes the answer in the buffer has in all (0: not known yet)
+        self.need = 0  # `whole`: the bytes the answer in the buffer has in all (0: not known yet; -1: chunked)
+        self.chunk_at = self.chunked = 0  # `whole` of a chunked body: where its next chunk starts, its bytes so far
+        self.unsent = b""  # a request `connect_nowait` holds until the connection is made (`send_ready`)
         default = 443 if context is not None else 80
         name = f"[{host}]" if ":" in host else host
         self.host_header = name if self.port == default else f"{name}:{self.port}"
@@ -88,6 +92,54 @@ class Wire:
         self.sock = sock
         self.buf.clear()
         return sock
+
+    def connect_nowait(self) -> None:
+        """Start connecting to the host (an IP address: nothing to look up, so nothing waits) and
+        return; the socket turns writable once it is made or failed (`connected` tells which).
+        OSError when it cannot even start."""
+        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            err = sock.connect_ex((self.host, self.port))
+            if err not in (0, errno.EINPROGRESS):
+                raise OSError(err, os.strerror(err))
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+        self.buf.clear()
+        self.received = self.need = 0
+        self.error = None
+
+    def connected(self) -> bool:
+        """Whether the connection `connect_nowait` began is made (its socket turned writable); if it
+        failed, its error is kept for the read (`_recv`) to raise, as a blocking connect would."""
+        sock = self.sock
+        if sock is None:
+            return False
+        err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if err:
+            self.error = OSError(err, os.strerror(err))
+            self.unsent = b""
+        return not err
+
+    def send_ready(self) -> bool:
+        """Send the request `unsent` holds on the connection just made, without waiting: whether it all
+        went (what did not stays in `unsent`: the blocking read sends it first)."""
+        sock = self.sock
+        if sock is None or not self.unsent:
+            return not self.unsent
+        try:
+            sent = sock.send(self.unsent)
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError as exc:
+            self.error = exc
+            self.unsent = b""
+            return False
+        self.unsent = self.unsent[sent:]
+        return not self.unsent
 
     def close(self) -> None:
         sock, self.sock = self.sock, None
@@ -129,14 +181,15 @@ class Wire:
         return bool(chunk)
 
     def whole(self, max_body: int) -> Optional[bool]:
-        """Whether the buffer holds a whole answer to a GET, framed by its Content-Length (a usual
-        head, status 2xx-5xx but 408, a body of at most `max_body` bytes): True (`read_response` then
-        reads it without waiting), False (not yet), None (anything else: read it the blocking way; a
-        408 too, as the client's fresh try connects)."""
+        """Whether the buffer holds a whole answer to a GET, framed by its Content-Length or chunked
+        (a usual head, status 2xx-5xx but 408, a body of at most `max_body` bytes): True (`read_response`
+        then reads it without waiting), False (not yet), None (anything else: read it the blocking
+        way; a 408 too, as the client's fresh try connects)."""
         if not self.need:
             end = self.buf.find(b"\r\n\r\n", 0, HEAD_STEP)
             if end == -1:
-                return None if len(self.buf) >= HEAD_STEP else False
+                head = self.buf[:HEAD_STEP]
+                return None if len(self.buf) >= HEAD_STEP or b"\n\n" in head or b"\n\r\n" in head else False
             try:
                 got = _whole_head(self.buf, _NO_SINK, 0)
             except (http.client.HTTPException, ValueError):
@@ -145,11 +198,49 @@ class Wire:
                 return None
             status, _, fields, at = got
             raw = fields.get("content-length")
-            if (status < 200 or status in _NO_BODY or status == 408 or "transfer-encoding" in fields or raw is None
-                    or not (0 < len(raw) <= 18 and raw.isascii() and raw.isdigit()) or int(raw) > max_body):
+            coding = fields.get("transfer-encoding")
+            if status < 200 or status in _NO_BODY or status == 408 or (raw is None) == (coding is None):
                 return None
-            self.need = at + int(raw)
+            if coding is not None:
+                if coding.lower() != "chunked":
+                    return None
+                self.need, self.chunk_at, self.chunked = -1, at, 0
+            elif not (0 < len(raw or "") <= 18 and (raw or "").isascii() and (raw or "").isdigit()) \
+                    or int(raw or "0") > max_body:
+                return None
+            else:
+                self.need = at + int(raw or "0")
+        if self.need < 0:
+            return self._chunks_whole(max_body)
         return len(self.buf) >= self.need
+
+    def _chunks_whole(self, max_body: int) -> Optional[bool]:
+        """`whole` of a chunked body: its chunks walked from where the last call stopped, each size
+        line plain hex (an extension allowed) and CRLF-ended, then the last chunk and the blank line
+        after any trailers; None for anything `_read_chunked` would name or read another way."""
+        buf, at = self.buf, self.chunk_at
+        while True:
+            nl = buf.find(b"\r\n", at, at + 1024)
+            if nl == -1:
+                return None if len(buf) - at >= 1024 or b"\n" in buf[at:] else False
+            size_text = bytes(buf[at:nl]).split(b";", 1)[0].rstrip(b" \t")
+            if not _HEX.fullmatch(size_text):
+                return None
+            size = int(size_text, 16)
+            if size == 0:
+                if buf.find(b"\r\n\r\n", nl) != -1:
+                    return True
+                rest = buf[nl + 2:]
+                return None if len(rest) >= HEAD_STEP or (b"\n\n" in rest) else False
+            if self.chunked + size > max_body:
+                return None
+            nxt = nl + 2 + size + 2
+            if len(buf) < nxt:
+                return False
+            if buf[nxt - 2:nxt] != b"\r\n":
+                return None
+            self.chunked += size
+            at = self.chunk_at = nxt
 
     def reusable(self) -> bool:
         """Whether this idle connection may carry another request: open, and nothing waiting on it.
@@ -186,6 +277,7 @@ class Wire:
         sock = self.sock if self.sock is not None else self.connect()
         self.received = self.need = 0
         self.error = None
+        self.unsent = b""
         sock.settimeout(time_left(self.deadline))
         sock.sendall(data)
 

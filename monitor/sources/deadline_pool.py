@@ -78,7 +78,7 @@ class Late:
 
     def detail(self, deadline_seconds: float) -> str:
         return {"running": f"no answer within the cycle deadline ({deadline_seconds:.1f}s)",
-                "not_started": f"not started within the cycle deadline ({deadline_seconds:.1f}s): workers busy",
+                "not_started": f"not started within the cycle deadline ({deadline_seconds:.1f}s): scrape_concurrency requests in flight",
                 "busy": "the previous request to it is still running",
                 "closed": "shutting down"}[self.state]
 

@@ -195,11 +195,15 @@ class Scraper:
         a target waiting for its retry, or whose last request still runs, is settled here."""
         self.fetcher.prune()
         batch = _Batch(clock, [None] * len(targets), {}, deque())
+        asked: set[str] = set()
         for i, target in enumerate(targets):
             settled = self._waiting(target) or self.pool.late(target.url)
+            if settled is None and target.url in asked:  # listed twice: asked once, as the pool did
+                settled = Late("busy")
             if settled is not None:
                 batch.slots[i] = settled
             else:
+                asked.add(target.url)
                 batch.at[id(target)] = i
                 batch.waiting.append(target)
         return batch
@@ -219,12 +223,17 @@ class Scraper:
                 result = exc
             batch.slots[batch.at[id(target)]] = result
 
-        def hand_off(target: Target, exchange: Optional[Exchange], sent: float) -> None:
+        def hand_off(target: Target, exchange: Optional[Exchange], sent: float) -> Optional[Future]:
             [(_, job)] = self.pool.start([(target.url, partial(self._sent, target, exchange, sent, clock))])
             at = batch.at[id(target)]
             batch.slots[at] = job
-            if exchange is not None:
-                batch.sent.add(at)
+            if exchange is None:
+                return None
+            if isinstance(job, Late):  # closed meanwhile: nothing will read it
+                self.fetcher.discard(exchange)
+                return None
+            batch.sent.add(at)
+            return job
 
         read_kept(self.fetcher, batch.waiting, self.pool.workers.size, self.timeout,
                   float("inf") if deadline is None else deadline, done, hand_off)

@@ -261,7 +261,6 @@ CHUNKED = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0
 
 
 @pytest.mark.parametrize("answer, text", [
-    (CHUNKED, "hello"),
     (b"HTTP/1.1 100 Continue\r\n\r\n" + ok("after"), "after"),
     (b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nto the end", "to the end"),
     (ok("y" * 2048), None),  # over the caller's cap: the blocking read refuses it
@@ -317,4 +316,40 @@ def test_an_answer_that_breaks_part_way_after_begin_is_truncated_not_asked_again
     with pytest.raises(FetchError) as err:
         fetcher.finish(exchange)
     assert err.value.reason == "truncated" and len(FLEET.conns) == 1
+    fetcher.close()
+
+
+@pytest.mark.parametrize("pieces, text", [
+    ([CHUNKED], "hello"),
+    ([CHUNKED[:40], CHUNKED[40:50], CHUNKED[50:]], "hello"),  # size line, data and the last chunk apart
+    ([b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3;x=1\r\nabc\r\n2\r\nde\r\n0\r\nT: 1\r\n\r\n"],
+     "abcde"),  # an extension, two chunks, a trailer
+])
+def test_a_chunked_answer_is_whole_once_its_last_chunk_and_blank_line_came(pieces, text):
+    FLEET.answer = lambda conn, n: pieces[0] if n == 1 else ok("x")
+    fetcher = Fetcher()
+    fetcher.get(URL, 5.0)
+    exchange = fetcher.begin(URL, 5.0)
+    assert exchange is not None
+    for piece in pieces[1:]:
+        assert _take(exchange) == (False, True)
+        FLEET.conns[0].peer.sendall(piece)
+    assert _take(exchange) == (True, True)
+    assert fetcher.finish(exchange) == text
+    fetcher.close()
+
+
+@pytest.mark.parametrize("answer", [
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0x5\r\nhello\r\n0\r\n\r\n",  # not plain hex
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhelloXX0\r\n\r\n",  # no CRLF after the data
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n",  # another coding
+    b"HTTP/1.1 200 OK\nContent-Length: 2\n\nok",  # bare LF ends the head: never whole here, read the blocking way
+])
+def test_a_chunked_or_head_framing_the_loop_does_not_walk_is_left_to_the_blocking_read(answer):
+    FLEET.answer = lambda conn, n: answer if n == 1 else ok("x")
+    fetcher = Fetcher()
+    fetcher.get(URL, 5.0)
+    exchange = fetcher.begin(URL, 5.0)
+    assert exchange is not None
+    assert _take(exchange)[0] is None
     fetcher.close()

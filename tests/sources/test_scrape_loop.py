@@ -24,8 +24,12 @@ BIG = LOAD + b"# padding\n" * 120_000  # over the loop's mebibyte: a worker read
 
 class Scripted:
     """A keep-alive metrics server whose n-th request (counted over its connections) is answered as
-    `script(n)` says: ok, chunked, big, silent (nothing, until the client leaves), trickle (the head,
-    then a byte every 0.1 s), close (the connection closed unanswered)."""
+    `script(n)` says: ok, chunked, big, big_slow (over a mebibyte, the rest 0.3 s later), silent
+    (nothing, until the client leaves), trickle (the head, then a byte every 0.1 s), close (the
+    connection closed unanswered)."""
+
+    lock = threading.Lock()
+    active = most = 0  # answers being sent now by every server, and the most at once
 
     def __init__(self, script=lambda n: "ok"):
         self.script = script
@@ -59,20 +63,31 @@ class Scripted:
                         return
                     buf += chunk
                 _, _, buf = buf.partition(b"\r\n\r\n")
-                with self.lock:
+                with Scripted.lock:
                     n, self.asked = self.asked, self.asked + 1
-                if not self._answer(conn, self.script(n)):
-                    return
+                    Scripted.active += 1
+                    Scripted.most = max(Scripted.most, Scripted.active)
+                try:
+                    if not self._answer(conn, self.script(n)):
+                        return
+                finally:
+                    with Scripted.lock:
+                        Scripted.active -= 1
         except OSError:
             return
         finally:
             conn.close()
 
     def _answer(self, conn: socket.socket, how: str) -> bool:
-        body = BIG if how == "big" else LOAD
+        body = BIG if how.startswith("big") else LOAD
         head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
         if how in ("ok", "big"):
             conn.sendall(head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        elif how == "big_slow":  # over the loop's mebibyte at once, the rest 0.3 s later
+            conn.sendall(head + b"Content-Length: %d\r\n\r\n" % len(BIG) + BIG[:1_100_000])
+            if self.stop.wait(0.3):
+                return False
+            conn.sendall(BIG[1_100_000:])
         elif how == "chunked":
             half = len(body) // 2
             conn.sendall(head + b"Transfer-Encoding: chunked\r\n\r\n" + b"".join(
@@ -104,6 +119,8 @@ class Scripted:
 def serve():
     made = []
 
+    Scripted.active = Scripted.most = 0
+
     def make(script=lambda n: "ok"):
         made.append(Scripted(script))
         return made[-1]
@@ -115,8 +132,8 @@ def serve():
 class Counted(Scraper):
     """A Scraper that counts the jobs it gives its worker threads."""
 
-    def __init__(self, timeout: float = 5.0):
-        super().__init__(Fetcher(), timeout, 8, rng=lambda: 0.0)  # a failed target is asked again at once
+    def __init__(self, timeout: float = 5.0, concurrency: int = 8):
+        super().__init__(Fetcher(), timeout, concurrency, rng=lambda: 0.0)  # a failed target is asked again at once
         self.jobs = 0
         start = self.pool.start
 
@@ -130,13 +147,15 @@ class Counted(Scraper):
         return {r.target.url: r for r in self.finish(targets, self.start(targets, lambda: 1000.0), deadline)}
 
 
-def test_kept_connections_are_read_by_the_cycles_own_thread_with_the_readings_the_workers_give(serve):
+@pytest.mark.parametrize("host, first_jobs", [("localhost", 12), ("127.0.0.1", 0)])
+def test_answers_are_read_by_the_cycles_own_thread_with_the_readings_the_workers_give(serve, host, first_jobs):
     servers = [serve() for _ in range(12)]
-    targets = [Target(s.url) for s in servers]
+    targets = [Target(s.url.replace("127.0.0.1", host)) for s in servers]
     scraper = Counted()
     try:
         first = scraper.cycle(targets)
-        assert scraper.jobs == 12  # nothing kept yet: each connection is made by a worker
+        # nothing kept yet: a host by name is connected by a worker (its lookup can wait), an IP address here
+        assert scraper.jobs == first_jobs
         second = scraper.cycle(targets)
         assert scraper.jobs == 0  # every answer read by this thread
     finally:
@@ -169,15 +188,15 @@ def test_a_kept_target_that_turns_slow_ends_at_its_own_timeout_and_holds_none_of
         assert got[s.url].status.up and got[s.url].status.duration_seconds < 0.9
 
 
-@pytest.mark.parametrize("how", ["chunked", "big"])
-def test_an_answer_the_loop_cannot_read_whole_goes_to_a_worker_and_reads_the_same(serve, how):
+@pytest.mark.parametrize("how, jobs", [("chunked", 0), ("big", 1)])
+def test_a_chunked_answer_is_read_here_one_over_a_mebibyte_by_a_worker_and_both_read_the_same(serve, how, jobs):
     plain, odd = serve(), serve(lambda n: how)
     targets = [Target(plain.url), Target(odd.url)]
     scraper = Counted()
     try:
         scraper.cycle(targets)
         got = scraper.cycle(targets)
-        assert scraper.jobs == 1
+        assert scraper.jobs == jobs
     finally:
         scraper.close()
     assert got[odd.url].status.up and got[odd.url].readings
@@ -264,3 +283,37 @@ def test_a_readers_bug_in_the_loop_is_that_targets_internal_error_not_the_cycles
     assert scraper.jobs == 0 and broken.calls == 1
     statuses = sorted((r.status.up, r.status.error) for r in got.values())
     assert statuses == [(False, "internal"), (True, None)], statuses
+
+
+def test_the_gets_handed_to_workers_count_in_the_window(serve):
+    """Six answers each over the loop's mebibyte at concurrency 2: the loop hands each to a worker
+    and waits for one to end before it sends another, so at most 2 are on their way at once (a GET
+    sent while the workers are busy would spend its own timeout queued)."""
+    servers = [serve(lambda n: "ok" if n == 0 else "big_slow") for _ in range(6)]
+    targets = [Target(s.url) for s in servers]
+    scraper = Counted(concurrency=2)
+    try:
+        scraper.cycle(targets)
+        got = scraper.cycle(targets)
+    finally:
+        scraper.close()
+    assert scraper.jobs == 6 and all(r.status.up for r in got.values())
+    assert sum(s.asked for s in servers) == 12
+    assert Scripted.most <= 2, Scripted.most
+
+
+def test_a_refused_connection_on_an_address_is_down_connect_without_a_worker(serve):
+    good = serve()
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    listener.close()  # nothing listens there now
+    targets = [Target(good.url), Target(f"http://127.0.0.1:{port}/metrics")]
+    scraper = Counted()
+    try:
+        got = scraper.cycle(targets)
+    finally:
+        scraper.close()
+    assert scraper.jobs == 0
+    bad = got[targets[1].url].status
+    assert not bad.up and (bad.error, bad.detail) == ("connect", "Connection refused"), bad
+    assert got[good.url].status.up
