@@ -25,6 +25,7 @@ from concurrent.futures import Future
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Union, cast
 
+from ..model.poolkey import name_of
 from .prometheus import PrometheusError
 from .prometheus_queries import histogram_bases, needed_les, pool_bucket_les, pool_histograms, pool_total_queries
 
@@ -40,6 +41,7 @@ class PoolTotalReads:
         pool_by: list[str]
         total_kinds: tuple[str, ...]
         total_bounds: Optional[dict[str, tuple[float, ...]]]
+        total_pools: Optional[dict[str, tuple[str, ...]]]
         _totals: Optional[tuple[float, dict]]
         _total_les: dict[str, dict[str, tuple[tuple[float, str], ...]]]
         _spare: dict[str, str]
@@ -76,7 +78,7 @@ class PoolTotalReads:
         if not isinstance(got, PrometheusError):
             totals = pool_histograms(got, self.pool_by)[1]
             spare = {b: n for b, n in self._spare.items() if _kind_of(b) in self.total_kinds}
-            if spare and _lacking(totals, spare):  # an earlier candidate's buckets gave a pool nothing
+            if spare and _lacking(totals, spare, self.total_pools):  # an earlier candidate's gave a pool SLO nothing
                 more = _joined([self._answer(partial(self._query, q, deadline)) for q in
                                 pool_total_queries(self.selector, self.pool_by, self.total_kinds, spare).values()])
                 got = more if isinstance(more, PrometheusError) else got + more
@@ -169,11 +171,17 @@ def _joined(answers: list[Answer]) -> Union[list, PrometheusError]:
     return failed if failed is not None else [s for got in cast("list[list]", answers) for s in got]
 
 
-def _lacking(totals: dict[str, dict], spare: dict[str, str]) -> bool:
+def _lacking(totals: dict[str, dict], spare: dict[str, str], slos: Optional[dict[str, tuple[str, ...]]]) -> bool:
     """Whether a pool's cumulative buckets lack a kind one of `spare`'s candidates could give (as
-    prometheus_pool_reads._short for the increases)."""
+    prometheus_pool_reads._short for the increases) and its pool SLO reads (`slos`: pool name or
+    key -> kinds; None: every pool, every kind): a pool without one lacking a kind (its engine has
+    no such histogram) does not have the spare ones asked every read."""
     kinds = {_kind_of(base) for base in spare}
-    return any(kind not in got for got in totals.values() for kind in kinds)
+    for pool, got in totals.items():
+        wanted = kinds if slos is None else kinds & set(slos.get(pool) or slos.get(name_of(pool), ()))
+        if any(kind not in got for kind in wanted):
+            return True
+    return False
 
 
 __all__ = ["TOTAL", "Answer", "PoolTotalReads"]

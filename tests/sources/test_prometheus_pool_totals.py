@@ -176,3 +176,27 @@ def test_a_bound_added_between_those_around_a_target_is_read_from_the_next_refre
     assert _counts(got.pool_totals["m"]["ttft"]) == _counts(_whole(reader.layer, "m"))
     got = reader.at(1040.0)
     assert _counts(got.pool_totals["m"]["ttft"]) == _counts(_whole(reader.layer, "m"))
+
+
+def test_a_spare_candidate_is_asked_only_for_a_pool_whose_slo_reads_the_kind_it_lacks():
+    from monitor.model.poolkey import make_key
+    from monitor.sources.prometheus_pool_totals import _lacking
+    h = _whole(_Fleet(), "m")
+    spare = {"vllm:time_per_output_token_seconds": "vllm:time_per_output_token_seconds"}  # an itl candidate
+    sg = make_key("s", {"cluster": "a"})  # an engine with no itl histogram, its pool keyed with a cluster
+    totals = {"m": {"ttft": h, "itl": h}, sg: {"ttft": h}}
+    assert _lacking(totals, spare, None)  # not told which pools have an SLO: every pool counts
+    assert not _lacking(totals, spare, {"m": ("itl", "ttft"), "s": ("ttft",)})  # s's SLO reads no itl
+    assert not _lacking(totals, spare, {"m": ("itl",)})  # s has no SLO
+    assert _lacking(totals, spare, {"s": ("itl",)})  # s's SLO reads itl, by the pool's name
+    assert _lacking(totals, spare, {sg: ("itl",)})  # or by its key
+
+
+def test_the_pools_with_a_slo_and_their_signals_from_the_configuration(tmp_path):
+    from monitor.config import load
+    from monitor.config.inputs import pool_slo_pools
+    path = tmp_path / "headroom.yml"
+    path.write_text("sources:\n  prometheus: {url: 'http://127.0.0.1:9'}\n"
+                    "slos:\n  pools:\n    a: {ttft_p95_seconds: 0.5, e2e_p99_seconds: 30}\n"
+                    "pools:\n  b:\n    slo: {itl_p99_seconds: 0.05}\n  c: {}\n")
+    assert pool_slo_pools(load(str(path))) == {"a": ("e2e", "ttft"), "b": ("itl",)}
