@@ -47,13 +47,22 @@ def pipeline_settings(cfg: Config) -> PipelineSettings:
                             scrape_concurrency=cfg.scrape_concurrency, scrape_memory_mib=cfg.scrape_memory_mib,
                             vllm_targets=tuple(cfg.vllm_targets), vllm_auth=cfg.vllm_auth, prometheus=cfg.prometheus,
                             gateways=tuple(cfg.gateways), dcgm_targets=tuple(cfg.dcgm_targets), alerts=cfg.alerts,
-                            slo_signals=pool_slo_signals(cfg), slo_seconds=pool_slo_seconds(cfg))
+                            slo_signals=pool_slo_signals(cfg), slo_seconds=pool_slo_seconds(cfg),
+                            slo_pools=pool_slo_pools(cfg))
 
 
 def pool_slo_signals(cfg: Config) -> tuple[str, ...]:
     """The latency signals with a pool SLO (slos: pools, pools.<name>.slo): Prometheus mode reads
     their cumulative buckets per pool."""
     return tuple(sorted(pool_slo_seconds(cfg)))
+
+
+def pool_slo_pools(cfg: Config) -> dict[str, tuple[str, ...]]:
+    """Each pool with a pool SLO (its name or key, as the `slos:` section and `pools:` name it) ->
+    the latency signals of its targets."""
+    by_pool = dict(cfg.slos.pool_targets) if cfg.slos is not None else {}
+    by_pool.update({pool: list(ps.slo) for pool, ps in (cfg.pools or {}).items() if ps.slo})
+    return {pool: tuple(sorted({t.signal for t in ts})) for pool, ts in sorted(by_pool.items()) if ts}
 
 
 def pool_slo_seconds(cfg: Config) -> dict[str, tuple[float, ...]]:

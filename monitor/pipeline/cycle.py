@@ -117,6 +117,7 @@ class PipelineSettings:
     # cumulative buckets per pool, only those around the targets' seconds (`slo_seconds`: signal -> seconds)
     slo_signals: tuple[str, ...]
     slo_seconds: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    slo_pools: Optional[dict[str, tuple[str, ...]]] = None  # pool -> its SLO's signals; None: every pool, every signal
 
 
 def cycle_deadline_seconds(settings: PipelineSettings) -> float:
@@ -174,7 +175,8 @@ class Pipeline:
             self.prom = PrometheusSourceReader(settings.prometheus, budget=self.budget, forget_after=step.forget_after,
                                                pool_by=list(normalise(step.pool_by)), latency_window=step.latency_window,
                                                total_kinds=settings.slo_signals, shard=step.shard,
-                                               max_series=step.max_series, total_bounds=settings.slo_seconds)
+                                               max_series=step.max_series, total_bounds=settings.slo_seconds,
+                                               total_pools=settings.slo_pools)
         # gateways, DCGM, alerts (monitor/sources/auxiliary.py); gateway bodies are read for the capacity layer only
         gateway_configs: Optional[list[GatewayConfig]] = None
         if capacity is not None:

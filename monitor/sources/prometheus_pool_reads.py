@@ -26,6 +26,7 @@ from .prometheus_queries import (
     pool_histogram_queries,
     pool_histograms,
     rule_histograms,
+    rule_tagged,
 )
 
 if TYPE_CHECKING:
@@ -97,9 +98,12 @@ class PoolHistogramReads(PoolTotalReads):
             return self._answer(future.result)
 
         from_rules: Union[dict, PrometheusError] = {}
+        ruled: list = []  # the rules' series, tagged with their base names (a pool SLO's `le` values)
         rules = self._histogram_asks(present, with_rules=True).get(RULES)
         if rules is not None:
-            from_rules = self._rules_answer(answer(RULES, rules))
+            got_rules = answer(RULES, rules)
+            from_rules = self._rules_answer(got_rules)
+            ruled = [] if isinstance(got_rules, PrometheusError) else rule_tagged(got_rules)
         asks = self._histogram_asks(present, with_rules=False)
         for key, query in asks.items():  # every query this read needs under way before one is waited on
             if started.get(key, ("",))[0] != query:
@@ -112,6 +116,7 @@ class PoolHistogramReads(PoolTotalReads):
             self._last_histograms(now, out)
             return
         vector = [sample for got in cast("list[list]", answers) for sample in got]  # none failed
+        self._relearn_les(vector + ruled)  # every bucket each pool has: a pool SLO's reads pick theirs
         out.pool_histograms = pool_histograms(vector, self.pool_by)[0]
         for pool, kinds in from_rules.items():
             out.pool_histograms.setdefault(pool, {}).update(kinds)

@@ -6,8 +6,14 @@ the cycle's time, so these are asked every cycle, apart from the bucket increase
 once a tenth of the latency window has passed: prometheus_pool_reads.py); a reused answer would be a
 fresh point at a later time, the burn flattened. To cost the query layer little they read only the
 buckets the targets' bad counts need (prometheus_queries.needed_les: around each target and +Inf)
-of the `le` values each pool's histogram has, learned from a read of every bucket: the first, and
-again when a pool's answer lacks what it needs (a pool new, its buckets changed or gone). What
+of the `le` values each pool's histogram has, learned from a read of every bucket (the first, and
+again when a pool's answer lacks what it needs: a pool new, a bucket gone) and relearned from each
+answer of the bucket increases, which carries every bucket (a bound added between those around a
+target, which an answer at the values learned cannot show, is read from the next refresh on: 30 s
+at 5m). Those buckets give the same total and count over each target as every bucket when the
+pool's buckets summed by `le` rise from bound to bound, as one histogram's do; while the pool's
+replicas have different bucket layouts (a rolling upgrade that changes them) the sums are not one
+histogram, and the counts from the selected buckets can differ from those of every bucket. What
 answered is stamped with the cycle it was read in (`PrometheusRead.totals_at`): after a failure the
 last ones are used with their own time, never recorded again as a new point. A mixin of
 PrometheusSourceReader: it uses the reader's source, window, selector, query and note methods.
@@ -19,6 +25,7 @@ from concurrent.futures import Future
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Union, cast
 
+from ..model.poolkey import name_of
 from .prometheus import PrometheusError
 from .prometheus_queries import histogram_bases, needed_les, pool_bucket_les, pool_histograms, pool_total_queries
 
@@ -34,6 +41,7 @@ class PoolTotalReads:
         pool_by: list[str]
         total_kinds: tuple[str, ...]
         total_bounds: Optional[dict[str, tuple[float, ...]]]
+        total_pools: Optional[dict[str, tuple[str, ...]]]
         _totals: Optional[tuple[float, dict]]
         _total_les: dict[str, dict[str, tuple[tuple[float, str], ...]]]
         _spare: dict[str, str]
@@ -70,7 +78,7 @@ class PoolTotalReads:
         if not isinstance(got, PrometheusError):
             totals = pool_histograms(got, self.pool_by)[1]
             spare = {b: n for b, n in self._spare.items() if _kind_of(b) in self.total_kinds}
-            if spare and _lacking(totals, spare):  # an earlier candidate's buckets gave a pool nothing
+            if spare and _lacking(totals, spare, self.total_pools):  # an earlier candidate's gave a pool SLO nothing
                 more = _joined([self._answer(partial(self._query, q, deadline)) for q in
                                 pool_total_queries(self.selector, self.pool_by, self.total_kinds, spare).values()])
                 got = more if isinstance(more, PrometheusError) else got + more
@@ -106,9 +114,22 @@ class PoolTotalReads:
                     self._total_les[base] = pool_bucket_les(got, self.pool_by).get(base, {})
         return _joined(list(answers.values()))
 
+    def _relearn_les(self, samples: list) -> None:
+        """The learned pools' `le` values as an answer of the bucket increases has them (tagged, as
+        `pool_bucket_les` reads; asked every REFRESH_SHARE of the latency window, every bucket each
+        pool had over it): a bound added between those around a target (an engine upgrade) is read
+        from the next cycle on, where `_fits` would not notice it. A pool not learned is left to a
+        read of every bucket. A bound gone stays in the increases for a window: each refresh then
+        asks for it, and the totals' answer lacking it is read whole again (`_fits`)."""
+        for base, pools in pool_bucket_les(samples, self.pool_by).items():
+            learned = self._total_les.get(base)
+            if learned:
+                learned.update((pool, les) for pool, les in pools.items() if pool in learned)
+
     def _fits(self, base: str, got: list) -> bool:
         """Whether an answer read at the `le` values learned has, for every pool in it or learned,
-        each bucket that pool's targets need (else the pool is new, or its buckets changed or went)."""
+        each bucket that pool's targets need (else the pool is new, or a bucket went; a bound added
+        among the learned ones is not seen here but from the increases: `_relearn_les`)."""
         learned = self._total_les.get(base, {})
         found = pool_bucket_les(got, self.pool_by).get(base, {})
         thresholds = self._thresholds(base) or ()
@@ -150,11 +171,17 @@ def _joined(answers: list[Answer]) -> Union[list, PrometheusError]:
     return failed if failed is not None else [s for got in cast("list[list]", answers) for s in got]
 
 
-def _lacking(totals: dict[str, dict], spare: dict[str, str]) -> bool:
+def _lacking(totals: dict[str, dict], spare: dict[str, str], slos: Optional[dict[str, tuple[str, ...]]]) -> bool:
     """Whether a pool's cumulative buckets lack a kind one of `spare`'s candidates could give (as
-    prometheus_pool_reads._short for the increases)."""
+    prometheus_pool_reads._short for the increases) and its pool SLO reads (`slos`: pool name or
+    key -> kinds; None: every pool, every kind): a pool without one lacking a kind (its engine has
+    no such histogram) does not have the spare ones asked every read."""
     kinds = {_kind_of(base) for base in spare}
-    return any(kind not in got for got in totals.values() for kind in kinds)
+    for pool, got in totals.items():
+        wanted = kinds if slos is None else kinds & set(slos.get(pool) or slos.get(name_of(pool), ()))
+        if any(kind not in got for kind in wanted):
+            return True
+    return False
 
 
 __all__ = ["TOTAL", "Answer", "PoolTotalReads"]

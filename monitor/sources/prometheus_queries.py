@@ -196,7 +196,10 @@ def needed_les(bounds: Iterable[tuple[float, str]], thresholds: Iterable[float])
     target's bad count needs (monitor/derive/histogram.py `fraction_above` interpolates inside the
     bucket holding the threshold, `total` reads the last): per threshold the largest bound below it
     and the smallest at or above it, and the largest bound (+Inf). A histogram of only these gives
-    the same total and the same count over each threshold as the whole one."""
+    the same total and the same count over each threshold as the whole one when its counts rise
+    from bound to bound (one histogram, or a pool's replicas summed by `le` with one bucket layout);
+    sums over different layouts are not monotone, and `_histogram`'s running maximum over these
+    buckets can then differ from that over all."""
     pairs = sorted(bounds)
     if not pairs:
         return set()
@@ -250,6 +253,18 @@ def rule_histograms(samples: list[tuple[dict[str, str], float]]) -> dict[str, di
         hist = _histogram(by_le, 0.0, None)
         if hist is not None:
             out.setdefault(pool, {})[kind] = hist
+    return out
+
+
+def rule_tagged(samples: list[tuple[dict[str, str], float]]) -> list[tuple[dict[str, str], float]]:
+    """The bundled recording rules' series (RULES_QUERY) tagged with the histogram's base name
+    (`BASE_LABEL`) as the increase queries' are, for `pool_bucket_les`; the label dicts are copies."""
+    out = []
+    for labels, value in samples:
+        name = labels.get("__name__", "")
+        inner = name[len("pool_le:vllm_"):-len("_bucket:rate5m")] if name.startswith("pool_le:vllm_") else ""
+        if inner in RULE_KINDS:
+            out.append(({**labels, BASE_LABEL: "vllm:" + inner}, value))
     return out
 
 

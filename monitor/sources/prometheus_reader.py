@@ -87,7 +87,8 @@ class PrometheusSourceReader(PoolHistogramReads):
                  pool_by: Sequence[str] = ("model_name",), latency_window: float = 300.0,
                  total_kinds: Sequence[str] = (), shard: Optional[tuple[int, int]] = None,
                  max_series: int = 100_000, histogram_every: Optional[float] = None,
-                 total_bounds: Optional[Mapping[str, Sequence[float]]] = None):
+                 total_bounds: Optional[Mapping[str, Sequence[float]]] = None,
+                 total_pools: Optional[Mapping[str, Sequence[str]]] = None):
         self.src = src
         self.client = client or PrometheusClient.from_config(src, budget)
         self.known: dict[str, float] = {}  # instance that served vLLM series -> the last time it did
@@ -98,6 +99,9 @@ class PrometheusSourceReader(PoolHistogramReads):
         # kind -> the pool SLO targets' seconds on it: only the buckets their bad counts need are read
         # each cycle (prometheus_pool_totals.py); None: every bucket
         self.total_bounds = None if total_bounds is None else {k: tuple(v) for k, v in total_bounds.items()}
+        # pool (name or key) -> the kinds its pool SLO reads: what a spare candidate's buckets are asked
+        # for when an earlier one's gave nothing (prometheus_pool_totals.py); None: every pool, every kind
+        self.total_pools = None if total_pools is None else {p: tuple(k) for p, k in total_pools.items()}
         self._hists: Optional[tuple[float, dict]] = None  # (when read, window increases)
         self._totals: Optional[tuple[float, dict]] = None  # (when read, cumulative buckets)
         self._total_les: dict[str, dict[str, tuple[tuple[float, str], ...]]] = {}  # base -> pool -> its buckets

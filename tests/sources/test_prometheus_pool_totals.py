@@ -1,8 +1,8 @@
 """A pool SLO's cumulative buckets in Prometheus mode (monitor/sources/prometheus_pool_totals.py), on
 plain data: asked every read apart from the bucket increases (which keep their refresh), only at the
 `le` values the targets need once every pool's are known, read whole again when a pool's answer
-lacks one; what answered is stamped with its read's time, and a failed read reuses the last ones
-with theirs. The same against a real Prometheus: tests/sources/test_prometheus_query_layer.py."""
+lacks one, the values relearned from each refresh of the increases (a bound added); what answered
+is stamped with its read's time, and a failed read reuses the last ones with theirs. The same against a real Prometheus: tests/sources/test_prometheus_query_layer.py."""
 import math
 import re
 
@@ -142,3 +142,61 @@ def test_without_a_pool_slo_nothing_cumulative_is_asked(monkeypatch):
         got.close()
     assert layer.totals == [] and out.pool_totals == {} and out.totals_at is None and "totals" not in out.stale_seconds
     assert math.isfinite(out.stale_seconds["histograms"])
+
+
+class _RuledFleet(_Fleet):
+    """`_Fleet` with the bundled recording rules loaded: the pools' TTFT bucket rates (the vLLM
+    increase queries then left out)."""
+
+    def query(self, query, at=None, deadline=None, warnings=None, stamps=None, max_bytes=None):
+        if "pool_le:vllm_" in query:
+            self.increases += 1
+            name = "pool_le:vllm_time_to_first_token_seconds_bucket:rate5m"
+            return [({"__name__": name, "model_name": pool, "le": le}, v / 300) for pool in self.pools
+                    for le, v in self.buckets(pool).items()]
+        return super().query(query, at, deadline, warnings, stamps, max_bytes)
+
+
+@pytest.mark.parametrize("rules", [False, True], ids=["increases", "rules"])
+def test_a_bound_added_between_those_around_a_target_is_read_from_the_next_refresh_of_the_increases(
+        reader, monkeypatch, rules):
+    if rules:
+        reader.layer.__class__ = _RuledFleet
+    reader.at(1000.0)  # every bucket read: m's 0.5 and 1.0 around the 0.7 s target
+    monkeypatch.setitem(LES, "m", ["0.1", "0.5", "0.6", "1.0", "2.5", "+Inf"])  # an engine upgrade adds 0.6
+    for now in (1010.0, 1020.0):  # the increases not asked again yet: the buckets learned still answer
+        got = reader.at(now)
+        assert reader.layer.increases == 0 and "0\\\\.6" not in reader.layer.totals[-1]
+    assert _counts(got.pool_totals["m"]["ttft"]) != _counts(_whole(reader.layer, "m"))  # coarser: what is fixed
+    got = reader.at(1030.0)  # the increases' refresh carries every bucket: 0.6 and 1.0 read, no read of every bucket
+    # (the totals started with the increases at the old values, asked again at the new ones)
+    les = [set(re.search(r'le=~"([^"]*)"', asked).group(1).split("|")) for asked in reader.layer.totals]
+    assert reader.layer.increases == 1 and reader._rules is rules  # the rules asked, not the increase queries
+    assert les == [{"0\\\\.5", "1\\\\.0", "\\\\+Inf"}, {"0\\\\.6", "1\\\\.0", "\\\\+Inf"}]
+    assert _counts(got.pool_totals["m"]["ttft"]) == _counts(_whole(reader.layer, "m"))
+    got = reader.at(1040.0)
+    assert _counts(got.pool_totals["m"]["ttft"]) == _counts(_whole(reader.layer, "m"))
+
+
+def test_a_spare_candidate_is_asked_only_for_a_pool_whose_slo_reads_the_kind_it_lacks():
+    from monitor.model.poolkey import make_key
+    from monitor.sources.prometheus_pool_totals import _lacking
+    h = _whole(_Fleet(), "m")
+    spare = {"vllm:time_per_output_token_seconds": "vllm:time_per_output_token_seconds"}  # an itl candidate
+    sg = make_key("s", {"cluster": "a"})  # an engine with no itl histogram, its pool keyed with a cluster
+    totals = {"m": {"ttft": h, "itl": h}, sg: {"ttft": h}}
+    assert _lacking(totals, spare, None)  # not told which pools have an SLO: every pool counts
+    assert not _lacking(totals, spare, {"m": ("itl", "ttft"), "s": ("ttft",)})  # s's SLO reads no itl
+    assert not _lacking(totals, spare, {"m": ("itl",)})  # s has no SLO
+    assert _lacking(totals, spare, {"s": ("itl",)})  # s's SLO reads itl, by the pool's name
+    assert _lacking(totals, spare, {sg: ("itl",)})  # or by its key
+
+
+def test_the_pools_with_a_slo_and_their_signals_from_the_configuration(tmp_path):
+    from monitor.config import load
+    from monitor.config.inputs import pool_slo_pools
+    path = tmp_path / "headroom.yml"
+    path.write_text("sources:\n  prometheus: {url: 'http://127.0.0.1:9'}\n"
+                    "slos:\n  pools:\n    a: {ttft_p95_seconds: 0.5, e2e_p99_seconds: 30}\n"
+                    "pools:\n  b:\n    slo: {itl_p99_seconds: 0.05}\n  c: {}\n")
+    assert pool_slo_pools(load(str(path))) == {"a": ("e2e", "ttft"), "b": ("itl",)}
