@@ -10,7 +10,8 @@ machine's own Python speed (benchmarks/machine_speed.py: a fixed pure-Python wor
 measured just before the cycles) so ratios from different machines can be compared. The Pipeline gets the
 garbage-collector settings the daemon applies (monitor/app/ `garbage_collector`; `--gc off`: global.tune_gc
 false, Python's defaults). `--moving`: every replica's counters, buckets and gauges move each scrape, as
-a busy replica's do (the trial says `bodies`: static or moving).
+a busy replica's do (the trial says `bodies`: static or moving). `--idle-close 5`: the replicas close a
+connection idle 5 s, as vLLM's server does by default, so at a 15 s interval both sides connect anew each time.
 """
 from __future__ import annotations
 
@@ -78,6 +79,8 @@ def main() -> None:
     ap.add_argument("--gc", choices=("on", "off"), default="on", help="global.tune_gc (on: as the daemon ships)")
     ap.add_argument("--moving", action="store_true", help="each replica's counters, buckets and gauges move every "
                     "scrape, as a busy replica's do (static_server.py `moving`); default: the capture as it is")
+    ap.add_argument("--idle-close", type=float, default=0.0, help="the replicas close a connection idle this many "
+                    "seconds (vLLM's uvicorn: 5), so both sides connect anew each scrape; default: kept")
     ap.add_argument("--note", default="", help="what ran beside it (e.g. 'one busy loop'), kept in the trial")
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "direct_vs_prometheus_results.json"))
     args = ap.parse_args()
@@ -86,7 +89,8 @@ def main() -> None:
     from monitor.config.inputs import pipeline_settings
     from monitor.pipeline.cycle import Pipeline
     work = tempfile.mkdtemp(prefix="hr-dvp-")
-    srv = subprocess.Popen([sys.executable, "-c", STATIC_SERVER, CAPTURE] + (["moving"] if args.moving else []),
+    srv = subprocess.Popen([sys.executable, "-c", STATIC_SERVER, CAPTURE] + (["moving"] if args.moving else [])
+                           + ([f"idle={args.idle_close}"] if args.idle_close else []),
                            stdout=subprocess.PIPE, text=True)
     prom = None
     try:
@@ -140,7 +144,8 @@ def main() -> None:
                "ratio": round(hr / prom_per_round, 2), "target_ratio": 0.7, "when": time.strftime("%Y-%m-%d"),
                "load_average_1m": [load_before, round(os.getloadavg()[0], 2)],  # at the start and the end
                "python_speed_s": machine["python_speed_s"], "cpus": machine["cpus"], "tune_gc": args.gc == "on",
-               "bodies": "moving" if args.moving else "static", "note": args.note}
+               "bodies": "moving" if args.moving else "static", "note": args.note,
+               "idle_close_seconds": args.idle_close or None}
         print(json.dumps(out), flush=True)
         print(f"ratio {out['ratio']}x (headroom {out['headroom_cpu_seconds_per_cycle']} s per cycle, Prometheus "
               f"{out['prometheus_cpu_seconds_per_round']} s per round) on a machine whose Python speed is "

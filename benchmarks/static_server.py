@@ -5,13 +5,16 @@ TCP_NODELAY, in its own process (so its CPU is not counted). Run: python -c STAT
 replica's do, one step per request to that path (whoever asks): every counter (`_total`), histogram
 bucket and `_count` up by 3 per step (all buckets of a series alike, so they stay cumulative), each
 `_sum` up by 1.25, running and waiting requests and KV usage changing; `_created` and info series stay.
-64 bodies are made up front (a trial asks each path far fewer times), so serving costs no more."""
+64 bodies are made up front (a trial asks each path far fewer times), so serving costs no more.
+`idle=SECONDS`: a connection idle that long is closed, as uvicorn (vLLM's server, whose keep-alive
+timeout is 5 s by default) closes it, so a scraper asking every 15 s connects anew each time."""
 
 STATIC_SERVER = r"""
 import math, socket, sys, threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 body = open(sys.argv[1], 'rb').read()
-MOVING = len(sys.argv) > 2 and sys.argv[2] == 'moving'
+MOVING = 'moving' in sys.argv[2:]
+IDLE = [float(a[5:]) for a in sys.argv[2:] if a.startswith('idle=')]
 def step(line, k):
     if not line or line.startswith('#'):
         return line
@@ -42,6 +45,7 @@ asked = {}
 lock = threading.Lock()
 class H(BaseHTTPRequestHandler):
     protocol_version = 'HTTP/1.1'
+    timeout = IDLE[0] if IDLE else None  # a read idle that long ends the connection
     def log_message(self, *a): pass
     def setup(self):
         super().setup()
