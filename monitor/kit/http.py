@@ -247,16 +247,18 @@ class Fetcher:
 
     def begin(self, url: str, timeout: float, connect: bool = False) -> Optional[Exchange]:
         """A GET on a kept connection to `url`'s host that passes its check, sent, its answer left to
-        arrive (`finish` reads it; `Exchange.conn` shows what has come). With no such connection and
-        `connect`, a plain-HTTP host given by its IP address gets a new one, begun without waiting
+        arrive (`finish` reads it; `Exchange.conn` shows what has come); plain HTTP only. With no such
+        connection and `connect`, a host given by its IP address gets a new one, begun without waiting
         (`Wire.connect_nowait`; the GET waits in `Wire.unsent` until it is made). None otherwise, or
         when the send or the connect could not start: the caller then asks with `get`. No name is
         looked up and nothing is waited for here."""
         ask = self._ask("GET", url, timeout, None, None)
+        scheme, host, port = ask.key
+        if scheme != "http":  # TLS records are not read without waiting here
+            return None
         conn = self._take_idle(ask.key)
         if conn is None:
-            scheme, host, port = ask.key
-            if not connect or scheme != "http" or not _ip_literal(host):
+            if not connect or not _ip_literal(host):
                 return None
             conn = Wire(host, port, None)
             with self._lock:
