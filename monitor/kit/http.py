@@ -368,6 +368,8 @@ class Fetcher:
             conn.send(self._get_bytes(conn, ask) if ask.body is None else
                       request_bytes(ask.method, ask.path, conn.host_header, ask.headers, ask.body))
         elif conn.unsent and conn.error is None:  # begun on a new connection: what did not go yet
+            if conn.sock is None:  # closed under us: never connected again
+                raise FetchError("closed", "the client was shut down during the request")
             conn.send(conn.unsent)
         held = _Held(self.max_body, self.budget)
         try:

@@ -223,15 +223,18 @@ class Wire:
             nl = buf.find(b"\r\n", at, at + 1024)
             if nl == -1:
                 return None if len(buf) - at >= 1024 or b"\n" in buf[at:] else False
-            size_text = bytes(buf[at:nl]).split(b";", 1)[0].rstrip(b" \t")
+            line = bytes(buf[at:nl])
+            if b"\n" in line:  # a bare LF ends the line for `_line`: read the blocking way
+                return None
+            size_text = line.split(b";", 1)[0].rstrip(b" \t")
             if not _HEX.fullmatch(size_text):
                 return None
             size = int(size_text, 16)
-            if size == 0:
-                if buf.find(b"\r\n\r\n", nl) != -1:
+            if size == 0:  # `_read_chunked` ends at the first empty line after it, CRLF or bare LF
+                tail = buf[nl + 1:nl + 1 + HEAD_STEP]
+                if b"\n\n" in tail or b"\n\r\n" in tail:
                     return True
-                rest = buf[nl + 2:]
-                return None if len(rest) >= HEAD_STEP or (b"\n\n" in rest) else False
+                return None if len(buf) - nl >= HEAD_STEP else False
             if self.chunked + size > max_body:
                 return None
             nxt = nl + 2 + size + 2

@@ -317,3 +317,16 @@ def test_a_refused_connection_on_an_address_is_down_connect_without_a_worker(ser
     bad = got[targets[1].url].status
     assert not bad.up and (bad.error, bad.detail) == ("connect", "Connection refused"), bad
     assert got[good.url].status.up
+
+
+def test_a_connection_begun_then_closed_under_the_loop_is_never_made_again(serve):
+    from monitor.kit.http import FetchError
+    server = serve()
+    fetcher = Fetcher()
+    exchange = fetcher.begin(server.url, 5.0, connect=True)
+    assert exchange is not None and exchange.conn.unsent  # begun, its GET waiting for the connection
+    fetcher.close()
+    with pytest.raises(FetchError) as err:
+        fetcher.finish(exchange)
+    assert err.value.reason == "closed"  # it connected anew and read the answer before (the GET went)
+    assert server.asked == 0
