@@ -339,30 +339,20 @@ def test_a_chunked_answer_is_whole_once_its_last_chunk_and_blank_line_came(piece
     fetcher.close()
 
 
-@pytest.mark.parametrize("answer", [
-    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0x5\r\nhello\r\n0\r\n\r\n",  # not plain hex
-    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhelloXX0\r\n\r\n",  # no CRLF after the data
-    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n",  # another coding
-    b"HTTP/1.1 200 OK\nContent-Length: 2\n\nok",  # bare LF ends the head: never whole here, read the blocking way
-])
-def test_a_chunked_or_head_framing_the_loop_does_not_walk_is_left_to_the_blocking_read(answer):
-    FLEET.answer = lambda conn, n: answer if n == 1 else ok("x")
-    fetcher = Fetcher()
-    fetcher.get(URL, 5.0)
-    exchange = fetcher.begin(URL, 5.0)
-    assert exchange is not None
-    assert _take(exchange)[0] is None
-    fetcher.close()
-
-
 @pytest.mark.parametrize("answer, whole", [
+    # what the loop does not walk is left to the blocking read (None): not plain hex, no CRLF after the
+    # data, another coding, a head ended by bare LFs
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0x5\r\nhello\r\n0\r\n\r\n", None),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhelloXX0\r\n\r\n", None),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", None),
+    (b"HTTP/1.1 200 OK\nContent-Length: 2\n\nok", None),
     # a bare LF inside a size line: `_read_chunked` ends the line there, so the loop must not walk it
     (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3;a\nfff\r\nabc\r\n0\r\n\r\n", None),
     # the trailers' end by bare LF: whole for `_read_chunked`, so whole here too
     (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\n", True),
     (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\nT: v\n\r\n", True),
 ])
-def test_the_loop_and_the_blocking_read_agree_where_a_chunked_body_ends(answer, whole):
+def test_the_loop_and_the_blocking_read_agree_where_an_answer_ends(answer, whole):
     FLEET.answer = lambda conn, n: answer if n == 1 else ok("x")
     fetcher = Fetcher()
     fetcher.get(URL, 5.0)
