@@ -18,11 +18,10 @@ from monitor.derive.core import pool_of
 from monitor.kit.http import redact
 
 from .prometheus import PrometheusError
-from .prometheus_pool_totals import Answer, PoolTotalReads
+from .prometheus_pool_totals import Answer, PoolTotalReads, joined, lacking_kinds
 from .prometheus_queries import (
     RULE_WINDOW,
     RULES_QUERY,
-    histogram_bases,
     pool_histogram_queries,
     pool_histograms,
     rule_histograms,
@@ -108,27 +107,25 @@ class PoolHistogramReads(PoolTotalReads):
         for key, query in asks.items():  # every query this read needs under way before one is waited on
             if started.get(key, ("",))[0] != query:
                 started[key] = (query, self._start(lambda q=query: self._query(q, deadline)))
-        answers = [answer(key, query) for key, query in asks.items()]
-        failed = next((a for a in answers if isinstance(a, PrometheusError)), None)
-        if isinstance(from_rules, PrometheusError) or failed is not None:
-            exc = from_rules if isinstance(from_rules, PrometheusError) else cast(PrometheusError, failed)
+        got = joined([answer(key, query) for key, query in asks.items()])
+        if isinstance(from_rules, PrometheusError) or isinstance(got, PrometheusError):
+            exc = from_rules if isinstance(from_rules, PrometheusError) else cast(PrometheusError, got)
             self._note("histograms", exc.reason, exc.detail)
             self._last_histograms(now, out)
             return
-        vector = [sample for got in cast("list[list]", answers) for sample in got]  # none failed
+        vector = got
         self._relearn_les(vector + ruled)  # every bucket each pool has: a pool SLO's reads pick theirs
         out.pool_histograms = pool_histograms(vector, self.pool_by)[0]
         for pool, kinds in from_rules.items():
             out.pool_histograms.setdefault(pool, {}).update(kinds)
-        if self._spare and _short(out.pool_histograms, {}, self._spare):
-            spare = [self._answer(partial(self._query, q, deadline)) for q in pool_histogram_queries(
-                self.selector, self.pool_by, self.latency_window, (), self._spare).values()]
-            failed = next((a for a in spare if isinstance(a, PrometheusError)), None)
-            if failed is not None:
-                self._note("histograms", failed.reason, failed.detail)
+        if self._spare and lacking_kinds(out.pool_histograms, self._spare, None):
+            spare = joined([self._answer(partial(self._query, q, deadline)) for q in pool_histogram_queries(
+                self.selector, self.pool_by, self.latency_window, (), self._spare).values()])
+            if isinstance(spare, PrometheusError):
+                self._note("histograms", spare.reason, spare.detail)
                 self._last_histograms(now, out)
                 return
-            window = pool_histograms(vector + [s for got in cast("list[list]", spare) for s in got], self.pool_by)[0]
+            window = pool_histograms(vector + spare, self.pool_by)[0]
             for pool, kinds in from_rules.items():
                 window.setdefault(pool, {}).update(kinds)
             out.pool_histograms = window
@@ -190,13 +187,3 @@ class PoolHistogramReads(PoolTotalReads):
             log.info("the pools' latency buckets come from headroom's recording rules in %s", redact(self.src.url))
         self._rules = True
         return hists
-
-
-
-def _short(window: dict[str, dict], totals: dict[str, dict], spare: dict[str, str]) -> bool:
-    """Whether a pool read lacks a latency kind one of `spare`'s candidates (found, not asked:
-    prometheus_queries.needed_bases) could give: the earlier candidate's buckets answered nothing for
-    it (its `_count` kept, its buckets dropped by a relabelling). Then the spare ones are asked too."""
-    kinds = {kind for kind, base in histogram_bases() if base in spare}
-    pools = set(window) | set(totals)
-    return any(kind not in window.get(pool, {}) for pool in pools for kind in kinds)

@@ -78,8 +78,8 @@ class PoolTotalReads:
         if not isinstance(got, PrometheusError):
             totals = pool_histograms(got, self.pool_by)[1]
             spare = {b: n for b, n in self._spare.items() if _kind_of(b) in self.total_kinds}
-            if spare and _lacking(totals, spare, self.total_pools):  # an earlier candidate's gave a pool SLO nothing
-                more = _joined([self._answer(partial(self._query, q, deadline)) for q in
+            if spare and lacking_kinds(totals, spare, self.total_pools):  # an earlier candidate's gave a pool SLO nothing
+                more = joined([self._answer(partial(self._query, q, deadline)) for q in
                                 pool_total_queries(self.selector, self.pool_by, self.total_kinds, spare).values()])
                 got = more if isinstance(more, PrometheusError) else got + more
         if isinstance(got, PrometheusError):
@@ -112,7 +112,7 @@ class PoolTotalReads:
             if asks[base] == whole[base] or base in redo:
                 if not isinstance(got, PrometheusError):
                     self._total_les[base] = pool_bucket_les(got, self.pool_by).get(base, {})
-        return _joined(list(answers.values()))
+        return joined(list(answers.values()))
 
     def _relearn_les(self, samples: list) -> None:
         """The learned pools' `le` values as an answer of the bucket increases has them (tagged, as
@@ -165,23 +165,25 @@ def _kind_of(base: str) -> str:
     return next((kind for kind, b in histogram_bases() if b == base), "")
 
 
-def _joined(answers: list[Answer]) -> Union[list, PrometheusError]:
+def joined(answers: list[Answer]) -> Union[list, PrometheusError]:
     """The answers' samples in one vector, or the first failure among them."""
     failed = next((a for a in answers if isinstance(a, PrometheusError)), None)
     return failed if failed is not None else [s for got in cast("list[list]", answers) for s in got]
 
 
-def _lacking(totals: dict[str, dict], spare: dict[str, str], slos: Optional[dict[str, tuple[str, ...]]]) -> bool:
-    """Whether a pool's cumulative buckets lack a kind one of `spare`'s candidates could give (as
-    prometheus_pool_reads._short for the increases) and its pool SLO reads (`slos`: pool name or
-    key -> kinds; None: every pool, every kind): a pool without one lacking a kind (its engine has
-    no such histogram) does not have the spare ones asked every read."""
-    kinds = {_kind_of(base) for base in spare}
-    for pool, got in totals.items():
+def lacking_kinds(hists: dict[str, dict], spare: dict[str, str], slos: Optional[dict[str, tuple[str, ...]]]) -> bool:
+    """Whether a pool's histograms (per pool key and kind: the cumulative buckets here, the window's
+    increases in prometheus_pool_reads) lack a kind one of `spare`'s candidates (found, not asked:
+    prometheus_queries.needed_bases) could give - the earlier candidate's buckets answered nothing
+    for it - and its pool SLO reads (`slos`: pool name or key -> kinds; None: every pool, every
+    kind): a pool without one lacking a kind (its engine has no such histogram) does not have the
+    spare ones asked every read."""
+    kinds = {_kind_of(base) for base in spare} - {""}
+    for pool, got in hists.items():
         wanted = kinds if slos is None else kinds & set(slos.get(pool) or slos.get(name_of(pool), ()))
         if any(kind not in got for kind in wanted):
             return True
     return False
 
 
-__all__ = ["TOTAL", "Answer", "PoolTotalReads"]
+__all__ = ["TOTAL", "Answer", "PoolTotalReads", "joined", "lacking_kinds"]

@@ -8,7 +8,7 @@ import pytest
 from monitor.config import ConfigError, from_dict
 from monitor.derive.histogram import quantiles
 from monitor.sources.prometheus import PrometheusClient, scrapes_from_vector
-from monitor.sources.prometheus_pool_reads import _short
+from monitor.sources.prometheus_pool_totals import lacking_kinds
 from monitor.sources.prometheus_queries import (
     needed_bases,
     needed_les,
@@ -115,9 +115,11 @@ def test_a_later_candidate_is_asked_only_for_a_replica_without_an_earlier_one():
     assert needed_bases([]) == {}
     # the spare candidate is asked after all when a pool read lacks its kind (the earlier one's buckets dropped)
     h = pool_histograms([_row(e2e, "bucket", 1.0, "+Inf"), _row(itl, "bucket", 1.0, "+Inf")], ["model_name"])
-    assert not _short(*h, {legacy: legacy}) and _short(h[0], h[1], {"vllm:e2e_request_latency_seconds": "x"}) is False
+    assert h[1] == {}  # the increases alone: the window's histograms are what is judged
+    assert not lacking_kinds(h[0], {legacy: legacy}, None)
+    assert lacking_kinds(h[0], {"vllm:e2e_request_latency_seconds": "x"}, None) is False
     h = pool_histograms([_row(e2e, "bucket", 1.0, "+Inf")], ["model_name"])
-    assert _short(*h, {legacy: legacy})
+    assert lacking_kinds(h[0], {legacy: legacy}, None)
 
 
 def test_a_non_finite_pool_histogram_is_unknown_and_rounding_keeps_buckets_cumulative():
