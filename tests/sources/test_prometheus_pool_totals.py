@@ -180,16 +180,16 @@ def test_a_bound_added_between_those_around_a_target_is_read_from_the_next_refre
 
 def test_a_spare_candidate_is_asked_only_for_a_pool_whose_slo_reads_the_kind_it_lacks():
     from monitor.model.poolkey import make_key
-    from monitor.sources.prometheus_pool_totals import _lacking
+    from monitor.sources.prometheus_pool_totals import lacking_kinds
     h = _whole(_Fleet(), "m")
     spare = {"vllm:time_per_output_token_seconds": "vllm:time_per_output_token_seconds"}  # an itl candidate
     sg = make_key("s", {"cluster": "a"})  # an engine with no itl histogram, its pool keyed with a cluster
     totals = {"m": {"ttft": h, "itl": h}, sg: {"ttft": h}}
-    assert _lacking(totals, spare, None)  # not told which pools have an SLO: every pool counts
-    assert not _lacking(totals, spare, {"m": ("itl", "ttft"), "s": ("ttft",)})  # s's SLO reads no itl
-    assert not _lacking(totals, spare, {"m": ("itl",)})  # s has no SLO
-    assert _lacking(totals, spare, {"s": ("itl",)})  # s's SLO reads itl, by the pool's name
-    assert _lacking(totals, spare, {sg: ("itl",)})  # or by its key
+    assert lacking_kinds(totals, spare, None)  # not told which pools have an SLO: every pool counts
+    assert not lacking_kinds(totals, spare, {"m": ("itl", "ttft"), "s": ("ttft",)})  # s's SLO reads no itl
+    assert not lacking_kinds(totals, spare, {"m": ("itl",)})  # s has no SLO
+    assert lacking_kinds(totals, spare, {"s": ("itl",)})  # s's SLO reads itl, by the pool's name
+    assert lacking_kinds(totals, spare, {sg: ("itl",)})  # or by its key
 
 
 def test_the_pools_with_a_slo_and_their_signals_from_the_configuration(tmp_path):
