@@ -16,6 +16,7 @@ import threading
 import urllib.error
 import urllib.parse
 import urllib.request
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -76,6 +77,17 @@ class Proxy:
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @contextmanager
+    def holding(self, *needles: str):
+        """Hold the requests whose form body contains one of `needles` while in the block; let them
+        go at its end, whatever happened in it."""
+        self.hold, self.release = needles, threading.Event()
+        try:
+            yield
+        finally:
+            self.hold = ()
+            self.release.set()
 
     def stop(self) -> None:
         self.release.set()
@@ -176,13 +188,10 @@ def test_a_slow_histogram_query_leaves_gauges_fresh_and_histograms_stale(fleet, 
         assert first.source_stale_seconds == {"replicas": 0.0, "histograms": 0.0}
         e2e = first.pools[0].latency["e2e"].p95
         assert e2e is not None
-        proxy.hold, proxy.release = ("hr_part",), threading.Event()
-        caplog.set_level(logging.INFO)
-        snaps = [via.run_cycle(wait_seconds=2.0) for _ in range(2)]
-        proxy.release.set()
+        with proxy.holding("hr_part"):
+            caplog.set_level(logging.INFO)
+            snaps = [via.run_cycle(wait_seconds=2.0) for _ in range(2)]
     finally:
-        proxy.hold = ()
-        proxy.release.set()
         via.close()
     for snap in snaps:
         pool = snap.pools[0]
@@ -200,15 +209,11 @@ def test_a_query_layer_that_misses_the_deadline_keeps_the_last_values_stale_not_
         first = via.run_cycle(wait_seconds=20)
         fresh = first.pools[0]
         assert not fresh.stale and fresh.replicas == len(servers)
-        proxy.hold, proxy.release = ("query=",), threading.Event()
-        caplog.set_level(logging.INFO)
-        snaps = [via.run_cycle(wait_seconds=1.5) for _ in range(2)]
-        proxy.hold = ()
-        proxy.release.set()
+        with proxy.holding("query="):
+            caplog.set_level(logging.INFO)
+            snaps = [via.run_cycle(wait_seconds=1.5) for _ in range(2)]
         back = via.run_cycle(wait_seconds=20)
     finally:
-        proxy.hold = ()
-        proxy.release.set()
         via.close()
     for snap in snaps:
         pool = snap.pools[0]
@@ -241,12 +246,9 @@ def test_a_tenant_header_reaches_every_query_and_never_the_log(fleet, caplog, mo
     before = len(proxy.headers)
     try:
         snap = via.run_cycle(wait_seconds=20)
-        proxy.hold, proxy.release = ("hr_part", "pool_le:"), threading.Event()
-        via.run_cycle(wait_seconds=1.5)  # a failure is logged: without the header's value
-        proxy.release.set()
+        with proxy.holding("hr_part", "pool_le:"):
+            via.run_cycle(wait_seconds=1.5)  # a failure is logged: without the header's value
     finally:
-        proxy.hold = ()
-        proxy.release.set()
         via.close()
     sent = proxy.headers[before:]
     assert len(sent) >= 5 and all(h.get("X-Scope-OrgID") == tenant for h in sent)
@@ -441,14 +443,10 @@ def test_a_pool_slo_adds_no_burn_point_while_its_totals_are_not_answered(fleet):
         [key] = tracker.keys()
         points = list(tracker._series[key])
         assert [p[0] for p in points] == [s.timestamp for s in fresh]
-        proxy.hold, proxy.release = ('"hr_part", "total"',), threading.Event()
-        held = [via.run_cycle(wait_seconds=2.0) for _ in range(2)]
-        proxy.hold = ()
-        proxy.release.set()
+        with proxy.holding('"hr_part", "total"'):
+            held = [via.run_cycle(wait_seconds=2.0) for _ in range(2)]
         back = via.run_cycle(wait_seconds=20)
     finally:
-        proxy.hold = ()
-        proxy.release.set()
         via.close()
     assert [p[0] for p in tracker._series[key]] == [s.timestamp for s in fresh + [back]]  # none while held
     for snap in held:
