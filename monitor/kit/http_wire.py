@@ -169,7 +169,8 @@ class Wire:
         if sock is None or self.error is not None:
             return False
         try:
-            sock.settimeout(0)
+            if sock.gettimeout() != 0:  # a blocking read set a timeout: back to not waiting (one ioctl)
+                sock.settimeout(0)
             chunk = sock.recv(RECV_BYTES)
         except (BlockingIOError, InterruptedError):
             return True

@@ -113,7 +113,7 @@ def _send(fetcher: Fetcher, target: Target, timeout: float, selector: selectors.
           flying: _Flying, hand_off: HandOff, handed: list[Future]) -> None:
     sent = time.monotonic()
     try:
-        exchange = fetcher.begin(target.url, timeout, connect=True) if target.url.startswith("http://") else None
+        exchange = fetcher.begin(target.url, timeout, connect=True)  # None for TLS: a worker reads it
     except (FetchError, ValueError):  # closed meanwhile, or a URL that does not read: the worker says which
         exchange = None
     sock = exchange.conn.sock if exchange is not None else None
