@@ -305,7 +305,7 @@ def _pool_of(thread: threading.Thread) -> tuple[str, str]:
 
 def _lingering(before: set) -> list:
     exempt = {name for name, _ in THREADS_EXEMPT}
-    # a module fixture's daemon grows its worker pools on demand (monitor/sources/scrape.py Workers):
+    # a module fixture's daemon grows its worker pools on demand (monitor/sources/deadline_pool.py Workers):
     # a worker started during a test in a pool that had workers before it is that fixture's, not the test's
     grown = {_pool_of(t) for t in before if _target(t) in POOL_WORKERS}
     return [t for t in threading.enumerate() if t not in before and t.is_alive() and _target(t) not in exempt

@@ -165,9 +165,6 @@ class DeadlinePool:
             prev = self._running.get(key)
             return Late("busy") if prev is not None and not prev.done() else None
 
-    def run(self, jobs: list[tuple[Hashable, Callable[..., Any]]], deadline: Optional[float]) -> list[Any]:
-        return self.wait(self.start(jobs), deadline)
-
     def close(self) -> None:
         with self._lock:
             self.closed = True

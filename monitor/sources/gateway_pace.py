@@ -11,7 +11,7 @@ its cycles. So a gateway is read once per cycle, with the pace below:
 - an answer after `global.scrape_timeout` is up, and slow (`SourceStatus.slow`, counted in
   `headroom_source_slow_total`; `headroom_source_duration_seconds` is how long it took);
 - a request still running at the cycle deadline is not asked again (one request in flight,
-  monitor/sources/scrape.py `DeadlinePool`): its answer, when it comes, is the next cycle's reading,
+  monitor/sources/deadline_pool.py `DeadlinePool`): its answer, when it comes, is the next cycle's reading,
   stamped when it arrived (`carry`);
 - a cycle without an answer (the deadline, or the request's own timeout) keeps the gateway's last
   reading (the task windows go on from it rather than reading null) and reports it slow, up, for at

@@ -256,10 +256,6 @@ class Scraper:
             out.append(result)
         return out
 
-    def scrape(self, targets: list[Target], clock=time.time, deadline: Optional[float] = None) -> list[ScrapeResult]:
-        began = time.monotonic()
-        return self.finish(targets, self.start(targets, clock), deadline, began)
-
     def close(self) -> None:
         self.pool.close()
         self.fetcher.close()

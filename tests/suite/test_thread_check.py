@@ -86,7 +86,7 @@ def _frames():
 
 
 def test_a_worker_pool_that_existed_before_the_test_may_grow_in_it_a_new_pool_may_not():
-    # a module fixture's daemon starts scrape workers on demand (monitor/sources/scrape.py Workers): a
+    # a module fixture's daemon starts scrape workers on demand (monitor/sources/deadline_pool.py Workers): a
     # CI run under two busy loops saw 'scrape-5' and 'scrape-6' start during a test of that module
     from monitor.sources.deadline_pool import Workers
     older = Workers(4, "fixture-pool")
