@@ -67,12 +67,12 @@ if [ ! -e "$deps/.complete" ]; then
 fi
 cp "$deps"/*.whl "$ctx/wheels/"
 say "wheels: the runtime wheel of this repository"
-# from a clean copy of the tree: no stale build/lib of an earlier build can leak into the wheel, and
-# nothing is left in the working tree
+# from a clean copy of only what the wheel is made of (pyproject.toml, README.md, monitor/): no stale
+# build/lib of an earlier build can leak into the wheel, nothing is left in the working tree, and files
+# other tiers write while this one builds (.hypothesis/, .pytest_cache/, build/) are never read
 src=$(mktemp -d)
 trap 'rm -rf "$src"' EXIT
-tar --exclude=./.git --exclude=./build --exclude=./.venv --exclude=node_modules --exclude=__pycache__ \
-    --exclude='*.egg-info' -cf - . | tar -xf - -C "$src"
+tar --exclude=__pycache__ --exclude='*.egg-info' -cf - pyproject.toml README.md monitor | tar -xf - -C "$src"
 "$PYTHON" -m pip wheel --quiet --no-deps --wheel-dir "$PWD/$ctx/wheels" "$src" >/dev/null 2> >(quiet >&2)
 cp "$cons" "$ctx/constraints.txt"
 cp Dockerfile "$ctx/Dockerfile"
