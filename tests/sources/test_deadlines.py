@@ -49,7 +49,9 @@ def hostile():
 
 @pytest.mark.parametrize("mode", ["trickle", "trickle_headers", "silent"])
 def test_a_trickling_target_times_out_within_its_timeout(hostile, mode):
-    server = hostile(mode=mode, pace=0.1)  # a byte every 0.1 s: about 10 within the 1 s deadline
+    # a byte every 0.02 s: about 50 within the 1 s deadline, so at least 4 even when a loaded machine
+    # schedules the server's thread rarely (at pace 0.1 a load of 5 once let only 2 through)
+    server = hostile(mode=mode, pace=0.02)
     t0 = time.monotonic()
     with pytest.raises(FetchError) as err:
         Fetcher().get(server.url(), 1.0)
