@@ -120,7 +120,7 @@ class PoolHistogramReads(PoolTotalReads):
             out.pool_histograms.setdefault(pool, {}).update(kinds)
         if self._spare and lacking_kinds(out.pool_histograms, self._spare, None):
             spare = joined([self._answer(partial(self._query, q, deadline)) for q in pool_histogram_queries(
-                self.selector, self.pool_by, self.latency_window, (), self._spare).values()])
+                self.selector, self.pool_by, self.latency_window, self._spare).values()])
             if isinstance(spare, PrometheusError):
                 self._note("histograms", spare.reason, spare.detail)
                 self._last_histograms(now, out)
@@ -161,7 +161,7 @@ class PoolHistogramReads(PoolTotalReads):
                 asks[RULES] = RULES_QUERY
             if self._rules:
                 present = {base: name for base, name in present.items() if not base.startswith("vllm:")}
-        asks.update(pool_histogram_queries(self.selector, self.pool_by, self.latency_window, (), present))
+        asks.update(pool_histogram_queries(self.selector, self.pool_by, self.latency_window, present))
         return asks
 
     def _rules_fit(self, present: dict[str, str]) -> bool:

@@ -127,33 +127,28 @@ def pool_labels(pool_by: Iterable[str]) -> list[str]:
 
 
 def pool_histogram_query(extra: str, pool_by: Iterable[str], window_seconds: float,
-                         cumulative_kinds: Iterable[str] = (), present: Optional[dict[str, str]] = None) -> str:
+                         present: Optional[dict[str, str]] = None) -> str:
     """One query for every pool's latency histograms: `pool_histogram_queries` joined by `or`."""
-    return " or ".join(pool_histogram_queries(extra, pool_by, window_seconds, cumulative_kinds, present).values())
+    return " or ".join(pool_histogram_queries(extra, pool_by, window_seconds, present).values())
 
 
 def pool_histogram_queries(extra: str, pool_by: Iterable[str], window_seconds: float,
-                           cumulative_kinds: Iterable[str] = (), present: Optional[dict[str, str]] = None
-                           ) -> dict[str, str]:
+                           present: Optional[dict[str, str]] = None) -> dict[str, str]:
     """Canonical base name -> the query of every pool's latency histogram of that family: the bucket
-    increases over the window, and the cumulative buckets of `cumulative_kinds` (the signals with a
-    pool SLO). A cycle asks them at once: the query layer answers them in parallel. `present`:
+    increases over the window (the cumulative buckets a pool SLO reads are `pool_total_queries`, asked
+    apart). A cycle asks them at once: the query layer answers them in parallel. `present`:
     canonical base name -> the name as the query layer stores it (`vllm_x` from some scrapers), of
     the histograms the replica read found (their `_count`); only those are asked for. None: every
     candidate, by either spelling of the prefix. Sums and counts come from the replica read (exact
     deltas)."""
     by = ", ".join(pool_labels(pool_by))
     window = f"{max(1, int(round(window_seconds)))}s"
-    cumulative = set(cumulative_kinds)
     out = {}
-    for kind, base in histogram_bases():
+    for _kind, base in histogram_bases():
         if present is not None and base not in present:
             continue
         sel = _bucket_selector(base, extra, present)
-        parts = [_tagged(f"sum by ({by}, le) (increase({sel}[{window}]))", base, "bucket")]
-        if kind in cumulative:
-            parts.append(_tagged(f"sum by ({by}, le) ({sel})", base, "total"))
-        out[base] = " or ".join(parts)
+        out[base] = _tagged(f"sum by ({by}, le) (increase({sel}[{window}]))", base, "bucket")
     return out
 
 
@@ -312,7 +307,7 @@ def pool_key(labels: dict[str, str], pool_by: Iterable[str]) -> str:
 def pool_histograms(samples: list[tuple[dict[str, str], float]], pool_by: Iterable[str]
                     ) -> tuple[dict[str, dict[str, Histogram]], dict[str, dict[str, Histogram]]]:
     """(window increases, cumulative) per pool key and latency kind, from `pool_histogram_query`'s
-    answer. Per pool and kind the first candidate base name with data wins; a histogram whose
+    answer, or the cumulative ones of `pool_total_queries`'. Per pool and kind the first candidate base name with data wins; a histogram whose
     buckets are not finite is left out (unknown, never a made-up quantile)."""
     pool_by = list(pool_by)
     kind_of = dict((base, kind) for kind, base in histogram_bases())
