@@ -72,7 +72,11 @@ say "wheels: the runtime wheel of this repository"
 # other tiers write while this one builds (.hypothesis/, .pytest_cache/, build/) are never read
 src=$(mktemp -d)
 trap 'rm -rf "$src"' EXIT
-tar --exclude=__pycache__ --exclude='*.egg-info' -cf - pyproject.toml README.md monitor | tar -xf - -C "$src"
+# (copied by Python, not tar: tar fails when a file it reads changes, and tests import monitor/ meanwhile)
+"$PYTHON" -c 'import shutil, sys
+shutil.copytree("monitor", sys.argv[1] + "/monitor", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+for name in ("pyproject.toml", "README.md"):
+    shutil.copy2(name, sys.argv[1])' "$src"
 "$PYTHON" -m pip wheel --quiet --no-deps --wheel-dir "$PWD/$ctx/wheels" "$src" >/dev/null 2> >(quiet >&2)
 cp "$cons" "$ctx/constraints.txt"
 cp Dockerfile "$ctx/Dockerfile"
