@@ -153,14 +153,16 @@ class Fetcher:
         last that passes its check (the others found closed or dirty on the way are closed), or a
         new one (connected by its first send)."""
         conn = self._take_idle(key)
-        if conn is not None:
-            return conn, True
+        return (conn, True) if conn is not None else (self._new(key), False)
+
+    def _new(self, key: _ConnKey) -> Wire:
+        """A new connection to `key`'s host, not made yet, counted busy (closed by `close`)."""
         scheme, host, port = key
         tls = (self.ssl_context or ssl.create_default_context()) if scheme == "https" else None
         conn = Wire(host, port, tls)
         with self._lock:
             self._busy.add(conn)
-        return conn, False
+        return conn
 
     def _take_idle(self, key: _ConnKey) -> Optional[Wire]:
         """The idle connection to `key`'s host used last that passes its check (the others found
@@ -253,31 +255,26 @@ class Fetcher:
         when the send or the connect could not start: the caller then asks with `get`. No name is
         looked up and nothing is waited for here."""
         ask = self._ask("GET", url, timeout, None, None)
-        scheme, host, port = ask.key
+        scheme, host, _port = ask.key
         if scheme != "http":  # TLS records are not read without waiting here
             return None
         conn = self._take_idle(ask.key)
+        reused = conn is not None
         if conn is None:
             if not connect or not _ip_literal(host):
                 return None
-            conn = Wire(host, port, None)
-            with self._lock:
-                self._busy.add(conn)
-            conn.deadline = ask.deadline
-            try:
-                conn.connect_nowait()
-                conn.unsent = self._get_bytes(conn, ask)
-            except (OSError, ValueError, http.client.HTTPException):
-                self._give(ask.key, conn, False)
-                return None
-            return Exchange(ask, conn, False)
+            conn = self._new(ask.key)
         conn.deadline = ask.deadline
         try:
-            conn.send(self._get_bytes(conn, ask))
+            if reused:
+                conn.send(self._get_bytes(conn, ask))
+            else:
+                conn.connect_nowait()
+                conn.unsent = self._get_bytes(conn, ask)
         except (OSError, ValueError, http.client.HTTPException):
             self._give(ask.key, conn, False)  # as `request` would: a fresh connection gets the GET
             return None
-        return Exchange(ask, conn, True)
+        return Exchange(ask, conn, reused)
 
     def finish(self, exchange: Exchange) -> str:
         """`get`'s answer to a `begin`: the rest of it read off the socket within its deadline (none

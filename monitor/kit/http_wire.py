@@ -206,11 +206,11 @@ class Wire:
                 if coding.lower() != "chunked":
                     return None
                 self.need, self.chunk_at, self.chunked = -1, at, 0
-            elif not (0 < len(raw or "") <= 18 and (raw or "").isascii() and (raw or "").isdigit()) \
-                    or int(raw or "0") > max_body:
-                return None
             else:
-                self.need = at + int(raw or "0")
+                length = _content_length(raw or "")  # present: exactly one of the two is
+                if length is None or length > max_body:
+                    return None
+                self.need = at + length
         if self.need < 0:
             return self._chunks_whole(max_body)
         return len(self.buf) >= self.need
@@ -227,10 +227,9 @@ class Wire:
             line = bytes(buf[at:nl])
             if b"\n" in line:  # a bare LF ends the line for `_line`: read the blocking way
                 return None
-            size_text = line.split(b";", 1)[0].rstrip(b" \t")
-            if not _HEX.fullmatch(size_text):
+            size = _chunk_size(line)
+            if size is None:
                 return None
-            size = int(size_text, 16)
             if size == 0:  # `_read_chunked` ends at the first empty line after it, CRLF or bare LF
                 tail = buf[nl + 1:nl + 1 + HEAD_STEP]
                 if b"\n\n" in tail or b"\n\r\n" in tail:
@@ -341,9 +340,9 @@ def read_response(wire: Wire, head_only: bool, sink: "BodySink") -> tuple[int, b
         if "transfer-encoding" in fields:
             raise http.client.HTTPException("Content-Length together with Transfer-Encoding (RFC 9112 6.3): "
                                             "a message framed two ways is refused")
-        if not (0 < len(raw) <= 18 and raw.isascii() and raw.isdigit()):  # not str.isdigit alone: it takes ²
+        length = _content_length(raw)
+        if length is None:
             raise http.client.HTTPException("bad Content-Length: not 1 to 18 ASCII digits")
-        length = int(raw)
     if head_only or status in _NO_BODY:
         # bytes already past the head of a bodiless answer (a server that sent a body anyway) would be
         # read as the next answer on this connection: it is not reused
@@ -459,6 +458,18 @@ def _read_length(wire: Wire, length: int, sink: Callable[[bytes], None]) -> None
             raise _incomplete(got, length - got)
 
 
+def _content_length(raw: str) -> Optional[int]:
+    """A Content-Length field's value: 1 to 18 ASCII digits (not str.isdigit alone: it takes ²), or None."""
+    return int(raw) if 0 < len(raw) <= 18 and raw.isascii() and raw.isdigit() else None
+
+
+def _chunk_size(line: bytes) -> Optional[int]:
+    """A chunk-size line's size (an extension after `;` and the blanks before it allowed), or None when
+    it is not 1*HEXDIG of at most 16 digits (int(x, 16) would also take 0x, a sign, _ and blanks)."""
+    size_text = line.split(b";", 1)[0].rstrip(b" \t")
+    return int(size_text, 16) if _HEX.fullmatch(size_text) else None
+
+
 def _read_chunked(wire: Wire, sink: Callable[[bytes], None]) -> None:
     got = 0
     while True:
@@ -466,10 +477,9 @@ def _read_chunked(wire: Wire, sink: Callable[[bytes], None]) -> None:
             end, at = wire._line(0)
         except http.client.IncompleteRead:
             raise _incomplete(got) from None
-        size_text = bytes(wire.buf[:min(end, 64)]).split(b";", 1)[0].rstrip(b" \t")  # BWS before an extension
-        if not _HEX.fullmatch(size_text):  # 1*HEXDIG: int(x, 16) would also take 0x, a sign, _ and blanks
+        size = _chunk_size(bytes(wire.buf[:min(end, 64)]))
+        if size is None:
             raise http.client.HTTPException("bad chunk size: not 1 to 16 hex digits")
-        size = int(size_text, 16)
         del wire.buf[:at]
         if size == 0:
             break
