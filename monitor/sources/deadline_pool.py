@@ -101,9 +101,9 @@ class DeadlinePool:
         out: list[tuple[Hashable, Future | Late]] = []
         with self._lock:
             for key, fn in jobs:
-                prev = self._running.get(key)
-                if self.closed or (prev is not None and not prev.done()):
-                    out.append((key, Late("closed" if self.closed else "busy")))
+                late = self.late(key)
+                if late is not None:
+                    out.append((key, late))
                     continue
                 future = self.workers.submit(fn)
                 self._running[key] = future

@@ -117,11 +117,8 @@ def _send(fetcher: Fetcher, target: Target, timeout: float, selector: selectors.
     except (FetchError, ValueError):  # closed meanwhile, or a URL that does not read: the worker says which
         exchange = None
     sock = exchange.conn.sock if exchange is not None else None
-    if exchange is None or sock is None:
-        _hand(hand_off, handed, target, exchange, sent)
-        return
-    fd = sock.fileno()
-    if fd < 0:  # closed under us (Fetcher.close)
+    fd = sock.fileno() if sock is not None else -1
+    if exchange is None or fd < 0:  # not begun, or closed under us (Fetcher.close)
         _hand(hand_off, handed, target, exchange, sent)
         return
     selector.register(fd, selectors.EVENT_WRITE if exchange.conn.unsent else selectors.EVENT_READ, (target, exchange, sent))
