@@ -81,13 +81,15 @@ class PoolTotalReads:
             if spare and lacking_kinds(totals, spare, self.total_pools):  # an earlier candidate's gave a pool SLO nothing
                 more = joined([self._answer(partial(self._query, q, deadline)) for q in
                                 pool_total_queries(self.selector, self.pool_by, self.total_kinds, spare).values()])
-                got = more if isinstance(more, PrometheusError) else got + more
+                if isinstance(more, PrometheusError):
+                    got = more
+                else:
+                    totals = pool_histograms(got + more, self.pool_by)[1]
         if isinstance(got, PrometheusError):
             self._note("totals", got.reason, got.detail)
             self._last_totals(now, out)
             return
         self._note("totals", None)
-        totals = pool_histograms(got, self.pool_by)[1]
         out.pool_totals, out.totals_at = totals, now
         out.stale_seconds["totals"] = 0.0
         self._totals = (now, totals)
