@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import Callable, Optional
 
 from monitor.capacity.inputs import CapacityInputs
+from monitor.capacity.slo import Target
 from monitor.capacity.spare_pool import SpareSettings
 from monitor.digest.settings import DigestSettings
 from monitor.pipeline.cycle import PipelineSettings
@@ -24,10 +25,8 @@ from .headroom_yml import Config
 
 def capacity_inputs(cfg: Config) -> CapacityInputs:
     """The capacity layer's settings: pools.<name>.slo targets join the `slos:` section's pool targets."""
-    pools = dict(cfg.pools or {})
-    slos = replace(cfg.slos, pool_targets={**cfg.slos.pool_targets, **{
-        pool: list(ps.slo) for pool, ps in pools.items() if ps.slo}})
-    return CapacityInputs(capacity=cfg.capacity, slos=slos, pools=pools, pool_by=cfg.pool_by,
+    slos = replace(cfg.slos, pool_targets=pool_slo_targets(cfg))
+    return CapacityInputs(capacity=cfg.capacity, slos=slos, pools=dict(cfg.pools or {}), pool_by=cfg.pool_by,
                           latency_window=float(cfg.latency_window), interval=float(cfg.interval),
                           dcgm_replica_label=cfg.dcgm_replica_label)
 
@@ -57,21 +56,22 @@ def pool_slo_signals(cfg: Config) -> tuple[str, ...]:
     return tuple(sorted(pool_slo_seconds(cfg)))
 
 
+def pool_slo_targets(cfg: Config) -> dict[str, list[Target]]:
+    """Each pool with a pool SLO (its name or key, as the `slos:` section and `pools:` name it) -> its
+    targets as the capacity layer judges them: pools.<name>.slo in place of the `slos:` section's."""
+    return {**cfg.slos.pool_targets, **{pool: list(ps.slo) for pool, ps in (cfg.pools or {}).items() if ps.slo}}
+
+
 def pool_slo_pools(cfg: Config) -> dict[str, tuple[str, ...]]:
-    """Each pool with a pool SLO (its name or key, as the `slos:` section and `pools:` name it) ->
-    the latency signals of its targets."""
-    by_pool = dict(cfg.slos.pool_targets) if cfg.slos is not None else {}
-    by_pool.update({pool: list(ps.slo) for pool, ps in (cfg.pools or {}).items() if ps.slo})
-    return {pool: tuple(sorted({t.signal for t in ts})) for pool, ts in sorted(by_pool.items()) if ts}
+    """Each pool with a pool SLO -> the latency signals of its targets (`pool_slo_targets`)."""
+    return {pool: tuple(sorted({t.signal for t in ts})) for pool, ts in sorted(pool_slo_targets(cfg).items()) if ts}
 
 
 def pool_slo_seconds(cfg: Config) -> dict[str, tuple[float, ...]]:
-    """Each latency signal with a pool SLO -> its targets' seconds, every pool's: Prometheus mode reads
-    only the buckets around them each cycle (monitor/sources/prometheus_pool_totals.py)."""
-    targets = [t for ts in cfg.slos.pool_targets.values() for t in ts] if cfg.slos is not None else []
-    targets += [t for ps in (cfg.pools or {}).values() for t in (ps.slo or ())]
+    """Each latency signal with a pool SLO -> its targets' seconds, every pool's (`pool_slo_targets`):
+    Prometheus mode reads only the buckets around them each cycle (monitor/sources/prometheus_pool_totals.py)."""
     out: dict[str, set[float]] = {}
-    for t in targets:
+    for t in (t for ts in pool_slo_targets(cfg).values() for t in ts):
         out.setdefault(t.signal, set()).add(float(t.seconds))
     return {signal: tuple(sorted(seconds)) for signal, seconds in sorted(out.items())}
 
