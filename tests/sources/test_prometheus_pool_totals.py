@@ -200,3 +200,22 @@ def test_the_pools_with_a_slo_and_their_signals_from_the_configuration(tmp_path)
                     "slos:\n  pools:\n    a: {ttft_p95_seconds: 0.5, e2e_p99_seconds: 30}\n"
                     "pools:\n  b:\n    slo: {itl_p99_seconds: 0.05}\n  c: {}\n")
     assert pool_slo_pools(load(str(path))) == {"a": ("e2e", "ttft"), "b": ("itl",)}
+
+
+def test_a_pools_own_slo_replaces_the_slos_sections_in_what_is_read(tmp_path):
+    """pools.<name>.slo replaces the `slos:` section's targets of that pool for the judge
+    (capacity_inputs), so the seconds and signals read each cycle are those of the targets judged."""
+    from monitor.config import load
+    from monitor.config.inputs import capacity_inputs, pool_slo_pools, pool_slo_seconds, pool_slo_signals
+    path = tmp_path / "headroom.yml"
+    path.write_text("sources:\n  prometheus: {url: 'http://127.0.0.1:9'}\n"
+                    "slos:\n  pools:\n    a: {ttft_p95_seconds: 0.5, e2e_p99_seconds: 30}\n"
+                    "    b: {ttft_p95_seconds: 2}\n"
+                    "pools:\n  a:\n    slo: {ttft_p95_seconds: 1}\n")
+    cfg = load(str(path))
+    judged = capacity_inputs(cfg).slos.pool_targets
+    assert {p: sorted((t.signal, t.seconds) for t in ts) for p, ts in judged.items()} == {
+        "a": [("ttft", 1.0)], "b": [("ttft", 2.0)]}
+    assert pool_slo_pools(cfg) == {"a": ("ttft",), "b": ("ttft",)}
+    assert pool_slo_seconds(cfg) == {"ttft": (1.0, 2.0)}  # not a's replaced 0.5 s, nor its e2e
+    assert pool_slo_signals(cfg) == ("ttft",)
